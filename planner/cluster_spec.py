@@ -1,0 +1,254 @@
+"""GPU and cluster profiles: datasheet facts, a few documented efficiency parameters, optional measured tables.
+
+Bundled profiles live in ``hardware_profiles/gpus`` and ``hardware_profiles/clusters``; ``autopar profile``
+writes a cluster file of the same shape with measured tables filled in.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from planner.errors import AutoparError, did_you_mean
+from planner.model_spec import _one_line, read_mapping
+
+PROFILE_DIR = Path(__file__).resolve().parent.parent / "hardware_profiles"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Efficiency(_Strict):
+    """Achieved fractions of datasheet peaks, used where no measured table covers a case.
+
+    Defaults are documented in docs/cost_model.md. They are per GPU type, never per model or plan.
+    """
+
+    gemm: float = 0.80  # fraction of peak a large, well-shaped GEMM sustains during training
+    gemm_tile_m: int = 128  # output tile of the GEMM kernels, for wave quantisation over the SMs
+    gemm_tile_n: int = 256
+    gemm_k_half: float = 96.0  # K at which a GEMM's main loop reaches half its efficiency
+    memory: float = 0.80  # fraction of HBM bandwidth streaming (elementwise, norm, optimizer) kernels reach
+    attention_fwd: float = 0.55  # flash attention forward, fraction of peak (causal FLOPs)
+    attention_bwd: float = 0.45  # flash attention backward
+    kernel_overhead_us: float = 3.0  # fixed cost per kernel (launch and tail)
+
+    @model_validator(mode="after")
+    def _range(self) -> Efficiency:
+        for f in ("gemm", "memory", "attention_fwd", "attention_bwd"):
+            v = getattr(self, f)
+            if not 0.0 < v <= 1.0:
+                raise ValueError(f"efficiency.{f} must be in (0, 1], got {v}")
+        return self
+
+
+class GemmPoint(_Strict):
+    m: int
+    n: int
+    k: int
+    tflops: float
+
+
+class AttentionPoint(_Strict):
+    seq: int
+    heads: int
+    head_dim: int
+    batch: int = 1
+    fwd_tflops: float  # causal FLOPs (half the s*s work) per second
+    bwd_tflops: float
+
+
+class GPUSpec(_Strict):
+    name: str
+    peak_tflops: dict[str, float]
+    memory_GiB: float
+    memory_bandwidth_GBps: float
+    sm_count: int = 108
+    efficiency: Efficiency = Efficiency()
+    gemm_table: list[GemmPoint] = Field(default_factory=list)  # measured by `autopar profile`
+    attention_table: list[AttentionPoint] = Field(default_factory=list)
+    measured_memory_bandwidth_GBps: float | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> GPUSpec:
+        if not self.peak_tflops:
+            raise ValueError("peak_tflops needs at least one precision, e.g. {bf16: 312}")
+        if self.memory_GiB <= 0 or self.memory_bandwidth_GBps <= 0:
+            raise ValueError("memory_GiB and memory_bandwidth_GBps must be positive")
+        return self
+
+    def peak(self, precision: str) -> float:
+        """Peak FLOP/s for a compute precision (bf16 falls back to fp16, then fp32)."""
+        for p in (precision, "fp16", "bf16", "fp32"):
+            if p in self.peak_tflops:
+                return self.peak_tflops[p] * 1e12
+        return next(iter(self.peak_tflops.values())) * 1e12
+
+    @property
+    def mem_bw(self) -> float:
+        """Achievable memory bandwidth in bytes/s (measured if profiled, else datasheet x efficiency)."""
+        if self.measured_memory_bandwidth_GBps:
+            return self.measured_memory_bandwidth_GBps * 1e9
+        return self.memory_bandwidth_GBps * 1e9 * self.efficiency.memory
+
+
+class Link(_Strict):
+    bandwidth_GBps: float  # per GPU, per direction
+    latency_us: float = 3.0
+    efficiency: float = 0.80  # achieved bus bandwidth / nominal for large collectives
+
+
+class InterNode(_Strict):
+    nic_bandwidth_Gbps: float  # per NIC
+    nics_per_node: int
+    latency_us: float = 5.0
+    efficiency: float = 0.90
+    oversubscription: float = 1.0  # spine oversubscription: 2.0 halves cross-node bandwidth
+
+
+class CollectiveFit(_Strict):
+    """alpha-beta fit measured by `autopar profile`: time = alpha + bytes / bus_bandwidth x factor."""
+
+    alpha_us: float
+    busbw_GBps: float
+
+
+class ClusterSpec(_Strict):
+    name: str
+    gpu: GPUSpec
+    gpus_per_node: int
+    num_nodes: int = 1
+    intra_node: Link
+    inter_node: InterNode | None = None
+    backend: Literal["nccl", "gloo"] = "nccl"
+    precision: Literal["bf16", "fp16", "fp32"] = "bf16"
+    # measured collectives: {collective: {"intra"|"inter": fit}}; collective in all_reduce, all_gather,
+    # reduce_scatter, p2p, all_to_all
+    collectives: dict[str, dict[str, CollectiveFit]] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check(self) -> ClusterSpec:
+        if self.gpus_per_node <= 0 or self.num_nodes <= 0:
+            raise ValueError("gpus_per_node and num_nodes must be positive")
+        if self.num_nodes > 1 and self.inter_node is None:
+            raise ValueError("a cluster of several nodes needs an inter_node section")
+        return self
+
+    @property
+    def num_gpus(self) -> int:
+        return self.gpus_per_node * self.num_nodes
+
+    @property
+    def nic_bw_per_gpu(self) -> float:
+        """Bytes/s of cross-node bandwidth each GPU gets when every GPU sends at once."""
+        if self.inter_node is None:
+            return self.intra_node.bandwidth_GBps * 1e9
+        i = self.inter_node
+        return i.nic_bandwidth_Gbps / 8 * 1e9 * i.nics_per_node / self.gpus_per_node / i.oversubscription
+
+    def resized(self, gpus: int | None = None, nodes: int | None = None) -> ClusterSpec:
+        """The same cluster with another size (``--gpus`` or ``--nodes``)."""
+        if gpus is not None and nodes is not None:
+            raise AutoparError("give --gpus or --nodes, not both")
+        if nodes is not None:
+            if nodes <= 0:
+                raise AutoparError(f"--nodes must be positive, got {nodes}")
+            if nodes > 1 and self.inter_node is None:
+                raise AutoparError(f"cluster {self.name} has no inter_node section, so it cannot span {nodes} nodes")
+            return self.model_copy(update={"num_nodes": nodes})
+        if gpus is None:
+            return self
+        if gpus <= 0:
+            raise AutoparError(f"--gpus must be positive, got {gpus}")
+        if gpus <= self.gpus_per_node:
+            return self.model_copy(update={"num_nodes": 1, "gpus_per_node": gpus})
+        if gpus % self.gpus_per_node:
+            raise AutoparError(
+                f"--gpus {gpus} is not a whole number of {self.name} nodes ({self.gpus_per_node} GPUs each); "
+                f"use a multiple of {self.gpus_per_node} or at most {self.gpus_per_node}"
+            )
+        if self.inter_node is None:
+            raise AutoparError(f"cluster {self.name} has no inter_node section, so it cannot hold {gpus} GPUs")
+        return self.model_copy(update={"num_nodes": gpus // self.gpus_per_node})
+
+    def with_network(self, inter_node_GBps_per_nic: float | None = None, intra_GBps: float | None = None
+                     ) -> ClusterSpec:
+        """A copy with other link bandwidths (used by whatif)."""
+        upd: dict[str, Any] = {}
+        if inter_node_GBps_per_nic is not None and self.inter_node is not None:
+            upd["inter_node"] = self.inter_node.model_copy(update={"nic_bandwidth_Gbps": inter_node_GBps_per_nic * 8})
+        if intra_GBps is not None:
+            upd["intra_node"] = self.intra_node.model_copy(update={"bandwidth_GBps": intra_GBps})
+        return self.model_copy(update=upd)
+
+    def summary(self) -> str:
+        net = (f", {self.inter_node.nics_per_node}x{self.inter_node.nic_bandwidth_Gbps:g} Gb/s NICs per node"
+               if self.inter_node else "")
+        return (f"{self.name}: {self.num_nodes} x {self.gpus_per_node} {self.gpu.name} "
+                f"({self.num_gpus} GPUs), intra-node {self.intra_node.bandwidth_GBps:g} GB/s{net}")
+
+
+def list_gpus() -> list[str]:
+    return sorted(p.stem for p in (PROFILE_DIR / "gpus").glob("*.yaml"))
+
+
+def list_clusters() -> list[str]:
+    return sorted(p.stem for p in (PROFILE_DIR / "clusters").glob("*.yaml"))
+
+
+def _validated(cls: type[BaseModel], data: dict[str, Any], what: str) -> Any:
+    unknown = [k for k in data if k not in cls.model_fields]
+    if unknown:
+        raise AutoparError(
+            f"{what}: unknown field '{unknown[0]}'{did_you_mean(unknown[0], cls.model_fields)}; "
+            f"allowed: {', '.join(cls.model_fields)}"
+        )
+    try:
+        return cls(**data)
+    except ValidationError as err:
+        raise AutoparError(f"{what}: {_one_line(err)}") from None
+
+
+def load_gpu(ref: str | dict[str, Any]) -> GPUSpec:
+    """A GPU profile by bundled name, file path, or inline mapping."""
+    if isinstance(ref, dict):
+        return _validated(GPUSpec, ref, "inline GPU profile")
+    path = Path(ref)
+    if path.suffix in (".yaml", ".yml", ".json"):
+        if not path.exists():
+            raise AutoparError(f"GPU profile {ref} does not exist")
+    else:
+        path = PROFILE_DIR / "gpus" / f"{ref}.yaml"
+        if not path.exists():
+            raise AutoparError(
+                f"unknown GPU '{ref}'{did_you_mean(ref, list_gpus())}; bundled GPUs: {', '.join(list_gpus())}"
+            )
+    return _validated(GPUSpec, read_mapping(path, "GPU profile"), f"GPU profile {ref}")
+
+
+def cluster_from_dict(data: dict[str, Any], source: str) -> ClusterSpec:
+    data = dict(data)
+    if "gpu" not in data:
+        raise AutoparError(f"cluster profile {source}: missing required field 'gpu' (a GPU name or mapping)")
+    data["gpu"] = load_gpu(data["gpu"]) if not isinstance(data["gpu"], GPUSpec) else data["gpu"]
+    data.setdefault("name", Path(source).stem)
+    return _validated(ClusterSpec, data, f"cluster profile {source}")
+
+
+def load_cluster(ref: str, gpus: int | None = None, nodes: int | None = None) -> ClusterSpec:
+    """A cluster by bundled name or file path, optionally resized."""
+    path = Path(ref)
+    if path.suffix in (".yaml", ".yml", ".json"):
+        if not path.exists():
+            raise AutoparError(f"cluster profile {ref} does not exist; bundled clusters: {', '.join(list_clusters())}")
+    else:
+        path = PROFILE_DIR / "clusters" / f"{ref}.yaml"
+        if not path.exists():
+            raise AutoparError(
+                f"unknown cluster '{ref}'{did_you_mean(ref, list_clusters())}; bundled clusters: "
+                f"{', '.join(list_clusters())}, or a path to a profile from `autopar profile`"
+            )
+    return cluster_from_dict(read_mapping(path, "cluster profile"), str(ref)).resized(gpus, nodes)

@@ -1,0 +1,246 @@
+"""The parallel configuration of a plan: the ``tp, pp, dp, cp, mbs, vpp, sp, recompute, zero, ...`` keys.
+
+``parse_plan_keys`` reads the ``--plan`` / ``--fix`` strings; ``ParallelConfig.validate`` says in one line
+why a combination cannot run. The same object drives the cost model and the runtime.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+from planner.errors import AutoparError, did_you_mean
+from planner.model_spec import ModelSpec
+
+RECOMPUTE = ("none", "selective", "full")
+KEYS = ("tp", "pp", "dp", "cp", "mbs", "vpp", "sp", "recompute", "recompute_layers", "zero",
+        "dp_overlap", "tp_overlap", "layers")
+BOOL_KEYS = ("sp", "dp_overlap", "tp_overlap")
+INT_KEYS = ("tp", "pp", "dp", "cp", "mbs", "vpp", "zero", "recompute_layers")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """How one training step is split over the GPUs.
+
+    Rank order on the device mesh is (pp, dp, cp, tp) with tp innermost, so a tensor-parallel group is
+    contiguous ranks (inside a node) and pipeline stages are the outermost blocks.
+    """
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    mbs: int = 1
+    vpp: int = 1  # model chunks per pipeline rank (interleaved 1F1B when > 1)
+    sp: bool = False  # sequence parallelism in the norm/dropout regions (needs tp > 1 to matter)
+    recompute: str = "none"  # none | selective (attention core) | full (whole layers)
+    recompute_layers: int | None = None  # with full: layers per model chunk recomputed (None = all)
+    zero: int = 0  # 0 plain DP, 1 distributed optimizer, 2 + sharded grads, 3 + sharded params
+    dp_overlap: bool = False  # overlap the DP gradient reduce (and ZeRO param gather) with compute
+    tp_overlap: bool = False  # overlap TP collectives with the GEMMs they feed (needs sp)
+    layers: tuple[int, ...] | None = None  # transformer layers per virtual stage (pp*vpp entries)
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def num_chunks(self) -> int:
+        return self.pp * self.vpp
+
+    def microbatches(self, global_batch: int) -> int:
+        return global_batch // (self.dp * self.mbs)
+
+    def stage_layers(self, num_layers: int) -> tuple[int, ...]:
+        """Layers per virtual stage in pipeline order (virtual stage j = chunk * pp + rank)."""
+        if self.layers is not None:
+            return self.layers
+        n = self.num_chunks
+        base, extra = divmod(num_layers, n)
+        # Spread a remainder over the middle stages: the first holds the embedding, the last the LM head.
+        order = sorted(range(n), key=lambda j: (j in (0, n - 1), abs(j - (n - 1) / 2)))
+        bonus = set(order[:extra])
+        return tuple(base + (1 if j in bonus else 0) for j in range(n))
+
+    def recomputed_layers(self, layers_in_chunk: int) -> int:
+        if self.recompute != "full":
+            return 0
+        if self.recompute_layers is None:
+            return layers_in_chunk
+        return min(self.recompute_layers, layers_in_chunk)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["layers"] = list(self.layers) if self.layers is not None else None
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ParallelConfig:
+        known = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in d.items() if k in known}
+        if kw.get("layers") is not None:
+            kw["layers"] = tuple(int(x) for x in kw["layers"])
+        return cls(**kw)
+
+    def short(self) -> str:
+        """Compact text form, e.g. ``tp=8 pp=4 dp=2 mbs=1 vpp=2 sp recompute=selective zero=1``."""
+        parts = [f"tp={self.tp}", f"pp={self.pp}", f"dp={self.dp}"]
+        if self.cp > 1:
+            parts.append(f"cp={self.cp}")
+        parts.append(f"mbs={self.mbs}")
+        if self.vpp > 1:
+            parts.append(f"vpp={self.vpp}")
+        if self.sp:
+            parts.append("sp")
+        if self.recompute != "none":
+            r = f"recompute={self.recompute}"
+            if self.recompute == "full" and self.recompute_layers is not None:
+                r += f"({self.recompute_layers})"
+            parts.append(r)
+        if self.zero:
+            parts.append(f"zero={self.zero}")
+        if self.dp_overlap:
+            parts.append("dp_overlap")
+        if self.tp_overlap:
+            parts.append("tp_overlap")
+        if self.layers is not None and len(set(self.layers)) > 1:
+            parts.append("layers=" + "/".join(map(str, self.layers)))
+        return " ".join(parts)
+
+    def as_keys(self) -> str:
+        """The ``--plan`` string that reproduces this configuration."""
+        d = self.to_dict()
+        out = []
+        for k in KEYS:
+            v = d[k]
+            if v is None:
+                continue
+            if k == "layers":
+                v = "/".join(map(str, v))
+            elif isinstance(v, bool):
+                v = str(v).lower()
+            out.append(f"{k}={v}")
+        return ",".join(out)
+
+    # ------------------------------------------------------------------------------------------
+    def validate(self, model: ModelSpec, gpus: int, global_batch: int, gpus_per_node: int | None = None) -> None:
+        """Raise AutoparError saying why this configuration cannot run, or return None."""
+        for k in ("tp", "pp", "dp", "cp", "mbs", "vpp"):
+            if getattr(self, k) < 1:
+                raise AutoparError(f"{k} must be at least 1, got {getattr(self, k)}")
+        if self.recompute not in RECOMPUTE:
+            raise AutoparError(f"recompute must be one of {', '.join(RECOMPUTE)}, got '{self.recompute}'")
+        if self.zero not in (0, 1, 2, 3):
+            raise AutoparError(f"zero must be 0, 1, 2 or 3, got {self.zero}")
+        if self.recompute_layers is not None and (self.recompute != "full" or self.recompute_layers < 0):
+            raise AutoparError("recompute_layers needs recompute=full and a non-negative count")
+        heads, kv = model.num_attention_heads, model.kv_heads
+        if heads % self.tp or kv % self.tp:
+            ok = [t for t in range(1, kv + 1) if heads % t == 0 and kv % t == 0]
+            raise AutoparError(
+                f"tp={self.tp} does not divide the model's {heads} attention heads and {kv} kv heads; "
+                f"choose tp from {', '.join(map(str, ok))}"
+            )
+        if self.world != gpus:
+            what = f"tp*pp*cp*dp = {self.tp}*{self.pp}*{self.cp}*{self.dp} = {self.world}"
+            rest = self.tp * self.pp * self.cp
+            hint = (f"; omit dp to use {gpus // rest}" if gpus % rest == 0
+                    else f"; {gpus} GPUs are not divisible by tp*pp*cp = {rest}")
+            raise AutoparError(f"{what} does not match {gpus} GPUs{hint}")
+        if global_batch <= 0:
+            raise AutoparError(f"global batch must be positive, got {global_batch}")
+        if global_batch % (self.dp * self.mbs):
+            raise AutoparError(
+                f"global batch {global_batch} is not divisible by dp*mbs = {self.dp}*{self.mbs}; "
+                "change --global-batch, dp or mbs"
+            )
+        m = self.microbatches(global_batch)
+        if self.vpp > 1:
+            if self.pp == 1:
+                raise AutoparError("vpp > 1 (interleaved schedule) needs pp > 1")
+            if m % self.pp:
+                raise AutoparError(
+                    f"the interleaved schedule needs the number of micro-batches ({m}) to be a multiple of "
+                    f"pp={self.pp}; change the global batch, mbs or dp, or set vpp=1"
+                )
+        L = model.num_layers
+        if self.layers is not None:
+            if len(self.layers) != self.num_chunks:
+                raise AutoparError(
+                    f"layers has {len(self.layers)} entries but pp*vpp = {self.num_chunks} stages need one each"
+                )
+            if sum(self.layers) != L or min(self.layers) < 0:
+                raise AutoparError(f"layers {'/'.join(map(str, self.layers))} must be non-negative and sum to {L}")
+        elif L < self.num_chunks:
+            raise AutoparError(f"{L} layers cannot fill pp*vpp = {self.num_chunks} pipeline stages; lower pp or vpp")
+        if self.cp > 1:
+            if model.seq_length % (2 * self.cp):
+                raise AutoparError(
+                    f"seq {model.seq_length} must be divisible by 2*cp = {2 * self.cp} (load-balanced causal split)"
+                )
+            if model.attn_impl != "flash":
+                raise AutoparError("cp > 1 needs attention: flash in the model spec (ring attention is blockwise)")
+        if self.tp_overlap and not (self.sp and self.tp > 1):
+            raise AutoparError("tp_overlap=true needs sp=true and tp > 1 (it splits the SP all-gather/reduce-scatter)")
+        if gpus_per_node is not None and self.tp > gpus_per_node:
+            raise AutoparError(
+                f"tp={self.tp} spans nodes ({gpus_per_node} GPUs per node); keep tp <= {gpus_per_node}"
+            )
+
+
+def _parse_value(key: str, raw: str) -> Any:
+    low = raw.strip().lower()
+    if key in BOOL_KEYS:
+        if low in ("true", "1", "yes", "on"):
+            return True
+        if low in ("false", "0", "no", "off"):
+            return False
+        raise AutoparError(f"plan key {key} takes true or false, got '{raw}'")
+    if key in INT_KEYS:
+        try:
+            return int(low)
+        except ValueError:
+            raise AutoparError(f"plan key {key} takes an integer, got '{raw}'") from None
+    if key == "recompute":
+        if low not in RECOMPUTE:
+            raise AutoparError(f"recompute takes {', '.join(RECOMPUTE)}, got '{raw}'")
+        return low
+    if key == "layers":
+        try:
+            return tuple(int(x) for x in low.split("/"))
+        except ValueError:
+            raise AutoparError(f"layers takes counts per stage separated by '/', e.g. 13/14/14/13, got '{raw}'") from None
+    raise AutoparError(f"unknown plan key '{key}'")
+
+
+def parse_plan_keys(text: str) -> dict[str, Any]:
+    """Parse ``"tp=8,pp=2,sp=true"`` into a dict of typed values (keys not given are absent)."""
+    out: dict[str, Any] = {}
+    for item in (text or "").split(","):
+        item = item.strip()
+        if not item:
+            continue
+        if "=" not in item:
+            raise AutoparError(f"plan item '{item}' is not key=value; write e.g. \"tp=8,pp=2,mbs=1\"")
+        key, raw = (s.strip() for s in item.split("=", 1))
+        key = key.lower()
+        if key not in KEYS:
+            raise AutoparError(f"unknown plan key '{key}'{did_you_mean(key, KEYS)}; keys: {', '.join(KEYS)}")
+        if key in out:
+            raise AutoparError(f"plan key '{key}' given twice")
+        out[key] = _parse_value(key, raw)
+    return out
+
+
+def config_from_keys(keys: dict[str, Any], gpus: int) -> ParallelConfig:
+    """A full configuration from parsed keys; dp defaults to gpus / (tp*pp*cp)."""
+    kw = dict(keys)
+    if "dp" not in kw:
+        rest = kw.get("tp", 1) * kw.get("pp", 1) * kw.get("cp", 1)
+        if rest <= 0 or gpus % rest:
+            raise AutoparError(
+                f"{gpus} GPUs are not divisible by tp*pp*cp = {rest}; choose factors of {gpus} or give --gpus"
+            )
+        kw["dp"] = gpus // rest
+    return replace(ParallelConfig(), **kw)

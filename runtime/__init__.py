@@ -1,0 +1,1 @@
+"""autopar runtime: executes a plan on torch.distributed (NCCL on GPUs, gloo on CPUs)."""
