@@ -161,10 +161,17 @@ class ModelSpec(BaseModel):
 
     def summary(self) -> str:
         return (
-            f"{self.name}: {self.arch}, {self.num_params / 1e9:.2f}B params, {self.num_layers} layers, "
+            f"{self.name}: {self.arch}, {_count(self.num_params)} params, {self.num_layers} layers, "
             f"hidden {self.hidden_size}, {self.num_attention_heads} heads ({self.kv_heads} kv), "
             f"ffn {self.ffn}, vocab {self.vocab_size}, seq {self.seq_length}, attention {self.attn_impl}"
         )
+
+
+def _count(n: float) -> str:
+    for unit, div in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= div:
+            return f"{n / div:.2f}{unit}"
+    return str(int(n))
 
 
 # ---------------------------------------------------------------------------------------------

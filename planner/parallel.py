@@ -135,13 +135,7 @@ class ParallelConfig:
             raise AutoparError(f"zero must be 0, 1, 2 or 3, got {self.zero}")
         if self.recompute_layers is not None and (self.recompute != "full" or self.recompute_layers < 0):
             raise AutoparError("recompute_layers needs recompute=full and a non-negative count")
-        heads, kv = model.num_attention_heads, model.kv_heads
-        if heads % self.tp or kv % self.tp:
-            ok = [t for t in range(1, kv + 1) if heads % t == 0 and kv % t == 0]
-            raise AutoparError(
-                f"tp={self.tp} does not divide the model's {heads} attention heads and {kv} kv heads; "
-                f"choose tp from {', '.join(map(str, ok))}"
-            )
+        check_tp_heads(model, self.tp)
         if self.world != gpus:
             what = f"tp*pp*cp*dp = {self.tp}*{self.pp}*{self.cp}*{self.dp} = {self.world}"
             rest = self.tp * self.pp * self.cp
@@ -233,9 +227,21 @@ def parse_plan_keys(text: str) -> dict[str, Any]:
     return out
 
 
-def config_from_keys(keys: dict[str, Any], gpus: int) -> ParallelConfig:
+def check_tp_heads(model: ModelSpec, tp: int) -> None:
+    heads, kv = model.num_attention_heads, model.kv_heads
+    if tp < 1 or heads % tp or kv % tp:
+        ok = [t for t in range(1, kv + 1) if heads % t == 0 and kv % t == 0]
+        raise AutoparError(
+            f"tp={tp} does not divide the model's {heads} attention heads and {kv} kv heads; "
+            f"choose tp from {', '.join(map(str, ok))}"
+        )
+
+
+def config_from_keys(keys: dict[str, Any], gpus: int, model: ModelSpec | None = None) -> ParallelConfig:
     """A full configuration from parsed keys; dp defaults to gpus / (tp*pp*cp)."""
     kw = dict(keys)
+    if model is not None and "tp" in kw:
+        check_tp_heads(model, kw["tp"])
     if "dp" not in kw:
         rest = kw.get("tp", 1) * kw.get("pp", 1) * kw.get("cp", 1)
         if rest <= 0 or gpus % rest:

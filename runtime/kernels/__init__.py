@@ -1,60 +1,102 @@
 """Fused ops used by the runtime's models. Stable API; Triton kernels on CUDA, pure-torch references on CPU.
 
 Every function here takes plain tensors; process groups are passed explicitly (no globals).
-Shapes: ``x`` is ``[..., hidden]``; q is ``[batch, seq, heads, head_dim]``, k ``[batch, seq, kv_heads, head_dim]``;
-cos/sin are ``[seq, head_dim // 2]`` (rotate-half convention, as Hugging Face Llama).
+Shapes: ``x`` is ``[..., hidden]``; q is ``[batch, seq, heads, head_dim]``,
+k ``[batch, seq, kv_heads, head_dim]``; cos/sin are ``[seq, head_dim // 2]``
+(rotate-half convention, as Hugging Face Llama).
+
+Backend (:func:`set_backend`): ``"auto"`` runs the Triton kernel when the input is a CUDA tensor and the
+torch reference otherwise; ``"torch"`` always runs the reference; ``"triton"`` always runs the kernel, on
+CPU tensors too when ``TRITON_INTERPRET=1`` (Triton's interpreter, used by the tests).
+Each op lives in ``<op>_op.py``: Triton kernels, the autograd Function and the torch reference beside it.
 """
 
-from __future__ import annotations
-
 import torch
-import torch.nn.functional as F
+import torch.distributed as dist
 
-_BACKEND = "auto"  # auto: Triton on CUDA tensors, torch references otherwise
+from ._utils import get_backend, set_backend, use_triton
+from .cross_entropy_op import (
+    linear_cross_entropy_reference,
+    linear_cross_entropy_triton,
+    vocab_parallel_linear_cross_entropy_reference,
+    vocab_parallel_linear_cross_entropy_triton,
+)
+from .layer_norm_op import layer_norm_reference, layer_norm_triton
+from .rms_norm_op import add_rms_norm_reference, add_rms_norm_triton, rms_norm_reference, rms_norm_triton
+from .rope_op import rope_reference, rope_triton
+from .swiglu_op import swiglu_reference, swiglu_triton
 
-
-def set_backend(name: str) -> None:
-    """Force 'triton' or 'torch' kernels, or 'auto' (Triton on CUDA, torch on CPU)."""
-    global _BACKEND
-    if name not in ("auto", "triton", "torch"):
-        raise ValueError(f"kernel backend must be auto, triton or torch, got {name!r}")
-    _BACKEND = name
+__all__ = [
+    "add_rms_norm", "get_backend", "layer_norm", "linear_cross_entropy", "rms_norm", "rope", "set_backend",
+    "swiglu", "vocab_parallel_linear_cross_entropy",
+]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+    """``x * rsqrt(mean(x^2, -1) + eps) * weight`` (fp32 math, output in ``x.dtype``)."""
+    if use_triton(x):
+        return rms_norm_triton(x, weight, eps)
+    return rms_norm_reference(x, weight, eps)
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns (rms_norm(x + residual), x + residual)."""
-    s = x + residual
-    return rms_norm(s, weight, eps), s
+    """Returns (rms_norm(x + residual), x + residual), in one pass on the kernel path."""
+    if use_triton(x):
+        return add_rms_norm_triton(x, residual, weight, eps)
+    return add_rms_norm_reference(x, residual, weight, eps)
 
 
-def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
-    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """LayerNorm over the last dim (fp32 math, output in ``x.dtype``); ``bias`` may be None."""
+    if use_triton(x):
+        return layer_norm_triton(x, weight, bias, eps)
+    return layer_norm_reference(x, weight, bias, eps)
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    return F.silu(gate) * up
+    """``silu(gate) * up``."""
+    if use_triton(gate):
+        return swiglu_triton(gate, up)
+    return swiglu_reference(gate, up)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    c, s = cos[None, :, None, :].to(x.dtype), sin[None, :, None, :].to(x.dtype)
-    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
-
-
-def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inplace: bool = False
          ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _rotate(q, cos, sin), _rotate(k, cos, sin)
+    """Rotate q and k by the positions' angles (rotate-half). ``inplace`` lets the kernel write into q, k
+    (they must not be autograd leaves that require grad); the reference always returns new tensors."""
+    if use_triton(q):
+        return rope_triton(q, k, cos, sin, inplace=inplace)
+    return rope_reference(q, k, cos, sin)
 
 
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                          ignore_index: int = -100) -> torch.Tensor:
-    """Mean cross-entropy of ``x @ weight.T`` against ``target`` (logits in fp32)."""
-    logits = (x @ weight.t()).float()
-    return F.cross_entropy(logits.view(-1, logits.shape[-1]), target.reshape(-1), ignore_index=ignore_index)
+    """Mean cross-entropy of ``x @ weight.T`` against ``target`` (softmax in fp32).
+
+    x ``[..., hidden]``, weight ``[vocab, hidden]``, target ``[...]`` (x's leading shape). The kernel path
+    never materialises the full logits and computes both gradients during the forward.
+    """
+    if use_triton(x):
+        return linear_cross_entropy_triton(x, weight, target, ignore_index)
+    return linear_cross_entropy_reference(x, weight, target, ignore_index)
+
+
+def vocab_parallel_linear_cross_entropy(x: torch.Tensor, weight_shard: torch.Tensor, target: torch.Tensor,
+                                        vocab_start: int, group: dist.ProcessGroup,
+                                        ignore_index: int = -100) -> torch.Tensor:
+    """Mean cross-entropy over the full vocab when each rank of ``group`` holds a vocab shard of the head.
+
+    ``weight_shard`` holds vocab rows ``[vocab_start, vocab_start + weight_shard.shape[0])``; ``x`` and
+    ``target`` (full-vocab ids) are the same on every rank. Returns the same global mean loss on every rank.
+
+    Gradients: ``weight_shard`` gets its exact gradient. ``x`` gets only this rank's partial gradient
+    (``grad_logits_shard @ weight_shard``); the caller must sum it over ``group``, e.g. by passing
+    ``x`` through the usual TP "copy to tensor-parallel region" op (identity forward, all-reduce backward),
+    or, with sequence parallelism, by producing ``x`` with the sequence all-gather (reduce-scatter backward).
+    """
+    if use_triton(x):
+        return vocab_parallel_linear_cross_entropy_triton(x, weight_shard, target, vocab_start, group,
+                                                          ignore_index)
+    return vocab_parallel_linear_cross_entropy_reference(x, weight_shard, target, vocab_start, group,
+                                                         ignore_index)

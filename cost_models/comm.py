@@ -1,0 +1,112 @@
+"""Communication cost: alpha-beta time of each collective, hierarchical over NVLink and NICs.
+
+Groups are placed on the (pp, dp, cp, tp) rank order, tp innermost: a group is described by its ``size`` and
+the ``stride`` between consecutive members. From that and the node size follow how many members share a
+node (``k``) and how many nodes it spans (``N``). All functions take numpy arrays or scalars (broadcast).
+
+Bandwidth model (NCCL rings): a group with k members per node moves its data over NVLink inside a node and
+over the k NIC shares of its members across nodes, so a ring's bottleneck is min(intra, k x NIC-per-GPU).
+Each GPU's NIC share is nics_per_node x nic_bandwidth / gpus_per_node (every GPU of the node talks at once,
+as when all tensor-parallel ranks run their data-parallel reduce together). Latency: (k-1) NVLink hops plus
+a tree across nodes (log2 N hops). Measured fits from ``autopar profile`` replace both terms.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from planner.cluster_spec import ClusterSpec
+
+ArrayLike = np.ndarray | float | int
+
+
+class CommModel:
+    """Collective times on one cluster. Sizes are bytes per GPU as defined for each collective."""
+
+    def __init__(self, cluster: ClusterSpec) -> None:
+        self.c = cluster
+        intra = cluster.intra_node
+        self.g = cluster.gpus_per_node
+        self.bw_intra = intra.bandwidth_GBps * 1e9 * intra.efficiency
+        self.lat_intra = intra.latency_us * 1e-6
+        if cluster.inter_node is not None:
+            self.bw_nic = cluster.nic_bw_per_gpu * cluster.inter_node.efficiency
+            self.lat_inter = cluster.inter_node.latency_us * 1e-6
+        else:
+            self.bw_nic, self.lat_inter = self.bw_intra, self.lat_intra
+        self.fits = cluster.collectives
+
+    # ---- placement ---------------------------------------------------------------------------
+    def placement(self, size: ArrayLike, stride: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+        """Members per node (k) and nodes spanned (N) of a group of ``size`` ranks ``stride`` apart."""
+        size = np.asarray(size, dtype=float)
+        stride = np.asarray(stride, dtype=float)
+        per_node = np.maximum(1.0, np.floor(self.g / np.maximum(stride, 1.0)))
+        k = np.minimum(size, per_node)
+        nodes = np.ceil(size / k)
+        return k, nodes
+
+    def _bw(self, k: np.ndarray, nodes: np.ndarray) -> np.ndarray:
+        return np.where(nodes > 1, np.minimum(self.bw_intra, k * self.bw_nic), self.bw_intra)
+
+    def _lat(self, k: np.ndarray, nodes: np.ndarray) -> np.ndarray:
+        return (k - 1) * self.lat_intra + np.ceil(np.log2(np.maximum(nodes, 1))) * self.lat_inter
+
+    def _fitted(self, name: str, nbytes: np.ndarray, factor: np.ndarray, nodes: np.ndarray) -> np.ndarray | None:
+        """Time from a measured alpha/bus-bandwidth fit (nccl-tests convention), per level."""
+        fit = self.fits.get(name)
+        if not fit:
+            return None
+        fi = fit.get("intra") or fit.get("inter")
+        fo = fit.get("inter") or fi
+        t_in = fi.alpha_us * 1e-6 + nbytes * factor / (fi.busbw_GBps * 1e9)
+        t_out = fo.alpha_us * 1e-6 + nbytes * factor / (fo.busbw_GBps * 1e9)
+        return np.where(nodes > 1, t_out, t_in)
+
+    def _collective(self, name: str, nbytes: ArrayLike, size: ArrayLike, stride: ArrayLike,
+                    volume: float) -> np.ndarray:
+        """``volume`` x (n-1)/n x bytes over the bottleneck bandwidth, plus latency; zero for n == 1."""
+        nbytes = np.asarray(nbytes, dtype=float)
+        n = np.asarray(size, dtype=float)
+        k, nodes = self.placement(n, stride)
+        factor = volume * (n - 1) / np.maximum(n, 1)
+        lat = volume * self._lat(k, nodes)
+        fitted = self._fitted(name, nbytes, factor, nodes)
+        if fitted is not None:
+            t = fitted
+        else:
+            t = lat + nbytes * factor / self._bw(k, nodes)
+        return np.where(n > 1, t, 0.0)
+
+    # ---- collectives -------------------------------------------------------------------------
+    def all_reduce(self, nbytes: ArrayLike, size: ArrayLike, stride: ArrayLike = 1) -> np.ndarray:
+        """All-reduce of a ``nbytes`` buffer held by every member (ring: 2(n-1)/n of it crosses each link)."""
+        return self._collective("all_reduce", nbytes, size, stride, 2.0)
+
+    def all_gather(self, out_bytes: ArrayLike, size: ArrayLike, stride: ArrayLike = 1) -> np.ndarray:
+        """All-gather producing ``out_bytes`` on every member."""
+        return self._collective("all_gather", out_bytes, size, stride, 1.0)
+
+    def reduce_scatter(self, in_bytes: ArrayLike, size: ArrayLike, stride: ArrayLike = 1) -> np.ndarray:
+        """Reduce-scatter of an ``in_bytes`` input on every member."""
+        return self._collective("reduce_scatter", in_bytes, size, stride, 1.0)
+
+    def all_to_all(self, nbytes: ArrayLike, size: ArrayLike, stride: ArrayLike = 1) -> np.ndarray:
+        return self._collective("all_to_all", nbytes, size, stride, 1.0)
+
+    def p2p(self, nbytes: ArrayLike, cross_node: ArrayLike) -> np.ndarray:
+        """One send/recv between neighbouring pipeline stages (every GPU of the node sending at once)."""
+        nbytes = np.asarray(nbytes, dtype=float)
+        cross = np.asarray(cross_node, dtype=bool)
+        fit = self.fits.get("p2p")
+        if fit:
+            fi = fit.get("intra") or fit.get("inter")
+            fo = fit.get("inter") or fi
+            ti = fi.alpha_us * 1e-6 + nbytes / (fi.busbw_GBps * 1e9)
+            to = fo.alpha_us * 1e-6 + nbytes / (fo.busbw_GBps * 1e9)
+            return np.where(cross, to, ti)
+        return np.where(cross, self.lat_inter + nbytes / self.bw_nic, self.lat_intra + nbytes / self.bw_intra)
+
+    def crosses_node(self, stride: ArrayLike) -> np.ndarray:
+        """Whether neighbours ``stride`` ranks apart sit on different nodes."""
+        return np.asarray(stride) >= self.g

@@ -1,0 +1,106 @@
+"""Compute cost of single kernels on one GPU: GEMMs, attention, memory-bound (elementwise / norm) ops.
+
+GEMM time = max(FLOPs / (peak x efficiency), bytes / memory bandwidth) + a fixed kernel overhead, where
+efficiency = gemm x tile/wave utilisation x K/(K + k_half): large, square-ish GEMMs approach the profile's
+``efficiency.gemm``; GEMMs whose output tiles leave SMs idle in the last wave, or with a short K loop, run
+slower. A GEMM table measured by ``autopar profile`` corrects the result by the measured/modelled ratio at
+the nearest measured shapes. All functions broadcast over numpy arrays.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from planner.cluster_spec import GPUSpec
+
+ArrayLike = np.ndarray | float | int
+
+# Output tiles cuBLAS-like libraries choose between, with their relative efficiency.
+_TILES = ((128, 256, 1.0), (128, 128, 0.93), (64, 128, 0.80))
+
+
+def dtype_bytes(precision: str) -> int:
+    return 4 if precision == "fp32" else 2
+
+
+class ComputeModel:
+    """Kernel times on one GPU at one compute precision."""
+
+    def __init__(self, gpu: GPUSpec, precision: str = "bf16") -> None:
+        self.gpu = gpu
+        self.precision = precision
+        self.eb = dtype_bytes(precision)
+        self.peak = gpu.peak(precision)
+        self.e = gpu.efficiency
+        self.overhead = self.e.kernel_overhead_us * 1e-6
+        self.mem_bw = gpu.mem_bw
+        self._table = None
+        if gpu.gemm_table:
+            t = np.array([[p.m, p.n, p.k, p.tflops * 1e12] for p in gpu.gemm_table], dtype=float)
+            ratio = t[:, 3] / self._gemm_rate(t[:, 0], t[:, 1], t[:, 2])
+            self._table = (np.log(t[:, :3]), ratio)
+        self._attn = None
+        if gpu.attention_table:
+            a = np.array([[p.seq, p.head_dim, p.fwd_tflops * 1e12, p.bwd_tflops * 1e12]
+                          for p in gpu.attention_table], dtype=float)
+            self._attn = a[np.argsort(a[:, 0])]
+
+    # ---- GEMM ---------------------------------------------------------------------------------
+    def _shape_eff(self, M: np.ndarray, N: np.ndarray, K: np.ndarray, batch: np.ndarray) -> np.ndarray:
+        sm = self.gpu.sm_count
+        best = np.zeros(np.broadcast(M, N, K, batch).shape)
+        for tm, tn, q in _TILES:
+            tiles = np.ceil(M / tm) * np.ceil(N / tn) * batch
+            waves = np.ceil(tiles / sm)
+            best = np.maximum(best, q * tiles / (waves * sm))
+        return best * K / (K + self.e.gemm_k_half)
+
+    def _gemm_rate(self, M: ArrayLike, N: ArrayLike, K: ArrayLike, batch: ArrayLike = 1) -> np.ndarray:
+        """Modelled FLOP/s of a GEMM before any measured correction."""
+        M, N, K, batch = (np.asarray(x, dtype=float) for x in (M, N, K, batch))
+        return self.peak * self.e.gemm * self._shape_eff(M, N, K, batch)
+
+    def _correction(self, M: np.ndarray, N: np.ndarray, K: np.ndarray) -> np.ndarray | float:
+        if self._table is None:
+            return 1.0
+        pts, ratio = self._table
+        q = np.stack(np.broadcast_arrays(np.log(M), np.log(N), np.log(K)), axis=-1)
+        d = np.sqrt(((q[..., None, :] - pts) ** 2).sum(-1))  # distance to every measured shape
+        nearest = np.argsort(d, axis=-1)[..., :4]
+        dn = np.take_along_axis(d, nearest, -1)
+        w = 1.0 / (dn + 1e-3) ** 2
+        return (w * ratio[nearest]).sum(-1) / w.sum(-1)
+
+    def gemm(self, M: ArrayLike, N: ArrayLike, K: ArrayLike, batch: ArrayLike = 1) -> np.ndarray:
+        """Seconds for ``batch`` GEMMs of (M x K) @ (K x N)."""
+        M, N, K, batch = (np.maximum(np.asarray(x, dtype=float), 1.0) for x in (M, N, K, batch))
+        flops = 2.0 * M * N * K * batch
+        rate = self._gemm_rate(M, N, K, batch) * self._correction(M, N, K)
+        nbytes = self.eb * (M * K + K * N + M * N) * batch
+        return np.maximum(flops / rate, nbytes / self.mem_bw) + self.overhead
+
+    def gemm_fwd_bwd(self, M: ArrayLike, N: ArrayLike, K: ArrayLike, batch: ArrayLike = 1
+                     ) -> tuple[np.ndarray, np.ndarray]:
+        """Forward, and backward (data gradient + weight gradient) of a linear layer y = x W^T."""
+        fwd = self.gemm(M, N, K, batch)
+        bwd = self.gemm(M, K, N, batch) + self.gemm(N, K, M, batch)
+        return fwd, bwd
+
+    # ---- memory-bound ops ----------------------------------------------------------------------
+    def memory(self, nbytes: ArrayLike, kernels: float = 1.0) -> np.ndarray:
+        """Seconds to stream ``nbytes`` through HBM in ``kernels`` launches."""
+        return np.asarray(nbytes, dtype=float) / self.mem_bw + kernels * self.overhead
+
+    # ---- attention core ------------------------------------------------------------------------
+    def flash_attention(self, batch_heads: ArrayLike, sq: ArrayLike, sk: ArrayLike, d: ArrayLike,
+                        causal_frac: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+        """Fused attention forward and backward (backward does 2.5x the forward's matmul work)."""
+        flops = 4.0 * np.asarray(batch_heads, float) * sq * sk * d * causal_frac
+        fwd_rate = self.peak * self.e.attention_fwd
+        bwd_rate = self.peak * self.e.attention_bwd
+        if self._attn is not None:
+            seqs = self._attn[:, 0]
+            key = np.asarray(sk, dtype=float)
+            fwd_rate = np.interp(np.log(key), np.log(seqs), self._attn[:, 2])
+            bwd_rate = np.interp(np.log(key), np.log(seqs), self._attn[:, 3])
+        return flops / fwd_rate + self.overhead, 2.5 * flops / bwd_rate + self.overhead

@@ -1,0 +1,94 @@
+"""Memory per GPU: weights, gradients and optimizer state by precision and ZeRO stage; activations.
+
+Activations follow Korthikanti et al. (2022), "Reducing Activation Recomputation in Large Transformer
+Models", term by term, so for GPT with unfused attention and dropout the per-layer bytes are exactly the
+paper's: sbh(34 + 5as/h) unsharded; sbh(10 + 24/t + 5as/(ht)) with TP; (sbh/t)(34 + 5as/h) with TP+SP;
+the 5as/h term drops with selective recompute; 2sbh per layer (2sbh/t with SP) with full recompute.
+The same terms generalise to Llama: RMSNorm inputs, GQA-sized K/V, SwiGLU's gate, up and product, flash
+attention's output and log-sum-exp instead of the s x s scores. Context parallelism divides the tokens.
+
+Allowances (documented, not fitted per plan): ``RESERVED_GIB`` per GPU for the CUDA context, NCCL and
+cuBLAS workspaces (allocations PyTorch's allocator does not see), and ``FRAGMENTATION`` of the dynamic
+(activation and temporary) memory for the caching allocator's fragmentation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.model_spec import ModelSpec
+
+GiB = float(2**30)
+RESERVED_GIB = {"nccl": 1.0, "gloo": 0.1}
+FRAGMENTATION = 0.05
+
+
+def layer_activation_bytes(model: ModelSpec, eb: int, t, c, b, sp, recompute
+                           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per layer, per micro-batch: (bytes stored without full recompute, bytes stored with full
+    recompute, bytes materialised while the layer's backward runs). ``recompute`` 1 = selective."""
+    t, c, b = (np.asarray(x, dtype=float) for x in (t, c, b))
+    sp = np.asarray(sp, dtype=bool) & (t > 1)
+    rc = np.asarray(recompute)
+    s, h, f = model.seq_length, model.hidden_size, model.ffn
+    qw, kw = model.q_width, model.kv_width
+    heads = model.num_attention_heads
+    T = b * s / c
+    shard = np.where(sp, t, 1.0)
+    mask = 1.0 if model.dropout_p > 0 else 0.0
+    if model.block is not None:
+        full = T * model.block.act_bytes_per_token * (eb / 2.0) / t
+        core = np.zeros_like(full)
+    else:
+        # norm / residual region: two norm inputs, the two GEMM inputs they feed, two dropout masks
+        region = (4 * eb + 2 * mask) * h / shard
+        if model.attn_impl == "flash":
+            attn = eb * (qw + 2 * kw + qw) / t  # Q, K, V and the output O
+            core = 4.0 * heads / t  # fp32 log-sum-exp per head
+        else:
+            attn = eb * (qw + kw + kw + qw) / t  # Q and K (for QK^T), V, context (input of the projection)
+            core = (heads / t) * s * (eb + (1 + eb) * mask)  # softmax output, dropout mask and output
+        mlp = (2 if model.arch == "gpt" else 3) * eb * f / t  # GeLU in/out, or gate, up, SwiGLU out
+        full = T * (region + attn + mlp + np.where(rc == 1, 0.0, core))
+        core = T * core
+    ckpt = T * eb * h / shard  # layer input only
+    work = T * eb * (2 * h / shard + 2 * f / t)  # gradient buffers alive during one layer's backward
+    return full, ckpt, work + np.where(rc == 2, full + core, 0.0)
+
+
+def end_activation_bytes(model: ModelSpec, eb: int, t, c, b, sp) -> tuple[np.ndarray, np.ndarray]:
+    """(embedding bytes stored per in-flight micro-batch on the first stage,
+    LM-head + loss bytes on the last stage, which include the fp32 logits of the cross-entropy)."""
+    t, c, b = (np.asarray(x, dtype=float) for x in (t, c, b))
+    sp = np.asarray(sp, dtype=bool) & (t > 1)
+    T = b * model.seq_length / c
+    shard = np.where(sp, t, 1.0)
+    embed = T * model.hidden_size * (1.0 if model.dropout_p > 0 else 0.0) / shard
+    head = T * (2 * eb * model.hidden_size / shard + (eb + 4.0) * model.vocab_size / t)
+    return embed, head
+
+
+@dataclass
+class StateBytes:
+    weights: np.ndarray
+    grads: np.ndarray
+    optimizer: np.ndarray
+
+
+def state_bytes(params, zero, d, precision: str) -> StateBytes:
+    """Bytes of parameters, gradients and Adam state for ``params`` local parameters.
+
+    bf16/fp16: 2 (weights) + 4 (fp32 grads) + 12 (fp32 master, m, v) = 18 bytes/param; ZeRO-1 (distributed
+    optimizer) 6 + 12/d; ZeRO-2 2 + 16/d; ZeRO-3 18/d. fp32: 4 + 4 + 8 (weights are the master copy).
+    ``d`` is the data-parallel group size (dp x cp) the state is sharded over.
+    """
+    params = np.asarray(params, dtype=float)
+    zero = np.asarray(zero)
+    d = np.maximum(np.asarray(d, dtype=float), 1.0)
+    w, g, o = (4.0, 4.0, 8.0) if precision == "fp32" else (2.0, 4.0, 12.0)
+    weights = params * np.where(zero >= 3, w / d, w)
+    grads = params * np.where(zero >= 2, g / d, g)
+    opt = params * np.where(zero >= 1, o / d, o)
+    return StateBytes(weights=weights, grads=grads, optimizer=opt)

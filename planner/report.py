@@ -1,0 +1,65 @@
+"""Human-readable output: tables for estimates, plans and what-if sweeps (rich)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from cost_models.step import Estimate
+
+
+def console() -> Console:
+    con = Console(highlight=False, soft_wrap=False)
+    if not con.is_terminal:
+        con = Console(highlight=False, soft_wrap=False, width=140)
+    return con
+
+
+def fmt_time(s: float) -> str:
+    if s >= 1.0:
+        return f"{s:.3f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s * 1e6:.1f} us"
+
+
+def fmt_rate(x: float) -> str:
+    for unit, div in (("M", 1e6), ("k", 1e3)):
+        if x >= div:
+            return f"{x / div:,.1f}{unit}"
+    return f"{x:,.1f}"
+
+
+def estimate_tables(est: Estimate, title: str) -> list[Table]:
+    top = Table(title=title, show_header=True, header_style="bold")
+    for col in ("step time", "tokens/s", "MFU", "memory/GPU", "fits", "bubble", "exposed comm"):
+        top.add_column(col, justify="right")
+    top.add_row(fmt_time(est.step_time_s), fmt_rate(est.tokens_per_s), f"{est.mfu * 100:.1f}%",
+                f"{est.memory_GiB:.1f} GiB", "yes" if est.fits else "[red]NO[/red]",
+                f"{est.bubble_fraction * 100:.1f}%", f"{est.exposed_comm_fraction * 100:.1f}%")
+    bd = Table(title="step time on the critical pipeline rank", header_style="bold")
+    bd.add_column("part")
+    bd.add_column("time", justify="right")
+    bd.add_column("share", justify="right")
+    for k, v in est.breakdown.items():
+        bd.add_row(k.replace("_", " "), fmt_time(v), f"{v / est.step_time_s * 100:.1f}%")
+    mem = Table(title="memory on the fullest GPU", header_style="bold")
+    mem.add_column("part")
+    mem.add_column("GiB", justify="right")
+    for k, v in est.memory_breakdown.items():
+        mem.add_row(k.replace("_", " "), f"{v:.2f}")
+    return [top, bd, mem]
+
+
+def plans_table(rows: list[dict[str, Any]], title: str) -> Table:
+    tab = Table(title=title, header_style="bold")
+    for col, just in (("#", "right"), ("plan", "left"), ("step time", "right"), ("tokens/s", "right"),
+                      ("MFU", "right"), ("memory", "right"), ("bubble", "right"), ("exp. comm", "right")):
+        tab.add_column(col, justify=just)
+    for i, r in enumerate(rows, 1):
+        tab.add_row(str(i), r["plan"], fmt_time(r["step_time_s"]), fmt_rate(r["tokens_per_s"]),
+                    f"{r['mfu'] * 100:.1f}%", f"{r['memory_GiB']:.1f} GiB",
+                    f"{r['bubble_fraction'] * 100:.1f}%", f"{r['exposed_comm_fraction'] * 100:.1f}%")
+    return tab

@@ -1,0 +1,303 @@
+"""Fused linear + cross-entropy that never materialises the full ``[tokens, vocab]`` logits.
+
+Tokens are processed in chunks: ``logits = x_chunk @ weight.T`` (cuBLAS, in the compute dtype), then a
+Triton kernel computes each row's log-sum-exp and loss in fp32 and overwrites the logits, in place, with
+``d loss / d logits = (softmax - onehot) / n_valid``. The same chunk then yields ``grad_x`` (``grad_logits @
+weight``) and adds into ``grad_weight`` (``grad_logits.T @ x``), so the backward is a scale by the
+incoming gradient. Peak extra memory is one logits chunk plus ``grad_x`` and ``grad_weight``.
+
+Compute dtype: the autocast dtype when autocast is on for the device, else the promotion of x's and
+weight's dtypes. ``grad_weight`` is accumulated over chunks in the compute dtype (fp32 inside cuBLAS,
+rounded once per chunk) and returned in ``weight.dtype``.
+
+Vocab-parallel (tensor-parallel) version: each rank holds rows ``[vocab_start, vocab_start + shard)`` of
+the weight and the full (replicated) ``x``. Per chunk a stats kernel writes each row's local max, local
+sum of exps and local target logit; one ``all_gather`` over the group combines them into the global
+log-sum-exp; a second kernel writes the local slice of the logits gradient. The loss is the global mean,
+identical on every rank. The weight-shard gradient is exact. The x gradient returned is this rank's
+*partial* sum ``grad_logits_shard @ weight_shard``: the caller must sum it over the TP group, which the
+usual Megatron mapping does: pass ``copy_to_tensor_parallel_region(x)`` (identity forward, all-reduce
+backward), or, with sequence parallelism, the output of the sequence all-gather (whose backward is a
+reduce-scatter, which sums too).
+"""
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ._utils import LazyKernel, cdiv, next_pow2, tl
+
+LOGITS_CHUNK_ELEMENTS = 1 << 26  # logits chunk budget (tokens x vocab): 128 MiB in bf16
+MAX_BLOCK_V = 32768  # widest vocab block one program holds in registers
+
+
+# ----------------------------------------------------------------------------------------------- kernels
+def _ce_fused(LOGITS, stride, TARGET, LOSS, SCALE, V, ignore_index,
+              COMPUTE_GRAD: tl.constexpr, ONE_BLOCK: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Per row: loss = lse - logit[target]; logits row <- (softmax - onehot) * scale when COMPUTE_GRAD."""
+    row = tl.program_id(0).to(tl.int64)
+    ptr = LOGITS + row * stride
+    t = tl.load(TARGET + row)
+    if t == ignore_index:
+        tl.store(LOSS + row, 0.0)
+        if COMPUTE_GRAD:
+            for off in range(0, V, BLOCK_V):
+                cols = off + tl.arange(0, BLOCK_V)
+                tl.store(ptr + cols, tl.zeros([BLOCK_V], dtype=LOGITS.dtype.element_ty), mask=cols < V)
+        return
+    xt = tl.load(ptr + t, mask=(t >= 0) & (t < V), other=0.0).to(tl.float32)
+    if ONE_BLOCK:
+        cols = tl.arange(0, BLOCK_V)
+        mask = cols < V
+        x = tl.load(ptr + cols, mask=mask, other=float("-inf")).to(tl.float32)
+        m = tl.max(x, axis=0)
+        e = tl.exp(x - m)
+        ssum = tl.sum(e, axis=0)
+        tl.store(LOSS + row, m + tl.log(ssum) - xt)
+        if COMPUTE_GRAD:
+            scale = tl.load(SCALE)
+            g = e / ssum
+            g = tl.where(cols == t, g - 1.0, g) * scale
+            tl.store(ptr + cols, g.to(LOGITS.dtype.element_ty), mask=mask)
+    else:
+        m = float("-inf")
+        ssum = 0.0
+        for off in range(0, V, BLOCK_V):
+            cols = off + tl.arange(0, BLOCK_V)
+            x = tl.load(ptr + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+            m_new = tl.maximum(m, tl.max(x, axis=0))
+            ssum = ssum * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
+            m = m_new
+        lse = m + tl.log(ssum)
+        tl.store(LOSS + row, lse - xt)
+        if COMPUTE_GRAD:
+            scale = tl.load(SCALE)
+            for off in range(0, V, BLOCK_V):
+                cols = off + tl.arange(0, BLOCK_V)
+                mask = cols < V
+                x = tl.load(ptr + cols, mask=mask, other=0.0).to(tl.float32)
+                g = tl.exp(x - lse)
+                g = tl.where(cols == t, g - 1.0, g) * scale
+                tl.store(ptr + cols, g.to(LOGITS.dtype.element_ty), mask=mask)
+
+
+def _ce_stats(LOGITS, stride, TARGET, STATS, V, vocab_start, ignore_index,
+              ONE_BLOCK: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Per row of a vocab shard: STATS[row] = (local max, local sum exp(x - max), local target logit or 0)."""
+    row = tl.program_id(0).to(tl.int64)
+    ptr = LOGITS + row * stride
+    t = tl.load(TARGET + row) - vocab_start
+    here = (t >= 0) & (t < V) & (t + vocab_start != ignore_index)
+    xt = tl.load(ptr + t, mask=here, other=0.0).to(tl.float32)
+    if ONE_BLOCK:
+        cols = tl.arange(0, BLOCK_V)
+        x = tl.load(ptr + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+        m = tl.max(x, axis=0)
+        ssum = tl.sum(tl.exp(x - m), axis=0)
+    else:
+        m = float("-inf")
+        ssum = 0.0
+        for off in range(0, V, BLOCK_V):
+            cols = off + tl.arange(0, BLOCK_V)
+            x = tl.load(ptr + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+            m_new = tl.maximum(m, tl.max(x, axis=0))
+            ssum = ssum * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
+            m = m_new
+    tl.store(STATS + row * 3, m)
+    tl.store(STATS + row * 3 + 1, ssum)
+    tl.store(STATS + row * 3 + 2, xt)
+
+
+def _ce_grad(LOGITS, stride, TARGET, LSE, SCALE, V, vocab_start, ignore_index, BLOCK_V: tl.constexpr):
+    """Per row of a vocab shard: logits row <- (exp(x - lse) - onehot) * scale (zeros for ignored rows)."""
+    row = tl.program_id(0).to(tl.int64)
+    ptr = LOGITS + row * stride
+    t = tl.load(TARGET + row)
+    if t == ignore_index:
+        for off in range(0, V, BLOCK_V):
+            cols = off + tl.arange(0, BLOCK_V)
+            tl.store(ptr + cols, tl.zeros([BLOCK_V], dtype=LOGITS.dtype.element_ty), mask=cols < V)
+        return
+    t = t - vocab_start
+    lse = tl.load(LSE + row)
+    scale = tl.load(SCALE)
+    for off in range(0, V, BLOCK_V):
+        cols = off + tl.arange(0, BLOCK_V)
+        mask = cols < V
+        x = tl.load(ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        g = tl.exp(x - lse)
+        g = tl.where(cols == t, g - 1.0, g) * scale
+        tl.store(ptr + cols, g.to(LOGITS.dtype.element_ty), mask=mask)
+
+
+ce_fused_kernel = LazyKernel(_ce_fused)
+ce_stats_kernel = LazyKernel(_ce_stats)
+ce_grad_kernel = LazyKernel(_ce_grad)
+
+
+# ------------------------------------------------------------------------------------------ launchers
+def _block_cfg(v: int) -> tuple[int, int, bool]:
+    block = min(next_pow2(v), MAX_BLOCK_V)
+    warps = 32 if block >= 32768 else 16 if block >= 8192 else 8 if block >= 2048 else 4
+    return block, warps, block >= v
+
+
+def _compute_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+    dev = x.device.type
+    if torch.is_autocast_enabled(dev):
+        return torch.get_autocast_dtype(dev)
+    return torch.promote_types(x.dtype, weight.dtype)
+
+
+def _chunk_tokens(tokens: int, vocab: int, chunk_tokens: int | None) -> int:
+    if chunk_tokens is None:
+        chunk_tokens = max(1, LOGITS_CHUNK_ELEMENTS // max(1, vocab))
+        n_chunks = cdiv(tokens, chunk_tokens)
+        chunk_tokens = cdiv(cdiv(tokens, max(1, n_chunks)), 64) * 64  # balanced chunks, cuBLAS-friendly
+    return max(1, min(tokens, chunk_tokens))
+
+
+def _combine_stats(gathered: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[world, rows, 3]`` (max, sum exp, target logit) per shard -> (global lse, target logit) per row."""
+    m = gathered[..., 0].amax(0)
+    ssum = (gathered[..., 1] * torch.exp(gathered[..., 0] - m)).sum(0)
+    return m + torch.log(ssum), gathered[..., 2].sum(0)
+
+
+def _all_gather_stats(stats: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    world = dist.get_world_size(group)
+    out = torch.empty((world, *stats.shape), dtype=stats.dtype, device=stats.device)
+    dist.all_gather(list(out.unbind(0)), stats, group=group)
+    return out
+
+
+class LinearCrossEntropyFunction(torch.autograd.Function):
+    """Mean CE of ``x @ weight.T``; with ``group`` the weight is a vocab shard starting at ``vocab_start``."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_index: int,
+                group: dist.ProcessGroup | None, vocab_start: int, chunk_tokens: int | None) -> torch.Tensor:
+        h = x.shape[-1]
+        x2 = x.reshape(-1, h)
+        tgt = target.reshape(-1).contiguous()
+        n_tok, vocab = x2.shape[0], weight.shape[0]
+        if tgt.shape[0] != n_tok:
+            raise ValueError(f"target has {tgt.shape[0]} tokens, x has {n_tok}")
+        dt = _compute_dtype(x, weight)
+        need_gx, need_gw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        xc = x2.to(dt)
+        wc = weight.to(dt)
+        n_valid = (tgt != ignore_index).sum()
+        scale = (1.0 / n_valid.float()).reshape(1)
+        loss_rows = torch.empty(n_tok, dtype=torch.float32, device=x.device)
+        gx = torch.empty((n_tok, h), dtype=dt, device=x.device) if need_gx else None
+        gw = torch.empty((vocab, h), dtype=dt, device=x.device) if need_gw else None
+        if gw is not None and n_tok == 0:
+            gw.zero_()
+        chunk = _chunk_tokens(n_tok, vocab, chunk_tokens)
+        block, warps, one_block = _block_cfg(vocab)
+        tp = group is not None
+        grad = need_gx or need_gw
+        buf = torch.empty((min(chunk, n_tok), vocab), dtype=dt, device=x.device)
+        with torch.autocast(x.device.type, enabled=False):
+            for i, c0 in enumerate(range(0, n_tok, chunk)):
+                c1 = min(n_tok, c0 + chunk)
+                xs, ts = xc[c0:c1], tgt[c0:c1]
+                logits = buf[: c1 - c0]
+                torch.mm(xs, wc.t(), out=logits)
+                if not tp:
+                    ce_fused_kernel[(c1 - c0,)](
+                        logits, logits.stride(0), ts, loss_rows[c0:c1], scale, vocab, ignore_index,
+                        COMPUTE_GRAD=grad, ONE_BLOCK=one_block, BLOCK_V=block, num_warps=warps)
+                else:
+                    stats = torch.empty((c1 - c0, 3), dtype=torch.float32, device=x.device)
+                    ce_stats_kernel[(c1 - c0,)](
+                        logits, logits.stride(0), ts, stats, vocab, vocab_start, ignore_index,
+                        ONE_BLOCK=one_block, BLOCK_V=block, num_warps=warps)
+                    lse, xt = _combine_stats(_all_gather_stats(stats, group))
+                    loss_rows[c0:c1] = torch.where(ts != ignore_index, lse - xt, 0.0)
+                    if grad:
+                        ce_grad_kernel[(c1 - c0,)](
+                            logits, logits.stride(0), ts, lse, scale, vocab, vocab_start, ignore_index,
+                            BLOCK_V=block, num_warps=warps)
+                if need_gx:
+                    torch.mm(logits, wc, out=gx[c0:c1])
+                if need_gw:
+                    if i == 0:
+                        torch.mm(logits.t(), xs, out=gw)
+                    else:
+                        gw.addmm_(logits.t(), xs)
+        ctx.gx, ctx.gw = gx, gw
+        ctx.x_shape, ctx.x_dtype, ctx.w_dtype = x.shape, x.dtype, weight.dtype
+        return loss_rows.sum() / n_valid
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        gx, gw = ctx.gx, ctx.gw
+        ctx.gx = ctx.gw = None
+        grad_out = grad_out.float()
+        if gx is not None:
+            gx = _scaled(gx, grad_out, ctx.x_dtype).view(ctx.x_shape)
+        if gw is not None:
+            gw = _scaled(gw, grad_out, ctx.w_dtype)
+        return gx, gw, None, None, None, None, None
+
+
+def _scaled(t: torch.Tensor, g: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``(t * g)`` as ``dtype`` in one pass (in place when the dtype already matches)."""
+    if t.dtype == dtype:
+        return t.mul_(g.to(dtype))
+    return torch.mul(t, g.to(t.dtype), out=torch.empty(t.shape, dtype=dtype, device=t.device))
+
+
+# ------------------------------------------------------------------------------------------ references
+def linear_cross_entropy_reference(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                                   ignore_index: int = -100) -> torch.Tensor:
+    """Mean cross-entropy of ``x @ weight.T`` against ``target`` (full logits, fp32 softmax)."""
+    logits = (x @ weight.t()).float()
+    return F.cross_entropy(logits.view(-1, logits.shape[-1]), target.reshape(-1), ignore_index=ignore_index)
+
+
+class _SumOverGroup(torch.autograd.Function):
+    """All-reduce (sum) forward, identity backward: for values every rank then uses identically."""
+
+    @staticmethod
+    def forward(ctx, t: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        t = t.clone()
+        dist.all_reduce(t, group=group)
+        return t
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        return g, None
+
+
+def vocab_parallel_linear_cross_entropy_reference(
+        x: torch.Tensor, weight_shard: torch.Tensor, target: torch.Tensor, vocab_start: int,
+        group: dist.ProcessGroup, ignore_index: int = -100) -> torch.Tensor:
+    """Pure-torch vocab-parallel CE (local logits materialised); same gradient contract as the kernel."""
+    logits = (x @ weight_shard.t()).float().reshape(-1, weight_shard.shape[0])
+    tgt = target.reshape(-1)
+    m = logits.detach().amax(-1)
+    dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
+    sum_exp = _SumOverGroup.apply(torch.exp(logits - m[:, None]).sum(-1), group)
+    local = tgt - vocab_start
+    here = (local >= 0) & (local < weight_shard.shape[0]) & (tgt != ignore_index)
+    xt = torch.gather(logits, 1, torch.where(here, local, 0)[:, None])[:, 0] * here
+    xt = _SumOverGroup.apply(xt, group)
+    valid = tgt != ignore_index
+    loss = torch.where(valid, m + torch.log(sum_exp) - xt, 0.0)
+    return loss.sum() / valid.sum()
+
+
+# ------------------------------------------------------------------------------------------ entry points
+def linear_cross_entropy_triton(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                                ignore_index: int = -100, chunk_tokens: int | None = None) -> torch.Tensor:
+    return LinearCrossEntropyFunction.apply(x, weight, target, ignore_index, None, 0, chunk_tokens)
+
+
+def vocab_parallel_linear_cross_entropy_triton(
+        x: torch.Tensor, weight_shard: torch.Tensor, target: torch.Tensor, vocab_start: int,
+        group: dist.ProcessGroup, ignore_index: int = -100, chunk_tokens: int | None = None) -> torch.Tensor:
+    return LinearCrossEntropyFunction.apply(x, weight_shard, target, ignore_index, group, vocab_start,
+                                            chunk_tokens)

@@ -1,0 +1,288 @@
+"""Pieces shared by the GPT and Llama models: attention, norms, embeddings, the LM head, the stage skeleton.
+
+The models are plain single-device PyTorch with no parallel code. ``runtime.parallel.parallelize`` swaps
+modules (column/row-parallel linears, vocab-parallel embedding and loss) and cuts pipeline stages out of a
+model built on the meta device; it relies on the attribute names used here (``qkv``, ``proj``, ``gate_up``,
+``down``, ``fc``, ``tok``, ``pos``, ``out``, ``core``, ``n_heads``, ``n_kv_heads``).
+
+Parameter names are stable whatever the plan (``layers.7.attn.qkv.weight`` is the same tensor, or a shard
+of it, on every plan), and :func:`init_parameters` initialises each parameter from a generator seeded by
+``(seed, name)`` in its full unsharded shape, so every plan starts from identical weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from planner.model_spec import ModelSpec
+from runtime import kernels
+
+# ---- normalisation ------------------------------------------------------------------------------
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return kernels.rms_norm(x, self.weight, self.eps)
+
+
+class LayerNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return kernels.layer_norm(x, self.weight, self.bias, self.eps)
+
+
+def make_norm(spec: ModelSpec) -> nn.Module:
+    return LayerNorm(spec.hidden_size, spec.norm_eps) if spec.arch == "gpt" else RMSNorm(spec.hidden_size, spec.norm_eps)
+
+
+# ---- attention ----------------------------------------------------------------------------------
+
+
+class CoreAttention(nn.Module):
+    """softmax(QK^T / sqrt(d)) V with a causal mask; q ``[b, s, h, d]``, k/v ``[b, s, kv, d]`` -> ``[b, s, h*d]``.
+
+    ``impl="flash"`` uses F.scaled_dot_product_attention; ``"unfused"`` materialises the scores (what
+    selective recompute is for).
+    """
+
+    def __init__(self, impl: str, dropout_p: float) -> None:
+        super().__init__()
+        self.impl = impl
+        self.dropout_p = dropout_p
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        b, s, h, d = q.shape
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [b, heads, s, d]
+        p = self.dropout_p if self.training else 0.0
+        if k.shape[1] != h:
+            rep = h // k.shape[1]
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        if self.impl == "flash":
+            o = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        else:
+            scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d))
+            causal = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
+            probs = torch.softmax(scores.float().masked_fill(causal, float("-inf")), dim=-1).to(q.dtype)
+            o = F.dropout(probs, p) @ v
+        return o.transpose(1, 2).reshape(b, s, h * d)
+
+
+def rope_tables(seq: int, head_dim: int, theta: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)
+    freqs = torch.outer(torch.arange(seq, dtype=torch.float32, device=device), inv)
+    return freqs.cos(), freqs.sin()
+
+
+class Attention(nn.Module):
+    """Self-attention with a fused ``qkv`` projection laid out ``[q (heads*hd) | k (kv*hd) | v (kv*hd)]``.
+
+    ``n_heads`` / ``n_kv_heads`` are the heads this module computes (tensor parallelism lowers them).
+    """
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        gpt = spec.arch == "gpt"
+        self.n_heads, self.n_kv_heads, self.hd = spec.num_attention_heads, spec.kv_heads, spec.hd
+        self.rope_theta = spec.rope_theta if not gpt else None
+        self.qkv = nn.Linear(spec.hidden_size, spec.q_width + 2 * spec.kv_width, bias=gpt or spec.qkv_bias)
+        self.proj = nn.Linear(spec.q_width, spec.hidden_size, bias=gpt)
+        self.core = CoreAttention(spec.attn_impl, spec.dropout_p)
+        self._rope: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        qkv = self.qkv(x)
+        b, s, _ = qkv.shape  # the full sequence, also when x is a sequence-parallel shard
+        hd, nq, nkv = self.hd, self.n_heads, self.n_kv_heads
+        q, k, v = qkv.split((nq * hd, nkv * hd, nkv * hd), dim=-1)
+        q, k, v = q.view(b, s, nq, hd), k.view(b, s, nkv, hd), v.view(b, s, nkv, hd)
+        if self.rope_theta is not None:
+            key = (s, q.device)
+            if key not in self._rope:
+                self._rope[key] = rope_tables(s, hd, self.rope_theta, q.device)
+            q, k = kernels.rope(q, k, *self._rope[key])
+        return self.proj(self.core(q, k, v))
+
+
+# ---- embeddings and head ------------------------------------------------------------------------
+
+
+class TokenEmbedding(nn.Module):
+    def __init__(self, vocab: int, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(vocab, dim))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return F.embedding(tokens, self.weight)
+
+
+class LearnedPositions(nn.Module):
+    """GPT's learned absolute positions; ``forward(seq)`` returns the rows this module's tokens use."""
+
+    def __init__(self, max_seq: int, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(max_seq, dim))
+
+    def forward(self, seq: int) -> torch.Tensor:
+        return self.weight[:seq]
+
+
+class Embedding(nn.Module):
+    """Tokens (+ learned positions and dropout for GPT) -> hidden states ``[b, s, h]``."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.tok = TokenEmbedding(spec.vocab_size, spec.hidden_size)
+        self.pos = LearnedPositions(spec.seq_length, spec.hidden_size) if spec.arch == "gpt" else None
+        self.dropout_p = spec.dropout_p if spec.arch == "gpt" else 0.0
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.tok(tokens)
+        if self.pos is not None:
+            x = x + self.pos(tokens.shape[1])
+        return F.dropout(x, self.dropout_p, self.training)
+
+
+class OutputLayer(nn.Module):
+    """The LM head: ``loss(x, target)`` = mean cross-entropy of ``x @ weight.T`` (logits never leave the op)."""
+
+    def __init__(self, vocab: int, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(vocab, dim))
+
+    def loss(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return kernels.linear_cross_entropy(x.flatten(0, -2), self.weight, target.reshape(-1))
+
+
+class Head(nn.Module):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.norm = make_norm(spec)
+        self.out = OutputLayer(spec.vocab_size, spec.hidden_size)
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return self.out.loss(self.norm(x), target)
+
+
+# ---- the model (or one pipeline stage of it) ----------------------------------------------------
+
+
+class Transformer(nn.Module):
+    """Embedding -> layers -> head, or any contiguous slice of it (a pipeline stage).
+
+    ``forward(x, target)``: ``x`` is token ids when the stage holds the embedding, hidden states otherwise;
+    returns the mean loss when it holds the head, hidden states otherwise. Layers keep their global index
+    in their names (``layers.5``), so a stage's parameter names are the full model's.
+    """
+
+    def __init__(self, spec: ModelSpec, block: type[nn.Module], layer_ids: Iterable[int] | None = None,
+                 first: bool = True, last: bool = True) -> None:
+        super().__init__()
+        self.spec = spec
+        ids = range(spec.num_layers) if layer_ids is None else layer_ids
+        self.embed = Embedding(spec) if first else None
+        self.layers = nn.ModuleDict({str(i): block(spec) for i in ids})
+        self.head = Head(spec) if last else None
+        if first and last and spec.tie_embeddings:
+            self.head.out.weight = self.embed.tok.weight
+
+    @property
+    def first(self) -> bool:
+        return self.embed is not None
+
+    @property
+    def last(self) -> bool:
+        return self.head is not None
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor | None = None) -> torch.Tensor:
+        if self.embed is not None:
+            x = self.embed(x)
+        for layer in self.layers.values():
+            x = layer(x)
+        if self.head is not None:
+            return self.head(x, target)
+        return x
+
+    def stage(self, layer_ids: Iterable[int], first: bool, last: bool) -> Transformer:
+        """A pipeline stage sharing this model's modules: the given layers, plus embedding / head.
+
+        A stage holding the head but not the embedding of a tied model gets its own copy of the embedding
+        weight (initialised identically; the runtime all-reduces the two gradients).
+        """
+        st = Transformer.__new__(Transformer)
+        nn.Module.__init__(st)
+        st.spec = self.spec
+        st.embed = self.embed if first else None
+        st.layers = nn.ModuleDict({str(i): self.layers[str(i)] for i in layer_ids})
+        st.head = self.head if last else None
+        if last and not first and self.spec.tie_embeddings:
+            head = Head.__new__(Head)
+            nn.Module.__init__(head)
+            head.norm = self.head.norm
+            head.out = OutputLayer(*self.head.out.weight.shape).to(self.head.out.weight.device)
+            head.out.weight.init_key = "embed.tok.weight"  # type: ignore[attr-defined]
+            st.head = head
+        return st
+
+
+# ---- deterministic initialisation ---------------------------------------------------------------
+
+_OUT_PROJ = ("attn.proj.weight", "mlp.down.weight", "mlp.proj.weight")
+
+
+def init_std(name: str, spec: ModelSpec) -> float | None:
+    """Normal std for a weight, or None for ones (norm weights) / zeros (biases)."""
+    if name.endswith("norm.weight"):
+        return None
+    if name.endswith(".bias"):
+        return 0.0
+    if name.endswith(_OUT_PROJ):
+        return 0.02 / math.sqrt(2 * spec.num_layers)
+    return 0.02
+
+
+def param_seed(seed: int, name: str) -> int:
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+def full_init(name: str, shape: torch.Size, spec: ModelSpec, seed: int, device: torch.device) -> torch.Tensor:
+    """The unsharded initial value of parameter ``name`` (identical whatever the plan)."""
+    std = init_std(name, spec)
+    if std is None:
+        return torch.ones(shape, device=device)
+    if std == 0.0:
+        return torch.zeros(shape, device=device)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(param_seed(seed, name))
+    return torch.empty(shape, device=device).normal_(0.0, std, generator=gen)
+
+
+@torch.no_grad()
+def init_parameters(model: nn.Module, seed: int) -> None:
+    """Initialise every parameter from ``(seed, its full name)`` in its full shape, then keep its shard.
+
+    A parameter may carry ``init_key`` (the name whose value it copies, for a tied head) and ``shard``
+    (a :class:`runtime.parallel.tensor_parallel.ShardSpec` saying which slice of the full tensor it holds).
+    """
+    for name, p in model.named_parameters():
+        key = getattr(p, "init_key", name)
+        shard = getattr(p, "shard", None)
+        shape = shard.full_shape(p.shape) if shard is not None else p.shape
+        full = full_init(key, shape, model.spec if hasattr(model, "spec") else None, seed, p.device)
+        p.copy_(shard.take(full) if shard is not None else full)
