@@ -31,8 +31,10 @@ def simulate(sched: Schedule, fwd: list[float], bwd: list[float], pp: int) -> Si
     """Replay ``sched`` with ``fwd[v]`` / ``bwd[v]`` seconds per micro-batch on virtual stage v."""
     nv = len(fwd)
     vpp = nv // pp
-    end_f: dict[tuple[int, int], float] = {}
-    end_b: dict[tuple[int, int], float] = {}
+    m = sum(1 for a in sched[0] if a[0] == "F") // vpp
+    unset = -1.0
+    end_f = [[unset] * m for _ in range(nv)]
+    end_b = [[unset] * m for _ in range(nv)]
     ptr = [0] * pp
     clock = [0.0] * pp
     busy = [0.0] * pp
@@ -44,33 +46,41 @@ def simulate(sched: Schedule, fwd: list[float], bwd: list[float], pp: int) -> Si
         r = work.popleft()
         queued[r] = False
         acts = sched[r]
-        while ptr[r] < len(acts):
-            kind, mb, chunk = acts[ptr[r]]
-            v = virtual_stage(r, chunk, pp)
+        i, t = ptr[r], clock[r]
+        n_acts = len(acts)
+        woke = -1
+        while i < n_acts:
+            kind, mb, chunk = acts[i]
+            v = chunk * pp + r
             if kind == "F":
-                dep = 0.0 if v == 0 else end_f.get((mb, v - 1))
-            else:
-                dep = 0.0 if v == nv - 1 else end_b.get((mb, v + 1))
-            if dep is None:
-                break
-            start = max(clock[r], dep)
-            dur = fwd[v] if kind == "F" else bwd[v]
-            clock[r] = start + dur
-            busy[r] += dur
-            if kind == "F":
-                end_f[(mb, v)] = clock[r]
+                dep = 0.0 if v == 0 else end_f[v - 1][mb]
+                if dep == unset:
+                    break
+                start = t if t > dep else dep
+                t = start + fwd[v]
+                busy[r] += fwd[v]
+                end_f[v][mb] = t
                 nxt = v + 1
             else:
-                end_b[(mb, v)] = clock[r]
-                last_b[r][chunk] = (start, clock[r])
-                first_b[r] = min(first_b[r], start)
+                dep = 0.0 if v == nv - 1 else end_b[v + 1][mb]
+                if dep == unset:
+                    break
+                start = t if t > dep else dep
+                t = start + bwd[v]
+                busy[r] += bwd[v]
+                end_b[v][mb] = t
+                last_b[r][chunk] = (start, t)
+                if start < first_b[r]:
+                    first_b[r] = start
                 nxt = v - 1
-            ptr[r] += 1
+            i += 1
             if 0 <= nxt < nv:
                 q = nxt % pp
-                if q != r and not queued[q]:
+                if q != r and q != woke and not queued[q]:
                     queued[q] = True
                     work.append(q)
+                    woke = q
+        ptr[r], clock[r] = i, t
     if any(ptr[r] < len(sched[r]) for r in range(pp)):
         raise ValueError("pipeline schedule deadlocked in simulation")
     return SimResult(makespan=max(clock), rank_end=clock, rank_busy=busy, last_b=last_b, first_b_start=first_b)

@@ -5,13 +5,14 @@ What overlaps with what (stated once, here):
   behind attention blocks (layer.py).
 - Pipeline: the schedule table is replayed with per-virtual-stage forward/backward times that include the
   blocking p2p send of the activation or gradient (pipeline.py). Idle time on the critical rank is the bubble.
-- Data parallel: without dp_overlap the gradient reduce (all-reduce; reduce-scatter for ZeRO >= 1) runs after
+- Data parallel: without dp_overlap the gradient reduce (all-reduce; reduce-scatter for ZeRO-1) runs after
   the rank's last backward. With dp_overlap, gradients are reduced in buckets (BUCKET_PARAMS each) as soon
   as a model chunk's last backward starts producing them, serialised on one communication stream; only what
   outlasts the backward is exposed. ZeRO-1/2 parameter all-gather follows the optimizer step; with dp_overlap
-  it hides behind the next step's first forwards (all but its first bucket). ZeRO-3 gathers each chunk's
-  parameters for every forward and backward and reduce-scatters gradients every micro-batch; with
-  dp_overlap that traffic is prefetched behind compute.
+  it hides behind the next step's first forwards (all but its first bucket). ZeRO-2 reduce-scatters
+  gradients every micro-batch (it keeps no full gradient buffer to accumulate into); ZeRO-3 also gathers
+  each chunk's parameters for every forward and backward; with dp_overlap that traffic is prefetched
+  behind compute.
 - The optimizer step (memory-bound AdamW over the local shard) runs after the gradient reduce.
 The step time is the slowest rank's finish. Memory is the peak over ranks: model state (memory.py) +
 activations of the micro-batches in flight (from the schedule table) + the largest temporary + allowances.
@@ -87,7 +88,7 @@ class Parts:
     tp_cp_comm_f: float = 0.0  # ... of which in the forward
     p2p: float = 0.0  # blocking sends, forward + backward
     p2p_f: float = 0.0
-    zero3_comm: float = 0.0  # exposed ZeRO-3 parameter gathers / gradient reduce-scatters
+    zero3_comm: float = 0.0  # exposed per-micro-batch ZeRO-2/3 gradient reduce-scatters (+ ZeRO-3 gathers)
     zero3_f: float = 0.0
     params: float = 0.0
     act_bytes: float = 0.0  # activations stored per in-flight micro-batch
@@ -162,7 +163,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global
     wb = 4 if prec == "fp32" else 2
     parts: list[Parts] = []
     for j, n in enumerate(layers):
-        nr = cfg.recomputed_layers(n)
+        nr = cfg.recomputed_layers(j, n)
         pt = Parts(params=params[j])
         pt.fwd = n * lf
         pt.bwd = n * lb
@@ -181,12 +182,14 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global
             pt.work_bytes = max(pt.work_bytes, head_act)
         pt.p2p_f = p2p_t if j < nv - 1 else 0.0
         pt.p2p = pt.p2p_f + (p2p_t if j > 0 else 0.0)
-        if cfg.zero == 3 and d > 1:
-            ag = _f(comm.all_gather(params[j] * wb, d, t))
+        if cfg.zero >= 2 and d > 1:
+            # ZeRO-2 reduce-scatters gradients every micro-batch; ZeRO-3 also gathers parameters per pass
             rs = _f(comm.reduce_scatter(params[j] * 4, d, t))
+            ag = _f(comm.all_gather(params[j] * wb, d, t)) if cfg.zero == 3 else 0.0
+            nb = max(1, n)
             if cfg.dp_overlap:
-                pt.zero3_f = max(ag / max(1, n), ag - pt.fwd)
-                pt.zero3_comm = pt.zero3_f + max((ag + rs) / max(1, n), ag + rs - pt.bwd - pt.recompute)
+                pt.zero3_f = max(ag / nb, ag - pt.fwd)
+                pt.zero3_comm = pt.zero3_f + max((ag + rs) / nb, ag + rs - pt.bwd - pt.recompute)
             else:
                 pt.zero3_f, pt.zero3_comm = ag, 2 * ag + rs
         parts.append(pt)
@@ -200,7 +203,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global
     for r in range(pp):
         end = sim.rank_end[r]
         exposed = 0.0
-        if d > 1 and cfg.zero < 3:
+        if d > 1 and cfg.zero < 2:
             chunk_comm = []
             for c in range(v):
                 pc = params[c * pp + r]

@@ -16,7 +16,7 @@ RECOMPUTE = ("none", "selective", "full")
 KEYS = ("tp", "pp", "dp", "cp", "mbs", "vpp", "sp", "recompute", "recompute_layers", "zero",
         "dp_overlap", "tp_overlap", "layers")
 BOOL_KEYS = ("sp", "dp_overlap", "tp_overlap")
-INT_KEYS = ("tp", "pp", "dp", "cp", "mbs", "vpp", "zero", "recompute_layers")
+INT_KEYS = ("tp", "pp", "dp", "cp", "mbs", "vpp", "zero")
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,8 @@ class ParallelConfig:
     vpp: int = 1  # model chunks per pipeline rank (interleaved 1F1B when > 1)
     sp: bool = False  # sequence parallelism in the norm/dropout regions (needs tp > 1 to matter)
     recompute: str = "none"  # none | selective (attention core) | full (whole layers)
-    recompute_layers: int | None = None  # with full: layers per model chunk recomputed (None = all)
+    recompute_layers: int | tuple[int, ...] | None = None  # with full: layers recomputed per virtual stage
+    # (one count for every stage, or one per stage; None = all)
     zero: int = 0  # 0 plain DP, 1 distributed optimizer, 2 + sharded grads, 3 + sharded params
     dp_overlap: bool = False  # overlap the DP gradient reduce (and ZeRO param gather) with compute
     tp_overlap: bool = False  # overlap TP collectives with the GEMMs they feed (needs sp)
@@ -63,16 +64,22 @@ class ParallelConfig:
         bonus = set(order[:extra])
         return tuple(base + (1 if j in bonus else 0) for j in range(n))
 
-    def recomputed_layers(self, layers_in_chunk: int) -> int:
+    def recomputed_layers(self, vstage: int, layers_in_chunk: int) -> int:
+        """Layers of virtual stage ``vstage`` that full recompute recomputes."""
         if self.recompute != "full":
             return 0
-        if self.recompute_layers is None:
+        r = self.recompute_layers
+        if r is None:
             return layers_in_chunk
-        return min(self.recompute_layers, layers_in_chunk)
+        if isinstance(r, tuple):
+            r = r[vstage]
+        return min(r, layers_in_chunk)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["layers"] = list(self.layers) if self.layers is not None else None
+        if isinstance(self.recompute_layers, tuple):
+            d["recompute_layers"] = list(self.recompute_layers)
         return d
 
     @classmethod
@@ -81,6 +88,8 @@ class ParallelConfig:
         kw = {k: v for k, v in d.items() if k in known}
         if kw.get("layers") is not None:
             kw["layers"] = tuple(int(x) for x in kw["layers"])
+        if isinstance(kw.get("recompute_layers"), list):
+            kw["recompute_layers"] = tuple(int(x) for x in kw["recompute_layers"])
         return cls(**kw)
 
     def short(self) -> str:
@@ -96,7 +105,8 @@ class ParallelConfig:
         if self.recompute != "none":
             r = f"recompute={self.recompute}"
             if self.recompute == "full" and self.recompute_layers is not None:
-                r += f"({self.recompute_layers})"
+                rl = self.recompute_layers
+                r += f"({'/'.join(map(str, rl)) if isinstance(rl, tuple) else rl} layers)"
             parts.append(r)
         if self.zero:
             parts.append(f"zero={self.zero}")
@@ -116,7 +126,7 @@ class ParallelConfig:
             v = d[k]
             if v is None:
                 continue
-            if k == "layers":
+            if k in ("layers", "recompute_layers") and isinstance(v, (list, tuple)):
                 v = "/".join(map(str, v))
             elif isinstance(v, bool):
                 v = str(v).lower()
@@ -133,8 +143,14 @@ class ParallelConfig:
             raise AutoparError(f"recompute must be one of {', '.join(RECOMPUTE)}, got '{self.recompute}'")
         if self.zero not in (0, 1, 2, 3):
             raise AutoparError(f"zero must be 0, 1, 2 or 3, got {self.zero}")
-        if self.recompute_layers is not None and (self.recompute != "full" or self.recompute_layers < 0):
-            raise AutoparError("recompute_layers needs recompute=full and a non-negative count")
+        if self.recompute_layers is not None:
+            rl = self.recompute_layers
+            counts = rl if isinstance(rl, tuple) else (rl,)
+            if self.recompute != "full" or min(counts) < 0:
+                raise AutoparError("recompute_layers needs recompute=full and non-negative counts")
+            if isinstance(rl, tuple) and len(rl) != self.num_chunks:
+                raise AutoparError(
+                    f"recompute_layers has {len(rl)} entries but pp*vpp = {self.num_chunks} stages need one each")
         check_tp_heads(model, self.tp)
         if self.world != gpus:
             what = f"tp*pp*cp*dp = {self.tp}*{self.pp}*{self.cp}*{self.dp} = {self.world}"
@@ -200,11 +216,13 @@ def _parse_value(key: str, raw: str) -> Any:
         if low not in RECOMPUTE:
             raise AutoparError(f"recompute takes {', '.join(RECOMPUTE)}, got '{raw}'")
         return low
-    if key == "layers":
+    if key in ("layers", "recompute_layers"):
         try:
-            return tuple(int(x) for x in low.split("/"))
+            vals = tuple(int(x) for x in low.split("/"))
         except ValueError:
-            raise AutoparError(f"layers takes counts per stage separated by '/', e.g. 13/14/14/13, got '{raw}'") from None
+            raise AutoparError(f"{key} takes a count, or counts per stage separated by '/' (e.g. 13/14/14/13), "
+                               f"got '{raw}'") from None
+        return vals[0] if key == "recompute_layers" and len(vals) == 1 else vals
     raise AutoparError(f"unknown plan key '{key}'")
 
 

@@ -8,6 +8,7 @@ activations flow through virtual stages 0, 1, ..., pp*vpp - 1.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import NamedTuple
 
 
@@ -72,8 +73,11 @@ def interleaved_1f1b(pp: int, vpp: int, m: int) -> Schedule:
     return sched
 
 
+@lru_cache(maxsize=64)
 def build_schedule(pp: int, vpp: int, m: int) -> Schedule:
-    """The schedule a plan runs: 1F1B for vpp == 1 (and plain gradient accumulation for pp == 1)."""
+    """The schedule a plan runs: 1F1B for vpp == 1 (and plain gradient accumulation for pp == 1).
+
+    Cached: callers must not modify the returned lists."""
     return one_f_one_b(pp, m) if vpp == 1 else interleaved_1f1b(pp, vpp, m)
 
 

@@ -1,0 +1,90 @@
+"""Integer program for the pipeline's structure: layers per virtual stage and recomputed layers per stage.
+
+For a fixed (tp, pp, vpp, mbs, ...) the first virtual stage also holds the embedding and the last the LM head
+and loss; ranks early in the pipeline keep more micro-batches in flight. The ILP chooses
+
+    n_j  layers in virtual stage j (>= 1, sum = L)
+    r_j  of them fully recomputed (0 <= r_j <= n_j; only with recompute=full)
+
+to minimise the closed-form pipeline time (m*vpp - 1) * U + sum_j r_j * rc / vpp, where U bounds every stage's
+per-micro-batch time n_j*u + r_j*rc + extra_j, subject to each rank's memory: model state of its layers plus,
+per model chunk, (micro-batches in flight) x (activations of its stored and recomputed layers) <= capacity.
+Solved with pulp (HiGHS when highspy is installed, else CBC).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulp
+
+
+@dataclass
+class StageProblem:
+    num_layers: int
+    pp: int
+    vpp: int
+    microbatches: int
+    layer_time: float  # forward + backward of one layer, no recompute
+    recompute_time: float  # extra time of fully recomputing one layer
+    extra_time: list[float]  # per virtual stage: embedding, head, p2p
+    state_per_layer: float  # bytes of weights + grads + optimizer per layer on one GPU
+    extra_state: list[float]  # per virtual stage: embedding / head state bytes
+    act_full: float  # bytes stored per layer per in-flight micro-batch, no recompute
+    act_ckpt: float  # ... with full recompute of that layer
+    extra_act: list[float]  # per virtual stage: bytes per in-flight micro-batch (embedding / logits)
+    inflight: list[int]  # per virtual stage: micro-batches in flight at the rank's peak
+    fixed_bytes: float  # per GPU: temporaries, allowances
+    capacity: float  # bytes per GPU
+    allow_recompute: bool
+
+
+@dataclass
+class StageSolution:
+    layers: tuple[int, ...]
+    recompute_layers: tuple[int, ...]
+    objective: float
+
+
+TIME_LIMIT_S = 2.0  # per solve; the best integer solution found by then is used
+
+
+def _solver() -> pulp.LpSolver:
+    try:
+        import highspy  # noqa: F401
+
+        return pulp.HiGHS(msg=False, timeLimit=TIME_LIMIT_S)
+    except ImportError:  # fall back to the CBC binary bundled with pulp
+        return pulp.PULP_CBC_CMD(msg=False, timeLimit=TIME_LIMIT_S)
+
+
+def solve_stages(p: StageProblem) -> StageSolution | None:
+    """Optimal layer split and per-stage recompute, or None when no split fits in memory."""
+    nv = p.pp * p.vpp
+    if p.num_layers < nv:
+        return None
+    prob = pulp.LpProblem("stages", pulp.LpMinimize)
+    n = [pulp.LpVariable(f"n{j}", lowBound=1, upBound=p.num_layers, cat="Integer") for j in range(nv)]
+    r = [pulp.LpVariable(f"r{j}", lowBound=0, upBound=p.num_layers if p.allow_recompute else 0, cat="Integer")
+         for j in range(nv)]
+    U = pulp.LpVariable("U", lowBound=0)
+    slots = p.microbatches * p.vpp - 1
+    prob += slots * U + pulp.lpSum(r) * (p.recompute_time / p.vpp)
+    prob += pulp.lpSum(n) == p.num_layers
+    for j in range(nv):
+        prob += r[j] <= n[j]
+        prob += U >= n[j] * p.layer_time + r[j] * p.recompute_time + p.extra_time[j]
+    for rank in range(p.pp):
+        stages = [c * p.pp + rank for c in range(p.vpp)]
+        mem = pulp.lpSum(
+            n[j] * p.state_per_layer + p.extra_state[j]
+            + p.inflight[j] * ((n[j] - r[j]) * p.act_full + r[j] * p.act_ckpt + p.extra_act[j])
+            for j in stages
+        )
+        prob += mem + p.fixed_bytes <= p.capacity
+    prob.solve(_solver())
+    if prob.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
+        return None
+    layers = tuple(int(round(x.value())) for x in n)
+    rec = tuple(int(round(x.value())) for x in r)
+    return StageSolution(layers=layers, recompute_layers=rec, objective=float(pulp.value(prob.objective)))
