@@ -190,14 +190,14 @@ def build_cases(dims: Dims, dev: str, quick: bool, with_compile: bool) -> list[C
             compile=compiled(swiglu_op.swiglu_reference),
             liger=(lambda gate, up: LF.liger_swiglu(gate, up)) if LF else None)
 
-        def mk_sw_fused(n=n, f=f):  # the model's layout: gate/up are the halves of one gate_up projection
-            gate_up = _leaf(randn(n, 2 * f))
-            gate, up = gate_up.chunk(2, dim=-1)
-            return {"gate": gate, "up": up, "__leaves__": [gate_up]}, [randn(n, f)]
-        add(Case("swiglu", f"{n}x{f} halves of 2x", mk_sw_fused),
-            ours=_ours(K.swiglu), eager=swiglu_op.swiglu_reference,
-            compile=compiled(swiglu_op.swiglu_reference),
-            liger=(lambda gate, up: LF.liger_swiglu(gate, up)) if LF else None)
+        def mk_sw_packed(n=n, f=f):  # the model's layout: gate/up are the halves of one gate_up projection
+            return {"gate_up": _leaf(randn(n, 2 * f))}, [randn(n, f)]
+        add(Case("swiglu", f"{n}x{f} packed [g|u]", mk_sw_packed),
+            ours=_ours(K.swiglu_packed),
+            ours_chunked=_ours(lambda gate_up: K.swiglu(*gate_up.chunk(2, -1))),
+            eager=swiglu_op.swiglu_packed_reference,
+            compile=compiled(swiglu_op.swiglu_packed_reference),
+            liger=(lambda gate_up: LF.liger_swiglu(*gate_up.chunk(2, -1))) if LF else None)
 
     bsz = max(1, d.tokens // d.seq)
     rope_shapes = [(bsz, d.seq, d.heads, d.heads, d.head_dim)]
@@ -283,10 +283,7 @@ def _peak_mib(fn: Callable[[], None], leaves: list[torch.Tensor], dev: str) -> f
 
 
 def _leaves(kw: dict) -> list[torch.Tensor]:
-    """The tensors whose .grad the runs fill (``__leaves__`` when the inputs are views of them)."""
-    leaves = kw.pop("__leaves__", None)
-    return leaves if leaves is not None else [v for v in kw.values()
-                                              if isinstance(v, torch.Tensor) and v.requires_grad]
+    return [v for v in kw.values() if isinstance(v, torch.Tensor) and v.requires_grad]
 
 
 def _time_variant(fn: Callable[..., object], case: Case, quick: bool, dev: str) -> dict:
@@ -330,7 +327,6 @@ def _max_rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 def verify(case: Case, fp32: bool, dev: str) -> tuple[bool, str]:
     """Ours vs the eager reference: every output and input gradient, relative to the reference's max."""
     kw, gos = case.make()
-    kw.pop("__leaves__", None)
     if fp32:
         kw = {k: (_leaf(v.float()) if v.requires_grad else v.float()) if v.is_floating_point() else v
               for k, v in kw.items()}
@@ -376,7 +372,7 @@ def tune(dims: Dims, dev: str, quick: bool) -> dict:
     """Sweep the kernels' launch knobs at the reference shape; keep (and return) the fastest of each."""
     from runtime.kernels import cross_entropy_op, layer_norm_op, rms_norm_op, swiglu_op
 
-    # the last case of each op at the reference shape: for swiglu the model's layout (halves of gate_up)
+    # the last case of each op at the reference shape: for swiglu the model's packed [gate | up] layout
     cases = {c.op: c for c in build_cases(dims, dev, quick=True, with_compile=False)}
     best: dict[str, dict] = {}
 
@@ -490,11 +486,11 @@ def main(argv: list[str] | None = None) -> int:
 
     print("\n== correctness: ours vs the torch reference (outputs and all gradients) ==")
     checks = []
-    first_of_op: dict[str, Case] = {}
-    for c in cases:
-        first_of_op.setdefault(c.op, c)
-    for c in first_of_op.values():
-        for fp32 in ((False,) if c.autocast else (True, False)):
+    first_of_op: set[str] = set()
+    for c in cases:  # every case in bf16 (or amp), the first shape of each op in fp32 too
+        precisions = (False,) if c.autocast or c.op in first_of_op else (True, False)
+        first_of_op.add(c.op)
+        for fp32 in precisions:
             label = f"{c.op} {c.shape} {'fp32' if fp32 else 'bf16'}"
             try:
                 ok, msg = verify(c, fp32, dev)

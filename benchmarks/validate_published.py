@@ -28,6 +28,11 @@ from planner.parallel import ParallelConfig  # noqa: E402
 DATA = ROOT / "benchmarks" / "data"
 
 
+def _rows(name: str) -> list[dict[str, str]]:
+    with open(DATA / name) as f:
+        return list(csv.DictReader(f))
+
+
 def _gpt(name: str, row: dict[str, str]) -> ModelSpec:
     return ModelSpec(name=name, arch="gpt", num_layers=int(row["layers"]), hidden_size=int(row["hidden"]),
                      num_attention_heads=int(row["heads"]), vocab_size=int(row["vocab"]), seq_length=int(row["seq"]))
@@ -36,7 +41,7 @@ def _gpt(name: str, row: dict[str, str]) -> ModelSpec:
 def korthikanti() -> list[dict]:
     """Every row of Korthikanti et al. 2022 with the paper's plan: predicted vs measured iteration time."""
     out = []
-    for row in csv.DictReader(open(DATA / "korthikanti2022.csv")):
+    for row in _rows("korthikanti2022.csv"):
         model = _gpt(row["model"], row)
         cluster = load_cluster("selene", gpus=int(row["gpus"]))
         cfg = ParallelConfig(tp=int(row["tp"]), pp=int(row["pp"]), dp=int(row["dp"]), mbs=int(row["micro_batch"]),
@@ -51,7 +56,7 @@ def korthikanti() -> list[dict]:
 def korthikanti_activation_check() -> list[dict]:
     """Per-layer activation bytes against the paper's closed forms (GPT, 16-bit, dropout on)."""
     out = []
-    for row in csv.DictReader(open(DATA / "korthikanti2022.csv")):
+    for row in _rows("korthikanti2022.csv"):
         if row["recompute"] != "full":
             continue
         m = _gpt(row["model"], row)
@@ -77,7 +82,7 @@ def narayanan() -> list[dict]:
     from planner.search import search
 
     out = []
-    for row in csv.DictReader(open(DATA / "narayanan2021_table1.csv")):
+    for row in _rows("narayanan2021_table1.csv"):
         model = _gpt(f"{row['params_b']}B", row)
         gpus, B = int(row["gpus"]), int(row["global_batch"])
         tp, pp = int(row["tp"]), int(row["pp"])
@@ -112,7 +117,8 @@ def main() -> int:
         print(f"\n{name}")
         print(f"{'model':8} {'plan':52} {'measured':>9} {'predicted':>9} {'error':>7}")
         for r in rows:
-            print(f"{r['model']:8} {r['plan']:52} {r['measured_s']:9.2f} {r['predicted_s']:9.2f} {r['error'] * 100:6.1f}%")
+            print(f"{r['model']:8} {r['plan']:52} {r['measured_s']:9.2f} {r['predicted_s']:9.2f} "
+                  f"{r['error'] * 100:6.1f}%")
         s = result[name]
         print(f"mean |error| {s['mean_abs_error'] * 100:.2f}%   max |error| {s['max_abs_error'] * 100:.2f}%")
     acts = korthikanti_activation_check()

@@ -15,8 +15,14 @@ import numpy as np
 from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
 from cost_models.layer import end_cost, layer_cost
-from cost_models.memory import (FRAGMENTATION, RESERVED_GIB, GiB, end_activation_bytes,
-                                layer_activation_bytes, state_bytes)
+from cost_models.memory import (
+    FRAGMENTATION,
+    RESERVED_GIB,
+    GiB,
+    end_activation_bytes,
+    layer_activation_bytes,
+    state_bytes,
+)
 from cost_models.pipeline import analytic_makespan, inflight_count
 from cost_models.step import BUCKET_PARAMS, OPT_BYTES_PER_PARAM
 from planner.cluster_spec import ClusterSpec
@@ -104,23 +110,26 @@ def estimate_batch(model: ModelSpec, cluster: ClusterSpec, c: Candidates, global
 
     # parameters on the fullest rank (first rank: its chunks plus the embedding)
     lp = model.layer_params / t
-    emb_p = model.vocab_size * model.hidden_size / t + (model.seq_length * model.hidden_size if model.arch == "gpt" else 0)
+    pos_p = model.seq_length * model.hidden_size if model.arch == "gpt" else 0
+    emb_p = model.vocab_size * model.hidden_size / t + pos_p
     head_p = model.vocab_size * model.hidden_size / t
     rank_p = np.maximum(n_max * v * lp, n_end * v * lp + np.maximum(emb_p, head_p) * np.where(pp > 1, 1.0, 0.0))
     rank_p = np.where(pp > 1, rank_p, L * lp + emb_p + head_p)
 
     # data-parallel reduction, ZeRO-2/3 per-micro-batch traffic, optimizer, parameter gather
-    rs = comm.reduce_scatter(rank_p * 4, d, t)
-    grad_comm = np.where(c.zero == 0, comm.all_reduce(rank_p * 4, d, t), rs)
     nb = np.maximum(1.0, np.ceil(rank_p / BUCKET_PARAMS))
+    grad_comm = np.where(c.zero == 0, comm.bucketed(comm.all_reduce, rank_p * 4, nb, d, t),
+                         comm.bucketed(comm.reduce_scatter, rank_p * 4, nb, d, t))
+    layers_here = np.maximum(n_max * v, 1)
+    rs = comm.bucketed(comm.reduce_scatter, rank_p * 4, layers_here, d, t)  # ZeRO-2/3: a bucket per layer
     window = v * (np.maximum(n_max, 1) * (lb + lcb))  # the last backward of each chunk on the rank
     dp_exp = np.where(c.dp_overlap, np.maximum(grad_comm / nb, grad_comm - window), grad_comm)
     dp_exp = np.where((d > 1) & (c.zero < 2), dp_exp, 0.0)
-    ag = comm.all_gather(rank_p * wb, d, t)
+    ag = comm.bucketed(comm.all_gather, rank_p * wb, nb, d, t)
     first_fwd = (lf + lcf) * n_max * np.minimum(m, pp)
     gather = np.where(c.dp_overlap, np.maximum(ag / nb, ag - first_fwd), ag)
     gather = np.where((d > 1) & ((c.zero == 1) | (c.zero == 2)), gather, 0.0)
-    ag3 = np.where(c.zero == 3, ag, 0.0)
+    ag3 = np.where(c.zero == 3, comm.bucketed(comm.all_gather, rank_p * wb, layers_here, d, t), 0.0)
     per_mb = np.where(c.dp_overlap,
                       np.maximum((3 * ag3 + rs) / np.maximum(n_max * v, 1), 3 * ag3 + rs - (lf + lb) * n_max * v),
                       2 * ag3 + rs)

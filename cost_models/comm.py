@@ -4,11 +4,13 @@ Groups are placed on the (pp, dp, cp, tp) rank order, tp innermost: a group is d
 the ``stride`` between consecutive members. From that and the node size follow how many members share a
 node (``k``) and how many nodes it spans (``N``). All functions take numpy arrays or scalars (broadcast).
 
-Bandwidth model (NCCL rings): a group with k members per node moves its data over NVLink inside a node and
+Bandwidth model (NCCL rings; reduce-scatter and all-gather are ring-only, all-reduce may use a tree): a group
+with k members per node moves its data over NVLink inside a node and
 over the k NIC shares of its members across nodes, so a ring's bottleneck is min(intra, k x NIC-per-GPU).
 Each GPU's NIC share is nics_per_node x nic_bandwidth / gpus_per_node (every GPU of the node talks at once,
-as when all tensor-parallel ranks run their data-parallel reduce together). Latency: (k-1) NVLink hops plus
-a tree across nodes (log2 N hops). Measured fits from ``autopar profile`` replace both terms.
+as when all tensor-parallel ranks run their data-parallel reduce together). Latency: one hop per ring step
+(NVLink hops inside nodes, a NIC hop between nodes); all-reduce uses a tree across nodes (log2 N NIC hops).
+Large reductions run in buckets, each paying the latency. Measured fits from ``autopar profile`` replace both.
 """
 
 from __future__ import annotations
@@ -49,8 +51,12 @@ class CommModel:
     def _bw(self, k: np.ndarray, nodes: np.ndarray) -> np.ndarray:
         return np.where(nodes > 1, np.minimum(self.bw_intra, k * self.bw_nic), self.bw_intra)
 
-    def _lat(self, k: np.ndarray, nodes: np.ndarray) -> np.ndarray:
-        return (k - 1) * self.lat_intra + np.ceil(np.log2(np.maximum(nodes, 1))) * self.lat_inter
+    def _lat(self, k: np.ndarray, nodes: np.ndarray, ring: bool) -> np.ndarray:
+        """Latency of one pass: a ring pays one hop per member (n-1 steps: (k-1) NVLink hops per node and
+        one NIC hop between nodes); all-reduce may use NCCL's tree, log2(nodes) NIC hops deep."""
+        across = nodes if ring else np.ceil(np.log2(np.maximum(nodes, 1)))
+        intra = (k - 1) * (nodes if ring else 1)
+        return intra * self.lat_intra + np.where(nodes > 1, across, 0.0) * self.lat_inter
 
     def _fitted(self, name: str, nbytes: np.ndarray, factor: np.ndarray, nodes: np.ndarray) -> np.ndarray | None:
         """Time from a measured alpha/bus-bandwidth fit (nccl-tests convention), per level."""
@@ -64,13 +70,13 @@ class CommModel:
         return np.where(nodes > 1, t_out, t_in)
 
     def _collective(self, name: str, nbytes: ArrayLike, size: ArrayLike, stride: ArrayLike,
-                    volume: float) -> np.ndarray:
+                    volume: float, ring: bool = True) -> np.ndarray:
         """``volume`` x (n-1)/n x bytes over the bottleneck bandwidth, plus latency; zero for n == 1."""
         nbytes = np.asarray(nbytes, dtype=float)
         n = np.asarray(size, dtype=float)
         k, nodes = self.placement(n, stride)
         factor = volume * (n - 1) / np.maximum(n, 1)
-        lat = volume * self._lat(k, nodes)
+        lat = volume * self._lat(k, nodes, ring)
         fitted = self._fitted(name, nbytes, factor, nodes)
         if fitted is not None:
             t = fitted
@@ -81,7 +87,7 @@ class CommModel:
     # ---- collectives -------------------------------------------------------------------------
     def all_reduce(self, nbytes: ArrayLike, size: ArrayLike, stride: ArrayLike = 1) -> np.ndarray:
         """All-reduce of a ``nbytes`` buffer held by every member (ring: 2(n-1)/n of it crosses each link)."""
-        return self._collective("all_reduce", nbytes, size, stride, 2.0)
+        return self._collective("all_reduce", nbytes, size, stride, 2.0, ring=False)
 
     def all_gather(self, out_bytes: ArrayLike, size: ArrayLike, stride: ArrayLike = 1) -> np.ndarray:
         """All-gather producing ``out_bytes`` on every member."""
@@ -90,6 +96,12 @@ class CommModel:
     def reduce_scatter(self, in_bytes: ArrayLike, size: ArrayLike, stride: ArrayLike = 1) -> np.ndarray:
         """Reduce-scatter of an ``in_bytes`` input on every member."""
         return self._collective("reduce_scatter", in_bytes, size, stride, 1.0)
+
+    def bucketed(self, collective, nbytes: ArrayLike, buckets: ArrayLike, size: ArrayLike,
+                 stride: ArrayLike = 1) -> np.ndarray:
+        """``collective`` over ``nbytes`` issued as ``buckets`` equal calls (each pays the latency)."""
+        nb = np.maximum(np.asarray(buckets, dtype=float), 1.0)
+        return nb * collective(np.asarray(nbytes, dtype=float) / nb, size, stride)
 
     def all_to_all(self, nbytes: ArrayLike, size: ArrayLike, stride: ArrayLike = 1) -> np.ndarray:
         return self._collective("all_to_all", nbytes, size, stride, 1.0)

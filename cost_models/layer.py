@@ -175,7 +175,8 @@ def end_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, c, b, sp) -
     pos = 3 * eb if model.arch == "gpt" else 0
     embed_f = cm.memory(T * h * 2 * eb + n_sp * (pos + (2 * eb + 1 if drop else 0)), 3)
     embed_f = embed_f + np.where(sp, comm.reduce_scatter(msg, t), comm.all_reduce(msg, t))
-    embed_b = cm.memory(T * h * 3 * eb + n_sp * (2 * eb + 1 if drop else 0), 2) + np.where(sp, comm.all_gather(msg, t), 0.0)
+    embed_b = cm.memory(T * h * 3 * eb + n_sp * (2 * eb + 1 if drop else 0), 2)
+    embed_b = embed_b + np.where(sp, comm.all_gather(msg, t), 0.0)
     # head: final norm, (SP all-gather), LM head GEMM over the vocab shard, vocab-parallel cross-entropy
     norm_f, norm_b = cm.memory(n_sp * 2 * eb), cm.memory(n_sp * 3 * eb, 2)
     lm_f, lm_b = cm.gemm_fwd_bwd(T, V / t, h)

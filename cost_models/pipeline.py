@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
-from planner.schedules import Schedule, virtual_stage
+from planner.schedules import Schedule, build_schedule
 
 
 @dataclass
@@ -86,16 +87,31 @@ def simulate(sched: Schedule, fwd: list[float], bwd: list[float], pp: int) -> Si
     return SimResult(makespan=max(clock), rank_end=clock, rank_busy=busy, last_b=last_b, first_b_start=first_b)
 
 
-def peak_inflight_bytes(sched: Schedule, act_bytes: list[float], pp: int) -> list[float]:
-    """Per rank, the most activation bytes held at once (forwards whose backward has not run yet)."""
-    peaks = []
+@lru_cache(maxsize=128)
+def _inflight_profiles(sched_key: tuple[int, int, int]) -> list[np.ndarray]:
+    """Per rank, the distinct vectors of in-flight micro-batches per chunk right after each forward."""
+    pp, vpp, m = sched_key
+    sched = build_schedule(pp, vpp, m)
+    out = []
     for r in range(pp):
-        cur = peak = 0.0
+        cur = [0] * vpp
+        seen = set()
         for kind, _mb, chunk in sched[r]:
-            a = act_bytes[virtual_stage(r, chunk, pp)]
-            cur += a if kind == "F" else -a
-            peak = max(peak, cur)
-        peaks.append(peak)
+            cur[chunk] += 1 if kind == "F" else -1
+            if kind == "F":
+                seen.add(tuple(cur))
+        out.append(np.array(sorted(seen), dtype=float).reshape(-1, vpp))
+    return out
+
+
+def peak_inflight_bytes(pp: int, vpp: int, m: int, act_bytes: list[float]) -> list[float]:
+    """Per rank, the most activation bytes held at once (forwards whose backward has not run yet),
+    replaying the schedule table; ``act_bytes[v]`` is one micro-batch's activations on virtual stage v."""
+    acts = np.asarray(act_bytes, dtype=float)
+    peaks = []
+    for r, prof in enumerate(_inflight_profiles((pp, vpp, m))):
+        a = acts[[c * pp + r for c in range(vpp)]]
+        peaks.append(float((prof @ a).max()) if len(prof) else 0.0)
     return peaks
 
 

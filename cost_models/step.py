@@ -29,8 +29,14 @@ import numpy as np
 from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
 from cost_models.layer import end_cost, layer_cost
-from cost_models.memory import (FRAGMENTATION, RESERVED_GIB, GiB, end_activation_bytes,
-                                layer_activation_bytes, state_bytes)
+from cost_models.memory import (
+    FRAGMENTATION,
+    RESERVED_GIB,
+    GiB,
+    end_activation_bytes,
+    layer_activation_bytes,
+    state_bytes,
+)
 from cost_models.pipeline import peak_inflight_bytes, simulate
 from planner.cluster_spec import ClusterSpec
 from planner.model_spec import ModelSpec
@@ -184,9 +190,9 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global
         pt.p2p = pt.p2p_f + (p2p_t if j > 0 else 0.0)
         if cfg.zero >= 2 and d > 1:
             # ZeRO-2 reduce-scatters gradients every micro-batch; ZeRO-3 also gathers parameters per pass
-            rs = _f(comm.reduce_scatter(params[j] * 4, d, t))
-            ag = _f(comm.all_gather(params[j] * wb, d, t)) if cfg.zero == 3 else 0.0
-            nb = max(1, n)
+            nb = max(1, n)  # one bucket per layer
+            rs = _f(comm.bucketed(comm.reduce_scatter, params[j] * 4, nb, d, t))
+            ag = _f(comm.bucketed(comm.all_gather, params[j] * wb, nb, d, t)) if cfg.zero == 3 else 0.0
             if cfg.dp_overlap:
                 pt.zero3_f = max(ag / nb, ag - pt.fwd)
                 pt.zero3_comm = pt.zero3_f + max((ag + rs) / nb, ag + rs - pt.bwd - pt.recompute)
@@ -207,8 +213,9 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global
             chunk_comm = []
             for c in range(v):
                 pc = params[c * pp + r]
-                tc = comm.all_reduce(pc * 4, d, t) if cfg.zero == 0 else comm.reduce_scatter(pc * 4, d, t)
-                chunk_comm.append((sim.last_b[r][c], _f(tc), max(1, math.ceil(pc / BUCKET_PARAMS))))
+                nb = max(1, math.ceil(pc / BUCKET_PARAMS))
+                coll = comm.all_reduce if cfg.zero == 0 else comm.reduce_scatter
+                chunk_comm.append((sim.last_b[r][c], _f(comm.bucketed(coll, pc * 4, nb, d, t)), nb))
             if cfg.dp_overlap:
                 engine = 0.0
                 for (b_start, b_end), dur, nb in sorted(chunk_comm):
@@ -221,8 +228,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global
         opt = _f(cm.memory(shard * OPT_BYTES_PER_PARAM[prec] + rank_params[r] * 8, 12))
         gather = 0.0
         if d > 1 and cfg.zero in (1, 2):
-            ag = _f(comm.all_gather(rank_params[r] * wb, d, t))
             nb = max(1, math.ceil(rank_params[r] / BUCKET_PARAMS))
+            ag = _f(comm.bucketed(comm.all_gather, rank_params[r] * wb, nb, d, t))
             first_fwd = parts[r].f * min(m, pp - r)
             gather = max(ag / nb, ag - first_fwd) if cfg.dp_overlap else ag
         dp_exposed.append(exposed)
@@ -257,7 +264,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global
     }
 
     # ---- memory per rank ------------------------------------------------------------------------------
-    peaks = peak_inflight_bytes(sched, [p.act_bytes for p in parts], pp)
+    peaks = peak_inflight_bytes(pp, v, m, [p.act_bytes for p in parts])
     reserved = RESERVED_GIB.get(cluster.backend, 1.0) * GiB
     stage_mem, mem_parts = [], []
     for r in range(pp):

@@ -78,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     prof = sub.add_parser("profile", help="measure this machine and write a cluster profile")
     prof.add_argument("--out", default="my-cluster.yaml")
     prof.add_argument("--quick", action="store_true", help="fewer shapes and sizes")
-    prof.add_argument("--nproc", type=int, default=None, help="ranks to measure collectives with (default: all GPUs, or 2 on CPU)")
+    prof.add_argument("--nproc", type=int, default=None,
+                      help="ranks to measure collectives with (default: all GPUs, or 2 on CPU)")
     prof.add_argument("--name", default=None, help="cluster name in the profile")
 
     cal = sub.add_parser("calibrate", help="fit a profile's efficiency parameters to measured runs")

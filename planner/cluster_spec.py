@@ -98,14 +98,14 @@ class GPUSpec(_Strict):
 class Link(_Strict):
     bandwidth_GBps: float  # per GPU, per direction
     latency_us: float = 3.0
-    efficiency: float = 0.80  # achieved bus bandwidth / nominal for large collectives
+    efficiency: float = 0.80  # achieved bus bandwidth / nominal for large collectives (NVLink: ~240 of 300 GB/s)
 
 
 class InterNode(_Strict):
     nic_bandwidth_Gbps: float  # per NIC
     nics_per_node: int
     latency_us: float = 5.0
-    efficiency: float = 0.90
+    efficiency: float = 0.80  # NCCL bus bandwidth at scale: typically 75-85% of NIC line rate
     oversubscription: float = 1.0  # spine oversubscription: 2.0 halves cross-node bandwidth
 
 

@@ -73,7 +73,7 @@ def solve_stages(p: StageProblem) -> StageSolution | None:
     prob += pulp.lpSum(n) == p.num_layers
     for j in range(nv):
         prob += r[j] <= n[j]
-        prob += U >= n[j] * p.layer_time + r[j] * p.recompute_time + p.extra_time[j]
+        prob += n[j] * p.layer_time + r[j] * p.recompute_time + p.extra_time[j] <= U
     for rank in range(p.pp):
         stages = [c * p.pp + rank for c in range(p.vpp)]
         mem = pulp.lpSum(

@@ -295,7 +295,8 @@ def load_model(ref: str, seq: int | None = None) -> ModelSpec:
     path = Path(ref)
     if path.suffix in (".yaml", ".yml", ".json") or path.exists():
         if not path.exists():
-            raise AutoparError(f"model file {ref} does not exist; give a preset ({', '.join(list_presets())}) or a path")
+            raise AutoparError(
+                f"model file {ref} does not exist; give a preset ({', '.join(list_presets())}) or a path")
         spec = model_from_dict(read_mapping(path, "model spec"), str(path))
     elif (PRESET_DIR / f"{ref}.yaml").exists():
         spec = model_from_dict(read_mapping(PRESET_DIR / f"{ref}.yaml", "preset"), ref)

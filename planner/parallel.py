@@ -182,7 +182,7 @@ class ParallelConfig:
                 )
             if sum(self.layers) != L or min(self.layers) < 0:
                 raise AutoparError(f"layers {'/'.join(map(str, self.layers))} must be non-negative and sum to {L}")
-        elif L < self.num_chunks:
+        elif self.num_chunks > L:
             raise AutoparError(f"{L} layers cannot fill pp*vpp = {self.num_chunks} pipeline stages; lower pp or vpp")
         if self.cp > 1:
             if model.seq_length % (2 * self.cp):

@@ -86,12 +86,16 @@ def load_plan(path: str | Path) -> PlanFile:
     except OSError as err:
         raise AutoparError(f"cannot read plan file {p}: {err.strerror}") from None
     except (json.JSONDecodeError, UnicodeDecodeError):
-        raise AutoparError(f"plan file {p} is not valid JSON (truncated or corrupt?); re-create it with `autopar plan --out`") from None
+        raise AutoparError(
+            f"plan file {p} is not valid JSON (truncated or corrupt?); re-create it with `autopar plan --out`"
+        ) from None
     if not isinstance(data, dict):
         raise AutoparError(f"plan file {p} must hold a JSON object")
     schema = data.get("schema")
     if schema != SCHEMA:
-        raise AutoparError(f"plan file {p} has schema {schema!r}, this autopar reads {SCHEMA!r}; re-create it with `autopar plan --out`")
+        raise AutoparError(
+            f"plan file {p} has schema {schema!r}, this autopar reads {SCHEMA!r}; "
+            "re-create it with `autopar plan --out`")
     try:
         plan = PlanFile.model_validate(data)
         cfg = plan.config

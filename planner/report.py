@@ -63,3 +63,18 @@ def plans_table(rows: list[dict[str, Any]], title: str) -> Table:
                     f"{r['mfu'] * 100:.1f}%", f"{r['memory_GiB']:.1f} GiB",
                     f"{r['bubble_fraction'] * 100:.1f}%", f"{r['exposed_comm_fraction'] * 100:.1f}%")
     return tab
+
+
+def whatif_table(pts: list[dict[str, Any]], key: str, title: str) -> Table:
+    tab = Table(title=title, header_style="bold")
+    for col, just in ((key, "right"), ("GPUs", "right"), ("tokens/s", "right"), ("MFU", "right"),
+                      ("efficiency", "right"), ("memory", "right"), ("best plan", "left")):
+        tab.add_column(col, justify=just)
+    for p in pts:
+        if not p.get("tokens_per_s"):
+            tab.add_row(str(p["value"]), str(p["gpus"]), "-", "-", "-", "-", f"[red]{p.get('error', 'no plan')}[/red]")
+            continue
+        mark = " [yellow](changed)[/yellow]" if p["plan_changed"] else ""
+        tab.add_row(str(p["value"]), str(p["gpus"]), fmt_rate(p["tokens_per_s"]), f"{p['mfu'] * 100:.1f}%",
+                    f"{p['scaling_efficiency']:.2f}", f"{p['memory_GiB']:.1f} GiB", p["plan"] + mark)
+    return tab

@@ -14,8 +14,8 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from functools import lru_cache
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -24,8 +24,14 @@ from cost_models.batch import Candidates, estimate_batch
 from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
 from cost_models.layer import end_cost, layer_cost
-from cost_models.memory import (FRAGMENTATION, RESERVED_GIB, GiB, end_activation_bytes,
-                                layer_activation_bytes, state_bytes)
+from cost_models.memory import (
+    FRAGMENTATION,
+    RESERVED_GIB,
+    GiB,
+    end_activation_bytes,
+    layer_activation_bytes,
+    state_bytes,
+)
 from cost_models.step import RC_CODE, Estimate, estimate, stage_params
 from planner.cluster_spec import ClusterSpec
 from planner.errors import AutoparError
@@ -189,13 +195,28 @@ def stage_problem(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, g
     )
 
 
+def _ilp_may_help(model: ModelSpec, cfg: ParallelConfig, est: Estimate) -> bool:
+    """Whether an uneven split or partial recompute can beat the even split: full recompute (recompute
+    fewer layers where memory allows), layers that do not divide evenly, or an embedding / LM head worth a
+    sizeable share of a stage (then the first / last stages should hold fewer layers)."""
+    if cfg.recompute == "full":
+        return True
+    if cfg.pp == 1:
+        return False
+    if model.num_layers % cfg.num_chunks:
+        return True
+    t = est.stage_time_s
+    middle = sorted(t)[len(t) // 2]
+    return max(t[0], t[-1]) > 1.1 * middle
+
+
 def refine(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global_batch: int,
            headroom_GiB: float, fixed: dict[str, Any]) -> list[PlanResult]:
     """Exact estimates of ``cfg`` with an even split and with the ILP's split / per-stage recompute."""
     out = []
     est = estimate(model, cluster, cfg, global_batch, headroom_GiB, validate=False)
     out.append(PlanResult(cfg, est))
-    if cfg.pp > 1 or cfg.recompute == "full":
+    if _ilp_may_help(model, cfg, est):
         if "layers" in fixed and ("recompute_layers" in fixed or cfg.recompute != "full"):
             return out
         sol = solve_stages(stage_problem(model, cluster, cfg, global_batch, headroom_GiB))
@@ -215,7 +236,8 @@ def refine(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global_b
             if new != cfg:
                 try:
                     new.validate(model, cluster.num_gpus, global_batch, cluster.gpus_per_node)
-                    out.append(PlanResult(new, estimate(model, cluster, new, global_batch, headroom_GiB, validate=False)))
+                    est2 = estimate(model, cluster, new, global_batch, headroom_GiB, validate=False)
+                    out.append(PlanResult(new, est2))
                 except AutoparError:
                     pass
     return out
@@ -241,7 +263,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
             f"{fixed or '(none)'}; change --global-batch, --gpus or --fix"
         )
     cap = cluster.gpu.memory_GiB - headroom_GiB
-    n_ref = refine_count or max(3 * top, 24)
+    n_ref = refine_count or max(2 * top, 16)
     if exhaustive:
         scored = []
         for i in range(len(cands)):

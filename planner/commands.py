@@ -1,0 +1,132 @@
+"""The plan, whatif and run commands (argument handling and output; the work is in search/whatif/runtime)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from planner.errors import AutoparError
+
+
+def _progress(fmt: str):
+    """A progress callback printing to stderr for long work (never on stdout, so JSON stays clean)."""
+    if not sys.stderr.isatty():
+        return None
+
+    def report(done: int, total: int) -> None:
+        print(f"\r  priced {done:,}/{total:,} candidates", end="", file=sys.stderr, flush=True)
+
+    return report
+
+
+def plan_command(args: argparse.Namespace) -> int:
+    from planner.cli import _load_inputs
+    from planner.explain import runner_up, why
+    from planner.parallel import parse_plan_keys
+    from planner.search import min_gpus_to_fit, search
+
+    model, cluster = _load_inputs(args)
+    fixed = parse_plan_keys(args.fix)
+    if args.top < 1:
+        raise AutoparError(f"--top must be at least 1, got {args.top}")
+    res = search(model, cluster, args.global_batch, fixed=fixed, top=args.top, exhaustive=args.exhaustive,
+                 headroom_GiB=args.headroom, progress=_progress(args.format))
+    search_info = {"candidates": res.candidates, "seconds": round(res.seconds, 3), "exhaustive": res.exhaustive}
+    if not res.plans:
+        need = min_gpus_to_fit(model, cluster, args.global_batch, fixed, args.headroom)
+        closest = res.closest
+        msg = (f"no plan fits in {cluster.gpu.memory_GiB - args.headroom:g} GiB per GPU on {cluster.num_gpus} GPUs")
+        if closest is not None:
+            msg += f"; the closest ({closest.config.short()}) needs {closest.estimate.memory_GiB:.1f} GiB per GPU"
+        msg += f"; try --gpus {need}" if need else "; no cluster size up to 65536 GPUs fits: use GPUs with more memory"
+        if fixed:
+            msg += " or relax --fix"
+        if args.format == "json":
+            print(json.dumps({"plans": [], "search": search_info, "error": msg, "min_gpus": need,
+                              "closest": closest.row() if closest else None}))
+        raise AutoparError(msg)
+    other = runner_up(res.plans)
+    reason = why(res.plans[0], other) if other else "It is the only plan that fits."
+    if args.out:
+        from planner.planfile import TrainConfig, make_plan, save_plan
+
+        best = res.plans[0]
+        pred = best.estimate.to_json()
+        train = TrainConfig(steps=args.steps) if args.steps else TrainConfig()
+        save_plan(make_plan(model, cluster, args.global_batch, best.config, pred, train), args.out)
+    if args.format == "json":
+        rows = []
+        for p in res.plans:
+            row = p.estimate.to_json()
+            row = {"parallel": p.config.to_dict(), **row}
+            rows.append(row)
+        print(json.dumps({"plans": rows, "search": search_info, "why": reason}))
+        return 0
+    from planner.report import console, estimate_tables, plans_table
+
+    con = console()
+    con.print(f"model   {model.summary()}")
+    con.print(f"cluster {cluster.summary()}")
+    con.print(f"searched {res.candidates:,} configurations in {res.seconds:.2f} s "
+              f"(global batch {args.global_batch}{', exhaustive' if res.exhaustive else ''})")
+    con.print(plans_table([p.row() for p in res.plans], f"top {len(res.plans)} plans"))
+    con.print(f"[bold]why:[/bold] {reason}")
+    for tab in estimate_tables(res.plans[0].estimate, "best plan")[1:]:
+        con.print(tab)
+    con.print(f"best plan keys: {res.plans[0].config.as_keys()}")
+    if args.out:
+        con.print(f"wrote {args.out}  (train it with: autopar run {args.out})")
+    return 0
+
+
+def whatif_command(args: argparse.Namespace) -> int:
+    from planner.cli import _load_inputs
+    from planner.parallel import parse_plan_keys
+    from planner.whatif import parse_vary, sweep
+
+    model, cluster = _load_inputs(args)
+    key, values = parse_vary(args.vary)
+    fixed = parse_plan_keys(args.fix)
+    curves: dict[str, Any] = {"best": sweep(model, cluster, args.global_batch, key, values, fixed, args.headroom)}
+    if args.compare:
+        more = parse_plan_keys(args.compare)
+        curves[args.compare] = sweep(model, cluster, args.global_batch, key, values, {**fixed, **more}, args.headroom)
+    if args.plot:
+        from planner.whatif import plot
+
+        plot(curves, key, model.name, cluster.name, args.plot)
+    if args.format == "json":
+        print(json.dumps({"vary": key, "values": values, "curves": curves}))
+        return 0
+    if args.format == "csv":
+        import csv
+
+        w = csv.writer(sys.stdout)
+        w.writerow(["curve", key, "tokens_per_s", "step_time_s", "mfu", "scaling_efficiency", "memory_GiB",
+                    "plan", "plan_changed"])
+        for name, pts in curves.items():
+            for p in pts:
+                w.writerow([name, p["value"], p.get("tokens_per_s"), p.get("step_time_s"), p.get("mfu"),
+                            p.get("scaling_efficiency"), p.get("memory_GiB"), p.get("plan", ""), p.get("plan_changed")])
+        return 0
+    from planner.report import console, whatif_table
+
+    con = console()
+    con.print(f"model   {model.summary()}")
+    con.print(f"cluster {cluster.summary()}")
+    for name, pts in curves.items():
+        con.print(whatif_table(pts, key, f"{name}: best plan at each {key}"))
+    if args.plot:
+        con.print(f"wrote {args.plot}")
+    return 0
+
+
+def run_command(args: argparse.Namespace) -> int:
+    try:
+        from runtime.launch import launch
+    except ImportError as err:
+        raise AutoparError(f"`autopar run` needs PyTorch: pip install torch ({err.name} is missing)") from None
+    return launch(plan_path=args.plan, steps=args.steps, data=args.data, metrics_out=args.metrics_out,
+                  checkpoint_dir=args.checkpoint_dir, resume=args.resume, dry_run=args.dry_run)

@@ -1,0 +1,61 @@
+"""Plain-language reasons: why the best plan beats the runner-up."""
+
+from __future__ import annotations
+
+from planner.search import PlanResult
+
+LAYOUT_KEYS = ("tp", "pp", "dp", "cp", "mbs", "vpp", "recompute", "sp", "zero")
+PART_NAMES = {
+    "forward_compute": "forward compute",
+    "backward_compute": "backward compute",
+    "recompute": "recomputation",
+    "tp_cp_comm": "tensor/context-parallel communication",
+    "pp_p2p": "pipeline send/receive",
+    "pipeline_bubble": "pipeline bubble",
+    "dp_comm_exposed": "exposed data-parallel communication",
+    "optimizer": "optimizer step",
+}
+
+
+def _fmt(s: float) -> str:
+    return f"{s:.3g} s" if abs(s) >= 0.1 else f"{s * 1e3:.3g} ms"
+
+
+def runner_up(plans: list[PlanResult]) -> PlanResult | None:
+    """The best plan whose layout (not only overlap flags) differs from the winner's, else the second."""
+    if len(plans) < 2:
+        return None
+    best = plans[0].config
+    for p in plans[1:]:
+        if any(getattr(p.config, k) != getattr(best, k) for k in LAYOUT_KEYS):
+            return p
+    return plans[1]
+
+
+def why(best: PlanResult, other: PlanResult) -> str:
+    """One or two sentences comparing two plans by the parts of the step that differ most."""
+    a, b = best.estimate, other.estimate
+    diffs = [f"{k}={getattr(best.config, k)} vs {getattr(other.config, k)}"
+             for k in (*LAYOUT_KEYS, "dp_overlap", "tp_overlap") if getattr(best.config, k) != getattr(other.config, k)]
+    if best.config.layers != other.config.layers:
+        diffs.append("a different layer split")
+    if best.config.recompute_layers != other.config.recompute_layers and best.config.recompute == "full":
+        diffs.append("different per-stage recompute")
+    gain = (b.step_time_s - a.step_time_s) / b.step_time_s * 100
+    deltas = sorted(((a.breakdown[k] - b.breakdown.get(k, 0.0), k) for k in a.breakdown), key=lambda x: x[0])
+    saves = [(d, k) for d, k in deltas if d < 0][:2]
+    costs = [(d, k) for d, k in reversed(deltas) if d > 0][:1]
+    text = f"Best plan ({best.config.short()}) is {gain:.1f}% faster than the runner-up ({other.config.short()})"
+    if diffs:
+        text += f" [{', '.join(diffs)}]"
+    if saves:
+        text += ": " + " and ".join(f"{_fmt(-d)} less {PART_NAMES.get(k, k)}" for d, k in saves)
+        if costs:
+            d, k = costs[0]
+            text += f" outweigh {_fmt(d)} more {PART_NAMES.get(k, k)}"
+    text += "."
+    dm = a.memory_GiB - b.memory_GiB
+    if abs(dm) >= 0.5:
+        more = "more" if dm > 0 else "less"
+        text += f" It uses {abs(dm):.1f} GiB {more} memory per GPU ({a.memory_GiB:.1f} vs {b.memory_GiB:.1f})."
+    return text
