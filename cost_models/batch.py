@@ -24,7 +24,7 @@ from cost_models.memory import (
     state_bytes,
 )
 from cost_models.pipeline import analytic_makespan, inflight_count
-from cost_models.step import BUCKET_PARAMS, OPT_BYTES_PER_PARAM
+from cost_models.step import BUCKET_PARAMS, GRAD_REDUCE_BYTES, OPT_BYTES_PER_PARAM
 from planner.cluster_spec import ClusterSpec
 from planner.model_spec import ModelSpec
 
@@ -118,10 +118,11 @@ def estimate_batch(model: ModelSpec, cluster: ClusterSpec, c: Candidates, global
 
     # data-parallel reduction, ZeRO-2/3 per-micro-batch traffic, optimizer, parameter gather
     nb = np.maximum(1.0, np.ceil(rank_p / BUCKET_PARAMS))
-    grad_comm = np.where(c.zero == 0, comm.bucketed(comm.all_reduce, rank_p * 4, nb, d, t),
-                         comm.bucketed(comm.reduce_scatter, rank_p * 4, nb, d, t))
+    gb = GRAD_REDUCE_BYTES[prec]
+    grad_comm = np.where(c.zero == 0, comm.bucketed(comm.all_reduce, rank_p * gb, nb, d, t),
+                         comm.bucketed(comm.reduce_scatter, rank_p * gb, nb, d, t))
     layers_here = np.maximum(n_max * v, 1)
-    rs = comm.bucketed(comm.reduce_scatter, rank_p * 4, layers_here, d, t)  # ZeRO-2/3: a bucket per layer
+    rs = comm.bucketed(comm.reduce_scatter, rank_p * gb, layers_here, d, t)  # ZeRO-2/3: a bucket per layer
     window = v * (np.maximum(n_max, 1) * (lb + lcb))  # the last backward of each chunk on the rank
     dp_exp = np.where(c.dp_overlap, np.maximum(grad_comm / nb, grad_comm - window), grad_comm)
     dp_exp = np.where((d > 1) & (c.zero < 2), dp_exp, 0.0)

@@ -45,6 +45,9 @@ from planner.schedules import build_schedule
 
 BUCKET_PARAMS = 40e6  # gradient bucket size (parameters) for overlapped data-parallel reduction
 OPT_BYTES_PER_PARAM = {"fp32": 28.0, "bf16": 30.0, "fp16": 30.0}  # AdamW: read g, w, m, v; write w, m, v (+bf16 w)
+# Bytes per gradient element in the data-parallel reduce: Megatron accumulates and reduces bf16 runs' gradients
+# in fp32, fp16 runs' in fp16 (its defaults).
+GRAD_REDUCE_BYTES = {"fp32": 4.0, "bf16": 4.0, "fp16": 2.0}
 RC_CODE = {"none": 0, "selective": 1, "full": 2}
 
 
@@ -167,6 +170,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global
     lf, lb, lcore = _f(lc.fwd), _f(lc.bwd), _f(lc.core_fwd)
     lcf, lcb = _f(lc.comm_fwd), _f(lc.comm_bwd)
     wb = 4 if prec == "fp32" else 2
+    gb = GRAD_REDUCE_BYTES[prec]
     parts: list[Parts] = []
     for j, n in enumerate(layers):
         nr = cfg.recomputed_layers(j, n)
@@ -191,7 +195,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global
         if cfg.zero >= 2 and d > 1:
             # ZeRO-2 reduce-scatters gradients every micro-batch; ZeRO-3 also gathers parameters per pass
             nb = max(1, n)  # one bucket per layer
-            rs = _f(comm.bucketed(comm.reduce_scatter, params[j] * 4, nb, d, t))
+            rs = _f(comm.bucketed(comm.reduce_scatter, params[j] * gb, nb, d, t))
             ag = _f(comm.bucketed(comm.all_gather, params[j] * wb, nb, d, t)) if cfg.zero == 3 else 0.0
             if cfg.dp_overlap:
                 pt.zero3_f = max(ag / nb, ag - pt.fwd)
@@ -215,7 +219,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global
                 pc = params[c * pp + r]
                 nb = max(1, math.ceil(pc / BUCKET_PARAMS))
                 coll = comm.all_reduce if cfg.zero == 0 else comm.reduce_scatter
-                chunk_comm.append((sim.last_b[r][c], _f(comm.bucketed(coll, pc * 4, nb, d, t)), nb))
+                chunk_comm.append((sim.last_b[r][c], _f(comm.bucketed(coll, pc * gb, nb, d, t)), nb))
             if cfg.dp_overlap:
                 engine = 0.0
                 for (b_start, b_end), dur, nb in sorted(chunk_comm):
@@ -238,7 +242,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global
         finish.append(end + exposed + opt + gather)
     tied = 0.0
     if model.tie_embeddings and nv > 1:
-        tied = _f(comm.all_reduce(model.vocab_size * model.hidden_size / t * 4, 2, pp_stride * (pp - 1) or 1))
+        tied = _f(comm.all_reduce(model.vocab_size * model.hidden_size / t * gb, 2, pp_stride * (pp - 1) or 1))
     norm = _f(comm.all_reduce(8, cluster.num_gpus, 1))  # grad-norm and loss reductions (latency)
     crit = int(np.argmax(finish))
     step = finish[crit] + tied + norm

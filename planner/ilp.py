@@ -58,16 +58,23 @@ def _solver() -> pulp.LpSolver:
         return pulp.PULP_CBC_CMD(msg=False, timeLimit=TIME_LIMIT_S)
 
 
+def _var_factory(prob: pulp.LpProblem):
+    """Variables through PuLP >= 3.3's ``add_variable`` when present, else the classic constructor."""
+    if hasattr(prob, "add_variable"):
+        return lambda name, lo, hi, cat: prob.add_variable(name, lowBound=lo, upBound=hi, cat=cat)
+    return lambda name, lo, hi, cat: pulp.LpVariable(name, lowBound=lo, upBound=hi, cat=cat)
+
+
 def solve_stages(p: StageProblem) -> StageSolution | None:
     """Optimal layer split and per-stage recompute, or None when no split fits in memory."""
     nv = p.pp * p.vpp
     if p.num_layers < nv:
         return None
     prob = pulp.LpProblem("stages", pulp.LpMinimize)
-    n = [pulp.LpVariable(f"n{j}", lowBound=1, upBound=p.num_layers, cat="Integer") for j in range(nv)]
-    r = [pulp.LpVariable(f"r{j}", lowBound=0, upBound=p.num_layers if p.allow_recompute else 0, cat="Integer")
-         for j in range(nv)]
-    U = pulp.LpVariable("U", lowBound=0)
+    var = _var_factory(prob)
+    n = [var(f"n{j}", 1, p.num_layers, "Integer") for j in range(nv)]
+    r = [var(f"r{j}", 0, p.num_layers if p.allow_recompute else 0, "Integer") for j in range(nv)]
+    U = var("U", 0, None, "Continuous")
     slots = p.microbatches * p.vpp - 1
     prob += slots * U + pulp.lpSum(r) * (p.recompute_time / p.vpp)
     prob += pulp.lpSum(n) == p.num_layers

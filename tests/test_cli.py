@@ -1,0 +1,141 @@
+"""The command line: JSON contract, one-line errors with exit 2, plan files, what-if outputs, no torch."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner.cli import main
+from planner.planfile import load_plan
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_estimate_json_contract(capsys):
+    code, out, err = run(capsys, "estimate", "--model", "gpt3-175b", "--cluster", "dgx-a100", "--gpus", "64",
+                         "--global-batch", "64", "--plan", "tp=8,pp=8,mbs=1,vpp=3,sp=true,recompute=selective",
+                         "--format", "json")
+    assert code == 0 and err == ""
+    d = json.loads(out)
+    for key in ("step_time_s", "tokens_per_s", "model_flops_per_step", "mfu", "memory_GiB", "fits", "breakdown"):
+        assert key in d
+    assert d["tokens_per_s"] == pytest.approx(64 * 2048 / d["step_time_s"], rel=1e-4)
+    assert d["mfu"] == pytest.approx(d["model_flops_per_step"] / (d["step_time_s"] * 64 * 312e12), rel=1e-4)
+    assert sum(d["breakdown"].values()) == pytest.approx(d["step_time_s"], rel=1e-4)
+    assert d["parallel"]["dp"] == 1  # omitted dp = gpus / (tp*pp*cp)
+
+
+def test_estimate_table(capsys):
+    code, out, _ = run(capsys, "estimate", "--model", "llama2-7b", "--cluster", "dgx-h100", "--global-batch", "16",
+                       "--plan", "tp=2,pp=2,mbs=1")
+    assert code == 0
+    assert "step time" in out and "pipeline bubble" in out and "optimizer" in out and "activations" in out
+
+
+BAD = [
+    (["estimate", "--model", "nope", "--global-batch", "8", "--plan", "tp=1"], "unknown model 'nope'"),
+    (["estimate", "--model", "gpt3-175b", "--global-batch", "8", "--plan", "tp=5"], "tp=5 does not divide"),
+    (["estimate", "--model", "gpt3-175b", "--gpus", "64", "--global-batch", "8", "--plan", "tp=8,pp=3"],
+     "not divisible by tp*pp*cp"),
+    (["estimate", "--model", "gpt3-175b", "--gpus", "64", "--global-batch", "7", "--plan", "tp=8,pp=4"],
+     "not divisible by dp*mbs"),
+    (["estimate", "--model", "gpt3-175b", "--plan", "tp=8"], "required: --global-batch"),
+    (["estimate", "--model", "gpt3-175b", "--global-batch", "8", "--plan", "tp=8", "--gpus", "12"],
+     "not a whole number of dgx-a100 nodes"),
+    (["estimate", "--model", "gpt3-175b", "--global-batch", "8", "--plan", "tp=8", "--cluster", "nowhere"],
+     "unknown cluster 'nowhere'"),
+    (["plan", "--model", "gpt3-175b", "--global-batch", "8", "--fix", "tp=x"], "takes an integer"),
+    (["whatif", "--model", "gpt3-175b", "--global-batch", "8", "--vary", "colour=red"], "cannot vary 'colour'"),
+    (["run", "/nonexistent/plan.json"], "does not exist"),
+    (["bogus"], "invalid choice"),
+]
+
+
+@pytest.mark.parametrize("argv,needle", BAD, ids=[" ".join(a[:3]) for a, _ in BAD])
+def test_bad_input_one_line_exit_2(capsys, argv, needle):
+    code, out, err = run(capsys, *argv)
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("autopar: error: ")
+    assert needle in err
+    assert "Traceback" not in err
+
+
+def test_corrupt_and_mismatched_plan_files(tmp_path, capsys):
+    p = tmp_path / "plan.json"
+    p.write_text('{"schema": "autopar.plan/1", "model": ')
+    code, _, err = run(capsys, "run", str(p))
+    assert code == 2 and "not valid JSON" in err
+    p.write_text(json.dumps({"schema": "something/9"}))
+    code, _, err = run(capsys, "run", str(p))
+    assert code == 2 and "schema" in err
+
+
+def test_plan_json_and_plan_file_roundtrip(tmp_path, capsys):
+    out_file = tmp_path / "best.json"
+    code, out, _ = run(capsys, "plan", "--model", "llama2-7b", "--cluster", "dgx-h100", "--gpus", "16",
+                       "--global-batch", "64", "--top", "3", "--out", str(out_file), "--format", "json")
+    assert code == 0
+    d = json.loads(out)
+    assert 1 <= len(d["plans"]) <= 3 and d["search"]["candidates"] > 100 and d["why"]
+    times = [p["step_time_s"] for p in d["plans"]]
+    assert times == sorted(times)
+    plan = load_plan(out_file)
+    assert plan.config.to_dict() == d["plans"][0]["parallel"]
+    assert plan.prediction["step_time_s"] == pytest.approx(d["plans"][0]["step_time_s"])
+    assert plan.world_size == 16
+
+
+def test_plan_table_explains(capsys):
+    code, out, _ = run(capsys, "plan", "--model", "gpt-7.5b", "--cluster", "dgx-a100", "--gpus", "32",
+                       "--global-batch", "128")
+    assert code == 0 and "why:" in out and "faster than the runner-up" in out and "best plan keys:" in out
+
+
+def test_plan_nothing_fits(capsys):
+    code, out, err = run(capsys, "plan", "--model", "llama3-70b", "--cluster", "dgx-a100", "--gpus", "2",
+                         "--global-batch", "8", "--format", "json")
+    assert code == 2
+    d = json.loads(out)
+    assert d["plans"] == [] and d["min_gpus"] > 2 and d["closest"]["memory_GiB"] > 80
+    assert "no plan fits" in err and "try --gpus" in err
+
+
+def test_whatif_csv_json_and_plot(tmp_path, capsys):
+    png = tmp_path / "w.png"
+    code, out, _ = run(capsys, "whatif", "--model", "llama2-13b", "--cluster", "dgx-a100", "--gpus", "32",
+                       "--global-batch", "256", "--vary", "inter_node_bw=25,100,400", "--compare", "dp_overlap=false",
+                       "--plot", str(png), "--format", "csv")
+    assert code == 0
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert len(rows) == 6 and {r["curve"] for r in rows} == {"best", "dp_overlap=false"}
+    assert png.exists() and png.read_bytes()[:4] == b"\x89PNG"
+    code, out, _ = run(capsys, "whatif", "--model", "llama2-13b", "--global-batch", "256",
+                       "--vary", "gpus=8,16,32", "--format", "json")
+    d = json.loads(out)
+    pts = d["curves"]["best"]
+    assert [p["gpus"] for p in pts] == [8, 16, 32] and pts[0]["scaling_efficiency"] == pytest.approx(1.0)
+
+
+def test_planning_commands_do_not_import_torch():
+    code = (
+        "import sys, io, contextlib\n"
+        "from planner.cli import main\n"
+        "buf = io.StringIO()\n"
+        "with contextlib.redirect_stdout(buf):\n"
+        "    assert main(['estimate', '--model', 'gpt3-175b', '--global-batch', '8', '--plan', 'tp=8']) == 0\n"
+        "    assert main(['plan', '--model', 'tiny', '--cluster', 'cpu-gloo', '--gpus', '4', '--global-batch', '8']) == 0\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

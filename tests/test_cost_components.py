@@ -1,0 +1,212 @@
+"""Cost-model components against closed forms written out independently here."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from cost_models.comm import CommModel
+from cost_models.compute import ComputeModel
+from cost_models.memory import layer_activation_bytes, state_bytes
+from cost_models.pipeline import analytic_makespan, peak_inflight_bytes, simulate
+from planner.cluster_spec import GemmPoint, load_cluster, load_gpu
+from planner.model_spec import ModelSpec, load_model
+from planner.schedules import build_schedule, virtual_stage
+
+
+# ---- pipeline simulation ----------------------------------------------------------------------------
+def _reference_makespan(sched, fwd, bwd, pp):
+    """Fixed-point iteration over start times (independent of the work-queue simulator)."""
+    nv = len(fwd)
+    end = {}
+    changed = True
+    while changed:
+        changed = False
+        for r, acts in enumerate(sched):
+            t = 0.0
+            for kind, mb, ch in acts:
+                v = virtual_stage(r, ch, pp)
+                dep_key = ("F", mb, v - 1) if kind == "F" else ("B", mb, v + 1)
+                has_dep = (kind == "F" and v > 0) or (kind == "B" and v < nv - 1)
+                dep = end.get(dep_key, float("inf")) if has_dep else 0.0
+                start = max(t, dep)
+                t = start + (fwd[v] if kind == "F" else bwd[v])
+                if end.get((kind, mb, v)) != t:
+                    end[(kind, mb, v)] = t
+                    changed = True
+    return max(end.values())
+
+
+@pytest.mark.parametrize("pp,vpp,m", [(1, 1, 4), (2, 1, 5), (4, 1, 8), (4, 2, 8), (3, 3, 6), (8, 1, 3)])
+def test_uniform_pipeline_time(pp, vpp, m):
+    f, b = 1.0, 2.0
+    res = simulate(build_schedule(pp, vpp, m), [f] * (pp * vpp), [b] * (pp * vpp), pp)
+    chunk = f + b
+    expected = (m * vpp + pp - 1) * chunk if m >= pp or vpp == 1 else None
+    if m < pp:  # fewer micro-batches than stages: fill, then drain, no steady state
+        expected = (m + pp - 1) * chunk
+    assert res.makespan == pytest.approx(expected)
+    assert max(res.rank_busy) == pytest.approx(m * vpp * chunk)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_simulation_matches_reference_on_random_stages(seed):
+    rnd = random.Random(seed)
+    pp = rnd.choice([2, 3, 4])
+    vpp = rnd.choice([1, 2])
+    m = pp * rnd.choice([1, 2, 3])
+    nv = pp * vpp
+    fwd = [rnd.uniform(0.5, 2.0) for _ in range(nv)]
+    bwd = [2 * x * rnd.uniform(0.8, 1.2) for x in fwd]
+    sched = build_schedule(pp, vpp, m)
+    assert simulate(sched, fwd, bwd, pp).makespan == pytest.approx(_reference_makespan(sched, fwd, bwd, pp))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_closed_form_close_to_simulation(seed):
+    rnd = random.Random(seed)
+    pp, vpp, m = 4, rnd.choice([1, 2]), 16
+    nv = pp * vpp
+    fwd = [rnd.uniform(0.9, 1.1) for _ in range(nv)]
+    bwd = [2 * x for x in fwd]
+    sim = simulate(build_schedule(pp, vpp, m), fwd, bwd, pp).makespan
+    u = [f + b for f, b in zip(fwd, bwd)]
+    fill = sum(sum(u[c * pp + r] for c in range(vpp)) / vpp for r in range(pp))
+    closed = float(analytic_makespan(max(u), fill, m, vpp))
+    assert closed >= sim * 0.99  # conservative
+    assert closed == pytest.approx(sim, rel=0.08)
+
+
+def test_bubble_shrinks_with_more_microbatches_and_interleaving():
+    def bubble(pp, vpp, m):
+        nv = pp * vpp
+        r = simulate(build_schedule(pp, vpp, m), [1.0 / vpp] * nv, [2.0 / vpp] * nv, pp)
+        return 1 - max(r.rank_busy) / r.makespan
+
+    assert bubble(4, 1, 16) < bubble(4, 1, 8) < bubble(4, 1, 4)
+    assert bubble(4, 2, 8) < bubble(4, 1, 8)
+    assert bubble(4, 1, 8) == pytest.approx(3 / (8 + 3))  # (p-1)/(m+p-1)
+
+
+def test_peak_inflight_follows_the_table():
+    pp, m = 4, 8
+    peaks = peak_inflight_bytes(pp, 1, m, [10.0] * pp)
+    assert peaks == [40.0, 30.0, 20.0, 10.0]
+    # interleaved: rank 0 holds (2(p-1) + (v-1)p + 1) chunks at its peak (Megatron's warm-up + 1)
+    pp, v = 4, 2
+    peaks = peak_inflight_bytes(pp, v, 8, [1.0] * (pp * v))
+    assert peaks[0] == 2 * (pp - 1) + (v - 1) * pp + 1
+
+
+# ---- memory ------------------------------------------------------------------------------------------
+GPT22 = ModelSpec(name="22b", arch="gpt", num_layers=48, hidden_size=6144, num_attention_heads=64,
+                  vocab_size=51200, seq_length=2048)
+
+
+@pytest.mark.parametrize("t", [1, 2, 4, 8])
+@pytest.mark.parametrize("b", [1, 4])
+def test_korthikanti_activation_formulas(t, b):
+    s, h, a = GPT22.seq_length, GPT22.hidden_size, GPT22.num_attention_heads
+    sbh = s * b * h
+
+    def acts(sp, rc):
+        full, ckpt, _ = layer_activation_bytes(GPT22, 2, t, 1, b, sp, rc)
+        return float(ckpt if rc == 2 else full)
+
+    assert acts(False, 0) == pytest.approx(sbh * (10 + 24 / t + 5 * a * s / (h * t)))
+    assert acts(False, 1) == pytest.approx(sbh * (10 + 24 / t))
+    assert acts(False, 2) == pytest.approx(2 * sbh)
+    if t > 1:
+        assert acts(True, 0) == pytest.approx(sbh / t * (34 + 5 * a * s / h))
+        assert acts(True, 1) == pytest.approx(34 * sbh / t)
+    else:
+        assert acts(False, 0) == pytest.approx(sbh * (34 + 5 * a * s / h))
+
+
+def test_llama_flash_activations_have_no_quadratic_term():
+    m = load_model("llama2-7b")
+    full1, _, _ = layer_activation_bytes(m, 2, 1, 1, 1, False, 0)
+    m2 = m.with_seq(2 * m.seq_length)
+    full2, _, _ = layer_activation_bytes(m2, 2, 1, 1, 1, False, 0)
+    assert float(full2) == pytest.approx(2 * float(full1))  # linear in sequence length
+    # context parallelism divides the tokens each GPU holds
+    full_cp, _, _ = layer_activation_bytes(m2, 2, 1, 2, 1, False, 0)
+    assert float(full_cp) == pytest.approx(float(full1))
+
+
+def test_state_bytes_per_parameter():
+    for zero, d, want in [(0, 8, 18), (1, 8, 6 + 12 / 8), (2, 8, 2 + 16 / 8), (3, 8, 18 / 8), (1, 1, 18)]:
+        st = state_bytes(1.0, zero, d, "bf16")
+        assert float(st.weights + st.grads + st.optimizer) == pytest.approx(want)
+    st = state_bytes(1.0, 0, 1, "fp32")
+    assert float(st.weights + st.grads + st.optimizer) == 16
+
+
+# ---- communication ------------------------------------------------------------------------------------
+def test_ring_collectives_inside_a_node():
+    c = CommModel(load_cluster("dgx-a100"))
+    bw, alpha = 300e9 * 0.8, 3e-6  # NVLink bus bandwidth at 80%, 3 us per hop
+    n, S = 8, 1e9
+    # alpha-beta ring: (n-1) hops and (n-1)/n of the data per pass; all-reduce is two passes
+    assert float(c.all_reduce(S, n)) == pytest.approx(2 * ((n - 1) * alpha + (n - 1) / n * S / bw), rel=1e-6)
+    assert float(c.all_gather(S, n)) == pytest.approx((n - 1) * alpha + (n - 1) / n * S / bw, rel=1e-6)
+    assert float(c.reduce_scatter(S, n)) == pytest.approx(float(c.all_gather(S, n)))
+    assert float(c.all_reduce(S, 1)) == 0.0
+
+
+def test_group_placement_and_nic_bottleneck():
+    cl = load_cluster("dgx-a100", gpus=64)
+    c = CommModel(cl)
+    k, nodes = c.placement(8, 1)  # a tensor-parallel group: one node
+    assert (float(k), float(nodes)) == (8, 1)
+    k, nodes = c.placement(8, 8)  # a data-parallel group with tp=8: one GPU per node
+    assert (float(k), float(nodes)) == (1, 8)
+    S = 4e9
+    nic = 25e9 * 0.8  # one 200 Gb/s NIC per GPU at 80% bus efficiency
+    assert float(c.all_reduce(S, 8, 8)) == pytest.approx(2 * 7 / 8 * S / nic, rel=1e-4)  # latency negligible
+    # the same data-parallel reduce over half the NICs takes twice as long
+    half = CommModel(load_cluster("a100-4x200g", gpus=64))
+    assert float(half.all_reduce(S, 8, 8)) == pytest.approx(2 * float(c.all_reduce(S, 8, 8)), rel=1e-3)
+
+
+def test_buckets_pay_latency_each():
+    c = CommModel(load_cluster("dgx-a100", gpus=512))
+    one = float(c.reduce_scatter(1e9, 64, 8))
+    many = float(c.bucketed(c.reduce_scatter, 1e9, 10, 64, 8))
+    assert many > one
+    assert many - one == pytest.approx(9 * (float(c.reduce_scatter(0.0, 64, 8))), rel=1e-6)
+
+
+# ---- compute ------------------------------------------------------------------------------------------
+def test_gemm_time_bounded_by_peak_and_efficiency():
+    gpu = load_gpu("a100-sxm4-80gb")
+    cm = ComputeModel(gpu, "bf16")
+    M = N = K = 8192
+    t = float(cm.gemm(M, N, K))
+    achieved = 2 * M * N * K / t
+    assert achieved <= gpu.peak("bf16") * gpu.efficiency.gemm
+    assert achieved >= 0.85 * gpu.peak("bf16") * gpu.efficiency.gemm
+    # skinny and short-K GEMMs run at lower efficiency
+    assert 2 * 8192 * 128 * 8192 / float(cm.gemm(8192, 128, 8192)) < achieved
+    assert 2 * 8192 * 8192 * 64 / float(cm.gemm(8192, 8192, 64)) < achieved
+
+
+def test_measured_gemm_table_overrides():
+    gpu = load_gpu("a100-sxm4-80gb")
+    table = [GemmPoint(m=4096, n=4096, k=4096, tflops=150.0), GemmPoint(m=8192, n=8192, k=8192, tflops=200.0)]
+    cm = ComputeModel(gpu.model_copy(update={"gemm_table": table}), "bf16")
+    for p in table:
+        t = float(cm.gemm(p.m, p.n, p.k))
+        assert 2 * p.m * p.n * p.k / t / 1e12 == pytest.approx(p.tflops, rel=0.02)
+
+
+def test_flash_attention_time_scales_quadratically():
+    cm = ComputeModel(load_gpu("h100-sxm5-80gb"), "bf16")
+    f1, b1 = cm.flash_attention(16, 2048, 2048, 128, 0.5)
+    f2, b2 = cm.flash_attention(16, 4096, 4096, 128, 0.5)
+    o = cm.overhead  # fixed per-kernel cost
+    assert (float(f2) - o) / (float(f1) - o) == pytest.approx(4, rel=1e-6)
+    assert float(b1) > 2 * float(f1)
+    assert np.isfinite(float(b2))

@@ -1,0 +1,119 @@
+"""Properties the cost model must have whatever the plan (hypothesis)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cost_models.step import estimate
+from planner.cluster_spec import load_cluster
+from planner.model_spec import ModelSpec
+from planner.parallel import ParallelConfig
+
+SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def cases(draw):
+    arch = draw(st.sampled_from(["gpt", "llama"]))
+    h = draw(st.sampled_from([512, 1024, 2048]))
+    heads = 16
+    model = ModelSpec(name="m", arch=arch, num_layers=draw(st.sampled_from([8, 12, 16])), hidden_size=h,
+                      num_attention_heads=heads, num_kv_heads=draw(st.sampled_from([4, 16])) if arch == "llama" else None,
+                      ffn_hidden_size=4 * h if arch == "gpt" else 3 * h, vocab_size=draw(st.sampled_from([32000, 51200])),
+                      seq_length=draw(st.sampled_from([512, 2048])))
+    tp = draw(st.sampled_from([1, 2, 4]))
+    pp = draw(st.sampled_from([1, 2, 4]))
+    dp = draw(st.sampled_from([1, 2, 4]))
+    mbs = draw(st.sampled_from([1, 2]))
+    vpp = draw(st.sampled_from([1, 2])) if pp > 1 else 1
+    m = pp * draw(st.sampled_from([1, 2, 4]))
+    sp = draw(st.booleans()) and tp > 1
+    cfg = ParallelConfig(tp=tp, pp=pp, dp=dp, mbs=mbs, vpp=vpp, sp=sp,
+                         recompute=draw(st.sampled_from(["none", "selective", "full"])),
+                         zero=draw(st.sampled_from([0, 1, 2, 3])) if dp > 1 else 0,
+                         dp_overlap=draw(st.booleans()) and dp > 1, tp_overlap=draw(st.booleans()) and sp)
+    gpus = tp * pp * dp
+    cluster = load_cluster(draw(st.sampled_from(["dgx-a100", "dgx-h100", "a100-4x200g"])), gpus=gpus)
+    return model, cluster, cfg, m * dp * mbs
+
+
+@SETTINGS
+@given(cases(), st.sampled_from([1.5, 2.0, 4.0]))
+def test_more_bandwidth_is_never_slower(case, factor):
+    model, cluster, cfg, B = case
+    base = estimate(model, cluster, cfg, B).step_time_s
+    nvl = cluster.model_copy(update={"intra_node": cluster.intra_node.model_copy(
+        update={"bandwidth_GBps": cluster.intra_node.bandwidth_GBps * factor})})
+    assert estimate(model, nvl, cfg, B).step_time_s <= base * (1 + 1e-9)
+    if cluster.inter_node is not None:
+        nic = cluster.model_copy(update={"inter_node": cluster.inter_node.model_copy(
+            update={"nic_bandwidth_Gbps": cluster.inter_node.nic_bandwidth_Gbps * factor})})
+        assert estimate(model, nic, cfg, B).step_time_s <= base * (1 + 1e-9)
+
+
+@SETTINGS
+@given(cases())
+def test_more_recompute_never_uses_more_memory(case):
+    model, cluster, cfg, B = case
+    mem = {r: estimate(model, cluster, replace(cfg, recompute=r), B).memory_GiB for r in ("none", "selective", "full")}
+    assert mem["full"] <= mem["selective"] * (1 + 1e-9) <= mem["none"] * (1 + 1e-9)
+    t = {r: estimate(model, cluster, replace(cfg, recompute=r), B).step_time_s for r in ("none", "full")}
+    assert t["full"] >= t["none"]  # recompute costs time
+
+
+@SETTINGS
+@given(cases())
+def test_larger_microbatch_never_less_activation_memory(case):
+    model, cluster, cfg, B = case
+    small = replace(cfg, mbs=1)
+    big = replace(cfg, mbs=2)
+    B1 = cfg.pp * cfg.dp * 2 * 2  # divisible by both
+    a1 = estimate(model, cluster, small, B1).memory_breakdown["activations"]
+    a2 = estimate(model, cluster, big, B1).memory_breakdown["activations"]
+    assert a2 >= a1
+
+
+@SETTINGS
+@given(cases())
+def test_higher_zero_stage_never_more_state_memory(case):
+    model, cluster, cfg, B = case
+    if cfg.dp == 1:
+        return
+    state = []
+    for z in (0, 1, 2, 3):
+        mb = estimate(model, cluster, replace(cfg, zero=z), B).memory_breakdown
+        state.append(mb["weights"] + mb["gradients"] + mb["optimizer"])
+    assert all(b <= a * (1 + 1e-9) for a, b in zip(state, state[1:]))
+
+
+@SETTINGS
+@given(cases())
+def test_sequence_parallel_never_more_memory(case):
+    model, cluster, cfg, B = case
+    if cfg.tp == 1:
+        return
+    off = estimate(model, cluster, replace(cfg, sp=False, tp_overlap=False), B).memory_GiB
+    on = estimate(model, cluster, replace(cfg, sp=True, tp_overlap=False), B).memory_GiB
+    assert on <= off * (1 + 1e-9)
+
+
+@SETTINGS
+@given(cases())
+def test_more_microbatches_never_lower_throughput(case):
+    model, cluster, cfg, B = case
+    t1 = estimate(model, cluster, cfg, B).tokens_per_s
+    t2 = estimate(model, cluster, cfg, 2 * B).tokens_per_s
+    assert t2 >= t1 * (1 - 1e-9)
+
+
+@SETTINGS
+@given(cases())
+def test_breakdown_adds_up_and_mfu_is_sane(case):
+    model, cluster, cfg, B = case
+    e = estimate(model, cluster, cfg, B)
+    assert abs(sum(e.breakdown.values()) - e.step_time_s) <= 1e-9 * e.step_time_s + 1e-12
+    assert 0 < e.mfu < 1
+    assert e.memory_GiB > 0 and all(v >= 0 for v in e.breakdown.values())

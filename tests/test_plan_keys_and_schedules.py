@@ -1,0 +1,119 @@
+"""Plan keys, validation of configurations, and the pipeline schedule tables."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from planner.errors import AutoparError
+from planner.model_spec import load_model
+from planner.parallel import ParallelConfig, config_from_keys, parse_plan_keys
+from planner.schedules import build_schedule, check_schedule, interleaved_1f1b, one_f_one_b
+
+GPT = load_model("gpt3-175b")
+
+
+def test_parse_keys_types_and_dp_default():
+    keys = parse_plan_keys("tp=8, pp=4,mbs=2,sp=true,recompute=selective,zero=1,dp_overlap=yes,layers=24/24/24/24")
+    cfg = config_from_keys(keys, 1024, GPT)
+    assert (cfg.tp, cfg.pp, cfg.dp, cfg.mbs, cfg.sp, cfg.recompute, cfg.zero, cfg.dp_overlap) == \
+        (8, 4, 32, 2, True, "selective", 1, True)
+    assert cfg.layers == (24, 24, 24, 24)
+    assert ParallelConfig.from_dict(cfg.to_dict()) == cfg
+    assert config_from_keys(parse_plan_keys(cfg.as_keys()), 1024) == cfg
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("tp=8,pp", "is not key=value"),
+    ("tpp=8", "did you mean 'tp'"),
+    ("tp=eight", "takes an integer"),
+    ("sp=maybe", "takes true or false"),
+    ("recompute=some", "recompute takes none, selective, full"),
+    ("tp=2,tp=4", "given twice"),
+    ("layers=1/x", "counts per stage"),
+])
+def test_bad_keys(text, needle):
+    with pytest.raises(AutoparError, match=needle):
+        parse_plan_keys(text)
+
+
+@pytest.mark.parametrize("keys,gpus,batch,needle", [
+    ("tp=5", 64, 64, "tp=5 does not divide the model's 96 attention heads"),
+    ("tp=8,pp=8,dp=2", 64, 64, r"does not match 64 GPUs"),
+    ("tp=8,pp=3", 64, 64, "not divisible by tp\\*pp\\*cp = 24"),
+    ("tp=8,pp=8,mbs=3", 64, 64, "global batch 64 is not divisible by dp\\*mbs"),
+    ("tp=8,pp=8,vpp=3", 64, 36, "multiple of pp=8"),
+    ("tp=8,vpp=2", 8, 8, "needs pp > 1"),
+    ("tp=8,pp=8,layers=10/10/10/10/10/10/10/10", 64, 64, "must be non-negative and sum to 96"),
+    ("tp=8,pp=8,layers=48/48", 64, 64, "has 2 entries"),
+    ("tp=8,tp_overlap=true", 8, 8, "tp_overlap=true needs sp=true"),
+    ("tp=8,cp=2", 16, 16, "cp > 1 needs attention: flash"),
+    ("tp=8,recompute_layers=2", 8, 8, "needs recompute=full"),
+    ("tp=16", 16, 16, "spans nodes"),
+])
+def test_invalid_configs_say_why(keys, gpus, batch, needle):
+    with pytest.raises(AutoparError, match=needle):
+        cfg = config_from_keys(parse_plan_keys(keys), gpus, GPT)
+        cfg.validate(GPT, gpus, batch, 8)
+
+
+def test_stage_layers_even_and_remainder():
+    cfg = ParallelConfig(pp=4)
+    assert cfg.stage_layers(96) == (24, 24, 24, 24)
+    uneven = cfg.stage_layers(98)
+    assert sum(uneven) == 98 and uneven[0] == uneven[-1] == 24  # extras go to the middle stages
+    assert ParallelConfig(pp=4, vpp=3).stage_layers(96) == (8,) * 12
+
+
+def test_recompute_layers_per_stage():
+    cfg = ParallelConfig(pp=2, recompute="full", recompute_layers=(3, 1))
+    assert cfg.recomputed_layers(0, 4) == 3 and cfg.recomputed_layers(1, 4) == 1
+    assert ParallelConfig(recompute="full").recomputed_layers(0, 7) == 7
+    assert ParallelConfig(recompute="selective").recomputed_layers(0, 7) == 0
+
+
+# ---- schedules ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("pp,vpp,m", [(p, v, m) for p, v, m in itertools.product((1, 2, 3, 4, 8), (1, 2, 3), (1, 2, 4, 8, 12))
+                                      if not (v > 1 and (p == 1 or m % p))])
+def test_schedules_complete_and_deadlock_free(pp, vpp, m):
+    check_schedule(build_schedule(pp, vpp, m), pp, vpp, m)
+
+
+def test_1f1b_warmup_and_inflight():
+    pp, m = 4, 8
+    sched = one_f_one_b(pp, m)
+    for r, acts in enumerate(sched):
+        warm = 0
+        while acts[warm].kind == "F":
+            warm += 1
+        assert warm == min(pp - r, m)  # pp - r - 1 warm-up forwards, then the steady-state forward
+        inflight = peak = 0
+        for a in acts:
+            inflight += 1 if a.kind == "F" else -1
+            peak = max(peak, inflight)
+        assert peak == min(pp - r, m)
+
+
+def test_interleaved_matches_megatron_definition():
+    """Forward k runs chunk (k // pp) % v on micro-batch (k // (pp v)) pp + k % pp; backwards mirror it."""
+    pp, v, m = 4, 2, 8
+    sched = interleaved_1f1b(pp, v, m)
+    for r, acts in enumerate(sched):
+        fwd = [a for a in acts if a.kind == "F"]
+        bwd = [a for a in acts if a.kind == "B"]
+        for k, a in enumerate(fwd):
+            assert (a.chunk, a.microbatch) == ((k // pp) % v, (k // (pp * v)) * pp + k % pp)
+        for k, a in enumerate(bwd):
+            assert (a.chunk, a.microbatch) == (v - 1 - (k // pp) % v, (k // (pp * v)) * pp + k % pp)
+        warm = next(i for i, a in enumerate(acts) if a.kind == "B") - 1
+        assert warm == min((pp - r - 1) * 2 + (v - 1) * pp, m * v)
+
+
+def test_check_schedule_detects_deadlock():
+    sched = one_f_one_b(2, 2)
+    bad = [list(sched[0]), list(reversed(sched[1]))]  # last rank starts with a backward it cannot run
+    with pytest.raises(ValueError, match="deadlock"):
+        check_schedule(bad, 2, 1, 2)
+    with pytest.raises(ValueError, match="exactly once"):
+        check_schedule([sched[0][:-1], sched[1]], 2, 1, 2)

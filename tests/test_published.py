@@ -1,0 +1,100 @@
+"""The cost model against published Megatron-LM measurements (benchmarks/validate_published.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cost_models.batch import estimate_batch
+from cost_models.step import estimate
+from planner.cluster_spec import load_cluster
+from planner.search import _config, enumerate_space, search
+
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("validate_published", ROOT / "benchmarks" / "validate_published.py")
+vp = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(vp)
+
+
+def test_korthikanti_iteration_times():
+    rows = vp.korthikanti()
+    assert len(rows) == 8
+    s = vp.summary(rows)
+    assert s["mean_abs_error"] <= 0.05, rows
+    assert s["max_abs_error"] <= 0.10, rows
+
+
+def test_korthikanti_activation_memory():
+    rows = vp.korthikanti_activation_check()
+    assert rows and max(abs(r["error"]) for r in rows) <= 0.05
+
+
+def test_narayanan_iteration_times():
+    rows = vp.narayanan()
+    assert len(rows) == 10
+    assert vp.summary(rows)["mean_abs_error"] <= 0.10, rows
+
+
+NARAYANAN = vp._rows("narayanan2021_table1.csv")
+PAPER_FEATURES = {"cp": 1, "recompute": "full", "recompute_layers": None, "layers": None, "sp": False, "zero": 0,
+                  "dp_overlap": False, "tp_overlap": False}
+# Rows where autopar's cost model prefers less tensor and more pipeline parallelism than the paper chose
+# (e.g. 18.4B: tp=2 pp=4 with interleaving is predicted 17% faster than tp=8 pp=1). The paper's own
+# configuration is predicted within 2% of its measured time on these rows; the alternatives were never
+# measured. Strict xfail: if the model changes to agree, these start passing and the marker must go.
+MODEL_DISAGREES = {"7.5", "18.4", "39.1"}
+
+
+def _rows_marked():
+    for r in NARAYANAN:
+        marks = [pytest.mark.xfail(strict=True, reason="model prefers lower tp / deeper pipeline than the paper")] \
+            if r["params_b"] in MODEL_DISAGREES else []
+        yield pytest.param(r, id=r["params_b"], marks=marks)
+
+
+def _feasible_exact(model, cluster, B, fixed):
+    """Exact estimates of every plan in the space that fits (memory from the exact model)."""
+    cands = enumerate_space(model, cluster, B, fixed)
+    res = estimate_batch(model, cluster, cands, B)
+    out = []
+    for i in np.nonzero(res.memory_GiB <= cluster.gpu.memory_GiB * 1.1)[0]:  # closed form is conservative
+        cfg = _config(cands, int(i), fixed)
+        e = estimate(model, cluster, cfg, B, validate=False)
+        if e.fits:
+            out.append((e.step_time_s, cfg))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("row", _rows_marked())
+def test_paper_config_ranks_top_ten_percent(row):
+    """The planner's best plan is at least as fast as the paper's configuration (tp, pp and full recompute
+    as published, the best of the unpublished mbs / vpp), and that configuration ranks in the top 10% of the
+    feasible plans built from the paper's features (tp, pp, dp, micro-batch, interleaving, full recompute),
+    all priced with the exact model."""
+    model = vp._gpt(row["params_b"], row)
+    gpus, B, tp, pp = int(row["gpus"]), int(row["global_batch"]), int(row["tp"]), int(row["pp"])
+    cluster = load_cluster("selene", gpus=gpus)
+    plans = _feasible_exact(model, cluster, B, PAPER_FEATURES)
+    paper = min(t for t, c in plans if c.tp == tp and c.pp == pp)
+    free = search(model, cluster, B, top=1)
+    assert free.plans[0].estimate.step_time_s <= paper * (1 + 1e-9)
+    better = sum(1 for t, _ in plans if t < paper * (1 - 1e-9))
+    assert better / len(plans) <= 0.10, (better, len(plans))
+
+
+def test_exact_and_closed_form_agree_on_paper_rows():
+    """The closed form the search ranks with stays close to the exact (simulated) estimate."""
+    for row in NARAYANAN[::3]:
+        model = vp._gpt(row["params_b"], row)
+        gpus, B, tp, pp = int(row["gpus"]), int(row["global_batch"]), int(row["tp"]), int(row["pp"])
+        cluster = load_cluster("selene", gpus=gpus)
+        fixed = {**PAPER_FEATURES, "tp": tp, "pp": pp, "dp": gpus // (tp * pp), "mbs": 1, "vpp": 1}
+        cands = enumerate_space(model, cluster, B, fixed)
+        assert len(cands) == 1
+        fast = float(estimate_batch(model, cluster, cands, B).step_time[0])
+        exact = estimate(model, cluster, _config(cands, 0, fixed), B).step_time_s
+        assert fast == pytest.approx(exact, rel=0.03)

@@ -1,0 +1,151 @@
+"""Plan search: exhaustive cross-check, fixed keys, the stage ILP, nothing-fits reporting, what-if."""
+
+from __future__ import annotations
+
+import pytest
+
+from cost_models.step import estimate
+from planner.cluster_spec import load_cluster
+from planner.errors import AutoparError
+from planner.ilp import StageProblem, solve_stages
+from planner.model_spec import ModelSpec, load_model
+from planner.search import min_gpus_to_fit, search
+from planner.whatif import parse_vary, sweep
+
+SMALL_CASES = [  # small enough that pricing every candidate exactly stays quick
+    ("gpt-1.7b", "dgx-a100", 8, 32),
+    ("llama2-7b", "dgx-h100", 8, 16),
+    (ModelSpec(name="gqa-tiny", arch="llama", num_layers=6, hidden_size=1024, num_attention_heads=8, num_kv_heads=2,
+               ffn_hidden_size=2816, vocab_size=32000, seq_length=4096), "a100-4x200g", 8, 16),
+    (ModelSpec(name="gpt-mini", arch="gpt", num_layers=8, hidden_size=2048, num_attention_heads=16,
+               vocab_size=51200, seq_length=2048), "a100-4x200g", 16, 32),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model,cluster,gpus,batch", SMALL_CASES, ids=lambda x: getattr(x, "name", str(x)))
+def test_pruned_search_matches_exhaustive(model, cluster, gpus, batch):
+    m = load_model(model) if isinstance(model, str) else model
+    c = load_cluster(cluster, gpus=gpus)
+    fast = search(m, c, batch, top=3)
+    full = search(m, c, batch, top=3, exhaustive=True)
+    assert full.candidates >= fast.candidates
+    assert fast.plans and full.plans
+    assert fast.plans[0].estimate.step_time_s <= full.plans[0].estimate.step_time_s * 1.005
+
+
+def test_fixed_keys_are_honoured():
+    m, c = load_model("gpt-7.5b"), load_cluster("dgx-a100", gpus=32)
+    res = search(m, c, 128, fixed={"tp": 2, "recompute": "selective", "zero": 1}, top=5)
+    assert res.plans
+    for p in res.plans:
+        assert (p.config.tp, p.config.recompute, p.config.zero) == (2, "selective", 1)
+        assert p.config.world == 32 and p.estimate.fits
+
+
+def test_results_sorted_and_fit():
+    m, c = load_model("llama2-13b"), load_cluster("dgx-a100", gpus=64)
+    res = search(m, c, 256, top=8)
+    times = [p.estimate.step_time_s for p in res.plans]
+    assert times == sorted(times)
+    assert all(p.estimate.memory_GiB <= c.gpu.memory_GiB for p in res.plans)
+    # each listed plan's numbers are exactly what `estimate` says for it
+    for p in res.plans[:3]:
+        again = estimate(m, c, p.config, 256)
+        assert again.step_time_s == pytest.approx(p.estimate.step_time_s)
+
+
+def test_headroom_shrinks_usable_memory():
+    m, c = load_model("llama2-7b"), load_cluster("dgx-a100", gpus=8)
+    res = search(m, c, 64, top=3, headroom_GiB=30)
+    assert res.plans and all(p.estimate.memory_GiB <= c.gpu.memory_GiB - 30 for p in res.plans)
+
+
+def test_nothing_fits_reports_closest_and_min_gpus():
+    m, c = load_model("llama3-70b"), load_cluster("dgx-a100", gpus=2)
+    res = search(m, c, 8, top=3)
+    assert res.plans == [] and res.closest is not None
+    assert res.closest.estimate.memory_GiB > c.gpu.memory_GiB
+    need = min_gpus_to_fit(m, c, 8, {})
+    assert need is not None and need > 2
+    bigger = search(m, c.resized(gpus=need), 8, top=1)
+    assert bigger.plans  # and that size really fits
+
+
+def test_impossible_fixed_keys_say_why():
+    m, c = load_model("gpt-7.5b"), load_cluster("dgx-a100", gpus=8)
+    with pytest.raises(AutoparError, match="tp=5 does not divide"):
+        search(m, c, 64, fixed={"tp": 5})
+    with pytest.raises(AutoparError, match="no parallel configuration"):
+        search(m, c, 7, fixed={"tp": 8, "dp": 1, "mbs": 2})
+
+
+def test_ilp_splits_layers_away_from_heavy_ends():
+    """First stage carries the embedding, last the LM head: the ILP gives them fewer layers."""
+    p = StageProblem(num_layers=30, pp=4, vpp=1, microbatches=16, layer_time=1.0, recompute_time=0.0,
+                     extra_time=[3.0, 0.0, 0.0, 3.0], state_per_layer=1.0, extra_state=[0, 0, 0, 0], act_full=1.0,
+                     act_ckpt=0.5, extra_act=[0, 0, 0, 0], inflight=[4, 3, 2, 1], fixed_bytes=0.0, capacity=1e9,
+                     allow_recompute=False)
+    sol = solve_stages(p)
+    assert sol is not None and sum(sol.layers) == 30
+    assert sol.layers[0] < sol.layers[1] and sol.layers[3] < sol.layers[2]
+    assert max(n + e for n, e in zip(sol.layers, p.extra_time)) == 9  # ceil((30 + 6) / 4)
+
+
+def test_ilp_recomputes_only_where_memory_requires():
+    """Rank 0 holds 4 micro-batches in flight, rank 3 one: only early stages recompute."""
+    p = StageProblem(num_layers=16, pp=4, vpp=1, microbatches=8, layer_time=1.0, recompute_time=0.3,
+                     extra_time=[0.0] * 4, state_per_layer=0.0, extra_state=[0] * 4, act_full=10.0, act_ckpt=1.0,
+                     extra_act=[0] * 4, inflight=[4, 3, 2, 1], fixed_bytes=0.0, capacity=100.0, allow_recompute=True)
+    sol = solve_stages(p)
+    assert sol is not None
+    r = sol.recompute_layers
+    assert r[0] >= r[1] >= r[2] >= r[3] == 0 and r[0] > 0
+    for j, (n, k) in enumerate(zip(sol.layers, r)):  # every rank within memory
+        assert p.inflight[j] * ((n - k) * 10 + k * 1) <= 100
+    p_tight = StageProblem(**{**p.__dict__, "capacity": 3.0})
+    assert solve_stages(p_tight) is None  # rank 0: 4 in flight x at least 1 layer x 1 byte > 3
+
+
+def test_planned_uneven_split_is_valid_and_priced():
+    m = load_model("llama3-8b")  # 128k vocabulary: heavy embedding and LM head
+    c = load_cluster("dgx-h100", gpus=32)
+    res = search(m, c, 256, fixed={"pp": 4, "tp": 2}, top=3)
+    for p in res.plans:
+        p.config.validate(m, 32, 256, 8)
+        assert sum(p.config.stage_layers(m.num_layers)) == m.num_layers
+
+
+# ---- what-if --------------------------------------------------------------------------------------
+def test_parse_vary_errors():
+    assert parse_vary("gpus=8,16") == ("gpus", [8, 16])
+    assert parse_vary("inter_node_bw=25,50.5") == ("inter_node_bw", [25.0, 50.5])
+    with pytest.raises(AutoparError, match="did you mean 'inter_node_bw'"):
+        parse_vary("inter_node_b=8")
+    with pytest.raises(AutoparError, match="takes numbers"):
+        parse_vary("gpus=eight")
+    with pytest.raises(AutoparError, match="unknown GPU"):
+        parse_vary("gpu=a100,z900")
+
+
+def test_bandwidth_sweep_is_monotone():
+    m, c = load_model("llama2-13b"), load_cluster("dgx-a100", gpus=64)
+    pts = sweep(m, c, 512, "inter_node_bw", [25, 50, 100, 200, 400], {})
+    tps = [p["tokens_per_s"] for p in pts]
+    assert tps == sorted(tps)
+    assert pts[-1]["scaling_efficiency"] == pytest.approx(1.0)
+
+
+MEGATRON_LLAMA_LAYOUT = {"tp": 2, "pp": 1, "sp": True, "mbs": 2, "zero": 1, "recompute": "selective"}
+
+
+def test_llama13b_scaling_with_and_without_dp_overlap():
+    """Megatron-LLaMA's experiment: LLaMA-13B, global batch 2048, A100 nodes with 4x200 Gb/s, their layout
+    (TP=2, SP, micro-batch 2, distributed optimizer, selective recompute); overlapped vs plain DP."""
+    m, c = load_model("llama-13b"), load_cluster("a100-4x200g")
+    eff = {}
+    for overlap in (True, False):
+        pts = sweep(m, c, 2048, "gpus", [32, 512], {**MEGATRON_LLAMA_LAYOUT, "dp_overlap": overlap})
+        eff[overlap] = pts[-1]["scaling_efficiency"]
+    assert eff[True] >= 0.8
+    assert eff[False] <= 0.75

@@ -1,0 +1,152 @@
+"""Model specs, presets, Hugging Face configs and hardware profiles."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from planner.cluster_spec import list_clusters, list_gpus, load_cluster, load_gpu
+from planner.errors import AutoparError
+from planner.model_spec import load_model
+
+REQUIRED_PRESETS = [
+    "gpt-1.7b", "gpt-3.6b", "gpt-7.5b", "gpt-18b", "gpt-39b", "gpt-76b", "gpt-145b", "gpt3-175b", "gpt-310b",
+    "gpt-530b", "gpt-1t", "llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "llama3-70b", "llama3-405b",
+    "mistral-7b", "tiny",
+]
+
+
+@pytest.mark.parametrize("name", REQUIRED_PRESETS)
+def test_required_presets_load(name):
+    m = load_model(name)
+    assert m.num_layers > 0 and m.num_params > 0
+
+
+@pytest.mark.parametrize("name,billions,tol", [
+    ("llama2-7b", 6.74, 0.01), ("llama2-13b", 13.02, 0.01), ("llama2-70b", 68.98, 0.01),
+    ("llama3-8b", 8.03, 0.01), ("llama3-70b", 70.55, 0.01), ("llama3-405b", 405.8, 0.01),
+    ("mistral-7b", 7.24, 0.01), ("gpt3-175b", 175.0, 0.01), ("gpt-1t", 1008.0, 0.01), ("gpt-530b", 529.6, 0.01),
+])
+def test_parameter_counts_match_published(name, billions, tol):
+    assert load_model(name).num_params / 1e9 == pytest.approx(billions, rel=tol)
+
+
+def test_model_flops_match_megatron_formula():
+    """6*params + attention equals Megatron's 72*B*s*L*h^2*(1 + s/(6h) + V/(12hL)) per sequence."""
+    m = load_model("gpt3-175b")
+    s, L, h, V = m.seq_length, m.num_layers, m.hidden_size, m.vocab_size
+    megatron = 72 * s * L * h * h * (1 + s / (6 * h) + V / (12 * h * L))
+    ours = m.model_flops_per_token() * s
+    assert ours == pytest.approx(megatron, rel=0.005)  # biases and norms are the difference
+
+
+def test_llama_hf_config(tmp_path):
+    cfg = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+           "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
+           "max_position_embeddings": 8192, "rope_theta": 500000.0, "rms_norm_eps": 1e-5,
+           "tie_word_embeddings": False, "torch_dtype": "bfloat16", "architectures": ["LlamaForCausalLM"]}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    m = load_model(str(p))
+    assert (m.arch, m.kv_heads, m.ffn, m.seq_length, m.rope_theta) == ("llama", 8, 14336, 8192, 500000.0)
+    assert m.num_params == load_model("llama3-8b").num_params
+
+
+def test_qwen2_hf_config_has_qkv_bias(tmp_path):
+    cfg = {"model_type": "qwen2", "hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
+           "num_key_value_heads": 2, "intermediate_size": 4864, "vocab_size": 151936,
+           "max_position_embeddings": 32768, "tie_word_embeddings": True}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    m = load_model(str(p))
+    assert m.qkv_bias and m.tie_embeddings and m.seq_length == 8192
+    # Qwen2-0.5B has 494M parameters (tied embeddings)
+    assert m.num_params / 1e6 == pytest.approx(494, rel=0.01)
+
+
+def test_gpt2_hf_config(tmp_path):
+    cfg = {"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 1024,
+           "vocab_size": 50257, "n_inner": None, "resid_pdrop": 0.1}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    m = load_model(str(p))
+    assert (m.arch, m.ffn, m.tie_embeddings, m.seq_length) == ("gpt", 3072, True, 1024)
+    assert m.num_params / 1e6 == pytest.approx(124.4, rel=0.005)  # GPT-2 small
+
+
+def test_yaml_spec_and_seq_override(tmp_path):
+    p = tmp_path / "m.yaml"
+    p.write_text("name: mine\narch: llama\nnum_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\n"
+                 "ffn_hidden_size: 128\nvocab_size: 100\n")
+    m = load_model(str(p), seq=512)
+    assert m.seq_length == 512 and m.kv_heads == 4 and m.attn_impl == "flash"
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("name: x\narch: llama\nnum_layers: 2\nhiden_size: 64\n", "unknown field 'hiden_size' (did you mean 'hidden_size'?)"),
+    ("name: x\narch: llama\nnum_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\nvocab_size: 10\n",
+     "ffn_hidden_size is required"),
+    ("name: x\narch: gpt\nnum_layers: 2\nhidden_size: 64\nnum_attention_heads: 5\nvocab_size: 10\n",
+     "not divisible by num_attention_heads"),
+    ("name: x\narch: bert\nnum_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\nvocab_size: 10\n", "arch"),
+    ("name: x\narch: gpt\nnum_layers: two\nhidden_size: 64\nnum_attention_heads: 4\nvocab_size: 10\n", "num_layers"),
+    ("name: [x\n", "not valid YAML at line"),
+    ("- 1\n- 2\n", "must hold a mapping"),
+    ("name: x\narch: gpt\nhidden_size: 64\nnum_attention_heads: 4\nvocab_size: 10\n", "missing required field 'num_layers'"),
+])
+def test_bad_specs_give_one_line_errors(tmp_path, text, needle):
+    p = tmp_path / "bad.yaml"
+    p.write_text(text)
+    with pytest.raises(AutoparError) as err:
+        load_model(str(p))
+    msg = str(err.value)
+    assert needle in msg and "\n" not in msg
+
+
+def test_unknown_preset_suggests():
+    with pytest.raises(AutoparError, match="did you mean 'llama2-7b'"):
+        load_model("llama2-7")
+
+
+def test_missing_file():
+    with pytest.raises(AutoparError, match="does not exist"):
+        load_model("/nonexistent/model.yaml")
+
+
+def test_bundled_gpus_and_clusters():
+    for g in ("a100-sxm4-40gb", "a100-sxm4-80gb", "h100-sxm5-80gb", "h200-sxm-141gb"):
+        assert g in list_gpus()
+        gpu = load_gpu(g)
+        assert gpu.peak("bf16") > 1e14
+    for c in ("dgx-a100", "dgx-h100", "a100-4x200g", "cpu-gloo"):
+        assert c in list_clusters()
+    dgx = load_cluster("dgx-h100")
+    assert dgx.intra_node.bandwidth_GBps == 450 and dgx.inter_node.nic_bandwidth_Gbps == 400
+    half = load_cluster("a100-4x200g")
+    assert half.nic_bw_per_gpu == pytest.approx(load_cluster("dgx-a100").nic_bw_per_gpu / 2)
+
+
+def test_cluster_resize():
+    c = load_cluster("dgx-a100", gpus=1024)
+    assert (c.num_nodes, c.num_gpus) == (128, 1024)
+    assert load_cluster("dgx-a100", nodes=3).num_gpus == 24
+    assert load_cluster("dgx-a100", gpus=4).gpus_per_node == 4
+    with pytest.raises(AutoparError, match="not a whole number of dgx-a100 nodes"):
+        load_cluster("dgx-a100", gpus=12)
+    with pytest.raises(AutoparError, match="unknown cluster 'dgx-a10'"):
+        load_cluster("dgx-a10")
+
+
+def test_cluster_file_errors(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("name: c\ngpu: a100-sxm4-80gb\ngpus_per_node: 8\nnum_nodes: 2\nintra_node: {bandwidth_GBps: 300}\n")
+    with pytest.raises(AutoparError, match="needs an inter_node section"):
+        load_cluster(str(p))
+    p.write_text("name: c\ngpu: tpu-v9\ngpus_per_node: 8\nintra_node: {bandwidth_GBps: 300}\n")
+    with pytest.raises(AutoparError, match="unknown GPU 'tpu-v9'"):
+        load_cluster(str(p))
+    p.write_text("name: c\ngpu: {name: g, peak_tflops: {bf16: 100}, memory_GiB: 10, memory_bandwidth_GBps: 100, "
+                 "efficiency: {gemm: 1.5}}\ngpus_per_node: 1\nintra_node: {bandwidth_GBps: 1}\n")
+    with pytest.raises(AutoparError, match=r"efficiency.gemm must be in \(0, 1\]"):
+        load_cluster(str(p))
