@@ -24,11 +24,11 @@ from .cross_entropy_op import (
 from .layer_norm_op import layer_norm_reference, layer_norm_triton
 from .rms_norm_op import add_rms_norm_reference, add_rms_norm_triton, rms_norm_reference, rms_norm_triton
 from .rope_op import rope_reference, rope_triton
-from .swiglu_op import swiglu_reference, swiglu_triton
+from .swiglu_op import swiglu_packed_reference, swiglu_packed_triton, swiglu_reference, swiglu_triton
 
 __all__ = [
     "add_rms_norm", "get_backend", "layer_norm", "linear_cross_entropy", "rms_norm", "rope", "set_backend",
-    "swiglu", "vocab_parallel_linear_cross_entropy",
+    "swiglu", "swiglu_packed", "vocab_parallel_linear_cross_entropy",
 ]
 
 
@@ -61,10 +61,25 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return swiglu_reference(gate, up)
 
 
+def swiglu_packed(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` where ``gate, up = gate_up.chunk(2, -1)`` (a fused gate/up projection's output).
+
+    Same values as ``swiglu(*gate_up.chunk(2, -1))``, but the kernel's backward writes the gradient of
+    ``gate_up`` in one buffer, saving the copy autograd's ``chunk`` backward (a ``cat``) would make.
+    """
+    if use_triton(gate_up):
+        return swiglu_packed_triton(gate_up)
+    return swiglu_packed_reference(gate_up)
+
+
 def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inplace: bool = False
          ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate q and k by the positions' angles (rotate-half). ``inplace`` lets the kernel write into q, k
-    (they must not be autograd leaves that require grad); the reference always returns new tensors."""
+    """Rotate q and k by the positions' angles (rotate-half).
+
+    ``inplace`` lets the kernel write the result into q and k: always without autograd (inference), and
+    with autograd when q and k are not views (autograd cannot mark two dirty views from one Function);
+    otherwise, and always on the reference path, new tensors are returned.
+    """
     if use_triton(q):
         return rope_triton(q, k, cos, sin, inplace=inplace)
     return rope_reference(q, k, cos, sin)

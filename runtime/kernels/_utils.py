@@ -1,28 +1,25 @@
-"""Shared plumbing for the kernels: backend choice, lazy Triton JIT, launch heuristics.
+"""Shared plumbing for the kernels: backend choice, lazy Triton import and JIT, launch heuristics.
 
-Kernels are written as plain module-level functions and wrapped in :class:`LazyKernel`, which calls
-``triton.jit`` on first launch. Triton decides between the compiler and the CPU interpreter when a
-function is decorated (it reads ``TRITON_INTERPRET`` then), so building lazily lets tests set
-``TRITON_INTERPRET=1`` at any time before the first launch, whatever imported this package earlier.
+Triton picks between its compiler and its CPU interpreter when ``triton`` is first imported (its own
+``tl.sum``/``tl.max`` are ``@jit`` functions built then) and again when each kernel is decorated: both
+read ``TRITON_INTERPRET``. So this package never imports triton at import time. Kernels are plain
+module-level functions (string annotations, ``from __future__ import annotations``) wrapped in
+:class:`LazyKernel`, which imports triton, binds ``tl`` in the kernel's module and calls ``triton.jit`` on
+first launch. Tests can therefore set ``TRITON_INTERPRET=1`` at any point before the first launch, even
+after this package (or the models using it) were imported, as long as nothing imported triton before.
 """
 
 import functools
+import importlib
+import importlib.util
 import os
-import types
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-try:  # triton is optional: the pure-torch references work without it
-    import triton
-    import triton.language as tl
-
-    HAS_TRITON = True
-except ImportError:  # pragma: no cover - exercised only where triton is absent
-    triton = None
-    tl = types.SimpleNamespace(constexpr=None)  # kernels' annotations still evaluate
-    HAS_TRITON = False
+HAS_TRITON = importlib.util.find_spec("triton") is not None  # optional: the torch references need nothing
 
 _BACKENDS = ("auto", "triton", "torch")
 _backend = "auto"
@@ -66,6 +63,16 @@ def use_triton(x: torch.Tensor) -> bool:
         "(CPU interpreter); use set_backend('auto') or 'torch' otherwise")
 
 
+def triton_interpreted() -> bool | None:
+    """Whether the imported triton was set up for the interpreter (None: triton not imported yet)."""
+    import sys
+
+    std = sys.modules.get("triton.language.standard")
+    if std is None:
+        return None
+    return type(std.sum).__name__ == "InterpretedFunction"
+
+
 class LazyKernel:
     """A kernel function that is handed to ``triton.jit`` on first launch: ``LazyKernel(fn)[grid](*args)``."""
 
@@ -80,6 +87,12 @@ class LazyKernel:
         if kernel is None:
             if not HAS_TRITON:
                 raise RuntimeError("triton is not importable")
+            triton = importlib.import_module("triton")
+            if triton_interpreted() != key:
+                raise RuntimeError(
+                    f"TRITON_INTERPRET={int(key)} now, but triton was imported with the other setting; "
+                    "set TRITON_INTERPRET before anything imports triton")
+            self.fn.__globals__["tl"] = importlib.import_module("triton.language")
             kernel = self._built[key] = triton.jit(self.fn)
         return kernel
 
@@ -104,6 +117,30 @@ def num_warps_for(block_elems: int) -> int:
     if block_elems >= 1024:
         return 4
     return 2
+
+
+@dataclass
+class RowKernelConfig:
+    """Launch knobs of the row-wise (norm) kernels; module-level instances are tuned by the benchmark."""
+
+    fwd_elems: int = 4096  # elements one forward program holds (rows x padded hidden): several short rows
+    bwd_elems: int = 4096  # the same for one backward loop iteration
+    bwd_programs_per_sm: int = 2  # backward programs (each loops over row blocks, owns a dweight partial)
+    fwd_warps: int | None = None  # None: from the block size
+    bwd_warps: int | None = None
+
+    def block(self, n: int, backward: bool = False) -> tuple[int, int, int]:
+        """(rows per block, padded hidden, num_warps) for rows of ``n`` elements."""
+        block_n = next_pow2(n)
+        block_m = max(1, min(16, (self.bwd_elems if backward else self.fwd_elems) // block_n))
+        warps = self.bwd_warps if backward else self.fwd_warps
+        return block_m, block_n, warps or num_warps_for(block_m * block_n)
+
+    def bwd_grid(self, rows: int, block_m: int, device: torch.device) -> tuple[int, int]:
+        """(programs, row blocks per program) for the backward."""
+        n_blocks = cdiv(rows, block_m)
+        per_prog = cdiv(n_blocks, max(1, min(n_blocks, self.bwd_programs_per_sm * sm_count(device))))
+        return max(1, cdiv(n_blocks, per_prog)), per_prog
 
 
 @functools.lru_cache(maxsize=16)

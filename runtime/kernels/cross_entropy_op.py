@@ -7,8 +7,11 @@ weight``) and adds into ``grad_weight`` (``grad_logits.T @ x``), so the backward
 incoming gradient. Peak extra memory is one logits chunk plus ``grad_x`` and ``grad_weight``.
 
 Compute dtype: the autocast dtype when autocast is on for the device, else the promotion of x's and
-weight's dtypes. ``grad_weight`` is accumulated over chunks in the compute dtype (fp32 inside cuBLAS,
-rounded once per chunk) and returned in ``weight.dtype``.
+weight's dtypes. With an fp32 master weight and bf16/fp16 compute, ``grad_weight`` is accumulated over
+chunks in fp32 by cuBLAS (``out_dtype``, torch >= 2.8 on CUDA); otherwise in the compute dtype (fp32 inside
+each GEMM, rounded once per chunk), then cast. The backward's scale by the incoming gradient is a Triton
+kernel that skips all memory traffic when that gradient is 1 (no host sync). In fp16 the ``1/n_valid`` is
+applied there too rather than to the fp16 logits gradient, where it would underflow.
 
 Vocab-parallel (tensor-parallel) version: each rank holds rows ``[vocab_start, vocab_start + shard)`` of
 the weight and the full (replicated) ``x``. Per chunk a stats kernel writes each row's local max, local
@@ -21,11 +24,17 @@ backward), or, with sequence parallelism, the output of the sequence all-gather 
 reduce-scatter, which sums too).
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ._utils import LazyKernel, cdiv, next_pow2, tl
+from ._utils import LazyKernel, cdiv, next_pow2
+
+tl: Any = None  # triton.language, bound by LazyKernel.build on first launch (triton is imported lazily)
 
 LOGITS_CHUNK_ELEMENTS = 1 << 26  # logits chunk budget (tokens x vocab): 128 MiB in bf16
 MAX_BLOCK_V = 32768  # widest vocab block one program holds in registers
@@ -130,9 +139,24 @@ def _ce_grad(LOGITS, stride, TARGET, LSE, SCALE, V, vocab_start, ignore_index, B
         tl.store(ptr + cols, g.to(LOGITS.dtype.element_ty), mask=mask)
 
 
+def _grad_scale(X, Y, G, N, IN_PLACE: tl.constexpr, BLOCK: tl.constexpr):
+    """Y = X * G[0]. In place, programs skip all memory traffic when G[0] == 1 (the usual loss.backward())."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    g = tl.load(G)
+    if IN_PLACE:
+        if g != 1.0:
+            x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+            tl.store(X + offs, (x * g).to(X.dtype.element_ty), mask=mask)
+    else:
+        x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(Y + offs, (x * g).to(Y.dtype.element_ty), mask=mask)
+
+
 ce_fused_kernel = LazyKernel(_ce_fused)
 ce_stats_kernel = LazyKernel(_ce_stats)
 ce_grad_kernel = LazyKernel(_ce_grad)
+grad_scale_kernel = LazyKernel(_grad_scale)
 
 
 # ------------------------------------------------------------------------------------------ launchers
@@ -157,6 +181,36 @@ def _chunk_tokens(tokens: int, vocab: int, chunk_tokens: int | None) -> int:
     return max(1, min(tokens, chunk_tokens))
 
 
+_FP32_ACC_OK: dict[int, bool] = {}
+
+
+def fp32_gemm_accumulate_ok(device: torch.device) -> bool:
+    """Whether cuBLAS bf16/fp16 GEMMs can write/accumulate fp32 outputs here (``out_dtype``, torch >= 2.8).
+
+    Checked once per device, numerically, since early versions of ``addmm(..., out_dtype, out=)`` misbehaved.
+    """
+    if device.type != "cuda":
+        return False
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _FP32_ACC_OK:
+        try:
+            with torch.autocast("cuda", enabled=False):
+                _FP32_ACC_OK[idx] = _probe_fp32_accumulate(device)
+        except (TypeError, RuntimeError, NotImplementedError):
+            _FP32_ACC_OK[idx] = False
+    return _FP32_ACC_OK[idx]
+
+
+def _probe_fp32_accumulate(device: torch.device) -> bool:
+    g = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(96, 64, device=device, generator=g).to(torch.bfloat16)
+    b = torch.randn(64, 80, device=device, generator=g).to(torch.bfloat16)
+    acc = torch.mm(a, b, out_dtype=torch.float32)
+    torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+    ref = 2 * (a.float() @ b.float())
+    return acc.dtype == torch.float32 and bool(torch.allclose(acc, ref, rtol=1e-3, atol=1e-3))
+
+
 def _combine_stats(gathered: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``[world, rows, 3]`` (max, sum exp, target logit) per shard -> (global lse, target logit) per row."""
     m = gathered[..., 0].amax(0)
@@ -168,6 +222,18 @@ def _all_gather_stats(stats: torch.Tensor, group: dist.ProcessGroup) -> torch.Te
     world = dist.get_world_size(group)
     out = torch.empty((world, *stats.shape), dtype=stats.dtype, device=stats.device)
     dist.all_gather(list(out.unbind(0)), stats, group=group)
+    return out
+
+
+def apply_grad_scale(t: torch.Tensor, g: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t * g`` as ``dtype``: in place (and free when ``g == 1``) if ``t`` already has that dtype."""
+    g = g.detach().float().reshape(1).to(t.device)
+    n = t.numel()
+    block = 4096
+    in_place = t.dtype == dtype
+    out = t if in_place else torch.empty(t.shape, dtype=dtype, device=t.device)
+    if n:
+        grad_scale_kernel[(cdiv(n, block),)](t, out, g, n, IN_PLACE=in_place, BLOCK=block, num_warps=8)
     return out
 
 
@@ -185,27 +251,31 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
             raise ValueError(f"target has {tgt.shape[0]} tokens, x has {n_tok}")
         dt = _compute_dtype(x, weight)
         need_gx, need_gw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad = need_gx or need_gw
+        # fp32 master weight with bf16/fp16 compute: accumulate its gradient in fp32 inside cuBLAS if possible
+        fp32_acc = (need_gw and weight.dtype == torch.float32 and dt in (torch.bfloat16, torch.float16)
+                    and fp32_gemm_accumulate_ok(x.device))
         xc = x2.to(dt)
         wc = weight.to(dt)
         n_valid = (tgt != ignore_index).sum()
-        scale = (1.0 / n_valid.float()).reshape(1)
+        inv_n = (1.0 / n_valid.float()).reshape(1)
+        # fold 1/n_valid into the in-place logits gradient, except in fp16, where (softmax - onehot)/n_valid
+        # underflows for large n_valid: there it scales grad_x / grad_weight in the backward instead
+        fold = dt != torch.float16
+        scale = inv_n if fold else torch.ones(1, device=x.device)
         loss_rows = torch.empty(n_tok, dtype=torch.float32, device=x.device)
         gx = torch.empty((n_tok, h), dtype=dt, device=x.device) if need_gx else None
-        gw = torch.empty((vocab, h), dtype=dt, device=x.device) if need_gw else None
-        if gw is not None and n_tok == 0:
-            gw.zero_()
+        gw = None
         chunk = _chunk_tokens(n_tok, vocab, chunk_tokens)
         block, warps, one_block = _block_cfg(vocab)
-        tp = group is not None
-        grad = need_gx or need_gw
         buf = torch.empty((min(chunk, n_tok), vocab), dtype=dt, device=x.device)
         with torch.autocast(x.device.type, enabled=False):
-            for i, c0 in enumerate(range(0, n_tok, chunk)):
+            for c0 in range(0, n_tok, chunk):
                 c1 = min(n_tok, c0 + chunk)
                 xs, ts = xc[c0:c1], tgt[c0:c1]
                 logits = buf[: c1 - c0]
                 torch.mm(xs, wc.t(), out=logits)
-                if not tp:
+                if group is None:
                     ce_fused_kernel[(c1 - c0,)](
                         logits, logits.stride(0), ts, loss_rows[c0:c1], scale, vocab, ignore_index,
                         COMPUTE_GRAD=grad, ONE_BLOCK=one_block, BLOCK_V=block, num_warps=warps)
@@ -223,31 +293,36 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
                 if need_gx:
                     torch.mm(logits, wc, out=gx[c0:c1])
                 if need_gw:
-                    if i == 0:
-                        torch.mm(logits.t(), xs, out=gw)
+                    if fp32_acc:
+                        if gw is None:
+                            gw = torch.mm(logits.t(), xs, out_dtype=torch.float32)
+                        else:
+                            torch.addmm(gw, logits.t(), xs, out_dtype=torch.float32, out=gw)
+                    elif gw is None:
+                        gw = torch.mm(logits.t(), xs)
                     else:
                         gw.addmm_(logits.t(), xs)
-        ctx.gx, ctx.gw = gx, gw
+        if need_gw and gw is None:  # no tokens
+            gw = torch.zeros(weight.shape, dtype=dt, device=x.device)
+        ctx.gx, ctx.gw, ctx.pending, ctx.post_scale = gx, gw, grad, None if fold else inv_n
         ctx.x_shape, ctx.x_dtype, ctx.w_dtype = x.shape, x.dtype, weight.dtype
         return loss_rows.sum() / n_valid
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
+        if not ctx.pending:
+            raise RuntimeError("the fused linear cross-entropy computes its gradients in the forward; "
+                               "its backward can run only once per forward")
         gx, gw = ctx.gx, ctx.gw
         ctx.gx = ctx.gw = None
-        grad_out = grad_out.float()
+        ctx.pending = False
+        if ctx.post_scale is not None:
+            grad_out = grad_out.float() * ctx.post_scale
         if gx is not None:
-            gx = _scaled(gx, grad_out, ctx.x_dtype).view(ctx.x_shape)
+            gx = apply_grad_scale(gx, grad_out, ctx.x_dtype).view(ctx.x_shape)
         if gw is not None:
-            gw = _scaled(gw, grad_out, ctx.w_dtype)
+            gw = apply_grad_scale(gw, grad_out, ctx.w_dtype)
         return gx, gw, None, None, None, None, None
-
-
-def _scaled(t: torch.Tensor, g: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``(t * g)`` as ``dtype`` in one pass (in place when the dtype already matches)."""
-    if t.dtype == dtype:
-        return t.mul_(g.to(dtype))
-    return torch.mul(t, g.to(t.dtype), out=torch.empty(t.shape, dtype=dtype, device=t.device))
 
 
 # ------------------------------------------------------------------------------------------ references

@@ -5,11 +5,18 @@ may be None. Forward saves ``mean`` and ``rstd`` per row; backward writes ``dx``
 ``dweight``/``dbias`` partial sums in registers per program, summed afterwards in torch (no atomics).
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 import torch
 
-from ._utils import LazyKernel, as_rows, cdiv, next_pow2, num_warps_for, sm_count, tl
+from ._utils import LazyKernel, RowKernelConfig, as_rows, cdiv
+
+tl: Any = None  # triton.language, bound by LazyKernel.build on first launch (triton is imported lazily)
 
 MAX_HIDDEN = 65536
+CONFIG = RowKernelConfig()
 
 
 def _ln_fwd(X, Y, W, B, MEAN, RSTD, M, N, sx, sy, eps,
@@ -68,12 +75,6 @@ ln_fwd_kernel = LazyKernel(_ln_fwd)
 ln_bwd_kernel = LazyKernel(_ln_bwd)
 
 
-def _config(n: int) -> tuple[int, int, int]:
-    block_n = next_pow2(n)
-    block_m = max(1, min(16, 4096 // block_n))
-    return block_m, block_n, num_warps_for(block_m * block_n)
-
-
 class LayerNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float
@@ -84,7 +85,7 @@ class LayerNormFunction(torch.autograd.Function):
         y = torch.empty((m, n), dtype=x.dtype, device=x.device)
         mean = torch.empty(m, dtype=torch.float32, device=x.device)
         rstd = torch.empty(m, dtype=torch.float32, device=x.device)
-        block_m, block_n, warps = _config(n)
+        block_m, block_n, warps = CONFIG.block(n)
         weight = weight.contiguous()
         ln_fwd_kernel[(cdiv(m, block_m),)](
             x2, y, weight, bias.contiguous() if bias is not None else weight, mean, rstd, m, n,
@@ -102,10 +103,8 @@ class LayerNormFunction(torch.autograd.Function):
         m, n = x2.shape
         dy2 = as_rows(dy, n)
         dx = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
-        block_m, block_n, warps = _config(n)
-        n_blocks = cdiv(m, block_m)
-        blocks_per_prog = cdiv(n_blocks, max(1, min(n_blocks, 2 * sm_count(x2.device))))
-        progs = cdiv(n_blocks, blocks_per_prog)
+        block_m, block_n, warps = CONFIG.block(n, backward=True)
+        progs, blocks_per_prog = CONFIG.bwd_grid(m, block_m, x2.device)
         dw_part = torch.empty((progs, n), dtype=torch.float32, device=x2.device)
         db_part = torch.empty((progs, n), dtype=torch.float32, device=x2.device) if ctx.has_bias else dw_part
         ln_bwd_kernel[(progs,)](

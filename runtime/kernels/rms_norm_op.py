@@ -5,11 +5,18 @@ Forward saves only ``rstd`` per row. Backward writes ``dx`` row by row and accum
 registers per program (a fixed number of programs, ~SM count), then sums the partials in torch (no atomics).
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 import torch
 
-from ._utils import LazyKernel, as_rows, cdiv, next_pow2, num_warps_for, sm_count, tl
+from ._utils import LazyKernel, RowKernelConfig, as_rows, cdiv
+
+tl: Any = None  # triton.language, bound by LazyKernel.build on first launch (triton is imported lazily)
 
 MAX_HIDDEN = 65536  # widest row one program holds; wider rows use the reference
+CONFIG = RowKernelConfig()
 
 
 # ----------------------------------------------------------------------------------------------- kernels
@@ -66,15 +73,10 @@ rms_bwd_kernel = LazyKernel(_rms_bwd)
 
 
 # ------------------------------------------------------------------------------------------ launchers
-def _fwd_config(n: int) -> tuple[int, int, int]:
-    block_n = next_pow2(n)
-    block_m = max(1, min(16, 4096 // block_n))  # several rows per program when rows are short
-    return block_m, block_n, num_warps_for(block_m * block_n)
-
-
 def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """Returns (y, s, rstd) as 2-D row tensors; ``s = x + residual`` (None without a residual)."""
+                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """Returns (y, s, rstd, x2) as 2-D row tensors; ``s = x + residual`` (None without a residual), ``x2``
+    the row view (or copy) of x the kernel read."""
     n = x.shape[-1]
     x2 = as_rows(x, n)
     m = x2.shape[0]
@@ -86,13 +88,13 @@ def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: to
         s = torch.empty((m, n), dtype=out_dtype, device=x.device)
     else:
         r2, s = x2, None
-    block_m, block_n, warps = _fwd_config(n)
+    block_m, block_n, warps = CONFIG.block(n)
     if m > 0:
         rms_fwd_kernel[(cdiv(m, block_m),)](
             x2, r2, s if s is not None else y, y, weight.contiguous(), rstd, m, n,
             x2.stride(0), r2.stride(0), n, n, eps,
             HAS_RES=residual is not None, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps)
-    return y, s, rstd
+    return y, s, rstd, x2
 
 
 def rms_norm_bwd(dy: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor,
@@ -102,11 +104,8 @@ def rms_norm_bwd(dy: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, rstd:
     dy2 = as_rows(dy, n)
     dres2 = as_rows(dres, n) if dres is not None else dy2
     dx = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
-    block_m, block_n, warps = _fwd_config(n)
-    n_blocks = cdiv(m, block_m)
-    progs = max(1, min(n_blocks, 2 * sm_count(x2.device)))
-    blocks_per_prog = cdiv(n_blocks, progs)
-    progs = cdiv(n_blocks, blocks_per_prog) if n_blocks else 1
+    block_m, block_n, warps = CONFIG.block(n, backward=True)
+    progs, blocks_per_prog = CONFIG.bwd_grid(m, block_m, x2.device)
     dw_part = torch.empty((progs, n), dtype=torch.float32, device=x2.device)
     if m > 0:
         rms_bwd_kernel[(progs,)](
@@ -122,8 +121,8 @@ def rms_norm_bwd(dy: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, rstd:
 class RMSNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        y, _, rstd = rms_norm_fwd(x, weight, eps)
-        ctx.save_for_backward(as_rows(x, x.shape[-1]), weight, rstd)
+        y, _, rstd, x2 = rms_norm_fwd(x, weight, eps)
+        ctx.save_for_backward(x2, weight, rstd)
         ctx.x_shape = x.shape
         return y.view(x.shape)
 
@@ -138,7 +137,7 @@ class AddRMSNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        y, s, rstd = rms_norm_fwd(x, weight, eps, residual=residual)
+        y, s, rstd, _ = rms_norm_fwd(x, weight, eps, residual=residual)
         ctx.save_for_backward(s, weight, rstd)
         ctx.dtypes = (x.dtype, residual.dtype)
         shape = torch.broadcast_shapes(x.shape, residual.shape)

@@ -7,9 +7,15 @@ position rotates every q and k head there. Outputs may alias the inputs (in plac
 same kernel rotating by ``-theta``. Math in fp32, outputs in the inputs' dtype.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 import torch
 
-from ._utils import LazyKernel, next_pow2, num_warps_for, tl
+from ._utils import LazyKernel, next_pow2, num_warps_for
+
+tl: Any = None  # triton.language, bound by LazyKernel.build on first launch (triton is imported lazily)
 
 
 def _rope(Q, K, QO, KO, COS, SIN, S, HALF, NQ, NK,
@@ -112,4 +118,9 @@ def rope_triton(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.
           and q.numel() > 0 and k.numel() > 0)
     if not ok:
         return rope_reference(q, k, cos, sin)
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
+    if inplace and not needs_grad:
+        return rope_apply(q, k, cos, sin, inplace=q.stride(-1) == 1 and k.stride(-1) == 1)
+    if inplace and (q._base is not None or k._base is not None):
+        inplace = False  # autograd cannot mark two in-place-modified views dirty in one Function
     return RoPEFunction.apply(q, k, cos, sin, inplace)

@@ -2,14 +2,23 @@
 
 Elementwise in fp32, output in the inputs' dtype. Inputs may be row-strided views (e.g. the two halves
 of a fused gate/up projection) and are read in place. Backward recomputes ``silu`` from the saved inputs.
+``SwiGLUPackedFunction`` takes the fused ``[gate | up]`` tensor itself and returns its gradient packed the
+same way, which saves the ``cat`` that autograd's ``chunk`` backward would do.
 """
+
+from __future__ import annotations
+
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from ._utils import LazyKernel, as_rows, cdiv, tl
+from ._utils import LazyKernel, as_rows, cdiv
 
-BLOCK = 2048
+tl: Any = None  # triton.language, bound by LazyKernel.build on first launch (triton is imported lazily)
+
+BLOCK = 2048  # elements per program (tunable)
+NUM_WARPS: int | None = None  # None: 8 for blocks of 2048+, else 4
 
 
 def _swiglu_fwd(G, U, Y, N, blocks_per_row, sg, su, sy, BLOCK: tl.constexpr):
@@ -53,7 +62,7 @@ def _layout(n: int, *ts: torch.Tensor) -> tuple[list[torch.Tensor], int, int]:
 
 def _launch_cfg(n: int) -> tuple[int, int]:
     block = min(BLOCK, max(128, 1 << max(0, n - 1).bit_length()))
-    return block, (8 if block >= 2048 else 4)
+    return block, NUM_WARPS or (8 if block >= 2048 else 4)
 
 
 class SwiGLUFunction(torch.autograd.Function):
@@ -83,9 +92,54 @@ class SwiGLUFunction(torch.autograd.Function):
         return dg.view(gate.shape), du.view(up.shape)
 
 
+class SwiGLUPackedFunction(torch.autograd.Function):
+    """``silu(gate) * up`` for ``gate_up = [gate | up]`` on the last dim; the gradient comes back packed too,
+    so no ``cat`` of the two halves' gradients follows (as it does after ``gate_up.chunk(2, -1)``)."""
+
+    @staticmethod
+    def forward(ctx, gate_up: torch.Tensor) -> torch.Tensor:
+        two_f = gate_up.shape[-1]
+        f = two_f // 2
+        gu = as_rows(gate_up, two_f)
+        rows = gu.shape[0]
+        y = torch.empty((rows, f), dtype=gate_up.dtype, device=gate_up.device)
+        block, warps = _launch_cfg(f)
+        bpr = cdiv(f, block)
+        swiglu_fwd_kernel[(rows * bpr,)](gu, gu[:, f:], y, f, bpr, gu.stride(0), gu.stride(0), f,
+                                         BLOCK=block, num_warps=warps)
+        ctx.save_for_backward(gu)
+        ctx.shape = gate_up.shape
+        return y.view(*gate_up.shape[:-1], f)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        (gu,) = ctx.saved_tensors
+        rows, two_f = gu.shape
+        f = two_f // 2
+        dy2 = as_rows(dy, f)
+        dgu = torch.empty((rows, two_f), dtype=gu.dtype, device=gu.device)
+        block, warps = _launch_cfg(f)
+        bpr = cdiv(f, block)
+        sgu = gu.stride(0)
+        swiglu_bwd_kernel[(rows * bpr,)](dy2, gu, gu[:, f:], dgu, dgu[:, f:], f, bpr, dy2.stride(0), sgu, sgu,
+                                         two_f, two_f, BLOCK=block, num_warps=warps)
+        return dgu.view(ctx.shape)
+
+
 def swiglu_reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """Pure-torch ``silu(gate) * up``."""
     return F.silu(gate) * up
+
+
+def swiglu_packed_reference(gate_up: torch.Tensor) -> torch.Tensor:
+    """Pure-torch ``silu(gate) * up`` with ``gate, up = gate_up.chunk(2, -1)``."""
+    return swiglu_reference(*gate_up.chunk(2, dim=-1))
+
+
+def swiglu_packed_triton(gate_up: torch.Tensor) -> torch.Tensor:
+    if gate_up.shape[-1] % 2 or gate_up.numel() == 0:
+        return swiglu_packed_reference(gate_up)
+    return SwiGLUPackedFunction.apply(gate_up)
 
 
 def swiglu_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
