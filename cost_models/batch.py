@@ -60,9 +60,14 @@ class BatchResult:
 
 
 def _unique_eval(keys: np.ndarray, fn) -> tuple[np.ndarray, ...]:
-    """Evaluate ``fn`` on the unique rows of ``keys`` and scatter the results back."""
-    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
-    outs = fn(*uniq.T)
+    """Evaluate ``fn`` on the unique rows of the small non-negative integer matrix ``keys`` and scatter the
+    results back (rows are packed into one int64 so that numpy's 1-D unique does the work)."""
+    k = keys.astype(np.int64)
+    packed = np.zeros(len(k), dtype=np.int64)
+    for col in k.T:
+        packed = packed * (int(col.max()) + 1) + col
+    _, first, inv = np.unique(packed, return_index=True, return_inverse=True)
+    outs = fn(*k[first].T.astype(float))
     return tuple(np.asarray(o, dtype=float)[inv.reshape(-1)] for o in outs)
 
 
