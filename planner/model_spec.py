@@ -303,7 +303,7 @@ def load_model(ref: str, seq: int | None = None) -> ModelSpec:
     elif ":" in ref:
         from planner.trace import model_from_module  # imports torch: only on this path
 
-        spec = model_from_module(ref)
+        spec = model_from_module(ref, seq)
     else:
         raise AutoparError(
             f"unknown model '{ref}'{did_you_mean(ref, list_presets())}; use a preset "
