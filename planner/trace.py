@@ -140,7 +140,8 @@ def model_from_module(ref: str, seq: int | None = None) -> ModelSpec:
         with torch.device("meta"):
             model = fn()
     except Exception as err:  # noqa: BLE001 - any failure of user code becomes one line
-        raise AutoparError(f"--model {ref}: the factory failed on the meta device: {type(err).__name__}: {err}") from None
+        raise AutoparError(
+            f"--model {ref}: the factory failed on the meta device: {type(err).__name__}: {err}") from None
     if not isinstance(model, nn.Module):
         raise AutoparError(f"--model {ref}: the factory returned {type(model).__name__}, not an nn.Module")
     prefix, blocks = _blocks(model)

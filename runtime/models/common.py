@@ -48,10 +48,13 @@ class LayerNorm(nn.Module):
 
 
 def make_norm(spec: ModelSpec) -> nn.Module:
-    return LayerNorm(spec.hidden_size, spec.norm_eps) if spec.arch == "gpt" else RMSNorm(spec.hidden_size, spec.norm_eps)
+    norm = LayerNorm if spec.arch == "gpt" else RMSNorm
+    return norm(spec.hidden_size, spec.norm_eps)
 
 
 # ---- attention ----------------------------------------------------------------------------------
+
+_SDPA_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)  # enable_gqa: kv heads not copied
 
 
 class CoreAttention(nn.Module):
@@ -70,12 +73,16 @@ class CoreAttention(nn.Module):
         b, s, h, d = q.shape
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [b, heads, s, d]
         p = self.dropout_p if self.training else 0.0
-        if k.shape[1] != h:
-            rep = h // k.shape[1]
-            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        if self.impl == "flash":
+        gqa = k.shape[1] != h
+        if self.impl == "flash" and gqa and _SDPA_GQA:
+            o = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, enable_gqa=True)
+        elif self.impl == "flash":
+            if gqa:
+                k, v = k.repeat_interleave(h // k.shape[1], dim=1), v.repeat_interleave(h // k.shape[1], dim=1)
             o = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
         else:
+            if gqa:
+                k, v = k.repeat_interleave(h // k.shape[1], dim=1), v.repeat_interleave(h // k.shape[1], dim=1)
             scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d))
             causal = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
             probs = torch.softmax(scores.float().masked_fill(causal, float("-inf")), dim=-1).to(q.dtype)
@@ -234,7 +241,8 @@ class Transformer(nn.Module):
             head = Head.__new__(Head)
             nn.Module.__init__(head)
             head.norm = self.head.norm
-            head.out = OutputLayer(*self.head.out.weight.shape).to(self.head.out.weight.device)
+            with torch.device(self.head.out.weight.device):
+                head.out = OutputLayer(*self.head.out.weight.shape)
             head.out.weight.init_key = "embed.tok.weight"  # type: ignore[attr-defined]
             st.head = head
         return st
@@ -274,7 +282,7 @@ def full_init(name: str, shape: torch.Size, spec: ModelSpec, seed: int, device: 
 
 
 @torch.no_grad()
-def init_parameters(model: nn.Module, seed: int) -> None:
+def init_parameters(model: nn.Module, spec: ModelSpec, seed: int) -> None:
     """Initialise every parameter from ``(seed, its full name)`` in its full shape, then keep its shard.
 
     A parameter may carry ``init_key`` (the name whose value it copies, for a tied head) and ``shard``
@@ -284,5 +292,5 @@ def init_parameters(model: nn.Module, seed: int) -> None:
         key = getattr(p, "init_key", name)
         shard = getattr(p, "shard", None)
         shape = shard.full_shape(p.shape) if shard is not None else p.shape
-        full = full_init(key, shape, model.spec if hasattr(model, "spec") else None, seed, p.device)
+        full = full_init(key, shape, spec, seed, p.device)
         p.copy_(shard.take(full) if shard is not None else full)
