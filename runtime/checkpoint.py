@@ -1,0 +1,129 @@
+"""Checkpoints with torch.distributed.checkpoint (DCP): model, optimizer, RNG and data position; resume.
+
+Layout under the checkpoint directory::
+
+    step_00000010/      one DCP checkpoint (.metadata + per-rank .distcp files) and meta.json
+    latest              the name of the newest complete checkpoint
+
+Every rank writes its own shards in parallel: tensor-parallel shards and ZeRO-1 optimizer slices have keys
+of their own (``.tp<r>``, ``.dp<r>``); replicated tensors share a key and DCP writes them once. A checkpoint
+is written to ``step_N.partial`` and renamed when complete, then ``latest`` is replaced atomically, so a
+rank killed mid-save leaves the previous checkpoint intact. The data position is the step count (the data
+order is a pure function of the step), kept in ``meta.json`` with the plan it belongs to; resuming under a
+different plan, model or batch is refused with a one-line error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+
+from planner.errors import AutoparError
+from runtime.trainer import Trainer
+
+META = "meta.json"
+LATEST = "latest"
+
+
+def fingerprint(tr: Trainer) -> dict[str, Any]:
+    """What must match for a checkpoint to be resumable by this run."""
+    plan = tr.plan
+    return {"model": plan.model.model_dump(mode="json"), "parallel": plan.config.to_dict(),
+            "global_batch": plan.global_batch, "seq": plan.seq, "seed": plan.train.seed,
+            "world_size": plan.world_size}
+
+
+def _rng_state(tr: Trainer) -> dict[str, torch.Tensor]:
+    out = {f"rng.cpu.rank{tr.g.rank}": torch.get_rng_state()}
+    if tr.device.type == "cuda":
+        out[f"rng.cuda.rank{tr.g.rank}"] = torch.cuda.get_rng_state(tr.device)
+    return out
+
+
+def state_dict(tr: Trainer) -> dict[str, torch.Tensor]:
+    tr.dp.wait_param_gather()  # ZeRO-1: parameters must be complete before they are read
+    return {**tr.model_state(), **tr.optimizer_state(), **_rng_state(tr)}
+
+
+def save_checkpoint(tr: Trainer, root: Path, keep: int = 2) -> Path:
+    """Write the state after ``tr.step`` completed steps; returns the checkpoint's directory."""
+    name = f"step_{tr.step:08d}"
+    final, tmp = root / name, root / f"{name}.partial"
+    rank0 = tr.g.rank == tr.g.ranks[0]
+    if rank0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    dist.barrier(group=tr.g.world)
+    dcp.save(state_dict(tr), checkpoint_id=str(tmp), process_group=tr.g.world)
+    if rank0:
+        meta = {"step": tr.step, "samples": tr.step * tr.plan.global_batch, "data": str(tr.data.path),
+                "total_steps": tr.steps, "plan": fingerprint(tr)}
+        (tmp / META).write_text(json.dumps(meta, indent=1) + "\n")
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        (root / f"{LATEST}.tmp").write_text(name + "\n")
+        os.replace(root / f"{LATEST}.tmp", root / LATEST)
+        for old in sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".partial"))[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    dist.barrier(group=tr.g.world)
+    return final
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The newest complete checkpoint under ``root`` (``latest`` if valid, else the highest step_N)."""
+    try:
+        named = root / (root / LATEST).read_text().strip()
+        if (named / META).exists():
+            return named
+    except OSError:
+        pass
+    done = sorted(p for p in root.glob("step_*") if (p / META).exists())
+    return done[-1] if done else None
+
+
+def _first_difference(a: dict[str, Any], b: dict[str, Any]) -> str:
+    for key in a:
+        if a[key] != b.get(key):
+            if isinstance(a[key], dict) and isinstance(b.get(key), dict):
+                inner = next((k for k in a[key] if a[key][k] != b[key].get(k)), "?")
+                return f"{key}.{inner}: checkpoint has {a[key].get(inner)!r}, this run {b[key].get(inner)!r}"
+            return f"{key}: checkpoint has {a[key]!r}, this run {b.get(key)!r}"
+    return "?"
+
+
+def load_checkpoint(tr: Trainer, root: Path) -> int:
+    """Restore the newest checkpoint under ``root`` into ``tr``; returns the step it resumes after."""
+    ck = latest_checkpoint(root)
+    if ck is None:
+        raise AutoparError(f"no checkpoint to resume from in {root}; run without --resume to start fresh")
+    try:
+        meta = json.loads((ck / META).read_text())
+        step, saved = int(meta["step"]), meta["plan"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise AutoparError(f"checkpoint {ck} is corrupt (unreadable {META}); delete it to resume from an "
+                           "earlier one") from None
+    mine = fingerprint(tr)
+    if saved != mine:
+        raise AutoparError(f"checkpoint {ck} was written by another plan ({_first_difference(saved, mine)}); "
+                           "resume with the plan that wrote it")
+    state = state_dict(tr)
+    try:
+        dcp.load(state, checkpoint_id=str(ck), process_group=tr.g.world)
+    except (Exception, CheckpointException) as err:  # DCP raises on every rank when any rank fails
+        first = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+        raise AutoparError(f"checkpoint {ck} is corrupt or incomplete ({first}); delete it to resume from an "
+                           "earlier one") from None
+    torch.set_rng_state(state[f"rng.cpu.rank{tr.g.rank}"])
+    if tr.device.type == "cuda":
+        torch.cuda.set_rng_state(state[f"rng.cuda.rank{tr.g.rank}"], tr.device)
+    tr.step = tr.opt.step_count = step
+    return step

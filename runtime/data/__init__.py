@@ -1,0 +1,115 @@
+"""Training data: a memory-mapped token file, read in the same global batches whatever the plan.
+
+Token files: ``.npy`` (uint16 or uint32 array), or raw little-endian tokens — ``.bin`` / ``.u16`` uint16 (the
+nanoGPT convention), ``.u32`` uint32. A ``.txt`` file is tokenised at the byte level (vocabulary 256) into a
+cached ``.u16`` file. Without ``--data`` the runtime trains on ``sample.txt`` beside this module: English
+prose from the Python standard library's docstrings (regenerate with ``python -m runtime.data.make_sample``).
+
+Sample ``j`` of the run is window ``perm_e[j mod n]`` of epoch ``e = j // n``, where the file is cut into
+``n`` windows of ``seq + 1`` tokens (overlapping by one) and ``perm_e`` is a permutation seeded by
+``(seed, e)``. Step ``k`` uses samples ``k*B .. k*B + B - 1``; dp rank ``r`` takes its contiguous ``B/dp``
+rows, which its micro-batches split in order. So the global batch of a step never depends on the plan,
+and resuming at step ``k`` needs nothing but ``k``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from planner.errors import AutoparError
+
+SAMPLE_TEXT = Path(__file__).with_name("sample.txt")
+_RAW = {".bin": np.uint16, ".u16": np.uint16, ".u32": np.uint32}
+_FULL_CHECK = 1 << 27  # files up to this many tokens are range-checked whole when opened
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("AUTOPAR_CACHE", Path.home() / ".cache" / "autopar"))
+
+
+def tokenize_text(path: Path) -> Path:
+    """Byte-level tokens of a text file, cached as ``<cache>/<name>-<hash>.u16`` (written atomically)."""
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise AutoparError(f"cannot read data file {path}: {err.strerror}") from None
+    out = cache_dir() / f"{path.stem}-{hashlib.sha256(raw).hexdigest()[:12]}.u16"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(f".tmp{os.getpid()}")
+        np.frombuffer(raw, dtype=np.uint8).astype(np.uint16).tofile(tmp)
+        os.replace(tmp, out)
+    return out
+
+
+def open_tokens(path: str | Path) -> np.ndarray:
+    """Memory-map a token file (see the module docstring for the formats); one-line errors."""
+    p = Path(path)
+    if not p.exists():
+        raise AutoparError(f"data file {p} does not exist; give a token file (.npy, .bin/.u16, .u32) or a .txt file")
+    if p.suffix == ".txt":
+        p = tokenize_text(p)
+    try:
+        if p.suffix == ".npy":
+            arr = np.load(p, mmap_mode="r")
+        elif p.suffix in _RAW:
+            dtype = np.dtype(_RAW[p.suffix])
+            if p.stat().st_size % dtype.itemsize:
+                raise AutoparError(f"data file {p}: size {p.stat().st_size} bytes is not a whole number of "
+                                   f"{dtype.name} tokens (truncated, or not a {dtype.name} token file?)")
+            arr = np.memmap(p, dtype=dtype, mode="r")
+        else:
+            raise AutoparError(f"data file {p}: unknown format '{p.suffix}'; use .npy, .bin/.u16 (uint16), "
+                               ".u32 (uint32) or .txt")
+    except (ValueError, OSError) as err:
+        raise AutoparError(f"data file {p} cannot be read as tokens ({err})") from None
+    if arr.dtype not in (np.uint16, np.uint32, np.int32, np.int64) or arr.ndim != 1:
+        raise AutoparError(f"data file {p}: expected a 1-D array of uint16/uint32 tokens, got {arr.dtype} {arr.shape}")
+    return arr
+
+
+class TokenData:
+    """Fixed-length training windows from a token file, sampled deterministically (see module docstring)."""
+
+    def __init__(self, path: str | Path, seq: int, vocab_size: int, seed: int) -> None:
+        self.path, self.seq, self.vocab, self.seed = Path(path), seq, vocab_size, seed
+        self.tokens = open_tokens(path)
+        self.windows = (len(self.tokens) - 1) // seq
+        if self.windows < 1:
+            raise AutoparError(f"data file {path} holds {len(self.tokens)} tokens, fewer than one sequence of "
+                               f"{seq + 1}; use a larger file or a shorter --seq")
+        if len(self.tokens) <= _FULL_CHECK:
+            self._check(np.asarray(self.tokens))
+        self._perm: dict[int, np.ndarray] = {}
+
+    def _check(self, toks: np.ndarray) -> None:
+        hi = int(toks.max()) if toks.size else 0
+        if hi >= self.vocab or (toks.size and int(toks.min()) < 0):
+            raise AutoparError(f"data file {self.path} has token id {hi} but the model's vocabulary is "
+                               f"{self.vocab}; tokenise for this model or pick a model with a larger vocabulary")
+
+    def _window(self, j: int) -> int:
+        epoch, i = divmod(j, self.windows)
+        if epoch not in self._perm:
+            self._perm = {epoch: np.random.default_rng([self.seed, epoch]).permutation(self.windows)}
+        return int(self._perm[epoch][i])
+
+    def samples(self, start: int, count: int) -> np.ndarray:
+        """Samples ``start .. start+count-1`` of the run as ``[count, seq + 1]`` int64 tokens."""
+        starts = [self._window(j) * self.seq for j in range(start, start + count)]
+        rows = [self.tokens[a:a + self.seq + 1] for a in starts]
+        out = np.stack(rows).astype(np.int64)
+        if len(self.tokens) > _FULL_CHECK:
+            self._check(out)
+        return out
+
+    def batch(self, step: int, global_batch: int, dp_rank: int = 0, dp: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """This dp rank's rows of step ``step``'s global batch: (inputs, targets), each ``[B/dp, seq]``."""
+        per = global_batch // dp
+        rows = torch.from_numpy(self.samples(step * global_batch + dp_rank * per, per))
+        return rows[:, :-1], rows[:, 1:]

@@ -1,0 +1,198 @@
+"""``autopar run``: check a plan, then start torchrun with its world size here (or print the multi-node commands).
+
+:func:`launch` is what the CLI calls; :func:`default_plan` writes the out-of-the-box plan (the ``tiny``
+Llama on 4 CPU ranks with gloo, tp=2 pp=2) used when no plan is given. Workers run ``runtime.train``;
+their stderr goes to a log file, and a failure comes back as one :class:`AutoparError` line (the first
+``autopar error:`` a worker printed, or the exit status) naming that log.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+from planner.cluster_spec import load_cluster
+from planner.errors import AutoparError
+from planner.model_spec import load_model
+from planner.parallel import ParallelConfig
+from planner.planfile import PlanFile, TrainConfig, load_plan, make_plan, save_plan
+from runtime.data import SAMPLE_TEXT, TokenData, cache_dir
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT = {"model": "tiny", "cluster": "cpu-gloo", "ranks": 4, "global_batch": 16,
+           "parallel": ParallelConfig(tp=2, pp=2, dp=1, mbs=2),
+           "train": TrainConfig(steps=40, lr=3e-3, min_lr=3e-4, warmup_steps=4)}
+
+
+def default_plan(path: str | Path | None = None) -> Path:
+    """Write the default plan (tiny Llama, 4 gloo ranks, tp=2 pp=2) with the cost model's prediction."""
+    out = Path(path) if path else cache_dir() / "default-plan.json"
+    model, cluster = load_model(DEFAULT["model"]), load_cluster(DEFAULT["cluster"], gpus=DEFAULT["ranks"])
+    cfg, batch = DEFAULT["parallel"], DEFAULT["global_batch"]
+    try:
+        from cost_models.step import estimate
+
+        prediction = estimate(model, cluster, cfg, batch).to_json()
+    except Exception:  # noqa: BLE001 - the plan runs without a prediction
+        prediction = {}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_plan(make_plan(model, cluster, batch, cfg, prediction=prediction, train=DEFAULT["train"]), out)
+    return out
+
+
+def _local_devices() -> int | None:
+    """GPUs on this machine, or None when there are none (CPU ranks: any number)."""
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else None
+    except ImportError:
+        return None
+
+
+def _worker_args(plan_path: str, steps: int | None, data: str | None, metrics_out: str | None,
+                 checkpoint_dir: str | None, resume: bool, checkpoint_every: int | None, quiet: bool) -> list[str]:
+    args = ["-m", "runtime.train", plan_path]
+    for flag, value in (("--steps", steps), ("--data", data), ("--metrics-out", metrics_out),
+                        ("--checkpoint-dir", checkpoint_dir), ("--checkpoint-every", checkpoint_every)):
+        if value is not None:
+            args += [flag, str(value)]
+    return args + (["--resume"] if resume else []) + (["--quiet"] if quiet else [])
+
+
+def multi_node_commands(plan: PlanFile, worker: list[str]) -> list[str]:
+    """The torchrun line to run on every node, and the equivalent srun line for Slurm."""
+    nodes = -(-plan.world_size // plan.cluster.gpus_per_node)
+    per_node = plan.world_size // nodes
+    tail = " ".join(shlex.quote(a) for a in worker)
+    rdzv = "--rdzv-backend c10d --rdzv-id autopar"
+    return [
+        f"torchrun --nnodes {nodes} --nproc-per-node {per_node} {rdzv} --rdzv-endpoint $MASTER_ADDR:29500 {tail}",
+        f"srun --nodes {nodes} --ntasks-per-node 1 bash -c 'torchrun --nnodes {nodes} --nproc-per-node {per_node} "
+        f"{rdzv} --rdzv-endpoint $(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1):29500 {tail}'",
+    ]
+
+
+def launch(plan_path: str | None = None, steps: int | None = None, data: str | None = None,
+           metrics_out: str | None = None, checkpoint_dir: str | None = None, resume: bool = False,
+           nproc: int | None = None, checkpoint_every: int | None = None, dry_run: bool = False,
+           quiet: bool = False, env: dict[str, str] | None = None) -> int:
+    """Validate everything cheap to validate, then run the plan under torchrun; returns 0 on success.
+
+    Raises AutoparError (one line) for a bad plan, data file or checkpoint directory, a world size this
+    machine cannot hold, or failed workers.
+    """
+    if plan_path is None:
+        plan_path = str(default_plan())
+        if not quiet:
+            print(f"autopar: no plan given; using the default CPU plan {plan_path}", flush=True)
+    plan = load_plan(plan_path)
+    world = plan.world_size
+    if nproc is not None and nproc != world:
+        raise AutoparError(f"the plan needs {world} processes ({plan.config.short()}), not {nproc}")
+    if world > plan.cluster.num_gpus:
+        raise AutoparError(f"the plan needs {world} ranks but its cluster {plan.cluster.name} has "
+                           f"{plan.cluster.num_gpus} GPUs; re-plan for this cluster")
+    from runtime.trainer import check_supported
+
+    check_supported(plan)
+    TokenData(data or SAMPLE_TEXT, plan.seq, plan.model.vocab_size, plan.train.seed)  # one-line errors now
+    if resume:
+        if not checkpoint_dir:
+            raise AutoparError("--resume needs --checkpoint-dir (where the checkpoints are)")
+        from runtime.checkpoint import latest_checkpoint
+
+        if latest_checkpoint(Path(checkpoint_dir)) is None:
+            raise AutoparError(f"no checkpoint to resume from in {checkpoint_dir}; run without --resume to start fresh")
+    worker = _worker_args(plan_path, steps, data, metrics_out, checkpoint_dir, resume, checkpoint_every, quiet)
+    gpus = _local_devices()
+    if plan.cluster.num_nodes > 1 and world > plan.cluster.gpus_per_node:
+        print("autopar: this plan spans several nodes; run on every node:\n  " +
+              "\n  ".join(multi_node_commands(plan, worker)), flush=True)
+        return 0
+    if gpus is not None and world > gpus:
+        raise AutoparError(f"the plan needs {world} GPUs but this machine has {gpus}; run it on its cluster "
+                           f"({plan.cluster.name}) or re-plan with --gpus {gpus}")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world), *worker]
+    if dry_run:
+        print(" ".join(shlex.quote(c) for c in cmd), flush=True)
+        return 0
+    full_env = {**os.environ, **(env or {})}
+    full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), full_env.get("PYTHONPATH")]))
+    full_env.setdefault("OMP_NUM_THREADS", "1")
+    return _run_workers(cmd, full_env)
+
+
+def _run_workers(cmd: list[str], env: dict[str, str]) -> int:
+    fd, log_path = tempfile.mkstemp(prefix="autopar-run-", suffix=".log")
+    errors: list[str] = []
+    with os.fdopen(fd, "w") as log:
+        proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, errors="replace")
+
+        def pump() -> None:
+            for line in proc.stderr:  # type: ignore[union-attr]
+                log.write(line)
+                if line.startswith("autopar error:") and line not in errors:
+                    errors.append(line)
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        try:
+            rc = proc.wait()
+        except KeyboardInterrupt:
+            proc.terminate()
+            proc.wait()
+            return 130
+        reader.join()
+    if rc == 0:
+        os.unlink(log_path)
+        return 0
+    raise AutoparError(f"{_failure(Path(log_path).read_text(errors='replace'), errors, rc)} (workers' log: {log_path})")
+
+
+def _failure(log: str, errors: list[str], rc: int) -> str:
+    """One line on why the workers failed: torchrun's root cause if a worker died of a signal (the others'
+    errors are then only about the lost peer), else the first error a worker printed."""
+    root = log.rpartition("Root Cause (first observed failure):")[2]
+    rank = re.search(r"rank\s*:\s*(\d+)", root)
+    code = re.search(r"exitcode\s*:\s*(-?\d+)[^(\n]*(?:\(pid: \d+\))?\s*(\(\w+\))?", root)
+    if rank and code and int(code.group(1)) < 0:
+        sig = (code.group(2) or f"signal {-int(code.group(1))}").strip("()")
+        return f"training failed: worker rank {rank.group(1)} was killed by {sig}"
+    if errors:
+        own = [e for e in errors if rank and f"rank {rank.group(1)}:" in e]
+        return (own or errors)[0].removeprefix("autopar error:").strip()
+    return f"training failed: torchrun exited with status {rc}"
+
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m runtime.launch [plan.json] [--steps N] ...``: the same as ``autopar run``."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m runtime.launch", description=__doc__.splitlines()[0])
+    ap.add_argument("plan", nargs="?", help="plan file (default: the tiny CPU plan)")
+    ap.add_argument("--steps", type=int)
+    ap.add_argument("--data", help="token file (.npy, .bin/.u16, .u32) or .txt; default: the bundled sample")
+    ap.add_argument("--metrics-out", help="write JSON lines of per-step metrics here")
+    ap.add_argument("--checkpoint-dir", help="save checkpoints here")
+    ap.add_argument("--checkpoint-every", type=int, help="steps between checkpoints (default: the plan's)")
+    ap.add_argument("--resume", action="store_true", help="resume from the latest checkpoint in --checkpoint-dir")
+    ap.add_argument("--dry-run", action="store_true", help="print the launch command and exit")
+    a = ap.parse_args(argv)
+    try:
+        return launch(a.plan, a.steps, a.data, a.metrics_out, a.checkpoint_dir, a.resume,
+                      checkpoint_every=a.checkpoint_every, dry_run=a.dry_run)
+    except AutoparError as err:
+        print(f"autopar: error: {err}", file=sys.stderr)
+        return err.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""Per-step metrics: one JSON line per step (rank 0) and a progress line on stdout.
+
+Each line: ``step, loss, grad_norm, lr, step_time_s, predicted_step_time_s, tokens_per_s, mfu,
+peak_memory_GiB``. MFU = model FLOPs (``ModelSpec.model_flops_per_token``, no recompute) x tokens /
+(step time x ranks x the cluster GPU's peak at the plan's precision) — the same definition the planner's
+estimate uses, so the two can be compared directly.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import IO, Any
+
+from planner.planfile import PlanFile
+
+
+class MetricsLog:
+    def __init__(self, plan: PlanFile, path: str | Path | None, total_steps: int, enabled: bool,
+                 quiet: bool = False, append: bool = False) -> None:
+        self.plan, self.total, self.enabled, self.quiet = plan, total_steps, enabled, quiet
+        self.tokens = plan.global_batch * plan.seq
+        self.flops = plan.model.model_flops_per_token(plan.seq) * self.tokens
+        self.peak = plan.world_size * plan.cluster.gpu.peak(plan.cluster.precision)
+        self.predicted = plan.prediction.get("step_time_s")
+        self.file: IO[str] | None = None
+        if enabled and path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self.file = open(path, "a" if append else "w")  # noqa: SIM115 - closed in close()
+
+    def record(self, step: int, loss: float, grad_norm: float, lr: float, step_time_s: float,
+               peak_memory_GiB: float) -> dict[str, Any]:
+        row = {
+            "step": step, "loss": loss, "grad_norm": grad_norm, "lr": lr, "step_time_s": step_time_s,
+            "predicted_step_time_s": self.predicted, "tokens_per_s": self.tokens / step_time_s,
+            "mfu": self.flops / (step_time_s * self.peak), "peak_memory_GiB": peak_memory_GiB,
+        }
+        if not self.enabled:
+            return row
+        if self.file is not None:
+            self.file.write(json.dumps(row) + "\n")
+            self.file.flush()
+        if not self.quiet:
+            pred = f" (plan {self.predicted:.3g} s)" if self.predicted else ""
+            print(f"step {step:>{len(str(self.total))}}/{self.total}  loss {loss:.4f}  grad-norm {grad_norm:.3f}  "
+                  f"lr {lr:.2e}  {step_time_s:.3f} s{pred}  {row['tokens_per_s']:,.0f} tok/s  "
+                  f"mfu {100 * row['mfu']:.1f}%  mem {peak_memory_GiB:.2f} GiB", flush=True)
+        return row
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None

@@ -1,0 +1,37 @@
+"""Llama: pre-norm RMSNorm blocks with rotary attention (GQA) and a SwiGLU MLP; no biases."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from planner.model_spec import ModelSpec
+from runtime import kernels
+from runtime.models.common import Attention, RMSNorm
+
+
+class SwiGLU(nn.Module):
+    """``down(silu(gate) * up)`` with a fused ``gate_up`` projection laid out ``[gate | up]``."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.gate_up = nn.Linear(spec.hidden_size, 2 * spec.ffn, bias=False)
+        self.down = nn.Linear(spec.ffn, spec.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(kernels.swiglu(gate, up))
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(spec.hidden_size, spec.norm_eps)
+        self.attn = Attention(spec)
+        self.mlp_norm = RMSNorm(spec.hidden_size, spec.norm_eps)
+        self.mlp = SwiGLU(spec)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.attn(self.attn_norm(x))
+        h, x = kernels.add_rms_norm(a, x, self.mlp_norm.weight, self.mlp_norm.eps)
+        return x + self.mlp(h)

@@ -1,0 +1,128 @@
+"""Tensor- and sequence-parallel collectives, one autograd Function per forward/backward pair.
+
+==========================  =========================  ===========================
+function                    forward                    backward
+==========================  =========================  ===========================
+``copy_to_tp``              identity                   all-reduce
+``reduce_from_tp``          all-reduce                 identity
+``gather_from_sp``          all-gather along seq       reduce-scatter along seq
+``reduce_scatter_to_sp``    reduce-scatter along seq   all-gather along seq
+==========================  =========================  ===========================
+
+Activations are ``[batch, seq, hidden]``; sequence parallelism shards dim 1. The reductions work in place
+on tensors the caller hands over (a matmul output, a fresh gradient), as Megatron does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+SEQ_DIM = 1
+
+# torch 2.12 renamed the tensor collectives; keep working on older releases.
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def all_gather_into(out: torch.Tensor, inp: torch.Tensor, group: dist.ProcessGroup, async_op: bool = False):
+    return _all_gather_single(out, inp, group=group, async_op=async_op)
+
+
+def reduce_scatter_into(out: torch.Tensor, inp: torch.Tensor, group: dist.ProcessGroup, async_op: bool = False):
+    return _reduce_scatter_single(out, inp, group=group, async_op=async_op)
+
+
+def _all_reduce(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    if dist.get_world_size(group) == 1:
+        return x
+    x = x.contiguous()
+    dist.all_reduce(x, group=group)
+    return x
+
+
+def _gather_seq(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    n = dist.get_world_size(group)
+    if n == 1:
+        return x
+    local = x.movedim(SEQ_DIM, 0).contiguous()
+    out = local.new_empty((n * local.shape[0], *local.shape[1:]))
+    all_gather_into(out, local, group)
+    return out.movedim(0, SEQ_DIM)
+
+
+def _reduce_scatter_seq(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    n = dist.get_world_size(group)
+    if n == 1:
+        return x
+    full = x.movedim(SEQ_DIM, 0).contiguous()
+    if full.shape[0] % n:
+        raise ValueError(f"sequence length {full.shape[0]} is not divisible by the tensor-parallel size {n}")
+    out = full.new_empty((full.shape[0] // n, *full.shape[1:]))
+    reduce_scatter_into(out, full, group)
+    return out.movedim(0, SEQ_DIM)
+
+
+class _CopyToTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.group = group
+        return x
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return _all_reduce(g, ctx.group), None
+
+
+class _ReduceFromTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        return _all_reduce(x, group)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return g, None
+
+
+class _GatherFromSP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.group = group
+        return _gather_seq(x, group)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return _reduce_scatter_seq(g, ctx.group), None
+
+
+class _ReduceScatterToSP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.group = group
+        return _reduce_scatter_seq(x, group)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return _gather_seq(g, ctx.group), None
+
+
+def copy_to_tp(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """Enter a tensor-parallel region with a replicated input: gradients are summed over the group."""
+    return _CopyToTP.apply(x, group)
+
+
+def reduce_from_tp(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """Leave a tensor-parallel region: sum the partial results of the group."""
+    return _ReduceFromTP.apply(x, group)
+
+
+def gather_from_sp(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """Sequence-sharded ``[b, s/tp, h]`` -> full ``[b, s, h]`` (entering a tensor-parallel region under SP)."""
+    return _GatherFromSP.apply(x, group)
+
+
+def reduce_scatter_to_sp(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """Partial sums ``[b, s, h]`` -> summed sequence shard ``[b, s/tp, h]`` (leaving a TP region under SP)."""
+    return _ReduceScatterToSP.apply(x, group)

@@ -1,0 +1,117 @@
+"""Process groups for a plan, built on a DeviceMesh.
+
+Rank order on the mesh is ``(pp, dp, cp, tp)`` with **tp innermost**: global rank
+``r = ((pp_rank * dp + dp_rank) * cp + cp_rank) * tp + tp_rank``. A tensor-parallel group is ``tp``
+consecutive ranks (inside one node); pipeline stages are the outermost blocks of ``dp*cp*tp`` ranks.
+
+Nothing is global: :func:`build_groups` returns a :class:`ParallelGroups` that is passed to whatever
+needs a group. It may be built over a subset of the world (the tests run several plans inside one pool
+of workers); every rank of the default group must call it, and ranks outside the subset get ``None``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+
+from planner.parallel import ParallelConfig
+
+DIMS = ("pp", "dp", "cp", "tp")
+
+
+@dataclass
+class ParallelGroups:
+    """This rank's coordinates and the groups it takes part in (all ``ProcessGroup``s)."""
+
+    cfg: ParallelConfig
+    mesh: DeviceMesh
+    ranks: list[int]  # global ranks of the job in mesh order
+    rank: int  # global rank
+    pp_rank: int
+    dp_rank: int
+    cp_rank: int
+    tp_rank: int
+    world: dist.ProcessGroup  # every rank of the job
+    tp_group: dist.ProcessGroup
+    dp_group: dist.ProcessGroup
+    pp_group: dist.ProcessGroup
+    mp_group: dist.ProcessGroup  # tp x pp (x cp) ranks holding one model replica: grad-norm sums
+    act_group: dist.ProcessGroup  # pipeline activations (forward direction)
+    grad_group: dist.ProcessGroup  # pipeline gradients (backward direction); separate so each FIFO stays ordered
+    embed_group: dist.ProcessGroup | None  # first + last pipeline stage, for a tied embedding (pp > 1)
+
+    @property
+    def tp(self) -> int:
+        return self.cfg.tp
+
+    @property
+    def dp(self) -> int:
+        return self.cfg.dp
+
+    @property
+    def pp(self) -> int:
+        return self.cfg.pp
+
+    def global_rank(self, pp: int, dp: int, cp: int, tp: int) -> int:
+        c = self.cfg
+        return self.ranks[((pp * c.dp + dp) * c.cp + cp) * c.tp + tp]
+
+    def pp_peer(self, pp_rank: int) -> int:
+        """Global rank of the same (dp, cp, tp) position on pipeline rank ``pp_rank`` (mod pp)."""
+        return self.global_rank(pp_rank % self.pp, self.dp_rank, self.cp_rank, self.tp_rank)
+
+    def destroy(self) -> None:
+        """Free the groups this object created (the job's, the mesh's and the extra ones)."""
+        mine = {self.world, self.mp_group, self.act_group, self.grad_group, self.embed_group,
+                *self.mesh.get_all_groups()}
+        for g in mine:
+            if g is not None and g is not dist.group.WORLD:
+                dist.destroy_process_group(g)
+
+
+def _new_groups(layout: torch.Tensor, keep: tuple[int, ...], me: int) -> dist.ProcessGroup | None:
+    """Create one group per index of the dims not in ``keep`` (every rank calls); return the one holding ``me``."""
+    n = layout.dim()
+    order = [d for d in range(n) if d not in keep] + list(keep)
+    flat = layout.permute(order).reshape(-1, int(torch.tensor([layout.shape[d] for d in keep]).prod()))
+    mine = None
+    for row in flat.tolist():
+        g = dist.new_group(row)
+        if me in row:
+            mine = g
+    return mine
+
+
+def build_groups(cfg: ParallelConfig, device_type: str, ranks: list[int] | None = None,
+                 tied_embeddings: bool = False) -> ParallelGroups | None:
+    """Build the mesh and groups of a plan over ``ranks`` (default: the whole world).
+
+    ``tied_embeddings`` adds the first-and-last-stage groups that sum a tied embedding's gradient (pp > 1).
+    """
+    world = dist.get_world_size()
+    ranks = list(range(world)) if ranks is None else list(ranks)
+    if len(ranks) != cfg.world:
+        raise ValueError(f"the plan needs {cfg.world} ranks, got {len(ranks)}")
+    me = dist.get_rank()
+    layout = torch.tensor(ranks, dtype=torch.int64).view(cfg.pp, cfg.dp, cfg.cp, cfg.tp)
+    mesh = DeviceMesh(device_type, layout, mesh_dim_names=DIMS)
+    job = dist.group.WORLD if len(ranks) == world else dist.new_group(ranks)
+    mp = _new_groups(layout, (0, 2, 3), me)
+    act, grad = dist.new_group(ranks), dist.new_group(ranks)  # p2p only: one group each over the job
+    embed = None
+    if cfg.pp > 1 and tied_embeddings:
+        ends = layout[[0, cfg.pp - 1]]  # [2, dp, cp, tp]
+        embed = _new_groups(ends, (0,), me)
+    if me not in ranks:
+        return None
+    coord = mesh.get_coordinate()
+    assert coord is not None
+    return ParallelGroups(
+        cfg=cfg, mesh=mesh, ranks=ranks, rank=me,
+        pp_rank=coord[0], dp_rank=coord[1], cp_rank=coord[2], tp_rank=coord[3],
+        world=job, tp_group=mesh.get_group("tp"), dp_group=mesh.get_group("dp"), pp_group=mesh.get_group("pp"),
+        mp_group=mp, act_group=act, grad_group=grad, embed_group=embed,
+    )

@@ -1,0 +1,205 @@
+"""Tensor parallelism (Megatron-style) and sequence parallelism for the plain models.
+
+* :class:`ColumnParallelLinear` splits the output features: each fused part (q | k | v, gate | up) is split
+  separately, so heads stay whole on a rank. Input: replicated (``copy_to_tp``) or, under SP, gathered
+  from sequence shards.
+* :class:`RowParallelLinear` splits the input features and sums the partial outputs: all-reduce, or under
+  SP a reduce-scatter back to sequence shards. Its bias is added after the reduction.
+* :class:`VocabParallelEmbedding` and :class:`VocabParallelOutput` split the vocabulary (padded to a
+  multiple of tp with zero rows); the loss is ``kernels.vocab_parallel_linear_cross_entropy``, so full
+  logits never exist on one rank.
+
+Each sharded parameter carries ``shard`` (:class:`ShardSpec`), the recipe that slices it out of the full
+tensor; initialisation, checkpoints and the tests use it. Under SP every replicated parameter of a stage
+gets ``sequence_parallel = True``: its gradient is partial (one sequence shard) and is summed over tp.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from planner.errors import AutoparError
+from runtime import kernels
+from runtime.models.common import LearnedPositions, OutputLayer, TokenEmbedding, Transformer
+from runtime.parallel.mappings import copy_to_tp, gather_from_sp, reduce_from_tp, reduce_scatter_to_sp
+from runtime.parallel.mesh import ParallelGroups
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """Rank ``rank`` of ``size`` holds chunk ``rank`` of every segment along ``dim`` (segments padded to a
+    multiple of ``size`` with zeros), concatenated."""
+
+    dim: int
+    segments: tuple[int, ...]
+    rank: int
+    size: int
+
+    def _chunk(self, seg: int) -> int:
+        return -(-seg // self.size)
+
+    def full_shape(self, local: torch.Size) -> torch.Size:
+        shape = list(local)
+        shape[self.dim] = sum(self.segments)
+        return torch.Size(shape)
+
+    def local_len(self) -> int:
+        return sum(self._chunk(s) for s in self.segments)
+
+    def take(self, full: torch.Tensor) -> torch.Tensor:
+        """This rank's shard of the full tensor."""
+        parts, off = [], 0
+        for seg in self.segments:
+            piece = full.narrow(self.dim, off, seg)
+            c = self._chunk(seg)
+            lo, hi = min(self.rank * c, seg), min((self.rank + 1) * c, seg)
+            part = piece.narrow(self.dim, lo, hi - lo)
+            if hi - lo < c:  # zero padding at the end of the last rank's chunk
+                pad = list(part.shape)
+                pad[self.dim] = c - (hi - lo)
+                part = torch.cat((part, part.new_zeros(pad)), self.dim)
+            parts.append(part)
+            off += seg
+        return torch.cat(parts, self.dim) if len(parts) > 1 else parts[0].clone()
+
+    def assemble(self, shards: list[torch.Tensor]) -> torch.Tensor:
+        """The full tensor from every rank's shard (in rank order)."""
+        out, off = [], 0
+        for seg in self.segments:
+            c = self._chunk(seg)
+            out.append(torch.cat([s.narrow(self.dim, off, c) for s in shards], self.dim).narrow(self.dim, 0, seg))
+            off += c
+        return torch.cat(out, self.dim)
+
+
+def gather_full(t: torch.Tensor, spec: ShardSpec | None, group: dist.ProcessGroup) -> torch.Tensor:
+    """All-gather a sharded tensor over the tp group and assemble it (replicated tensors come back as is)."""
+    if spec is None:
+        return t
+    shards = [torch.empty_like(t) for _ in range(spec.size)]
+    dist.all_gather(shards, t.contiguous(), group=group)
+    return spec.assemble(shards)
+
+
+def _sharded(shape: tuple[int, ...], spec: ShardSpec, like: torch.Tensor) -> nn.Parameter:
+    local = list(shape)
+    local[spec.dim] = spec.local_len()
+    p = nn.Parameter(torch.empty(local, dtype=like.dtype, device=like.device))
+    p.shard = spec  # type: ignore[attr-defined]
+    return p
+
+
+class ColumnParallelLinear(nn.Module):
+    def __init__(self, lin: nn.Linear, segments: tuple[int, ...], g: ParallelGroups, sp: bool) -> None:
+        super().__init__()
+        self.group, self.sp = g.tp_group, sp
+        spec = ShardSpec(0, segments, g.tp_rank, g.tp)
+        self.weight = _sharded(tuple(lin.weight.shape), spec, lin.weight)
+        self.bias = _sharded(tuple(lin.bias.shape), spec, lin.bias) if lin.bias is not None else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = gather_from_sp(x, self.group) if self.sp else copy_to_tp(x, self.group)
+        return F.linear(x, self.weight, self.bias)
+
+
+class RowParallelLinear(nn.Module):
+    def __init__(self, lin: nn.Linear, g: ParallelGroups, sp: bool) -> None:
+        super().__init__()
+        self.group, self.sp = g.tp_group, sp
+        self.weight = _sharded(tuple(lin.weight.shape), ShardSpec(1, (lin.in_features,), g.tp_rank, g.tp), lin.weight)
+        self.bias = lin.bias  # replicated, added once after the reduction
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x, self.weight)
+        y = reduce_scatter_to_sp(y, self.group) if self.sp else reduce_from_tp(y, self.group)
+        return y + self.bias if self.bias is not None else y
+
+
+class VocabParallelEmbedding(nn.Module):
+    def __init__(self, tok: TokenEmbedding, g: ParallelGroups, sp: bool) -> None:
+        super().__init__()
+        self.group, self.sp = g.tp_group, sp
+        vocab = tok.weight.shape[0]
+        spec = ShardSpec(0, (vocab,), g.tp_rank, g.tp)
+        self.weight = _sharded(tuple(tok.weight.shape), spec, tok.weight)
+        self.start, self.per = g.tp_rank * spec.local_len(), spec.local_len()
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        outside = (tokens < self.start) | (tokens >= self.start + self.per)
+        x = F.embedding((tokens - self.start).masked_fill(outside, 0), self.weight)
+        x = x.masked_fill(outside.unsqueeze(-1), 0.0)
+        return reduce_scatter_to_sp(x, self.group) if self.sp else reduce_from_tp(x, self.group)
+
+
+class SequenceParallelPositions(nn.Module):
+    """Learned positions for this rank's sequence shard only (the weight stays replicated)."""
+
+    def __init__(self, pos: LearnedPositions, g: ParallelGroups) -> None:
+        super().__init__()
+        self.weight = pos.weight
+        self.rank, self.size = g.tp_rank, g.tp
+
+    def forward(self, seq: int) -> torch.Tensor:
+        n = seq // self.size
+        return self.weight[self.rank * n:(self.rank + 1) * n]
+
+
+class VocabParallelOutput(nn.Module):
+    """The LM head over a vocabulary shard; ``loss`` matches :meth:`OutputLayer.loss` (the mean)."""
+
+    def __init__(self, out: OutputLayer, g: ParallelGroups, sp: bool, weight: nn.Parameter | None = None) -> None:
+        super().__init__()
+        self.group, self.sp = g.tp_group, sp
+        self.vocab = out.weight.shape[0]
+        spec = ShardSpec(0, (self.vocab,), g.tp_rank, g.tp)
+        self.weight = weight if weight is not None else _sharded(tuple(out.weight.shape), spec, out.weight)
+        if hasattr(out.weight, "init_key"):
+            self.weight.init_key = out.weight.init_key  # type: ignore[attr-defined]
+        self.start = g.tp_rank * spec.local_len()
+        self.rows = min(spec.local_len(), self.vocab - self.start)  # the rest is padding
+        if self.rows <= 0:
+            raise AutoparError(f"vocabulary {self.vocab} is too small to give each of tp={g.tp} ranks a shard")
+
+    def loss(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        x = gather_from_sp(x, self.group) if self.sp else copy_to_tp(x, self.group)
+        return kernels.vocab_parallel_linear_cross_entropy(
+            x.flatten(0, -2), self.weight[: self.rows], target.reshape(-1), self.start, self.group)
+
+
+def apply_tensor_parallel(stage: Transformer, g: ParallelGroups, sp: bool) -> None:
+    """Swap a stage's modules for their tensor-parallel versions (on the meta device, before init)."""
+    if g.tp == 1:
+        return
+    spec = stage.spec
+    for layer in stage.layers.values():
+        attn = layer.attn
+        attn.qkv = ColumnParallelLinear(attn.qkv, (spec.q_width, spec.kv_width, spec.kv_width), g, sp)
+        attn.proj = RowParallelLinear(attn.proj, g, sp)
+        attn.n_heads //= g.tp
+        attn.n_kv_heads //= g.tp
+        mlp = layer.mlp
+        if hasattr(mlp, "gate_up"):
+            mlp.gate_up = ColumnParallelLinear(mlp.gate_up, (spec.ffn, spec.ffn), g, sp)
+            mlp.down = RowParallelLinear(mlp.down, g, sp)
+        else:
+            mlp.fc = ColumnParallelLinear(mlp.fc, (spec.ffn,), g, sp)
+            mlp.proj = RowParallelLinear(mlp.proj, g, sp)
+    tied = None
+    if stage.embed is not None:
+        old = stage.embed.tok.weight
+        stage.embed.tok = VocabParallelEmbedding(stage.embed.tok, g, sp)
+        if stage.head is not None and stage.head.out.weight is old:
+            tied = stage.embed.tok.weight
+        if sp and stage.embed.pos is not None:
+            stage.embed.pos = SequenceParallelPositions(stage.embed.pos, g)
+    if stage.head is not None:
+        stage.head.out = VocabParallelOutput(stage.head.out, g, sp, weight=tied)
+    if sp:
+        for p in stage.parameters():
+            if not hasattr(p, "shard"):
+                p.sequence_parallel = True  # type: ignore[attr-defined]

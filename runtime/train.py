@@ -1,0 +1,126 @@
+"""The training entry point on every rank: ``torchrun --nproc-per-node W -m runtime.train plan.json [...]``.
+
+``autopar run`` (:mod:`runtime.launch`) starts it; it can also be started by hand under torchrun (or as a
+single process for a one-rank plan). NCCL when CUDA is available (one GPU per local rank), gloo on CPU.
+Errors are one line on stderr, ``autopar error: ...``: exit code 2 for bad inputs, 1 for anything else
+(``AUTOPAR_DEBUG=1`` adds the traceback).
+
+Testing hook: ``AUTOPAR_FAULT=STEP[:RANK]`` makes rank RANK (default 0) kill itself with SIGKILL just before
+step STEP (1-based), as a crashed node would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from planner.errors import AutoparError
+from planner.planfile import load_plan
+from runtime.data import SAMPLE_TEXT, TokenData
+from runtime.metrics import MetricsLog
+from runtime.parallel.mesh import build_groups
+from runtime.trainer import Trainer, check_supported
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m runtime.train", description=__doc__.splitlines()[0])
+    ap.add_argument("plan", help="plan file (autopar plan --out)")
+    ap.add_argument("--steps", type=int, help="total steps (default: the plan's train.steps)")
+    ap.add_argument("--data", help="token file (.npy, .bin/.u16, .u32) or .txt; default: the bundled sample")
+    ap.add_argument("--metrics-out", help="append JSON lines of per-step metrics here (rank 0)")
+    ap.add_argument("--checkpoint-dir", help="save checkpoints here")
+    ap.add_argument("--checkpoint-every", type=int, help="steps between checkpoints (default: the plan's)")
+    ap.add_argument("--resume", action="store_true", help="resume from the latest checkpoint in --checkpoint-dir")
+    ap.add_argument("--quiet", action="store_true", help="no progress lines")
+    return ap.parse_args(argv)
+
+
+def _fault_step(rank: int) -> int | None:
+    spec = os.environ.get("AUTOPAR_FAULT")
+    if not spec:
+        return None
+    step, _, who = spec.partition(":")
+    return int(step) if int(who or 0) == rank else None
+
+
+def run(args: argparse.Namespace) -> int:
+    plan = load_plan(args.plan)
+    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    if world != plan.world_size:
+        raise AutoparError(f"plan {args.plan} needs {plan.world_size} processes ({plan.config.short()}) but "
+                           f"{world} were started; use `autopar run` or torchrun --nproc-per-node {plan.world_size}")
+    check_supported(plan)
+    steps = args.steps if args.steps is not None else plan.train.steps
+    if steps <= 0:
+        raise AutoparError(f"--steps must be positive, got {steps}")
+    if args.resume and not args.checkpoint_dir:
+        raise AutoparError("--resume needs --checkpoint-dir (where the checkpoints are)")
+    data = TokenData(args.data or SAMPLE_TEXT, plan.seq, plan.model.vocab_size, plan.train.seed)
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
+    backend = "nccl" if cuda else "gloo"
+    if cuda:
+        torch.cuda.set_device(device)
+    if "MASTER_ADDR" in os.environ:
+        dist.init_process_group(backend)
+    else:  # a one-rank plan started without torchrun
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    groups = build_groups(plan.config, device.type, tied_embeddings=plan.model.tie_embeddings)
+    trainer = Trainer(plan, groups, device, data, steps)
+    ckdir = Path(args.checkpoint_dir) if args.checkpoint_dir else None
+    if ckdir is not None:
+        from runtime.checkpoint import load_checkpoint, save_checkpoint
+    if args.resume:
+        load_checkpoint(trainer, ckdir)
+    every = args.checkpoint_every if args.checkpoint_every is not None else plan.train.checkpoint_every
+    log = MetricsLog(plan, args.metrics_out, steps, enabled=rank == 0, quiet=args.quiet, append=args.resume)
+    if rank == 0 and not args.quiet:
+        where = f"resuming after step {trainer.step}" if args.resume else "from scratch"
+        print(f"autopar: training {plan.model.name} on {world} {backend} ranks ({plan.config.short()}), "
+              f"global batch {plan.global_batch} x {plan.seq} tokens, {steps} steps, {where}", flush=True)
+        if plan.cluster.backend == "nccl" and not cuda:
+            print(f"autopar: note: no CUDA here; running the {plan.cluster.name} plan on CPU with gloo in fp32",
+                  flush=True)
+        if plan.config.tp_overlap:
+            print("autopar: note: tp_overlap is not implemented by the runtime; running without it", flush=True)
+    fault = _fault_step(rank)
+    while trainer.step < steps:
+        if fault == trainer.step + 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        t0 = time.perf_counter()
+        st = trainer.train_step()
+        log.record(trainer.step, st.loss, st.grad_norm, st.lr, time.perf_counter() - t0, st.peak_memory_GiB)
+        if ckdir is not None and ((every and trainer.step % every == 0) or trainer.step == steps):
+            save_checkpoint(trainer, ckdir)
+    log.close()
+    dist.destroy_process_group()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    rank = os.environ.get("RANK", "0")
+    try:
+        return run(parse_args(argv))
+    except AutoparError as err:
+        print(f"autopar error: {err}", file=sys.stderr, flush=True)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except Exception as err:  # noqa: BLE001 - one line per rank; AUTOPAR_DEBUG=1 for the traceback
+        if os.environ.get("AUTOPAR_DEBUG"):
+            traceback.print_exc()
+        msg = " ".join(str(err).split())[:300]
+        print(f"autopar error: rank {rank}: {type(err).__name__}: {msg}", file=sys.stderr, flush=True)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

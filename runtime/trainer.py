@@ -1,0 +1,118 @@
+"""One rank's training state for a plan: model chunks, DP buffers, optimizer, pipeline runner, data.
+
+``Trainer(plan, groups, device, data, steps)`` builds everything (the model on the meta device, cut and
+sharded by :func:`runtime.parallel.parallelize.parallelize`, then allocated and initialised as if
+unsharded); ``train_step()`` runs one step of the plan and returns its metrics.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from planner.errors import AutoparError
+from planner.planfile import PlanFile
+from runtime.data import TokenData
+from runtime.models import build_model
+from runtime.models.common import param_seed
+from runtime.parallel.data_parallel import DataParallel
+from runtime.parallel.mesh import ParallelGroups
+from runtime.parallel.optimizer import DistributedAdamW
+from runtime.parallel.parallelize import materialize, parallelize
+from runtime.parallel.pipeline import PipelineRunner
+
+_AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class StepStats:
+    loss: float
+    grad_norm: float
+    lr: float
+    peak_memory_GiB: float
+
+
+def check_supported(plan: PlanFile) -> None:
+    """One-line errors for plans this runtime cannot execute (yet)."""
+    cfg = plan.config
+    if cfg.cp > 1:
+        raise AutoparError(f"cp={cfg.cp}: context parallelism is not implemented by the runtime; plan with cp=1")
+    if cfg.zero > 1:
+        raise AutoparError(f"zero={cfg.zero}: the runtime implements ZeRO 0 and 1; plan with zero <= 1")
+    if cfg.sp and cfg.tp > 1 and plan.seq % cfg.tp:
+        raise AutoparError(f"sequence parallelism needs seq {plan.seq} divisible by tp={cfg.tp}")
+
+
+def peak_memory_GiB(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
+
+
+class Trainer:
+    def __init__(self, plan: PlanFile, groups: ParallelGroups, device: torch.device, data: TokenData,
+                 steps: int, bucket_numel: int = 2**25) -> None:
+        check_supported(plan)
+        self.plan, self.g, self.device, self.data, self.steps = plan, groups, device, data, steps
+        cfg, spec = plan.config, plan.model
+        self.cfg, self.m = cfg, cfg.microbatches(plan.global_batch)
+        self.chunks = parallelize(build_model(spec, "meta"), cfg, groups)
+        materialize(self.chunks, spec, plan.train.seed, device)
+        for c in self.chunks:
+            c.train()
+        self.dp = DataParallel(self.chunks, groups, cfg.zero, cfg.dp_overlap, device, bucket_numel)
+        self.opt = DistributedAdamW(self.dp, plan.train, steps)
+        amp = _AUTOCAST.get(plan.cluster.precision) if device.type == "cuda" else None
+        self.autocast = (lambda: torch.autocast("cuda", dtype=amp)) if amp else contextlib.nullcontext
+        seq = plan.seq // cfg.tp if cfg.sp and cfg.tp > 1 else plan.seq
+        self.runner = PipelineRunner(self.chunks, groups, cfg, self.m, (cfg.mbs, seq, spec.hidden_size),
+                                     amp or torch.float32, torch.float32, device, self.autocast, self.dp.arm)
+        # Same stream on every tp rank (replicated dropout stays replicated), distinct per pp and dp rank.
+        torch.manual_seed(param_seed(plan.train.seed, f"rng/pp{groups.pp_rank}/dp{groups.dp_rank}"))
+        self.step = 0  # completed steps
+
+    @property
+    def is_loss_rank(self) -> bool:
+        """Holds the loss: the last pipeline rank, tp rank 0 (one per dp replica)."""
+        return self.g.pp_rank == self.cfg.pp - 1 and self.g.tp_rank == 0
+
+    def forward_backward(self) -> torch.Tensor:
+        """Forward and backward of the current step with synchronised gradients; returns this rank's loss sum."""
+        inp, tgt = self.data.batch(self.step, self.plan.global_batch, self.g.dp_rank, self.cfg.dp)
+        inp, tgt = inp.to(self.device), tgt.to(self.device)
+        mbs = self.cfg.mbs
+        self.dp.zero_grad()
+        loss_sum = self.runner.step(inp.split(mbs), tgt.split(mbs))
+        self.dp.finish_grad_sync()
+        return loss_sum
+
+    def train_step(self) -> StepStats:
+        return self.finish_step(self.forward_backward())
+
+    def finish_step(self, loss_sum: torch.Tensor) -> StepStats:
+        """Optimizer update after :meth:`forward_backward`; the step's mean loss and its other metrics."""
+        grad_norm, lr = self.opt.step()
+        self.step += 1
+        loss = loss_sum if self.is_loss_rank else torch.zeros_like(loss_sum)
+        dist.all_reduce(loss, group=self.g.world)
+        mem = torch.tensor([peak_memory_GiB(self.device)], device=self.device)
+        dist.all_reduce(mem, op=dist.ReduceOp.MAX, group=self.g.world)
+        return StepStats(float(loss) / (self.cfg.dp * self.m), grad_norm, lr, float(mem))
+
+    # ---- checkpoint state ---------------------------------------------------------------------
+    def model_state(self) -> dict[str, torch.Tensor]:
+        """Parameters by full name; tensor-parallel shards get a ``.tp<rank>`` suffix."""
+        out = {}
+        for c in self.chunks:
+            for name, p in c.named_parameters():
+                out[f"model.{name}" + (f".tp{self.g.tp_rank}" if hasattr(p, "shard") else "")] = p.data
+        return out
+
+    def optimizer_state(self) -> dict[str, torch.Tensor]:
+        where = f"optim.pp{self.g.pp_rank}.tp{self.g.tp_rank}" + (f".dp{self.g.dp_rank}" if self.dp.zero else "")
+        return self.opt.state(where)

@@ -1,0 +1,103 @@
+"""Data parallelism (overlapped = not overlapped), checkpoints (resume = uninterrupted), bad checkpoints,
+and the rank order of the mesh — all inside the shared worker pool."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+OVERLAP_CASES = [
+    dict(tp=1, pp=2, dp=2, sched="interleaved", zero=0, arch="llama", steps=3),  # two chunks per rank
+    dict(tp=2, pp=1, dp=2, sp=True, zero=1, arch="gpt", tied=True, steps=3),
+    dict(tp=2, pp=2, dp=2, sched="interleaved", zero=1, arch="gpt", tied=True, steps=3),
+]
+
+
+@pytest.mark.parametrize("case", OVERLAP_CASES, ids=["pp2-vpp2-zero0", "tp2-sp-zero1", "tp2-pp2-vpp2-zero1-tied"])
+def test_overlapped_dp_is_identical_to_not_overlapped(pool, tokens64, case):
+    on = pool.run("rt_cases:overlap_run", {**case, "dp_overlap": True}, tokens64)
+    off = pool.run("rt_cases:overlap_run", {**case, "dp_overlap": False}, tokens64)
+    for a, b in zip(on, off):
+        if a is None:
+            continue
+        assert a["buckets"] > 2  # small buckets: several per chunk
+        assert a["losses"] == b["losses"]
+        assert a["params"].keys() == b["params"].keys()
+        for name in a["params"]:
+            np.testing.assert_array_equal(a["params"][name], b["params"][name], err_msg=name)
+        # Overlap is real: every bucket but a tied embedding's was reduced during backward, none without it.
+        tied = int(case.get("tied", False) and case["pp"] > 1 and name_in_stage(a["params"]))
+        assert a["early"] == [a["buckets"] - tied] * 3
+        assert b["early"] == [0, 0, 0]
+
+
+def name_in_stage(params: dict) -> bool:
+    return "embed.tok.weight" in params or "head.out.weight" in params
+
+
+CKPT_CASES = [
+    dict(tp=2, pp=2, dp=2, sp=True, sched="interleaved", zero=1, arch="gpt", dropout=0.1, steps=6),
+    dict(tp=1, pp=2, dp=2, zero=0, arch="llama", tied=True, steps=6, dp_overlap=True),
+]
+
+
+@pytest.mark.parametrize("case", CKPT_CASES, ids=["tp2-pp2-dp2-zero1-dropout", "pp2-dp2-tied"])
+def test_resume_continues_exactly(pool, tokens64, tmp_path, case):
+    whole = pool.run("rt_cases:train_with_checkpoints", case, tokens64, str(tmp_path / "a"), [], False)[0]
+    first = pool.run("rt_cases:train_with_checkpoints", case, tokens64, str(tmp_path / "b"), [2, 3], False, 4)[0]
+    # Step 4 ran but was not saved: resuming starts after step 3 and redoes it.
+    rest = pool.run("rt_cases:train_with_checkpoints", case, tokens64, str(tmp_path / "b"), [], True)[0]
+    assert len(whole) == 6 and len(first) == 4 and len(rest) == 3
+    assert first[:3] + rest == whole
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["latest", "step_00000002", "step_00000003"]
+
+
+def test_bad_checkpoints_are_one_line_errors(pool, tokens64, tmp_path):
+    case = dict(tp=2, pp=1, dp=2, zero=1, arch="llama", steps=2)
+    run = lambda c, d, resume: pool.run("rt_cases:train_with_checkpoints", c, tokens64, str(d), [1], resume, 1)[0]  # noqa: E731
+    msg = run(case, tmp_path / "none", True)
+    assert msg.startswith("AutoparError: no checkpoint to resume from")
+    assert isinstance(run(case, tmp_path / "ck", False), list)
+    msg = run({**case, "tp": 1, "dp": 4}, tmp_path / "ck", True)
+    assert msg.startswith("AutoparError:") and "another plan" in msg and "tp" in msg
+    shard = next((tmp_path / "ck" / "step_00000001").glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:100])
+    msg = run(case, tmp_path / "ck", True)
+    assert msg.startswith("AutoparError:") and "corrupt" in msg and "\n" not in msg
+    (tmp_path / "ck" / "step_00000001" / "meta.json").write_text("{not json")
+    msg = run(case, tmp_path / "ck", True)
+    assert msg.startswith("AutoparError: checkpoint") and "corrupt (unreadable meta.json)" in msg
+
+
+def test_mesh_rank_order_puts_tp_innermost(pool):
+    cfg = dict(tp=2, pp=2, dp=2)
+    res = pool.run("rt_cases:mesh_layout", cfg)
+    for rank, r in enumerate(res):
+        pp, dp, cp, tp = r["coord"]
+        assert rank == ((pp * 2 + dp) * 1 + cp) * 2 + tp
+        assert r["tp"] == [rank - tp, rank - tp + 1]  # contiguous
+        assert r["dp"] == [pp * 4 + tp, pp * 4 + 2 + tp]
+        assert r["pp"] == [dp * 2 + tp, 4 + dp * 2 + tp]
+        assert r["mp"] == sorted([dp * 2, dp * 2 + 1, 4 + dp * 2, 4 + dp * 2 + 1])
+
+
+def test_checkpoint_meta_records_the_data_position(pool, tokens64, tmp_path):
+    case = dict(tp=1, pp=1, dp=2, steps=2)
+    pool.run("rt_cases:train_with_checkpoints", case, tokens64, str(tmp_path), [2], False)
+    meta = json.loads((Path(tmp_path) / "step_00000002" / "meta.json").read_text())
+    assert meta["step"] == 2 and meta["samples"] == 16 and meta["plan"]["parallel"]["dp"] == 2
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_dropout_keeps_tensor_parallel_replicas_identical(pool, tokens64, sp):
+    """Dropout on a replicated activation must draw the same mask on every tp rank, or the replicas drift."""
+    res = pool.run("rt_cases:overlap_run", dict(tp=2, dp=1, sp=sp, arch="gpt", dropout=0.2, steps=2), tokens64)
+    a, b = res[0]["params"], res[1]["params"]
+    replicated = [n for n in a if n.endswith(("norm.weight", "norm.bias", "proj.bias", "pos.weight"))]
+    assert len(replicated) == 4 * 6 + 2 + 1  # per layer 2 norms x (weight, bias) + 2 row-parallel biases
+    for name in replicated:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    assert res[0]["losses"][1] < res[0]["losses"][0] + 1.0  # trains at all with dropout on

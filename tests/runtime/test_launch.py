@@ -1,0 +1,123 @@
+"""``autopar run`` end to end (torchrun, 4 gloo ranks, the default plan) and its one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from planner.cluster_spec import load_cluster
+from planner.errors import AutoparError
+from planner.model_spec import load_model
+from planner.parallel import ParallelConfig
+from planner.planfile import load_plan, make_plan, save_plan
+from runtime.launch import default_plan, launch
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_default_plan_is_the_tiny_cpu_plan(tmp_path):
+    plan = load_plan(default_plan(tmp_path / "p.json"))
+    assert plan.model.name == "tiny" and plan.world_size == 4 and plan.cluster.backend == "gloo"
+    assert (plan.config.tp, plan.config.pp) == (2, 2)
+    assert plan.prediction.get("step_time_s", 0) > 0
+
+
+def test_killed_rank_resumes_from_last_checkpoint(tmp_path):
+    """The default plan trains (loss drops); a rank killed before step 7 loses only steps 5-6 (checkpoint at 4).
+
+    The run is uninterrupted up to the kill, so its steps 5 and 6 are what the resumed run must redo exactly.
+    (That a resumed loss curve equals an uninterrupted one over a whole run is test_dp_checkpoint's.)
+    """
+    ck, m = tmp_path / "ck", tmp_path / "m.jsonl"
+    common = dict(steps=8, checkpoint_every=4, quiet=True, metrics_out=str(m), checkpoint_dir=str(ck))
+    with pytest.raises(AutoparError) as err:
+        launch(None, env={"AUTOPAR_FAULT": "7:1"}, **common)
+    assert str(err.value).startswith("training failed: worker rank 1 was killed by SIGKILL (workers' log: ")
+    assert "\n" not in str(err.value)
+    before = _rows(m)
+    assert [r["step"] for r in before] == [1, 2, 3, 4, 5, 6]
+    assert (ck / "latest").read_text().strip() == "step_00000004"
+
+    assert launch(None, resume=True, **common) == 0
+    rows = _rows(m)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6, 5, 6, 7, 8]  # redone: only 5 and 6
+    assert [r["loss"] for r in rows[6:8]] == [r["loss"] for r in before[4:6]]
+    assert rows[-1]["loss"] < rows[0]["loss"] - 1.5  # 5.6 -> ~3.5: it learns
+    for key in ("loss", "grad_norm", "lr", "step_time_s", "predicted_step_time_s", "tokens_per_s", "mfu",
+                "peak_memory_GiB"):
+        assert all(isinstance(r[key], float) and r[key] > 0 for r in rows), key
+    assert (ck / "latest").read_text().strip() == "step_00000008"
+
+
+# ---- bad inputs: one line, before any worker starts ---------------------------------------------
+
+def _plan(tmp_path: Path, **keys) -> str:
+    cluster = load_cluster(keys.pop("cluster", "cpu-gloo"), gpus=keys.pop("gpus", None))
+    cfg = ParallelConfig(**{"tp": 2, "pp": 2, **keys})
+    path = tmp_path / f"plan{len(list(tmp_path.glob('plan*.json')))}.json"
+    save_plan(make_plan(load_model("tiny"), cluster, 16, cfg), path)
+    return str(path)
+
+
+def test_bad_inputs_are_one_line_errors(tmp_path):
+    cases = []
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"schema": "autopar.plan/1", "model": ')
+    cases.append((dict(plan_path=str(bad)), "not valid JSON"))
+    cases.append((dict(plan_path=_plan(tmp_path), nproc=8), "needs 4 processes"))
+    cases.append((dict(plan_path=_plan(tmp_path, gpus=2)), "has 2 GPUs"))
+    cases.append((dict(plan_path=_plan(tmp_path, zero=2, dp=2)), "ZeRO 0 and 1"))
+    cases.append((dict(plan_path=_plan(tmp_path), data=str(tmp_path / "missing.u16")), "does not exist"))
+    wide = tmp_path / "wide.u16"
+    np.array([1, 2, 300] * 100, dtype=np.uint16).tofile(wide)
+    cases.append((dict(plan_path=_plan(tmp_path), data=str(wide)), "token id 300"))
+    odd = tmp_path / "odd.u16"
+    odd.write_bytes(b"abc")
+    cases.append((dict(plan_path=_plan(tmp_path), data=str(odd)), "not a whole number"))
+    cases.append((dict(plan_path=_plan(tmp_path), resume=True, checkpoint_dir=str(tmp_path / "none")),
+                  "no checkpoint to resume from"))
+    for kwargs, expect in cases:
+        with pytest.raises(AutoparError) as err:
+            launch(**kwargs, quiet=True)
+        assert expect in str(err.value) and "\n" not in str(err.value), (kwargs, str(err.value))
+
+
+def test_multi_node_plan_prints_the_commands(tmp_path, capsys):
+    path = _plan(tmp_path, cluster="dgx-h100", gpus=16, tp=4, pp=2, dp=2)
+    assert launch(path, steps=5, quiet=True) == 0
+    out = capsys.readouterr().out
+    assert "torchrun --nnodes 2 --nproc-per-node 8" in out and "srun --nodes 2" in out
+    assert f"-m runtime.train {path} --steps 5" in out
+
+
+def test_dry_run_prints_the_torchrun_command(tmp_path, capsys):
+    path = _plan(tmp_path)
+    assert launch(path, dry_run=True, quiet=True) == 0
+    out = capsys.readouterr().out
+    assert "torch.distributed.run --standalone --nproc-per-node 4 -m runtime.train" in out
+
+
+def test_train_entry_point_errors_and_single_rank_run(tmp_path):
+    """``python -m runtime.train``: a 4-rank plan without torchrun is refused in one line; a 1-rank plan runs."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    four = _plan(tmp_path)
+    r = subprocess.run([sys.executable, "-m", "runtime.train", four], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0
+    assert r.stderr.startswith("autopar error: plan") and "needs 4 processes" in r.stderr
+    one = _plan(tmp_path, tp=1, pp=1, mbs=4)
+    m = tmp_path / "m.jsonl"
+    r = subprocess.run([sys.executable, "-m", "runtime.train", one, "--steps", "2", "--metrics-out", str(m)],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "step 2/2" in r.stdout and [row["step"] for row in _rows(m)] == [1, 2]
