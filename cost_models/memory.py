@@ -28,7 +28,7 @@ FRAGMENTATION = 0.05
 def layer_activation_bytes(model: ModelSpec, eb: int, t, c, b, sp, recompute
                            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per layer, per micro-batch: (bytes stored without full recompute, bytes stored with full
-    recompute, bytes materialised while the layer's backward runs). ``recompute`` 1 = selective."""
+    recompute, bytes materialised while the layer's backward runs). ``recompute`` 1 = selective, 2 = full."""
     t, c, b = (np.asarray(x, dtype=float) for x in (t, c, b))
     sp = np.asarray(sp, dtype=bool) & (t > 1)
     rc = np.asarray(recompute)
@@ -55,7 +55,9 @@ def layer_activation_bytes(model: ModelSpec, eb: int, t, c, b, sp, recompute
         core = T * core
     ckpt = T * eb * h / shard  # layer input only
     work = T * eb * (2 * h / shard + 2 * f / t)  # gradient buffers alive during one layer's backward
-    return full, ckpt, work + np.where(rc == 2, full + core, 0.0)
+    # while a layer runs backward: its gradient buffers, plus whatever recompute materialises again
+    # (the whole layer under full recompute, the attention core under selective)
+    return full, ckpt, work + np.where(rc == 2, full, np.where(rc == 1, core, 0.0))
 
 
 def end_activation_bytes(model: ModelSpec, eb: int, t, c, b, sp) -> tuple[np.ndarray, np.ndarray]:
