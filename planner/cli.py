@@ -53,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--fix", default="", help='plan keys to hold fixed, e.g. "tp=8,recompute=full"')
     pl.add_argument("--top", type=int, default=5, help="how many plans to list (default 5)")
     pl.add_argument("--exhaustive", action="store_true", help="enumerate everything, no pruning (slow)")
+    pl.add_argument("--runnable", action="store_true",
+                    help="only plans autopar's runtime executes (cp=1, ZeRO 0/1, no TP overlap)")
     pl.add_argument("--out", help="write the best plan to this plan file (JSON)")
     pl.add_argument("--steps", type=int, default=None, help="training steps recorded in the plan file")
     _format(pl)
@@ -72,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--data", help="token file (uint16/uint32) to train on; default: a bundled text sample")
     run.add_argument("--metrics-out", help="write JSON lines of per-step metrics here")
     run.add_argument("--checkpoint-dir", help="save checkpoints here")
+    run.add_argument("--checkpoint-every", type=int, help="steps between checkpoints (default: the plan's)")
     run.add_argument("--resume", action="store_true", help="resume from the latest checkpoint in --checkpoint-dir")
     run.add_argument("--dry-run", action="store_true", help="print the launch command and exit")
 

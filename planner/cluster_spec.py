@@ -114,6 +114,7 @@ class CollectiveFit(_Strict):
 
     alpha_us: float
     busbw_GBps: float
+    r2: float | None = None  # goodness of the fit over the measured message sizes (written by the profiler)
 
 
 class ClusterSpec(_Strict):

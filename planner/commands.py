@@ -7,6 +7,8 @@ import json
 import sys
 from typing import Any
 
+from rich.markup import escape
+
 from planner.errors import AutoparError
 
 
@@ -29,6 +31,10 @@ def plan_command(args: argparse.Namespace) -> int:
 
     model, cluster = _load_inputs(args)
     fixed = parse_plan_keys(args.fix)
+    if args.runnable:
+        from planner.search import RUNNABLE
+
+        fixed = {**RUNNABLE, **fixed}
     if args.top < 1:
         raise AutoparError(f"--top must be at least 1, got {args.top}")
     res = search(model, cluster, args.global_batch, fixed=fixed, top=args.top, exhaustive=args.exhaustive,
@@ -72,7 +78,7 @@ def plan_command(args: argparse.Namespace) -> int:
     con.print(f"searched {res.candidates:,} configurations in {res.seconds:.2f} s "
               f"(global batch {args.global_batch}{', exhaustive' if res.exhaustive else ''})")
     con.print(plans_table([p.row() for p in res.plans], f"top {len(res.plans)} plans"))
-    con.print(f"[bold]why:[/bold] {reason}")
+    con.print(f"[bold]why:[/bold] {escape(reason)}")
     for tab in estimate_tables(res.plans[0].estimate, "best plan")[1:]:
         con.print(tab)
     con.print(f"best plan keys: {res.plans[0].config.as_keys()}")
@@ -125,8 +131,33 @@ def whatif_command(args: argparse.Namespace) -> int:
 
 def run_command(args: argparse.Namespace) -> int:
     try:
+        from runtime.data import cache_dir
         from runtime.launch import launch
     except ImportError as err:
         raise AutoparError(f"`autopar run` needs PyTorch: pip install torch ({err.name} is missing)") from None
-    return launch(plan_path=args.plan, steps=args.steps, data=args.data, metrics_out=args.metrics_out,
-                  checkpoint_dir=args.checkpoint_dir, resume=args.resume, dry_run=args.dry_run)
+    plan_path = args.plan
+    if plan_path is None:
+        plan_path = str(_plan_default(cache_dir() / "default-plan.json"))
+    return launch(plan_path=plan_path, steps=args.steps, data=args.data, metrics_out=args.metrics_out,
+                  checkpoint_dir=args.checkpoint_dir, resume=args.resume, dry_run=args.dry_run,
+                  checkpoint_every=args.checkpoint_every)
+
+
+def _plan_default(path) -> str:
+    """Plan the default job (tiny Llama, 4 CPU ranks), print the plan, write it to ``path``."""
+    from planner.defaults import CLUSTER, GLOBAL_BATCH, MODEL, RANKS, default_plan
+    from planner.explain import runner_up, why
+    from planner.report import console, estimate_tables, plans_table
+
+    out, res = default_plan(path)
+    con = console()
+    con.print(f"autopar: no plan given: planning the {MODEL} model for {RANKS} {CLUSTER} ranks "
+              f"(global batch {GLOBAL_BATCH}); {res.candidates:,} configurations priced in {res.seconds:.2f} s")
+    con.print(plans_table([p.row() for p in res.plans], "plans"))
+    other = runner_up(res.plans)
+    if other:
+        con.print(f"[bold]why:[/bold] {escape(why(res.plans[0], other))}")
+    con.print(estimate_tables(res.plans[0].estimate, "")[1])
+    con.print(f"autopar: wrote {out}; training it (CPU timings are noisy; the bundled cpu-gloo profile is rough, "
+              "`autopar profile` measures this machine)")
+    return out

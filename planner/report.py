@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from cost_models.step import Estimate
@@ -72,7 +73,8 @@ def whatif_table(pts: list[dict[str, Any]], key: str, title: str) -> Table:
         tab.add_column(col, justify=just)
     for p in pts:
         if not p.get("tokens_per_s"):
-            tab.add_row(str(p["value"]), str(p["gpus"]), "-", "-", "-", "-", f"[red]{p.get('error', 'no plan')}[/red]")
+            tab.add_row(str(p["value"]), str(p["gpus"]), "-", "-", "-", "-",
+                        f"[red]{escape(p.get('error', 'no plan'))}[/red]")
             continue
         mark = " [yellow](changed)[/yellow]" if p["plan_changed"] else ""
         tab.add_row(str(p["value"]), str(p["gpus"]), fmt_rate(p["tokens_per_s"]), f"{p['mfu'] * 100:.1f}%",

@@ -71,7 +71,15 @@ def _divisors(n: int) -> list[int]:
 
 
 def _values(key: str, fixed: dict[str, Any], default: list[Any]) -> list[Any]:
-    return [fixed[key]] if key in fixed else default
+    """The values to try for ``key``: the fixed one, the allowed ones when a list is given, else all."""
+    if key not in fixed:
+        return default
+    v = fixed[key]
+    return [x for x in default if x in v] if isinstance(v, (list, tuple, set)) else [v]
+
+
+# What autopar's own runtime executes (`autopar plan --runnable`, and `autopar run`'s default plan).
+RUNNABLE = {"cp": 1, "zero": [0, 1], "tp_overlap": False}
 
 
 def enumerate_space(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dict[str, Any],
@@ -93,7 +101,7 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, global_batch: int, f
                 if G % (t * c * p):
                     continue
                 dp = G // (t * c * p)
-                if "dp" in fixed and fixed["dp"] != dp:
+                if dp not in _values("dp", fixed, [dp]):
                     continue
                 if global_batch % dp:
                     continue
@@ -251,7 +259,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
     t0 = time.perf_counter()
     if global_batch <= 0:
         raise AutoparError(f"--global-batch must be positive, got {global_batch}")
-    if "tp" in fixed:
+    if isinstance(fixed.get("tp"), int):
         from planner.parallel import check_tp_heads
 
         check_tp_heads(model, fixed["tp"])

@@ -17,33 +17,16 @@ import tempfile
 import threading
 from pathlib import Path
 
-from planner.cluster_spec import load_cluster
 from planner.errors import AutoparError
-from planner.model_spec import load_model
-from planner.parallel import ParallelConfig
-from planner.planfile import PlanFile, TrainConfig, load_plan, make_plan, save_plan
+from planner.planfile import PlanFile, load_plan
 from runtime.data import SAMPLE_TEXT, TokenData, cache_dir
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT = {"model": "tiny", "cluster": "cpu-gloo", "ranks": 4, "global_batch": 16,
-           "parallel": ParallelConfig(tp=2, pp=2, dp=1, mbs=2),
-           "train": TrainConfig(steps=40, lr=3e-3, min_lr=3e-4, warmup_steps=4)}
-
-
 def default_plan(path: str | Path | None = None) -> Path:
-    """Write the default plan (tiny Llama, 4 gloo ranks, tp=2 pp=2) with the cost model's prediction."""
-    out = Path(path) if path else cache_dir() / "default-plan.json"
-    model, cluster = load_model(DEFAULT["model"]), load_cluster(DEFAULT["cluster"], gpus=DEFAULT["ranks"])
-    cfg, batch = DEFAULT["parallel"], DEFAULT["global_batch"]
-    try:
-        from cost_models.step import estimate
+    """Write the default plan (the planner's best for the tiny Llama on 4 gloo ranks, tp=2 pp=2)."""
+    from planner.defaults import default_plan as plan_default
 
-        prediction = estimate(model, cluster, cfg, batch).to_json()
-    except Exception:  # noqa: BLE001 - the plan runs without a prediction
-        prediction = {}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    save_plan(make_plan(model, cluster, batch, cfg, prediction=prediction, train=DEFAULT["train"]), out)
-    return out
+    return plan_default(Path(path) if path else cache_dir() / "default-plan.json")[0]
 
 
 def _local_devices() -> int | None:

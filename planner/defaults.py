@@ -1,0 +1,25 @@
+"""The plan `autopar run` trains when given none: the planner's best plan for the tiny model on 4 CPU ranks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from planner.cluster_spec import load_cluster
+from planner.model_spec import load_model
+from planner.planfile import TrainConfig, make_plan, save_plan
+from planner.search import RUNNABLE, SearchResult, search
+
+MODEL, CLUSTER, RANKS, GLOBAL_BATCH = "tiny", "cpu-gloo", 4, 16
+FIXED = {**RUNNABLE, "tp": 2, "pp": 2}  # show tensor and pipeline parallelism at work
+TRAIN = TrainConfig(steps=40, lr=3e-3, min_lr=3e-4, warmup_steps=4)
+
+
+def default_plan(path: str | Path) -> tuple[Path, SearchResult]:
+    """Plan the default job and write the best plan to ``path``."""
+    model, cluster = load_model(MODEL), load_cluster(CLUSTER, gpus=RANKS)
+    res = search(model, cluster, GLOBAL_BATCH, fixed=FIXED, top=3)
+    best = res.plans[0]
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_plan(make_plan(model, cluster, GLOBAL_BATCH, best.config, best.estimate.to_json(), TRAIN), out)
+    return out, res
