@@ -1,8 +1,8 @@
 """AdamW over the data-parallel buckets (ZeRO-1 when they are sharded), gradient clipping, warmup + cosine LR.
 
-The update is torch.optim.AdamW's, applied to flat fp32 tensors: per bucket one master copy of the slice
-this rank owns (the parameter buffer itself for ZeRO-0 with fp32 parameters), ``exp_avg`` and
-``exp_avg_sq``. Weight decay applies to matrices (parameters of two or more dimensions), not to norms and
+The update is torch.optim.AdamW's (its fused kernel, ``torch._fused_adamw_``), applied to flat fp32
+tensors: per bucket one master copy of the slice this rank owns (the parameter buffer itself for ZeRO-0
+with fp32 parameters), ``exp_avg`` and ``exp_avg_sq``. Weight decay applies to matrices (parameters of two or more dimensions), not to norms and
 biases. The gradient norm is the norm of the full (unsharded, deduplicated) gradient.
 """
 
@@ -47,6 +47,7 @@ class DistributedAdamW:
             self.exp_avg.append(torch.zeros_like(m))
             self.exp_avg_sq.append(torch.zeros_like(m))
             self.decay.append(b.owned(_is_matrix))
+        self._cached: tuple[list[list[torch.Tensor]], list[list[torch.Tensor]]] | None = None
 
     def clip_and_norm(self) -> torch.Tensor:
         """Global gradient norm (before clipping); scales the gradients so it is at most ``grad_clip``."""
@@ -59,24 +60,42 @@ class DistributedAdamW:
                 b.grad_shard.mul_(coef.to(b.grad_shard.dtype))
         return norm
 
+    def _groups(self) -> tuple[list[list[torch.Tensor]], list[list[torch.Tensor]]]:
+        """(decayed, not decayed) lists of [master, grad, exp_avg, exp_avg_sq] slices, for the fused update."""
+        dec: list[list[torch.Tensor]] = [[], [], [], []]
+        rest: list[list[torch.Tensor]] = [[], [], [], []]
+        for b, m, ea, eas, decay in zip(self.dp.buckets, self.master, self.exp_avg, self.exp_avg_sq, self.decay):
+            g = b.grad_shard if b.grad_shard.dtype == m.dtype else b.grad_shard.to(m.dtype)
+            edges = [0]
+            for lo, hi in decay:
+                edges += [lo, hi]
+            edges.append(m.numel())
+            for i in range(len(edges) - 1):
+                lo, hi = edges[i], edges[i + 1]
+                if lo < hi:
+                    target = dec if i % 2 else rest
+                    for lst, t in zip(target, (m, g, ea, eas)):
+                        lst.append(t[lo:hi])
+        return dec, rest
+
     @torch.no_grad()
     def step(self) -> tuple[float, float]:
-        """One update from the synchronised gradients; returns (grad norm, learning rate)."""
+        """One update from the synchronised gradients; returns (grad norm, learning rate).
+
+        One fused AdamW kernel (torch's own) per group: matrices with weight decay, the rest without."""
         self.dp.wait_param_gather()
         norm = self.clip_and_norm()
         lr = lr_at(self.step_count, self.train, self.total_steps)
         self.step_count += 1
-        t = self.step_count
         b1, b2 = self.train.betas
-        bc1, bc2 = 1 - b1**t, 1 - b2**t
-        for b, m, ea, eas, decay in zip(self.dp.buckets, self.master, self.exp_avg, self.exp_avg_sq, self.decay):
-            g = b.grad_shard.float()
-            for lo, hi in decay:
-                m[lo:hi].mul_(1 - lr * self.train.weight_decay)
-            ea.lerp_(g, 1 - b1)
-            eas.mul_(b2).addcmul_(g, g, value=1 - b2)
-            denom = (eas.sqrt() / math.sqrt(bc2)).add_(self.train.eps)
-            m.addcdiv_(ea, denom, value=-lr / bc1)
+        if self._cached is None or any(b.grad_shard.dtype != torch.float32 for b in self.dp.buckets):
+            self._cached = self._groups()  # views of persistent buffers: built once (fp32 gradients)
+        for (m, g, ea, eas), wd in zip(self._cached, (self.train.weight_decay, 0.0)):
+            if not m:
+                continue
+            steps = [torch.tensor(float(self.step_count), device=m[0].device)] * len(m)
+            torch._fused_adamw_(m, g, ea, eas, [], steps, lr=lr, beta1=b1, beta2=b2, weight_decay=wd,
+                                eps=self.train.eps, amsgrad=False, maximize=False)
         if self.dp.zero:
             self.dp.start_param_gather(self.master)
         else:
