@@ -2,8 +2,9 @@
 
 The update is torch.optim.AdamW's (its fused kernel, ``torch._fused_adamw_``), applied to flat fp32
 tensors: per bucket one master copy of the slice this rank owns (the parameter buffer itself for ZeRO-0
-with fp32 parameters), ``exp_avg`` and ``exp_avg_sq``. Weight decay applies to matrices (parameters of two or more dimensions), not to norms and
-biases. The gradient norm is the norm of the full (unsharded, deduplicated) gradient.
+with fp32 parameters), ``exp_avg`` and ``exp_avg_sq``. Weight decay applies to matrices (parameters of two
+or more dimensions), not to norms and biases. The gradient norm is the norm of the full (unsharded,
+deduplicated) gradient.
 """
 
 from __future__ import annotations
