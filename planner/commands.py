@@ -99,6 +99,9 @@ def whatif_command(args: argparse.Namespace) -> int:
     if args.compare:
         more = parse_plan_keys(args.compare)
         curves[args.compare] = sweep(model, cluster, args.global_batch, key, values, {**fixed, **more}, args.headroom)
+    from planner.whatif import normalize
+
+    normalize(curves, key)
     if args.plot:
         from planner.whatif import plot
 

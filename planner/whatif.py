@@ -86,22 +86,26 @@ def sweep(model: ModelSpec, cluster: ClusterSpec, global_batch: int, key: str, v
         elif res is not None:
             pt["error"] = "no plan fits"
         pts.append(pt)
-    ok = [p for p in pts if p.get("tokens_per_s")]
-    if ok:
-        if key == "gpus" or key == "nodes":
-            base = ok[0]["tokens_per_s"] / ok[0]["gpus"]
-            for p in ok:
-                p["scaling_efficiency"] = p["tokens_per_s"] / p["gpus"] / base
-        else:
-            top = max(p["tokens_per_s"] for p in ok)
-            for p in ok:
-                p["scaling_efficiency"] = p["tokens_per_s"] / top
+    normalize({"curve": pts}, key)
     prev = None
     for p in pts:
         lay = tuple(p["parallel"][k] for k in LAYOUT) if "parallel" in p else None
         p["plan_changed"] = bool(prev is not None and lay is not None and lay != prev)
         prev = lay if lay is not None else prev
     return pts
+
+
+def normalize(curves: dict[str, list[dict[str, Any]]], key: str) -> None:
+    """Set each point's ``scaling_efficiency``: per-GPU throughput relative to the curve's first point for a
+    GPU-count sweep; otherwise throughput relative to the best point of all curves (so curves compare)."""
+    ok = {name: [p for p in pts if p.get("tokens_per_s")] for name, pts in curves.items()}
+    top = max((p["tokens_per_s"] for pts in ok.values() for p in pts), default=0.0)
+    for pts in ok.values():
+        for p in pts:
+            if key in ("gpus", "nodes"):
+                p["scaling_efficiency"] = p["tokens_per_s"] / p["gpus"] / (pts[0]["tokens_per_s"] / pts[0]["gpus"])
+            else:
+                p["scaling_efficiency"] = p["tokens_per_s"] / top
 
 
 def plot(curves: dict[str, list[dict[str, Any]]], key: str, model: str, cluster: str, path: str) -> None:
@@ -128,8 +132,12 @@ def plot(curves: dict[str, list[dict[str, Any]]], key: str, model: str, cluster:
                     ax1.annotate(" ".join(p["plan"].split()[:3]),
                                  (x, p["tokens_per_s"]), textcoords="offset points", xytext=(4, 6), fontsize=7)
     if not categorical and key in ("gpus", "nodes", "inter_node_bw", "intra_node_bw"):
+        values = sorted({p["value"] for pts in curves.values() for p in pts})
         for ax in (ax1, ax2):
             ax.set_xscale("log", base=2)
+            ax.set_xticks(values)
+            ax.set_xticklabels([f"{v:g}" for v in values])
+            ax.minorticks_off()
     ax1.set_ylabel("tokens / s")
     ax2.set_ylabel("scaling efficiency" if key in ("gpus", "nodes") else "relative throughput")
     ax2.set_xlabel(f"{key} ({VARY_KEYS[key]})")
@@ -142,4 +150,4 @@ def plot(curves: dict[str, list[dict[str, Any]]], key: str, model: str, cluster:
     plt.close(fig)
 
 
-__all__ = ["parse_vary", "sweep", "plot", "cluster_at", "list_gpus"]
+__all__ = ["parse_vary", "sweep", "normalize", "plot", "cluster_at", "list_gpus"]

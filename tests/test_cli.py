@@ -120,6 +120,12 @@ def test_whatif_csv_json_and_plot(tmp_path, capsys):
     assert code == 0
     rows = list(csv.DictReader(io.StringIO(out)))
     assert len(rows) == 6 and {r["curve"] for r in rows} == {"best", "dp_overlap=false"}
+    # bandwidth sweeps: throughput relative to the best point of all curves, so the curves compare
+    eff = {(r["curve"], float(r["inter_node_bw"])): float(r["scaling_efficiency"]) for r in rows}
+    tps = {(r["curve"], float(r["inter_node_bw"])): float(r["tokens_per_s"]) for r in rows}
+    top = max(tps.values())
+    for k in eff:
+        assert eff[k] == pytest.approx(tps[k] / top)
     assert png.exists() and png.read_bytes()[:4] == b"\x89PNG"
     code, out, _ = run(capsys, "whatif", "--model", "llama2-13b", "--global-batch", "256",
                        "--vary", "gpus=8,16,32", "--format", "json")
