@@ -1,13 +1,13 @@
 """Does a measured profile predict real runs? profile -> plan -> run, predicted beside measured step time.
 
-    python benchmarks/profile_check.py cpu [--ranks 2 4] [--steps 20] [--warmup 5] [--fix KEYS] [--quick]
+    python benchmarks/profile_check.py cpu [--ranks 2 4] [--steps 20] [--warmup 5] [--also KEYS ...] [--quick]
     python benchmarks/profile_check.py gpu-gemm [--profile h100.yaml]     # profiled GEMM table vs torch timings
     python benchmarks/profile_check.py gpu-plans [--profile h100.yaml]    # 3 single-GPU plans, predicted vs run
     python benchmarks/profile_check.py gpu                                # both GPU checks
     ... [--json out.json]
 
 cpu: for each rank count R, `autopar profile --nproc R` measures this machine with R gloo ranks, `autopar plan`
-picks the best plan for the tiny model on that profile, `autopar run` trains it; the predicted step time is
+picks the best plan (--runnable) for the tiny model on that profile, `autopar run` trains it; the predicted step time is
 compared with the median measured step time after ``--warmup`` steps (target: within 25%; CPU timings on a
 shared machine are noisy, so both numbers are printed).
 gpu-gemm: every shape of the profile's GEMM table is timed again with torch.utils.benchmark (torch's own
@@ -65,7 +65,7 @@ def profile_plan_run(work: Path, tag: str, profile: Path, model: str, batch: int
                      steps: int, warmup: int) -> dict[str, Any]:
     plan = work / f"plan-{tag}.json"
     args = ["plan", "--model", model, "--cluster", str(profile), "--global-batch", str(batch), "--out", str(plan),
-            "--format", "json"]
+            "--runnable", "--format", "json"]
     if gpus:
         args += ["--gpus", str(gpus)]
     if fix:
@@ -75,8 +75,9 @@ def profile_plan_run(work: Path, tag: str, profile: Path, model: str, batch: int
     autopar("run", str(plan), "--steps", str(steps), "--metrics-out", str(metrics))
     med, logged, n = measured_step(metrics, warmup)
     pred = best["step_time_s"]
-    p = best["parallel"]
-    keys = f"tp={p['tp']},pp={p['pp']},dp={p['dp']},mbs={p['mbs']},recompute={p['recompute']}"
+    from planner.parallel import ParallelConfig
+
+    keys = ParallelConfig.from_dict(best["parallel"]).short()
     return {"case": tag, "plan": keys, "predicted_s": pred, "logged_prediction_s": logged, "measured_median_s": med,
             "steps": n, "error": pred / med - 1.0, "breakdown": best["breakdown"]}
 
@@ -87,12 +88,23 @@ def check_cpu(a: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
         prof = work / f"cpu-{r}.yaml"
         print(f"profiling {r} gloo ranks -> {prof}", flush=True)
         print(autopar("profile", "--nproc", str(r), "--out", str(prof), *(["--quick"] if a.quick else [])), flush=True)
-        row = profile_plan_run(work, f"tiny-{r}ranks", prof, "tiny", a.global_batch, r, a.fix, a.steps, a.warmup)
-        rows.append(row)
-        print(f"  {row['case']}: {row['plan']}  predicted {row['predicted_s']:.4f} s, measured median "
-              f"{row['measured_median_s']:.4f} s over {row['steps']} steps: error {100 * row['error']:+.1f}% "
-              f"({'PASS' if abs(row['error']) <= 0.25 else 'FAIL'} at 25%)", flush=True)
+        cases = [(f"tiny-{r}ranks", a.fix)]
+        cases += [(f"tiny-{r}ranks-fixed{j}", ",".join(filter(None, [a.fix, keys]))) for j, keys in enumerate(a.also)
+                  if _fits(keys, r)]
+        for tag, fix in cases:
+            row = profile_plan_run(work, tag, prof, "tiny", a.global_batch, r, fix, a.steps, a.warmup)
+            rows.append(row)
+            print(f"  {row['case']}: {row['plan']}  predicted {row['predicted_s']:.4f} s, measured median "
+                  f"{row['measured_median_s']:.4f} s over {row['steps']} steps: error {100 * row['error']:+.1f}% "
+                  f"({'PASS' if abs(row['error']) <= 0.25 else 'FAIL'} at 25%)", flush=True)
     return rows
+
+
+def _fits(keys: str, ranks: int) -> bool:
+    """Whether fixed plan keys (tp, pp, dp) can run on ``ranks`` ranks."""
+    kv = dict(k.split("=") for k in keys.split(",") if "=" in k)
+    used = int(kv.get("tp", 1)) * int(kv.get("pp", 1)) * int(kv.get("dp", 1))
+    return ranks % used == 0 and ("dp" not in kv or used == ranks)
 
 
 def _gpu_profile(a: argparse.Namespace, work: Path) -> Path:
@@ -120,7 +132,7 @@ def check_gpu_gemm(prof: Path) -> list[dict[str, Any]]:
         a = torch.randn(m, k, device="cuda", dtype=dtype)
         b = torch.randn(k, n, device="cuda", dtype=dtype)
         return Timer("torch.matmul(a, b)", globals={"torch": torch, "a": a, "b": b}).blocked_autorange(
-            min_run_time=0.2).median
+            min_run_time=0.1).median
 
     rows = []
     for p in cluster.gpu.gemm_table:
@@ -171,8 +183,9 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=None, help="training steps per run (cpu 20, gpu 30)")
     ap.add_argument("--warmup", type=int, default=5, help="steps left out of the measured median")
     ap.add_argument("--global-batch", type=int, default=None, help="sequences per step (cpu 16, gpu 8)")
-    ap.add_argument("--fix", default="cp=1,zero=0",
-                    help="plan keys held fixed (default cp=1,zero=0: what the runtime implements today)")
+    ap.add_argument("--fix", default="", help="plan keys held fixed (plans are always --runnable)")
+    ap.add_argument("--also", action="append", default=[], metavar="KEYS",
+                    help="cpu: also run this fixed plan on each profile (repeatable), e.g. tp=2,pp=2,mbs=2")
     ap.add_argument("--quick", action="store_true", help="profile with --quick")
     ap.add_argument("--profile", help="gpu: use this profile instead of measuring one")
     ap.add_argument("--work", help="keep profiles, plans and metrics here (default: a temporary directory)")

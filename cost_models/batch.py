@@ -141,7 +141,7 @@ def estimate_batch(model: ModelSpec, cluster: ClusterSpec, c: Candidates, global
                       2 * ag3 + rs)
     z23 = np.where((d > 1) & (c.zero >= 2), m * per_mb, 0.0)
     shard = rank_p / np.where(c.zero >= 1, d, 1.0)
-    opt = cm.memory(shard * OPT_BYTES_PER_PARAM[prec] + rank_p * 8, 12)
+    opt = cm.stream(shard * OPT_BYTES_PER_PARAM[prec] + rank_p * 8, 12)
     step = makespan + dp_exp + gather + z23 + opt
 
     # memory on the first rank (most micro-batches in flight), conservative

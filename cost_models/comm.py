@@ -58,15 +58,18 @@ class CommModel:
         intra = (k - 1) * (nodes if ring else 1)
         return intra * self.lat_intra + np.where(nodes > 1, across, 0.0) * self.lat_inter
 
-    def _fitted(self, name: str, nbytes: np.ndarray, factor: np.ndarray, nodes: np.ndarray) -> np.ndarray | None:
-        """Time from a measured alpha/bus-bandwidth fit (nccl-tests convention), per level."""
+    def _fitted(self, name: str, nbytes: np.ndarray, factor: np.ndarray, nodes: np.ndarray, n: np.ndarray
+                ) -> np.ndarray | None:
+        """Time from a measured alpha/bus-bandwidth fit (nccl-tests convention), per level; a group of n > 2
+        ranks adds the fit's per-rank latency for each member beyond two."""
         fit = self.fits.get(name)
         if not fit:
             return None
         fi = fit.get("intra") or fit.get("inter")
         fo = fit.get("inter") or fi
-        t_in = fi.alpha_us * 1e-6 + nbytes * factor / (fi.busbw_GBps * 1e9)
-        t_out = fo.alpha_us * 1e-6 + nbytes * factor / (fo.busbw_GBps * 1e9)
+        extra = np.maximum(n - 2.0, 0.0)
+        t_in = (fi.alpha_us + fi.alpha_per_rank_us * extra) * 1e-6 + nbytes * factor / (fi.busbw_GBps * 1e9)
+        t_out = (fo.alpha_us + fo.alpha_per_rank_us * extra) * 1e-6 + nbytes * factor / (fo.busbw_GBps * 1e9)
         return np.where(nodes > 1, t_out, t_in)
 
     def _collective(self, name: str, nbytes: ArrayLike, size: ArrayLike, stride: ArrayLike,
@@ -77,7 +80,7 @@ class CommModel:
         k, nodes = self.placement(n, stride)
         factor = volume * (n - 1) / np.maximum(n, 1)
         lat = volume * self._lat(k, nodes, ring)
-        fitted = self._fitted(name, nbytes, factor, nodes)
+        fitted = self._fitted(name, nbytes, factor, nodes, n)
         if fitted is not None:
             t = fitted
         else:

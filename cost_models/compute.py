@@ -3,8 +3,14 @@
 GEMM time = max(FLOPs / (peak x efficiency), bytes / memory bandwidth) + a fixed kernel overhead, where
 efficiency = gemm x tile/wave utilisation x K/(K + k_half): large, square-ish GEMMs approach the profile's
 ``efficiency.gemm``; GEMMs whose output tiles leave SMs idle in the last wave, or with a short K loop, run
-slower. A GEMM table measured by ``autopar profile`` corrects the result by the measured/modelled ratio at
-the nearest measured shapes. All functions broadcast over numpy arrays.
+slower. All functions broadcast over numpy arrays.
+
+Measured tables (``autopar profile``) hold whole kernel times, fixed per-kernel cost included:
+- GEMMs: the modelled time (overhead and memory bound included) is scaled by the measured/modelled time
+  ratio at the nearest measured shapes (inverse-distance weights in log m, n, k), so a measured shape
+  reproduces its measurement exactly and other shapes inherit their neighbours' correction.
+- Attention: the measured forward and backward rates (causal FLOPs/s) of the measured head dimension
+  nearest the model's are interpolated over log sequence length; no overhead is added on top.
 """
 
 from __future__ import annotations
@@ -34,16 +40,20 @@ class ComputeModel:
         self.e = gpu.efficiency
         self.overhead = self.e.kernel_overhead_us * 1e-6
         self.mem_bw = gpu.mem_bw
+        self.ew_bw = gpu.ew_bw
         self._table = None
         if gpu.gemm_table:
             t = np.array([[p.m, p.n, p.k, p.tflops * 1e12] for p in gpu.gemm_table], dtype=float)
-            ratio = t[:, 3] / self._gemm_rate(t[:, 0], t[:, 1], t[:, 2])
+            measured = 2.0 * t[:, 0] * t[:, 1] * t[:, 2] / t[:, 3]
+            ratio = measured / self._gemm_model(t[:, 0], t[:, 1], t[:, 2], 1.0)
             self._table = (np.log(t[:, :3]), ratio)
-        self._attn = None
+        self._attn: dict[float, np.ndarray] = {}  # head_dim -> rows (seq, fwd FLOP/s, bwd FLOP/s) by seq
         if gpu.attention_table:
             a = np.array([[p.seq, p.head_dim, p.fwd_tflops * 1e12, p.bwd_tflops * 1e12]
                           for p in gpu.attention_table], dtype=float)
-            self._attn = a[np.argsort(a[:, 0])]
+            for d in np.unique(a[:, 1]):
+                rows = a[a[:, 1] == d][:, [0, 2, 3]]
+                self._attn[float(d)] = rows[np.argsort(rows[:, 0])]
 
     # ---- GEMM ---------------------------------------------------------------------------------
     def _shape_eff(self, M: np.ndarray, N: np.ndarray, K: np.ndarray, batch: np.ndarray) -> np.ndarray:
@@ -71,13 +81,16 @@ class ComputeModel:
         w = 1.0 / (dn + 1e-3) ** 2
         return (w * ratio[nearest]).sum(-1) / w.sum(-1)
 
+    def _gemm_model(self, M: np.ndarray, N: np.ndarray, K: np.ndarray, batch: np.ndarray | float) -> np.ndarray:
+        """Modelled seconds (compute or memory bound, plus the fixed cost) before any measured correction."""
+        flops = 2.0 * M * N * K * batch
+        nbytes = self.eb * (M * K + K * N + M * N) * batch
+        return np.maximum(flops / self._gemm_rate(M, N, K, batch), nbytes / self.mem_bw) + self.overhead
+
     def gemm(self, M: ArrayLike, N: ArrayLike, K: ArrayLike, batch: ArrayLike = 1) -> np.ndarray:
         """Seconds for ``batch`` GEMMs of (M x K) @ (K x N)."""
         M, N, K, batch = (np.maximum(np.asarray(x, dtype=float), 1.0) for x in (M, N, K, batch))
-        flops = 2.0 * M * N * K * batch
-        rate = self._gemm_rate(M, N, K, batch) * self._correction(M, N, K)
-        nbytes = self.eb * (M * K + K * N + M * N) * batch
-        return np.maximum(flops / rate, nbytes / self.mem_bw) + self.overhead
+        return self._gemm_model(M, N, K, batch) * self._correction(M, N, K)
 
     def gemm_fwd_bwd(self, M: ArrayLike, N: ArrayLike, K: ArrayLike, batch: ArrayLike = 1
                      ) -> tuple[np.ndarray, np.ndarray]:
@@ -88,7 +101,12 @@ class ComputeModel:
 
     # ---- memory-bound ops ----------------------------------------------------------------------
     def memory(self, nbytes: ArrayLike, kernels: float = 1.0) -> np.ndarray:
-        """Seconds to stream ``nbytes`` through HBM in ``kernels`` launches."""
+        """Seconds of a layer's memory-bound ops moving ``nbytes`` in ``kernels`` launches (norms, activations,
+        residuals: the profile's elementwise bandwidth where measured, which on CPUs covers unfused ops)."""
+        return np.asarray(nbytes, dtype=float) / self.ew_bw + kernels * self.overhead
+
+    def stream(self, nbytes: ArrayLike, kernels: float = 1.0) -> np.ndarray:
+        """Seconds of fused streaming kernels (the optimizer's fused AdamW) moving ``nbytes`` through memory."""
         return np.asarray(nbytes, dtype=float) / self.mem_bw + kernels * self.overhead
 
     # ---- attention core ------------------------------------------------------------------------
@@ -96,11 +114,14 @@ class ComputeModel:
                         causal_frac: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
         """Fused attention forward and backward (backward does 2.5x the forward's matmul work)."""
         flops = 4.0 * np.asarray(batch_heads, float) * sq * sk * d * causal_frac
+        if self._attn:
+            dims = np.array(sorted(self._attn))
+            nearest = dims[np.argmin(np.abs(np.log(dims) - np.log(np.mean(d))))]
+            rows = self._attn[float(nearest)]
+            key = np.log(np.asarray(sk, dtype=float))
+            fwd_rate = np.interp(key, np.log(rows[:, 0]), rows[:, 1])
+            bwd_rate = np.interp(key, np.log(rows[:, 0]), rows[:, 2])
+            return flops / fwd_rate, 2.5 * flops / bwd_rate
         fwd_rate = self.peak * self.e.attention_fwd
         bwd_rate = self.peak * self.e.attention_bwd
-        if self._attn is not None:
-            seqs = self._attn[:, 0]
-            key = np.asarray(sk, dtype=float)
-            fwd_rate = np.interp(np.log(key), np.log(seqs), self._attn[:, 2])
-            bwd_rate = np.interp(np.log(key), np.log(seqs), self._attn[:, 3])
         return flops / fwd_rate + self.overhead, 2.5 * flops / bwd_rate + self.overhead

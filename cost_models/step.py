@@ -229,7 +229,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global
             else:
                 exposed = sum(dur for _, dur, _ in chunk_comm)
         shard = rank_params[r] / (d if cfg.zero >= 1 else 1)
-        opt = _f(cm.memory(shard * OPT_BYTES_PER_PARAM[prec] + rank_params[r] * 8, 12))
+        opt = _f(cm.stream(shard * OPT_BYTES_PER_PARAM[prec] + rank_params[r] * 8, 12))
         gather = 0.0
         if d > 1 and cfg.zero in (1, 2):
             nb = max(1, math.ceil(rank_params[r] / BUCKET_PARAMS))

@@ -88,6 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
     cal = sub.add_parser("calibrate", help="fit a profile's efficiency parameters to measured runs")
     cal.add_argument("metrics", nargs="+", help="metrics JSON lines written by `autopar run --metrics-out`")
     cal.add_argument("--out", required=True, help="updated cluster profile to write")
+    cal.add_argument("--plan", action="append", help="the plan file a metrics file ran (one per metrics file, or "
+                     "one for all; default: the 'plan' entry the metrics file carries)")
+    cal.add_argument("--cluster", help="profile to calibrate (default: the cluster the plans embed)")
+    cal.add_argument("--warmup", type=int, help="steps to leave out of each run (default: the first 10%%)")
+    cal.add_argument("--fit", help="parameters to fit, from gemm,attention,memory,overhead,comm (default: all)")
     return ap
 
 

@@ -71,6 +71,9 @@ class GPUSpec(_Strict):
     gemm_table: list[GemmPoint] = Field(default_factory=list)  # measured by `autopar profile`
     attention_table: list[AttentionPoint] = Field(default_factory=list)
     measured_memory_bandwidth_GBps: float | None = None
+    # measured (CPU profiles): bandwidth per *modelled* byte of the layers' memory-bound ops (norms, activations,
+    # residuals, RoPE), which a CPU runs as several unfused ops; unset: the same as fused streaming kernels
+    elementwise_bandwidth_GBps: float | None = None
 
     @model_validator(mode="after")
     def _check(self) -> GPUSpec:
@@ -94,6 +97,13 @@ class GPUSpec(_Strict):
             return self.measured_memory_bandwidth_GBps * 1e9
         return self.memory_bandwidth_GBps * 1e9 * self.efficiency.memory
 
+    @property
+    def ew_bw(self) -> float:
+        """Bytes/s of the layers' memory-bound ops (measured on CPUs, else :attr:`mem_bw`)."""
+        if self.elementwise_bandwidth_GBps:
+            return self.elementwise_bandwidth_GBps * 1e9
+        return self.mem_bw
+
 
 class Link(_Strict):
     bandwidth_GBps: float  # per GPU, per direction
@@ -110,11 +120,13 @@ class InterNode(_Strict):
 
 
 class CollectiveFit(_Strict):
-    """alpha-beta fit measured by `autopar profile`: time = alpha + bytes / bus_bandwidth x factor."""
+    """alpha-beta fit measured by `autopar profile`: time = alpha + bytes / bus_bandwidth x factor, where a
+    group of n > 2 ranks adds ``alpha_per_rank_us`` x (n - 2) to alpha (a ring's extra steps)."""
 
     alpha_us: float
     busbw_GBps: float
-    r2: float | None = None  # goodness of the fit over the measured message sizes (written by the profiler)
+    alpha_per_rank_us: float = 0.0
+    r2: float | None = None  # goodness of the fit over the measured sizes and groups (written by the profiler)
 
 
 class ClusterSpec(_Strict):

@@ -1,9 +1,9 @@
 """Per-step metrics: one JSON line per step (rank 0) and a progress line on stdout.
 
 Each line: ``step, loss, grad_norm, lr, step_time_s, predicted_step_time_s, tokens_per_s, mfu,
-peak_memory_GiB``. MFU = model FLOPs (``ModelSpec.model_flops_per_token``, no recompute) x tokens /
-(step time x ranks x the cluster GPU's peak at the plan's precision) — the same definition the planner's
-estimate uses, so the two can be compared directly.
+peak_memory_GiB, plan`` (the plan file's absolute path). MFU = model FLOPs
+(``ModelSpec.model_flops_per_token``, no recompute) x tokens / (step time x ranks x the cluster GPU's peak
+at the plan's precision) — the same definition the planner's estimate uses, so the two compare directly.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from planner.planfile import PlanFile
 
 class MetricsLog:
     def __init__(self, plan: PlanFile, path: str | Path | None, total_steps: int, enabled: bool,
-                 quiet: bool = False, append: bool = False) -> None:
+                 quiet: bool = False, append: bool = False, plan_path: str | None = None) -> None:
         self.plan, self.total, self.enabled, self.quiet = plan, total_steps, enabled, quiet
+        self.plan_path = plan_path  # written on every line so `autopar calibrate` can re-estimate the run
         self.tokens = plan.global_batch * plan.seq
         self.flops = plan.model.model_flops_per_token(plan.seq) * self.tokens
         self.peak = plan.world_size * plan.cluster.gpu.peak(plan.cluster.precision)
@@ -35,6 +36,8 @@ class MetricsLog:
             "predicted_step_time_s": self.predicted, "tokens_per_s": self.tokens / step_time_s,
             "mfu": self.flops / (step_time_s * self.peak), "peak_memory_GiB": peak_memory_GiB,
         }
+        if self.plan_path:
+            row["plan"] = self.plan_path
         if not self.enabled:
             return row
         if self.file is not None:

@@ -81,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
     if args.resume:
         load_checkpoint(trainer, ckdir)
     every = args.checkpoint_every if args.checkpoint_every is not None else plan.train.checkpoint_every
-    log = MetricsLog(plan, args.metrics_out, steps, enabled=rank == 0, quiet=args.quiet, append=args.resume)
+    log = MetricsLog(plan, args.metrics_out, steps, enabled=rank == 0, quiet=args.quiet, append=args.resume,
+                     plan_path=str(Path(args.plan).resolve()))
     if rank == 0 and not args.quiet:
         where = f"resuming after step {trainer.step}" if args.resume else "from scratch"
         print(f"autopar: training {plan.model.name} on {world} {backend} ranks ({plan.config.short()}), "

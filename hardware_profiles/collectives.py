@@ -1,0 +1,218 @@
+"""Collective timings over torch.distributed (gloo on CPU, NCCL on GPUs), per level of the machine.
+
+Levels, as the cost model uses them (cost_models/comm.py):
+- ``intra``: groups of 2, 4, ... consecutive ranks of a node up to the whole node (every group of a size
+  runs at the same time); point-to-point pairs neighbouring ranks of a node.
+- ``inter`` (several nodes only): the same over nodes with one rank per node, all local ranks' groups at
+  once, as when every tensor-parallel rank runs its data-parallel reduce together; point-to-point pairs
+  rank r of one node with rank r of the next.
+
+Message sizes follow the cost model's arguments: the all-reduce buffer, the all-gather *output*, the
+reduce-scatter *input*, the all-to-all buffer, the bytes sent point-to-point (each pair exchanges at once,
+as pipeline stages do in steady state). A timing is the slowest rank's time per call over several windows
+(median on GPUs, mean on CPUs: :func:`hardware_profiles.fit.summarise`): back-to-back calls on GPUs, as
+nccl-tests; on CPUs each call follows a burst of compute, whose own time is subtracted (:func:`time_sizes`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from hardware_profiles.fit import COLLECTIVES, summarise
+from hardware_profiles.timing import Timer
+
+# torch 2.12 renamed the tensor collectives; keep working on older releases.
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+@dataclass
+class Level:
+    name: str  # "intra" or "inter"
+    groups: dict[int, list[list[int]]]  # group size -> disjoint groups of that size (all measured at once)
+    pairs: list[tuple[int, int]]  # point-to-point partners
+
+
+def _sizes(total: int) -> list[int]:
+    """Group sizes to measure among ``total`` peers: powers of two from 2, and ``total`` itself."""
+    out, g = [], 2
+    while g < total:
+        if total % g == 0:
+            out.append(g)
+        g *= 2
+    return out + [total] if total > 1 else []
+
+
+def levels(world: int, local: int) -> list[Level]:
+    """The levels ``world`` ranks on nodes of ``local`` ranks can measure (none for a single rank).
+
+    Inside a node, groups of 2, 4, ... consecutive ranks up to the whole node (as tensor-parallel groups
+    are laid out); across nodes, the same over nodes with one rank per node. Every group of a size runs
+    at once, so the measurement shares links (and, on CPUs, cores) as training does."""
+    nodes = world // local
+    out = []
+    if local > 1:
+        groups = {g: [list(range(b, b + g)) for b in range(0, world, g)] for g in _sizes(local)}
+        pairs = [(n * local + i, n * local + i + 1) for n in range(nodes) for i in range(0, local - 1, 2)]
+        out.append(Level("intra", groups, pairs))
+    if nodes > 1:
+        groups = {g: [[(b + j) * local + i for j in range(g)] for b in range(0, nodes, g) for i in range(local)]
+                  for g in _sizes(nodes)}
+        pairs = [(n * local + i, (n + 1) * local + i) for n in range(0, nodes - 1, 2) for i in range(local)]
+        out.append(Level("inter", groups, pairs))
+    return out
+
+
+def message_sizes(device: torch.device, quick: bool) -> list[int]:
+    """Bytes per message: latency-bound to bandwidth-bound (4 KiB-16 MiB on CPUs, 64 KiB-1 GiB on GPUs)."""
+    if device.type == "cuda":
+        lo, hi, step = (2**18, 2**28, 4) if quick else (2**16, 2**30, 4)
+    else:
+        lo, hi, step = (2**12, 2**24, 8) if quick else (2**12, 2**24, 4)
+    sizes, s = [], lo
+    while s <= hi:
+        sizes.append(s)
+        s *= step
+    return sizes
+
+
+def _op(name: str, group: dist.ProcessGroup, peer: int | None, nbytes: int, device: torch.device
+        ) -> Callable[[], None]:
+    """A closure running one collective of ``nbytes`` (the cost model's size convention) on ``group``."""
+    n = dist.get_world_size(group)
+    elems = max(n, nbytes // 4 // n * n)
+    buf = torch.ones(elems, device=device)
+    if name == "all_reduce":
+        return lambda: dist.all_reduce(buf, group=group)
+    if name == "all_gather":
+        shard = torch.ones(elems // n, device=device)
+        return lambda: _all_gather(buf, shard, group=group)
+    if name == "reduce_scatter":
+        shard = torch.empty(elems // n, device=device)
+        return lambda: _reduce_scatter(shard, buf, group=group)
+    if name == "all_to_all":
+        out = torch.empty_like(buf)
+        return lambda: dist.all_to_all_single(out, buf, group=group)
+    if name == "p2p":
+        recv = torch.empty_like(buf)
+
+        def swap() -> None:
+            ops = [dist.P2POp(dist.isend, buf, peer, group), dist.P2POp(dist.irecv, recv, peer, group)]
+            for w in dist.batch_isend_irecv(ops):
+                w.wait()
+        return swap
+    raise ValueError(name)
+
+
+def _slowest(x: list[float], device: torch.device) -> list[float]:
+    t = torch.tensor(x, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+def time_sizes(timer: Timer, fns: list[Callable[[], None]] | None, count: int, window_s: float,
+               tick: Callable[[float], None] = lambda _: None, gap: Callable[[], None] | None = None
+               ) -> list[float]:
+    """Seconds per call of each of ``count`` collectives on the slowest rank; every rank of the world calls
+    this (``fns`` None: a rank outside every group). Repeats are taken in rounds over the sizes, each window
+    after a barrier, so a busy spell of a shared machine spreads over all sizes.
+
+    With ``gap`` (CPUs), every call follows that burst of compute, as collectives follow kernels in a
+    training step, and the burst's own time (measured in the same rounds) is subtracted: a rank that waits
+    for a descheduled peer pays for it here as it does in a step, which back-to-back calls would hide."""
+    dev = timer.device
+    calls: list[Callable[[], object]] = list(fns) if fns else [lambda: None] * count
+    if gap is not None and fns:
+        calls = [lambda fn=fn: (gap(), fn()) for fn in calls]
+    for fn in calls:
+        for _ in range(timer.warmup):
+            fn()
+    timer.sync()
+    dist.barrier()
+    one = _slowest([timer.window(fn, 1) if fns else 0.0 for fn in calls], dev)
+    iters = [max(1, min(200, int(window_s / max(t, 1e-6)))) for t in one]
+    samples: list[list[float]] = [[] for _ in calls]
+    gaps: list[float] = []
+    for _ in range(timer.repeats):
+        if gap is not None:
+            dist.barrier()
+            gaps.append(timer.window(gap, max(iters)) if fns else 0.0)
+        for i, fn in enumerate(calls):
+            dist.barrier()
+            samples[i].append(timer.window(fn, iters[i]) if fns else 0.0)
+            tick(1.0 / timer.repeats)
+    times = [summarise(s, timer.stat) for s in samples]
+    if gap is not None and fns:
+        g = summarise(gaps, timer.stat)
+        times = [max(t - g, 0.05 * t) for t in times]
+    return _slowest(times, dev)
+
+
+def compute_gap(device: torch.device) -> Callable[[], None]:
+    """About a millisecond of GEMM on a CPU core (two 256^3 matmuls), the compute between two collectives."""
+    a, b = torch.randn(256, 256, device=device), torch.randn(256, 256, device=device)
+    out = torch.empty(256, 256, device=device)
+
+    def burst() -> None:
+        torch.mm(a, b, out=out)
+        torch.mm(out, b, out=out)
+    return burst
+
+
+def _unsupported(err: RuntimeError) -> bool:
+    msg = str(err).lower()
+    return "not supported" in msg or "not implemented" in msg or "unsupported" in msg
+
+
+def run_all(device: torch.device, local: int, quick: bool,
+            tick: Callable[[str, float], None] = lambda what, done: None,
+            names: tuple[str, ...] = COLLECTIVES) -> dict[str, dict[str, list[tuple[int, int, float]]]]:
+    """``{collective: {level: [(group size, bytes, seconds), ...]}}``; every rank calls it, rank 0 keeps it.
+
+    Collectives the backend lacks are left out (the caller notes which)."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    timer = Timer(device, repeats=5 if quick else 7, warmup=2)
+    window_s = 0.003 if device.type == "cpu" else 0.005
+    sizes = message_sizes(device, quick)
+    gap = compute_gap(device) if device.type == "cpu" else None
+    out: dict[str, dict[str, list[tuple[int, int, float]]]] = {}
+    for lv in levels(world, local):
+        mine: dict[int, dist.ProcessGroup] = {}
+        for size, groups in lv.groups.items():  # every rank creates every group, in the same order
+            for g in groups:
+                pg = dist.new_group(g)
+                if rank in g:
+                    mine[size] = pg
+        peer = next((b if rank == a else a for a, b in lv.pairs if rank in (a, b)), None)
+        pair_group = None
+        for a, b in lv.pairs:
+            pg = dist.new_group([a, b])
+            if rank in (a, b):
+                pair_group = pg
+        for name in names:
+            cases = [(2, pair_group)] if name == "p2p" else [(n, mine.get(n)) for n in lv.groups]
+            pts: list[tuple[int, int, float]] | None = []
+            for n, group in cases:
+                member = group is not None and (peer is not None or name != "p2p")
+                try:
+                    fns = [_op(name, group, peer, b, device) for b in sizes] if member else None
+                    times = time_sizes(timer, fns, len(sizes), window_s, lambda f, name=name: tick(name, f), gap)
+                except RuntimeError as err:  # a collective this backend does not implement
+                    if not _unsupported(err):
+                        raise
+                    pts = None
+                    break
+                pts += [(n, b, t) for b, t in zip(sizes, times)]
+            if pts:
+                out.setdefault(name, {})[lv.name] = pts
+    return out
+
+
+def total_ticks(device: torch.device, world: int, local: int, quick: bool, names: tuple[str, ...] = COLLECTIVES
+                ) -> int:
+    per = sum(len(lv.groups) * (len(names) - ("p2p" in names)) + ("p2p" in names) for lv in levels(world, local))
+    return per * len(message_sizes(device, quick))

@@ -1,0 +1,303 @@
+"""``autopar profile``: measure this machine (or every node of a torchrun job) and write a cluster profile.
+
+What is measured, on every rank at once (so a CPU shared by several ranks is measured as a run of that
+many ranks sees it):
+- GEMMs over a grid of (m, n, k) in the training precision (bf16 on GPUs, fp32 on CPUs), causal SDPA
+  attention forward and backward over sequence lengths, device memory bandwidth (a large copy), and the
+  fixed cost per kernel (compute_bench.py; on CPUs through the runtime's own layers, layer_probe.py);
+- all-reduce, all-gather, reduce-scatter, all-to-all and point-to-point over torch.distributed across
+  message sizes, inside a node and (under a multi-node torchrun) across nodes, fitted per collective and
+  level to alpha + bytes x factor / busbw (collectives.py, fit.py).
+The result (assemble.py) loads with ``planner.cluster_spec.load_cluster`` and feeds estimate / plan /
+whatif; the cost model interpolates its tables and falls back to datasheet defaults elsewhere.
+
+How it runs: without torchrun it spawns ``--nproc`` ranks here (default: every local GPU, or 2 CPU
+ranks; one GPU means no peer, so no collectives); under ``torchrun`` (multi-node) every rank runs the
+command and rank 0 writes the file. torch is imported only inside the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from planner.errors import AutoparError
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError as err:
+        raise AutoparError(f"`autopar profile` needs PyTorch: pip install torch ({err.name} is missing)") from None
+    return torch
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return " ".join(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return "cpu"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Progress:
+    """A rich progress bar on stderr (rank 0 only); silent when stderr is not a terminal unless forced."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.bar = None
+        if enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("profiling {task.description:<14}"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+            self.task = self.bar.add_task("", total=total)
+            self.bar.start()
+
+    def tick(self, what: str, advance: float = 1.0) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, advance=advance, description=what)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def measure(rank: int, world: int, local: int, quick: bool, progress: bool,
+            names: tuple[str, ...] | None = None) -> dict[str, Any] | None:
+    """Every rank's part of a profile (the process group is initialised); rank 0 returns the measurements."""
+    torch = _torch()
+    import torch.distributed as dist
+
+    from hardware_profiles import collectives, compute_bench, layer_probe
+    from hardware_profiles.assemble import gpu_profile
+    from hardware_profiles.fit import COLLECTIVES
+    from hardware_profiles.timing import Timer
+    from planner.cluster_spec import GPUSpec
+
+    names = names or COLLECTIVES
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", rank % local) if cuda else torch.device("cpu")
+    precision = "bf16" if cuda else "fp32"
+    if cuda:
+        torch.cuda.set_device(device)
+        props = torch.cuda.get_device_properties(device)
+        dev = {"type": "cuda", "name": props.name, "memory_GiB": props.total_memory / 2**30,
+               "sm_count": props.multi_processor_count}
+    else:
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+        try:
+            mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30 / local
+        except (ValueError, OSError):
+            mem = 16.0
+        dev = {"type": "cpu", "name": f"{_cpu_model()} ({torch.get_num_threads()} thread(s) per rank)",
+               "memory_GiB": mem}
+    total = compute_bench.total_ticks(device, quick) + 1
+    total += collectives.total_ticks(device, world, local, quick, names) if world > 1 else 0
+    bar = _Progress(total, progress and rank == 0)
+    try:
+        meta = dist.new_group(backend="gloo") if cuda else None  # for objects and barriers off the GPU
+        sync = (lambda: dist.barrier(group=meta)) if world > 1 else (lambda: None)
+        comp = compute_bench.run_all(device, precision, quick, bar.tick, sync)
+        comp["probes"] = None
+        if not cuda:  # the runtime's own layers, priced on this rank's tables (layer_probe.py)
+            mine = GPUSpec(**gpu_profile(dev, comp, precision))
+            timer = Timer(device, min_window_s=0.02, repeats=3 if quick else 5, sync=sync)
+            comp["probes"] = layer_probe.measure(timer, mine, precision, compute_bench.DTYPES[precision])
+        bar.tick("layer probes", 1.0)
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, comp, group=meta)
+        colls = collectives.run_all(device, local, quick, bar.tick, names) if world > 1 else {}
+    finally:
+        bar.close()
+    if rank != 0:
+        return None
+    return {"device": dev, "precision": precision, "backend": "nccl" if cuda else "gloo", "world": world,
+            "local": local, "quick": quick, "compute": combine(gathered), "collectives": colls,
+            "torch": torch.__version__, "host": socket.gethostname()}
+
+
+def combine(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-shape medians over ranks (every rank measured the same list)."""
+    import numpy as np
+
+    first = per_rank[0]
+    med = lambda key, i, f: float(np.median([r[key][i][f] for r in per_rank]))  # noqa: E731
+    out = {
+        "gemm": [{**g, "seconds": med("gemm", i, "seconds")} for i, g in enumerate(first["gemm"])],
+        "attention": [{**a, "fwd_s": med("attention", i, "fwd_s"), "bwd_s": med("attention", i, "bwd_s")}
+                      for i, a in enumerate(first["attention"])],
+        "copy_Bps": float(np.median([r["copy_Bps"] for r in per_rank])),
+        "tiny_op_s": float(np.median([r["tiny_op_s"] for r in per_rank])),
+        "probes": None,
+    }
+    if first.get("probes"):
+        out["probes"] = [{**p, "seconds": med("probes", i, "seconds"), "compute_s": med("probes", i, "compute_s")}
+                         for i, p in enumerate(first["probes"])]
+    return out
+
+
+def _worker(rank: int, world: int, port: int, quick: bool, result: str, progress: bool) -> None:
+    """A spawned rank: join the group, measure, rank 0 writes its measurements as JSON to ``result``."""
+    torch = _torch()
+    import torch.distributed as dist
+
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+                       "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank)})
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, rank=rank, world_size=world)
+    try:
+        meas = measure(rank, world, world, quick, progress)
+        if rank == 0:
+            Path(result).write_text(json.dumps(meas))
+    finally:
+        dist.destroy_process_group()
+
+
+def run_local(nproc: int, quick: bool, progress: bool = True) -> dict[str, Any]:
+    """Measure with ``nproc`` ranks spawned on this machine; returns rank 0's measurements."""
+    torch = _torch()
+    import torch.multiprocessing as mp
+
+    fd, result = tempfile.mkstemp(prefix="autopar-profile-", suffix=".json")
+    os.close(fd)
+    try:
+        if nproc == 1:
+            import torch.distributed as dist
+
+            store = dist.HashStore()
+            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", store=store, rank=0,
+                                    world_size=1)
+            try:
+                return measure(0, 1, 1, quick, progress)  # type: ignore[return-value]
+            finally:
+                dist.destroy_process_group()
+        threads = os.environ.get("OMP_NUM_THREADS")
+        os.environ["OMP_NUM_THREADS"] = threads or "1"  # the ranks inherit it, as `autopar run` starts them
+        try:
+            mp.start_processes(_worker, args=(nproc, _free_port(), quick, result, progress), nprocs=nproc,
+                               start_method="spawn")
+        except (mp.ProcessRaisedException, mp.ProcessExitedException) as err:  # one line: its last error line
+            last = [ln for ln in str(err).strip().splitlines() if ln.strip()][-1:] or ["unknown error"]
+            raise AutoparError(f"profiling failed on rank {err.error_index}: {last[0].strip()}") from None
+        finally:
+            if threads is None:
+                del os.environ["OMP_NUM_THREADS"]
+        return json.loads(Path(result).read_text())
+    finally:
+        Path(result).unlink(missing_ok=True)
+
+
+def run_torchrun(quick: bool, progress: bool = True) -> dict[str, Any] | None:
+    """Measure as one rank of a torchrun job (env:// rendezvous); rank 0 returns the measurements."""
+    torch = _torch()
+    import torch.distributed as dist
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if world % local:
+        raise AutoparError(f"torchrun started {world} ranks, not a whole number of nodes of {local}")
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    try:
+        return measure(rank, world, local, quick, progress)
+    finally:
+        dist.destroy_process_group()
+
+
+def build(meas: dict[str, Any], name: str) -> tuple[dict[str, Any], list[str]]:
+    """The cluster profile and notes for the user from rank 0's measurements."""
+    from hardware_profiles.assemble import cluster_profile
+    from hardware_profiles.fit import COLLECTIVES
+
+    notes = []
+    overhead = elementwise = None
+    if meas["compute"].get("probes"):
+        from hardware_profiles.layer_probe import fit
+
+        c = meas["compute"]
+        overhead, elementwise = fit(c["probes"], c["copy_Bps"], c["tiny_op_s"])
+    if meas["world"] == 1:
+        notes.append("one rank: no peer to measure collectives with; links use the bundled defaults")
+    else:
+        missing = [c for c in COLLECTIVES if c not in meas["collectives"]]
+        if missing:
+            notes.append(f"{meas['backend']} does not implement {', '.join(missing)} here; the model's defaults apply")
+        if meas["world"] == meas["local"]:
+            notes.append("one node: inter-node links use the bundled defaults (run under torchrun on several nodes)")
+    return cluster_profile(meas, name, overhead, elementwise), notes
+
+
+def summary(profile: dict[str, Any], out: str) -> list[str]:
+    """A few lines on what was measured."""
+    gpu = profile["gpu"]
+    best = max(gpu["gemm_table"], key=lambda g: g["tflops"])
+    eff = gpu["efficiency"]
+    lines = [f"wrote {out}: {profile['num_nodes']} x {profile['gpus_per_node']} {gpu['name']} ({profile['backend']}, "
+             f"{profile['precision']})",
+             f"  GEMM      {len(gpu['gemm_table'])} shapes, best {best['tflops']:.4g} TFLOP/s at "
+             f"{best['m']}x{best['n']}x{best['k']} (efficiency.gemm {eff['gemm']:.3g} of peak)",
+             f"  attention {len(gpu['attention_table'])} points, forward {eff['attention_fwd']:.3g} / backward "
+             f"{eff['attention_bwd']:.3g} of peak (median)",
+             f"  memory    {gpu['measured_memory_bandwidth_GBps']:.4g} GB/s copy"
+             + (f", {gpu['elementwise_bandwidth_GBps']:.4g} GB/s per modelled byte of the layers' memory-bound ops"
+                if gpu.get("elementwise_bandwidth_GBps") else f" ({gpu['memory_bandwidth_GBps']:.4g} datasheet)")
+             + f"; fixed cost per kernel {eff['kernel_overhead_us']:.3g} us"]
+    for c, levels in profile.get("collectives", {}).items():
+        for lv, f in levels.items():
+            per = f" (+{f['alpha_per_rank_us']:.3g} us per rank beyond 2)" if f.get("alpha_per_rank_us") else ""
+            lines.append(f"  {c:<15}{lv:<6} alpha {f['alpha_us']:.4g} us{per}, busbw {f['busbw_GBps']:.4g} GB/s, "
+                         f"R^2 {f['r2']:.3f}")
+    return lines
+
+
+def profile_command(args: argparse.Namespace, progress: Callable[[], bool] | None = None) -> int:
+    """The CLI entry point (args: out, quick, nproc, name)."""
+    from hardware_profiles.assemble import to_yaml, write_profile
+
+    if Path(args.out).is_dir():
+        raise AutoparError(f"--out {args.out} is a directory; give a file name such as my-cluster.yaml")
+    torch = _torch()
+    show = sys.stderr.isatty() if progress is None else progress()
+    under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
+    if under_torchrun:
+        if args.nproc is not None:
+            raise AutoparError("--nproc is for spawning ranks here; under torchrun use --nproc-per-node")
+        meas = run_torchrun(args.quick, show)
+        if meas is None:
+            return 0
+    else:
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        nproc = args.nproc if args.nproc is not None else (gpus or 2)
+        if nproc < 1:
+            raise AutoparError(f"--nproc must be at least 1, got {nproc}")
+        if gpus and nproc > gpus:
+            raise AutoparError(f"--nproc {nproc}: this machine has {gpus} GPU(s)")
+        meas = run_local(nproc, args.quick, show)
+    name = args.name or Path(args.out).stem
+    profile, notes = build(meas, name)
+    try:
+        write_profile(args.out, to_yaml(profile, meas, notes))
+    except OSError as err:
+        raise AutoparError(f"cannot write {args.out}: {err.strerror}") from None
+    for line in summary(profile, args.out) + [f"note: {n}" for n in notes]:
+        print(line)
+    return 0

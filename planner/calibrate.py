@@ -1,0 +1,264 @@
+"""``autopar calibrate m1.jsonl [m2.jsonl ...] --out updated.yaml``: fit a profile's efficiency to measured runs.
+
+Input: metrics files written by ``autopar run PLAN --metrics-out m.jsonl`` (one JSON object per step with
+``step`` and ``step_time_s``), each paired with the plan it ran: from ``--plan`` (one per metrics file, or
+one for all), else from a ``plan`` key in the metrics file (a path, or the embedded plan object). A run's
+measured step time is the median over its steps after the warm-up (``--warmup``, default the first 10%,
+at least one step when there are several).
+
+Model: five scales on the profile, each a factor on what it measures (:data:`PARAMS`): GEMM rate (the GEMM
+table and ``efficiency.gemm``), attention rate (attention table, ``efficiency.attention_*``), memory-bound
+bandwidth, the fixed cost per kernel, and communication speed (collective bandwidths up, latencies down).
+Every run is re-estimated with the cost model on the scaled profile; the scales minimise the squared log
+error between predicted and measured step times (Levenberg-Marquardt on log-scales, bounded to
+[1/8, 8], with a weak pull towards 1 (:data:`PRIOR`) so that parameters the runs cannot tell apart
+stay near the profile's values: one run yields about the smallest change that explains it). The
+updated profile is written as a cluster YAML that ``plan / estimate / whatif --cluster`` accept.
+Never imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+from pydantic import ValidationError
+
+from planner.cluster_spec import ClusterSpec, load_cluster
+from planner.errors import AutoparError
+from planner.model_spec import _one_line
+from planner.planfile import PlanFile, load_plan
+
+PARAMS = ("gemm", "attention", "memory", "overhead", "comm")
+BOUND = math.log(8.0)  # scales stay within [1/8, 8]
+# Pull of each log-scale towards 0, relative to one run's squared log error: (typical noise of a run's median
+# step time, 5%) / (how far a profile parameter plausibly is off, a factor 2.5 = 0.92 in log) squared.
+PRIOR = (0.05 / math.log(2.5)) ** 2
+
+
+@dataclass
+class Run:
+    """One measured run: where it came from, its plan, and its median step time after warm-up."""
+
+    source: str
+    plan: PlanFile
+    measured_s: float
+    steps: int
+    logged_prediction_s: float | None
+
+
+# ---- reading runs ---------------------------------------------------------------------------------
+def read_metrics(path: str | Path) -> tuple[list[dict[str, Any]], Any]:
+    """The step rows of a metrics file and its ``plan`` entry (a path or an embedded plan), if any."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise AutoparError(f"metrics file {p} does not exist; write one with `autopar run PLAN --metrics-out {p}`"
+                           ) from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise AutoparError(f"cannot read metrics file {p}: {getattr(err, 'strerror', None) or err}") from None
+    rows, plan = [], None
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            raise AutoparError(f"metrics file {p} line {i} is not valid JSON (truncated or corrupt?)") from None
+        if not isinstance(obj, dict):
+            raise AutoparError(f"metrics file {p} line {i} is not a JSON object")
+        if "plan" in obj:
+            plan = obj["plan"]
+        if "step" in obj and "step_time_s" in obj:
+            t = obj["step_time_s"]
+            if not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
+                raise AutoparError(f"metrics file {p} line {i}: step_time_s must be a positive number, got {t!r}")
+            rows.append(obj)
+    if not text.strip():
+        raise AutoparError(f"metrics file {p} is empty")
+    if not rows:
+        raise AutoparError(f"metrics file {p} has no step lines (objects with 'step' and 'step_time_s')")
+    return rows, plan
+
+
+def measured_median(rows: list[dict[str, Any]], warmup: int | None, source: str) -> tuple[float, int]:
+    """Median step time after the warm-up steps, and how many steps it is over."""
+    rows = sorted(rows, key=lambda r: r["step"])
+    skip = warmup if warmup is not None else (max(1, len(rows) // 10) if len(rows) > 1 else 0)
+    kept = [r["step_time_s"] for r in rows[skip:]]
+    if not kept:
+        raise AutoparError(f"metrics file {source}: all {len(rows)} step(s) are warm-up (--warmup {skip}); "
+                           "run more steps or lower --warmup")
+    return float(np.median(kept)), len(kept)
+
+
+def _resolve_plan(ref: Any, metrics: Path) -> PlanFile:
+    """The plan a metrics file names: an embedded plan object, or a path (relative to the file or here)."""
+    if isinstance(ref, dict):
+        try:
+            return PlanFile.model_validate(ref)
+        except ValidationError as err:
+            raise AutoparError(f"metrics file {metrics}: its embedded plan is invalid ({_one_line(err)}); "
+                               "pass --plan PLAN.json") from None
+    path = Path(str(ref))
+    if not path.is_absolute() and not path.exists():
+        path = metrics.parent / path
+    return load_plan(path)
+
+
+def load_runs(metrics: list[str], plans: list[str] | None, warmup: int | None) -> list[Run]:
+    """Every metrics file with its plan (see the module docstring for how they are paired)."""
+    plans = plans or []
+    if plans and len(plans) not in (1, len(metrics)):
+        raise AutoparError(f"give one --plan for all metrics files or one per file ({len(metrics)}), "
+                           f"not {len(plans)}")
+    runs = []
+    for i, m in enumerate(metrics):
+        rows, embedded = read_metrics(m)
+        if plans:
+            plan = load_plan(plans[i if len(plans) > 1 else 0])
+        elif embedded is not None:
+            plan = _resolve_plan(embedded, Path(m))
+        else:
+            raise AutoparError(f"metrics file {m} does not say which plan it ran; pass --plan PLAN.json "
+                               "(one per metrics file, in the same order)")
+        med, n = measured_median(rows, warmup, m)
+        logged = next((r.get("predicted_step_time_s") for r in rows if r.get("predicted_step_time_s")), None)
+        runs.append(Run(m, plan, med, n, logged))
+    return runs
+
+
+# ---- the scaled profile ---------------------------------------------------------------------------
+def scaled(cluster: ClusterSpec, s: dict[str, float]) -> ClusterSpec:
+    """``cluster`` with its measured speeds multiplied by the scales ``s`` (missing scales: 1)."""
+    g, c, a, m, o, n = (s.get(k, 1.0) for k in ("gemm", "gemm", "attention", "memory", "overhead", "comm"))
+    gpu = cluster.gpu
+    e = gpu.efficiency
+    eff = e.model_copy(update={
+        "gemm": min(1.0, e.gemm * g), "attention_fwd": min(1.0, e.attention_fwd * a),
+        "attention_bwd": min(1.0, e.attention_bwd * a), "kernel_overhead_us": e.kernel_overhead_us * o})
+    gpu = gpu.model_copy(update={
+        "efficiency": eff,
+        "measured_memory_bandwidth_GBps": gpu.mem_bw / 1e9 * m,
+        "elementwise_bandwidth_GBps": gpu.elementwise_bandwidth_GBps and gpu.elementwise_bandwidth_GBps * m,
+        "gemm_table": [p.model_copy(update={"tflops": p.tflops * c}) for p in gpu.gemm_table],
+        "attention_table": [p.model_copy(update={"fwd_tflops": p.fwd_tflops * a, "bwd_tflops": p.bwd_tflops * a})
+                            for p in gpu.attention_table],
+    })
+    upd: dict[str, Any] = {"gpu": gpu}
+    if n != 1.0:
+        upd["intra_node"] = cluster.intra_node.model_copy(update={
+            "bandwidth_GBps": cluster.intra_node.bandwidth_GBps * n, "latency_us": cluster.intra_node.latency_us / n})
+        if cluster.inter_node is not None:
+            i = cluster.inter_node
+            upd["inter_node"] = i.model_copy(update={"nic_bandwidth_Gbps": i.nic_bandwidth_Gbps * n,
+                                                     "latency_us": i.latency_us / n})
+        upd["collectives"] = {
+            name: {lv: f.model_copy(update={"alpha_us": f.alpha_us / n, "alpha_per_rank_us": f.alpha_per_rank_us / n,
+                                            "busbw_GBps": f.busbw_GBps * n}) for lv, f in levels.items()}
+            for name, levels in cluster.collectives.items()}
+    return cluster.model_copy(update=upd)
+
+
+def predict(runs: list[Run], base: ClusterSpec, s: dict[str, float]) -> np.ndarray:
+    """Each run's step time re-estimated on ``base`` (sized as the run's plan) with scales ``s``."""
+    from cost_models.step import estimate
+
+    out = []
+    for r in runs:
+        pc = r.plan.cluster
+        cl = scaled(base.model_copy(update={"gpus_per_node": pc.gpus_per_node, "num_nodes": pc.num_nodes,
+                                            "precision": pc.precision}), s)
+        out.append(estimate(r.plan.model, cl, r.plan.config, r.plan.global_batch, validate=False).step_time_s)
+    return np.array(out)
+
+
+# ---- the fit --------------------------------------------------------------------------------------
+def fit_scales(runs: list[Run], base: ClusterSpec, params: tuple[str, ...] = PARAMS, iters: int = 30
+               ) -> dict[str, float]:
+    """Levenberg-Marquardt on log-scales: min sum (log pred - log measured)^2 + PRIOR |log s|^2, bounded."""
+    y = np.log([r.measured_s for r in runs])
+    x = np.zeros(len(params))
+
+    def resid(v: np.ndarray) -> np.ndarray:
+        pred = predict(runs, base, dict(zip(params, np.exp(v))))
+        return np.concatenate([np.log(pred) - y, math.sqrt(PRIOR) * v])
+
+    r = resid(x)
+    lam, h = 1e-3, 1e-4
+    for _ in range(iters):
+        J = np.stack([(resid(x + h * np.eye(len(x))[j]) - r) / h for j in range(len(x))], axis=1)
+        g, H = J.T @ r, J.T @ J
+        improved = False
+        for _ in range(8):
+            step = np.linalg.solve(H + lam * np.diag(np.diag(H) + 1e-12), -g)
+            x_new = np.clip(x + step, -BOUND, BOUND)
+            r_new = resid(x_new)
+            if r_new @ r_new < r @ r - 1e-15:
+                x, r, lam, improved = x_new, r_new, max(lam / 3, 1e-9), True
+                break
+            lam *= 4
+        if not improved or np.max(np.abs(step)) < 1e-6:
+            break
+    return {p: float(np.exp(v)) for p, v in zip(params, x)}
+
+
+def _errors(pred: np.ndarray, runs: list[Run]) -> np.ndarray:
+    return pred / np.array([r.measured_s for r in runs]) - 1.0
+
+
+def profile_yaml(cluster: ClusterSpec, header: list[str]) -> str:
+    data = cluster.model_dump(mode="json")
+    return "\n".join(f"# {h}" for h in header) + "\n" + yaml.safe_dump(data, sort_keys=False, default_flow_style=None,
+                                                                        width=120)
+
+
+def calibrate_command(args: argparse.Namespace) -> int:
+    """The CLI entry point (args: metrics, out; optional plan, cluster, warmup, fit)."""
+    params = tuple(p.strip() for p in (getattr(args, "fit", None) or ",".join(PARAMS)).split(",") if p.strip())
+    bad = [p for p in params if p not in PARAMS]
+    if bad or not params:
+        raise AutoparError(f"--fit: unknown parameter '{bad[0] if bad else ''}'; choose from {', '.join(PARAMS)}")
+    warmup = getattr(args, "warmup", None)
+    if warmup is not None and warmup < 0:
+        raise AutoparError(f"--warmup must be >= 0, got {warmup}")
+    runs = load_runs(list(args.metrics), getattr(args, "plan", None), warmup)
+    cluster_ref = getattr(args, "cluster", None)
+    if cluster_ref:
+        base = load_cluster(cluster_ref)
+    else:
+        base = runs[0].plan.cluster
+        other = {r.plan.cluster.gpu.name for r in runs} - {base.gpu.name}
+        if other:
+            raise AutoparError(f"the runs were planned on different GPUs ({base.gpu.name}, "
+                               f"{', '.join(sorted(other))}); pass --cluster PROFILE to say which to calibrate")
+    before = predict(runs, base, {})
+    scales = fit_scales(runs, base, params)
+    after = predict(runs, base, scales)
+    e0, e1 = _errors(before, runs), _errors(after, runs)
+    for r, b, a, eb, ea in zip(runs, before, after, e0, e1):
+        print(f"{r.source}: {r.plan.config.short()} on {r.plan.cluster.num_gpus} GPU(s): measured {r.measured_s:.4g} s "
+              f"(median of {r.steps} steps), predicted {b:.4g} s ({100 * eb:+.1f}%) -> {a:.4g} s ({100 * ea:+.1f}%)")
+    fitted = ", ".join(f"{p} x{v:.3g}" for p, v in scales.items())
+    mean0, mean1 = float(np.mean(np.abs(e0))), float(np.mean(np.abs(e1)))
+    print(f"fitted scales: {fitted}")
+    print(f"mean |error| {100 * mean0:.1f}% before, {100 * mean1:.1f}% after calibration ({len(runs)} run(s))")
+    when = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    header = [f"Calibrated by `autopar calibrate` at {when} from {len(runs)} run(s): {fitted}.",
+              f"Mean |predicted/measured - 1|: {100 * mean0:.1f}% before, {100 * mean1:.1f}% after."]
+    text = profile_yaml(scaled(base, scales), header)
+    try:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text)
+    except OSError as err:
+        raise AutoparError(f"cannot write {args.out}: {err.strerror}") from None
+    print(f"wrote {args.out}")
+    return 0

@@ -1,0 +1,153 @@
+"""`autopar calibrate`: recovers known efficiency scales from synthetic runs, and rejects bad metrics in one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from planner.calibrate import PARAMS, Run, fit_scales, measured_median, predict, scaled
+from planner.cli import main
+from planner.cluster_spec import load_cluster
+from planner.model_spec import ModelSpec, load_model
+from planner.parallel import ParallelConfig
+from planner.planfile import make_plan, save_plan
+
+TRUE = {"gemm": 0.8, "attention": 0.7, "memory": 1.25, "overhead": 2.0, "comm": 0.6}
+
+
+def _cases():
+    """Runs on which different parts of the price dominate (GEMMs, attention, overhead, TP and DP traffic,
+    memory-bound softmax), so every scale is identifiable."""
+    gpt = dict(arch="gpt", dropout=0.0)
+    return [
+        (load_model("llama-1b"), 1, ParallelConfig(mbs=1), 8),
+        (ModelSpec(name="long", arch="llama", num_layers=4, hidden_size=1024, num_attention_heads=8,
+                   ffn_hidden_size=2816, vocab_size=32000, seq_length=16384), 1, ParallelConfig(mbs=1), 2),
+        (ModelSpec(name="small", num_layers=4, hidden_size=256, num_attention_heads=4, vocab_size=1024,
+                   seq_length=256, **gpt), 1, ParallelConfig(mbs=1), 4),
+        (ModelSpec(name="mid", num_layers=8, hidden_size=2048, num_attention_heads=16, vocab_size=51200,
+                   seq_length=2048, **gpt), 8, ParallelConfig(tp=8, mbs=1), 8),
+        (load_model("llama-1b"), 8, ParallelConfig(dp=8, mbs=1), 8),
+        (ModelSpec(name="wide", num_layers=2, hidden_size=1024, num_attention_heads=16, vocab_size=4096,
+                   seq_length=1024, attention="unfused", **gpt), 1, ParallelConfig(mbs=4), 16),
+    ]
+
+
+def _write_runs(tmp_path, base, truth, embed: str = "path", steps: int = 12):
+    """Plan files and metrics files whose step times are the cost model's on ``base`` scaled by ``truth``
+    (+-0.3% jitter; a slow first step that the warm-up must drop)."""
+    paths = []
+    for i, (model, gpus, cfg, batch) in enumerate(_cases()):
+        plan = make_plan(model, base.resized(gpus=gpus), batch, cfg)
+        plan_path = tmp_path / f"plan{i}.json"
+        save_plan(plan, plan_path)
+        t = float(predict([Run("", plan, 1.0, 1, None)], base, truth)[0])
+        jitter = 1 + 0.003 * np.sin(np.arange(steps) * 1.7 + i)
+        rows = [{"step": s + 1, "loss": 5.0, "step_time_s": t * (5.0 if s == 0 else jitter[s]),
+                 "predicted_step_time_s": plan.prediction.get("step_time_s")} for s in range(steps)]
+        if embed == "path":
+            rows[0]["plan"] = plan_path.name  # relative to the metrics file
+        elif embed == "object":
+            rows[0]["plan"] = json.loads(plan_path.read_text())
+        m = tmp_path / f"m{i}.jsonl"
+        m.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+        paths.append((m, plan_path))
+    return paths
+
+
+def test_calibrate_recovers_known_scales(tmp_path, capsys):
+    base = load_cluster("dgx-h100")
+    runs = _write_runs(tmp_path, base, TRUE)
+    out = tmp_path / "calibrated.yaml"
+    assert main(["calibrate", *[str(m) for m, _ in runs], "--cluster", "dgx-h100", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "before" in text and "after" in text
+    cal = load_cluster(str(out))
+    e0, e1 = base.gpu.efficiency, cal.gpu.efficiency
+    assert e1.gemm == pytest.approx(e0.gemm * TRUE["gemm"], rel=0.03)
+    assert e1.attention_fwd == pytest.approx(e0.attention_fwd * TRUE["attention"], rel=0.03)
+    assert e1.kernel_overhead_us == pytest.approx(e0.kernel_overhead_us * TRUE["overhead"], rel=0.03)
+    assert cal.gpu.mem_bw == pytest.approx(base.gpu.mem_bw * TRUE["memory"], rel=0.03)
+    assert cal.intra_node.bandwidth_GBps == pytest.approx(base.intra_node.bandwidth_GBps * TRUE["comm"], rel=0.03)
+    # the written profile predicts the measured runs
+    from cost_models.step import estimate
+    from planner.planfile import load_plan
+
+    for m, p in runs:
+        plan = load_plan(p)
+        rows = [json.loads(x) for x in m.read_text().splitlines()]
+        med, _ = measured_median(rows, None, str(m))
+        est = estimate(plan.model, cal.resized(gpus=plan.cluster.num_gpus), plan.config, plan.global_batch)
+        assert est.step_time_s == pytest.approx(med, rel=0.02)
+
+
+def test_fit_with_one_run_removes_its_error():
+    """One run cannot tell the parameters apart: the fit makes the smallest change that explains it."""
+    base = load_cluster("dgx-a100")
+    model, gpus, cfg, batch = _cases()[0]
+    plan = make_plan(model, base.resized(gpus=gpus), batch, cfg)
+    t0 = float(predict([Run("", plan, 1.0, 1, None)], base, {})[0])
+    run = Run("", plan, 1.3 * t0, 10, None)
+    s = fit_scales([run], base)
+    assert float(predict([run], base, s)[0]) == pytest.approx(1.3 * t0, rel=0.01)
+    assert all(1 / 8 <= v <= 8 for v in s.values()) and s["gemm"] < 1.0
+
+
+def test_embedded_plan_and_plan_flag(tmp_path, capsys):
+    base = load_cluster("dgx-h100")
+    runs = _write_runs(tmp_path, base, {"gemm": 0.9}, embed="object")[:2]
+    out = tmp_path / "c.yaml"
+    assert main(["calibrate", *[str(m) for m, _ in runs], "--fit", "gemm", "--out", str(out)]) == 0
+    assert "gemm x0.9" in capsys.readouterr().out
+    bare = _write_runs(tmp_path, base, {"gemm": 0.9}, embed="none")[:2]
+    args = ["calibrate", *[str(m) for m, _ in bare], "--out", str(out), "--fit", "gemm"]
+    assert main(args + sum((["--plan", str(p)] for _, p in bare), [])) == 0
+    assert load_cluster(str(out)).gpu.efficiency.gemm == pytest.approx(base.gpu.efficiency.gemm * 0.9, rel=0.02)
+
+
+def test_scaling_keeps_a_valid_profile():
+    base = load_cluster("dgx-h100")
+    c = scaled(base, {p: 8.0 for p in PARAMS})
+    assert c.gpu.efficiency.gemm <= 1.0 and c.gpu.efficiency.attention_fwd <= 1.0
+    assert scaled(base, {}).gpu.mem_bw == pytest.approx(base.gpu.mem_bw)
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "does not exist"),
+    ("", "is empty"),
+    ('{"step": 1, "step_time_s": 0.5}\n{"step": 2, "step_', "line 2 is not valid JSON"),
+    ('{"loss": 1.0}\n', "no step lines"),
+    ('{"step": 1, "step_time_s": -1}\n', "positive number"),
+    ('{"step": 1, "step_time_s": 0.5}\n', "does not say which plan"),
+])
+def test_bad_metrics_are_one_line_errors(tmp_path, capsys, content, message):
+    m = tmp_path / "m.jsonl"
+    if content is not None:
+        m.write_text(content)
+    assert main(["calibrate", str(m), "--out", str(tmp_path / "o.yaml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("autopar: error:") and message in err[0]
+
+
+def test_bad_options_are_one_line_errors(tmp_path, capsys):
+    base = load_cluster("dgx-h100")
+    (m, p), (m2, _) = _write_runs(tmp_path, base, {}, embed="none", steps=2)[:2]
+    cases = [
+        (["--plan", str(p), "--warmup", "2"], "warm-up"),  # both steps are warm-up
+        (["--plan", str(p), "--fit", "gemm,bogus"], "unknown parameter 'bogus'"),
+        (["--plan", str(p), "--plan", str(p), "--plan", str(p)], "one --plan for all"),
+        (["--plan", str(tmp_path / "missing.json")], "does not exist"),
+    ]
+    for extra, message in cases:
+        assert main(["calibrate", str(m), str(m2), "--out", str(tmp_path / "o.yaml"), *extra]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], (extra, err)
+
+
+def test_calibrate_does_not_import_torch():
+    code = "import sys, planner.calibrate, planner.cli; assert 'torch' not in sys.modules"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -1,0 +1,202 @@
+"""`autopar profile` on CPU with gloo: the profile loads, its tables and fits are sane, the commands accept it.
+
+Two gloo ranks are spawned once for the whole module (--quick); the CLI is then exercised on those
+measurements without spawning again.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from hardware_profiles import profiler
+from hardware_profiles.assemble import cluster_profile, match_gpu
+from hardware_profiles.collectives import levels
+from hardware_profiles.fit import COLLECTIVES, bus_factor, fit_alpha_beta, fit_nonneg
+from planner.cli import main
+from planner.cluster_spec import load_cluster
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def measured():
+    """Rank 0's measurements of a --quick profile with two gloo ranks (spawned once)."""
+    return profiler.run_local(2, quick=True, progress=False)
+
+
+@pytest.fixture(scope="module")
+def profile_path(measured, tmp_path_factory):
+    """The profile written by `autopar profile --quick --out ...` (CLI path, on the cached measurements)."""
+    out = tmp_path_factory.mktemp("prof") / "my-cpu.yaml"
+    mp = pytest.MonkeyPatch()
+    mp.setattr(profiler, "run_local", lambda nproc, quick, progress=True: measured)
+    try:
+        assert main(["profile", "--quick", "--out", str(out)]) == 0
+    finally:
+        mp.undo()
+    return out
+
+
+@pytest.mark.slow
+def test_profile_loads_with_sane_tables(profile_path):
+    c = load_cluster(str(profile_path))
+    assert c.name == "my-cpu" and c.backend == "gloo" and c.precision == "fp32"
+    assert c.gpus_per_node == 2 and c.num_nodes == 1
+    g = c.gpu
+    assert len(g.gemm_table) == 18 and all(p.tflops > 0 and math.isfinite(p.tflops) for p in g.gemm_table)
+    assert g.attention_table and all(a.fwd_tflops > 0 and a.bwd_tflops > 0 for a in g.attention_table)
+    assert {a.head_dim for a in g.attention_table} == {16, 64}
+    assert g.measured_memory_bandwidth_GBps and g.measured_memory_bandwidth_GBps > 0
+    assert g.elementwise_bandwidth_GBps and g.elementwise_bandwidth_GBps > 0
+    assert g.efficiency.kernel_overhead_us > 0
+    assert 0 < g.efficiency.gemm <= 1 and 0 < g.efficiency.memory <= 1
+    # the CPU's "peak" is its best measured GEMM rate
+    assert g.peak("fp32") == pytest.approx(max(p.tflops for p in g.gemm_table) * 1e12, rel=1e-3)
+    assert set(c.collectives) == set(COLLECTIVES)
+    for name, lv in c.collectives.items():
+        fit = lv["intra"]
+        assert fit.alpha_us >= 0 and fit.busbw_GBps > 0 and fit.alpha_per_rank_us >= 0, name
+        assert fit.r2 is not None and fit.r2 <= 1.0, name
+    assert "Measured by `autopar profile`" in profile_path.read_text().splitlines()[0]
+
+
+@pytest.mark.slow
+def test_fits_reproduce_measured_points(measured, profile_path):
+    """Every fit is the least-squares line through its points, and the cost model reads it unchanged."""
+    from cost_models.comm import CommModel
+
+    c = load_cluster(str(profile_path))
+    comm = CommModel(c)
+    for name, per_level in measured["collectives"].items():
+        pts = per_level["intra"]
+        assert len(pts) == 5 and all(t > 0 for *_, t in pts)
+        fit = c.collectives[name]["intra"]
+        pred = np.array([(fit.alpha_us + fit.alpha_per_rank_us * (n - 2)) * 1e-6
+                         + b * bus_factor(name, n) / (fit.busbw_GBps * 1e9) for n, b, _ in pts])
+        t = np.array([t for *_, t in pts])
+        rel = np.abs(pred / t - 1)
+        assert np.median(rel) < 0.6, (name, pred, t)  # CPU timings on a shared machine are noisy
+        big = int(np.argmax([b for _, b, _ in pts]))
+        assert rel[big] < 0.6, (name, pred[big], t[big])  # the bandwidth term is pinned by the largest message
+        # the cost model prices the collective with the same convention
+        n, b, _ = pts[big]
+        model = {"all_reduce": comm.all_reduce, "all_gather": comm.all_gather,
+                 "reduce_scatter": comm.reduce_scatter, "all_to_all": comm.all_to_all}.get(name)
+        got = float(model(b, n)) if model else float(comm.p2p(b, False))
+        assert got == pytest.approx(pred[big], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_gemm_table_feeds_the_cost_model(profile_path):
+    from cost_models.compute import ComputeModel
+
+    c = load_cluster(str(profile_path))
+    cm = ComputeModel(c.gpu, c.precision)
+    for p in c.gpu.gemm_table:  # a measured shape takes exactly its measured time
+        assert float(cm.gemm(p.m, p.n, p.k)) == pytest.approx(2 * p.m * p.n * p.k / (p.tflops * 1e12), rel=1e-3)
+    # the layers' memory-bound ops use the probed elementwise bandwidth, the fused optimizer the copy bandwidth
+    assert float(cm.memory(1e6, 0)) == pytest.approx(1e6 / (c.gpu.elementwise_bandwidth_GBps * 1e9))
+    assert float(cm.stream(1e6, 0)) == pytest.approx(1e6 / (c.gpu.measured_memory_bandwidth_GBps * 1e9))
+    a = c.gpu.attention_table[1]  # measured attention: whole-kernel rate, no overhead on top
+    f, _ = cm.flash_attention(a.batch * a.heads, a.seq, a.seq, a.head_dim, 0.5)
+    assert float(f) == pytest.approx(2 * a.batch * a.heads * a.seq**2 * a.head_dim / (a.fwd_tflops * 1e12), rel=1e-6)
+
+
+@pytest.mark.slow
+def test_estimate_and_plan_accept_the_profile(profile_path, capsys):
+    assert main(["estimate", "--model", "tiny", "--cluster", str(profile_path), "--global-batch", "8",
+                 "--plan", "tp=2,mbs=2", "--format", "json"]) == 0
+    est = json.loads(capsys.readouterr().out)
+    assert est["step_time_s"] > 0 and est["breakdown"]["tp_cp_comm"] > 0
+    assert main(["plan", "--model", "tiny", "--cluster", str(profile_path), "--global-batch", "8",
+                 "--format", "json"]) == 0
+    plans = json.loads(capsys.readouterr().out)["plans"]
+    assert plans and plans[0]["step_time_s"] > 0
+    assert main(["whatif", "--model", "tiny", "--cluster", str(profile_path), "--global-batch", "8",
+                 "--vary", "gpus=1,2", "--format", "json"]) == 0
+
+
+def test_profile_rejects_bad_arguments(tmp_path, capsys):
+    assert main(["profile", "--nproc", "0", "--out", str(tmp_path / "x.yaml")]) == 2
+    assert main(["profile", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(e.startswith("autopar: error:") for e in err)
+
+
+# ---- pure pieces (no processes) ---------------------------------------------------------------------
+def test_alpha_beta_fit_recovers_a_line():
+    x = np.logspace(3, 8, 8)
+    ab = fit_alpha_beta(x, 40e-6 + x / 5e9)
+    assert ab.alpha_s == pytest.approx(40e-6, rel=1e-6) and ab.bw_Bps == pytest.approx(5e9, rel=1e-6)
+    assert ab.r2 == pytest.approx(1.0) and ab.max_rel_err < 1e-9
+    n = np.array([2, 2, 4, 4, 8, 8, 2, 8])
+    ab = fit_alpha_beta(x, 40e-6 + 7e-6 * (n - 2) + x / 5e9, n)
+    assert ab.per_rank_s == pytest.approx(7e-6, rel=1e-6) and ab.alpha_s == pytest.approx(40e-6, rel=1e-6)
+
+
+def test_alpha_beta_fit_keeps_alpha_non_negative():
+    x = np.array([1e6, 2e6, 4e6, 8e6])
+    ab = fit_alpha_beta(x, x / 1e9 - 1e-4 * np.array([0.5, 0.4, 0.2, 0.0]) + 1e-4)  # intercept would be < 0
+    assert ab.alpha_s >= 0 and ab.bw_Bps > 0
+    assert fit_nonneg(np.array([[1.0, 1.0], [1.0, 2.0]]), np.array([3.0, 2.0])).min() >= 0
+    with pytest.raises(ValueError):
+        fit_alpha_beta([1.0], [1.0])
+
+
+def test_bus_factors_follow_nccl_tests():
+    assert bus_factor("all_reduce", 4) == 1.5 and bus_factor("all_gather", 4) == 0.75
+    assert bus_factor("reduce_scatter", 2) == 0.5 and bus_factor("p2p", 8) == 1.0
+
+
+def test_levels_of_a_multi_node_job():
+    intra, inter = levels(16, 8)
+    assert sorted(intra.groups) == [2, 4, 8] and intra.groups[8] == [list(range(8)), list(range(8, 16))]
+    assert all(len(set(g)) == len(g) for gs in intra.groups.values() for g in gs)
+    assert inter.groups[2][0] == [0, 8] and len(inter.groups[2]) == 8 and inter.pairs[0] == (0, 8)
+    assert levels(1, 1) == [] and [lv.name for lv in levels(2, 2)] == ["intra"]
+
+
+def test_gpu_names_map_to_bundled_profiles():
+    assert match_gpu("NVIDIA H100 80GB HBM3", 79.1) == "h100-sxm5-80gb"
+    assert match_gpu("NVIDIA H100 PCIe", 79.6) == "h100-pcie-80gb"
+    assert match_gpu("NVIDIA A100-SXM4-40GB", 39.4) == "a100-sxm4-40gb"
+    assert match_gpu("NVIDIA A100-SXM4-80GB", 79.2) == "a100-sxm4-80gb"
+    assert match_gpu("Some New Accelerator", 10) is None
+
+
+def test_gpu_measurements_assemble_into_a_profile(tmp_path):
+    """The GPU path's assembly (no GPU needed): datasheet peak kept, tables and NCCL fits written."""
+    from cost_models.step import estimate
+    from hardware_profiles.assemble import to_yaml
+    from planner.model_spec import load_model
+    from planner.parallel import ParallelConfig
+
+    gemm = [{"m": m, "n": n, "k": k, "seconds": 2 * m * n * k / 700e12} for m in (2048, 8192) for n in (1024, 8192)
+            for k in (1024, 8192)]
+    attn = [{"seq": s, "heads": 16, "head_dim": 128, "batch": 16384 // s,
+             "fwd_s": 2 * 16384 * 16 * s * 128 / 400e12, "bwd_s": 5 * 16384 * 16 * s * 128 / 330e12} for s in (1024, 4096)]
+    sizes = [2**16 * 4**i for i in range(6)]
+    colls = {c: {"intra": [(n, b, 20e-6 + 3e-6 * (n - 2) + b * bus_factor(c, n) / 360e9) for n in (2, 8) for b in sizes]}
+             for c in COLLECTIVES if c != "p2p"}
+    colls["p2p"] = {"intra": [(2, b, 10e-6 + b / 300e9) for b in sizes]}
+    meas = {"device": {"type": "cuda", "name": "NVIDIA H100 80GB HBM3", "memory_GiB": 79.1, "sm_count": 132},
+            "precision": "bf16", "backend": "nccl", "world": 8, "local": 8,
+            "compute": {"gemm": gemm, "attention": attn, "copy_Bps": 2.9e12, "tiny_op_s": 2.5e-6}, "collectives": colls}
+    prof = cluster_profile(meas, "h100-box")
+    out = tmp_path / "h100-box.yaml"
+    out.write_text(to_yaml(prof, meas, []))
+    c = load_cluster(str(out))
+    assert c.gpu.name == "h100-sxm5-80gb" and c.gpu.peak("bf16") == 989e12
+    # efficiency.gemm is what a well-shaped GEMM reaches: at least the measured 700 of 989 TFLOP/s
+    assert 700 / 989 <= c.gpu.efficiency.gemm <= 0.85
+    assert c.gpu.efficiency.kernel_overhead_us == pytest.approx(2.5)
+    assert c.inter_node is not None  # from the bundled dgx-h100, so --nodes can grow the cluster
+    fit = c.collectives["all_reduce"]["intra"]
+    assert fit.alpha_us == pytest.approx(20, rel=1e-3) and fit.alpha_per_rank_us == pytest.approx(3, rel=1e-3)
+    assert fit.busbw_GBps == pytest.approx(360, rel=1e-3) and fit.r2 == pytest.approx(1.0)
+    est = estimate(load_model("llama-1b"), c.resized(nodes=2), ParallelConfig(tp=8, dp=2), 16)
+    assert est.step_time_s > 0
