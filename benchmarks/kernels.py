@@ -459,11 +459,10 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("benchmarks/kernels.py needs triton; it is not installed.")
         return 0
-    try:  # each shape compiles once; do not fall back to eager after a few recompiles
-        torch._dynamo.config.cache_size_limit = 64
-        torch._dynamo.config.recompile_limit = 64
-    except AttributeError:
-        pass
+    # each shape compiles once; do not fall back to eager after a few recompiles (names differ across versions)
+    for knob in ("cache_size_limit", "recompile_limit"):
+        if hasattr(torch._dynamo.config, knob):
+            setattr(torch._dynamo.config, knob, 64)
 
     info = {"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu (smoke)",
             "torch": torch.__version__, "triton": triton.__version__,

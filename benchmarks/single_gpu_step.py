@@ -100,6 +100,7 @@ def peer(name: str, mbs: int, steps: int) -> dict:
         tail = (r.stderr or r.stdout).strip().splitlines()[-3:]
         return {"impl": name, "error": " | ".join(tail)[:400]}
     d = json.loads(m.group(1))
+    d.setdefault("peak_gb", d.get("peak_mem_gb"))  # the HF peer names it differently
     d["impl"] = name
     d["mb"] = mbs
     return d

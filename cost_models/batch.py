@@ -1,9 +1,10 @@
 """Vectorised cost model: step time and memory of many configurations at once (numpy).
 
 The same layer, communication and memory functions as ``step.estimate``; the pipeline uses the closed form
-(pipeline.analytic_makespan) over even layer splits instead of replaying the schedule. The planner ranks
-every candidate with this, then re-prices its best ones with the exact ``step.estimate``. Memory here is
-conservative (in-flight chunks of every model chunk peak together), so a plan it rejects would not fit.
+(pipeline.analytic_makespan) over the default layer split, paced by the busiest rank's mean chunk, instead
+of replaying the schedule. The planner ranks every candidate with this, then re-prices its best ones with
+the exact ``step.estimate``. Memory is the largest of the first, a middle and the last rank, with the
+schedule's in-flight micro-batches of each and the rank's mean chunk.
 """
 
 from __future__ import annotations
@@ -99,62 +100,79 @@ def estimate_batch(model: ModelSpec, cluster: ClusterSpec, c: Candidates, global
     akeys = np.stack([t, cp, b, sp.astype(float), rc.astype(float)], axis=1)
     full_b, ckpt_b, work_b, emb_act, head_act = _unique_eval(akeys, acts)
 
-    # per-layer forward+backward (with recompute) and p2p per chunk boundary
+    # per-layer forward+backward (with recompute) and p2p per chunk boundary (priced as crossing nodes when
+    # any boundary of the pipeline does: the slowest send paces the pipeline)
     u_layer = lf + lcf + lb + lcb + np.where(rc == 2, lf + lcf, np.where(rc == 1, lcore, 0.0))
     act_tok = b * model.seq_length / cp * model.hidden_size * eb
     stride = t * cp * dp
     nv = pp * v
-    p2p = np.where(nv > 1, comm.p2p(act_tok / t, comm.crosses_node(stride))
-                   + np.where(sp, 0.0, comm.all_gather(act_tok, t, 1)), 0.0)
-    n_max = np.ceil(L / nv)
-    n_end = np.floor(L / nv)
-    u_max = np.maximum(n_max * u_layer, n_end * u_layer + np.maximum(emb, head) * np.where(nv > 1, 1.0, 0.0))
-    u_max = np.where(nv > 1, u_max, L * u_layer + emb + head) + 2 * p2p
-    u_fill = (L * u_layer + emb + head) / v + 2 * p2p * pp
-    makespan = analytic_makespan(u_max, u_fill, m, v)
+    cross = (pp > 1) & ((stride >= cluster.gpus_per_node) | (pp * stride > cluster.gpus_per_node))
+    p2p = np.where(nv > 1, comm.p2p(act_tok / t, cross) + np.where(sp, 0.0, comm.all_gather(act_tok, t, 1)), 0.0)
 
-    # parameters on the fullest rank (first rank: its chunks plus the embedding)
+    # layers per rank under the default split (the remainder goes to middle stages; the end stages hold
+    # floor(L / (pp * vpp)) per chunk): the first and last ranks carry embedding / LM head on top
+    one = pp == 1
+    lay_mid = np.ceil(L / pp)
+    lay_end = np.minimum(lay_mid, np.floor(L / nv) + (v - 1) * np.ceil(L / nv))
+    lay_first = np.where(one, L, lay_end)
+    lay_last = np.where(one, L, lay_end)
+    u_first = lay_first * u_layer + emb + np.where(one, head, 0.0)
+    u_last = lay_last * u_layer + head
+    u_rank = np.where(one, u_first, np.maximum(lay_mid * u_layer, np.maximum(u_first, u_last))) + 2 * p2p * v
+    u_fill = (L * u_layer + emb + head) / v + 2 * p2p * pp
+    makespan = analytic_makespan(u_rank / v, u_fill, m, v)
+
+    # parameters per rank
     lp = model.layer_params / t
     pos_p = model.seq_length * model.hidden_size if model.arch == "gpt" else 0
     emb_p = model.vocab_size * model.hidden_size / t + pos_p
     head_p = model.vocab_size * model.hidden_size / t
-    rank_p = np.maximum(n_max * v * lp, n_end * v * lp + np.maximum(emb_p, head_p) * np.where(pp > 1, 1.0, 0.0))
-    rank_p = np.where(pp > 1, rank_p, L * lp + emb_p + head_p)
+    p_first = lay_first * lp + emb_p + np.where(one, head_p, 0.0)
+    p_last = lay_last * lp + head_p
+    p_mid = lay_mid * lp
+    rank_p = np.where(one, p_first, np.maximum(p_mid, np.maximum(p_first, p_last)))
+    lay_busy = np.where(one, L, np.maximum(lay_mid, lay_end))
 
     # data-parallel reduction, ZeRO-2/3 per-micro-batch traffic, optimizer, parameter gather
     nb = np.maximum(1.0, np.ceil(rank_p / BUCKET_PARAMS))
     gb = GRAD_REDUCE_BYTES[prec]
     grad_comm = np.where(c.zero == 0, comm.bucketed(comm.all_reduce, rank_p * gb, nb, d, t),
                          comm.bucketed(comm.reduce_scatter, rank_p * gb, nb, d, t))
-    layers_here = np.maximum(n_max * v, 1)
-    rs = comm.bucketed(comm.reduce_scatter, rank_p * gb, layers_here, d, t)  # ZeRO-2/3: a bucket per layer
-    window = v * (np.maximum(n_max, 1) * (lb + lcb))  # the last backward of each chunk on the rank
+    nl = np.maximum(lay_busy, 1)  # ZeRO-2/3: a bucket per layer
+    rs = comm.bucketed(comm.reduce_scatter, rank_p * gb, nl, d, t)
+    window = lay_busy * (lb + lcb)  # the last backward of every chunk on the rank
     dp_exp = np.where(c.dp_overlap, np.maximum(grad_comm / nb, grad_comm - window), grad_comm)
     dp_exp = np.where((d > 1) & (c.zero < 2), dp_exp, 0.0)
     ag = comm.bucketed(comm.all_gather, rank_p * wb, nb, d, t)
-    first_fwd = (lf + lcf) * n_max * np.minimum(m, pp)
+    first_fwd = (lf + lcf) * lay_first / v * np.minimum(m, pp)
     gather = np.where(c.dp_overlap, np.maximum(ag / nb, ag - first_fwd), ag)
     gather = np.where((d > 1) & ((c.zero == 1) | (c.zero == 2)), gather, 0.0)
-    ag3 = np.where(c.zero == 3, comm.bucketed(comm.all_gather, rank_p * wb, layers_here, d, t), 0.0)
+    ag3 = np.where(c.zero == 3, comm.bucketed(comm.all_gather, rank_p * wb, nl, d, t), 0.0)
+    f_rank = lay_busy * (lf + lcf)
+    b_rank = lay_busy * (u_layer - lf - lcf)
     per_mb = np.where(c.dp_overlap,
-                      np.maximum((3 * ag3 + rs) / np.maximum(n_max * v, 1), 3 * ag3 + rs - (lf + lb) * n_max * v),
+                      np.maximum(ag3 / nl, ag3 - f_rank) + np.maximum((ag3 + rs) / nl, ag3 + rs - b_rank),
                       2 * ag3 + rs)
     z23 = np.where((d > 1) & (c.zero >= 2), m * per_mb, 0.0)
     shard = rank_p / np.where(c.zero >= 1, d, 1.0)
     opt = cm.stream(shard * OPT_BYTES_PER_PARAM[prec] + rank_p * 8, 12)
     step = makespan + dp_exp + gather + z23 + opt
 
-    # memory on the first rank (most micro-batches in flight), conservative
-    st = state_bytes(rank_p, c.zero, d, prec)
+    # memory of the first, a middle and the last rank (the schedule's in-flight chunks on each)
     layer_act = np.where(rc == 2, ckpt_b, full_b)
-    inflight = inflight_count(pp, v, m, 0)
-    chunk_act = n_max * layer_act
-    acts_b = inflight * chunk_act + inflight * emb_act
-    temp = np.maximum(work_b, np.where(pp > 1, 0.0, head_act))
-    temp = temp + np.where(c.zero == 3, 2 * lp * wb, 0.0)
-    last = st.weights + st.grads + st.optimizer + (head_act + work_b) * (1 + FRAGMENTATION)
-    mem = st.weights + st.grads + st.optimizer + (acts_b + temp) * (1 + FRAGMENTATION)
-    mem = np.maximum(mem, np.where(pp > 1, last, 0.0))
+    frag = 1 + FRAGMENTATION
+    z3_temp = np.where(c.zero == 3, 2 * lp * wb, 0.0)
+
+    def rank_mem(params, layers, rank, extra_act, temp):
+        st = state_bytes(params, c.zero, d, prec)
+        inflight = inflight_count(pp, v, m, rank)
+        acts = inflight * (layers / v * layer_act + extra_act)
+        return st.weights + st.grads + st.optimizer + (acts + temp + z3_temp) * frag
+
+    m_first = rank_mem(p_first, lay_first, 0, emb_act, np.maximum(work_b, np.where(one, head_act, 0.0)))
+    m_last = rank_mem(p_last, lay_last, pp - 1, 0.0, np.maximum(work_b, head_act))
+    m_mid = rank_mem(p_mid, lay_mid, np.minimum(1, pp - 1), 0.0, work_b)
+    mem = np.where(one, m_first, np.maximum(m_first, np.maximum(m_last, np.where(pp > 2, m_mid, 0.0))))
     mem = mem + RESERVED_GIB.get(cluster.backend, 1.0) * GiB
     bubble = (pp - 1) / (m * v + pp - 1)
     return BatchResult(step_time=step, memory_GiB=mem / GiB, bubble=bubble)

@@ -58,33 +58,28 @@ class CommModel:
         intra = (k - 1) * (nodes if ring else 1)
         return intra * self.lat_intra + np.where(nodes > 1, across, 0.0) * self.lat_inter
 
-    def _fitted(self, name: str, nbytes: np.ndarray, factor: np.ndarray, nodes: np.ndarray, n: np.ndarray
-                ) -> np.ndarray | None:
-        """Time from a measured alpha/bus-bandwidth fit (nccl-tests convention), per level; a group of n > 2
-        ranks adds the fit's per-rank latency for each member beyond two."""
-        fit = self.fits.get(name)
-        if not fit:
-            return None
-        fi = fit.get("intra") or fit.get("inter")
-        fo = fit.get("inter") or fi
-        extra = np.maximum(n - 2.0, 0.0)
-        t_in = (fi.alpha_us + fi.alpha_per_rank_us * extra) * 1e-6 + nbytes * factor / (fi.busbw_GBps * 1e9)
-        t_out = (fo.alpha_us + fo.alpha_per_rank_us * extra) * 1e-6 + nbytes * factor / (fo.busbw_GBps * 1e9)
-        return np.where(nodes > 1, t_out, t_in)
+    @staticmethod
+    def _fit_time(f, nbytes: np.ndarray, factor: np.ndarray, extra: np.ndarray) -> np.ndarray:
+        return (f.alpha_us + f.alpha_per_rank_us * extra) * 1e-6 + nbytes * factor / (f.busbw_GBps * 1e9)
 
     def _collective(self, name: str, nbytes: ArrayLike, size: ArrayLike, stride: ArrayLike,
                     volume: float, ring: bool = True) -> np.ndarray:
-        """``volume`` x (n-1)/n x bytes over the bottleneck bandwidth, plus latency; zero for n == 1."""
+        """``volume`` x (n-1)/n x bytes over the bottleneck bandwidth, plus latency; zero for n == 1.
+
+        A measured fit for the group's level (nccl-tests convention; a group of n > 2 ranks adds the fit's
+        per-rank latency for each member beyond two) replaces the analytic time; a level the profile did not
+        measure (say, across nodes after a one-node profile) keeps the analytic model."""
         nbytes = np.asarray(nbytes, dtype=float)
         n = np.asarray(size, dtype=float)
         k, nodes = self.placement(n, stride)
         factor = volume * (n - 1) / np.maximum(n, 1)
-        lat = volume * self._lat(k, nodes, ring)
-        fitted = self._fitted(name, nbytes, factor, nodes, n)
-        if fitted is not None:
-            t = fitted
-        else:
-            t = lat + nbytes * factor / self._bw(k, nodes)
+        t = volume * self._lat(k, nodes, ring) + nbytes * factor / self._bw(k, nodes)
+        fit = self.fits.get(name) or {}
+        extra = np.maximum(n - 2.0, 0.0)
+        if fit.get("intra"):
+            t = np.where(nodes <= 1, self._fit_time(fit["intra"], nbytes, factor, extra), t)
+        if fit.get("inter"):
+            t = np.where(nodes > 1, self._fit_time(fit["inter"], nbytes, factor, extra), t)
         return np.where(n > 1, t, 0.0)
 
     # ---- collectives -------------------------------------------------------------------------
@@ -113,15 +108,21 @@ class CommModel:
         """One send/recv between neighbouring pipeline stages (every GPU of the node sending at once)."""
         nbytes = np.asarray(nbytes, dtype=float)
         cross = np.asarray(cross_node, dtype=bool)
-        fit = self.fits.get("p2p")
-        if fit:
-            fi = fit.get("intra") or fit.get("inter")
-            fo = fit.get("inter") or fi
-            ti = fi.alpha_us * 1e-6 + nbytes / (fi.busbw_GBps * 1e9)
-            to = fo.alpha_us * 1e-6 + nbytes / (fo.busbw_GBps * 1e9)
-            return np.where(cross, to, ti)
-        return np.where(cross, self.lat_inter + nbytes / self.bw_nic, self.lat_intra + nbytes / self.bw_intra)
+        t = np.where(cross, self.lat_inter + nbytes / self.bw_nic, self.lat_intra + nbytes / self.bw_intra)
+        fit = self.fits.get("p2p") or {}
+        zero = np.zeros_like(nbytes)
+        if fit.get("intra"):
+            t = np.where(~cross, self._fit_time(fit["intra"], nbytes, 1.0, zero), t)
+        if fit.get("inter"):
+            t = np.where(cross, self._fit_time(fit["inter"], nbytes, 1.0, zero), t)
+        return t
 
     def crosses_node(self, stride: ArrayLike) -> np.ndarray:
         """Whether neighbours ``stride`` ranks apart sit on different nodes."""
         return np.asarray(stride) >= self.g
+
+    def boundary_crosses_node(self, stage: int, stride: int, pp: int) -> bool:
+        """Whether the send from pipeline rank ``stage`` to the next one leaves the node (ranks are placed
+        in blocks of ``stride``: pipeline rank r owns global ranks r*stride ...)."""
+        a, b = stage % pp, (stage + 1) % pp
+        return (a * stride) // self.g != (b * stride) // self.g

@@ -161,11 +161,13 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global
     sp_on = cfg.sp and t > 1
     act = cfg.mbs * model.seq_length / cp * model.hidden_size * eb
     pp_stride = t * cp * dp
-    p2p_t = 0.0
-    if nv > 1:
-        p2p_t = _f(comm.p2p(act / t, comm.crosses_node(pp_stride)))
-        if not sp_on:
-            p2p_t += _f(comm.all_gather(act, t, 1))
+
+    def p2p_time(j: int) -> float:
+        """The blocking send across virtual-stage boundary j -> j+1 (NIC when it leaves the node)."""
+        t_ = _f(comm.p2p(act / t, comm.boundary_crosses_node(j % pp, pp_stride, pp)))
+        return t_ + (0.0 if sp_on else _f(comm.all_gather(act, t, 1)))
+
+    p2p_j = [p2p_time(j) for j in range(nv - 1)]
 
     lf, lb, lcore = _f(lc.fwd), _f(lc.bwd), _f(lc.core_fwd)
     lcf, lcb = _f(lc.comm_fwd), _f(lc.comm_bwd)
@@ -190,8 +192,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global
             pt.fwd += _f(ec.head_f)
             pt.bwd += _f(ec.head_b)
             pt.work_bytes = max(pt.work_bytes, head_act)
-        pt.p2p_f = p2p_t if j < nv - 1 else 0.0
-        pt.p2p = pt.p2p_f + (p2p_t if j > 0 else 0.0)
+        pt.p2p_f = p2p_j[j] if j < nv - 1 else 0.0
+        pt.p2p = pt.p2p_f + (p2p_j[j - 1] if j > 0 else 0.0)
         if cfg.zero >= 2 and d > 1:
             # ZeRO-2 reduce-scatters gradients every micro-batch; ZeRO-3 also gathers parameters per pass
             nb = max(1, n)  # one bucket per layer

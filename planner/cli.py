@@ -103,6 +103,9 @@ def _load_inputs(args: argparse.Namespace) -> tuple[Any, Any]:
 
     model = load_model(args.model, args.seq)
     cluster = load_cluster(args.cluster, gpus=args.gpus, nodes=args.nodes)
+    h = args.headroom
+    if not (h == h and 0 <= h < cluster.gpu.memory_GiB):  # h == h: not NaN
+        raise AutoparError(f"--headroom must be between 0 and the GPU's {cluster.gpu.memory_GiB:g} GiB, got {h}")
     return model, cluster
 
 

@@ -18,7 +18,7 @@ PROFILE_DIR = Path(__file__).resolve().parent.parent / "hardware_profiles"
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Efficiency(_Strict):
@@ -46,39 +46,42 @@ class Efficiency(_Strict):
 
 
 class GemmPoint(_Strict):
-    m: int
-    n: int
-    k: int
-    tflops: float
+    m: int = Field(ge=1)
+    n: int = Field(ge=1)
+    k: int = Field(ge=1)
+    tflops: float = Field(gt=0)
 
 
 class AttentionPoint(_Strict):
-    seq: int
-    heads: int
-    head_dim: int
-    batch: int = 1
-    fwd_tflops: float  # causal FLOPs (half the s*s work) per second
-    bwd_tflops: float
+    seq: int = Field(ge=1)
+    heads: int = Field(ge=1)
+    head_dim: int = Field(ge=1)
+    batch: int = Field(1, ge=1)
+    fwd_tflops: float = Field(gt=0)  # causal FLOPs (half the s*s work) per second
+    bwd_tflops: float = Field(gt=0)
 
 
 class GPUSpec(_Strict):
     name: str
     peak_tflops: dict[str, float]
-    memory_GiB: float
-    memory_bandwidth_GBps: float
-    sm_count: int = 108
+    memory_GiB: float = Field(gt=0)
+    memory_bandwidth_GBps: float = Field(gt=0)
+    sm_count: int = Field(108, ge=1)
     efficiency: Efficiency = Efficiency()
     gemm_table: list[GemmPoint] = Field(default_factory=list)  # measured by `autopar profile`
     attention_table: list[AttentionPoint] = Field(default_factory=list)
-    measured_memory_bandwidth_GBps: float | None = None
+    measured_memory_bandwidth_GBps: float | None = Field(None, gt=0)
     # measured (CPU profiles): bandwidth per *modelled* byte of the layers' memory-bound ops (norms, activations,
     # residuals, RoPE), which a CPU runs as several unfused ops; unset: the same as fused streaming kernels
-    elementwise_bandwidth_GBps: float | None = None
+    elementwise_bandwidth_GBps: float | None = Field(None, gt=0)
 
     @model_validator(mode="after")
     def _check(self) -> GPUSpec:
         if not self.peak_tflops:
             raise ValueError("peak_tflops needs at least one precision, e.g. {bf16: 312}")
+        bad = [k for k, v in self.peak_tflops.items() if not v > 0]
+        if bad:
+            raise ValueError(f"peak_tflops.{bad[0]} must be positive")
         if self.memory_GiB <= 0 or self.memory_bandwidth_GBps <= 0:
             raise ValueError("memory_GiB and memory_bandwidth_GBps must be positive")
         return self
@@ -106,26 +109,27 @@ class GPUSpec(_Strict):
 
 
 class Link(_Strict):
-    bandwidth_GBps: float  # per GPU, per direction
-    latency_us: float = 3.0
-    efficiency: float = 0.80  # achieved bus bandwidth / nominal for large collectives (NVLink: ~240 of 300 GB/s)
+    bandwidth_GBps: float = Field(gt=0)  # per GPU, per direction
+    latency_us: float = Field(3.0, ge=0)
+    # achieved bus bandwidth / nominal for large collectives (NVLink: ~240 of 300 GB/s)
+    efficiency: float = Field(0.80, gt=0, le=1)
 
 
 class InterNode(_Strict):
-    nic_bandwidth_Gbps: float  # per NIC
-    nics_per_node: int
-    latency_us: float = 5.0
-    efficiency: float = 0.80  # NCCL bus bandwidth at scale: typically 75-85% of NIC line rate
-    oversubscription: float = 1.0  # spine oversubscription: 2.0 halves cross-node bandwidth
+    nic_bandwidth_Gbps: float = Field(gt=0)  # per NIC
+    nics_per_node: int = Field(ge=1)
+    latency_us: float = Field(5.0, ge=0)
+    efficiency: float = Field(0.80, gt=0, le=1)  # NCCL bus bandwidth at scale: typically 75-85% of line rate
+    oversubscription: float = Field(1.0, ge=1)  # spine oversubscription: 2.0 halves cross-node bandwidth
 
 
 class CollectiveFit(_Strict):
     """alpha-beta fit measured by `autopar profile`: time = alpha + bytes / bus_bandwidth x factor, where a
     group of n > 2 ranks adds ``alpha_per_rank_us`` x (n - 2) to alpha (a ring's extra steps)."""
 
-    alpha_us: float
-    busbw_GBps: float
-    alpha_per_rank_us: float = 0.0
+    alpha_us: float = Field(ge=0)
+    busbw_GBps: float = Field(gt=0)
+    alpha_per_rank_us: float = Field(0.0, ge=0)
     r2: float | None = None  # goodness of the fit over the measured sizes and groups (written by the profiler)
 
 
@@ -140,7 +144,8 @@ class ClusterSpec(_Strict):
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"
     # measured collectives: {collective: {"intra"|"inter": fit}}; collective in all_reduce, all_gather,
     # reduce_scatter, p2p, all_to_all
-    collectives: dict[str, dict[str, CollectiveFit]] = Field(default_factory=dict)
+    collectives: dict[Literal["all_reduce", "all_gather", "reduce_scatter", "p2p", "all_to_all"],
+                      dict[Literal["intra", "inter"], CollectiveFit]] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _check(self) -> ClusterSpec:
@@ -246,7 +251,11 @@ def cluster_from_dict(data: dict[str, Any], source: str) -> ClusterSpec:
     data = dict(data)
     if "gpu" not in data:
         raise AutoparError(f"cluster profile {source}: missing required field 'gpu' (a GPU name or mapping)")
-    data["gpu"] = load_gpu(data["gpu"]) if not isinstance(data["gpu"], GPUSpec) else data["gpu"]
+    gpu = data["gpu"]
+    if not isinstance(gpu, (str, dict, GPUSpec)):
+        raise AutoparError(f"cluster profile {source}: 'gpu' must be a GPU name, a profile path or a mapping, "
+                           f"not {type(gpu).__name__}")
+    data["gpu"] = gpu if isinstance(gpu, GPUSpec) else load_gpu(gpu)
     data.setdefault("name", Path(source).stem)
     return _validated(ClusterSpec, data, f"cluster profile {source}")
 

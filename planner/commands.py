@@ -34,9 +34,16 @@ def plan_command(args: argparse.Namespace) -> int:
     if args.runnable:
         from planner.search import RUNNABLE
 
+        for k, allowed in RUNNABLE.items():
+            ok = allowed if isinstance(allowed, list) else [allowed]
+            if k in fixed and fixed[k] not in ok:
+                raise AutoparError(f"--fix {k}={fixed[k]} conflicts with --runnable: autopar's runtime executes "
+                                   f"{k} in {ok}; drop one of them")
         fixed = {**RUNNABLE, **fixed}
     if args.top < 1:
         raise AutoparError(f"--top must be at least 1, got {args.top}")
+    if args.steps is not None and args.steps < 1:
+        raise AutoparError(f"--steps must be at least 1, got {args.steps}")
     res = search(model, cluster, args.global_batch, fixed=fixed, top=args.top, exhaustive=args.exhaustive,
                  headroom_GiB=args.headroom, progress=_progress(args.format))
     search_info = {"candidates": res.candidates, "seconds": round(res.seconds, 3), "exhaustive": res.exhaustive}
@@ -53,7 +60,7 @@ def plan_command(args: argparse.Namespace) -> int:
             print(json.dumps({"plans": [], "search": search_info, "error": msg, "min_gpus": need,
                               "closest": closest.row() if closest else None}))
         raise AutoparError(msg)
-    other = runner_up(res.plans)
+    other = runner_up(res.ranked)
     reason = why(res.plans[0], other) if other else "It is the only plan that fits."
     if args.out:
         from planner.planfile import TrainConfig, make_plan, save_plan
@@ -157,7 +164,7 @@ def _plan_default(path) -> str:
     con.print(f"autopar: no plan given: planning the {MODEL} model for {RANKS} {CLUSTER} ranks "
               f"(global batch {GLOBAL_BATCH}); {res.candidates:,} configurations priced in {res.seconds:.2f} s")
     con.print(plans_table([p.row() for p in res.plans], "plans"))
-    other = runner_up(res.plans)
+    other = runner_up(res.ranked)
     if other:
         con.print(f"[bold]why:[/bold] {escape(why(res.plans[0], other))}")
     con.print(estimate_tables(res.plans[0].estimate, "")[1])

@@ -35,7 +35,10 @@ def runner_up(plans: list[PlanResult]) -> PlanResult | None:
 def why(best: PlanResult, other: PlanResult) -> str:
     """One or two sentences comparing two plans by the parts of the step that differ most."""
     a, b = best.estimate, other.estimate
-    diffs = [f"{k}={getattr(best.config, k)} vs {getattr(other.config, k)}"
+    def val(x: object) -> str:
+        return str(x).lower() if isinstance(x, bool) else str(x)
+
+    diffs = [f"{k}={val(getattr(best.config, k))} vs {val(getattr(other.config, k))}"
              for k in (*LAYOUT_KEYS, "dp_overlap", "tp_overlap") if getattr(best.config, k) != getattr(other.config, k)]
     if best.config.layers != other.config.layers:
         diffs.append("a different layer split")
@@ -45,7 +48,10 @@ def why(best: PlanResult, other: PlanResult) -> str:
     deltas = sorted(((a.breakdown[k] - b.breakdown.get(k, 0.0), k) for k in a.breakdown), key=lambda x: x[0])
     saves = [(d, k) for d, k in deltas if d < 0][:2]
     costs = [(d, k) for d, k in reversed(deltas) if d > 0][:1]
-    text = f"Best plan ({best.config.short()}) is {gain:.1f}% faster than the runner-up ({other.config.short()})"
+    if gain < 0.05:
+        text = f"Best plan ({best.config.short()}) is as fast as the next one ({other.config.short()})"
+    else:
+        text = f"Best plan ({best.config.short()}) is {gain:.1f}% faster than the runner-up ({other.config.short()})"
     if diffs:
         text += f" [{', '.join(diffs)}]"
     if saves:

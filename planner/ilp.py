@@ -37,6 +37,7 @@ class StageProblem:
     fixed_bytes: float  # per GPU: temporaries, allowances
     capacity: float  # bytes per GPU
     allow_recompute: bool
+    fixed_layers: tuple[int, ...] | None = None  # layers per virtual stage held as given
 
 
 @dataclass
@@ -72,12 +73,16 @@ def solve_stages(p: StageProblem) -> StageSolution | None:
         return None
     prob = pulp.LpProblem("stages", pulp.LpMinimize)
     var = _var_factory(prob)
-    n = [var(f"n{j}", 1, p.num_layers, "Integer") for j in range(nv)]
+    lo = 0 if p.fixed_layers is not None and min(p.fixed_layers) == 0 else 1
+    n = [var(f"n{j}", lo, p.num_layers, "Integer") for j in range(nv)]
     r = [var(f"r{j}", 0, p.num_layers if p.allow_recompute else 0, "Integer") for j in range(nv)]
     U = var("U", 0, None, "Continuous")
     slots = p.microbatches * p.vpp - 1
     prob += slots * U + pulp.lpSum(r) * (p.recompute_time / p.vpp)
     prob += pulp.lpSum(n) == p.num_layers
+    if p.fixed_layers is not None:
+        for j, count in enumerate(p.fixed_layers):
+            n[j].lowBound = n[j].upBound = count
     for j in range(nv):
         prob += r[j] <= n[j]
         prob += n[j] * p.layer_time + r[j] * p.recompute_time + p.extra_time[j] <= U

@@ -34,7 +34,7 @@ class BlockCounts(BaseModel):
 class ModelSpec(BaseModel):
     """A decoder-only transformer (contract: ../shared/DESIGN.md, "Model spec")."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str
     arch: Literal["gpt", "llama"]
@@ -64,6 +64,10 @@ class ModelSpec(BaseModel):
                 raise ValueError(f"{field} must be a positive integer, got {getattr(self, field)}")
         if self.arch == "llama" and self.ffn_hidden_size is None:
             raise ValueError("ffn_hidden_size is required for arch 'llama' (SwiGLU width)")
+        for field in ("ffn_hidden_size", "head_dim", "num_kv_heads"):
+            v = getattr(self, field)
+            if v is not None and v <= 0:
+                raise ValueError(f"{field} must be a positive integer, got {v}")
         if self.head_dim is None and self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "
@@ -211,44 +215,59 @@ def _looks_like_hf(data: dict[str, Any]) -> bool:
     return "model_type" in data or "num_hidden_layers" in data or "n_layer" in data
 
 
-_LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3", "mixtral", "gemma", "internlm2", "yi", "deepseek"}
+_LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3", "gemma", "internlm2", "yi"}
+_GPT2_LIKE = {"gpt2"}
+_MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+
+
+def _int(cfg: dict[str, Any], key: str) -> int:
+    """An integer field of a Hugging Face config (floats like 64.0 accepted, 64.7 refused)."""
+    v = cfg[key]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or float(v) != int(v) or v <= 0:
+        raise ValueError(f"{key} must be a positive integer, got {v!r}")
+    return int(v)
 
 
 def hf_to_spec(cfg: dict[str, Any], source: str) -> dict[str, Any]:
     """Translate a Hugging Face config.json (Llama/Mistral/Qwen2-style or GPT-2-style) to spec fields."""
     mtype = str(cfg.get("model_type", "")).lower()
     name = cfg.get("_name_or_path") or (Path(source).parent.name if source else "") or mtype or "hf-model"
+    if any(cfg.get(k) for k in _MOE_KEYS):
+        raise AutoparError(f"Hugging Face config {source}: model_type '{mtype}' is a mixture-of-experts model; "
+                           "autopar plans dense transformers only")
+    gpt2_keys = "n_embd" in cfg
+    if mtype and mtype not in _LLAMA_LIKE | _GPT2_LIKE and not gpt2_keys:
+        raise AutoparError(
+            f"Hugging Face config {source}: model_type '{mtype}' is not supported; autopar reads "
+            f"Llama-style ({', '.join(sorted(_LLAMA_LIKE))}) and GPT-2-style configs, or write an autopar spec")
     try:
         if mtype in ("gpt2", "gpt_neo", "gptj") or "n_embd" in cfg:
-            h = int(cfg["n_embd"])
+            h = _int(cfg, "n_embd")
             inner = cfg.get("n_inner")
             seq = int(cfg.get("n_positions", cfg.get("n_ctx", 1024)))
             return {
                 "name": str(name),
                 "arch": "gpt",
-                "num_layers": int(cfg["n_layer"]),
+                "num_layers": _int(cfg, "n_layer"),
                 "hidden_size": h,
-                "num_attention_heads": int(cfg["n_head"]),
+                "num_attention_heads": _int(cfg, "n_head"),
                 "ffn_hidden_size": int(inner) if inner else 4 * h,
-                "vocab_size": int(cfg["vocab_size"]),
+                "vocab_size": _int(cfg, "vocab_size"),
                 "seq_length": seq,
                 "tie_embeddings": bool(cfg.get("tie_word_embeddings", True)),
                 "dropout": float(cfg.get("resid_pdrop", 0.1)),
                 "norm_eps": float(cfg.get("layer_norm_epsilon", 1e-5)),
             }
-        if mtype and mtype not in _LLAMA_LIKE:
-            # Same field names as Llama are common (e.g. qwen2_moe is not); accept them but say so in the name.
-            pass
         max_pos = int(cfg.get("max_position_embeddings", 4096))
         out: dict[str, Any] = {
             "name": str(name),
             "arch": "llama",
-            "num_layers": int(cfg["num_hidden_layers"]),
-            "hidden_size": int(cfg["hidden_size"]),
-            "num_attention_heads": int(cfg["num_attention_heads"]),
+            "num_layers": _int(cfg, "num_hidden_layers"),
+            "hidden_size": _int(cfg, "hidden_size"),
+            "num_attention_heads": _int(cfg, "num_attention_heads"),
             "num_kv_heads": int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"]),
-            "ffn_hidden_size": int(cfg["intermediate_size"]),
-            "vocab_size": int(cfg["vocab_size"]),
+            "ffn_hidden_size": _int(cfg, "intermediate_size"),
+            "vocab_size": _int(cfg, "vocab_size"),
             "seq_length": min(max_pos, 8192),
             "tie_embeddings": bool(cfg.get("tie_word_embeddings", False)),
             "norm_eps": float(cfg.get("rms_norm_eps", 1e-5)),
@@ -277,6 +296,8 @@ def read_mapping(path: Path, what: str) -> dict[str, Any]:
         text = path.read_text()
     except OSError as err:
         raise AutoparError(f"cannot read {what} {path}: {err.strerror}") from None
+    except UnicodeDecodeError:
+        raise AutoparError(f"{what} {path} is not a text file (not UTF-8); give a YAML or JSON file") from None
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as err:

@@ -193,9 +193,10 @@ class ParallelConfig:
                 raise AutoparError("cp > 1 needs attention: flash in the model spec (ring attention is blockwise)")
         if self.tp_overlap and not (self.sp and self.tp > 1):
             raise AutoparError("tp_overlap=true needs sp=true and tp > 1 (it splits the SP all-gather/reduce-scatter)")
-        if gpus_per_node is not None and self.tp > gpus_per_node:
+        straddles = gpus_per_node is not None and gpus > gpus_per_node and gpus_per_node % self.tp
+        if gpus_per_node is not None and (self.tp > gpus_per_node or straddles):
             raise AutoparError(
-                f"tp={self.tp} spans nodes ({gpus_per_node} GPUs per node); keep tp <= {gpus_per_node}"
+                f"tp={self.tp} spans nodes ({gpus_per_node} GPUs per node); use a tp that divides {gpus_per_node}"
             )
 
 
@@ -258,6 +259,9 @@ def check_tp_heads(model: ModelSpec, tp: int) -> None:
 def config_from_keys(keys: dict[str, Any], gpus: int, model: ModelSpec | None = None) -> ParallelConfig:
     """A full configuration from parsed keys; dp defaults to gpus / (tp*pp*cp)."""
     kw = dict(keys)
+    for k in ("tp", "pp", "dp", "cp", "mbs", "vpp"):
+        if k in kw and kw[k] < 1:
+            raise AutoparError(f"plan key {k} must be at least 1, got {kw[k]}")
     if model is not None and "tp" in kw:
         check_tp_heads(model, kw["tp"])
     if "dp" not in kw:

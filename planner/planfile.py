@@ -73,7 +73,10 @@ def make_plan(model: ModelSpec, cluster: ClusterSpec, global_batch: int, cfg: Pa
 
 def save_plan(plan: PlanFile, path: str | Path) -> None:
     text = json.dumps(plan.model_dump(mode="json", by_alias=True), indent=2)
-    Path(path).write_text(text + "\n")
+    try:
+        Path(path).write_text(text + "\n")
+    except OSError as err:
+        raise AutoparError(f"cannot write plan file {path}: {err.strerror}; check the directory exists") from None
 
 
 def load_plan(path: str | Path) -> PlanFile:
@@ -105,5 +108,5 @@ def load_plan(path: str | Path) -> PlanFile:
         raise AutoparError(f"plan file {p}: bad 'parallel' section ({err})") from None
     if plan.seq != plan.model.seq_length:
         raise AutoparError(f"plan file {p}: seq {plan.seq} differs from the model's seq_length {plan.model.seq_length}")
-    cfg.validate(plan.model, cfg.world, plan.global_batch)
+    cfg.validate(plan.model, cfg.world, plan.global_batch, plan.cluster.gpus_per_node)
     return plan

@@ -73,7 +73,7 @@ def whatif_table(pts: list[dict[str, Any]], key: str, title: str) -> Table:
         tab.add_column(col, justify=just)
     for p in pts:
         if not p.get("tokens_per_s"):
-            tab.add_row(str(p["value"]), str(p["gpus"]), "-", "-", "-", "-",
+            tab.add_row(str(p["value"]), str(p.get("gpus") or "-"), "-", "-", "-", "-",
                         f"[red]{escape(p.get('error', 'no plan'))}[/red]")
             continue
         mark = " [yellow](changed)[/yellow]" if p["plan_changed"] else ""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
@@ -64,6 +64,7 @@ class SearchResult:
     seconds: float
     closest: PlanResult | None = None  # when nothing fits: the plan needing the least memory
     exhaustive: bool = False
+    ranked: list[PlanResult] = field(default_factory=list)  # every exactly-priced plan that fits, best first
 
 
 def _divisors(n: int) -> list[int]:
@@ -82,23 +83,81 @@ def _values(key: str, fixed: dict[str, Any], default: list[Any]) -> list[Any]:
 RUNNABLE = {"cp": 1, "zero": [0, 1], "tp_overlap": False}
 
 
+def _as_list(v: Any) -> list[Any]:
+    return [] if v is None else list(v) if isinstance(v, (list, tuple, set)) else [v]
+
+
+def check_fixed(model: ModelSpec, cluster: ClusterSpec, fixed: dict[str, Any]) -> None:
+    """One-line errors for fixed keys that no plan can satisfy (the search then honours every other rule)."""
+    for k in ("tp", "pp", "dp", "cp", "mbs", "vpp"):
+        for v in _as_list(fixed.get(k)):
+            if v < 1:
+                raise AutoparError(f"--fix {k}={v}: must be at least 1")
+    for v in _as_list(fixed.get("zero")):
+        if v not in (0, 1, 2, 3):
+            raise AutoparError(f"--fix zero={v}: ZeRO stage must be 0, 1, 2 or 3")
+    g = cluster.gpus_per_node
+    for t in _as_list(fixed.get("tp")):
+        from planner.parallel import check_tp_heads
+
+        check_tp_heads(model, t)
+        if t > g or (cluster.num_nodes > 1 and g % t):
+            raise AutoparError(f"--fix tp={t}: tensor-parallel groups must fit inside a node ({g} GPUs); "
+                               f"use a tp that divides {g}")
+    for c in _as_list(fixed.get("cp")):
+        if c > 1 and model.attn_impl != "flash":
+            raise AutoparError(f"--fix cp={c} needs attention: flash in the model spec")
+        if c > 1 and model.seq_length % (2 * c):
+            raise AutoparError(f"--fix cp={c}: seq {model.seq_length} must be divisible by 2*cp = {2 * c}")
+    for p in _as_list(fixed.get("pp")):
+        if p > model.num_layers:
+            raise AutoparError(f"--fix pp={p}: the model has only {model.num_layers} layers")
+    layers = fixed.get("layers")
+    if layers is not None:
+        if sum(layers) != model.num_layers or min(layers) < 0:
+            raise AutoparError(f"--fix layers={'/'.join(map(str, layers))}: must be non-negative and sum to "
+                               f"{model.num_layers}")
+        if isinstance(fixed.get("pp"), int) and isinstance(fixed.get("vpp", 1), int) \
+                and len(layers) != fixed["pp"] * fixed.get("vpp", 1):
+            raise AutoparError(f"--fix layers has {len(layers)} entries but pp*vpp = "
+                               f"{fixed['pp'] * fixed.get('vpp', 1)} stages need one each")
+    rl = fixed.get("recompute_layers")
+    if rl is not None:
+        if fixed.get("recompute", "full") != "full":
+            raise AutoparError("--fix recompute_layers needs recompute=full")
+        if min(_as_list(rl)) < 0:
+            raise AutoparError("--fix recompute_layers: counts must be non-negative")
+
+
 def enumerate_space(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dict[str, Any],
                     exhaustive: bool = False) -> Candidates:
     """Every valid configuration (as arrays), honouring ``fixed`` keys."""
     G, L, g = cluster.num_gpus, model.num_layers, cluster.gpus_per_node
     heads, kv = model.num_attention_heads, model.kv_heads
-    tps = [t for t in _divisors(math.gcd(heads, kv)) if G % t == 0 and t <= g]
+
+    def tp_ok(t: int) -> bool:  # divides the heads, stays inside a node without straddling two
+        return heads % t == 0 and kv % t == 0 and t <= g and (cluster.num_nodes == 1 or g % t == 0)
+
+    def cp_ok(c: int) -> bool:
+        return c == 1 or (model.attn_impl == "flash" and model.seq_length % (2 * c) == 0)
+
+    tps = [t for t in _divisors(math.gcd(heads, kv)) if G % t == 0 and tp_ok(t)]
     cps = [1]
     if model.attn_impl == "flash":
-        cps = [c for c in _divisors(G) if model.seq_length % (2 * c) == 0 and (exhaustive or c <= 16)]
+        cps = [c for c in _divisors(G) if cp_ok(c) and (exhaustive or c <= 16)]
+    n_layers_fixed = len(fixed["layers"]) if fixed.get("layers") is not None else None
+    rl = fixed.get("recompute_layers")
+    n_rl_fixed = len(rl) if isinstance(rl, tuple) else None
     outer = []
     for t in _values("tp", fixed, tps):
+        if not tp_ok(t):
+            continue
         for c in _values("cp", fixed, cps):
-            if G % (t * c):
+            if G % (t * c) or not cp_ok(c):
                 continue
             pps = [p for p in _divisors(G // (t * c)) if p <= L]
             for p in _values("pp", fixed, pps):
-                if G % (t * c * p):
+                if G % (t * c * p) or p > L:
                     continue
                 dp = G // (t * c * p)
                 if dp not in _values("dp", fixed, [dp]):
@@ -118,6 +177,8 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, global_batch: int, f
                         vmax = min(vmax, PRUNED_MAX_VPP)
                     for v in _values("vpp", fixed, list(range(1, vmax + 1))):
                         if v > 1 and (p == 1 or m % p or p * v > L):
+                            continue
+                        if p * v > L or n_layers_fixed not in (None, p * v) or n_rl_fixed not in (None, p * v):
                             continue
                         outer.append((t, p, dp, c, b, v))
     if not outer:
@@ -182,7 +243,11 @@ def stage_problem(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, g
     f, bw = float(lc.fwd + lc.comm_fwd), float(lc.bwd + lc.comm_bwd)
     layer_time = f + bw + (float(lc.core_fwd) if rc == 1 else 0.0)
     act = cm.eb * b * model.seq_length / cp * model.hidden_size
-    p2p = float(comm.p2p(act / t, comm.crosses_node(t * cp * cfg.dp))) if nv > 1 else 0.0
+    stride = t * cp * cfg.dp
+    p2p = 0.0
+    if nv > 1:  # the slowest boundary (sends that leave the node), plus Megatron's all-gather without SP
+        cross = any(comm.boundary_crosses_node(r, stride, cfg.pp) for r in range(cfg.pp - 1))
+        p2p = float(comm.p2p(act / t, cross)) + (0.0 if sp and t > 1 else float(comm.all_gather(act, t, 1)))
     extra_time = [2 * p2p for _ in range(nv)]
     extra_time[0] += float(ec.embed_f + ec.embed_b) - p2p
     extra_time[-1] += float(ec.head_f + ec.head_b) - (p2p if nv > 1 else 0.0)
@@ -194,12 +259,15 @@ def stage_problem(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, g
     extra_act = [0.0] * nv
     extra_act[0] += emb_act * frag
     fixed_bytes = RESERVED_GIB.get(cluster.backend, 1.0) * GiB + max(work, head_act) * frag
+    if cfg.zero == 3:  # two layers' gathered parameters (prefetch)
+        fixed_bytes += 2 * model.layer_params / t * (4 if prec == "fp32" else 2) * frag
     return StageProblem(
         num_layers=model.num_layers, pp=cfg.pp, vpp=cfg.vpp, microbatches=m, layer_time=layer_time,
         recompute_time=f, extra_time=extra_time, state_per_layer=model.layer_params / t * per_param,
         extra_state=[e * per_param for e in ends], act_full=full * frag, act_ckpt=ckpt * frag, extra_act=extra_act,
         inflight=_chunk_inflight(cfg.pp, cfg.vpp, m), fixed_bytes=fixed_bytes,
         capacity=(cluster.gpu.memory_GiB - headroom_GiB) * GiB, allow_recompute=rc == 2,
+        fixed_layers=cfg.layers,
     )
 
 
@@ -229,10 +297,10 @@ def refine(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global_b
             return out
         sol = solve_stages(stage_problem(model, cluster, cfg, global_batch, headroom_GiB))
         if sol is not None:
-            layers = fixed.get("layers", sol.layers)
+            layers = cfg.stage_layers(model.num_layers) if "layers" in fixed else sol.layers
             rl: Any = fixed.get("recompute_layers", sol.recompute_layers)
             new = cfg
-            if cfg.recompute == "full" and "recompute_layers" not in fixed:
+            if cfg.recompute == "full" and "recompute_layers" not in fixed and "recompute" not in fixed:
                 if all(r == 0 for r in rl):
                     new = replace(new, recompute="none", recompute_layers=None)
                 elif all(r == n for r, n in zip(rl, layers)):
@@ -259,10 +327,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
     t0 = time.perf_counter()
     if global_batch <= 0:
         raise AutoparError(f"--global-batch must be positive, got {global_batch}")
-    if isinstance(fixed.get("tp"), int):
-        from planner.parallel import check_tp_heads
-
-        check_tp_heads(model, fixed["tp"])
+    check_fixed(model, cluster, fixed)
+    if fixed.get("recompute_layers") is not None:
+        fixed.setdefault("recompute", "full")
     cands = enumerate_space(model, cluster, global_batch, fixed, exhaustive)
     if len(cands) == 0:
         raise AutoparError(
@@ -298,6 +365,14 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
     if exhaustive and by_mem:
         for r in by_mem:
             results[r.config] = r
+    def valid(cfg: ParallelConfig) -> bool:
+        try:
+            cfg.validate(model, cluster.num_gpus, global_batch, cluster.gpus_per_node)
+            return True
+        except AutoparError:
+            return False
+
+    results = {c: r for c, r in results.items() if valid(c)}
     plans = sorted((r for r in results.values() if r.estimate.fits),
                    key=lambda r: (r.estimate.step_time_s, r.estimate.memory_GiB))
     closest = None
@@ -305,7 +380,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
         allr = sorted(results.values(), key=lambda r: r.estimate.memory_GiB)
         closest = allr[0] if allr else None
     return SearchResult(plans=plans[:top], candidates=len(cands), seconds=time.perf_counter() - t0,
-                        closest=closest, exhaustive=exhaustive)
+                        closest=closest, exhaustive=exhaustive, ranked=plans)
 
 
 def min_gpus_to_fit(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dict[str, Any],

@@ -7,6 +7,7 @@ marked (``plan_changed``), in the table and on the plot.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from planner.cluster_spec import ClusterSpec, list_gpus, load_gpu
@@ -44,8 +45,8 @@ def parse_vary(text: str) -> tuple[str, list[Any]]:
             v = float(x) if key.endswith("_bw") else int(x)
         except ValueError:
             raise AutoparError(f"--vary {key} takes numbers ({VARY_KEYS[key]}), got '{x}'") from None
-        if v <= 0:
-            raise AutoparError(f"--vary {key} values must be positive, got {x}")
+        if not (v > 0 and math.isfinite(v)) or (key.endswith("_bw") and v < 0.01):
+            raise AutoparError(f"--vary {key} values must be finite and positive (at least 0.01), got {x}")
         vals.append(v)
     return key, vals
 
@@ -70,14 +71,19 @@ def cluster_at(cluster: ClusterSpec, key: str, value: Any) -> ClusterSpec:
 def sweep(model: ModelSpec, cluster: ClusterSpec, global_batch: int, key: str, values: list[Any],
           fixed: dict[str, Any], headroom_GiB: float = 0.0) -> list[dict[str, Any]]:
     """Best plan at every value (a point with no fitting plan has tokens_per_s None and a reason)."""
+    if key == "inter_node_bw" and cluster.num_nodes == 1 and cluster.inter_node is not None:
+        raise AutoparError(f"--vary inter_node_bw: {cluster.name} is one node here, so the network between nodes "
+                           "does not matter; give --gpus or --nodes to span several")
     pts: list[dict[str, Any]] = []
     for v in values:
-        c = cluster_at(cluster, key, v)
-        pt: dict[str, Any] = {"value": v, "gpus": c.num_gpus}
+        pt: dict[str, Any] = {"value": v}
         try:
+            c = cluster_at(cluster, key, v)
+            pt["gpus"] = c.num_gpus
             res = search(model, c, global_batch, fixed=fixed, top=1, headroom_GiB=headroom_GiB, refine_count=12)
         except AutoparError as err:
             res, pt["error"] = None, str(err)
+            pt.setdefault("gpus", v if key == "gpus" else None)
         if res is not None and res.plans:
             best = res.plans[0]
             e = best.estimate
@@ -96,14 +102,15 @@ def sweep(model: ModelSpec, cluster: ClusterSpec, global_batch: int, key: str, v
 
 
 def normalize(curves: dict[str, list[dict[str, Any]]], key: str) -> None:
-    """Set each point's ``scaling_efficiency``: per-GPU throughput relative to the curve's first point for a
-    GPU-count sweep; otherwise throughput relative to the best point of all curves (so curves compare)."""
+    """Set each point's ``scaling_efficiency``: per-GPU throughput relative to the curve's smallest cluster for
+    a GPU-count sweep; otherwise throughput relative to the best point of all curves (so curves compare)."""
     ok = {name: [p for p in pts if p.get("tokens_per_s")] for name, pts in curves.items()}
     top = max((p["tokens_per_s"] for pts in ok.values() for p in pts), default=0.0)
     for pts in ok.values():
         for p in pts:
             if key in ("gpus", "nodes"):
-                p["scaling_efficiency"] = p["tokens_per_s"] / p["gpus"] / (pts[0]["tokens_per_s"] / pts[0]["gpus"])
+                base = min(pts, key=lambda q: q["gpus"])  # the smallest cluster of the sweep
+                p["scaling_efficiency"] = p["tokens_per_s"] / p["gpus"] / (base["tokens_per_s"] / base["gpus"])
             else:
                 p["scaling_efficiency"] = p["tokens_per_s"] / top
 
@@ -146,8 +153,12 @@ def plot(curves: dict[str, list[dict[str, Any]]], key: str, model: str, cluster:
     ax1.grid(alpha=0.3)
     ax2.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=120)
+    except (OSError, ValueError) as err:
+        raise AutoparError(f"cannot write plot {path}: {err}") from None
+    finally:
+        plt.close(fig)
 
 
 __all__ = ["parse_vary", "sweep", "normalize", "plot", "cluster_at", "list_gpus"]

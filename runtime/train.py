@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     if args.resume and not args.checkpoint_dir:
         raise AutoparError("--resume needs --checkpoint-dir (where the checkpoints are)")
     data = TokenData(args.data or SAMPLE_TEXT, plan.seq, plan.model.vocab_size, plan.train.seed)
-    cuda = torch.cuda.is_available()
+    cuda = torch.cuda.is_available() and plan.cluster.backend == "nccl"  # a gloo (CPU) plan stays on CPUs
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
     backend = "nccl" if cuda else "gloo"
     if cuda:

@@ -104,6 +104,45 @@ def test_bad_specs_give_one_line_errors(tmp_path, text, needle):
     assert needle in msg and "\n" not in msg
 
 
+@pytest.mark.parametrize("cfg,needle", [
+    ({"model_type": "mixtral", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+      "intermediate_size": 14336, "vocab_size": 32000, "num_local_experts": 8}, "mixture-of-experts"),
+    ({"model_type": "gpt_neox", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+      "intermediate_size": 16384, "vocab_size": 50432}, "model_type 'gpt_neox' is not supported"),
+    ({"model_type": "llama", "hidden_size": 64.7, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "intermediate_size": 128, "vocab_size": 100}, "hidden_size must be a positive integer"),
+    ({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128,
+      "vocab_size": 100}, "missing field 'num_hidden_layers'"),
+])
+def test_bad_hf_configs(tmp_path, cfg, needle):
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    with pytest.raises(AutoparError, match=needle):
+        load_model(str(p))
+
+
+@pytest.mark.parametrize("extra,needle", [
+    ("intra_node: {bandwidth_GBps: 0}", "greater than 0"),
+    ("intra_node: {bandwidth_GBps: 300}\nnum_nodes: 2\ninter_node: {nic_bandwidth_Gbps: 200, nics_per_node: 0}",
+     "greater than or equal to 1"),
+    ("intra_node: {bandwidth_GBps: .nan}", "finite"),
+    ("intra_node: {bandwidth_GBps: 300}\ncollectives: {allreduce: {intra: {alpha_us: 1, busbw_GBps: 1}}}",
+     "collectives"),
+])
+def test_bad_cluster_values(tmp_path, extra, needle):
+    p = tmp_path / "c.yaml"
+    p.write_text("name: c\ngpu: a100-sxm4-80gb\ngpus_per_node: 8\n" + extra + "\n")
+    with pytest.raises(AutoparError, match=needle):
+        load_cluster(str(p))
+
+
+def test_binary_file_is_refused(tmp_path):
+    p = tmp_path / "m.yaml"
+    p.write_bytes(b"\xff\xfe\x00binary")
+    with pytest.raises(AutoparError, match="not a text file"):
+        load_model(str(p))
+
+
 def test_unknown_preset_suggests():
     with pytest.raises(AutoparError, match="did you mean 'llama2-7b'"):
         load_model("llama2-7")

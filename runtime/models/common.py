@@ -74,7 +74,7 @@ class CoreAttention(nn.Module):
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [b, heads, s, d]
         p = self.dropout_p if self.training else 0.0
         gqa = k.shape[1] != h
-        if self.impl == "flash" and gqa and _SDPA_GQA:
+        if self.impl == "flash" and gqa and _SDPA_GQA and q.dtype in (torch.float16, torch.bfloat16):
             o = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, enable_gqa=True)
         elif self.impl == "flash":
             if gqa:
@@ -276,9 +276,10 @@ def full_init(name: str, shape: torch.Size, spec: ModelSpec, seed: int, device: 
         return torch.ones(shape, device=device)
     if std == 0.0:
         return torch.zeros(shape, device=device)
-    gen = torch.Generator(device=device)
+    # drawn on the CPU whatever the device, so GPU and CPU runs of one seed start from the same weights
+    gen = torch.Generator()
     gen.manual_seed(param_seed(seed, name))
-    return torch.empty(shape, device=device).normal_(0.0, std, generator=gen)
+    return torch.empty(shape).normal_(0.0, std, generator=gen).to(device)
 
 
 @torch.no_grad()

@@ -49,6 +49,7 @@ class DistributedAdamW:
             self.exp_avg_sq.append(torch.zeros_like(m))
             self.decay.append(b.owned(_is_matrix))
         self._cached: tuple[list[list[torch.Tensor]], list[list[torch.Tensor]]] | None = None
+        self._step_t: torch.Tensor | None = None
 
     def clip_and_norm(self) -> torch.Tensor:
         """Global gradient norm (before clipping); scales the gradients so it is at most ``grad_clip``."""
@@ -94,7 +95,10 @@ class DistributedAdamW:
         for (m, g, ea, eas), wd in zip(self._cached, (self.train.weight_decay, 0.0)):
             if not m:
                 continue
-            steps = [torch.tensor(float(self.step_count), device=m[0].device)] * len(m)
+            if self._step_t is None:
+                self._step_t = torch.zeros((), dtype=torch.float32, device=m[0].device)
+            self._step_t.fill_(float(self.step_count))  # one persistent tensor (no new allocation per step)
+            steps = [self._step_t] * len(m)
             torch._fused_adamw_(m, g, ea, eas, [], steps, lr=lr, beta1=b1, beta2=b2, weight_decay=wd,
                                 eps=self.train.eps, amsgrad=False, maximize=False)
         if self.dp.zero:

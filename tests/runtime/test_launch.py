@@ -109,7 +109,8 @@ def test_dry_run_prints_the_torchrun_command(tmp_path, capsys):
 
 def test_train_entry_point_errors_and_single_rank_run(tmp_path):
     """``python -m runtime.train``: a 4-rank plan without torchrun is refused in one line; a 1-rank plan runs."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+           "OMP_NUM_THREADS": "1"}
     four = _plan(tmp_path)
     r = subprocess.run([sys.executable, "-m", "runtime.train", four], env=env, capture_output=True, text=True,
                        timeout=120)
