@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from planner.search import PlanResult
+from planner.refine import PlanResult
 
 LAYOUT_KEYS = ("tp", "pp", "dp", "cp", "mbs", "vpp", "recompute", "sp", "zero")
 PART_NAMES = {

@@ -11,7 +11,7 @@ import pytest
 from cost_models.batch import estimate_batch
 from cost_models.step import estimate
 from planner.cluster_spec import load_cluster
-from planner.search import _config, enumerate_space, search
+from planner.search import config_at, enumerate_space, search
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("validate_published", ROOT / "benchmarks" / "validate_published.py")
@@ -61,7 +61,7 @@ def _feasible_exact(model, cluster, B, fixed):
     res = estimate_batch(model, cluster, cands, B)
     out = []
     for i in np.nonzero(res.memory_GiB <= cluster.gpu.memory_GiB * 1.1)[0]:  # closed form is conservative
-        cfg = _config(cands, int(i), fixed)
+        cfg = config_at(cands, int(i), fixed)
         e = estimate(model, cluster, cfg, B, validate=False)
         if e.fits:
             out.append((e.step_time_s, cfg))
@@ -96,5 +96,5 @@ def test_exact_and_closed_form_agree_on_paper_rows():
         cands = enumerate_space(model, cluster, B, fixed)
         assert len(cands) == 1
         fast = float(estimate_batch(model, cluster, cands, B).step_time[0])
-        exact = estimate(model, cluster, _config(cands, 0, fixed), B).step_time_s
+        exact = estimate(model, cluster, config_at(cands, 0, fixed), B).step_time_s
         assert fast == pytest.approx(exact, rel=0.03)
