@@ -8,10 +8,10 @@ incoming gradient. Peak extra memory is one logits chunk plus ``grad_x`` and ``g
 
 Compute dtype: the autocast dtype when autocast is on for the device, else the promotion of x's and
 weight's dtypes. With an fp32 master weight and bf16/fp16 compute, ``grad_weight`` is accumulated over
-chunks in fp32 by cuBLAS (``out_dtype``, torch >= 2.8 on CUDA); otherwise in the compute dtype (fp32 inside
-each GEMM, rounded once per chunk), then cast. The backward's scale by the incoming gradient is a Triton
-kernel that skips all memory traffic when that gradient is 1 (no host sync). In fp16 the ``1/n_valid`` is
-applied there too rather than to the fp16 logits gradient, where it would underflow.
+chunks in fp32: by cuBLAS directly where it can write fp32 outputs (``out_dtype``, checked once per device),
+else as one 16-bit product per chunk added into an fp32 buffer. The backward's scale by the incoming
+gradient is a Triton kernel that skips all memory traffic when that gradient is 1 (no host sync). In fp16
+the ``1/n_valid`` is applied there too rather than to the fp16 logits gradient, where it would underflow.
 
 Vocab-parallel (tensor-parallel) version: each rank holds rows ``[vocab_start, vocab_start + shard)`` of
 the weight and the full (replicated) ``x``. Per chunk a stats kernel writes each row's local max, local
@@ -298,6 +298,10 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
                             gw = torch.mm(logits.t(), xs, out_dtype=torch.float32)
                         else:
                             torch.addmm(gw, logits.t(), xs, out_dtype=torch.float32, out=gw)
+                    elif weight.dtype == torch.float32 and dt != torch.float32:
+                        # no fp32-output GEMM here: a 16-bit product per chunk, summed in fp32 (one extra pass)
+                        part = torch.mm(logits.t(), xs)
+                        gw = part.float() if gw is None else gw.add_(part)
                     elif gw is None:
                         gw = torch.mm(logits.t(), xs)
                     else:
