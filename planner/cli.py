@@ -38,6 +38,18 @@ def _format(p: argparse.ArgumentParser, choices: tuple[str, ...] = ("table", "js
     p.add_argument("--format", choices=choices, default="table")
 
 
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of `autopar run` (also `python -m runtime.launch`)."""
+    p.add_argument("plan", nargs="?", help="plan file from `autopar plan --out` (default: a tiny CPU plan)")
+    p.add_argument("--steps", type=int)
+    p.add_argument("--data", help="token file (.npy, .bin/.u16, .u32) or .txt; default: a bundled text sample")
+    p.add_argument("--metrics-out", help="write JSON lines of per-step metrics here")
+    p.add_argument("--checkpoint-dir", help="save checkpoints here")
+    p.add_argument("--checkpoint-every", type=int, help="steps between checkpoints (default: the plan's)")
+    p.add_argument("--resume", action="store_true", help="resume from the latest checkpoint in --checkpoint-dir")
+    p.add_argument("--dry-run", action="store_true", help="print the launch command and exit")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="autopar", description="Auto-parallel planner and runtime for transformer training.")
     ap.add_argument("--version", action="store_true", help="print the version and exit")
@@ -69,14 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     _format(wi, ("table", "json", "csv"))
 
     run = sub.add_parser("run", help="train with a plan file (default: plan and train the tiny model on CPU)")
-    run.add_argument("plan", nargs="?", help="plan file from `autopar plan --out` (default: a tiny CPU plan)")
-    run.add_argument("--steps", type=int)
-    run.add_argument("--data", help="token file (uint16/uint32) to train on; default: a bundled text sample")
-    run.add_argument("--metrics-out", help="write JSON lines of per-step metrics here")
-    run.add_argument("--checkpoint-dir", help="save checkpoints here")
-    run.add_argument("--checkpoint-every", type=int, help="steps between checkpoints (default: the plan's)")
-    run.add_argument("--resume", action="store_true", help="resume from the latest checkpoint in --checkpoint-dir")
-    run.add_argument("--dry-run", action="store_true", help="print the launch command and exit")
+    add_run_arguments(run)
 
     prof = sub.add_parser("profile", help="measure this machine and write a cluster profile")
     prof.add_argument("--out", default="my-cluster.yaml")

@@ -159,15 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m runtime.launch [plan.json] [--steps N] ...``: the same as ``autopar run``."""
     import argparse
 
+    from planner.cli import add_run_arguments
+
     ap = argparse.ArgumentParser(prog="python -m runtime.launch", description=__doc__.splitlines()[0])
-    ap.add_argument("plan", nargs="?", help="plan file (default: the tiny CPU plan)")
-    ap.add_argument("--steps", type=int)
-    ap.add_argument("--data", help="token file (.npy, .bin/.u16, .u32) or .txt; default: the bundled sample")
-    ap.add_argument("--metrics-out", help="write JSON lines of per-step metrics here")
-    ap.add_argument("--checkpoint-dir", help="save checkpoints here")
-    ap.add_argument("--checkpoint-every", type=int, help="steps between checkpoints (default: the plan's)")
-    ap.add_argument("--resume", action="store_true", help="resume from the latest checkpoint in --checkpoint-dir")
-    ap.add_argument("--dry-run", action="store_true", help="print the launch command and exit")
+    add_run_arguments(ap)
     a = ap.parse_args(argv)
     try:
         return launch(a.plan, a.steps, a.data, a.metrics_out, a.checkpoint_dir, a.resume,
