@@ -66,6 +66,7 @@ class Estimate:
     bubble_fraction: float
     exposed_comm_fraction: float
     stage_memory_GiB: list[float] = field(default_factory=list)
+    stage_memory_breakdown: list[dict[str, float]] = field(default_factory=list)
     stage_time_s: list[float] = field(default_factory=list)
     critical_rank: int = 0
 
@@ -307,6 +308,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global
         bubble_fraction=bubble / step,
         exposed_comm_fraction=exposed_comm / step,
         stage_memory_GiB=stage_mem,
+        stage_memory_breakdown=mem_parts,
         stage_time_s=[p.f + p.b for p in parts],
         critical_rank=crit,
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from cost_models.step import estimate
@@ -66,14 +66,22 @@ def test_more_recompute_never_uses_more_memory(case):
 
 @SETTINGS
 @given(cases())
+@example(case=(  # found by CI: the worst stage switches from the first to the last stage at mbs=2
+    ModelSpec(name="m", arch="gpt", num_layers=12, hidden_size=512, num_attention_heads=16, ffn_hidden_size=2048,
+              vocab_size=32000, seq_length=512),
+    load_cluster("dgx-a100", gpus=16), ParallelConfig(tp=2, pp=2, dp=4, recompute="selective", zero=1), 8))
 def test_larger_microbatch_never_less_activation_memory(case):
     model, cluster, cfg, B = case
     small = replace(cfg, mbs=1)
     big = replace(cfg, mbs=2)
     B1 = cfg.pp * cfg.dp * 2 * 2  # divisible by both
-    a1 = estimate(model, cluster, small, B1).memory_breakdown["activations"]
-    a2 = estimate(model, cluster, big, B1).memory_breakdown["activations"]
-    assert a2 >= a1
+    # Per pipeline stage: the worst stage may change (a bigger micro-batch grows the last stage's logits
+    # more than the others' activations), so the worst stage's activations alone need not grow.
+    e1, e2 = estimate(model, cluster, small, B1), estimate(model, cluster, big, B1)
+    for s1, s2 in zip(e1.stage_memory_breakdown, e2.stage_memory_breakdown, strict=True):
+        assert s2["activations"] >= s1["activations"]
+        assert s2["temporary"] >= s1["temporary"]
+    assert e2.memory_GiB >= e1.memory_GiB * (1 - 1e-9)
 
 
 @SETTINGS
