@@ -12,7 +12,9 @@ from planner.cluster_spec import load_cluster
 from planner.model_spec import ModelSpec
 from planner.parallel import ParallelConfig
 
-SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# derandomize: the same examples on every run, so CI cannot fail on a draw a local run never saw (a wider random
+# search: ``sed 's/derandomize=True/derandomize=False/'`` and raise max_examples).
+SETTINGS = settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 
 
 @st.composite
