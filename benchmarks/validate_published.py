@@ -14,6 +14,7 @@ import argparse
 import csv
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -101,6 +102,74 @@ def narayanan() -> list[dict]:
     return out
 
 
+def paired_rows() -> list[dict]:
+    """Narayanan 2021 rows whose pipelines do exactly the work of a Korthikanti 2022 row (same model, tp, pp, full
+    recompute, and global batch / dp equal to the 2022 batch): the measured ratio shows what data parallelism plus
+    the older code base cost; the predicted ratio (same mbs and vpp as the 2022 row) is what the model charges for
+    the data-parallel reduce alone."""
+    out = []
+    for n in _rows("narayanan2021_table1.csv"):
+        tp, pp, gpus, B = int(n["tp"]), int(n["pp"]), int(n["gpus"]), int(n["global_batch"])
+        dp = gpus // (tp * pp)
+        for k in _rows("korthikanti2022.csv"):
+            same = (k["hidden"], k["layers"], k["heads"], k["tp"], k["pp"]) == (n["hidden"], n["layers"], n["heads"],
+                                                                            n["tp"], n["pp"])
+            if not same or k["recompute"] != "full" or int(k["global_batch"]) * dp != B:
+                continue
+            model = _gpt(k["model"], k)
+            s, L, h, V = model.seq_length, model.num_layers, model.hidden_size, model.vocab_size
+            meas_n = 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h)) / (
+                float(n["tflops_per_gpu"]) * 1e12 * gpus)
+            meas_k = float(k["iteration_time_s"])
+            cfg = ParallelConfig(tp=tp, pp=pp, dp=1, mbs=int(k["micro_batch"]), vpp=int(k["vpp"]), recompute="full")
+            pred_k = estimate(model, load_cluster("selene", gpus=tp * pp), cfg, int(k["global_batch"])).step_time_s
+            pred_n = estimate(model, load_cluster("selene", gpus=gpus), replace(cfg, dp=dp), B).step_time_s
+            out.append({"model": k["model"], "plan": cfg.short(), "dp_2021": dp, "measured_2022_s": meas_k,
+                        "measured_2021_s": meas_n, "predicted_dp1_s": pred_k, "predicted_dp_s": pred_n,
+                        "measured_ratio": meas_n / meas_k, "predicted_ratio": pred_n / pred_k})
+    return out
+
+
+# What Narayanan 2021 Table 1 uses: tp, pp, dp, micro-batch, interleaving and full recompute; nothing newer.
+PAPER_FEATURES = {"cp": 1, "recompute": "full", "recompute_layers": None, "layers": None, "sp": False, "zero": 0,
+                  "dp_overlap": False, "tp_overlap": False}
+
+
+def feasible_exact(model: ModelSpec, cluster, B: int, fixed: dict) -> list[tuple[float, ParallelConfig]]:
+    """(step time, plan) for every plan in the space restricted by ``fixed`` that fits, priced exactly."""
+    import numpy as np
+
+    from cost_models.batch import estimate_batch
+    from planner.space import config_at, enumerate_space
+
+    cands = enumerate_space(model, cluster, B, fixed)
+    res = estimate_batch(model, cluster, cands, B)
+    out = []
+    for i in np.nonzero(res.memory_GiB <= cluster.gpu.memory_GiB * 1.1)[0]:  # the closed form is conservative
+        cfg = config_at(cands, int(i), fixed)
+        e = estimate(model, cluster, cfg, B, validate=False)
+        if e.fits:
+            out.append((e.step_time_s, cfg))
+    return out
+
+
+def paper_rank(row: dict[str, str], pipeline_penalty: float = 0.0,
+               plans: list[tuple[float, ParallelConfig]] | None = None) -> dict:
+    """Where the paper's (tp, pp), with its best mbs / vpp, ranks among the feasible plans built from the paper's
+    features: the fraction predicted strictly faster. ``pipeline_penalty`` multiplies every pp > 1 plan's time
+    by (1 + penalty) — a sensitivity check, not part of the model."""
+    model = _gpt(row["params_b"], row)
+    gpus, B, tp, pp = int(row["gpus"]), int(row["global_batch"]), int(row["tp"]), int(row["pp"])
+    if plans is None:
+        plans = feasible_exact(model, load_cluster("selene", gpus=gpus), B, PAPER_FEATURES)
+    timed = [(t * (1 + pipeline_penalty if c.pp > 1 else 1.0), c) for t, c in plans]
+    paper = min(t for t, c in timed if c.tp == tp and c.pp == pp)
+    best_t, best = min(timed, key=lambda x: x[0])
+    faster = sum(1 for t, _ in timed if t < paper * (1 - 1e-9))
+    return {"model": f"{row['params_b']}B", "paper_s": paper, "best_s": best_t, "best_plan": best.short(),
+            "faster": faster, "feasible": len(timed), "rank": faster / len(timed)}
+
+
 def summary(rows: list[dict]) -> dict:
     errs = [abs(r["error"]) for r in rows]
     return {"mean_abs_error": sum(errs) / len(errs), "max_abs_error": max(errs), "rows": len(rows)}
@@ -109,6 +178,8 @@ def summary(rows: list[dict]) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="also write all rows and summaries to this file")
+    ap.add_argument("--ranks", action="store_true",
+                    help="also rank the paper's configurations among all feasible paper-feature plans (~1 min)")
     args = ap.parse_args()
     result = {}
     for name, fn in (("korthikanti2022", korthikanti), ("narayanan2021", narayanan)):
@@ -121,10 +192,32 @@ def main() -> int:
                   f"{r['error'] * 100:6.1f}%")
         s = result[name]
         print(f"mean |error| {s['mean_abs_error'] * 100:.2f}%   max |error| {s['max_abs_error'] * 100:.2f}%")
+    pairs = paired_rows()
+    result["paired_2021_2022"] = pairs
+    print("\nsame pipeline work, 2022 (dp=1) vs 2021 (dp>1): measured and predicted time ratios")
+    for r in pairs:
+        print(f"{r['model']:8} {r['plan']:40} dp={r['dp_2021']:<3} measured x{r['measured_ratio']:.3f}  "
+              f"predicted x{r['predicted_ratio']:.3f}")
     acts = korthikanti_activation_check()
     worst = max(abs(a["error"]) for a in acts)
     result["korthikanti2022_activations"] = {"rows": acts, "max_abs_error": worst}
     print(f"\nactivation memory vs Korthikanti's formulas: {len(acts)} cases, max |error| {worst * 100:.2f}%")
+    if args.ranks:
+        penalties = (0.0, round(max(r["measured_ratio"] / r["predicted_ratio"] for r in pairs) - 1, 3), 0.15)
+        print(f"\nrank of the paper's configuration (fraction of feasible plans predicted faster), with every "
+              f"pp>1 plan slowed by {', '.join(f'{p:.1%}' for p in penalties)}")
+        ranks = []
+        for row in _rows("narayanan2021_table1.csv"):
+            model = _gpt(row["params_b"], row)
+            gpus, B = int(row["gpus"]), int(row["global_batch"])
+            plans = feasible_exact(model, load_cluster("selene", gpus=gpus), B, PAPER_FEATURES)
+            rs = [paper_rank(row, p, plans) for p in penalties]
+            ranks.append({"model": rs[0]["model"], "penalties": list(penalties), "ranks": [r["rank"] for r in rs],
+                          "feasible": rs[0]["feasible"], "best_plan": rs[0]["best_plan"],
+                          "best_vs_paper": rs[0]["best_s"] / rs[0]["paper_s"]})
+            print(f"{rs[0]['model']:8} {rs[0]['feasible']:4} plans  " + "  ".join(f"{r['rank']:6.1%}" for r in rs)
+                  + f"   best {rs[0]['best_plan']} ({rs[0]['best_s'] / rs[0]['paper_s'] - 1:+.1%})")
+        result["paper_ranks"] = ranks
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
     return 0

@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from cost_models.batch import estimate_batch
@@ -39,12 +38,12 @@ def test_narayanan_iteration_times():
 
 
 NARAYANAN = vp._rows("narayanan2021_table1.csv")
-PAPER_FEATURES = {"cp": 1, "recompute": "full", "recompute_layers": None, "layers": None, "sp": False, "zero": 0,
-                  "dp_overlap": False, "tp_overlap": False}
+PAPER_FEATURES = vp.PAPER_FEATURES
 # Rows where autopar's cost model prefers less tensor and more pipeline parallelism than the paper chose
 # (e.g. 18.4B: tp=2 pp=4 with interleaving is predicted 17% faster than tp=8 pp=1). The paper's own
-# configuration is predicted within 2% of its measured time on these rows; the alternatives were never
-# measured. Strict xfail: if the model changes to agree, these start passing and the marker must go.
+# configuration is predicted within 0.6-5% of its measured time on these rows; the alternatives were never
+# measured (benchmarks/RESULTS.md: even with pipelines slowed by the 2021 code base's measured 8.7%, 18.4B and
+# 39.1B stay out of the top 10%). Strict xfail: if the model changes to agree, these pass and the marker goes.
 MODEL_DISAGREES = {"7.5", "18.4", "39.1"}
 
 
@@ -55,19 +54,6 @@ def _rows_marked():
         yield pytest.param(r, id=r["params_b"], marks=marks)
 
 
-def _feasible_exact(model, cluster, B, fixed):
-    """Exact estimates of every plan in the space that fits (memory from the exact model)."""
-    cands = enumerate_space(model, cluster, B, fixed)
-    res = estimate_batch(model, cluster, cands, B)
-    out = []
-    for i in np.nonzero(res.memory_GiB <= cluster.gpu.memory_GiB * 1.1)[0]:  # closed form is conservative
-        cfg = config_at(cands, int(i), fixed)
-        e = estimate(model, cluster, cfg, B, validate=False)
-        if e.fits:
-            out.append((e.step_time_s, cfg))
-    return out
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("row", _rows_marked())
 def test_paper_config_ranks_top_ten_percent(row):
@@ -76,14 +62,12 @@ def test_paper_config_ranks_top_ten_percent(row):
     feasible plans built from the paper's features (tp, pp, dp, micro-batch, interleaving, full recompute),
     all priced with the exact model."""
     model = vp._gpt(row["params_b"], row)
-    gpus, B, tp, pp = int(row["gpus"]), int(row["global_batch"]), int(row["tp"]), int(row["pp"])
+    gpus, B = int(row["gpus"]), int(row["global_batch"])
     cluster = load_cluster("selene", gpus=gpus)
-    plans = _feasible_exact(model, cluster, B, PAPER_FEATURES)
-    paper = min(t for t, c in plans if c.tp == tp and c.pp == pp)
+    rank = vp.paper_rank(row)
     free = search(model, cluster, B, top=1)
-    assert free.plans[0].estimate.step_time_s <= paper * (1 + 1e-9)
-    better = sum(1 for t, _ in plans if t < paper * (1 - 1e-9))
-    assert better / len(plans) <= 0.10, (better, len(plans))
+    assert free.plans[0].estimate.step_time_s <= rank["paper_s"] * (1 + 1e-9)
+    assert rank["rank"] <= 0.10, rank
 
 
 def test_exact_and_closed_form_agree_on_paper_rows():
