@@ -74,10 +74,14 @@ def triton_interpreted() -> bool | None:
 
 
 class LazyKernel:
-    """A kernel function that is handed to ``triton.jit`` on first launch: ``LazyKernel(fn)[grid](*args)``."""
+    """A kernel function that is handed to ``triton.jit`` on first launch: ``LazyKernel(fn)[grid](*args)``.
 
-    def __init__(self, fn: Callable[..., Any]) -> None:
+    ``helpers``: plain module-level functions the kernel calls; each is jitted too and bound under its own name
+    in the kernel's module while the kernel is built (Triton resolves callees by name at compile time)."""
+
+    def __init__(self, fn: Callable[..., Any], helpers: tuple[Callable[..., Any], ...] = ()) -> None:
         self.fn = fn
+        self.helpers = helpers
         self._built: dict[bool, Any] = {}
         functools.update_wrapper(self, fn)
 
@@ -93,6 +97,9 @@ class LazyKernel:
                     f"TRITON_INTERPRET={int(key)} now, but triton was imported with the other setting; "
                     "set TRITON_INTERPRET before anything imports triton")
             self.fn.__globals__["tl"] = importlib.import_module("triton.language")
+            for helper in self.helpers:
+                helper.__globals__["tl"] = self.fn.__globals__["tl"]
+                self.fn.__globals__[helper.__name__] = triton.jit(helper)
             kernel = self._built[key] = triton.jit(self.fn)
         return kernel
 

@@ -41,6 +41,19 @@ MAX_BLOCK_V = 32768  # widest vocab block one program holds in registers
 
 
 # ----------------------------------------------------------------------------------------------- kernels
+def _row_max_sumexp(ptr, V, BLOCK_V: tl.constexpr):
+    """One row of V logits, BLOCK_V at a time (online softmax): (max, sum of exp(x - max)) in fp32."""
+    m = float("-inf")
+    ssum = 0.0
+    for off in range(0, V, BLOCK_V):
+        cols = off + tl.arange(0, BLOCK_V)
+        x = tl.load(ptr + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        ssum = ssum * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
+        m = m_new
+    return m, ssum
+
+
 def _ce_fused(LOGITS, stride, TARGET, LOSS, SCALE, V, ignore_index,
               COMPUTE_GRAD: tl.constexpr, ONE_BLOCK: tl.constexpr, BLOCK_V: tl.constexpr):
     """Per row: loss = lse - logit[target]; logits row <- (softmax - onehot) * scale when COMPUTE_GRAD."""
@@ -69,14 +82,7 @@ def _ce_fused(LOGITS, stride, TARGET, LOSS, SCALE, V, ignore_index,
             g = tl.where(cols == t, g - 1.0, g) * scale
             tl.store(ptr + cols, g.to(LOGITS.dtype.element_ty), mask=mask)
     else:
-        m = float("-inf")
-        ssum = 0.0
-        for off in range(0, V, BLOCK_V):
-            cols = off + tl.arange(0, BLOCK_V)
-            x = tl.load(ptr + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
-            m_new = tl.maximum(m, tl.max(x, axis=0))
-            ssum = ssum * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
-            m = m_new
+        m, ssum = _row_max_sumexp(ptr, V, BLOCK_V)
         lse = m + tl.log(ssum)
         tl.store(LOSS + row, lse - xt)
         if COMPUTE_GRAD:
@@ -104,14 +110,7 @@ def _ce_stats(LOGITS, stride, TARGET, STATS, V, vocab_start, ignore_index,
         m = tl.max(x, axis=0)
         ssum = tl.sum(tl.exp(x - m), axis=0)
     else:
-        m = float("-inf")
-        ssum = 0.0
-        for off in range(0, V, BLOCK_V):
-            cols = off + tl.arange(0, BLOCK_V)
-            x = tl.load(ptr + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
-            m_new = tl.maximum(m, tl.max(x, axis=0))
-            ssum = ssum * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
-            m = m_new
+        m, ssum = _row_max_sumexp(ptr, V, BLOCK_V)
     tl.store(STATS + row * 3, m)
     tl.store(STATS + row * 3 + 1, ssum)
     tl.store(STATS + row * 3 + 2, xt)
@@ -153,8 +152,8 @@ def _grad_scale(X, Y, G, N, IN_PLACE: tl.constexpr, BLOCK: tl.constexpr):
         tl.store(Y + offs, (x * g).to(Y.dtype.element_ty), mask=mask)
 
 
-ce_fused_kernel = LazyKernel(_ce_fused)
-ce_stats_kernel = LazyKernel(_ce_stats)
+ce_fused_kernel = LazyKernel(_ce_fused, helpers=(_row_max_sumexp,))
+ce_stats_kernel = LazyKernel(_ce_stats, helpers=(_row_max_sumexp,))
 ce_grad_kernel = LazyKernel(_ce_grad)
 grad_scale_kernel = LazyKernel(_grad_scale)
 
