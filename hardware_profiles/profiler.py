@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import AutoparError
+from planner.paths import check_output_file
 
 
 def _torch():
@@ -273,8 +274,7 @@ def profile_command(args: argparse.Namespace, progress: Callable[[], bool] | Non
     """The CLI entry point (args: out, quick, nproc, name)."""
     from hardware_profiles.assemble import to_yaml, write_profile
 
-    if Path(args.out).is_dir():
-        raise AutoparError(f"--out {args.out} is a directory; give a file name such as my-cluster.yaml")
+    check_output_file(args.out, "profile")  # before minutes of measuring
     torch = _torch()
     show = sys.stderr.isatty() if progress is None else progress()
     under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ

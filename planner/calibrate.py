@@ -29,12 +29,11 @@ from typing import Any
 
 import numpy as np
 import yaml
-from pydantic import ValidationError
 
 from planner.cluster_spec import ClusterSpec, load_cluster
 from planner.errors import AutoparError
-from planner.model_spec import _one_line
-from planner.planfile import PlanFile, load_plan
+from planner.paths import check_output_file
+from planner.planfile import PlanFile, load_plan, plan_from_data
 
 PARAMS = ("gemm", "attention", "memory", "overhead", "comm")
 BOUND = math.log(8.0)  # scales stay within [1/8, 8]
@@ -78,9 +77,11 @@ def read_metrics(path: str | Path) -> tuple[list[dict[str, Any]], Any]:
         if "plan" in obj:
             plan = obj["plan"]
         if "step" in obj and "step_time_s" in obj:
-            t = obj["step_time_s"]
-            if not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
+            t, step = obj["step_time_s"], obj["step"]
+            if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) or t <= 0:
                 raise AutoparError(f"metrics file {p} line {i}: step_time_s must be a positive number, got {t!r}")
+            if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+                raise AutoparError(f"metrics file {p} line {i}: step must be a non-negative integer, got {step!r}")
             rows.append(obj)
     if not text.strip():
         raise AutoparError(f"metrics file {p} is empty")
@@ -103,11 +104,7 @@ def measured_median(rows: list[dict[str, Any]], warmup: int | None, source: str)
 def _resolve_plan(ref: Any, metrics: Path) -> PlanFile:
     """The plan a metrics file names: an embedded plan object, or a path (relative to the file or here)."""
     if isinstance(ref, dict):
-        try:
-            return PlanFile.model_validate(ref)
-        except ValidationError as err:
-            raise AutoparError(f"metrics file {metrics}: its embedded plan is invalid ({_one_line(err)}); "
-                               "pass --plan PLAN.json") from None
+        return plan_from_data(ref, f"metrics file {metrics}: embedded plan")
     path = Path(str(ref))
     if not path.is_absolute() and not path.exists():
         path = metrics.parent / path
@@ -230,6 +227,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
     warmup = getattr(args, "warmup", None)
     if warmup is not None and warmup < 0:
         raise AutoparError(f"--warmup must be >= 0, got {warmup}")
+    check_output_file(args.out, "calibrated profile")
     runs = load_runs(list(args.metrics), getattr(args, "plan", None), warmup)
     cluster_ref = getattr(args, "cluster", None)
     if cluster_ref:
@@ -256,7 +254,6 @@ def calibrate_command(args: argparse.Namespace) -> int:
               f"Mean |predicted/measured - 1|: {100 * mean0:.1f}% before, {100 * mean1:.1f}% after."]
     text = profile_yaml(scaled(base, scales), header)
     try:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(text)
     except OSError as err:
         raise AutoparError(f"cannot write {args.out}: {err.strerror}") from None

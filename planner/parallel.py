@@ -6,7 +6,8 @@ why a combination cannot run. The same object drives the cost model and the runt
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+import json
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from planner.errors import AutoparError, did_you_mean
@@ -84,12 +85,12 @@ class ParallelConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ParallelConfig:
-        known = {f.name for f in fields(cls)}
-        kw = {k: v for k, v in d.items() if k in known}
-        if kw.get("layers") is not None:
-            kw["layers"] = tuple(int(x) for x in kw["layers"])
-        if isinstance(kw.get("recompute_layers"), list):
-            kw["recompute_layers"] = tuple(int(x) for x in kw["recompute_layers"])
+        """From a plan file's ``parallel`` object (JSON types); a key of the wrong type or unknown is an error."""
+        kw: dict[str, Any] = {}
+        for key, v in d.items():
+            if key not in KEYS:
+                raise AutoparError(f"unknown plan key '{key}'{did_you_mean(key, KEYS)}; keys: {', '.join(KEYS)}")
+            kw[key] = _typed_value(key, v)
         return cls(**kw)
 
     def short(self) -> str:
@@ -198,6 +199,33 @@ class ParallelConfig:
             raise AutoparError(
                 f"tp={self.tp} spans nodes ({gpus_per_node} GPUs per node); use a tp that divides {gpus_per_node}"
             )
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _typed_value(key: str, v: Any) -> Any:
+    """Check one JSON value of a plan key and convert lists to tuples."""
+    if key in BOOL_KEYS:
+        if not isinstance(v, bool):
+            raise AutoparError(f"plan key {key} must be true or false, got {json.dumps(v)}")
+        return v
+    if key in INT_KEYS:
+        if not _is_int(v):
+            raise AutoparError(f"plan key {key} must be an integer, got {json.dumps(v)}")
+        return v
+    if key == "recompute":
+        if v not in RECOMPUTE:
+            raise AutoparError(f"plan key recompute must be one of {', '.join(RECOMPUTE)}, got {json.dumps(v)}")
+        return v
+    # layers / recompute_layers: null, a list of integers (recompute_layers also one integer)
+    if v is None or (key == "recompute_layers" and _is_int(v)):
+        return v
+    if isinstance(v, list) and v and all(_is_int(x) for x in v):
+        return tuple(v)
+    one = " or one integer" if key == "recompute_layers" else ""
+    raise AutoparError(f"plan key {key} must be a list of integers (one per stage){one} or null, got {json.dumps(v)}")
 
 
 def _parse_value(key: str, raw: str) -> Any:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import datetime as _dt
 import json
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
 from planner import __version__
 from planner.cluster_spec import ClusterSpec
@@ -18,20 +18,26 @@ from planner.parallel import ParallelConfig
 SCHEMA = "autopar.plan/1"
 
 
+# JSON types exactly: an integer field takes no true/"3"/2.0, a number field no string or boolean
+Int = Annotated[int, Strict()]
+Num = Annotated[float, Strict()]
+Beta = Annotated[float, Strict(), Field(ge=0.0, lt=1.0)]
+
+
 class TrainConfig(BaseModel):
     """Optimizer and schedule settings the runtime uses (AdamW, warmup + cosine)."""
 
-    model_config = ConfigDict(extra="forbid")
-    steps: int = 20
-    lr: float = 3e-3
-    min_lr: float = 3e-4
-    warmup_steps: int = 2
-    weight_decay: float = 0.1
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = 1e-8
-    grad_clip: float = 1.0
-    seed: int = 1234
-    checkpoint_every: int = 0  # steps; 0 = only at the end when a checkpoint dir is given
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    steps: Int = Field(20, ge=1)
+    lr: Num = Field(3e-3, gt=0.0)
+    min_lr: Num = Field(3e-4, ge=0.0)
+    warmup_steps: Int = Field(2, ge=0)
+    weight_decay: Num = Field(0.1, ge=0.0)
+    betas: tuple[Beta, Beta] = (0.9, 0.95)
+    eps: Num = Field(1e-8, gt=0.0)
+    grad_clip: Num = Field(1.0, ge=0.0)  # 0 = no clipping
+    seed: Int = Field(1234, ge=0, lt=2**63)
+    checkpoint_every: Int = Field(0, ge=0)  # steps; 0 = only at the end when a checkpoint dir is given
 
 
 class PlanFile(BaseModel):
@@ -92,21 +98,30 @@ def load_plan(path: str | Path) -> PlanFile:
         raise AutoparError(
             f"plan file {p} is not valid JSON (truncated or corrupt?); re-create it with `autopar plan --out`"
         ) from None
+    return plan_from_data(data, f"plan file {p}")
+
+
+def plan_from_data(data: Any, source: str) -> PlanFile:
+    """Validate a plan's JSON object (from a file, or embedded in a metrics file); ``source`` starts the
+    one-line error."""
     if not isinstance(data, dict):
-        raise AutoparError(f"plan file {p} must hold a JSON object")
+        raise AutoparError(f"{source} must hold a JSON object")
     schema = data.get("schema")
     if schema != SCHEMA:
-        raise AutoparError(
-            f"plan file {p} has schema {schema!r}, this autopar reads {SCHEMA!r}; "
-            "re-create it with `autopar plan --out`")
+        raise AutoparError(f"{source} has schema {schema!r}, this autopar reads {SCHEMA!r}; "
+                           "re-create it with `autopar plan --out`")
     try:
         plan = PlanFile.model_validate(data)
-        cfg = plan.config
     except ValidationError as err:
-        raise AutoparError(f"plan file {p}: {_one_line(err)}") from None
-    except TypeError as err:
-        raise AutoparError(f"plan file {p}: bad 'parallel' section ({err})") from None
-    if plan.seq != plan.model.seq_length:
-        raise AutoparError(f"plan file {p}: seq {plan.seq} differs from the model's seq_length {plan.model.seq_length}")
-    cfg.validate(plan.model, cfg.world, plan.global_batch, plan.cluster.gpus_per_node)
+        raise AutoparError(f"{source}: {_one_line(err)}") from None
+    try:
+        cfg = plan.config
+        if plan.seq != plan.model.seq_length:
+            raise AutoparError(f"seq {plan.seq} differs from the model's seq_length {plan.model.seq_length}")
+        cfg.validate(plan.model, cfg.world, plan.global_batch, plan.cluster.gpus_per_node)
+        if cfg.world > plan.cluster.num_gpus:
+            raise AutoparError(f"the plan needs {cfg.world} GPUs but its cluster {plan.cluster.name} has "
+                               f"{plan.cluster.num_gpus} GPUs; re-plan for this cluster")
+    except AutoparError as err:
+        raise AutoparError(f"{source}: {err}") from None
     return plan

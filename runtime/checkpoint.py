@@ -107,7 +107,9 @@ def load_checkpoint(tr: Trainer, root: Path) -> int:
         raise AutoparError(f"no checkpoint to resume from in {root}; run without --resume to start fresh")
     try:
         meta = json.loads((ck / META).read_text())
-        step, saved = int(meta["step"]), meta["plan"]
+        step, saved = meta["step"], meta["plan"]
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0 or not isinstance(saved, dict):
+            raise ValueError("bad step or plan")
     except (OSError, ValueError, KeyError, TypeError):
         raise AutoparError(f"checkpoint {ck} is corrupt (unreadable {META}); delete it to resume from an "
                            "earlier one") from None

@@ -18,6 +18,7 @@ import threading
 from pathlib import Path
 
 from planner.errors import AutoparError
+from planner.paths import check_output_dir, check_output_file
 from planner.planfile import PlanFile, load_plan
 from runtime.data import SAMPLE_TEXT, TokenData, cache_dir
 
@@ -27,6 +28,25 @@ def default_plan(path: str | Path | None = None) -> Path:
     from planner.defaults import default_plan as plan_default
 
     return plan_default(Path(path) if path else cache_dir() / "default-plan.json")[0]
+
+
+def check_run_options(plan: PlanFile, steps: int | None, checkpoint_dir: str | None, checkpoint_every: int | None,
+                      metrics_out: str | None, resume: bool) -> int:
+    """Refuse options that would only fail later (after training, at the first checkpoint or metrics write);
+    returns the number of steps to run."""
+    total = steps if steps is not None else plan.train.steps
+    if total <= 0:
+        raise AutoparError(f"--steps must be positive, got {total}")
+    if checkpoint_every is not None and checkpoint_every < 0:
+        raise AutoparError(f"--checkpoint-every must be 0 (only at the end) or a positive step count, "
+                           f"got {checkpoint_every}")
+    if resume and not checkpoint_dir:
+        raise AutoparError("--resume needs --checkpoint-dir (where the checkpoints are)")
+    if checkpoint_dir is not None:
+        check_output_dir(checkpoint_dir, "checkpoint directory")
+    if metrics_out is not None:
+        check_output_file(metrics_out, "metrics file")
+    return total
 
 
 def _local_devices() -> int | None:
@@ -79,16 +99,12 @@ def launch(plan_path: str | None = None, steps: int | None = None, data: str | N
     world = plan.world_size
     if nproc is not None and nproc != world:
         raise AutoparError(f"the plan needs {world} processes ({plan.config.short()}), not {nproc}")
-    if world > plan.cluster.num_gpus:
-        raise AutoparError(f"the plan needs {world} ranks but its cluster {plan.cluster.name} has "
-                           f"{plan.cluster.num_gpus} GPUs; re-plan for this cluster")
     from runtime.trainer import check_supported
 
     check_supported(plan)
+    check_run_options(plan, steps, checkpoint_dir, checkpoint_every, metrics_out, resume)
     TokenData(data or SAMPLE_TEXT, plan.seq, plan.model.vocab_size, plan.train.seed)  # one-line errors now
     if resume:
-        if not checkpoint_dir:
-            raise AutoparError("--resume needs --checkpoint-dir (where the checkpoints are)")
         from runtime.checkpoint import latest_checkpoint
 
         if latest_checkpoint(Path(checkpoint_dir)) is None:

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from planner.errors import AutoparError
 from planner.planfile import load_plan
 from runtime.data import SAMPLE_TEXT, TokenData
+from runtime.launch import check_run_options
 from runtime.metrics import MetricsLog
 from runtime.parallel.mesh import build_groups
 from runtime.trainer import Trainer, check_supported
@@ -58,11 +59,8 @@ def run(args: argparse.Namespace) -> int:
         raise AutoparError(f"plan {args.plan} needs {plan.world_size} processes ({plan.config.short()}) but "
                            f"{world} were started; use `autopar run` or torchrun --nproc-per-node {plan.world_size}")
     check_supported(plan)
-    steps = args.steps if args.steps is not None else plan.train.steps
-    if steps <= 0:
-        raise AutoparError(f"--steps must be positive, got {steps}")
-    if args.resume and not args.checkpoint_dir:
-        raise AutoparError("--resume needs --checkpoint-dir (where the checkpoints are)")
+    steps = check_run_options(plan, args.steps, args.checkpoint_dir, args.checkpoint_every, args.metrics_out,
+                              args.resume)
     data = TokenData(args.data or SAMPLE_TEXT, plan.seq, plan.model.vocab_size, plan.train.seed)
     cuda = torch.cuda.is_available() and plan.cluster.backend == "nccl"  # a gloo (CPU) plan stays on CPUs
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")

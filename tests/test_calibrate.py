@@ -122,6 +122,8 @@ def test_scaling_keeps_a_valid_profile():
     ('{"step": 1, "step_time_s": 0.5}\n{"step": 2, "step_', "line 2 is not valid JSON"),
     ('{"loss": 1.0}\n', "no step lines"),
     ('{"step": 1, "step_time_s": -1}\n', "positive number"),
+    ('{"step": "a", "step_time_s": 0.5}\n', "step must be a non-negative integer"),
+    ('{"step": null, "step_time_s": 0.5}\n', "step must be a non-negative integer"),
     ('{"step": 1, "step_time_s": 0.5}\n', "does not say which plan"),
 ])
 def test_bad_metrics_are_one_line_errors(tmp_path, capsys, content, message):
@@ -133,6 +135,26 @@ def test_bad_metrics_are_one_line_errors(tmp_path, capsys, content, message):
     assert len(err) == 1 and err[0].startswith("autopar: error:") and message in err[0]
 
 
+def test_bad_embedded_plans_are_one_line_errors(tmp_path, capsys):
+    """A plan embedded in a metrics file is checked like a plan file: types, schema, plan vs cluster."""
+    (m, _), = _write_runs(tmp_path, load_cluster("dgx-h100"), {}, embed="object")[:1]
+    rows = [json.loads(line) for line in m.read_text().splitlines()]
+    plan = rows[0]["plan"]
+    for edit, message in [
+            ({"parallel": {**plan["parallel"], "tp": "1"}}, "plan key tp must be an integer"),
+            ({"parallel": {**plan["parallel"], "tp": 0}}, "tp must be at least 1"),
+            ({"parallel": {**plan["parallel"], "pp": 2, "vpp": 3}}, "embedded plan"),
+            ({"parallel": {**plan["parallel"], "dp": 2}}, "the plan needs 2 GPUs but its cluster"),
+            ({"schema": "autopar.plan/9"}, "has schema 'autopar.plan/9'")]:
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text("\n".join(json.dumps({**r, "plan": {**plan, **edit}} if i == 0 else r)
+                                 for i, r in enumerate(rows)) + "\n")
+        assert main(["calibrate", str(bad), "--out", str(tmp_path / "o.yaml")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "embedded plan" in err[0] and message in err[0], (edit, err)
+    assert not (tmp_path / "o.yaml").exists()
+
+
 def test_bad_options_are_one_line_errors(tmp_path, capsys):
     base = load_cluster("dgx-h100")
     (m, p), (m2, _) = _write_runs(tmp_path, base, {}, embed="none", steps=2)[:2]
@@ -141,6 +163,8 @@ def test_bad_options_are_one_line_errors(tmp_path, capsys):
         (["--plan", str(p), "--fit", "gemm,bogus"], "unknown parameter 'bogus'"),
         (["--plan", str(p), "--plan", str(p), "--plan", str(p)], "one --plan for all"),
         (["--plan", str(tmp_path / "missing.json")], "does not exist"),
+        (["--plan", str(p), "--out", ""], "path is empty"),
+        (["--plan", str(p), "--out", str(tmp_path / "no" / "o.yaml")], "does not exist; create it first"),
     ]
     for extra, message in cases:
         assert main(["calibrate", str(m), str(m2), "--out", str(tmp_path / "o.yaml"), *extra]) == 2

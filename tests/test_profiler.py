@@ -123,8 +123,11 @@ def test_estimate_and_plan_accept_the_profile(profile_path, capsys):
 def test_profile_rejects_bad_arguments(tmp_path, capsys):
     assert main(["profile", "--nproc", "0", "--out", str(tmp_path / "x.yaml")]) == 2
     assert main(["profile", "--out", str(tmp_path)]) == 2
+    (tmp_path / "a_file").write_text("x")  # refused before measuring, not after
+    assert main(["profile", "--quick", "--out", str(tmp_path / "a_file" / "x.yaml")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 2 and all(e.startswith("autopar: error:") for e in err)
+    assert len(err) == 3 and all(e.startswith("autopar: error:") for e in err)
+    assert "is a directory" in err[1] and "a_file is a file, not a folder" in err[2]
 
 
 # ---- pure pieces (no processes) ---------------------------------------------------------------------

@@ -67,9 +67,13 @@ def test_bad_checkpoints_are_one_line_errors(pool, tokens64, tmp_path):
     shard.write_bytes(shard.read_bytes()[:100])
     msg = run(case, tmp_path / "ck", True)
     assert msg.startswith("AutoparError:") and "corrupt" in msg and "\n" not in msg
-    (tmp_path / "ck" / "step_00000001" / "meta.json").write_text("{not json")
-    msg = run(case, tmp_path / "ck", True)
-    assert msg.startswith("AutoparError: checkpoint") and "corrupt (unreadable meta.json)" in msg
+    meta = tmp_path / "ck" / "step_00000001" / "meta.json"
+    good = json.loads(meta.read_text())
+    for broken in ("{not json", json.dumps({**good, "plan": "x"}), json.dumps({**good, "step": -5}),
+                   json.dumps({**good, "step": "1"})):
+        meta.write_text(broken)
+        msg = run(case, tmp_path / "ck", True)
+        assert msg.startswith("AutoparError: checkpoint") and "corrupt (unreadable meta.json)" in msg, broken
 
 
 def test_mesh_rank_order_puts_tp_innermost(pool):

@@ -86,6 +86,36 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
     cases.append((dict(plan_path=_plan(tmp_path), data=str(odd)), "not a whole number"))
     cases.append((dict(plan_path=_plan(tmp_path), resume=True, checkpoint_dir=str(tmp_path / "none")),
                   "no checkpoint to resume from"))
+    empty = tmp_path / "empty.npy"
+    empty.write_bytes(b"")
+    cases.append((dict(plan_path=_plan(tmp_path), data=str(empty)), "cannot be read as tokens"))
+    # options that would only fail after training: refused before any worker starts
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    cases.append((dict(plan_path=_plan(tmp_path), checkpoint_dir=str(a_file)), "exists and is not a folder"))
+    cases.append((dict(plan_path=_plan(tmp_path), checkpoint_dir=str(a_file / "ck")), "is a file, not a folder"))
+    cases.append((dict(plan_path=_plan(tmp_path), metrics_out=str(tmp_path / "no" / "m.jsonl")), "does not exist"))
+    cases.append((dict(plan_path=_plan(tmp_path), metrics_out=str(tmp_path)), "is a directory"))
+    cases.append((dict(plan_path=_plan(tmp_path), steps=-1), "--steps must be positive"))
+    cases.append((dict(plan_path=_plan(tmp_path), checkpoint_every=-1), "--checkpoint-every must be 0"))
+    # a hand-edited plan file: wrong JSON types and values in 'parallel' and 'train'
+    base = json.loads(Path(_plan(tmp_path)).read_text())
+    for section, key, value, expect in [
+            ("parallel", "tp", "2", "plan key tp must be an integer"),
+            ("parallel", "tp", 2.0, "plan key tp must be an integer"),
+            ("parallel", "tp", None, "plan key tp must be an integer"),
+            ("parallel", "sp", "false", "plan key sp must be true or false"),
+            ("parallel", "layers", ["a"], "plan key layers must be a list of integers"),
+            ("parallel", "recompute_layers", "2", "plan key recompute_layers must be a list of integers"),
+            ("parallel", "recompute", "bogus", "plan key recompute must be one of"),
+            ("parallel", "tpp", 2, "unknown plan key 'tpp'"),
+            ("train", "lr", -1.0, "train.lr"),
+            ("train", "betas", [0.9, 1.5], "train.betas"),
+            ("train", "seed", -1, "train.seed"),
+            ("train", "steps", True, "train.steps")]:
+        edited = tmp_path / f"edited-{section}-{key}.json"
+        edited.write_text(json.dumps({**base, section: {**base[section], key: value}}))
+        cases.append((dict(plan_path=str(edited)), expect))
     for kwargs, expect in cases:
         with pytest.raises(AutoparError) as err:
             launch(**kwargs, quiet=True)
