@@ -14,6 +14,15 @@ from typing import Any
 
 from planner.errors import AutoparError
 
+MAX_GLOBAL_BATCH = 1 << 20  # sequences per step: hundreds of times the largest published training batches
+
+
+def _nonempty(text: str) -> str:
+    """argparse type of path-like arguments: an empty one is an error, not a silently skipped output."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
 
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors."""
@@ -23,8 +32,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_common(p: argparse.ArgumentParser, batch_required: bool = True) -> None:
-    p.add_argument("--model", required=True, help="preset name, YAML/JSON spec, HF config.json, or pkg.module:factory")
-    p.add_argument("--cluster", default="dgx-a100", help="bundled cluster name or profile path (default dgx-a100)")
+    p.add_argument("--model", required=True, type=_nonempty,
+                   help="preset name, YAML/JSON spec, HF config.json, or pkg.module:factory")
+    p.add_argument("--cluster", default="dgx-a100", type=_nonempty,
+                   help="bundled cluster name or profile path (default dgx-a100)")
     size = p.add_mutually_exclusive_group()
     size.add_argument("--gpus", type=int, help="resize the cluster to N GPUs")
     size.add_argument("--nodes", type=int, help="resize the cluster to N nodes")
@@ -40,11 +51,13 @@ def _format(p: argparse.ArgumentParser, choices: tuple[str, ...] = ("table", "js
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of `autopar run` (also `python -m runtime.launch`)."""
-    p.add_argument("plan", nargs="?", help="plan file from `autopar plan --out` (default: a tiny CPU plan)")
+    p.add_argument("plan", nargs="?", type=_nonempty,
+                   help="plan file from `autopar plan --out` (default: a tiny CPU plan)")
     p.add_argument("--steps", type=int)
-    p.add_argument("--data", help="token file (.npy, .bin/.u16, .u32) or .txt; default: a bundled text sample")
-    p.add_argument("--metrics-out", help="write JSON lines of per-step metrics here")
-    p.add_argument("--checkpoint-dir", help="save checkpoints here")
+    p.add_argument("--data", type=_nonempty,
+                   help="token file (.npy, .bin/.u16, .u32) or .txt; default: a bundled text sample")
+    p.add_argument("--metrics-out", type=_nonempty, help="write JSON lines of per-step metrics here")
+    p.add_argument("--checkpoint-dir", type=_nonempty, help="save checkpoints here")
     p.add_argument("--checkpoint-every", type=int, help="steps between checkpoints (default: the plan's)")
     p.add_argument("--resume", action="store_true", help="resume from the latest checkpoint in --checkpoint-dir")
     p.add_argument("--dry-run", action="store_true", help="print the launch command and exit")
@@ -67,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--exhaustive", action="store_true", help="enumerate everything, no pruning (slow)")
     pl.add_argument("--runnable", action="store_true",
                     help="only plans autopar's runtime executes (cp=1, ZeRO 0/1, no TP overlap)")
-    pl.add_argument("--out", help="write the best plan to this plan file (JSON)")
+    pl.add_argument("--out", type=_nonempty, help="write the best plan to this plan file (JSON)")
     pl.add_argument("--steps", type=int, default=None, help="training steps recorded in the plan file")
     _format(pl)
 
@@ -77,25 +90,27 @@ def build_parser() -> argparse.ArgumentParser:
                     help="one of inter_node_bw=Gb/s per NIC,..., intra_node_bw=GB/s,..., gpus=N,..., gpu=name,...")
     wi.add_argument("--fix", default="", help="plan keys held fixed at every point")
     wi.add_argument("--compare", default=None, help='a second curve with these keys fixed, e.g. "dp_overlap=false"')
-    wi.add_argument("--plot", help="write a PNG plot of throughput and scaling efficiency")
+    wi.add_argument("--plot", type=_nonempty, help="write a PNG plot of throughput and scaling efficiency")
     _format(wi, ("table", "json", "csv"))
 
     run = sub.add_parser("run", help="train with a plan file (default: plan and train the tiny model on CPU)")
     add_run_arguments(run)
 
     prof = sub.add_parser("profile", help="measure this machine and write a cluster profile")
-    prof.add_argument("--out", default="my-cluster.yaml")
+    prof.add_argument("--out", default="my-cluster.yaml", type=_nonempty)
     prof.add_argument("--quick", action="store_true", help="fewer shapes and sizes")
     prof.add_argument("--nproc", type=int, default=None,
                       help="ranks to measure collectives with (default: all GPUs, or 2 on CPU)")
     prof.add_argument("--name", default=None, help="cluster name in the profile")
 
     cal = sub.add_parser("calibrate", help="fit a profile's efficiency parameters to measured runs")
-    cal.add_argument("metrics", nargs="+", help="metrics JSON lines written by `autopar run --metrics-out`")
-    cal.add_argument("--out", required=True, help="updated cluster profile to write")
-    cal.add_argument("--plan", action="append", help="the plan file a metrics file ran (one per metrics file, or "
-                     "one for all; default: the 'plan' entry the metrics file carries)")
-    cal.add_argument("--cluster", help="profile to calibrate (default: the cluster the plans embed)")
+    cal.add_argument("metrics", nargs="+", type=_nonempty,
+                     help="metrics JSON lines written by `autopar run --metrics-out`")
+    cal.add_argument("--out", required=True, type=_nonempty, help="updated cluster profile to write")
+    cal.add_argument("--plan", action="append", type=_nonempty,
+                     help="the plan file a metrics file ran (one per metrics file, or one for all; default: the "
+                     "'plan' entry the metrics file carries)")
+    cal.add_argument("--cluster", type=_nonempty, help="profile to calibrate (default: the cluster the plans embed)")
     cal.add_argument("--warmup", type=int, help="steps to leave out of each run (default: the first 10%%)")
     cal.add_argument("--fit", help="parameters to fit, from gemm,attention,memory,overhead,comm (default: all)")
     return ap
@@ -104,10 +119,14 @@ def build_parser() -> argparse.ArgumentParser:
 # ------------------------------------------------------------------------------------------------
 def _load_inputs(args: argparse.Namespace) -> tuple[Any, Any]:
     from planner.cluster_spec import load_cluster
-    from planner.model_spec import load_model
+    from planner.model_spec import load_model, size_problem
 
     model = load_model(args.model, args.seq)
     cluster = load_cluster(args.cluster, gpus=args.gpus, nodes=args.nodes)
+    b = args.global_batch
+    problem = None if b is None else size_problem("--global-batch", b, MAX_GLOBAL_BATCH)
+    if problem:
+        raise AutoparError(problem)
     h = args.headroom
     if not (h == h and 0 <= h < cluster.gpu.memory_GiB):  # h == h: not NaN
         raise AutoparError(f"--headroom must be between 0 and the GPU's {cluster.gpu.memory_GiB:g} GiB, got {h}")
@@ -126,11 +145,10 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         out["parallel"] = cfg.to_dict()
         print(json.dumps(out))
         return 0
-    from planner.report import console, estimate_tables
+    from planner.report import console, estimate_tables, print_inputs
 
     con = console()
-    con.print(f"model   {model.summary()}")
-    con.print(f"cluster {cluster.summary()}")
+    print_inputs(con, model, cluster)
     con.print(f"plan    {cfg.short()}  (global batch {args.global_batch}, "
               f"{cfg.microbatches(args.global_batch)} micro-batches per step)")
     for tab in estimate_tables(est, "estimate"):

@@ -9,16 +9,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from planner.errors import AutoparError, did_you_mean
-from planner.model_spec import _one_line, read_mapping
+from planner.model_spec import _not_bool, _one_line, read_mapping
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "hardware_profiles"
+MAX_GPUS = 1 << 24  # far beyond any real cluster; keeps the search's divisor enumeration cheap
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    _numbers = field_validator("*", mode="before")(_not_bool)
 
 
 class Efficiency(_Strict):
@@ -28,13 +31,13 @@ class Efficiency(_Strict):
     """
 
     gemm: float = 0.80  # fraction of peak a large, well-shaped GEMM sustains during training
-    gemm_tile_m: int = 128  # output tile of the GEMM kernels, for wave quantisation over the SMs
-    gemm_tile_n: int = 256
-    gemm_k_half: float = 96.0  # K at which a GEMM's main loop reaches half its efficiency
+    gemm_tile_m: int = Field(128, ge=1)  # output tile of the GEMM kernels, for wave quantisation over the SMs
+    gemm_tile_n: int = Field(256, ge=1)
+    gemm_k_half: float = Field(96.0, ge=0)  # K at which a GEMM's main loop reaches half its efficiency
     memory: float = 0.80  # fraction of HBM bandwidth streaming (elementwise, norm, optimizer) kernels reach
     attention_fwd: float = 0.55  # flash attention forward, fraction of peak (causal FLOPs)
     attention_bwd: float = 0.45  # flash attention backward
-    kernel_overhead_us: float = 3.0  # fixed cost per kernel (launch and tail)
+    kernel_overhead_us: float = Field(3.0, ge=0)  # fixed cost per kernel (launch and tail)
 
     @model_validator(mode="after")
     def _range(self) -> Efficiency:
@@ -153,6 +156,9 @@ class ClusterSpec(_Strict):
             raise ValueError("gpus_per_node and num_nodes must be positive")
         if self.num_nodes > 1 and self.inter_node is None:
             raise ValueError("a cluster of several nodes needs an inter_node section")
+        if self.num_gpus > MAX_GPUS:
+            raise ValueError(f"gpus_per_node x num_nodes = {self.num_gpus:,} GPUs is beyond autopar's limit of "
+                             f"{MAX_GPUS:,}; check the values")
         return self
 
     @property
@@ -171,6 +177,11 @@ class ClusterSpec(_Strict):
         """The same cluster with another size (``--gpus`` or ``--nodes``)."""
         if gpus is not None and nodes is not None:
             raise AutoparError("give --gpus or --nodes, not both")
+        asked = gpus if gpus is not None else None if nodes is None else nodes * self.gpus_per_node
+        if asked is not None and asked > MAX_GPUS:
+            flag = f"--gpus {gpus}" if gpus is not None else f"--nodes {nodes}"
+            raise AutoparError(f"{flag} asks for {asked:,} GPUs, beyond autopar's limit of {MAX_GPUS:,}; "
+                               "check the value")
         if nodes is not None:
             if nodes <= 0:
                 raise AutoparError(f"--nodes must be positive, got {nodes}")

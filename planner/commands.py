@@ -25,11 +25,15 @@ def _progress(fmt: str):
 
 def plan_command(args: argparse.Namespace) -> int:
     from planner.cli import _load_inputs
-    from planner.explain import runner_up, why
+    from planner.explain import plan_value, runner_up, why
     from planner.parallel import parse_plan_keys
     from planner.search import min_gpus_to_fit, search
 
     model, cluster = _load_inputs(args)
+    if args.out:
+        from planner.paths import check_output_file
+
+        check_output_file(args.out, "plan file")  # before the search, not after
     fixed = parse_plan_keys(args.fix)
     if args.runnable:
         from planner.search import RUNNABLE
@@ -37,8 +41,9 @@ def plan_command(args: argparse.Namespace) -> int:
         for k, allowed in RUNNABLE.items():
             ok = allowed if isinstance(allowed, list) else [allowed]
             if k in fixed and fixed[k] not in ok:
-                raise AutoparError(f"--fix {k}={fixed[k]} conflicts with --runnable: autopar's runtime executes "
-                                   f"{k} in {ok}; drop one of them")
+                runs = " or ".join(f"{k}={plan_value(v)}" for v in ok)
+                raise AutoparError(f"--fix {k}={plan_value(fixed[k])} conflicts with --runnable: autopar's runtime "
+                                   f"executes only {runs}; drop one of them")
         fixed = {**RUNNABLE, **fixed}
     if args.top < 1:
         raise AutoparError(f"--top must be at least 1, got {args.top}")
@@ -77,11 +82,10 @@ def plan_command(args: argparse.Namespace) -> int:
             rows.append(row)
         print(json.dumps({"plans": rows, "search": search_info, "why": reason}))
         return 0
-    from planner.report import console, estimate_tables, plans_table
+    from planner.report import console, estimate_tables, plans_table, print_inputs
 
     con = console()
-    con.print(f"model   {model.summary()}")
-    con.print(f"cluster {cluster.summary()}")
+    print_inputs(con, model, cluster)
     con.print(f"searched {res.candidates:,} configurations in {res.seconds:.2f} s "
               f"(global batch {args.global_batch}{', exhaustive' if res.exhaustive else ''})")
     con.print(plans_table([p.row() for p in res.plans], f"top {len(res.plans)} plans"))
@@ -90,7 +94,7 @@ def plan_command(args: argparse.Namespace) -> int:
         con.print(tab)
     con.print(f"best plan keys: {res.plans[0].config.as_keys()}")
     if args.out:
-        con.print(f"wrote {args.out}  (train it with: autopar run {args.out})")
+        con.print(escape(f"wrote {args.out}  (train it with: autopar run {args.out})"))
     return 0
 
 
@@ -100,19 +104,29 @@ def whatif_command(args: argparse.Namespace) -> int:
     from planner.whatif import parse_vary, sweep
 
     model, cluster = _load_inputs(args)
+    if args.plot:
+        from planner.whatif import plot_file
+
+        plot_file(args.plot)  # a bad path fails now, not after the sweep
     key, values = parse_vary(args.vary)
     fixed = parse_plan_keys(args.fix)
+    more = parse_plan_keys(args.compare) if args.compare else {}
     curves: dict[str, Any] = {"best": sweep(model, cluster, args.global_batch, key, values, fixed, args.headroom)}
     if args.compare:
-        more = parse_plan_keys(args.compare)
-        curves[args.compare] = sweep(model, cluster, args.global_batch, key, values, {**fixed, **more}, args.headroom)
+        curves[args.compare] = sweep(model, cluster, args.global_batch, key, values, fixed, args.headroom, more)
+    for name, pts in curves.items():
+        if not any(p.get("tokens_per_s") for p in pts):
+            where = "" if name == "best" else f" with --compare {name}"
+            first = pts[0]
+            raise AutoparError(f"no point of the sweep{where} has a plan; at {key}={first['value']}: {first['error']}")
     from planner.whatif import normalize
 
     normalize(curves, key)
+    plot_path = None
     if args.plot:
         from planner.whatif import plot
 
-        plot(curves, key, model.name, cluster.name, args.plot)
+        plot_path = plot(curves, key, model.name, cluster.name, args.plot)
     if args.format == "json":
         print(json.dumps({"vary": key, "values": values, "curves": curves}))
         return 0
@@ -127,15 +141,14 @@ def whatif_command(args: argparse.Namespace) -> int:
                 w.writerow([name, p["value"], p.get("tokens_per_s"), p.get("step_time_s"), p.get("mfu"),
                             p.get("scaling_efficiency"), p.get("memory_GiB"), p.get("plan", ""), p.get("plan_changed")])
         return 0
-    from planner.report import console, whatif_table
+    from planner.report import console, print_inputs, whatif_table
 
     con = console()
-    con.print(f"model   {model.summary()}")
-    con.print(f"cluster {cluster.summary()}")
+    print_inputs(con, model, cluster)
     for name, pts in curves.items():
         con.print(whatif_table(pts, key, f"{name}: best plan at each {key}"))
-    if args.plot:
-        con.print(f"wrote {args.plot}")
+    if plot_path:
+        con.print(escape(f"wrote {plot_path}"))
     return 0
 
 
@@ -168,6 +181,6 @@ def _plan_default(path) -> str:
     if other:
         con.print(f"[bold]why:[/bold] {escape(why(res.plans[0], other))}")
     con.print(estimate_tables(res.plans[0].estimate, "")[1])
-    con.print(f"autopar: wrote {out}; training it (CPU timings are noisy; the bundled cpu-gloo profile is rough, "
-              "`autopar profile` measures this machine)")
+    con.print(f"autopar: wrote {escape(str(out))}; training it (CPU timings are noisy; the bundled cpu-gloo profile "
+              "is rough, `autopar profile` measures this machine)")
     return out

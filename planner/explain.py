@@ -17,6 +17,11 @@ PART_NAMES = {
 }
 
 
+def plan_value(value: object) -> str:
+    """A plan key's value as it is written in ``--plan`` / ``--fix`` (booleans as true/false)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def _fmt(s: float) -> str:
     return f"{s:.3g} s" if abs(s) >= 0.1 else f"{s * 1e3:.3g} ms"
 
@@ -35,10 +40,7 @@ def runner_up(plans: list[PlanResult]) -> PlanResult | None:
 def why(best: PlanResult, other: PlanResult) -> str:
     """One or two sentences comparing two plans by the parts of the step that differ most."""
     a, b = best.estimate, other.estimate
-    def val(x: object) -> str:
-        return str(x).lower() if isinstance(x, bool) else str(x)
-
-    diffs = [f"{k}={val(getattr(best.config, k))} vs {val(getattr(other.config, k))}"
+    diffs = [f"{k}={plan_value(getattr(best.config, k))} vs {plan_value(getattr(other.config, k))}"
              for k in (*LAYOUT_KEYS, "dp_overlap", "tp_overlap") if getattr(best.config, k) != getattr(other.config, k)]
     if best.config.layers != other.config.layers:
         diffs.append("a different layer split")

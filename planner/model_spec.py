@@ -8,27 +8,50 @@ Everything user-facing raises :class:`AutoparError` with a one-line message.
 from __future__ import annotations
 
 import json
+import math
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from planner.errors import AutoparError, did_you_mean
 
 PRESET_DIR = Path(__file__).parent / "presets"
+# Upper bounds far above any real model (the largest have ~100-200 layers, hidden ~25k, vocabularies ~256k):
+# they catch typos and absurd values before they reach the search and the solver.
+LIMITS = {"num_layers": 10_000, "hidden_size": 1 << 20, "num_attention_heads": 1 << 16, "num_kv_heads": 1 << 16,
+          "ffn_hidden_size": 1 << 22, "vocab_size": 1 << 24, "seq_length": 1 << 26, "head_dim": 1 << 16}
+
+
+def size_problem(name: str, value: int, limit: int) -> str | None:
+    """Why ``value`` is not a valid size (a positive integer up to ``limit``), or None."""
+    if value <= 0:
+        return f"{name} must be a positive integer, got {value}"
+    if value > limit:
+        return f"{name} must be at most {limit:,} (far beyond any real workload), got {value:,}; check the value"
+    return None
+
+
+def _not_bool(v: Any) -> Any:
+    """Refuse true/false where a number is expected (pydantic would read them as 1 and 0)."""
+    if isinstance(v, bool):
+        raise ValueError(f"expected a number, got {str(v).lower()}")
+    return v
 
 
 class BlockCounts(BaseModel):
     """Per-layer counts of a traced custom model (one repeated block), used instead of the formulas."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    params: int
-    fwd_flops_per_token: float  # matmul FLOPs per token in one block's forward, attention excluded
-    attn_flops_per_token: float = 0.0  # attention-core FLOPs per token (scales with seq)
-    act_bytes_per_token: float  # bytes saved for backward per token (16-bit activations)
-    elementwise_bytes_per_token: float = 0.0  # bytes moved by non-matmul ops per token, forward
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    params: int = Field(ge=0)
+    fwd_flops_per_token: float = Field(ge=0)  # matmul FLOPs per token in one block's forward, attention excluded
+    attn_flops_per_token: float = Field(0.0, ge=0)  # attention-core FLOPs per token (scales with seq)
+    act_bytes_per_token: float = Field(ge=0)  # bytes saved for backward per token (16-bit activations)
+    elementwise_bytes_per_token: float = Field(0.0, ge=0)  # bytes moved by non-matmul ops per token, forward
+
+    _numbers = field_validator("*", mode="before")(_not_bool)
 
 
 class ModelSpec(BaseModel):
@@ -57,17 +80,17 @@ class ModelSpec(BaseModel):
     rope_theta: float = 10000.0
     block: BlockCounts | None = None  # set for traced custom models
 
+    _numbers = field_validator(*LIMITS, "dropout", "norm_eps", "rope_theta", mode="before")(_not_bool)
+
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
-        for field in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "seq_length"):
-            if getattr(self, field) <= 0:
-                raise ValueError(f"{field} must be a positive integer, got {getattr(self, field)}")
+        for field, limit in LIMITS.items():
+            v = getattr(self, field)
+            problem = None if v is None else size_problem(field, v, limit)
+            if problem:
+                raise ValueError(problem)
         if self.arch == "llama" and self.ffn_hidden_size is None:
             raise ValueError("ffn_hidden_size is required for arch 'llama' (SwiGLU width)")
-        for field in ("ffn_hidden_size", "head_dim", "num_kv_heads"):
-            v = getattr(self, field)
-            if v is not None and v <= 0:
-                raise ValueError(f"{field} must be a positive integer, got {v}")
         if self.head_dim is None and self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "
@@ -78,8 +101,15 @@ class ModelSpec(BaseModel):
                 f"num_attention_heads {self.num_attention_heads} must be a multiple of num_kv_heads "
                 f"{self.num_kv_heads}"
             )
+        if self.arch == "llama" and self.block is None and self.hd % 2:
+            raise ValueError(f"head_dim {self.hd} is odd, but rotary position embeddings (arch llama) rotate pairs "
+                             "of dimensions; use an even head_dim (hidden_size / num_attention_heads)")
         if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.norm_eps < 0:
+            raise ValueError(f"norm_eps must be zero or positive, got {self.norm_eps}")
+        if self.rope_theta <= 0:
+            raise ValueError(f"rope_theta must be positive, got {self.rope_theta}")
         return self
 
     # ---- resolved fields -------------------------------------------------------------------
@@ -220,12 +250,36 @@ _GPT2_LIKE = {"gpt2"}
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 
 
-def _int(cfg: dict[str, Any], key: str) -> int:
-    """An integer field of a Hugging Face config (floats like 64.0 accepted, 64.7 refused)."""
-    v = cfg[key]
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or float(v) != int(v) or v <= 0:
-        raise ValueError(f"{key} must be a positive integer, got {v!r}")
+_NULL_IS_DEFAULT = ("num_key_value_heads", "head_dim", "n_inner")  # Hugging Face writes null for "the default"
+
+
+def _show(v: Any) -> str:
+    """A config value as it is written in JSON (null, true, "x", Infinity)."""
+    return json.dumps(v, default=str)
+
+
+def _int(cfg: dict[str, Any], key: str, default: int | None = None) -> int:
+    """A positive integer field of a Hugging Face config (64.0 accepted, 64.7 refused); ``default`` when absent."""
+    v = cfg[key] if default is None or key in cfg else default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v != int(v) or v <= 0:
+        raise ValueError(f"{key} must be a positive integer, got {_show(v)}")
     return int(v)
+
+
+def _float(cfg: dict[str, Any], key: str, default: float) -> float:
+    """A finite number field of a Hugging Face config; ``default`` when absent."""
+    v = cfg.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ValueError(f"{key} must be a number, got {_show(v)}")
+    return float(v)
+
+
+def _bool(cfg: dict[str, Any], key: str, default: bool) -> bool:
+    """A true/false field of a Hugging Face config; ``default`` when absent."""
+    v = cfg.get(key, default)
+    if not isinstance(v, bool):
+        raise ValueError(f"{key} must be true or false, got {_show(v)}")
+    return v
 
 
 def hf_to_spec(cfg: dict[str, Any], source: str) -> dict[str, Any]:
@@ -240,50 +294,49 @@ def hf_to_spec(cfg: dict[str, Any], source: str) -> dict[str, Any]:
         raise AutoparError(
             f"Hugging Face config {source}: model_type '{mtype}' is not supported; autopar reads "
             f"Llama-style ({', '.join(sorted(_LLAMA_LIKE))}) and GPT-2-style configs, or write an autopar spec")
+    cfg = {k: v for k, v in cfg.items() if not (v is None and k in _NULL_IS_DEFAULT)}
     try:
         if mtype in ("gpt2", "gpt_neo", "gptj") or "n_embd" in cfg:
             h = _int(cfg, "n_embd")
-            inner = cfg.get("n_inner")
-            seq = int(cfg.get("n_positions", cfg.get("n_ctx", 1024)))
             return {
                 "name": str(name),
                 "arch": "gpt",
                 "num_layers": _int(cfg, "n_layer"),
                 "hidden_size": h,
                 "num_attention_heads": _int(cfg, "n_head"),
-                "ffn_hidden_size": int(inner) if inner else 4 * h,
+                "ffn_hidden_size": _int(cfg, "n_inner", 4 * h),
                 "vocab_size": _int(cfg, "vocab_size"),
-                "seq_length": seq,
-                "tie_embeddings": bool(cfg.get("tie_word_embeddings", True)),
-                "dropout": float(cfg.get("resid_pdrop", 0.1)),
-                "norm_eps": float(cfg.get("layer_norm_epsilon", 1e-5)),
+                "seq_length": _int(cfg, "n_positions", _int(cfg, "n_ctx", 1024)),
+                "tie_embeddings": _bool(cfg, "tie_word_embeddings", True),
+                "dropout": _float(cfg, "resid_pdrop", 0.1),
+                "norm_eps": _float(cfg, "layer_norm_epsilon", 1e-5),
             }
-        max_pos = int(cfg.get("max_position_embeddings", 4096))
+        heads = _int(cfg, "num_attention_heads")
         out: dict[str, Any] = {
             "name": str(name),
             "arch": "llama",
             "num_layers": _int(cfg, "num_hidden_layers"),
             "hidden_size": _int(cfg, "hidden_size"),
-            "num_attention_heads": _int(cfg, "num_attention_heads"),
-            "num_kv_heads": int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"]),
+            "num_attention_heads": heads,
+            "num_kv_heads": _int(cfg, "num_key_value_heads", heads),
             "ffn_hidden_size": _int(cfg, "intermediate_size"),
             "vocab_size": _int(cfg, "vocab_size"),
-            "seq_length": min(max_pos, 8192),
-            "tie_embeddings": bool(cfg.get("tie_word_embeddings", False)),
-            "norm_eps": float(cfg.get("rms_norm_eps", 1e-5)),
-            "rope_theta": float(cfg.get("rope_theta", 10000.0)),
-            "qkv_bias": bool(cfg.get("attention_bias", mtype == "qwen2")),
+            "seq_length": min(_int(cfg, "max_position_embeddings", 4096), 8192),
+            "tie_embeddings": _bool(cfg, "tie_word_embeddings", False),
+            "norm_eps": _float(cfg, "rms_norm_eps", 1e-5),
+            "rope_theta": _float(cfg, "rope_theta", 10000.0),
+            "qkv_bias": _bool(cfg, "attention_bias", mtype == "qwen2"),
         }
-        if cfg.get("head_dim"):
-            out["head_dim"] = int(cfg["head_dim"])
+        if "head_dim" in cfg:
+            out["head_dim"] = _int(cfg, "head_dim")
         return out
     except KeyError as err:
         raise AutoparError(
             f"Hugging Face config {source}: missing field {err}; expected a Llama/Mistral/Qwen2-style "
             "(hidden_size, num_hidden_layers, intermediate_size, ...) or GPT-2-style (n_embd, n_layer, ...) config"
         ) from None
-    except (TypeError, ValueError) as err:
-        raise AutoparError(f"Hugging Face config {source}: bad value ({err})") from None
+    except ValueError as err:
+        raise AutoparError(f"Hugging Face config {source}: {err}; fix that field") from None
 
 
 def list_presets() -> list[str]:
@@ -330,6 +383,7 @@ def load_model(ref: str, seq: int | None = None) -> ModelSpec:
             f"unknown model '{ref}'{did_you_mean(ref, list_presets())}; use a preset "
             f"({', '.join(list_presets())}), a YAML/JSON spec, a Hugging Face config.json or pkg.module:factory"
         )
-    if seq is not None and seq <= 0:
-        raise AutoparError(f"--seq must be a positive integer, got {seq}")
+    problem = None if seq is None else size_problem("--seq", seq, LIMITS["seq_length"])
+    if problem:
+        raise AutoparError(problem)
     return spec.with_seq(seq)

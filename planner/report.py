@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -10,12 +10,22 @@ from rich.table import Table
 
 from cost_models.step import Estimate
 
+if TYPE_CHECKING:
+    from planner.cluster_spec import ClusterSpec
+    from planner.model_spec import ModelSpec
+
 
 def console() -> Console:
     con = Console(highlight=False, soft_wrap=False)
     if not con.is_terminal:
         con = Console(highlight=False, soft_wrap=False, width=140)
     return con
+
+
+def print_inputs(con: Console, model: ModelSpec, cluster: ClusterSpec) -> None:
+    """The model and cluster lines a table output starts with (user-given names printed as text, not markup)."""
+    con.print(f"model   {escape(model.summary())}")
+    con.print(f"cluster {escape(cluster.summary())}")
 
 
 def fmt_time(s: float) -> str:
@@ -67,7 +77,7 @@ def plans_table(rows: list[dict[str, Any]], title: str) -> Table:
 
 
 def whatif_table(pts: list[dict[str, Any]], key: str, title: str) -> Table:
-    tab = Table(title=title, header_style="bold")
+    tab = Table(title=escape(title), header_style="bold")
     for col, just in ((key, "right"), ("GPUs", "right"), ("tokens/s", "right"), ("MFU", "right"),
                       ("efficiency", "right"), ("memory", "right"), ("best plan", "left")):
         tab.add_column(col, justify=just)

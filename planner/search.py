@@ -22,6 +22,7 @@ from cost_models.batch import estimate_batch
 from cost_models.step import estimate
 from planner.cluster_spec import ClusterSpec
 from planner.errors import AutoparError
+from planner.explain import plan_value
 from planner.model_spec import ModelSpec
 from planner.parallel import ParallelConfig
 from planner.refine import PlanResult, refine
@@ -40,6 +41,14 @@ class SearchResult:
     ranked: list[PlanResult] = field(default_factory=list)  # every exactly-priced plan that fits, best first
 
 
+def _keys_text(fixed: dict[str, Any]) -> str:
+    """Fixed keys as they are written on the command line (``tp=2,sp=true,mbs=1/2``)."""
+    def text(v: Any) -> str:
+        return "/".join(map(plan_value, v)) if isinstance(v, (list, tuple, set)) else plan_value(v)
+
+    return ",".join(f"{k}={text(v)}" for k, v in fixed.items() if v is not None)
+
+
 def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dict[str, Any] | None = None,
            top: int = 5, exhaustive: bool = False, headroom_GiB: float = 0.0, refine_count: int | None = None,
            progress: Any = None) -> SearchResult:
@@ -55,8 +64,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
     if len(cands) == 0:
         raise AutoparError(
             f"no parallel configuration of {cluster.num_gpus} GPUs divides global batch {global_batch} and the model "
-            f"({model.num_layers} layers, {model.num_attention_heads} heads) with the fixed keys "
-            f"{fixed or '(none)'}; change --global-batch, --gpus or --fix"
+            f"({model.num_layers} layers, {model.num_attention_heads} heads)"
+            f"{' with ' + _keys_text(fixed) if fixed else ''}; change --global-batch, --gpus or --fix"
         )
     cap = cluster.gpu.memory_GiB - headroom_GiB
     n_ref = refine_count or max(2 * top, 16)

@@ -21,15 +21,21 @@ from cost_models.step import RC_CODE
 from planner.cluster_spec import ClusterSpec
 from planner.errors import AutoparError
 from planner.model_spec import ModelSpec
-from planner.parallel import RECOMPUTE, ParallelConfig
+from planner.parallel import RECOMPUTE, ParallelConfig, check_tp_heads
 
 RC_NAMES = {v: k for k, v in RC_CODE.items()}
 PRUNED_MAX_MBS = 32
 PRUNED_MAX_VPP = 8
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+def _divisors(n: int, limit: int | None = None) -> list[int]:
+    """The divisors of ``n`` up to ``limit`` (default: all), ascending, in O(min(limit, sqrt n)) steps."""
+    top = n if limit is None else min(n, limit)
+    if top < math.isqrt(n):  # only small divisors wanted: try them directly
+        return [d for d in range(1, top + 1) if n % d == 0]
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    large = [n // d for d in reversed(small) if n // d != d]
+    return [d for d in small + large if d <= top]
 
 
 def _values(key: str, fixed: dict[str, Any], default: list[Any]) -> list[Any]:
@@ -48,46 +54,62 @@ def _as_list(v: Any) -> list[Any]:
     return [] if v is None else list(v) if isinstance(v, (list, tuple, set)) else [v]
 
 
-def check_fixed(model: ModelSpec, cluster: ClusterSpec, fixed: dict[str, Any]) -> None:
-    """One-line errors for fixed keys that no plan can satisfy (the search then honours every other rule)."""
+def check_fixed(model: ModelSpec, cluster: ClusterSpec | None, fixed: dict[str, Any], flag: str = "--fix") -> None:
+    """One-line errors for fixed keys that no plan can satisfy (the search then honours every other rule).
+
+    ``flag`` names the option the keys came from; with ``cluster`` None only the checks that hold for any
+    cluster run (whatif checks its keys once before a sweep, and against each point's cluster).
+    """
     for k in ("tp", "pp", "dp", "cp", "mbs", "vpp"):
         for v in _as_list(fixed.get(k)):
             if v < 1:
-                raise AutoparError(f"--fix {k}={v}: must be at least 1")
+                raise AutoparError(f"{flag} {k}={v}: must be at least 1")
     for v in _as_list(fixed.get("zero")):
         if v not in (0, 1, 2, 3):
-            raise AutoparError(f"--fix zero={v}: ZeRO stage must be 0, 1, 2 or 3")
-    g = cluster.gpus_per_node
+            raise AutoparError(f"{flag} zero={v}: ZeRO stage must be 0, 1, 2 or 3")
     for t in _as_list(fixed.get("tp")):
-        from planner.parallel import check_tp_heads
-
         check_tp_heads(model, t)
-        if t > g or (cluster.num_nodes > 1 and g % t):
-            raise AutoparError(f"--fix tp={t}: tensor-parallel groups must fit inside a node ({g} GPUs); "
-                               f"use a tp that divides {g}")
     for c in _as_list(fixed.get("cp")):
         if c > 1 and model.attn_impl != "flash":
-            raise AutoparError(f"--fix cp={c} needs attention: flash in the model spec")
+            raise AutoparError(f"{flag} cp={c} needs attention: flash in the model spec")
         if c > 1 and model.seq_length % (2 * c):
-            raise AutoparError(f"--fix cp={c}: seq {model.seq_length} must be divisible by 2*cp = {2 * c}")
+            raise AutoparError(f"{flag} cp={c}: seq {model.seq_length} must be divisible by 2*cp = {2 * c}")
     for p in _as_list(fixed.get("pp")):
         if p > model.num_layers:
-            raise AutoparError(f"--fix pp={p}: the model has only {model.num_layers} layers")
+            raise AutoparError(f"{flag} pp={p}: the model has only {model.num_layers} layers")
     layers = fixed.get("layers")
     if layers is not None:
         if sum(layers) != model.num_layers or min(layers) < 0:
-            raise AutoparError(f"--fix layers={'/'.join(map(str, layers))}: must be non-negative and sum to "
+            raise AutoparError(f"{flag} layers={'/'.join(map(str, layers))}: must be non-negative and sum to "
                                f"{model.num_layers}")
         if isinstance(fixed.get("pp"), int) and isinstance(fixed.get("vpp", 1), int) \
                 and len(layers) != fixed["pp"] * fixed.get("vpp", 1):
-            raise AutoparError(f"--fix layers has {len(layers)} entries but pp*vpp = "
+            raise AutoparError(f"{flag} layers has {len(layers)} entries but pp*vpp = "
                                f"{fixed['pp'] * fixed.get('vpp', 1)} stages need one each")
     rl = fixed.get("recompute_layers")
     if rl is not None:
         if fixed.get("recompute", "full") != "full":
-            raise AutoparError("--fix recompute_layers needs recompute=full")
+            raise AutoparError(f"{flag} recompute_layers needs recompute=full")
         if min(_as_list(rl)) < 0:
-            raise AutoparError("--fix recompute_layers: counts must be non-negative")
+            raise AutoparError(f"{flag} recompute_layers: counts must be non-negative")
+    if cluster is not None:
+        _check_fixed_on(cluster, fixed, flag)
+
+
+def _check_fixed_on(cluster: ClusterSpec, fixed: dict[str, Any], flag: str) -> None:
+    """The fixed keys' checks that depend on the cluster: tp inside a node, the mesh dividing the GPUs."""
+    g, G = cluster.gpus_per_node, cluster.num_gpus
+    for t in _as_list(fixed.get("tp")):
+        if t > g or (cluster.num_nodes > 1 and g % t):
+            raise AutoparError(f"{flag} tp={t}: tensor-parallel groups must fit inside a node ({g} GPUs); "
+                               f"use a tp that divides {g}")
+    sizes = {k: fixed[k] for k in ("tp", "pp", "dp", "cp") if isinstance(fixed.get(k), int)}
+    prod = math.prod(sizes.values())
+    if G % prod or (len(sizes) == 4 and prod != G):
+        shown = {k: v for k, v in sizes.items() if v > 1} or sizes
+        raise AutoparError(
+            f"{flag} {','.join(f'{k}={v}' for k, v in shown.items())}: tp*pp*dp*cp must equal the {G} GPUs, but "
+            f"{'*'.join(shown)} = {prod} {'does not divide' if G % prod else 'is not'} {G}; change {flag} or --gpus")
 
 
 def enumerate_space(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dict[str, Any],
@@ -105,7 +127,7 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, global_batch: int, f
     tps = [t for t in _divisors(math.gcd(heads, kv)) if G % t == 0 and tp_ok(t)]
     cps = [1]
     if model.attn_impl == "flash":
-        cps = [c for c in _divisors(G) if cp_ok(c) and (exhaustive or c <= 16)]
+        cps = [c for c in _divisors(G, None if exhaustive else 16) if cp_ok(c)]
     n_layers_fixed = len(fixed["layers"]) if fixed.get("layers") is not None else None
     rl = fixed.get("recompute_layers")
     n_rl_fixed = len(rl) if isinstance(rl, tuple) else None
@@ -116,7 +138,7 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, global_batch: int, f
         for c in _values("cp", fixed, cps):
             if G % (t * c) or not cp_ok(c):
                 continue
-            pps = [p for p in _divisors(G // (t * c)) if p <= L]
+            pps = _divisors(G // (t * c), L)
             for p in _values("pp", fixed, pps):
                 if G % (t * c * p) or p > L:
                     continue
@@ -126,9 +148,7 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, global_batch: int, f
                 if global_batch % dp:
                     continue
                 per_dp = global_batch // dp
-                mbs_all = _divisors(per_dp)
-                if not exhaustive:
-                    mbs_all = [b for b in mbs_all if b <= PRUNED_MAX_MBS]
+                mbs_all = _divisors(per_dp, None if exhaustive else PRUNED_MAX_MBS)
                 for b in _values("mbs", fixed, mbs_all):
                     if per_dp % b:
                         continue

@@ -22,10 +22,14 @@ from __future__ import annotations
 
 import importlib
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
+from pydantic import ValidationError
+
 from planner.errors import AutoparError
-from planner.model_spec import BlockCounts, ModelSpec
+from planner.model_spec import BlockCounts, ModelSpec, _one_line
 
 MATMUL_OPS = ("mm", "addmm", "bmm", "baddbmm", "convolution")
 ATTENTION_OPS = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
@@ -39,14 +43,30 @@ KV_ATTRS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads")
 SEQ_ATTRS = ("seq_length", "max_position_embeddings", "n_positions", "max_seq_len", "block_size")
 
 
+@contextmanager
+def _user_code(ref: str, what: str) -> Iterator[None]:
+    """Run the user's code: any failure (sys.exit and other BaseExceptions too) becomes one line naming it."""
+    try:
+        yield
+    except (KeyboardInterrupt, AutoparError):
+        raise
+    except SystemExit as err:
+        raise AutoparError(f"--model {ref}: {what}: it called sys.exit({err.code!r})") from None
+    except BaseException as err:  # noqa: BLE001 - user code: whatever it raises is reported, never a traceback
+        raise AutoparError(f"--model {ref}: {what}: {type(err).__name__}: {err}") from None
+
+
 def _factory(ref: str):
     mod_name, _, fn_name = ref.partition(":")
     if not mod_name or not fn_name:
         raise AutoparError(f"--model {ref}: expected pkg.module:factory")
-    try:
-        mod = importlib.import_module(mod_name)
-    except ImportError as err:
-        raise AutoparError(f"--model {ref}: cannot import {mod_name} ({err}); is it on PYTHONPATH?") from None
+    with _user_code(ref, f"importing {mod_name} failed"):
+        try:
+            mod = importlib.import_module(mod_name)
+        except ModuleNotFoundError as err:
+            if err.name and f"{mod_name}.".startswith(f"{err.name}."):  # the module itself, not one it imports
+                raise AutoparError(f"--model {ref}: cannot import {mod_name} ({err}); is it on PYTHONPATH?") from None
+            raise
     fn = getattr(mod, fn_name, None)
     if not callable(fn):
         raise AutoparError(f"--model {ref}: {mod_name} has no callable {fn_name}")
@@ -65,7 +85,7 @@ def _find(obj: Any, names: tuple[str, ...]) -> int | None:
     return None
 
 
-def _blocks(model):
+def _blocks(model, ref: str):
     """The longest ModuleList whose children share one type and parameter count."""
     import torch.nn as nn
 
@@ -76,7 +96,9 @@ def _blocks(model):
             if len(kinds) == 1 and (best is None or len(mod) > len(best[1])):
                 best = (name, mod)
     if best is None:
-        raise AutoparError("could not find the repeated transformer blocks (an nn.ModuleList of identical blocks)")
+        raise AutoparError(f"--model {ref}: could not find the repeated transformer blocks; autopar needs the model "
+                           "to keep them in an nn.ModuleList of identical blocks (e.g. self.layers = "
+                           "nn.ModuleList([Block() for _ in range(n)])) that its forward calls in order")
     return best
 
 
@@ -136,15 +158,11 @@ def model_from_module(ref: str, seq: int | None = None) -> ModelSpec:
     except ImportError:
         raise AutoparError("--model pkg.module:factory needs PyTorch: pip install torch") from None
     fn = _factory(ref)
-    try:
-        with torch.device("meta"):
-            model = fn()
-    except Exception as err:  # noqa: BLE001 - any failure of user code becomes one line
-        raise AutoparError(
-            f"--model {ref}: the factory failed on the meta device: {type(err).__name__}: {err}") from None
+    with _user_code(ref, "the factory failed on the meta device"), torch.device("meta"):
+        model = fn()
     if not isinstance(model, nn.Module):
         raise AutoparError(f"--model {ref}: the factory returned {type(model).__name__}, not an nn.Module")
-    prefix, blocks = _blocks(model)
+    prefix, blocks = _blocks(model, ref)
     embeds = [m for m in model.modules() if isinstance(m, nn.Embedding)]
     if not embeds:
         raise AutoparError(f"--model {ref}: no nn.Embedding found; autopar plans token-input language models")
@@ -165,19 +183,15 @@ def model_from_module(ref: str, seq: int | None = None) -> ModelSpec:
 
     h = blocks[i].register_forward_pre_hook(grab, with_kwargs=True)
     try:
-        with torch.no_grad():
+        with _user_code(ref, "the forward failed on meta tensors"), torch.no_grad():
             model(ids)
-    except Exception as err:  # noqa: BLE001 - any failure of user code becomes one line
-        raise AutoparError(f"--model {ref}: the forward failed on meta tensors: {type(err).__name__}: {err}") from None
     finally:
         h.remove()
     if "call" not in captured:
         raise AutoparError(f"--model {ref}: the forward never called the repeated blocks ({prefix})")
     args, kwargs = captured["call"]
-    try:
+    with _user_code(ref, "tracing a block failed"):
         gm = make_fx(lambda *a: blocks[i](*a, **kwargs))(*args)
-    except Exception as err:  # noqa: BLE001
-        raise AutoparError(f"--model {ref}: tracing a block failed: {type(err).__name__}: {err}") from None
     mm = attn = moved = 0.0
     for node in gm.graph.nodes:
         if node.op != "call_function":
@@ -224,10 +238,9 @@ def model_from_module(ref: str, seq: int | None = None) -> ModelSpec:
         hooks.append(b.register_forward_pre_hook(enter(i)))
         hooks.append(b.register_forward_hook(leave))
     try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with _user_code(ref, "the forward failed on meta tensors"), \
+                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             model(ids)
-    except Exception as err:  # noqa: BLE001
-        raise AutoparError(f"--model {ref}: the forward failed on meta tensors: {type(err).__name__}: {err}") from None
     finally:
         for h in hooks:
             h.remove()
@@ -244,12 +257,15 @@ def model_from_module(ref: str, seq: int | None = None) -> ModelSpec:
         elementwise_bytes_per_token=moved / tokens * (2.0 / 4.0 if _is_fp32(model) else 1.0),
     )
     name = ref.split(":")[-1]
-    return ModelSpec(
-        name=name, arch="llama", num_layers=len(blocks), hidden_size=hidden,
-        num_attention_heads=heads or 1, num_kv_heads=kv or heads or 1, ffn_hidden_size=4 * hidden,
-        vocab_size=vocab, seq_length=s, tie_embeddings=rest < vocab * hidden // 2, attention="flash",
-        dropout=0.0, head_dim=max(1, hidden // (heads or 1)), block=counts,
-    )
+    try:
+        return ModelSpec(
+            name=name, arch="llama", num_layers=len(blocks), hidden_size=hidden,
+            num_attention_heads=heads or 1, num_kv_heads=kv or heads or 1, ffn_hidden_size=4 * hidden,
+            vocab_size=vocab, seq_length=s, tie_embeddings=rest < vocab * hidden // 2, attention="flash",
+            dropout=0.0, head_dim=max(1, hidden // (heads or 1)), block=counts,
+        )
+    except ValidationError as err:
+        raise AutoparError(f"--model {ref}: the traced model is out of range: {_one_line(err)}") from None
 
 
 def _is_fp32(model) -> bool:

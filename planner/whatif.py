@@ -8,12 +8,15 @@ marked (``plan_changed``), in the table and on the plot.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 from planner.cluster_spec import ClusterSpec, list_gpus, load_gpu
 from planner.errors import AutoparError, did_you_mean
 from planner.model_spec import ModelSpec
+from planner.paths import check_output_file
 from planner.search import search
+from planner.space import check_fixed
 
 VARY_KEYS = {
     "inter_node_bw": "Gb/s per NIC",
@@ -69,18 +72,32 @@ def cluster_at(cluster: ClusterSpec, key: str, value: Any) -> ClusterSpec:
 
 
 def sweep(model: ModelSpec, cluster: ClusterSpec, global_batch: int, key: str, values: list[Any],
-          fixed: dict[str, Any], headroom_GiB: float = 0.0) -> list[dict[str, Any]]:
-    """Best plan at every value (a point with no fitting plan has tokens_per_s None and a reason)."""
-    if key == "inter_node_bw" and cluster.num_nodes == 1 and cluster.inter_node is not None:
-        raise AutoparError(f"--vary inter_node_bw: {cluster.name} is one node here, so the network between nodes "
-                           "does not matter; give --gpus or --nodes to span several")
+          fixed: dict[str, Any], headroom_GiB: float = 0.0, compare: dict[str, Any] | None = None
+          ) -> list[dict[str, Any]]:
+    """Best plan at every value (a point with no fitting plan has tokens_per_s None and a reason).
+
+    ``compare`` holds the ``--compare`` keys, fixed on top of ``fixed`` (errors about them name --compare).
+    Errors that would fail every point (bad keys, a network the cluster does not have) are raised first.
+    """
+    compare = compare or {}
+    check_fixed(model, None, fixed)
+    check_fixed(model, None, compare, "--compare")
+    if key in ("inter_node_bw", "nics_per_node"):
+        if cluster.inter_node is None:
+            raise AutoparError(f"--vary {key}: cluster {cluster.name} has no inter_node section (it is one node), "
+                               "so there is no network between nodes to vary; use a multi-node cluster profile")
+        if cluster.num_nodes == 1:
+            raise AutoparError(f"--vary {key}: {cluster.name} is one node here, so the network between nodes "
+                               "does not matter; give --gpus or --nodes to span several")
     pts: list[dict[str, Any]] = []
     for v in values:
         pt: dict[str, Any] = {"value": v}
         try:
             c = cluster_at(cluster, key, v)
             pt["gpus"] = c.num_gpus
-            res = search(model, c, global_batch, fixed=fixed, top=1, headroom_GiB=headroom_GiB, refine_count=12)
+            check_fixed(model, c, compare, "--compare")
+            res = search(model, c, global_batch, fixed={**fixed, **compare}, top=1, headroom_GiB=headroom_GiB,
+                         refine_count=12)
         except AutoparError as err:
             res, pt["error"] = None, str(err)
             pt.setdefault("gpus", v if key == "gpus" else None)
@@ -115,8 +132,22 @@ def normalize(curves: dict[str, list[dict[str, Any]]], key: str) -> None:
                 p["scaling_efficiency"] = p["tokens_per_s"] / top
 
 
-def plot(curves: dict[str, list[dict[str, Any]]], key: str, model: str, cluster: str, path: str) -> None:
-    """Throughput and scaling efficiency against the varied value; plan changes marked."""
+def _plain(text: str) -> str:
+    """User text for a plot label: a literal ``$`` rather than the start of matplotlib's math mode."""
+    return text.replace("$", r"\$")
+
+
+def plot_file(path: str) -> str:
+    """The file ``--plot`` writes (a name without an extension gets ``.png``), checked before the sweep."""
+    if Path(path).is_dir():
+        raise AutoparError(f"--plot {path} is a directory; give a file name such as {Path(path) / 'whatif.png'}")
+    return str(check_output_file(path if Path(path).suffix else path + ".png", "plot"))
+
+
+def plot(curves: dict[str, list[dict[str, Any]]], key: str, model: str, cluster: str, path: str) -> str:
+    """Throughput and scaling efficiency against the varied value; plan changes marked. Returns the file written
+    (a name without an extension gets ``.png``)."""
+    path = plot_file(path)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -126,9 +157,9 @@ def plot(curves: dict[str, list[dict[str, Any]]], key: str, model: str, cluster:
     categorical = key == "gpu"
     for i, (name, pts) in enumerate(curves.items()):
         ok = [p for p in pts if p.get("tokens_per_s")]
-        xs = [str(p["value"]) if categorical else p["value"] for p in ok]
+        xs = [_plain(str(p["value"])) if categorical else p["value"] for p in ok]
         style = "-o" if i == 0 else "--s"
-        label = "best plan" if name == "best" else name
+        label = "best plan" if name == "best" else _plain(name)
         ax1.plot(xs, [p["tokens_per_s"] for p in ok], style, label=label)
         ax2.plot(xs, [p["scaling_efficiency"] for p in ok], style, label=label)
         if i == 0:
@@ -148,7 +179,7 @@ def plot(curves: dict[str, list[dict[str, Any]]], key: str, model: str, cluster:
     ax1.set_ylabel("tokens / s")
     ax2.set_ylabel("scaling efficiency" if key in ("gpus", "nodes") else "relative throughput")
     ax2.set_xlabel(f"{key} ({VARY_KEYS[key]})")
-    ax1.set_title(f"{model} on {cluster}: best plan per point (dotted: plan layout changes)")
+    ax1.set_title(f"{_plain(model)} on {_plain(cluster)}: best plan per point (dotted: plan layout changes)")
     ax1.legend()
     ax1.grid(alpha=0.3)
     ax2.grid(alpha=0.3)
@@ -159,6 +190,7 @@ def plot(curves: dict[str, list[dict[str, Any]]], key: str, model: str, cluster:
         raise AutoparError(f"cannot write plot {path}: {err}") from None
     finally:
         plt.close(fig)
+    return path
 
 
 __all__ = ["parse_vary", "sweep", "normalize", "plot", "cluster_at", "list_gpus"]

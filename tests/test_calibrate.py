@@ -163,7 +163,7 @@ def test_bad_options_are_one_line_errors(tmp_path, capsys):
         (["--plan", str(p), "--fit", "gemm,bogus"], "unknown parameter 'bogus'"),
         (["--plan", str(p), "--plan", str(p), "--plan", str(p)], "one --plan for all"),
         (["--plan", str(tmp_path / "missing.json")], "does not exist"),
-        (["--plan", str(p), "--out", ""], "path is empty"),
+        (["--plan", str(p), "--out", ""], "must not be empty"),
         (["--plan", str(p), "--out", str(tmp_path / "no" / "o.yaml")], "does not exist; create it first"),
     ]
     for extra, message in cases:

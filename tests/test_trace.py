@@ -69,3 +69,26 @@ def test_cli_plan_with_module(capsys):
 def test_bad_module_refs(ref, needle):
     with pytest.raises(AutoparError, match=needle):
         load_model(ref)
+
+
+@pytest.mark.parametrize("mod,source,needle", [
+    ("ap_syntax", "def f(:\n", "importing ap_syntax failed: SyntaxError"),
+    ("ap_import_raises", "raise RuntimeError('import-time failure')\n",
+     "importing ap_import_raises failed: RuntimeError: import-time failure"),
+    ("ap_import_exits", "import sys\nsys.exit(4)\n", "importing ap_import_exits failed: it called sys.exit(4)"),
+    ("ap_factory_raises", "def f():\n    raise ValueError('boom')\n",
+     "the factory failed on the meta device: ValueError: boom"),
+    ("ap_factory_exits", "def f():\n    import sys\n    sys.exit(3)\n",
+     "the factory failed on the meta device: it called sys.exit(3)"),
+    ("ap_factory_base", "def f():\n    raise BaseException('weird')\n", "BaseException: weird"),
+    ("ap_no_blocks", "import torch.nn as nn\n\ndef f():\n    return nn.Sequential(nn.Embedding(10, 8), nn.Linear(8, 10))\n",
+     "could not find the repeated transformer blocks; autopar needs the model to keep them in an nn.ModuleList"),
+])
+def test_failing_user_code_is_one_line(tmp_path, monkeypatch, capsys, mod, source, needle):
+    (tmp_path / f"{mod}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code = main(["estimate", "--model", f"{mod}:f", "--cluster", "cpu-gloo", "--gpus", "1", "--global-batch", "4",
+                 "--plan", "tp=1"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(f"autopar: error: --model {mod}:f: ") and needle in err

@@ -1,0 +1,190 @@
+"""Bad inputs found by fuzzing: each ends in one line on stderr and exit status 2 (no hang, no traceback)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from planner.cli import main
+from planner.space import _divisors
+
+LLAMA = ("name: t\narch: llama\nnum_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\nffn_hidden_size: 128\n"
+         "vocab_size: 100\nseq_length: 64\n")
+HF = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 100, "max_position_embeddings": 64}
+CLUSTER = "name: c\ngpus_per_node: 2\nintra_node: {bandwidth_GBps: 300, latency_us: 3}\n"
+GPU = "gpu: {name: g, peak_tflops: {bf16: 312}, memory_GiB: 80, memory_bandwidth_GBps: 2000"
+ESTIMATE = ["--cluster", "cpu-gloo", "--gpus", "1", "--global-batch", "4", "--plan", "tp=1"]
+TINY = ["--model", "tiny", "--cluster", "cpu-gloo", "--gpus", "4", "--global-batch", "16"]
+WHATIF = ["whatif", "--model", "tiny", "--cluster", "dgx-a100", "--gpus", "16", "--global-batch", "64",
+          "--vary", "gpus=8,16"]
+
+
+def fails(capsys, *argv: str) -> str:
+    """Run the CLI in-process; assert exit 2 with one line on stderr and no traceback; return that line."""
+    code = main(list(argv))
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.count("\n") == 1 and err.startswith("autopar: error: ") and "Traceback" not in err
+    return err
+
+
+# ---- sizes: divisors in O(sqrt n), generous upper bounds ----------------------------------------------
+def test_divisors_are_exact_and_fast():
+    for n in range(1, 300):
+        for limit in (None, 1, 7, 32, n):
+            assert _divisors(n, limit) == [d for d in range(1, n + 1) if n % d == 0 and (limit is None or d <= limit)]
+    # an O(n) loop would not return from these (no timing asserted: a regression hangs the test visibly)
+    assert _divisors(2**40)[-3:] == [2**38, 2**39, 2**40]
+    assert _divisors(999_999_999_989, 32) == [1]  # a prime: only the small divisors are tried
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["plan", "--model", "tiny", "--cluster", "cpu-gloo", "--gpus", "4", "--global-batch", "1000000000"],
+     "--global-batch must be at most 1,048,576"),
+    (["plan", "--model", "tiny", "--cluster", "dgx-a100", "--gpus", "8000000000", "--global-batch", "512"],
+     "--gpus 8000000000 asks for 8,000,000,000 GPUs"),
+    (["estimate", "--model", "tiny", "--seq", "99999999999", *ESTIMATE], "--seq must be at most"),
+])
+def test_absurd_sizes_are_refused(capsys, argv, needle):
+    assert needle in fails(capsys, *argv)
+
+
+# ---- model specs ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("change,needle", [
+    ("num_layers: 1000000000000000000000000000000", "num_layers must be at most 10,000"),
+    ("vocab_size: 1000000000000000", "vocab_size must be at most"),
+    ("num_layers: true", "field 'num_layers': expected a number, got true"),
+    ("norm_eps: -1.0e-5", "norm_eps must be zero or positive"),
+    ("rope_theta: -5", "rope_theta must be positive"),
+    ("head_dim: 3", "head_dim 3 is odd, but rotary position embeddings"),
+    ("block: {params: -5, fwd_flops_per_token: 1, act_bytes_per_token: 1}", "block.params"),
+    ("block: {params: 5, fwd_flops_per_token: -1, act_bytes_per_token: 1}", "block.fwd_flops_per_token"),
+])
+def test_bad_model_specs(tmp_path, capsys, change, needle):
+    key = change.split(":")[0]
+    text = "".join(line + "\n" for line in LLAMA.splitlines() if not line.startswith(key + ":")) + change + "\n"
+    (tmp_path / "m.yaml").write_text(text)
+    assert needle in fails(capsys, "estimate", "--model", str(tmp_path / "m.yaml"), *ESTIMATE)
+
+
+def test_odd_head_dim_is_fine_without_rope(tmp_path, capsys):
+    (tmp_path / "m.yaml").write_text(LLAMA.replace("llama", "gpt") + "head_dim: 3\n")
+    assert main(["estimate", "--model", str(tmp_path / "m.yaml"), *ESTIMATE, "--format", "json"]) == 0
+
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("num_key_value_heads", 0, "num_key_value_heads must be a positive integer, got 0"),
+    ("num_key_value_heads", 2.5, "num_key_value_heads must be a positive integer, got 2.5"),
+    ("max_position_embeddings", float("inf"), "max_position_embeddings must be a positive integer, got Infinity"),
+    ("rms_norm_eps", None, "rms_norm_eps must be a number, got null"),
+    ("head_dim", "x", 'head_dim must be a positive integer, got "x"'),
+    ("tie_word_embeddings", "no", 'tie_word_embeddings must be true or false, got "no"'),
+])
+def test_bad_hf_fields_are_named(tmp_path, capsys, field, value, needle):
+    (tmp_path / "config.json").write_text(json.dumps({**HF, field: value}))
+    assert needle in fails(capsys, "estimate", "--model", str(tmp_path / "config.json"), *ESTIMATE)
+
+
+def test_hf_null_means_default(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps({**HF, "num_key_value_heads": None, "head_dim": None}))
+    assert main(["estimate", "--model", str(tmp_path / "config.json"), *ESTIMATE, "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["step_time_s"] > 0
+
+
+# ---- cluster and GPU profiles ---------------------------------------------------------------------------
+@pytest.mark.parametrize("gpu_extra,cluster_extra,needle", [
+    (", efficiency: {kernel_overhead_us: -5}", "", "field 'efficiency.kernel_overhead_us'"),
+    (", efficiency: {gemm_tile_m: 0}", "", "field 'efficiency.gemm_tile_m'"),
+    (", efficiency: {memory: 0}", "", "efficiency.memory must be in (0, 1]"),
+    ("", "num_nodes: true\n", "field 'num_nodes': expected a number, got true"),
+    ("", "num_nodes: 1000000000\ninter_node: {nic_bandwidth_Gbps: 200, nics_per_node: 8}\n",
+     "GPUs is beyond autopar's limit"),
+])
+def test_bad_physical_quantities(tmp_path, capsys, gpu_extra, cluster_extra, needle):
+    (tmp_path / "c.yaml").write_text(CLUSTER + GPU + gpu_extra + "}\n" + cluster_extra)
+    err = fails(capsys, "estimate", "--model", "tiny", "--cluster", str(tmp_path / "c.yaml"), "--global-batch", "4",
+                "--plan", "tp=1")
+    assert needle in err
+
+
+# ---- user text printed through rich and matplotlib ---------------------------------------------------------
+def test_markup_in_names_is_printed_as_text(tmp_path, capsys):
+    (tmp_path / "m.yaml").write_text(LLAMA.replace("name: t", "name: '[/x]'"))
+    (tmp_path / "c.yaml").write_text(CLUSTER.replace("name: c", "name: '[/oops]'") + GPU + "}\n")
+    (tmp_path / "[").mkdir()
+    common = ["--model", str(tmp_path / "m.yaml"), "--cluster", str(tmp_path / "c.yaml"), "--global-batch", "4"]
+    for argv in (["estimate", *common, "--plan", "tp=1"], ["plan", *common, "--out", str(tmp_path / "[/p].json")],
+                 ["whatif", *common, "--vary", "intra_node_bw=100,200"]):
+        assert main(argv) == 0
+        out = capsys.readouterr().out
+        assert "model   [/x]:" in out and "cluster [/oops]:" in out
+    assert (tmp_path / "[" / "p].json").exists()
+
+
+def test_plot_title_with_dollars_and_the_path_written(tmp_path, capsys):
+    (tmp_path / "m.yaml").write_text(LLAMA.replace("name: t", "name: '$\\badcmd{$'"))
+    code = main(["whatif", "--model", str(tmp_path / "m.yaml"), "--cluster", "cpu-gloo", "--global-batch", "4",
+                 "--vary", "gpus=1,2", "--plot", str(tmp_path / "plot")])
+    assert code == 0
+    assert f"wrote {tmp_path / 'plot.png'}" in capsys.readouterr().out
+    assert (tmp_path / "plot.png").read_bytes()[:4] == b"\x89PNG"
+    assert "is a directory" in fails(capsys, "whatif", "--model", "tiny", "--cluster", "cpu-gloo", "--global-batch",
+                                     "4", "--vary", "gpus=1,2", "--plot", str(tmp_path))
+
+
+# ---- whatif: inputs that fail every point ----------------------------------------------------------------
+@pytest.mark.parametrize("argv,needle", [
+    ([*WHATIF[:-3], "0", *WHATIF[-2:]], "--global-batch must be a positive integer, got 0"),
+    ([*WHATIF[:-3], "-5", *WHATIF[-2:]], "--global-batch must be a positive integer, got -5"),
+    ([*WHATIF, "--fix", "tp=3"], "tp=3 does not divide the model's 8 attention heads"),
+    ([*WHATIF, "--fix", "pp=99"], "--fix pp=99: the model has only 4 layers"),
+    ([*WHATIF, "--compare", "tp=0"], "--compare tp=0: must be at least 1"),
+    ([*WHATIF, "--compare", "zero=9"], "--compare zero=9: ZeRO stage must be 0, 1, 2 or 3"),
+    (["whatif", "--model", "tiny", "--cluster", "cpu-gloo", "--global-batch", "64", "--vary", "inter_node_bw=100,200"],
+     "--vary inter_node_bw: cluster cpu-gloo has no inter_node section"),
+    (["whatif", "--model", "tiny", "--cluster", "cpu-gloo", "--global-batch", "64", "--vary", "nics_per_node=1,2"],
+     "--vary nics_per_node: cluster cpu-gloo has no inter_node section"),
+    (["whatif", "--model", "llama3-70b", "--cluster", "dgx-a100", "--global-batch", "8", "--vary", "gpus=1,2"],
+     "no point of the sweep has a plan; at gpus=1: no plan fits"),
+])
+def test_whatif_global_errors(capsys, argv, needle):
+    assert needle in fails(capsys, *argv)
+
+
+def test_whatif_compare_row_errors_name_compare(capsys):
+    code = main(["whatif", "--model", "tiny", "--cluster", "dgx-a100", "--global-batch", "64", "--vary", "gpus=2,8",
+                 "--compare", "tp=4", "--format", "json"])
+    assert code == 0
+    pts = json.loads(capsys.readouterr().out)["curves"]["tp=4"]
+    assert pts[0]["error"].startswith("--compare tp=4: tensor-parallel groups must fit inside a node")
+    assert pts[1]["tokens_per_s"] > 0
+
+
+# ---- empty paths ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv,option", [
+    (["plan", *TINY, "--out", ""], "--out"),
+    (["whatif", *TINY, "--vary", "gpus=1,2", "--plot", ""], "--plot"),
+    (["run", "--data", ""], "--data"),
+    (["run", "--metrics-out", " "], "--metrics-out"),
+])
+def test_empty_paths_are_errors(capsys, argv, option):
+    assert f"argument {option}: must not be empty" in fails(capsys, *argv)
+
+
+# ---- messages --------------------------------------------------------------------------------------------
+def test_fixed_mesh_that_does_not_match_the_gpus(capsys):
+    err = fails(capsys, "plan", *TINY, "--fix", "tp=2,pp=2,dp=2")
+    assert "--fix tp=2,pp=2,dp=2: tp*pp*dp*cp must equal the 4 GPUs, but tp*pp*dp = 8 does not divide 4" in err
+    assert "{" not in err and "global batch" not in err
+
+
+@pytest.mark.parametrize("fix,needle", [
+    ("tp_overlap=true", "--fix tp_overlap=true conflicts with --runnable: autopar's runtime executes only "
+                        "tp_overlap=false"),
+    ("zero=3", "executes only zero=0 or zero=1"),
+])
+def test_runnable_conflicts_read_as_plan_keys(capsys, fix, needle):
+    err = fails(capsys, "plan", *TINY, "--runnable", "--fix", fix)
+    assert needle in err and "True" not in err and "False" not in err and "[" not in err
