@@ -274,7 +274,8 @@ def profile_command(args: argparse.Namespace, progress: Callable[[], bool] | Non
     """The CLI entry point (args: out, quick, nproc, name)."""
     from hardware_profiles.assemble import to_yaml, write_profile
 
-    check_output_file(args.out, "profile")  # before minutes of measuring
+    if os.environ.get("RANK", "0") == "0":  # rank 0 writes the profile
+        check_output_file(args.out, "profile")  # before minutes of measuring
     torch = _torch()
     show = sys.stderr.isatty() if progress is None else progress()
     under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ

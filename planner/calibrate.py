@@ -254,6 +254,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
               f"Mean |predicted/measured - 1|: {100 * mean0:.1f}% before, {100 * mean1:.1f}% after."]
     text = profile_yaml(scaled(base, scales), header)
     try:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(text)
     except OSError as err:
         raise AutoparError(f"cannot write {args.out}: {err.strerror}") from None

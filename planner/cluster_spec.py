@@ -7,9 +7,9 @@ writes a cluster file of the same shape with measured tables filled in.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from planner.errors import AutoparError, did_you_mean
 from planner.model_spec import _not_bool, _one_line, read_mapping
@@ -21,7 +21,25 @@ MAX_GPUS = 1 << 24  # far beyond any real cluster; keeps the search's divisor en
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    _numbers = field_validator("*", mode="before")(_not_bool)
+    @field_validator("*", mode="before")
+    @classmethod
+    def _numbers(cls, v: Any, info: ValidationInfo) -> Any:
+        """Refuse true/false for numbers, also inside mappings of numbers (pydantic reads them as 1 and 0);
+        text and other fields get pydantic's own message."""
+        if _numeric(cls.model_fields[info.field_name].annotation):
+            for x in v.values() if isinstance(v, dict) else [v]:
+                _not_bool(x)
+        return v
+
+
+def _numeric(ann: Any) -> bool:
+    """Whether a field's annotation is a number, an optional number, or a mapping to numbers."""
+    if ann in (int, float):
+        return True
+    args = get_args(ann)
+    if get_origin(ann) is dict:
+        return args[-1] in (int, float)
+    return bool(args) and all(a in (int, float, type(None)) for a in args)
 
 
 class Efficiency(_Strict):

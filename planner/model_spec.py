@@ -261,7 +261,7 @@ def _show(v: Any) -> str:
 def _int(cfg: dict[str, Any], key: str, default: int | None = None) -> int:
     """A positive integer field of a Hugging Face config (64.0 accepted, 64.7 refused); ``default`` when absent."""
     v = cfg[key] if default is None or key in cfg else default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v != int(v) or v <= 0:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not _finite(v) or v != int(v) or v <= 0:
         raise ValueError(f"{key} must be a positive integer, got {_show(v)}")
     return int(v)
 
@@ -269,9 +269,17 @@ def _int(cfg: dict[str, Any], key: str, default: int | None = None) -> int:
 def _float(cfg: dict[str, Any], key: str, default: float) -> float:
     """A finite number field of a Hugging Face config; ``default`` when absent."""
     v = cfg.get(key, default)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not _finite(v):
         raise ValueError(f"{key} must be a number, got {_show(v)}")
     return float(v)
+
+
+def _finite(v: int | float) -> bool:
+    """A JSON number that fits a float (json reads 400-digit integers as Python ints)."""
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
 
 
 def _bool(cfg: dict[str, Any], key: str, default: bool) -> bool:
@@ -306,7 +314,7 @@ def hf_to_spec(cfg: dict[str, Any], source: str) -> dict[str, Any]:
                 "num_attention_heads": _int(cfg, "n_head"),
                 "ffn_hidden_size": _int(cfg, "n_inner", 4 * h),
                 "vocab_size": _int(cfg, "vocab_size"),
-                "seq_length": _int(cfg, "n_positions", _int(cfg, "n_ctx", 1024)),
+                "seq_length": _int(cfg, "n_positions") if "n_positions" in cfg else _int(cfg, "n_ctx", 1024),
                 "tie_embeddings": _bool(cfg, "tie_word_embeddings", True),
                 "dropout": _float(cfg, "resid_pdrop", 0.1),
                 "norm_eps": _float(cfg, "layer_norm_epsilon", 1e-5),

@@ -74,7 +74,7 @@ def cluster_at(cluster: ClusterSpec, key: str, value: Any) -> ClusterSpec:
 def sweep(model: ModelSpec, cluster: ClusterSpec, global_batch: int, key: str, values: list[Any],
           fixed: dict[str, Any], headroom_GiB: float = 0.0, compare: dict[str, Any] | None = None
           ) -> list[dict[str, Any]]:
-    """Best plan at every value (a point with no fitting plan has tokens_per_s None and a reason).
+    """Best plan at every value (a point with no fitting plan is {value, gpus, error}).
 
     ``compare`` holds the ``--compare`` keys, fixed on top of ``fixed`` (errors about them name --compare).
     Errors that would fail every point (bad keys, a network the cluster does not have) are raised first.
@@ -96,6 +96,7 @@ def sweep(model: ModelSpec, cluster: ClusterSpec, global_batch: int, key: str, v
             c = cluster_at(cluster, key, v)
             pt["gpus"] = c.num_gpus
             check_fixed(model, c, compare, "--compare")
+            check_fixed(model, c, {**fixed, **compare}, "--fix/--compare" if compare else "--fix")
             res = search(model, c, global_batch, fixed={**fixed, **compare}, top=1, headroom_GiB=headroom_GiB,
                          refine_count=12)
         except AutoparError as err:

@@ -59,8 +59,8 @@ def run(args: argparse.Namespace) -> int:
         raise AutoparError(f"plan {args.plan} needs {plan.world_size} processes ({plan.config.short()}) but "
                            f"{world} were started; use `autopar run` or torchrun --nproc-per-node {plan.world_size}")
     check_supported(plan)
-    steps = check_run_options(plan, args.steps, args.checkpoint_dir, args.checkpoint_every, args.metrics_out,
-                              args.resume)
+    steps = check_run_options(plan, args.steps, args.checkpoint_dir, args.checkpoint_every,
+                              args.metrics_out if rank == 0 else None, args.resume)  # rank 0 writes metrics
     data = TokenData(args.data or SAMPLE_TEXT, plan.seq, plan.model.vocab_size, plan.train.seed)
     cuda = torch.cuda.is_available() and plan.cluster.backend == "nccl"  # a gloo (CPU) plan stays on CPUs
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")

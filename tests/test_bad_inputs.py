@@ -81,6 +81,8 @@ def test_odd_head_dim_is_fine_without_rope(tmp_path, capsys):
     ("rms_norm_eps", None, "rms_norm_eps must be a number, got null"),
     ("head_dim", "x", 'head_dim must be a positive integer, got "x"'),
     ("tie_word_embeddings", "no", 'tie_word_embeddings must be true or false, got "no"'),
+    ("vocab_size", 10**400, "vocab_size must be a positive integer, got 1000"),
+    ("rope_theta", 10**400, "rope_theta must be a number, got 1000"),
 ])
 def test_bad_hf_fields_are_named(tmp_path, capsys, field, value, needle):
     (tmp_path / "config.json").write_text(json.dumps({**HF, field: value}))
@@ -99,6 +101,8 @@ def test_hf_null_means_default(tmp_path, capsys):
     (", efficiency: {gemm_tile_m: 0}", "", "field 'efficiency.gemm_tile_m'"),
     (", efficiency: {memory: 0}", "", "efficiency.memory must be in (0, 1]"),
     ("", "num_nodes: true\n", "field 'num_nodes': expected a number, got true"),
+    (", peak_tflops: {bf16: true}", "", "field 'peak_tflops': expected a number, got true"),
+    ("", "backend: true\n", "field 'backend': Input should be 'nccl' or 'gloo'"),
     ("", "num_nodes: 1000000000\ninter_node: {nic_bandwidth_Gbps: 200, nics_per_node: 8}\n",
      "GPUs is beyond autopar's limit"),
 ])
@@ -151,6 +155,24 @@ def test_plot_title_with_dollars_and_the_path_written(tmp_path, capsys):
 ])
 def test_whatif_global_errors(capsys, argv, needle):
     assert needle in fails(capsys, *argv)
+
+
+def test_whatif_compare_curve_may_have_no_plan(capsys):
+    """Only the best curve must have a plan somewhere: a --compare curve of error points is still printed."""
+    code = main(["whatif", "--model", "llama2-70b", "--cluster", "dgx-a100", "--global-batch", "64", "--vary",
+                 "gpus=16,32", "--compare", "zero=0,tp=1,pp=1,cp=1", "--format", "json"])
+    assert code == 0
+    curves = json.loads(capsys.readouterr().out)["curves"]
+    assert all(p["tokens_per_s"] > 0 for p in curves["best"])
+    assert all(not p.get("tokens_per_s") and "no plan fits" in p["error"] for p in curves["zero=0,tp=1,pp=1,cp=1"])
+
+
+def test_whatif_mesh_errors_name_both_flags(capsys):
+    code = main(["whatif", "--model", "tiny", "--cluster", "dgx-a100", "--global-batch", "64", "--vary", "gpus=8,16",
+                 "--fix", "tp=4", "--compare", "pp=4", "--format", "json"])
+    assert code == 0
+    pts = json.loads(capsys.readouterr().out)["curves"]["pp=4"]
+    assert pts[0]["error"].startswith("--fix/--compare tp=4,pp=4: tp*pp*dp*cp must equal the 8 GPUs")
 
 
 def test_whatif_compare_row_errors_name_compare(capsys):

@@ -100,7 +100,7 @@ def test_fit_with_one_run_removes_its_error():
 def test_embedded_plan_and_plan_flag(tmp_path, capsys):
     base = load_cluster("dgx-h100")
     runs = _write_runs(tmp_path, base, {"gemm": 0.9}, embed="object")[:2]
-    out = tmp_path / "c.yaml"
+    out = tmp_path / "new" / "c.yaml"  # a folder that does not exist yet is created
     assert main(["calibrate", *[str(m) for m, _ in runs], "--fit", "gemm", "--out", str(out)]) == 0
     assert "gemm x0.9" in capsys.readouterr().out
     bare = _write_runs(tmp_path, base, {"gemm": 0.9}, embed="none")[:2]
@@ -164,7 +164,7 @@ def test_bad_options_are_one_line_errors(tmp_path, capsys):
         (["--plan", str(p), "--plan", str(p), "--plan", str(p)], "one --plan for all"),
         (["--plan", str(tmp_path / "missing.json")], "does not exist"),
         (["--plan", str(p), "--out", ""], "must not be empty"),
-        (["--plan", str(p), "--out", str(tmp_path / "no" / "o.yaml")], "does not exist; create it first"),
+        (["--plan", str(p), "--out", str(m / "o.yaml")], "is a file, not a folder"),
     ]
     for extra, message in cases:
         assert main(["calibrate", str(m), str(m2), "--out", str(tmp_path / "o.yaml"), *extra]) == 2

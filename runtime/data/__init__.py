@@ -67,7 +67,7 @@ def open_tokens(path: str | Path) -> np.ndarray:
             raise AutoparError(f"data file {p}: unknown format '{p.suffix}'; use .npy, .bin/.u16 (uint16), "
                                ".u32 (uint32) or .txt")
     except (ValueError, OSError, EOFError) as err:
-        raise AutoparError(f"data file {p} cannot be read as tokens ({err or 'empty or truncated'})") from None
+        raise AutoparError(f"data file {p} cannot be read as tokens ({str(err) or 'empty or truncated'})") from None
     if arr.dtype not in (np.uint16, np.uint32, np.int32, np.int64) or arr.ndim != 1:
         raise AutoparError(f"data file {p}: expected a 1-D array of uint16/uint32 tokens, got {arr.dtype} {arr.shape}")
     return arr

@@ -76,8 +76,9 @@ def triton_interpreted() -> bool | None:
 class LazyKernel:
     """A kernel function that is handed to ``triton.jit`` on first launch: ``LazyKernel(fn)[grid](*args)``.
 
-    ``helpers``: plain module-level functions the kernel calls; each is jitted too and bound under its own name
-    in the kernel's module while the kernel is built (Triton resolves callees by name at compile time)."""
+    ``helpers``: plain module-level functions the kernel calls; each is jitted on build and its module name is
+    rebound to the jitted version (Triton resolves callees by name at compile time); every build re-jits the
+    plain function kept here."""
 
     def __init__(self, fn: Callable[..., Any], helpers: tuple[Callable[..., Any], ...] = ()) -> None:
         self.fn = fn

@@ -94,7 +94,7 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
     a_file.write_text("x")
     cases.append((dict(plan_path=_plan(tmp_path), checkpoint_dir=str(a_file)), "exists and is not a folder"))
     cases.append((dict(plan_path=_plan(tmp_path), checkpoint_dir=str(a_file / "ck")), "is a file, not a folder"))
-    cases.append((dict(plan_path=_plan(tmp_path), metrics_out=str(tmp_path / "no" / "m.jsonl")), "does not exist"))
+    cases.append((dict(plan_path=_plan(tmp_path), metrics_out=str(a_file / "m.jsonl")), "is a file, not a folder"))
     cases.append((dict(plan_path=_plan(tmp_path), metrics_out=str(tmp_path)), "is a directory"))
     cases.append((dict(plan_path=_plan(tmp_path), steps=-1), "--steps must be positive"))
     cases.append((dict(plan_path=_plan(tmp_path), checkpoint_every=-1), "--checkpoint-every must be 0"))
@@ -133,6 +133,11 @@ def test_multi_node_plan_prints_the_commands(tmp_path, capsys):
 def test_dry_run_prints_the_torchrun_command(tmp_path, capsys):
     path = _plan(tmp_path)
     assert launch(path, dry_run=True, quiet=True) == 0
+    # output folders that do not exist yet are fine (the writers create them), and nothing is created here
+    new = tmp_path / "new"
+    assert launch(path, dry_run=True, quiet=True, metrics_out=str(new / "m.jsonl"),
+                  checkpoint_dir=str(new / "ck")) == 0
+    assert not new.exists()
     out = capsys.readouterr().out
     assert "torch.distributed.run --standalone --nproc-per-node 4 -m runtime.train" in out
 
