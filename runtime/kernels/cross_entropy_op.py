@@ -54,6 +54,24 @@ def _row_max_sumexp(ptr, V, BLOCK_V: tl.constexpr):
     return m, ssum
 
 
+def _write_grad_row(ptr, V, t, lse, scale, BLOCK_V: tl.constexpr):
+    """Overwrite one row of V logits (in place, BLOCK_V at a time) with (exp(x - lse) - onehot(t)) * scale."""
+    for off in range(0, V, BLOCK_V):
+        cols = off + tl.arange(0, BLOCK_V)
+        mask = cols < V
+        x = tl.load(ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        g = tl.exp(x - lse)
+        g = tl.where(cols == t, g - 1.0, g) * scale
+        tl.store(ptr + cols, g.to(ptr.dtype.element_ty), mask=mask)
+
+
+def _zero_row(ptr, V, BLOCK_V: tl.constexpr):
+    """Zero one row of V logits (the gradient of an ignored target)."""
+    for off in range(0, V, BLOCK_V):
+        cols = off + tl.arange(0, BLOCK_V)
+        tl.store(ptr + cols, tl.zeros([BLOCK_V], dtype=ptr.dtype.element_ty), mask=cols < V)
+
+
 def _ce_fused(LOGITS, stride, TARGET, LOSS, SCALE, V, ignore_index,
               COMPUTE_GRAD: tl.constexpr, ONE_BLOCK: tl.constexpr, BLOCK_V: tl.constexpr):
     """Per row: loss = lse - logit[target]; logits row <- (softmax - onehot) * scale when COMPUTE_GRAD."""
@@ -63,9 +81,7 @@ def _ce_fused(LOGITS, stride, TARGET, LOSS, SCALE, V, ignore_index,
     if t == ignore_index:
         tl.store(LOSS + row, 0.0)
         if COMPUTE_GRAD:
-            for off in range(0, V, BLOCK_V):
-                cols = off + tl.arange(0, BLOCK_V)
-                tl.store(ptr + cols, tl.zeros([BLOCK_V], dtype=LOGITS.dtype.element_ty), mask=cols < V)
+            _zero_row(ptr, V, BLOCK_V)
         return
     xt = tl.load(ptr + t, mask=(t >= 0) & (t < V), other=0.0).to(tl.float32)
     if ONE_BLOCK:
@@ -86,14 +102,7 @@ def _ce_fused(LOGITS, stride, TARGET, LOSS, SCALE, V, ignore_index,
         lse = m + tl.log(ssum)
         tl.store(LOSS + row, lse - xt)
         if COMPUTE_GRAD:
-            scale = tl.load(SCALE)
-            for off in range(0, V, BLOCK_V):
-                cols = off + tl.arange(0, BLOCK_V)
-                mask = cols < V
-                x = tl.load(ptr + cols, mask=mask, other=0.0).to(tl.float32)
-                g = tl.exp(x - lse)
-                g = tl.where(cols == t, g - 1.0, g) * scale
-                tl.store(ptr + cols, g.to(LOGITS.dtype.element_ty), mask=mask)
+            _write_grad_row(ptr, V, t, lse, tl.load(SCALE), BLOCK_V)
 
 
 def _ce_stats(LOGITS, stride, TARGET, STATS, V, vocab_start, ignore_index,
@@ -122,20 +131,11 @@ def _ce_grad(LOGITS, stride, TARGET, LSE, SCALE, V, vocab_start, ignore_index, B
     ptr = LOGITS + row * stride
     t = tl.load(TARGET + row)
     if t == ignore_index:
-        for off in range(0, V, BLOCK_V):
-            cols = off + tl.arange(0, BLOCK_V)
-            tl.store(ptr + cols, tl.zeros([BLOCK_V], dtype=LOGITS.dtype.element_ty), mask=cols < V)
+        _zero_row(ptr, V, BLOCK_V)
         return
     t = t - vocab_start
     lse = tl.load(LSE + row)
-    scale = tl.load(SCALE)
-    for off in range(0, V, BLOCK_V):
-        cols = off + tl.arange(0, BLOCK_V)
-        mask = cols < V
-        x = tl.load(ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        g = tl.exp(x - lse)
-        g = tl.where(cols == t, g - 1.0, g) * scale
-        tl.store(ptr + cols, g.to(LOGITS.dtype.element_ty), mask=mask)
+    _write_grad_row(ptr, V, t, lse, tl.load(SCALE), BLOCK_V)
 
 
 def _grad_scale(X, Y, G, N, IN_PLACE: tl.constexpr, BLOCK: tl.constexpr):
@@ -152,9 +152,9 @@ def _grad_scale(X, Y, G, N, IN_PLACE: tl.constexpr, BLOCK: tl.constexpr):
         tl.store(Y + offs, (x * g).to(Y.dtype.element_ty), mask=mask)
 
 
-ce_fused_kernel = LazyKernel(_ce_fused, helpers=(_row_max_sumexp,))
+ce_fused_kernel = LazyKernel(_ce_fused, helpers=(_row_max_sumexp, _write_grad_row, _zero_row))
 ce_stats_kernel = LazyKernel(_ce_stats, helpers=(_row_max_sumexp,))
-ce_grad_kernel = LazyKernel(_ce_grad)
+ce_grad_kernel = LazyKernel(_ce_grad, helpers=(_write_grad_row, _zero_row))
 grad_scale_kernel = LazyKernel(_grad_scale)
 
 
