@@ -130,6 +130,72 @@ def paired_rows() -> list[dict]:
     return out
 
 
+# BigScience's BLOOM topology sweep (tr11 prequel, 2022-02-25): one model, 48 nodes of Jean Zay, many plans.
+BLOOM_SWEEP = ModelSpec(name="bloom-181b", arch="gpt", num_layers=72, hidden_size=14336, num_attention_heads=64,
+                        vocab_size=250880, seq_length=2048, tie_embeddings=True)
+
+
+def bloom_topology() -> list[dict]:
+    """Every plan of the BLOOM sweep, measured vs predicted: time per sample and peak memory, or whether it fits.
+
+    The sweep's setting (Megatron-DeepSpeed): fp16, ZeRO-1, full recompute, plain 1F1B, no SP or overlap; the
+    layer split is the planner's (DeepSpeed balanced stages by parameter count)."""
+    from planner.search import search
+
+    cluster = load_cluster(str(DATA / "jean-zay-a100.yaml"))
+    out = []
+    for row in _rows("bigscience_tr11_topology.csv"):
+        dp, tp, pp, mbs, B = (int(row[k]) for k in ("dp", "tp", "pp", "micro_batch", "global_batch"))
+        fixed = {"tp": tp, "pp": pp, "dp": dp, "mbs": mbs, "vpp": 1, "cp": 1, "recompute": "full",
+                 "recompute_layers": None, "sp": False, "zero": 1, "dp_overlap": False, "tp_overlap": False}
+        plans = search(BLOOM_SWEEP, cluster, B, fixed=fixed, top=1).plans
+        oom = row["sec_per_iteration"] == "oom"
+        r = {"plan": f"tp={tp} pp={pp} dp={dp} mbs={mbs}", "tp": tp, "global_batch": B, "measured_oom": oom,
+             "predicted_fits": bool(plans)}
+        if not oom:
+            r["measured_s_per_sample"] = float(row["sec_per_iteration"]) / B
+        if plans:
+            r["predicted_s_per_sample"] = plans[0].estimate.step_time_s / B
+            r["predicted_GiB"] = plans[0].estimate.memory_GiB
+        if row["memory_GB"]:
+            r["measured_GiB"] = float(row["memory_GB"])
+        out.append(r)
+    return out
+
+
+def _ranks(x: list[float]) -> list[float]:
+    order = sorted(range(len(x)), key=lambda i: x[i])
+    r = [0.0] * len(x)
+    for pos, i in enumerate(order):
+        r[i] = float(pos)
+    return r
+
+
+def topology_summary(rows: list[dict]) -> dict:
+    """How the model ranks the sweep: rank correlation of per-sample times, the measured cost of taking the
+    model's favourite (regret), memory error, and out-of-memory agreement."""
+    timed = [r for r in rows if "measured_s_per_sample" in r and "predicted_s_per_sample" in r]
+    meas = [r["measured_s_per_sample"] for r in timed]
+    pred = [r["predicted_s_per_sample"] for r in timed]
+    rm, rp = _ranks(meas), _ranks(pred)
+    n = len(timed)
+    mean = (n - 1) / 2
+    cov = sum((a - mean) * (b - mean) for a, b in zip(rm, rp))
+    var = sum((a - mean) ** 2 for a in rm)
+    best = min(meas)
+    pick = timed[min(range(n), key=lambda i: pred[i])]
+    mem = [(r["predicted_GiB"] - r["measured_GiB"]) / r["measured_GiB"] for r in rows
+           if "measured_GiB" in r and "predicted_GiB" in r]
+    time_err = [(p - m) / m for m, p in zip(meas, pred)]
+    best_tp8 = min(m for m, r in zip(meas, timed) if r["tp"] == 8)
+    return {"spearman": cov / var, "model_pick": pick["plan"],
+            "regret": pick["measured_s_per_sample"] / best - 1,
+            "best_tp8_vs_best": best_tp8 / best - 1, "best_tp8_rank": sum(m < best_tp8 for m in meas) / n,
+            "mean_abs_time_error": sum(map(abs, time_err)) / n, "mean_time_error": sum(time_err) / n,
+            "mean_abs_memory_error": sum(map(abs, mem)) / len(mem), "max_abs_memory_error": max(map(abs, mem)),
+            "fit_agreement": sum(r["predicted_fits"] != r["measured_oom"] for r in rows) / len(rows)}
+
+
 # What Narayanan 2021 Table 1 uses: tp, pp, dp, micro-batch, interleaving and full recompute; nothing newer.
 PAPER_FEATURES = {"cp": 1, "recompute": "full", "recompute_layers": None, "layers": None, "sp": False, "zero": 0,
                   "dp_overlap": False, "tp_overlap": False}
@@ -198,6 +264,20 @@ def main() -> int:
     for r in pairs:
         print(f"{r['model']:8} {r['plan']:40} dp={r['dp_2021']:<3} measured x{r['measured_ratio']:.3f}  "
               f"predicted x{r['predicted_ratio']:.3f}")
+    sweep = bloom_topology()
+    ts = topology_summary(sweep)
+    result["bigscience_tr11_topology"] = {"rows": sweep, **ts}
+    print("\nBigScience BLOOM topology sweep (48 Jean Zay nodes): measured vs predicted ms per sample, memory GiB")
+    for r in sweep:
+        m = f"{r['measured_s_per_sample'] * 1e3:6.1f}" if "measured_s_per_sample" in r else "   OOM"
+        p = f"{r['predicted_s_per_sample'] * 1e3:6.1f}" if "predicted_s_per_sample" in r else " no fit"
+        mg = f"{r['measured_GiB']:4.0f}" if "measured_GiB" in r else "   -"
+        pg = f"{r['predicted_GiB']:5.1f}" if "predicted_GiB" in r else "    -"
+        print(f"  {r['plan']:26} {m} {p}   {mg} {pg}")
+    print(f"rank correlation {ts['spearman']:.2f}; model's pick {ts['model_pick']} measures {ts['regret']:+.1%} vs "
+          f"the measured best; best tp=8 plan {ts['best_tp8_vs_best']:+.1%} (rank {ts['best_tp8_rank']:.0%}); "
+          f"time error mean {ts['mean_time_error']:+.1%}; memory |error| mean {ts['mean_abs_memory_error']:.1%} "
+          f"max {ts['max_abs_memory_error']:.1%}; fits/OOM agree {ts['fit_agreement']:.0%}")
     acts = korthikanti_activation_check()
     worst = max(abs(a["error"]) for a in acts)
     result["korthikanti2022_activations"] = {"rows": acts, "max_abs_error": worst}
