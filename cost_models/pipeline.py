@@ -87,6 +87,56 @@ def simulate(sched: Schedule, fwd: list[float], bwd: list[float], pp: int) -> Si
     return SimResult(makespan=max(clock), rank_end=clock, rank_busy=busy, last_b=last_b, first_b_start=first_b)
 
 
+# Beyond this many micro-batches a step is priced from three shorter replays (see ``simulate_steps``).
+STEADY_FROM = 256
+
+
+def steady_m(pp: int, m: int) -> int:
+    """The micro-batch count that stands for ``m`` in replays: ``m`` itself up to STEADY_FROM (+2 pp),
+    otherwise the count at least max(STEADY_FROM, 8 pp) that differs from ``m`` by a multiple of pp (the
+    interleaved schedule's group), so warm-up, steady pattern and drain are the same as ``m``'s."""
+    base = max(STEADY_FROM, 8 * pp)
+    if m <= base + 2 * pp:
+        return m
+    return base + (m - base) % pp
+
+
+def _affine(a: float, b: float, c: float, n: int) -> float | None:
+    """a, b, c at equal steps; the value n steps past a if the steps agree, else None."""
+    d1, d2 = b - a, c - b
+    if abs(d2 - d1) > 1e-9 * max(1.0, abs(a), abs(c)):
+        return None
+    return a + n * d1
+
+
+def simulate_steps(pp: int, vpp: int, m: int, fwd: list[float], bwd: list[float]) -> SimResult:
+    """``simulate`` of the plan's schedule with ``m`` micro-batches.
+
+    A pipeline replay is a max-plus recurrence: after its warm-up every group of pp more micro-batches adds
+    the same time to every event. For large ``m`` (a global batch of millions of sequences) the schedule is
+    replayed at m1 = steady_m(pp, m), m1 + pp and m1 + 2 pp, and every result is extended linearly to ``m``
+    once the two steps agree (exact then); if they do not, the full replay runs."""
+    m1 = steady_m(pp, m)
+    if m1 == m:
+        return simulate(build_schedule(pp, vpp, m), fwd, bwd, pp)
+    runs = [simulate(build_schedule(pp, vpp, k), fwd, bwd, pp) for k in (m1, m1 + pp, m1 + 2 * pp)]
+    n = (m - m1) // pp
+
+    def ext(get) -> float | None:
+        return _affine(get(runs[0]), get(runs[1]), get(runs[2]), n)
+
+    makespan = ext(lambda r: r.makespan)
+    ends = [ext(lambda r, i=i: r.rank_end[i]) for i in range(pp)]
+    busy = [ext(lambda r, i=i: r.rank_busy[i]) for i in range(pp)]
+    first = [ext(lambda r, i=i: r.first_b_start[i]) for i in range(pp)]
+    last = [[(ext(lambda r, i=i, c=c: r.last_b[i][c][0]), ext(lambda r, i=i, c=c: r.last_b[i][c][1]))
+             for c in range(vpp)] for i in range(pp)]
+    flat = [makespan, *ends, *busy, *first, *(x for row in last for pair in row for x in pair)]
+    if any(x is None for x in flat):
+        return simulate(build_schedule(pp, vpp, m), fwd, bwd, pp)
+    return SimResult(makespan=makespan, rank_end=ends, rank_busy=busy, last_b=last, first_b_start=first)
+
+
 @lru_cache(maxsize=128)
 def _inflight_profiles(sched_key: tuple[int, int, int]) -> list[np.ndarray]:
     """Per rank, the distinct vectors of in-flight micro-batches per chunk right after each forward."""
@@ -106,10 +156,11 @@ def _inflight_profiles(sched_key: tuple[int, int, int]) -> list[np.ndarray]:
 
 def peak_inflight_bytes(pp: int, vpp: int, m: int, act_bytes: list[float]) -> list[float]:
     """Per rank, the most activation bytes held at once (forwards whose backward has not run yet),
-    replaying the schedule table; ``act_bytes[v]`` is one micro-batch's activations on virtual stage v."""
+    replaying the schedule table (the same for ``m`` and ``steady_m(pp, m)``); ``act_bytes[v]`` is one
+    micro-batch's activations on virtual stage v."""
     acts = np.asarray(act_bytes, dtype=float)
     peaks = []
-    for r, prof in enumerate(_inflight_profiles((pp, vpp, m))):
+    for r, prof in enumerate(_inflight_profiles((pp, vpp, steady_m(pp, m)))):
         a = acts[[c * pp + r for c in range(vpp)]]
         peaks.append(float((prof @ a).max()) if len(prof) else 0.0)
     return peaks

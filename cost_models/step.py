@@ -37,11 +37,10 @@ from cost_models.memory import (
     layer_activation_bytes,
     state_bytes,
 )
-from cost_models.pipeline import peak_inflight_bytes, simulate
+from cost_models.pipeline import peak_inflight_bytes, simulate_steps
 from planner.cluster_spec import ClusterSpec
 from planner.model_spec import ModelSpec
 from planner.parallel import ParallelConfig
-from planner.schedules import build_schedule
 
 BUCKET_PARAMS = 40e6  # gradient bucket size (parameters) for overlapped data-parallel reduction
 OPT_BYTES_PER_PARAM = {"fp32": 28.0, "bf16": 30.0, "fp16": 30.0}  # AdamW: read g, w, m, v; write w, m, v (+bf16 w)
@@ -207,8 +206,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global
                 pt.zero3_f, pt.zero3_comm = ag, 2 * ag + rs
         parts.append(pt)
 
-    sched = build_schedule(pp, v, m)
-    sim = simulate(sched, [p.f for p in parts], [p.b for p in parts], pp)
+    sim = simulate_steps(pp, v, m, [p.f for p in parts], [p.b for p in parts])
 
     # ---- data-parallel gradient reduction, optimizer, ZeRO parameter gather, per rank ----------------
     rank_params = [sum(params[c * pp + r] for c in range(v)) for r in range(pp)]

@@ -22,6 +22,7 @@ from cost_models.memory import (
     layer_activation_bytes,
     state_bytes,
 )
+from cost_models.pipeline import steady_m
 from cost_models.step import RC_CODE, Estimate, estimate, stage_params
 from planner.cluster_spec import ClusterSpec
 from planner.errors import AutoparError
@@ -45,8 +46,9 @@ class PlanResult:
 
 @lru_cache(maxsize=64)
 def _chunk_inflight(pp: int, vpp: int, m: int) -> list[int]:
-    """Per virtual stage: the most micro-batches of that chunk in flight at once (from the schedule)."""
-    sched = build_schedule(pp, vpp, m)
+    """Per virtual stage: the most micro-batches of that chunk in flight at once (from the schedule; the same
+    for ``m`` and ``steady_m(pp, m)``)."""
+    sched = build_schedule(pp, vpp, steady_m(pp, m))
     out = [0] * (pp * vpp)
     for r, acts in enumerate(sched):
         cur = [0] * vpp

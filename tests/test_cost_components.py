@@ -7,10 +7,11 @@ import random
 import numpy as np
 import pytest
 
+from cost_models import pipeline
 from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
 from cost_models.memory import layer_activation_bytes, state_bytes
-from cost_models.pipeline import analytic_makespan, peak_inflight_bytes, simulate
+from cost_models.pipeline import analytic_makespan, peak_inflight_bytes, simulate, simulate_steps
 from planner.cluster_spec import GemmPoint, load_cluster, load_gpu
 from planner.model_spec import ModelSpec, load_model
 from planner.schedules import build_schedule, virtual_stage
@@ -98,6 +99,44 @@ def test_peak_inflight_follows_the_table():
     pp, v = 4, 2
     peaks = peak_inflight_bytes(pp, v, 8, [1.0] * (pp * v))
     assert peaks[0] == 2 * (pp - 1) + (v - 1) * pp + 1
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_long_pipelines_extrapolate_exactly(seed, monkeypatch):
+    """With many micro-batches the step is priced from three shorter replays; every field equals the full
+    replay's (random, uneven stages; 1F1B and interleaved; m not a multiple of the group for 1F1B)."""
+    monkeypatch.setattr(pipeline, "STEADY_FROM", 8)
+    rnd = random.Random(seed)
+    pp, vpp = rnd.choice([2, 3, 4, 5]), rnd.choice([1, 2, 3])
+    base = max(8, 8 * pp)
+    m = base + 2 * pp + pp * rnd.randint(1, 6) + (rnd.randint(1, pp - 1) if vpp == 1 else 0)
+    assert pipeline.steady_m(pp, m) < m
+    nv = pp * vpp
+    fwd = [rnd.uniform(0.5, 2.0) for _ in range(nv)]
+    bwd = [2 * x * rnd.uniform(0.8, 1.3) for x in fwd]
+    full = simulate(build_schedule(pp, vpp, m), fwd, bwd, pp)
+    replays = []
+    monkeypatch.setattr(pipeline, "simulate", lambda sched, *a: replays.append(len(sched[0])) or simulate(sched, *a))
+    fast = simulate_steps(pp, vpp, m, fwd, bwd)
+    assert len(replays) == 3 and max(replays) < 2 * m * vpp  # three short replays, no fallback to the full one
+    approx = {"rel": 1e-9}
+    assert fast.makespan == pytest.approx(full.makespan, **approx)
+    assert fast.rank_end == pytest.approx(full.rank_end, **approx)
+    assert fast.rank_busy == pytest.approx(full.rank_busy, **approx)
+    assert fast.first_b_start == pytest.approx(full.first_b_start, **approx)
+    for r in range(pp):
+        for c in range(vpp):
+            assert fast.last_b[r][c] == pytest.approx(full.last_b[r][c], **approx)
+    # the peak activations (priced from the representative count) are those of the full table
+    acts = [rnd.uniform(1.0, 3.0) for _ in range(nv)]
+    want = []
+    for r, table in enumerate(build_schedule(pp, vpp, m)):
+        held = peak = 0.0
+        for kind, _mb, ch in table:
+            held += acts[virtual_stage(r, ch, pp)] * (1 if kind == "F" else -1)
+            peak = max(peak, held)
+        want.append(peak)
+    assert peak_inflight_bytes(pp, vpp, m, acts) == pytest.approx(want, rel=1e-12)
 
 
 # ---- memory ------------------------------------------------------------------------------------------
