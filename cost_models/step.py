@@ -139,7 +139,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global
              headroom_GiB: float = 0.0, validate: bool = True) -> Estimate:
     """Predict step time, throughput, MFU and peak memory of ``cfg`` (exact: simulates the schedule)."""
     if validate:
-        cfg.validate(model, cluster.num_gpus, global_batch, cluster.gpus_per_node)
+        cfg.validate(model, cluster.num_gpus, global_batch, cluster.gpus_per_node, cluster.tp_across_nodes)
     prec = cluster.precision
     cm, comm = ComputeModel(cluster.gpu, prec), CommModel(cluster)
     eb = cm.eb

@@ -43,6 +43,8 @@ def _add_common(p: argparse.ArgumentParser, batch_required: bool = True) -> None
     p.add_argument("--seq", type=int, help="sequence length (default: the model's seq_length)")
     p.add_argument("--headroom", type=float, default=0.0, metavar="GiB",
                    help="memory to keep free per GPU when deciding whether a plan fits")
+    p.add_argument("--allow-cross-node-tp", action="store_true",
+                   help="let tensor parallelism span whole nodes (its collectives then cross the NICs)")
 
 
 def _format(p: argparse.ArgumentParser, choices: tuple[str, ...] = ("table", "json")) -> None:
@@ -123,6 +125,8 @@ def _load_inputs(args: argparse.Namespace) -> tuple[Any, Any]:
 
     model = load_model(args.model, args.seq)
     cluster = load_cluster(args.cluster, gpus=args.gpus, nodes=args.nodes)
+    if args.allow_cross_node_tp:
+        cluster = cluster.model_copy(update={"tp_across_nodes": True})
     b = args.global_batch
     problem = None if b is None else size_problem("--global-batch", b, MAX_GLOBAL_BATCH)
     if problem:

@@ -163,6 +163,9 @@ class ClusterSpec(_Strict):
     inter_node: InterNode | None = None
     backend: Literal["nccl", "gloo"] = "nccl"
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"
+    # Let tensor-parallel groups span whole nodes (their collectives then cross the NICs); off by default,
+    # as Megatron keeps them on NVLink. `--allow-cross-node-tp` sets it for one command.
+    tp_across_nodes: bool = False
     # measured collectives: {collective: {"intra"|"inter": fit}}; collective in all_reduce, all_gather,
     # reduce_scatter, p2p, all_to_all
     collectives: dict[Literal["all_reduce", "all_gather", "reduce_scatter", "p2p", "all_to_all"],

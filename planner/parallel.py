@@ -135,8 +135,10 @@ class ParallelConfig:
         return ",".join(out)
 
     # ------------------------------------------------------------------------------------------
-    def validate(self, model: ModelSpec, gpus: int, global_batch: int, gpus_per_node: int | None = None) -> None:
-        """Raise AutoparError saying why this configuration cannot run, or return None."""
+    def validate(self, model: ModelSpec, gpus: int, global_batch: int, gpus_per_node: int | None = None,
+                 tp_across_nodes: bool = False) -> None:
+        """Raise AutoparError saying why this configuration cannot run, or return None (tensor parallelism must
+        stay inside a node of ``gpus_per_node`` GPUs unless ``tp_across_nodes``, and never straddle nodes)."""
         for k in ("tp", "pp", "dp", "cp", "mbs", "vpp"):
             if getattr(self, k) < 1:
                 raise AutoparError(f"{k} must be at least 1, got {getattr(self, k)}")
@@ -194,11 +196,29 @@ class ParallelConfig:
                 raise AutoparError("cp > 1 needs attention: flash in the model spec (ring attention is blockwise)")
         if self.tp_overlap and not (self.sp and self.tp > 1):
             raise AutoparError("tp_overlap=true needs sp=true and tp > 1 (it splits the SP all-gather/reduce-scatter)")
-        straddles = gpus_per_node is not None and gpus > gpus_per_node and gpus_per_node % self.tp
-        if gpus_per_node is not None and (self.tp > gpus_per_node or straddles):
-            raise AutoparError(
-                f"tp={self.tp} spans nodes ({gpus_per_node} GPUs per node); use a tp that divides {gpus_per_node}"
-            )
+        if gpus_per_node is not None:
+            problem = tp_node_problem(self.tp, gpus, gpus_per_node, tp_across_nodes)
+            if problem:
+                raise AutoparError(f"tp={self.tp} {problem}")
+            if self.tp_overlap and gpus > gpus_per_node and self.tp > gpus_per_node:
+                raise AutoparError(f"tp_overlap=true needs the tensor-parallel group inside a node (it overlaps "
+                                   f"over NVLink); tp={self.tp} spans nodes of {gpus_per_node} GPUs: set "
+                                   "tp_overlap=false")
+
+
+def tp_node_problem(tp: int, gpus: int, gpus_per_node: int, across: bool) -> str | None:
+    """Why a tensor-parallel group of ``tp`` cannot sit on nodes of ``gpus_per_node`` GPUs, or None. Groups
+    are contiguous ranks: inside one node when tp divides the node size; whole nodes when tp is a multiple
+    of it (only with ``across``); anything else would straddle a node boundary."""
+    g = gpus_per_node
+    if gpus <= g or g % tp == 0:
+        return None
+    if tp % g == 0:
+        return None if across else (
+            f"spans {tp // g} nodes ({g} GPUs per node); use a tp that divides {g}, or allow it with "
+            "--allow-cross-node-tp (tp_across_nodes: true in the cluster profile)")
+    return f"would straddle nodes of {g} GPUs; use a tp that divides {g}" + (
+        f" or a multiple of {g}" if across else "")
 
 
 def _is_int(v: Any) -> bool:

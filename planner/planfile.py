@@ -118,7 +118,8 @@ def plan_from_data(data: Any, source: str) -> PlanFile:
         cfg = plan.config
         if plan.seq != plan.model.seq_length:
             raise AutoparError(f"seq {plan.seq} differs from the model's seq_length {plan.model.seq_length}")
-        cfg.validate(plan.model, cfg.world, plan.global_batch, plan.cluster.gpus_per_node)
+        cfg.validate(plan.model, cfg.world, plan.global_batch, plan.cluster.gpus_per_node,
+                     plan.cluster.tp_across_nodes)
         if cfg.world > plan.cluster.num_gpus:
             raise AutoparError(f"the plan needs {cfg.world} GPUs but its cluster {plan.cluster.name} has "
                                f"{plan.cluster.num_gpus} GPUs; re-plan for this cluster")

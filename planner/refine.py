@@ -143,7 +143,7 @@ def refine(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global_b
                 new = replace(new, layers=tuple(layers))
             if new != cfg:
                 try:
-                    new.validate(model, cluster.num_gpus, global_batch, cluster.gpus_per_node)
+                    new.validate(model, cluster.num_gpus, global_batch, cluster.gpus_per_node, cluster.tp_across_nodes)
                     est2 = estimate(model, cluster, new, global_batch, headroom_GiB, validate=False)
                     out.append(PlanResult(new, est2))
                 except AutoparError:

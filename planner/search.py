@@ -97,7 +97,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
             results[r.config] = r
     def valid(cfg: ParallelConfig) -> bool:
         try:
-            cfg.validate(model, cluster.num_gpus, global_batch, cluster.gpus_per_node)
+            cfg.validate(model, cluster.num_gpus, global_batch, cluster.gpus_per_node, cluster.tp_across_nodes)
             return True
         except AutoparError:
             return False

@@ -21,7 +21,7 @@ from cost_models.step import RC_CODE
 from planner.cluster_spec import ClusterSpec
 from planner.errors import AutoparError
 from planner.model_spec import ModelSpec
-from planner.parallel import RECOMPUTE, ParallelConfig, check_tp_heads
+from planner.parallel import RECOMPUTE, ParallelConfig, check_tp_heads, tp_node_problem
 
 RC_NAMES = {v: k for k, v in RC_CODE.items()}
 PRUNED_MAX_MBS = 32
@@ -100,9 +100,12 @@ def _check_fixed_on(cluster: ClusterSpec, fixed: dict[str, Any], flag: str) -> N
     """The fixed keys' checks that depend on the cluster: tp inside a node, the mesh dividing the GPUs."""
     g, G = cluster.gpus_per_node, cluster.num_gpus
     for t in _as_list(fixed.get("tp")):
-        if t > g or (cluster.num_nodes > 1 and g % t):
+        if cluster.num_nodes == 1 and t > g:
             raise AutoparError(f"{flag} tp={t}: tensor-parallel groups must fit inside a node ({g} GPUs); "
                                f"use a tp that divides {g}")
+        problem = tp_node_problem(t, G, g, cluster.tp_across_nodes)
+        if problem:
+            raise AutoparError(f"{flag} tp={t}: {problem}")
     sizes = {k: fixed[k] for k in ("tp", "pp", "dp", "cp") if isinstance(fixed.get(k), int)}
     prod = math.prod(sizes.values())
     if G % prod or (len(sizes) == 4 and prod != G):
@@ -118,8 +121,8 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, global_batch: int, f
     G, L, g = cluster.num_gpus, model.num_layers, cluster.gpus_per_node
     heads, kv = model.num_attention_heads, model.kv_heads
 
-    def tp_ok(t: int) -> bool:  # divides the heads, stays inside a node without straddling two
-        return heads % t == 0 and kv % t == 0 and t <= g and (cluster.num_nodes == 1 or g % t == 0)
+    def tp_ok(t: int) -> bool:  # divides the heads; inside a node (or whole nodes, if allowed), never straddling
+        return heads % t == 0 and kv % t == 0 and tp_node_problem(t, G, g, cluster.tp_across_nodes) is None
 
     def cp_ok(c: int) -> bool:
         return c == 1 or (model.attn_impl == "flash" and model.seq_length % (2 * c) == 0)
@@ -180,6 +183,8 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, global_batch: int, f
     sp, rc, zero, dpo, tpo = I.T
     d = dp * c
     ok = ~((sp == 1) & (t == 1)) & ~((tpo == 1) & (sp == 0)) & ~((zero > 0) & (d == 1)) & ~((dpo == 1) & (d == 1))
+    if g < G:  # tp_overlap (userbuffers over NVLink) needs the tensor-parallel group inside a node
+        ok &= ~((tpo == 1) & (t > g))
     idx = np.nonzero(ok)[0]
     return Candidates(tp=t[idx], pp=p[idx], dp=dp[idx], cp=c[idx], mbs=b[idx], vpp=v[idx], sp=sp[idx].astype(bool),
                       recompute=rc[idx], zero=zero[idx], dp_overlap=dpo[idx].astype(bool),

@@ -111,6 +111,21 @@ def test_plan_json_and_plan_file_roundtrip(tmp_path, capsys):
     assert plan.world_size == 16
 
 
+def test_cross_node_tp_flag_estimate_plan_and_plan_file(tmp_path, capsys):
+    base = ("--model", "llama2-7b", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch", "64")
+    code, _, err = run(capsys, "estimate", *base, "--plan", "tp=16")
+    assert code == 2 and "--allow-cross-node-tp" in err and err.count("\n") == 1
+    code, out, _ = run(capsys, "estimate", *base, "--plan", "tp=16", "--allow-cross-node-tp", "--format", "json")
+    assert code == 0 and json.loads(out)["parallel"]["tp"] == 16
+    out_file = tmp_path / "tp16.json"
+    code, out, _ = run(capsys, "plan", *base, "--fix", "tp=16", "--allow-cross-node-tp", "--out", str(out_file),
+                       "--format", "json")
+    assert code == 0 and all(p["parallel"]["tp"] == 16 and not p["parallel"]["tp_overlap"]
+                             for p in json.loads(out)["plans"])
+    plan = load_plan(out_file)  # the plan file carries the permission with its cluster
+    assert plan.config.tp == 16 and plan.cluster.tp_across_nodes
+
+
 def test_plan_table_explains(capsys):
     code, out, _ = run(capsys, "plan", "--model", "gpt-7.5b", "--cluster", "dgx-a100", "--gpus", "32",
                        "--global-batch", "128")

@@ -50,12 +50,29 @@ def test_bad_keys(text, needle):
     ("tp=8,tp_overlap=true", 8, 8, "tp_overlap=true needs sp=true"),
     ("tp=8,cp=2", 16, 16, "cp > 1 needs attention: flash"),
     ("tp=8,recompute_layers=2", 8, 8, "needs recompute=full"),
-    ("tp=16", 16, 16, "spans nodes"),
+    ("tp=16", 16, 16, "spans 2 nodes .* --allow-cross-node-tp"),
+    ("tp=12", 24, 24, "would straddle nodes of 8 GPUs"),
 ])
 def test_invalid_configs_say_why(keys, gpus, batch, needle):
     with pytest.raises(AutoparError, match=needle):
         cfg = config_from_keys(parse_plan_keys(keys), gpus, GPT)
         cfg.validate(GPT, gpus, batch, 8)
+
+
+def test_cross_node_tensor_parallelism_only_when_allowed():
+    """Whole nodes may form one tensor-parallel group when allowed; a group straddling a node boundary, or
+    overlapping its collectives (userbuffers over NVLink) across nodes, never."""
+    ok = config_from_keys(parse_plan_keys("tp=16,sp=true"), 32, GPT)
+    ok.validate(GPT, 32, 32, 8, tp_across_nodes=True)
+    with pytest.raises(AutoparError, match="spans 2 nodes"):
+        ok.validate(GPT, 32, 32, 8)
+    with pytest.raises(AutoparError, match="straddle nodes of 8 GPUs; use a tp that divides 8 or a multiple of 8"):
+        config_from_keys(parse_plan_keys("tp=12"), 24, GPT).validate(GPT, 24, 24, 8, tp_across_nodes=True)
+    with pytest.raises(AutoparError, match="tp_overlap=true needs the tensor-parallel group inside a node"):
+        config_from_keys(parse_plan_keys("tp=16,sp=true,tp_overlap=true"), 32, GPT).validate(
+            GPT, 32, 32, 8, tp_across_nodes=True)
+    # inside one node nothing changes
+    config_from_keys(parse_plan_keys("tp=8,sp=true,tp_overlap=true"), 8, GPT).validate(GPT, 8, 8, 8)
 
 
 def test_stage_layers_even_and_remainder():

@@ -55,6 +55,25 @@ def test_results_sorted_and_fit():
         assert again.step_time_s == pytest.approx(p.estimate.step_time_s)
 
 
+def test_cross_node_tensor_parallelism_when_allowed():
+    """On 2-GPU nodes an 18B model with pp=1 and no ZeRO needs tp=8: refused unless tensor parallelism may
+    span nodes; then it is found, priced over the NICs (slower than the same plan on one 8-GPU NVLink node),
+    and never with tp_overlap across nodes."""
+    m = load_model("gpt-18b")
+    dgx = load_cluster("dgx-a100", gpus=16)  # two nodes, one 200 Gb/s NIC per GPU
+    small = dgx.model_copy(update={"gpus_per_node": 2, "num_nodes": 4,
+                                   "inter_node": dgx.inter_node.model_copy(update={"nics_per_node": 2})})
+    fixed = {"pp": 1, "dp": 1, "zero": 0}
+    with pytest.raises(AutoparError, match="no parallel configuration"):
+        search(m, small, 16, fixed=fixed)
+    allowed = small.model_copy(update={"tp_across_nodes": True})
+    res = search(m, allowed, 16, fixed=fixed, top=20)
+    assert res.plans and all(p.config.tp == 8 and not p.config.tp_overlap for p in res.plans)
+    best = res.plans[0]
+    one_node = estimate(m, load_cluster("dgx-a100", gpus=8), best.config, 16)
+    assert best.estimate.breakdown["tp_cp_comm"] > 3 * one_node.breakdown["tp_cp_comm"]
+
+
 def test_headroom_shrinks_usable_memory():
     m, c = load_model("llama2-7b"), load_cluster("dgx-a100", gpus=8)
     res = search(m, c, 64, top=3, headroom_GiB=30)
