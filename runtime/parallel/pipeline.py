@@ -7,6 +7,11 @@ embeds the tokens), runs the chunk and sends its output on (or computes the loss
 gradient back. Sends are asynchronous and waited at the end of the step; receives block. Activations and
 gradients travel on separate process groups so each stays a FIFO in table order (NCCL matches p2p in
 order, not by tag).
+
+Without sequence parallelism a stage boundary's activation (and its gradient) is the same on every
+tensor-parallel rank, so each rank sends only its 1/tp slice and the receivers all-gather the slices over
+the tensor-parallel group (Megatron's scatter/gather; NVLink instead of the network carries the rest), as
+the cost model prices it. With sequence parallelism each rank's tensor already is its own slice.
 """
 
 from __future__ import annotations
@@ -20,22 +25,39 @@ import torch.distributed as dist
 from planner.parallel import ParallelConfig
 from planner.schedules import Action, build_schedule
 from runtime.models.common import Transformer
+from runtime.parallel.mappings import all_gather_into
 from runtime.parallel.mesh import ParallelGroups
 
 
 class P2P:
-    """Point-to-point transfers of one step: sends kept pending until :meth:`finish`."""
+    """Point-to-point transfers of one step: sends kept pending until :meth:`finish`.
 
-    def __init__(self) -> None:
+    With ``split`` (a tensor-parallel group whose ranks all hold the same boundary tensor) a rank sends only
+    slice ``tp_rank`` of ``tp`` and a receive all-gathers the slices over ``tp_group``."""
+
+    def __init__(self, tp_group: dist.ProcessGroup | None = None, tp: int = 1, tp_rank: int = 0,
+                 split: bool = False) -> None:
         self._sends: list[dist.Work] = []
+        self.tp_group, self.tp, self.tp_rank, self.split = tp_group, tp, tp_rank, split and tp > 1
+
+    def _sliced(self, numel: int) -> bool:
+        return self.split and numel % self.tp == 0
 
     def send(self, t: torch.Tensor, dst: int, group: dist.ProcessGroup) -> None:
-        self._sends.append(dist.isend(t.contiguous(), dst=dst, group=group))
+        t = t.contiguous()
+        if self._sliced(t.numel()):
+            t = t.view(self.tp, -1)[self.tp_rank].contiguous()
+        self._sends.append(dist.isend(t, dst=dst, group=group))
 
     def recv(self, shape: Sequence[int], dtype: torch.dtype, device: torch.device, src: int,
              group: dist.ProcessGroup) -> torch.Tensor:
         buf = torch.empty(tuple(shape), dtype=dtype, device=device)
-        dist.irecv(buf, src=src, group=group).wait()
+        if not self._sliced(buf.numel()):
+            dist.irecv(buf, src=src, group=group).wait()
+            return buf
+        part = torch.empty(buf.numel() // self.tp, dtype=dtype, device=device)
+        dist.irecv(part, src=src, group=group).wait()
+        all_gather_into(buf.view(-1), part, self.tp_group)
         return buf
 
     def finish(self) -> None:
@@ -63,7 +85,7 @@ class PipelineRunner:
         self.act_shape, self.act_dtype, self.param_dtype, self.device = act_shape, act_dtype, param_dtype, device
         self.autocast = autocast
         self.on_backward = on_backward  # (chunk, is_final) before each backward: DP hooks arm on the final one
-        self.p2p = P2P()
+        self.p2p = P2P(groups.tp_group, cfg.tp, groups.tp_rank, split=not cfg.sp)
 
     def step(self, inputs: Sequence[torch.Tensor], targets: Sequence[torch.Tensor]) -> torch.Tensor:
         """Run the table; returns the sum of the micro-batch losses on the last stage (0 elsewhere)."""

@@ -6,6 +6,7 @@ on ranks outside the plan.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -163,3 +164,27 @@ def mesh_layout(rank: int, cfg: dict[str, int]) -> dict[str, Any] | None:
     finally:
         dist.barrier(group=g.world)
         g.destroy()
+
+
+def p2p_volume(rank: int, case: dict[str, Any], data_path: str) -> dict[str, Any] | None:
+    """Elements of every pipeline send of one step, next to one micro-batch's boundary activation, and the
+    step-1 loss (the slices must rebuild exactly what a whole-tensor send carries)."""
+    tr, groups = _trainer(rank, case, data_path)
+    if tr is None:
+        return None
+    sent: list[int] = []
+    real = dist.isend
+
+    def spy(t, *a, **k):
+        sent.append(t.numel())
+        return real(t, *a, **k)
+
+    dist.isend = spy
+    try:
+        loss_sum = tr.forward_backward()
+        return {"sent": sent, "act": math.prod(tr.runner.act_shape), "tp": groups.tp,
+                "loss": tr.finish_step(loss_sum).loss}
+    finally:
+        dist.isend = real
+        dist.barrier(group=groups.world)
+        groups.destroy()

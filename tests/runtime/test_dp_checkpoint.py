@@ -105,3 +105,17 @@ def test_dropout_keeps_tensor_parallel_replicas_identical(pool, tokens64, sp):
     for name in replicated:
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
     assert res[0]["losses"][1] < res[0]["losses"][0] + 1.0  # trains at all with dropout on
+
+
+def test_pipeline_sends_are_tensor_parallel_slices(pool, tokens64):
+    """Without SP every tp rank sends 1/tp of a boundary activation (or gradient) and the receivers
+    all-gather it (Megatron's scatter/gather, as the cost model prices it); the step's loss is what whole
+    sends give (the tp=1 plan of the same model)."""
+    case = dict(tp=2, pp=2, dp=1, sp=False, arch="gpt", mbs=2)
+    res = [r for r in pool.run("rt_cases:p2p_volume", case, tokens64) if r]
+    assert len(res) == 4
+    for r in res:
+        assert r["sent"] and all(n * r["tp"] == r["act"] for n in r["sent"])
+    whole = [r for r in pool.run("rt_cases:p2p_volume", {**case, "tp": 1}, tokens64) if r]
+    assert all(n == whole[0]["act"] for r in whole for n in r["sent"])
+    assert res[0]["loss"] == pytest.approx(whole[0]["loss"], rel=1e-5)
