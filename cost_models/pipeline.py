@@ -92,11 +92,12 @@ STEADY_FROM = 256
 
 
 def steady_m(pp: int, m: int) -> int:
-    """The micro-batch count that stands for ``m`` in replays: ``m`` itself up to STEADY_FROM (+2 pp),
-    otherwise the count at least max(STEADY_FROM, 8 pp) that differs from ``m`` by a multiple of pp (the
-    interleaved schedule's group), so warm-up, steady pattern and drain are the same as ``m``'s."""
+    """The micro-batch count that stands for ``m`` in replays: ``m`` itself up to 3 x max(STEADY_FROM, 8 pp)
+    (below that one full replay is cheaper than three short ones), otherwise the count at least
+    max(STEADY_FROM, 8 pp) that differs from ``m`` by a multiple of pp (the interleaved schedule's group), so
+    warm-up, steady pattern and drain are the same as ``m``'s."""
     base = max(STEADY_FROM, 8 * pp)
-    if m <= base + 2 * pp:
+    if m <= 3 * base:
         return m
     return base + (m - base) % pp
 
@@ -112,13 +113,20 @@ def _affine(a: float, b: float, c: float, n: int) -> float | None:
 def simulate_steps(pp: int, vpp: int, m: int, fwd: list[float], bwd: list[float]) -> SimResult:
     """``simulate`` of the plan's schedule with ``m`` micro-batches.
 
-    A pipeline replay is a max-plus recurrence: after its warm-up every group of pp more micro-batches adds
-    the same time to every event. For large ``m`` (a global batch of millions of sequences) the schedule is
-    replayed at m1 = steady_m(pp, m), m1 + pp and m1 + 2 pp, and every result is extended linearly to ``m``
-    once the two steps agree (exact then); if they do not, the full replay runs."""
+    A pipeline replay is a max-plus recurrence: once the slowest rank is busy without a gap, every group of
+    pp more micro-batches adds the same time to every event. For large ``m`` (a global batch of millions of
+    sequences) the schedule is replayed at m1 = steady_m(pp, m), m1 + pp and m1 + 2 pp, and every result is
+    extended linearly to ``m`` when the two steps agree and the makespan grows exactly as the busiest rank's
+    work does (that regime lasts); otherwise (two near-equal stages still settling, or a schedule whose
+    steady rate is set by a cycle through several ranks) the full replay runs."""
     m1 = steady_m(pp, m)
-    if m1 == m:
-        return simulate(build_schedule(pp, vpp, m), fwd, bwd, pp)
+    found = None if m1 == m else _extended(pp, vpp, m, m1, fwd, bwd)
+    return found if found is not None else simulate(build_schedule(pp, vpp, m), fwd, bwd, pp)
+
+
+def _extended(pp: int, vpp: int, m: int, m1: int, fwd: list[float], bwd: list[float]) -> SimResult | None:
+    """Replays at m1, m1 + pp, m1 + 2 pp extended linearly to ``m`` (m - m1 a multiple of pp), or None when
+    they are not yet in the steady regime."""
     runs = [simulate(build_schedule(pp, vpp, k), fwd, bwd, pp) for k in (m1, m1 + pp, m1 + 2 * pp)]
     n = (m - m1) // pp
 
@@ -132,8 +140,10 @@ def simulate_steps(pp: int, vpp: int, m: int, fwd: list[float], bwd: list[float]
     last = [[(ext(lambda r, i=i, c=c: r.last_b[i][c][0]), ext(lambda r, i=i, c=c: r.last_b[i][c][1]))
              for c in range(vpp)] for i in range(pp)]
     flat = [makespan, *ends, *busy, *first, *(x for row in last for pair in row for x in pair)]
-    if any(x is None for x in flat):
-        return simulate(build_schedule(pp, vpp, m), fwd, bwd, pp)
+    grow = runs[1].makespan - runs[0].makespan
+    busiest = max(b - a for a, b in zip(runs[0].rank_busy, runs[1].rank_busy))
+    if any(x is None for x in flat) or abs(grow - busiest) > 1e-9 * max(1.0, runs[1].makespan):
+        return None
     return SimResult(makespan=makespan, rank_end=ends, rank_busy=busy, last_b=last, first_b_start=first)
 
 

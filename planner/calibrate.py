@@ -232,8 +232,8 @@ def calibrate_command(args: argparse.Namespace) -> int:
     cluster_ref = getattr(args, "cluster", None)
     if cluster_ref:
         base = load_cluster(cluster_ref)
-    else:
-        base = runs[0].plan.cluster
+    else:  # the hardware the plans carry, without a one-command permission like --allow-cross-node-tp
+        base = runs[0].plan.cluster.model_copy(update={"tp_across_nodes": False})
         other = {r.plan.cluster.gpu.name for r in runs} - {base.gpu.name}
         if other:
             raise AutoparError(f"the runs were planned on different GPUs ({base.gpu.name}, "

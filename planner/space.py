@@ -106,6 +106,9 @@ def _check_fixed_on(cluster: ClusterSpec, fixed: dict[str, Any], flag: str) -> N
         problem = tp_node_problem(t, G, g, cluster.tp_across_nodes)
         if problem:
             raise AutoparError(f"{flag} tp={t}: {problem}")
+        if t > g and fixed.get("tp_overlap") is True:
+            raise AutoparError(f"{flag} tp={t},tp_overlap=true: tp_overlap needs the tensor-parallel group inside a "
+                               f"node (it overlaps over NVLink); set tp_overlap=false")
     sizes = {k: fixed[k] for k in ("tp", "pp", "dp", "cp") if isinstance(fixed.get(k), int)}
     prod = math.prod(sizes.values())
     if G % prod or (len(sizes) == 4 and prod != G):

@@ -101,32 +101,41 @@ def test_peak_inflight_follows_the_table():
     assert peaks[0] == 2 * (pp - 1) + (v - 1) * pp + 1
 
 
-@pytest.mark.parametrize("seed", range(8))
-def test_long_pipelines_extrapolate_exactly(seed, monkeypatch):
-    """With many micro-batches the step is priced from three shorter replays; every field equals the full
-    replay's (random, uneven stages; 1F1B and interleaved; m not a multiple of the group for 1F1B)."""
-    monkeypatch.setattr(pipeline, "STEADY_FROM", 8)
-    rnd = random.Random(seed)
-    pp, vpp = rnd.choice([2, 3, 4, 5]), rnd.choice([1, 2, 3])
-    base = max(8, 8 * pp)
-    m = base + 2 * pp + pp * rnd.randint(1, 6) + (rnd.randint(1, pp - 1) if vpp == 1 else 0)
-    assert pipeline.steady_m(pp, m) < m
-    nv = pp * vpp
-    fwd = [rnd.uniform(0.5, 2.0) for _ in range(nv)]
-    bwd = [2 * x * rnd.uniform(0.8, 1.3) for x in fwd]
-    full = simulate(build_schedule(pp, vpp, m), fwd, bwd, pp)
-    replays = []
-    monkeypatch.setattr(pipeline, "simulate", lambda sched, *a: replays.append(len(sched[0])) or simulate(sched, *a))
-    fast = simulate_steps(pp, vpp, m, fwd, bwd)
-    assert len(replays) == 3 and max(replays) < 2 * m * vpp  # three short replays, no fallback to the full one
+def _same_result(fast, full):
     approx = {"rel": 1e-9}
     assert fast.makespan == pytest.approx(full.makespan, **approx)
     assert fast.rank_end == pytest.approx(full.rank_end, **approx)
     assert fast.rank_busy == pytest.approx(full.rank_busy, **approx)
     assert fast.first_b_start == pytest.approx(full.first_b_start, **approx)
-    for r in range(pp):
-        for c in range(vpp):
-            assert fast.last_b[r][c] == pytest.approx(full.last_b[r][c], **approx)
+    for mine, theirs in zip(fast.last_b, full.last_b):
+        for a, b in zip(mine, theirs):
+            assert a == pytest.approx(b, **approx)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_long_pipelines_extrapolate_exactly(seed, monkeypatch):
+    """With many micro-batches the step is priced from three shorter replays; every field equals the full
+    replay's (random, uneven stages with one clearly slowest; 1F1B and interleaved; m not a multiple of the
+    group for 1F1B)."""
+    monkeypatch.setattr(pipeline, "STEADY_FROM", 8)
+    rnd = random.Random(seed)
+    pp, vpp = rnd.choice([2, 3, 4, 5]), rnd.choice([1, 2, 3])
+    base = max(8, 8 * pp)
+    m = 3 * base + pp * rnd.randint(1, 6) + (rnd.randint(1, pp - 1) if vpp == 1 else 0)
+    assert pipeline.steady_m(pp, m) < m
+    nv = pp * vpp
+    fwd = [rnd.uniform(0.5, 1.0) for _ in range(nv)]
+    bwd = [2 * x * rnd.uniform(0.9, 1.1) for x in fwd]
+    slow = rnd.randrange(pp)  # one rank clearly the bottleneck: its chunks 60% heavier
+    for c in range(vpp):
+        fwd[c * pp + slow] *= 1.6
+        bwd[c * pp + slow] *= 1.6
+    full = simulate(build_schedule(pp, vpp, m), fwd, bwd, pp)
+    replays = []
+    monkeypatch.setattr(pipeline, "simulate", lambda sched, *a: replays.append(len(sched[0])) or simulate(sched, *a))
+    fast = simulate_steps(pp, vpp, m, fwd, bwd)
+    assert len(replays) == 3 and max(replays) < 2 * m * vpp  # three short replays, no fallback to the full one
+    _same_result(fast, full)
     # the peak activations (priced from the representative count) are those of the full table
     acts = [rnd.uniform(1.0, 3.0) for _ in range(nv)]
     want = []
@@ -137,6 +146,14 @@ def test_long_pipelines_extrapolate_exactly(seed, monkeypatch):
             peak = max(peak, held)
         want.append(peak)
     assert peak_inflight_bytes(pp, vpp, m, acts) == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.parametrize("m", [4000, 20000])
+def test_slowly_settling_pipelines_are_replayed_in_full(m):
+    """Two near-equal stages, the slightly slower one starting first: the short replays look linear but the
+    pipeline has not settled; the result must still be the full replay's."""
+    pp, fwd, bwd = 4, [1.5004, 0.814, 1.5, 0.832], [2.4999, 2.0, 2.5, 2.0]
+    _same_result(simulate_steps(pp, 1, m, fwd, bwd), simulate(build_schedule(pp, 1, m), fwd, bwd, pp))
 
 
 # ---- memory ------------------------------------------------------------------------------------------

@@ -69,6 +69,8 @@ def test_cross_node_tensor_parallelism_when_allowed():
     allowed = small.model_copy(update={"tp_across_nodes": True})
     res = search(m, allowed, 16, fixed=fixed, top=20)
     assert res.plans and all(p.config.tp == 8 and not p.config.tp_overlap for p in res.plans)
+    with pytest.raises(AutoparError, match="tp_overlap needs the tensor-parallel group inside a node"):
+        search(m, allowed, 16, fixed={**fixed, "tp": 8, "sp": True, "tp_overlap": True})
     best = res.plans[0]
     one_node = estimate(m, load_cluster("dgx-a100", gpus=8), best.config, 16)
     assert best.estimate.breakdown["tp_cp_comm"] > 3 * one_node.breakdown["tp_cp_comm"]

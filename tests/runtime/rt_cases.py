@@ -168,7 +168,7 @@ def mesh_layout(rank: int, cfg: dict[str, int]) -> dict[str, Any] | None:
 
 def p2p_volume(rank: int, case: dict[str, Any], data_path: str) -> dict[str, Any] | None:
     """Elements of every pipeline send of one step, next to one micro-batch's boundary activation, and the
-    step-1 loss (the slices must rebuild exactly what a whole-tensor send carries)."""
+    losses of two steps (the second depends on the gradients the backward sends carried)."""
     tr, groups = _trainer(rank, case, data_path)
     if tr is None:
         return None
@@ -182,8 +182,9 @@ def p2p_volume(rank: int, case: dict[str, Any], data_path: str) -> dict[str, Any
     dist.isend = spy
     try:
         loss_sum = tr.forward_backward()
-        return {"sent": sent, "act": math.prod(tr.runner.act_shape), "tp": groups.tp,
-                "loss": tr.finish_step(loss_sum).loss}
+        dist.isend = real
+        losses = [tr.finish_step(loss_sum).loss, tr.train_step().loss]
+        return {"sent": sent, "act": math.prod(tr.runner.act_shape), "tp": groups.tp, "losses": losses}
     finally:
         dist.isend = real
         dist.barrier(group=groups.world)
