@@ -237,8 +237,9 @@ class ClusterSpec(_Strict):
     def summary(self) -> str:
         net = (f", {self.inter_node.nics_per_node}x{self.inter_node.nic_bandwidth_Gbps:g} Gb/s NICs per node"
                if self.inter_node else "")
+        tp = ", tensor parallelism may span nodes" if self.tp_across_nodes and self.num_nodes > 1 else ""
         return (f"{self.name}: {self.num_nodes} x {self.gpus_per_node} {self.gpu.name} "
-                f"({self.num_gpus} GPUs), intra-node {self.intra_node.bandwidth_GBps:g} GB/s{net}")
+                f"({self.num_gpus} GPUs), intra-node {self.intra_node.bandwidth_GBps:g} GB/s{net}{tp}")
 
 
 def list_gpus() -> list[str]:

@@ -117,6 +117,8 @@ def test_cross_node_tp_flag_estimate_plan_and_plan_file(tmp_path, capsys):
     assert code == 2 and "--allow-cross-node-tp" in err and err.count("\n") == 1
     code, out, _ = run(capsys, "estimate", *base, "--plan", "tp=16", "--allow-cross-node-tp", "--format", "json")
     assert code == 0 and json.loads(out)["parallel"]["tp"] == 16
+    code, out, _ = run(capsys, "estimate", *base, "--plan", "tp=16", "--allow-cross-node-tp")
+    assert code == 0 and "tensor parallelism may span nodes" in out
     out_file = tmp_path / "tp16.json"
     code, out, _ = run(capsys, "plan", *base, "--fix", "tp=16", "--allow-cross-node-tp", "--out", str(out_file),
                        "--format", "json")
