@@ -25,7 +25,7 @@ def _progress(fmt: str):
 
 def plan_command(args: argparse.Namespace) -> int:
     from planner.cli import _load_inputs
-    from planner.explain import plan_value, runner_up, why
+    from planner.explain import memory_warning, plan_value, runner_up, why
     from planner.parallel import parse_plan_keys
     from planner.search import min_gpus_to_fit, search
 
@@ -67,6 +67,7 @@ def plan_command(args: argparse.Namespace) -> int:
         raise AutoparError(msg)
     other = runner_up(res.ranked)
     reason = why(res.plans[0], other) if other else "It is the only plan that fits."
+    warning = memory_warning(res.plans[0], cluster.gpu.memory_GiB)
     if args.out:
         from planner.planfile import TrainConfig, make_plan, save_plan
 
@@ -80,7 +81,8 @@ def plan_command(args: argparse.Namespace) -> int:
             row = p.estimate.to_json()
             row = {"parallel": p.config.to_dict(), **row}
             rows.append(row)
-        print(json.dumps({"plans": rows, "search": search_info, "why": reason}))
+        print(json.dumps({"plans": rows, "search": search_info, "why": reason,
+                          "warnings": [warning] if warning else []}))
         return 0
     from planner.report import console, estimate_tables, plans_table, print_inputs
 
@@ -93,6 +95,8 @@ def plan_command(args: argparse.Namespace) -> int:
     for tab in estimate_tables(res.plans[0].estimate, "best plan")[1:]:
         con.print(tab)
     con.print(f"best plan keys: {res.plans[0].config.as_keys()}")
+    if warning:
+        con.print(f"[yellow]memory:[/yellow] {escape(warning)}")
     if args.out:
         con.print(escape(f"wrote {args.out}  (train it with: autopar run {args.out})"))
     return 0

@@ -128,6 +128,20 @@ def test_cross_node_tp_flag_estimate_plan_and_plan_file(tmp_path, capsys):
     assert plan.config.tp == 16 and plan.cluster.tp_across_nodes
 
 
+def test_plan_warns_when_memory_is_tight_and_headroom_clears_it(capsys):
+    base = ("--model", "llama3-70b", "--cluster", "dgx-h100", "--nodes", "8", "--global-batch", "1024",
+            "--format", "json")
+    code, out, _ = run(capsys, "plan", *base)
+    d = json.loads(out)
+    assert code == 0 and d["plans"][0]["memory_GiB"] > 0.92 * 80
+    (warning,) = d["warnings"]
+    margin = int(warning.rsplit("--headroom ", 1)[1])
+    assert 0 < margin < 80 and f"{d['plans'][0]['memory_GiB']:.1f} of 80 GiB" in warning
+    code, out, _ = run(capsys, "plan", *base, "--headroom", str(margin))
+    d = json.loads(out)
+    assert code == 0 and d["warnings"] == [] and d["plans"][0]["memory_GiB"] <= 80 - margin
+
+
 def test_plan_table_explains(capsys):
     code, out, _ = run(capsys, "plan", "--model", "gpt-7.5b", "--cluster", "dgx-a100", "--gpus", "32",
                        "--global-batch", "128")
