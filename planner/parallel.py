@@ -201,9 +201,11 @@ class ParallelConfig:
             if problem:
                 raise AutoparError(f"tp={self.tp} {problem}")
             if self.tp_overlap and gpus > gpus_per_node and self.tp > gpus_per_node:
-                raise AutoparError(f"tp_overlap=true needs the tensor-parallel group inside a node (it overlaps "
-                                   f"over NVLink); tp={self.tp} spans nodes of {gpus_per_node} GPUs: set "
-                                   "tp_overlap=false")
+                raise AutoparError(f"tp_overlap=true {TP_OVERLAP_ACROSS_NODES}; tp={self.tp} spans nodes of "
+                                   f"{gpus_per_node} GPUs: set tp_overlap=false")
+
+
+TP_OVERLAP_ACROSS_NODES = "needs the tensor-parallel group inside a node (it overlaps over NVLink)"
 
 
 def tp_node_problem(tp: int, gpus: int, gpus_per_node: int, across: bool) -> str | None:

@@ -21,7 +21,7 @@ from cost_models.step import RC_CODE
 from planner.cluster_spec import ClusterSpec
 from planner.errors import AutoparError
 from planner.model_spec import ModelSpec
-from planner.parallel import RECOMPUTE, ParallelConfig, check_tp_heads, tp_node_problem
+from planner.parallel import RECOMPUTE, TP_OVERLAP_ACROSS_NODES, ParallelConfig, check_tp_heads, tp_node_problem
 
 RC_NAMES = {v: k for k, v in RC_CODE.items()}
 PRUNED_MAX_MBS = 32
@@ -107,8 +107,8 @@ def _check_fixed_on(cluster: ClusterSpec, fixed: dict[str, Any], flag: str) -> N
         if problem:
             raise AutoparError(f"{flag} tp={t}: {problem}")
         if t > g and fixed.get("tp_overlap") is True:
-            raise AutoparError(f"{flag} tp={t},tp_overlap=true: tp_overlap needs the tensor-parallel group inside a "
-                               f"node (it overlaps over NVLink); set tp_overlap=false")
+            raise AutoparError(f"{flag} tp={t},tp_overlap=true: tp_overlap {TP_OVERLAP_ACROSS_NODES}; "
+                               "set tp_overlap=false")
     sizes = {k: fixed[k] for k in ("tp", "pp", "dp", "cp") if isinstance(fixed.get(k), int)}
     prod = math.prod(sizes.values())
     if G % prod or (len(sizes) == 4 and prod != G):
