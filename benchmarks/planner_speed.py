@@ -19,9 +19,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from planner.cluster_spec import load_cluster  # noqa: E402
-from planner.model_spec import load_model  # noqa: E402
 from planner.search import search  # noqa: E402
+from specs.cluster import load_cluster  # noqa: E402
+from specs.model_loading import load_model  # noqa: E402
 
 CASES = [
     ("gpt3-175b", "dgx-a100", 1024, 1536, 2.0),

@@ -75,7 +75,7 @@ def profile_plan_run(work: Path, tag: str, profile: Path, model: str, batch: int
     autopar("run", str(plan), "--steps", str(steps), "--metrics-out", str(metrics))
     med, logged, n = measured_step(metrics, warmup)
     pred = best["step_time_s"]
-    from planner.parallel import ParallelConfig
+    from specs.parallel import ParallelConfig
 
     keys = ParallelConfig.from_dict(best["parallel"]).short()
     return {"case": tag, "plan": keys, "predicted_s": pred, "logged_prediction_s": logged, "measured_median_s": med,
@@ -121,8 +121,8 @@ def check_gpu_gemm(prof: Path) -> list[dict[str, Any]]:
     from torch.utils.benchmark import Timer
 
     from cost_models.compute import ComputeModel
-    from planner.cluster_spec import load_cluster
-    from planner.model_spec import load_model, model_from_dict
+    from specs.cluster import load_cluster
+    from specs.model_loading import load_model, model_from_dict
 
     cluster = load_cluster(str(prof))
     cm = ComputeModel(cluster.gpu, cluster.precision)

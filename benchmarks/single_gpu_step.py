@@ -38,13 +38,13 @@ def ours(mbs: int, steps: int, warmup: int, profile: bool, model: str = "llama-1
     import torch
     import torch.distributed as dist
 
-    from planner.cluster_spec import load_cluster
-    from planner.model_spec import load_model
-    from planner.parallel import ParallelConfig
-    from planner.planfile import TrainConfig, make_plan
     from runtime.data import SAMPLE_TEXT, TokenData
     from runtime.parallel.mesh import build_groups
     from runtime.trainer import Trainer
+    from specs.cluster import load_cluster
+    from specs.model_loading import load_model
+    from specs.parallel import ParallelConfig
+    from specs.planfile import TrainConfig, make_plan
 
     spec = load_model(model)
     cluster = load_cluster("dgx-h100", gpus=1)

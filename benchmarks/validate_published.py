@@ -22,9 +22,9 @@ sys.path.insert(0, str(ROOT))
 
 from cost_models.memory import layer_activation_bytes  # noqa: E402
 from cost_models.step import estimate  # noqa: E402
-from planner.cluster_spec import load_cluster  # noqa: E402
-from planner.model_spec import ModelSpec  # noqa: E402
-from planner.parallel import ParallelConfig  # noqa: E402
+from specs.cluster import load_cluster  # noqa: E402
+from specs.model import ModelSpec  # noqa: E402
+from specs.parallel import ParallelConfig  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "data"
 
@@ -213,13 +213,13 @@ def feasible_exact(model: ModelSpec, cluster, B: int, fixed: dict) -> list[tuple
     import numpy as np
 
     from cost_models.batch import estimate_batch
-    from planner.space import config_at, enumerate_space
+    from planner.space import enumerate_space
 
     cands = enumerate_space(model, cluster, B, fixed)
     res = estimate_batch(model, cluster, cands, B)
     out = []
     for i in np.nonzero(res.memory_GiB <= cluster.gpu.memory_GiB * 1.1)[0]:  # the closed form is conservative
-        cfg = config_at(cands, int(i), fixed)
+        cfg = cands.config(int(i))
         e = estimate(model, cluster, cfg, B, validate=False)
         if e.fits:
             out.append((e.step_time_s, cfg))

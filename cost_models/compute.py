@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.cluster_spec import GPUSpec
+from specs.cluster import GPUSpec
 
 ArrayLike = np.ndarray | float | int
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
-from planner.model_spec import ModelSpec
+from specs.model import ModelSpec
 
 
 @dataclass

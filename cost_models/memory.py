@@ -18,7 +18,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.model_spec import ModelSpec
+from cost_models.params import layer_params
+from cost_models.pipeline import peak_inflight_bytes
+from specs.model import ModelSpec
+from specs.parallel import Candidates
+from specs.state import StateSpec
 
 GiB = float(2**30)
 RESERVED_GIB = {"nccl": 1.0, "gloo": 0.1}
@@ -79,18 +83,58 @@ class StateBytes:
     optimizer: np.ndarray
 
 
-def state_bytes(params, zero, d, precision: str) -> StateBytes:
-    """Bytes of parameters, gradients and Adam state for ``params`` local parameters.
-
-    bf16/fp16: 2 (weights) + 4 (fp32 grads) + 12 (fp32 master, m, v) = 18 bytes/param; ZeRO-1 (distributed
-    optimizer) 6 + 12/d; ZeRO-2 2 + 16/d; ZeRO-3 18/d. fp32: 4 + 4 + 8 (weights are the master copy).
-    ``d`` is the data-parallel group size (dp x cp) the state is sharded over.
-    """
+def state_bytes(params, zero, d, state: StateSpec) -> StateBytes:
+    """Bytes of parameters, gradients and optimizer state (``state``'s precisions: specs/state.py) for ``params``
+    local parameters. ZeRO-1 shards the optimizer state over the ``d`` = dp x cp ranks of the data-parallel
+    group, ZeRO-2 also the gradients, ZeRO-3 also the parameters."""
     params = np.asarray(params, dtype=float)
     zero = np.asarray(zero)
     d = np.maximum(np.asarray(d, dtype=float), 1.0)
-    w, g, o = (4.0, 4.0, 8.0) if precision == "fp32" else (2.0, 4.0, 12.0)
-    weights = params * np.where(zero >= 3, w / d, w)
-    grads = params * np.where(zero >= 2, g / d, g)
-    opt = params * np.where(zero >= 1, o / d, o)
+    weights = params * np.where(zero >= 3, state.param_bytes / d, state.param_bytes)
+    grads = params * np.where(zero >= 2, state.grad_bytes / d, state.grad_bytes)
+    opt = params * np.where(zero >= 1, state.optimizer_bytes / d, state.optimizer_bytes)
     return StateBytes(weights=weights, grads=grads, optimizer=opt)
+
+
+def zero3_gather_bytes(model: ModelSpec, t, zero, state: StateSpec) -> np.ndarray:
+    """ZeRO-3's gathered parameters alive at once on one GPU: two layers' worth (the running one, the next
+    one prefetched)."""
+    return np.where(np.asarray(zero) == 3, 2 * layer_params(model, t) * state.param_bytes, 0.0)
+
+
+@dataclass
+class RankMemory:
+    """Peak memory of each pipeline rank, by kind ([N, pp] arrays, bytes)."""
+
+    weights: np.ndarray
+    grads: np.ndarray
+    optimizer: np.ndarray
+    activations: np.ndarray  # the most micro-batches' activations held at once (from the schedule)
+    temporary: np.ndarray  # the largest temporary: a backward's buffers, ZeRO-3's gathered layers
+    allocator_and_reserved: np.ndarray  # fragmentation of the dynamic memory, CUDA context and workspaces
+
+    @property
+    def total(self) -> np.ndarray:
+        return (self.weights + self.grads + self.optimizer + self.activations + self.temporary
+                + self.allocator_and_reserved)
+
+
+def rank_memory(model: ModelSpec, c: Candidates, state: StateSpec, backend: str, m: np.ndarray,
+                params: np.ndarray, act_bytes: np.ndarray, work_bytes: np.ndarray) -> RankMemory:
+    """Every rank's peak memory for candidates ``c`` (one pp and vpp) with ``m`` micro-batches each ([N]) and,
+    per virtual stage ([N, pp * vpp]), the parameters, activation bytes per micro-batch in flight and the
+    temporary bytes of a backward."""
+    pp, vpp = int(c.pp[0]), int(c.vpp[0])
+    n = len(c)
+    rank_params = params.reshape(n, vpp, pp).sum(axis=1)
+    st = state_bytes(rank_params, c.zero[:, None], (c.dp * c.cp)[:, None], state)
+    peak = np.zeros((n, pp))
+    m = np.asarray(m)
+    for mi in np.unique(m):
+        rows = np.nonzero(m == mi)[0]
+        peak[rows] = peak_inflight_bytes(pp, vpp, int(mi), act_bytes[rows])
+    temp = work_bytes.reshape(n, vpp, pp).max(axis=1) + zero3_gather_bytes(model, c.tp, c.zero, state)[:, None]
+    dynamic = peak + temp
+    reserved = RESERVED_GIB.get(backend, 1.0) * GiB
+    return RankMemory(weights=st.weights, grads=st.grads, optimizer=st.optimizer, activations=peak, temporary=temp,
+                      allocator_and_reserved=dynamic * FRAGMENTATION + reserved)

@@ -16,7 +16,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from planner.schedules import Schedule, build_schedule
+from specs.schedules import Schedule, build_schedule
 
 
 @dataclass
@@ -147,49 +147,185 @@ def _extended(pp: int, vpp: int, m: int, m1: int, fwd: list[float], bwd: list[fl
     return SimResult(makespan=makespan, rank_end=ends, rank_busy=busy, last_b=last, first_b_start=first)
 
 
-@lru_cache(maxsize=128)
-def _inflight_profiles(sched_key: tuple[int, int, int]) -> list[np.ndarray]:
-    """Per rank, the distinct vectors of in-flight micro-batches per chunk right after each forward."""
-    pp, vpp, m = sched_key
-    sched = build_schedule(pp, vpp, m)
-    out = []
-    for r in range(pp):
-        cur = [0] * vpp
-        seen = set()
-        for kind, _mb, chunk in sched[r]:
-            cur[chunk] += 1 if kind == "F" else -1
-            if kind == "F":
-                seen.add(tuple(cur))
-        out.append(np.array(sorted(seen), dtype=float).reshape(-1, vpp))
+@lru_cache(maxsize=512)
+def inflight_profiles(pp: int, vpp: int, m: int) -> np.ndarray:
+    """[pp, K, vpp]: per rank, the vectors of micro-batches in flight per model chunk right after each forward
+    of the schedule (forwards whose backward has not run yet); the largest ones, that is: vectors only ever
+    dominated by these are left out.
+
+    Read off the schedule's structure rather than replayed: a rank runs W warm-up forwards, then one forward and
+    one backward in turn; forward k runs chunk (k // pp) % vpp and backward k chunk vpp - 1 - (k // pp) % vpp
+    (``specs/schedules.py``; 1F1B is vpp = 1). After forward W + i the rank holds forwards 0 .. W + i less
+    backwards 0 .. i - 1 of each chunk; the pattern repeats every pp * vpp steps, so one period holds every
+    distinct vector (tests check this against the schedule table)."""
+    total = m * vpp
+    if vpp == 1:  # 1F1B: pp - r micro-batches at most
+        return np.minimum(pp - np.arange(pp), m).astype(float).reshape(pp, 1, 1)
+    rank = np.arange(pp)[:, None, None]
+    warm = np.minimum((pp - rank - 1) * 2 + (vpp - 1) * pp if vpp > 1 else pp - rank - 1, total)
+    steps = np.arange(pp * vpp)[None, :, None]
+    chunk = np.arange(vpp)[None, None, :]
+    valid = (steps < np.maximum(1, total - warm))  # the steps this rank has (one at least)
+    fwd = _count_chunk(np.minimum(warm + steps + 1, total), chunk, pp, vpp)
+    bwd = _count_chunk(np.where(warm < total, steps, 0), vpp - 1 - chunk, pp, vpp)
+    held = np.where(valid, fwd - bwd, 0)
+    code = (held * (total + 1) ** np.arange(vpp)).sum(axis=2)  # each vector as one integer
+    rows = [held[r, np.unique(code[r], return_index=True)[1]] for r in range(pp)]
+    out = np.zeros((pp, max(len(x) for x in rows), vpp))  # padded with all-zero vectors
+    for r, x in enumerate(rows):
+        out[r, :len(x)] = x
     return out
 
 
-def peak_inflight_bytes(pp: int, vpp: int, m: int, act_bytes: list[float]) -> list[float]:
-    """Per rank, the most activation bytes held at once (forwards whose backward has not run yet),
-    replaying the schedule table (the same for ``m`` and ``steady_m(pp, m)``); ``act_bytes[v]`` is one
-    micro-batch's activations on virtual stage v."""
+def _count_chunk(k: np.ndarray, chunk: np.ndarray, pp: int, vpp: int) -> np.ndarray:
+    """How many of the first ``k`` forwards (or backwards) of a rank run ``chunk``: they go in groups of pp
+    per chunk, cycling through the chunks."""
+    period = pp * vpp
+    return pp * (k // period) + np.clip(k % period - chunk * pp, 0, pp)
+
+
+def peak_inflight_bytes(pp: int, vpp: int, m: int, act_bytes: np.ndarray) -> np.ndarray:
+    """[N, pp]: per rank, the most activation bytes held at once, from ``act_bytes`` [N, pp * vpp] (one
+    micro-batch's activations on each virtual stage; the same for ``m`` and ``steady_m(pp, m)``)."""
     acts = np.asarray(act_bytes, dtype=float)
-    peaks = []
-    for r, prof in enumerate(_inflight_profiles((pp, vpp, steady_m(pp, m)))):
-        a = acts[[c * pp + r for c in range(vpp)]]
-        peaks.append(float((prof @ a).max()) if len(prof) else 0.0)
-    return peaks
+    per_rank = acts.reshape(acts.shape[0], vpp, pp).transpose(2, 0, 1)  # [pp, N, vpp]
+    prof = inflight_profiles(pp, vpp, steady_m(pp, m))  # [pp, K, vpp]
+    return np.einsum("rnc,rkc->rnk", per_rank, prof).max(axis=2).T
 
 
-def inflight_count(pp, vpp, m, rank) -> np.ndarray:
-    """Micro-batch chunks in flight at rank's peak (1F1B: pp - rank; interleaved: Megatron's warm-up + 1)."""
-    pp, vpp, m, rank = (np.asarray(x, dtype=float) for x in (pp, vpp, m, rank))
-    warm = np.where(vpp > 1, (pp - rank - 1) * 2 + (vpp - 1) * pp, pp - rank - 1)
-    return np.minimum(m * vpp, warm + 1)
+@dataclass
+class Replay:
+    """When each rank finishes its pipeline work in one step, and when each model chunk's last backward runs
+    ([N, pp] and [N, pp, vpp] arrays); the exact model gets them from the schedule replay, the vectorised
+    model from the closed form."""
+
+    rank_end: np.ndarray
+    last_b_start: np.ndarray
+    last_b_end: np.ndarray
 
 
-def analytic_makespan(u_max_chunk, u_fill, m, vpp) -> np.ndarray:
-    """Closed-form pipeline time for near-uniform stages.
+def replayed(sim: SimResult) -> Replay:
+    """A schedule replay's result as a (one-candidate) :class:`Replay`."""
+    starts = np.array([[s for s, _ in row] for row in sim.last_b])
+    ends = np.array([[e for _, e in row] for row in sim.last_b])
+    return Replay(rank_end=np.array([sim.rank_end]), last_b_start=starts[None], last_b_end=ends[None])
 
-    ``u_max_chunk``: the largest per-chunk (F + B) time on any rank; ``u_fill``: the sum over ranks of each
-    rank's mean chunk time (one chunk slot per rank to fill and drain the pipeline). The bottleneck rank runs
-    m x vpp chunk slots back to back: T = (m*vpp - 1) * u_max_chunk + u_fill, which for uniform stages is
-    (m*vpp + pp - 1) * u_chunk, i.e. Megatron's bubble (pp - 1) / (m * vpp).
-    """
-    m, vpp = np.asarray(m, dtype=float), np.asarray(vpp, dtype=float)
-    return (m * vpp - 1) * u_max_chunk + u_fill
+
+def closed_form(f: np.ndarray, b: np.ndarray, pp: int, vpp: int, m: np.ndarray) -> Replay:
+    """The pipeline of candidates with per-virtual-stage forward ``f`` and backward ``b`` times ([N, pp * vpp]),
+    ``m`` micro-batches each ([N]), in closed form instead of a replay (tests/cost_models compare the two).
+
+    1F1B (vpp = 1): some stage k paces the pipeline. Its first forward starts once the earlier stages have run
+    one each, it idles once until its first backward comes back (the later stages' round trip, less the
+    pp - 1 - k forwards it runs meanwhile), then runs its m forwards and backwards back to back, and the last
+    backward still passes the earlier stages: T = max_k [sum_{j<k} u_j + m u_k + max(0, sum_{j>k} u_j -
+    (pp - 1 - k) f_k)], u = f + b; exact for equal stages, within a few percent otherwise.
+
+    Interleaved (vpp > 1): the busiest rank runs m * vpp chunk slots back to back (each its mean chunk time),
+    and one slot per rank fills and drains the pipeline: T = (m vpp - 1) max_r u_r / vpp + sum_j u_j / vpp, u_r
+    the rank's forward + backward over its chunks (for equal stages, Megatron's (m vpp + pp - 1) slots). It
+    is not accurate for chunks of unequal size on one rank (their waves leave gaps): :func:`wave_replay`.
+
+    The last backward wave runs from the last stage down to the first, so rank r ends sum_{j<r} b_j before T;
+    chunk c's last backward ends c groups of pp backward slots before its rank ends."""
+    n = f.shape[0]
+    m = np.asarray(m, dtype=float)
+    if vpp == 1:
+        u = f + b
+        before = np.cumsum(u, axis=1) - u
+        after = u.sum(axis=1, keepdims=True) - before - u
+        idle = np.maximum(0.0, after - (pp - 1 - np.arange(pp))[None, :] * f)
+        makespan = (before + m[:, None] * u + idle).max(axis=1)
+    else:
+        u = (f + b).reshape(n, vpp, pp)
+        makespan = (m * vpp - 1) * u.sum(axis=1).max(axis=1) / vpp + u.sum(axis=(1, 2)) / vpp
+    b_first = b[:, :pp]  # chunk 0 of each rank: the last backward wave
+    ahead = np.concatenate([np.zeros((n, 1)), np.cumsum(b_first, axis=1)[:, :-1]], axis=1)
+    rank_end = makespan[:, None] - ahead
+    b_rc = b.reshape(n, vpp, pp).transpose(0, 2, 1)  # [N, pp, vpp]
+    mean_b = b_rc.mean(axis=2, keepdims=True)
+    end = rank_end[:, :, None] - np.arange(vpp)[None, None, :] * pp * mean_b
+    return Replay(rank_end=rank_end, last_b_start=end - b_rc, last_b_end=end)
+
+
+@dataclass(frozen=True)
+class _Levels:
+    """A schedule as a dependency graph in waves: the actions of one wave depend only on earlier waves."""
+
+    waves: tuple[np.ndarray, ...]  # action ids per wave
+    prev: np.ndarray  # the rank's previous action (n = none)
+    dep: np.ndarray  # the action whose output it needs (n = none)
+    dur: np.ndarray  # index of its duration: kind * nv + virtual stage
+    rank_last: np.ndarray  # [pp] each rank's last action
+    last_b: np.ndarray  # [pp, vpp] each chunk's last backward
+
+
+@lru_cache(maxsize=256)
+def _levels(pp: int, vpp: int, m: int) -> _Levels:
+    sched = build_schedule(pp, vpp, m)
+    nv = pp * vpp
+    table = np.array([(r, a.kind == "B", a.microbatch, a.chunk * pp + r) for r in range(pp) for a in sched[r]])
+    rank, back, mb, v = table.T
+    n = len(rank)
+    ids = np.arange(n)
+    where = np.full((2, nv, m), n)  # action id of (forward/backward, virtual stage, micro-batch)
+    where[back, v, mb] = ids
+    prev = np.where(np.r_[False, rank[1:] == rank[:-1]], ids - 1, n)
+    dep = np.where(back, where[1, np.minimum(v + 1, nv - 1), mb], where[0, np.maximum(v - 1, 0), mb])
+    dep = np.where(back & (v == nv - 1) | ~back & (v == 0), n, dep)
+    level = np.zeros(n + 1, dtype=np.int64)
+    while True:  # longest path from the start, in actions: relax until it settles (depth-many passes)
+        new = 1 + np.maximum(level[prev], level[dep])
+        if np.array_equal(new, level[:n]):
+            break
+        level[:n] = new
+    order = np.argsort(level[:n], kind="stable")
+    cuts = np.nonzero(np.diff(level[:n][order]))[0] + 1
+    last_b = np.zeros((pp, vpp), dtype=np.int64)
+    np.maximum.at(last_b, (rank[back == 1], v[back == 1] // pp), ids[back == 1])
+    rank_last = np.r_[np.nonzero(np.diff(rank))[0], n - 1]
+    return _Levels(waves=tuple(np.split(order, cuts)), prev=prev, dep=dep, dur=back * nv + v, rank_last=rank_last,
+                   last_b=last_b)
+
+
+def _waves_replay(f: np.ndarray, b: np.ndarray, pp: int, vpp: int, m: int) -> Replay:
+    """The schedule of ``m`` micro-batches replayed for many candidates at once, one dependency wave at a time."""
+    g = _levels(pp, vpp, m)
+    n = len(g.prev)
+    durations = np.concatenate([f, b], axis=1).T  # [2 * nv, N]
+    end = np.zeros((n + 1, f.shape[0]))
+    for wave in g.waves:
+        end[wave] = np.maximum(end[g.prev[wave]], end[g.dep[wave]]) + durations[g.dur[wave]]
+    b_end = end[g.last_b].transpose(2, 0, 1)  # [N, pp, vpp]
+    b_len = durations[g.dur[g.last_b]].transpose(2, 0, 1)
+    return Replay(rank_end=end[g.rank_last].T, last_b_start=b_end - b_len, last_b_end=b_end)
+
+
+REPLAY_FLOATS = 1 << 23  # end times held at once by a many-candidate replay (64 MiB)
+
+
+def wave_replay(f: np.ndarray, b: np.ndarray, pp: int, vpp: int, m: np.ndarray) -> Replay:
+    """The schedule replayed for many candidates at once (``f``, ``b``: [N, pp * vpp]; ``m``: [N]). Up to two
+    pipeline groups of micro-batches the replay is exact; beyond, it replays ``m1`` and ``m1 + pp`` micro-batches
+    and extends every time linearly to ``m`` (the max-plus steady state :func:`simulate_steps` checks for)."""
+    m = np.asarray(m)
+    n = f.shape[0]
+    out = Replay(rank_end=np.zeros((n, pp)), last_b_start=np.zeros((n, pp, vpp)), last_b_end=np.zeros((n, pp, vpp)))
+    short = np.minimum(m, 2 * pp)  # interleaved plans have m a multiple of pp
+    for mi in np.unique(short):
+        rows = np.nonzero(short == mi)[0]
+        block = max(16, REPLAY_FLOATS // (2 * (int(mi) + pp) * pp * vpp))  # the replay keeps every action's end
+        for lo in range(0, len(rows), block):
+            part = rows[lo:lo + block]
+            one = _waves_replay(f[part], b[part], pp, vpp, int(mi))
+            grow = m[part] > mi
+            if grow.any():
+                two = _waves_replay(f[part], b[part], pp, vpp, int(mi) + pp)
+                steps = ((m[part] - mi) / pp)[:, None]
+                for name in ("rank_end", "last_b_start", "last_b_end"):
+                    a, c = getattr(one, name), getattr(two, name)
+                    s = steps.reshape((-1,) + (1,) * (a.ndim - 1))
+                    setattr(one, name, np.where(grow.reshape(s.shape), a + (c - a) * s, a))
+            for name in ("rank_end", "last_b_start", "last_b_end"):
+                getattr(out, name)[part] = getattr(one, name)
+    return out

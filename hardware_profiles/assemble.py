@@ -21,7 +21,7 @@ import numpy as np
 import yaml
 
 from hardware_profiles.fit import bus_factor, fit_alpha_beta
-from planner.cluster_spec import PROFILE_DIR, Efficiency, GPUSpec, load_cluster, load_gpu
+from specs.cluster import PROFILE_DIR, Efficiency, GPUSpec, load_cluster, load_gpu
 
 # substring of torch.cuda.get_device_name() (lower case) -> bundled GPU profile (first match wins)
 _GPU_NAMES: tuple[tuple[str, str], ...] = (

@@ -25,8 +25,8 @@ from cost_models.compute import ComputeModel
 from cost_models.layer import layer_cost
 from hardware_profiles.fit import fit_nonneg
 from hardware_profiles.timing import Timer
-from planner.cluster_spec import ClusterSpec, GPUSpec, Link
-from planner.model_spec import ModelSpec
+from specs.cluster import ClusterSpec, GPUSpec, Link
+from specs.model import ModelSpec
 
 # (hidden, heads, seq, batch): overhead-dominated, then more and more bytes
 PROBE_SHAPES = ((64, 4, 32, 1), (128, 4, 64, 2), (128, 4, 128, 4), (256, 4, 256, 2))

@@ -8,7 +8,7 @@ many ranks sees it):
 - all-reduce, all-gather, reduce-scatter, all-to-all and point-to-point over torch.distributed across
   message sizes, inside a node and (under a multi-node torchrun) across nodes, fitted per collective and
   level to alpha + bytes x factor / busbw (collectives.py, fit.py).
-The result (assemble.py) loads with ``planner.cluster_spec.load_cluster`` and feeds estimate / plan /
+The result (assemble.py) loads with ``specs.cluster.load_cluster`` and feeds estimate / plan /
 whatif; the cost model interpolates its tables and falls back to datasheet defaults elsewhere.
 
 How it runs: without torchrun it spawns ``--nproc`` ranks here (default: every local GPU, or 2 CPU
@@ -28,8 +28,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from planner.errors import AutoparError
-from planner.paths import check_output_file
+from specs.errors import AutoparError
+from specs.files import check_output_file
 
 
 def _torch():
@@ -89,7 +89,7 @@ def measure(rank: int, world: int, local: int, quick: bool, progress: bool,
     from hardware_profiles.assemble import gpu_profile
     from hardware_profiles.fit import COLLECTIVES
     from hardware_profiles.timing import Timer
-    from planner.cluster_spec import GPUSpec
+    from specs.cluster import GPUSpec
 
     names = names or COLLECTIVES
     cuda = torch.cuda.is_available()

@@ -1,3 +1,1 @@
-"""autopar planner: specs, search, plan files, what-if sweeps and the command line."""
-
-__version__ = "0.1.0"
+"""autopar planner: search (enumeration + ILP), explanations, what-if sweeps, calibration and the command line."""

@@ -30,10 +30,10 @@ from typing import Any
 import numpy as np
 import yaml
 
-from planner.cluster_spec import ClusterSpec, load_cluster
-from planner.errors import AutoparError
-from planner.paths import check_output_file
-from planner.planfile import PlanFile, load_plan, plan_from_data
+from specs.cluster import ClusterSpec, load_cluster
+from specs.errors import AutoparError
+from specs.files import check_output_file
+from specs.planfile import PlanFile, load_plan, plan_from_data
 
 PARAMS = ("gemm", "attention", "memory", "overhead", "comm")
 BOUND = math.log(8.0)  # scales stay within [1/8, 8]

@@ -1,4 +1,5 @@
-"""The plan, whatif and run commands (argument handling and output; the work is in search/whatif/runtime)."""
+"""The estimate, plan, whatif and run commands: argument handling and output (the work is in the cost model,
+search, whatif and the runtime)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,53 @@ from typing import Any
 
 from rich.markup import escape
 
-from planner.errors import AutoparError
+from specs.errors import AutoparError
+
+MAX_GLOBAL_BATCH = 1 << 20  # sequences per step: hundreds of times the largest published training batches
+
+
+def load_inputs(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The model and the (resized) cluster of an estimate / plan / whatif command, with the common options checked."""
+    from specs.cluster import load_cluster
+    from specs.model import size_problem
+    from specs.model_loading import load_model
+
+    model = load_model(args.model, args.seq)
+    cluster = load_cluster(args.cluster, gpus=args.gpus, nodes=args.nodes)
+    if args.allow_cross_node_tp:
+        cluster = cluster.model_copy(update={"tp_across_nodes": True})
+    b = args.global_batch
+    problem = None if b is None else size_problem("--global-batch", b, MAX_GLOBAL_BATCH)
+    if problem:
+        raise AutoparError(problem)
+    h = args.headroom
+    if not (h == h and 0 <= h < cluster.gpu.memory_GiB):  # h == h: not NaN
+        raise AutoparError(f"--headroom must be between 0 and the GPU's {cluster.gpu.memory_GiB:g} GiB, got {h}")
+    return model, cluster
+
+
+def estimate_command(args: argparse.Namespace) -> int:
+    """`autopar estimate`: one plan's step time, throughput, MFU and memory."""
+    from cost_models.step import estimate
+    from specs.parallel import config_from_keys, parse_plan_keys
+
+    model, cluster = load_inputs(args)
+    cfg = config_from_keys(parse_plan_keys(args.plan), cluster.num_gpus)
+    est = estimate(model, cluster, cfg, args.global_batch, headroom_GiB=args.headroom)
+    if args.format == "json":
+        out = est.to_json()
+        out["parallel"] = cfg.to_dict()
+        print(json.dumps(out))
+        return 0
+    from planner.report import console, estimate_tables, print_inputs
+
+    con = console()
+    print_inputs(con, model, cluster)
+    con.print(f"plan    {cfg.short()}  (global batch {args.global_batch}, "
+              f"{cfg.microbatches(args.global_batch)} micro-batches per step)")
+    for tab in estimate_tables(est, "estimate"):
+        con.print(tab)
+    return 0
 
 
 def _progress(fmt: str):
@@ -24,27 +71,25 @@ def _progress(fmt: str):
 
 
 def plan_command(args: argparse.Namespace) -> int:
-    from planner.cli import _load_inputs
-    from planner.explain import memory_warning, plan_value, runner_up, why
-    from planner.parallel import parse_plan_keys
+    from planner.explain import memory_warning, runner_up, why
     from planner.search import min_gpus_to_fit, search
+    from specs.parallel import key_text, parse_plan_keys
 
-    model, cluster = _load_inputs(args)
+    model, cluster = load_inputs(args)
     if args.out:
-        from planner.paths import check_output_file
+        from specs.files import check_output_file
 
         check_output_file(args.out, "plan file")  # before the search, not after
-    fixed = parse_plan_keys(args.fix)
+    fixed = parse_plan_keys(args.fix, "--fix")
     if args.runnable:
-        from planner.search import RUNNABLE
+        from specs.capabilities import RUNTIME_EXECUTES, runnable_keys
 
-        for k, allowed in RUNNABLE.items():
-            ok = allowed if isinstance(allowed, list) else [allowed]
+        for k, ok in RUNTIME_EXECUTES.items():
             if k in fixed and fixed[k] not in ok:
-                runs = " or ".join(f"{k}={plan_value(v)}" for v in ok)
-                raise AutoparError(f"--fix {k}={plan_value(fixed[k])} conflicts with --runnable: autopar's runtime "
+                runs = " or ".join(f"{k}={key_text(v)}" for v in ok)
+                raise AutoparError(f"--fix {k}={key_text(fixed[k])} conflicts with --runnable: autopar's runtime "
                                    f"executes only {runs}; drop one of them")
-        fixed = {**RUNNABLE, **fixed}
+        fixed = {**runnable_keys(), **fixed}
     if args.top < 1:
         raise AutoparError(f"--top must be at least 1, got {args.top}")
     if args.steps is not None and args.steps < 1:
@@ -69,7 +114,7 @@ def plan_command(args: argparse.Namespace) -> int:
     reason = why(res.plans[0], other) if other else "It is the only plan that fits."
     warning = memory_warning(res.plans[0], cluster.gpu.memory_GiB)
     if args.out:
-        from planner.planfile import TrainConfig, make_plan, save_plan
+        from specs.planfile import TrainConfig, make_plan, save_plan
 
         best = res.plans[0]
         pred = best.estimate.to_json()
@@ -103,18 +148,17 @@ def plan_command(args: argparse.Namespace) -> int:
 
 
 def whatif_command(args: argparse.Namespace) -> int:
-    from planner.cli import _load_inputs
-    from planner.parallel import parse_plan_keys
     from planner.whatif import parse_vary, sweep
+    from specs.parallel import parse_plan_keys
 
-    model, cluster = _load_inputs(args)
+    model, cluster = load_inputs(args)
     if args.plot:
         from planner.whatif import plot_file
 
         plot_file(args.plot)  # a bad path fails now, not after the sweep
     key, values = parse_vary(args.vary)
-    fixed = parse_plan_keys(args.fix)
-    more = parse_plan_keys(args.compare) if args.compare else {}
+    fixed = parse_plan_keys(args.fix, "--fix")
+    more = parse_plan_keys(args.compare, "--compare") if args.compare else {}
     curves: dict[str, Any] = {"best": sweep(model, cluster, args.global_batch, key, values, fixed, args.headroom)}
     if args.compare:
         curves[args.compare] = sweep(model, cluster, args.global_batch, key, values, fixed, args.headroom, more)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from planner.cluster_spec import load_cluster
-from planner.model_spec import load_model
-from planner.planfile import TrainConfig, make_plan, save_plan
-from planner.search import RUNNABLE, SearchResult, search
+from planner.search import SearchResult, search
+from specs.capabilities import runnable_keys
+from specs.cluster import load_cluster
+from specs.model_loading import load_model
+from specs.planfile import TrainConfig, make_plan, save_plan
 
 MODEL, CLUSTER, RANKS, GLOBAL_BATCH = "tiny", "cpu-gloo", 4, 16
-FIXED = {**RUNNABLE, "tp": 2, "pp": 2}  # show tensor and pipeline parallelism at work
+FIXED = {**runnable_keys(), "tp": 2, "pp": 2}  # show tensor and pipeline parallelism at work
 TRAIN = TrainConfig(steps=40, lr=3e-3, min_lr=3e-4, warmup_steps=4)
 
 

@@ -11,8 +11,8 @@ from rich.table import Table
 from cost_models.step import Estimate
 
 if TYPE_CHECKING:
-    from planner.cluster_spec import ClusterSpec
-    from planner.model_spec import ModelSpec
+    from specs.cluster import ClusterSpec
+    from specs.model import ModelSpec
 
 
 def console() -> Console:

@@ -20,15 +20,21 @@ import numpy as np
 
 from cost_models.batch import estimate_batch
 from cost_models.step import estimate
-from planner.cluster_spec import ClusterSpec
-from planner.errors import AutoparError
-from planner.explain import plan_value
-from planner.model_spec import ModelSpec
-from planner.parallel import ParallelConfig
 from planner.refine import PlanResult, refine
-from planner.space import RUNNABLE, check_fixed, config_at, enumerate_space
+from planner.space import enumerate_space
+from specs.cluster import ClusterSpec
+from specs.errors import AutoparError
+from specs.model import ModelSpec
+from specs.parallel import ParallelConfig
+from specs.rules import PlanContext, plan_problem
+from specs.state import StateSpec
 
-__all__ = ["PlanResult", "RUNNABLE", "SearchResult", "enumerate_space", "config_at", "search", "min_gpus_to_fit"]
+__all__ = ["PlanResult", "SearchResult", "enumerate_space", "search", "min_gpus_to_fit"]
+
+# The first ranking prices every candidate's pipeline in closed form; for interleaved pipelines whose chunks
+# differ in size that is within 11% of the replay (fast or slow: tests/planner/test_search.py measures it), so
+# only the candidates that fit and are within this factor of the fastest can be the best: they are replayed.
+CLOSED_FORM_SLACK = 1.25
 
 
 @dataclass
@@ -41,39 +47,28 @@ class SearchResult:
     ranked: list[PlanResult] = field(default_factory=list)  # every exactly-priced plan that fits, best first
 
 
-def _keys_text(fixed: dict[str, Any]) -> str:
-    """Fixed keys as they are written on the command line (``tp=2,sp=true,mbs=1/2``)."""
-    def text(v: Any) -> str:
-        return "/".join(map(plan_value, v)) if isinstance(v, (list, tuple, set)) else plan_value(v)
-
-    return ",".join(f"{k}={text(v)}" for k, v in fixed.items() if v is not None)
-
-
 def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dict[str, Any] | None = None,
            top: int = 5, exhaustive: bool = False, headroom_GiB: float = 0.0, refine_count: int | None = None,
-           progress: Any = None) -> SearchResult:
-    """Find the fastest plans that fit; ``fixed`` holds plan keys constant."""
+           progress: Any = None, flags: dict[str, str] | None = None, state: StateSpec | None = None
+           ) -> SearchResult:
+    """Find the fastest plans that fit; ``fixed`` holds plan keys constant (``flags``: the option each came
+    from, for error messages; default ``--fix``)."""
     fixed = dict(fixed or {})
+    state = state or StateSpec.default(cluster.precision)
     t0 = time.perf_counter()
     if global_batch <= 0:
         raise AutoparError(f"--global-batch must be positive, got {global_batch}")
-    check_fixed(model, cluster, fixed)
     if fixed.get("recompute_layers") is not None:
         fixed.setdefault("recompute", "full")
-    cands = enumerate_space(model, cluster, global_batch, fixed, exhaustive)
-    if len(cands) == 0:
-        raise AutoparError(
-            f"no parallel configuration of {cluster.num_gpus} GPUs divides global batch {global_batch} and the model "
-            f"({model.num_layers} layers, {model.num_attention_heads} heads)"
-            f"{' with ' + _keys_text(fixed) if fixed else ''}; change --global-batch, --gpus or --fix"
-        )
+    cands = enumerate_space(model, cluster, global_batch, fixed, exhaustive, flags)
     cap = cluster.gpu.memory_GiB - headroom_GiB
     n_ref = refine_count or max(2 * top, 16)
     if exhaustive:
         scored = []
         for i in range(len(cands)):
-            cfg = config_at(cands, i, fixed)
-            scored.append(PlanResult(cfg, estimate(model, cluster, cfg, global_batch, headroom_GiB, validate=False)))
+            cfg = cands.config(i)
+            est = estimate(model, cluster, cfg, global_batch, headroom_GiB, validate=False, state=state)
+            scored.append(PlanResult(cfg, est))
             if progress and i % 500 == 0:
                 progress(i, len(cands))
         fitting = sorted((r for r in scored if r.estimate.fits),
@@ -81,28 +76,25 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
         pool = [r.config for r in fitting[:n_ref]]
         by_mem = sorted(scored, key=lambda r: r.estimate.memory_GiB)[:8] if not fitting else []
     else:
-        res = estimate_batch(model, cluster, cands, global_batch)
+        res = estimate_batch(model, cluster, cands, global_batch, state, replay=False)
         fits = res.memory_GiB <= cap
+        if fits.any():  # replay the pipelines the closed form is least sure of, where it matters
+            near = np.nonzero(fits & (res.step_time <= CLOSED_FORM_SLACK * res.step_time[fits].min()))[0]
+            res.step_time[near] = estimate_batch(model, cluster, cands.take(near), global_batch, state).step_time
         order = np.argsort(np.where(fits, res.step_time, np.inf), kind="stable")
         n_fit = int(fits.sum())
-        pool = [config_at(cands, int(i), fixed) for i in order[:min(n_ref, n_fit)]]
-        by_mem = [config_at(cands, int(i), fixed) for i in np.argsort(res.memory_GiB)[:8]] if n_fit < top else []
+        pool = [cands.config(int(i)) for i in order[:min(n_ref, n_fit)]]
+        by_mem = [cands.config(int(i)) for i in np.argsort(res.memory_GiB)[:8]] if n_fit < top else []
         pool += by_mem
     results: dict[ParallelConfig, PlanResult] = {}
     for cfg in pool:
-        for r in refine(model, cluster, cfg, global_batch, headroom_GiB, fixed):
+        for r in refine(model, cluster, cfg, global_batch, headroom_GiB, fixed, state):
             results[r.config] = r
     if exhaustive and by_mem:
         for r in by_mem:
             results[r.config] = r
-    def valid(cfg: ParallelConfig) -> bool:
-        try:
-            cfg.validate(model, cluster.num_gpus, global_batch, cluster.gpus_per_node, cluster.tp_across_nodes)
-            return True
-        except AutoparError:
-            return False
-
-    results = {c: r for c, r in results.items() if valid(c)}
+    ctx = PlanContext.on(model, cluster, global_batch)
+    results = {c: r for c, r in results.items() if plan_problem(c, ctx) is None}
     plans = sorted((r for r in results.values() if r.estimate.fits),
                    key=lambda r: (r.estimate.step_time_s, r.estimate.memory_GiB))
     closest = None

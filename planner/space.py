@@ -1,35 +1,36 @@
-"""The search space: every valid combination of the parallel keys, as numpy arrays (``Candidates``).
+"""The search space: every valid combination of the plan keys, as arrays of candidates.
 
-``check_fixed`` refuses fixed keys no plan can satisfy; ``enumerate_space`` lists tp (dividing the heads,
-inside a node), cp (flash attention, load-balanced sequence split), pp (at most the layers), dp, micro-batch,
-vpp (needs pp > 1 and micro-batches divisible by pp), sp, recompute, ZeRO stage and the overlaps, honouring
-``fixed`` (one value, or a list of allowed values). Outside ``exhaustive`` mode micro-batches above
-``PRUNED_MAX_MBS`` and interleaving above ``PRUNED_MAX_VPP`` are not tried unless fixed.
+Each searched key has a domain here (the values worth trying given the model, the cluster and the keys
+before it); ``enumerate_space`` expands the candidates key by key in ``DOMAINS`` order and applies every rule
+of ``specs/rules.py`` as soon as the keys it reads are known. A ``--fix`` key replaces its domain by the
+value(s) given, so when no candidate is left the rule that removed the last ones says why
+(:class:`NoPlan`). Outside ``exhaustive`` mode micro-batches above ``PRUNED_MAX_MBS``, interleaving above
+``PRUNED_MAX_VPP`` and context parallelism above ``PRUNED_MAX_CP`` are not tried unless fixed.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
-from dataclasses import replace
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from cost_models.batch import Candidates
-from cost_models.step import RC_CODE
-from planner.cluster_spec import ClusterSpec
-from planner.errors import AutoparError
-from planner.model_spec import ModelSpec
-from planner.parallel import RECOMPUTE, TP_OVERLAP_ACROSS_NODES, ParallelConfig, check_tp_heads, tp_node_problem
+from specs.cluster import ClusterSpec
+from specs.errors import AutoparError
+from specs.model import ModelSpec
+from specs.parallel import KEYS, RECOMPUTE, SEARCHED, Candidates, ParallelConfig, key_text
+from specs.rules import RULES, PlanContext, Rule
 
-RC_NAMES = {v: k for k, v in RC_CODE.items()}
 PRUNED_MAX_MBS = 32
 PRUNED_MAX_VPP = 8
+PRUNED_MAX_CP = 16
 
 
-def _divisors(n: int, limit: int | None = None) -> list[int]:
+def divisors(n: int, limit: int | None = None) -> list[int]:
     """The divisors of ``n`` up to ``limit`` (default: all), ascending, in O(min(limit, sqrt n)) steps."""
+    if n <= 0:
+        return []
     top = n if limit is None else min(n, limit)
     if top < math.isqrt(n):  # only small divisors wanted: try them directly
         return [d for d in range(1, top + 1) if n % d == 0]
@@ -38,167 +39,157 @@ def _divisors(n: int, limit: int | None = None) -> list[int]:
     return [d for d in small + large if d <= top]
 
 
-def _values(key: str, fixed: dict[str, Any], default: list[Any]) -> list[Any]:
-    """The values to try for ``key``: the fixed one, the allowed ones when a list is given, else all."""
+# A domain: (the keys it depends on, values to try given those keys' values). Ordered: a key's domain may read
+# the keys before it. Values that no rule allows may appear (the rules remove them).
+Domain = tuple[tuple[str, ...], Callable[..., list[int]]]
+
+
+def domains(model: ModelSpec, cluster: ClusterSpec, global_batch: int, exhaustive: bool) -> dict[str, Domain]:
+    """The values of each searched key worth trying (every key of ``SEARCHED``, in enumeration order)."""
+    G, L = cluster.num_gpus, model.num_layers
+    cap = (lambda limit: None) if exhaustive else (lambda limit: limit)  # noqa: E731
+
+    def pp_values(t: int, c: int) -> list[int]:
+        return divisors(G // (t * c), L) if G % (t * c) == 0 else [1]
+
+    def vpp_values(p: int) -> list[int]:
+        top = 1 if p == 1 else max(1, L // p)
+        return list(range(1, min(top, PRUNED_MAX_VPP if not exhaustive else top) + 1))
+
+    def dp_values(t: int, c: int, p: int) -> list[int]:
+        return [G // (t * c * p) if G % (t * c * p) == 0 else 0]  # 0: no whole dp (the rules say so)
+
+    def mbs_values(d: int) -> list[int]:
+        return divisors(global_batch // d, cap(PRUNED_MAX_MBS)) if d > 0 and global_batch % d == 0 else [1]
+
+    flash = model.attn_impl == "flash"
+    out: dict[str, Domain] = {
+        "tp": ((), lambda: divisors(math.gcd(model.num_attention_heads, model.kv_heads, G))),
+        "cp": ((), lambda: divisors(G, cap(PRUNED_MAX_CP)) if flash else [1]),
+        "pp": (("tp", "cp"), pp_values),
+        "vpp": (("pp",), vpp_values),
+        "dp": (("tp", "cp", "pp"), dp_values),
+        "mbs": (("dp",), mbs_values),
+        "sp": ((), lambda: [0, 1]),
+        "recompute": ((), lambda: list(range(len(RECOMPUTE)))),
+        "zero": ((), lambda: list(KEYS["zero"].choices)),
+        "dp_overlap": ((), lambda: [0, 1]),
+        "tp_overlap": ((), lambda: [0, 1]),
+    }
+    assert tuple(sorted(out)) == tuple(sorted(SEARCHED)), "every searched key needs a domain"
+    return out
+
+
+def _code(key: str, value: Any) -> int:
+    """A fixed value as it is held in arrays of candidates."""
+    info = KEYS[key]
+    return info.choices.index(value) if info.kind == "name" else int(value)
+
+
+def _fixed_values(key: str, fixed: dict[str, Any]) -> list[int] | None:
     if key not in fixed:
-        return default
+        return None
     v = fixed[key]
-    return [x for x in default if x in v] if isinstance(v, (list, tuple, set)) else [v]
+    return [_code(key, x) for x in (v if isinstance(v, (list, tuple, set)) else [v])]
 
 
-# What autopar's own runtime executes (`autopar plan --runnable`, and `autopar run`'s default plan).
-RUNNABLE = {"cp": 1, "zero": [0, 1], "tp_overlap": False}
+def _expand(arrays: dict[str, np.ndarray], n: int, key: str, parents: tuple[str, ...],
+            values: Callable[..., list[int]]) -> tuple[dict[str, np.ndarray], int]:
+    """Every row repeated once per value of ``key`` (the values depend on the row's ``parents``)."""
+    if n == 0:
+        return {**arrays, key: np.zeros(0, dtype=bool if KEYS[key].kind == "bool" else np.int64)}, 0
+    if parents:
+        table = np.stack([arrays[p] for p in parents], axis=1)
+        uniq, inv = np.unique(table, axis=0, return_inverse=True)
+        inv = inv.reshape(-1)
+    else:
+        uniq, inv = np.zeros((1, 0), dtype=np.int64), np.zeros(n, dtype=np.int64)
+    rows, vals = [], []
+    for g, u in enumerate(uniq):
+        members = np.nonzero(inv == g)[0]
+        vs = np.asarray(values(*(int(x) for x in u)), dtype=np.int64)
+        rows.append(np.repeat(members, len(vs)))
+        vals.append(np.tile(vs, len(members)))
+    idx, col = np.concatenate(rows), np.concatenate(vals)
+    out = {k: a[idx] for k, a in arrays.items()}
+    out[key] = col.astype(bool) if KEYS[key].kind == "bool" else col
+    return out, len(idx)
 
 
-def _as_list(v: Any) -> list[Any]:
-    return [] if v is None else list(v) if isinstance(v, (list, tuple, set)) else [v]
+def _partial_config(arrays: dict[str, np.ndarray], i: int, unsearched: dict[str, Any]) -> ParallelConfig:
+    """Row ``i`` of partly expanded candidates, the keys not yet expanded at their defaults."""
+    return Candidates({k: a[i:i + 1] for k, a in arrays.items()}, unsearched).config(0)
 
 
-def check_fixed(model: ModelSpec, cluster: ClusterSpec | None, fixed: dict[str, Any], flag: str = "--fix") -> None:
-    """One-line errors for fixed keys that no plan can satisfy (the search then honours every other rule).
-
-    ``flag`` names the option the keys came from; with ``cluster`` None only the checks that hold for any
-    cluster run (whatif checks its keys once before a sweep, and against each point's cluster).
-    """
-    for k in ("tp", "pp", "dp", "cp", "mbs", "vpp"):
-        for v in _as_list(fixed.get(k)):
-            if v < 1:
-                raise AutoparError(f"{flag} {k}={v}: must be at least 1")
-    for v in _as_list(fixed.get("zero")):
-        if v not in (0, 1, 2, 3):
-            raise AutoparError(f"{flag} zero={v}: ZeRO stage must be 0, 1, 2 or 3")
-    for t in _as_list(fixed.get("tp")):
-        check_tp_heads(model, t)
-    for c in _as_list(fixed.get("cp")):
-        if c > 1 and model.attn_impl != "flash":
-            raise AutoparError(f"{flag} cp={c} needs attention: flash in the model spec")
-        if c > 1 and model.seq_length % (2 * c):
-            raise AutoparError(f"{flag} cp={c}: seq {model.seq_length} must be divisible by 2*cp = {2 * c}")
-    for p in _as_list(fixed.get("pp")):
-        if p > model.num_layers:
-            raise AutoparError(f"{flag} pp={p}: the model has only {model.num_layers} layers")
-    layers = fixed.get("layers")
-    if layers is not None:
-        if sum(layers) != model.num_layers or min(layers) < 0:
-            raise AutoparError(f"{flag} layers={'/'.join(map(str, layers))}: must be non-negative and sum to "
-                               f"{model.num_layers}")
-        if isinstance(fixed.get("pp"), int) and isinstance(fixed.get("vpp", 1), int) \
-                and len(layers) != fixed["pp"] * fixed.get("vpp", 1):
-            raise AutoparError(f"{flag} layers has {len(layers)} entries but pp*vpp = "
-                               f"{fixed['pp'] * fixed.get('vpp', 1)} stages need one each")
-    rl = fixed.get("recompute_layers")
-    if rl is not None:
-        if fixed.get("recompute", "full") != "full":
-            raise AutoparError(f"{flag} recompute_layers needs recompute=full")
-        if min(_as_list(rl)) < 0:
-            raise AutoparError(f"{flag} recompute_layers: counts must be non-negative")
-    if cluster is not None:
-        _check_fixed_on(cluster, fixed, flag)
+class NoPlan(AutoparError):
+    """No candidate satisfies the fixed keys and the rules; the message says which rule removed the last."""
 
 
-def _check_fixed_on(cluster: ClusterSpec, fixed: dict[str, Any], flag: str) -> None:
-    """The fixed keys' checks that depend on the cluster: tp inside a node, the mesh dividing the GPUs."""
-    g, G = cluster.gpus_per_node, cluster.num_gpus
-    for t in _as_list(fixed.get("tp")):
-        if cluster.num_nodes == 1 and t > g:
-            raise AutoparError(f"{flag} tp={t}: tensor-parallel groups must fit inside a node ({g} GPUs); "
-                               f"use a tp that divides {g}")
-        problem = tp_node_problem(t, G, g, cluster.tp_across_nodes)
-        if problem:
-            raise AutoparError(f"{flag} tp={t}: {problem}")
-        if t > g and fixed.get("tp_overlap") is True:
-            raise AutoparError(f"{flag} tp={t},tp_overlap=true: tp_overlap {TP_OVERLAP_ACROSS_NODES}; "
-                               "set tp_overlap=false")
-    sizes = {k: fixed[k] for k in ("tp", "pp", "dp", "cp") if isinstance(fixed.get(k), int)}
-    prod = math.prod(sizes.values())
-    if G % prod or (len(sizes) == 4 and prod != G):
-        shown = {k: v for k, v in sizes.items() if v > 1} or sizes
-        raise AutoparError(
-            f"{flag} {','.join(f'{k}={v}' for k, v in shown.items())}: tp*pp*dp*cp must equal the {G} GPUs, but "
-            f"{'*'.join(shown)} = {prod} {'does not divide' if G % prod else 'is not'} {G}; change {flag} or --gpus")
+def _no_plan(rule: Rule, example: ParallelConfig, x: PlanContext, fixed: dict[str, Any],
+             flags: dict[str, str]) -> NoPlan:
+    """The error for a space the ``rule`` emptied: about the fixed keys it reads (each named with the option it
+    came from, ``flags[key]``), or about the space in general when it reads none."""
+    why = rule.why(example, x)
+    own = [k for k in rule.keys if k in fixed]
+    if own:
+        return NoPlan(f"{options_text({k: fixed[k] for k in own}, flags)}: {why}")
+    where = f" with {options_text(fixed, flags)}" if fixed else ""
+    return NoPlan(f"no parallel configuration of {x.gpus} GPUs fits global batch {x.global_batch} and the model "
+                  f"({x.model.num_layers} layers, {x.model.num_attention_heads} heads){where}: the last candidates "
+                  f"(e.g. {example.short()}) fail because {why}; change --global-batch, --gpus or --fix")
+
+
+def options_text(keys: dict[str, Any], flags: dict[str, str]) -> str:
+    """Fixed keys as they were given on the command line, grouped by option: ``--fix tp=2,sp=true --compare
+    pp=4`` (a list of allowed values, as ``--runnable`` gives, joined with ``|``)."""
+    def text(v: Any) -> str:
+        return "|".join(map(key_text, v)) if isinstance(v, (list, set)) else key_text(v)
+
+    by_flag: dict[str, list[str]] = {}
+    for k, v in keys.items():
+        if v is not None:
+            by_flag.setdefault(flags.get(k, "--fix"), []).append(f"{k}={text(v)}")
+    return " ".join(f"{flag} {','.join(items)}" for flag, items in by_flag.items())
 
 
 def enumerate_space(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dict[str, Any],
-                    exhaustive: bool = False) -> Candidates:
-    """Every valid configuration (as arrays), honouring ``fixed`` keys."""
-    G, L, g = cluster.num_gpus, model.num_layers, cluster.gpus_per_node
-    heads, kv = model.num_attention_heads, model.kv_heads
-
-    def tp_ok(t: int) -> bool:  # divides the heads; inside a node (or whole nodes, if allowed), never straddling
-        return heads % t == 0 and kv % t == 0 and tp_node_problem(t, G, g, cluster.tp_across_nodes) is None
-
-    def cp_ok(c: int) -> bool:
-        return c == 1 or (model.attn_impl == "flash" and model.seq_length % (2 * c) == 0)
-
-    tps = [t for t in _divisors(math.gcd(heads, kv)) if G % t == 0 and tp_ok(t)]
-    cps = [1]
-    if model.attn_impl == "flash":
-        cps = [c for c in _divisors(G, None if exhaustive else 16) if cp_ok(c)]
-    n_layers_fixed = len(fixed["layers"]) if fixed.get("layers") is not None else None
-    rl = fixed.get("recompute_layers")
-    n_rl_fixed = len(rl) if isinstance(rl, tuple) else None
-    outer = []
-    for t in _values("tp", fixed, tps):
-        if not tp_ok(t):
-            continue
-        for c in _values("cp", fixed, cps):
-            if G % (t * c) or not cp_ok(c):
-                continue
-            pps = _divisors(G // (t * c), L)
-            for p in _values("pp", fixed, pps):
-                if G % (t * c * p) or p > L:
-                    continue
-                dp = G // (t * c * p)
-                if dp not in _values("dp", fixed, [dp]):
-                    continue
-                if global_batch % dp:
-                    continue
-                per_dp = global_batch // dp
-                mbs_all = _divisors(per_dp, None if exhaustive else PRUNED_MAX_MBS)
-                for b in _values("mbs", fixed, mbs_all):
-                    if per_dp % b:
-                        continue
-                    m = per_dp // b
-                    vmax = L // p if p > 1 else 1
-                    if not exhaustive:
-                        vmax = min(vmax, PRUNED_MAX_VPP)
-                    for v in _values("vpp", fixed, list(range(1, vmax + 1))):
-                        if v > 1 and (p == 1 or m % p or p * v > L):
-                            continue
-                        if p * v > L or n_layers_fixed not in (None, p * v) or n_rl_fixed not in (None, p * v):
-                            continue
-                        outer.append((t, p, dp, c, b, v))
-    if not outer:
-        return Candidates(*(np.zeros(0, dtype=int) for _ in range(11)))
-    inner = list(itertools.product(
-        _values("sp", fixed, [False, True]),
-        [RC_CODE[r] for r in _values("recompute", fixed, list(RECOMPUTE))],
-        _values("zero", fixed, [0, 1, 2, 3]),
-        _values("dp_overlap", fixed, [False, True]),
-        _values("tp_overlap", fixed, [False, True]),
-    ))
-    O = np.array(outer, dtype=int)
-    I = np.array(inner, dtype=int)
-    no, ni = len(O), len(I)
-    O = np.repeat(O, ni, axis=0)
-    I = np.tile(I, (no, 1))
-    t, p, dp, c, b, v = O.T
-    sp, rc, zero, dpo, tpo = I.T
-    d = dp * c
-    ok = ~((sp == 1) & (t == 1)) & ~((tpo == 1) & (sp == 0)) & ~((zero > 0) & (d == 1)) & ~((dpo == 1) & (d == 1))
-    if g < G:  # tp_overlap (userbuffers over NVLink) needs the tensor-parallel group inside a node
-        ok &= ~((tpo == 1) & (t > g))
-    idx = np.nonzero(ok)[0]
-    return Candidates(tp=t[idx], pp=p[idx], dp=dp[idx], cp=c[idx], mbs=b[idx], vpp=v[idx], sp=sp[idx].astype(bool),
-                      recompute=rc[idx], zero=zero[idx], dp_overlap=dpo[idx].astype(bool),
-                      tp_overlap=tpo[idx].astype(bool))
+                    exhaustive: bool = False, flags: dict[str, str] | None = None) -> Candidates:
+    """Every valid configuration, honouring ``fixed`` keys (one value, or a list of allowed values). Raises
+    :class:`NoPlan` when none is left, naming each fixed key's option (``flags[key]``, default ``--fix``)."""
+    x = PlanContext.on(model, cluster, global_batch)
+    unsearched = {k: fixed.get(k, ParallelConfig.__dataclass_fields__[k].default) for k in KEYS
+                  if not KEYS[k].searched}
+    if unsearched["recompute_layers"] is not None:
+        fixed = {"recompute": "full", **fixed}
+    known = set(unsearched)
+    pending = [r for r in RULES if not (r.redundant and r.keys[0] in fixed)]  # a fixed value is kept as asked
+    arrays: dict[str, np.ndarray] = {}
+    n = 1
+    for key, (parents, values) in domains(model, cluster, global_batch, exhaustive).items():
+        given = _fixed_values(key, fixed)
+        arrays, n = _expand(arrays, n, key, () if given is not None else parents,
+                            (lambda given=given: given) if given is not None else values)
+        known.add(key)
+        for rule in [r for r in pending if known.issuperset(r.keys)]:
+            pending.remove(rule)
+            keep = rule.ok(Candidates(arrays, unsearched), x)
+            if n and not keep.any():
+                raise _no_plan(rule, _partial_config(arrays, 0, unsearched), x, fixed, flags or {})
+            arrays = {k: a[keep] for k, a in arrays.items()}
+            n = int(keep.sum())
+    order = np.lexsort([arrays[k] for k in reversed(SEARCHED)])
+    return Candidates({k: arrays[k][order] for k in SEARCHED}, unsearched)
 
 
-def config_at(c: Candidates, i: int, fixed: dict[str, Any]) -> ParallelConfig:
-    cfg = ParallelConfig(tp=int(c.tp[i]), pp=int(c.pp[i]), dp=int(c.dp[i]), cp=int(c.cp[i]), mbs=int(c.mbs[i]),
-                         vpp=int(c.vpp[i]), sp=bool(c.sp[i]), recompute=RC_NAMES[int(c.recompute[i])],
-                         zero=int(c.zero[i]), dp_overlap=bool(c.dp_overlap[i]), tp_overlap=bool(c.tp_overlap[i]))
-    extra = {k: fixed[k] for k in ("layers", "recompute_layers") if k in fixed}
-    return replace(cfg, **extra) if extra else cfg
-
-
+def check_fixed_keys(model: ModelSpec, fixed: dict[str, Any], global_batch: int,
+                     flags: dict[str, str] | None = None) -> None:
+    """Refuse fixed keys that break a rule whatever the cluster (what-if sweeps check this before the sweep):
+    the rules that read only fixed keys (checked on as many GPUs as the fixed sizes use, and with no node size,
+    the rules about the cluster hold)."""
+    single = {k: v for k, v in fixed.items() if not isinstance(v, (list, set))}
+    cfg = ParallelConfig(**single)
+    x = PlanContext(model, cfg.world, global_batch)
+    c = Candidates.of(cfg)
+    for rule in RULES:
+        if not rule.redundant and set(rule.keys) <= set(single) and not rule.ok(c, x)[0]:
+            raise NoPlan(f"{options_text({k: fixed[k] for k in rule.keys}, flags or {})}: {rule.why(cfg, x)}")

@@ -11,12 +11,12 @@ import math
 from pathlib import Path
 from typing import Any
 
-from planner.cluster_spec import ClusterSpec, list_gpus, load_gpu
-from planner.errors import AutoparError, did_you_mean
-from planner.model_spec import ModelSpec
-from planner.paths import check_output_file
 from planner.search import search
-from planner.space import check_fixed
+from planner.space import check_fixed_keys
+from specs.cluster import ClusterSpec, list_gpus, load_gpu
+from specs.errors import AutoparError, did_you_mean
+from specs.files import check_output_file
+from specs.model import ModelSpec
 
 VARY_KEYS = {
     "inter_node_bw": "Gb/s per NIC",
@@ -80,8 +80,9 @@ def sweep(model: ModelSpec, cluster: ClusterSpec, global_batch: int, key: str, v
     Errors that would fail every point (bad keys, a network the cluster does not have) are raised first.
     """
     compare = compare or {}
-    check_fixed(model, None, fixed)
-    check_fixed(model, None, compare, "--compare")
+    flags = {k: "--compare" for k in compare}
+    check_fixed_keys(model, fixed, global_batch)
+    check_fixed_keys(model, compare, global_batch, flags)
     if key in ("inter_node_bw", "nics_per_node"):
         if cluster.inter_node is None:
             raise AutoparError(f"--vary {key}: cluster {cluster.name} has no inter_node section (it is one node), "
@@ -95,10 +96,8 @@ def sweep(model: ModelSpec, cluster: ClusterSpec, global_batch: int, key: str, v
         try:
             c = cluster_at(cluster, key, v)
             pt["gpus"] = c.num_gpus
-            check_fixed(model, c, compare, "--compare")
-            check_fixed(model, c, {**fixed, **compare}, "--fix/--compare" if compare else "--fix")
             res = search(model, c, global_batch, fixed={**fixed, **compare}, top=1, headroom_GiB=headroom_GiB,
-                         refine_count=12)
+                         refine_count=12, flags=flags)
         except AutoparError as err:
             res, pt["error"] = None, str(err)
             pt.setdefault("gpus", v if key == "gpus" else None)

@@ -26,8 +26,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from planner.errors import AutoparError
 from runtime.trainer import Trainer
+from specs.errors import AutoparError
 
 META = "meta.json"
 LATEST = "latest"

@@ -1,7 +1,7 @@
 """``autopar run``: check a plan, then start torchrun with its world size here (or print the multi-node commands).
 
-:func:`launch` is what the CLI calls; :func:`default_plan` writes the out-of-the-box plan (the ``tiny``
-Llama on 4 CPU ranks with gloo, tp=2 pp=2) used when no plan is given. Workers run ``runtime.train``;
+:func:`launch` is what the CLI calls (``autopar run`` with no plan first writes the planner's default, a tiny
+Llama on 4 CPU ranks: ``planner/defaults.py``). Workers run ``runtime.train``;
 their stderr goes to a log file, and a failure comes back as one :class:`AutoparError` line (the first
 ``autopar error:`` a worker printed, or the exit status) naming that log.
 """
@@ -17,36 +17,12 @@ import tempfile
 import threading
 from pathlib import Path
 
-from planner.errors import AutoparError
-from planner.paths import check_output_dir, check_output_file
-from planner.planfile import PlanFile, load_plan
-from runtime.data import SAMPLE_TEXT, TokenData, cache_dir
+from runtime.data import SAMPLE_TEXT, TokenData
+from runtime.options import add_run_arguments, check_run_options
+from specs.errors import AutoparError
+from specs.planfile import PlanFile, load_plan
 
 REPO = Path(__file__).resolve().parent.parent
-def default_plan(path: str | Path | None = None) -> Path:
-    """Write the default plan (the planner's best for the tiny Llama on 4 gloo ranks, tp=2 pp=2)."""
-    from planner.defaults import default_plan as plan_default
-
-    return plan_default(Path(path) if path else cache_dir() / "default-plan.json")[0]
-
-
-def check_run_options(plan: PlanFile, steps: int | None, checkpoint_dir: str | None, checkpoint_every: int | None,
-                      metrics_out: str | None, resume: bool) -> int:
-    """Refuse options that would only fail later (after training, at the first checkpoint or metrics write);
-    returns the number of steps to run."""
-    total = steps if steps is not None else plan.train.steps
-    if total <= 0:
-        raise AutoparError(f"--steps must be positive, got {total}")
-    if checkpoint_every is not None and checkpoint_every < 0:
-        raise AutoparError(f"--checkpoint-every must be 0 (only at the end) or a positive step count, "
-                           f"got {checkpoint_every}")
-    if resume and not checkpoint_dir:
-        raise AutoparError("--resume needs --checkpoint-dir (where the checkpoints are)")
-    if checkpoint_dir is not None:
-        check_output_dir(checkpoint_dir, "checkpoint directory")
-    if metrics_out is not None:
-        check_output_file(metrics_out, "metrics file")
-    return total
 
 
 def _local_devices() -> int | None:
@@ -82,7 +58,7 @@ def multi_node_commands(plan: PlanFile, worker: list[str]) -> list[str]:
     ]
 
 
-def launch(plan_path: str | None = None, steps: int | None = None, data: str | None = None,
+def launch(plan_path: str, steps: int | None = None, data: str | None = None,
            metrics_out: str | None = None, checkpoint_dir: str | None = None, resume: bool = False,
            nproc: int | None = None, checkpoint_every: int | None = None, dry_run: bool = False,
            quiet: bool = False, env: dict[str, str] | None = None) -> int:
@@ -91,10 +67,6 @@ def launch(plan_path: str | None = None, steps: int | None = None, data: str | N
     Raises AutoparError (one line) for a bad plan, data file or checkpoint directory, a world size this
     machine cannot hold, or failed workers.
     """
-    if plan_path is None:
-        plan_path = str(default_plan())
-        if not quiet:
-            print(f"autopar: no plan given; using the default CPU plan {plan_path}", flush=True)
     plan = load_plan(plan_path)
     world = plan.world_size
     if nproc is not None and nproc != world:
@@ -175,12 +147,13 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m runtime.launch [plan.json] [--steps N] ...``: the same as ``autopar run``."""
     import argparse
 
-    from planner.cli import add_run_arguments
-
     ap = argparse.ArgumentParser(prog="python -m runtime.launch", description=__doc__.splitlines()[0])
     add_run_arguments(ap)
     a = ap.parse_args(argv)
     try:
+        if a.plan is None:
+            raise AutoparError("give a plan file (`autopar plan ... --out plan.json`); `autopar run` with no plan "
+                               "plans and trains a tiny default model")
         return launch(a.plan, a.steps, a.data, a.metrics_out, a.checkpoint_dir, a.resume,
                       checkpoint_every=a.checkpoint_every, dry_run=a.dry_run)
     except AutoparError as err:

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import IO, Any
 
-from planner.planfile import PlanFile
+from specs.planfile import PlanFile
 
 
 class MetricsLog:

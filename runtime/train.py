@@ -22,13 +22,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from planner.errors import AutoparError
-from planner.planfile import load_plan
 from runtime.data import SAMPLE_TEXT, TokenData
-from runtime.launch import check_run_options
 from runtime.metrics import MetricsLog
+from runtime.options import check_run_options
 from runtime.parallel.mesh import build_groups
 from runtime.trainer import Trainer, check_supported
+from specs.errors import AutoparError
+from specs.planfile import load_plan
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -88,8 +88,6 @@ def run(args: argparse.Namespace) -> int:
         if plan.cluster.backend == "nccl" and not cuda:
             print(f"autopar: note: no CUDA here; running the {plan.cluster.name} plan on CPU with gloo in fp32",
                   flush=True)
-        if plan.config.tp_overlap:
-            print("autopar: note: tp_overlap is not implemented by the runtime; running without it", flush=True)
     fault = _fault_step(rank)
     while trainer.step < steps:
         if fault == trainer.step + 1:

@@ -13,8 +13,6 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from planner.errors import AutoparError
-from planner.planfile import PlanFile
 from runtime.data import TokenData
 from runtime.models import build_model
 from runtime.models.common import param_seed
@@ -23,6 +21,9 @@ from runtime.parallel.mesh import ParallelGroups
 from runtime.parallel.optimizer import DistributedAdamW
 from runtime.parallel.parallelize import materialize, parallelize
 from runtime.parallel.pipeline import PipelineRunner
+from specs.capabilities import runtime_problem
+from specs.errors import AutoparError
+from specs.planfile import PlanFile
 
 _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -36,14 +37,10 @@ class StepStats:
 
 
 def check_supported(plan: PlanFile) -> None:
-    """One-line errors for plans this runtime cannot execute (yet)."""
-    cfg = plan.config
-    if cfg.cp > 1:
-        raise AutoparError(f"cp={cfg.cp}: context parallelism is not implemented by the runtime; plan with cp=1")
-    if cfg.zero > 1:
-        raise AutoparError(f"zero={cfg.zero}: the runtime implements ZeRO 0 and 1; plan with zero <= 1")
-    if cfg.sp and cfg.tp > 1 and plan.seq % cfg.tp:
-        raise AutoparError(f"sequence parallelism needs seq {plan.seq} divisible by tp={cfg.tp}")
+    """A one-line error for a plan this runtime does not execute (``specs/capabilities.py`` says what it does)."""
+    problem = runtime_problem(plan.config)
+    if problem:
+        raise AutoparError(problem)
 
 
 def peak_memory_GiB(device: torch.device) -> float:

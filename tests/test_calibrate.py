@@ -11,10 +11,11 @@ import pytest
 
 from planner.calibrate import PARAMS, Run, fit_scales, measured_median, predict, scaled
 from planner.cli import main
-from planner.cluster_spec import load_cluster
-from planner.model_spec import ModelSpec, load_model
-from planner.parallel import ParallelConfig
-from planner.planfile import make_plan, save_plan
+from specs.cluster import load_cluster
+from specs.model import ModelSpec
+from specs.model_loading import load_model
+from specs.parallel import ParallelConfig
+from specs.planfile import make_plan, save_plan
 
 TRUE = {"gemm": 0.8, "attention": 0.7, "memory": 1.25, "overhead": 2.0, "comm": 0.6}
 
@@ -75,7 +76,7 @@ def test_calibrate_recovers_known_scales(tmp_path, capsys):
     assert cal.intra_node.bandwidth_GBps == pytest.approx(base.intra_node.bandwidth_GBps * TRUE["comm"], rel=0.03)
     # the written profile predicts the measured runs
     from cost_models.step import estimate
-    from planner.planfile import load_plan
+    from specs.planfile import load_plan
 
     for m, p in runs:
         plan = load_plan(p)

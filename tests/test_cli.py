@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from planner.cli import main
-from planner.planfile import load_plan
+from specs.planfile import load_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -60,7 +60,7 @@ BAD = [
     (["whatif", "--model", "gpt3-175b", "--global-batch", "8", "--vary", "colour=red"], "cannot vary 'colour'"),
     (["run", "/nonexistent/plan.json"], "does not exist"),
     (["plan", "--model", "tiny", "--cluster", "cpu-gloo", "--gpus", "4", "--global-batch", "8", "--fix", "zero=7"],
-     "ZeRO stage must be 0, 1, 2 or 3"),
+     "--fix zero=7: must be one of 0, 1, 2, 3"),
     (["plan", "--model", "tiny", "--cluster", "cpu-gloo", "--gpus", "4", "--global-batch", "8", "--fix", "pp=0"],
      "must be at least 1"),
     (["plan", "--model", "tiny", "--cluster", "cpu-gloo", "--gpus", "4", "--global-batch", "8", "--fix", "layers=1/1"],

@@ -8,9 +8,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from cost_models.step import estimate
-from planner.cluster_spec import load_cluster
-from planner.model_spec import ModelSpec
-from planner.parallel import ParallelConfig
+from specs.cluster import load_cluster
+from specs.model import ModelSpec
+from specs.parallel import ParallelConfig
 
 # derandomize: the same examples on every run, so CI cannot fail on a draw a local run never saw (a wider random
 # search: ``sed 's/derandomize=True/derandomize=False/'`` and raise max_examples).

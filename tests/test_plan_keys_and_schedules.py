@@ -6,17 +6,18 @@ import itertools
 
 import pytest
 
-from planner.errors import AutoparError
-from planner.model_spec import load_model
-from planner.parallel import ParallelConfig, config_from_keys, parse_plan_keys
-from planner.schedules import build_schedule, check_schedule, interleaved_1f1b, one_f_one_b
+from specs.errors import AutoparError
+from specs.model_loading import load_model
+from specs.parallel import ParallelConfig, config_from_keys, parse_plan_keys
+from specs.rules import PlanContext, check_plan
+from specs.schedules import build_schedule, check_schedule, interleaved_1f1b, one_f_one_b
 
 GPT = load_model("gpt3-175b")
 
 
 def test_parse_keys_types_and_dp_default():
     keys = parse_plan_keys("tp=8, pp=4,mbs=2,sp=true,recompute=selective,zero=1,dp_overlap=yes,layers=24/24/24/24")
-    cfg = config_from_keys(keys, 1024, GPT)
+    cfg = config_from_keys(keys, 1024)
     assert (cfg.tp, cfg.pp, cfg.dp, cfg.mbs, cfg.sp, cfg.recompute, cfg.zero, cfg.dp_overlap) == \
         (8, 4, 32, 2, True, "selective", 1, True)
     assert cfg.layers == (24, 24, 24, 24)
@@ -55,24 +56,24 @@ def test_bad_keys(text, needle):
 ])
 def test_invalid_configs_say_why(keys, gpus, batch, needle):
     with pytest.raises(AutoparError, match=needle):
-        cfg = config_from_keys(parse_plan_keys(keys), gpus, GPT)
-        cfg.validate(GPT, gpus, batch, 8)
+        cfg = config_from_keys(parse_plan_keys(keys), gpus)
+        check_plan(cfg, PlanContext(GPT, gpus, batch, 8))
 
 
 def test_cross_node_tensor_parallelism_only_when_allowed():
     """Whole nodes may form one tensor-parallel group when allowed; a group straddling a node boundary, or
     overlapping its collectives (userbuffers over NVLink) across nodes, never."""
-    ok = config_from_keys(parse_plan_keys("tp=16,sp=true"), 32, GPT)
-    ok.validate(GPT, 32, 32, 8, tp_across_nodes=True)
+    across, inside = PlanContext(GPT, 32, 32, 8, tp_across_nodes=True), PlanContext(GPT, 32, 32, 8)
+    ok = config_from_keys(parse_plan_keys("tp=16,sp=true"), 32)
+    check_plan(ok, across)
     with pytest.raises(AutoparError, match="spans 2 nodes"):
-        ok.validate(GPT, 32, 32, 8)
+        check_plan(ok, inside)
     with pytest.raises(AutoparError, match="straddle nodes of 8 GPUs; use a tp that divides 8 or a multiple of 8"):
-        config_from_keys(parse_plan_keys("tp=12"), 24, GPT).validate(GPT, 24, 24, 8, tp_across_nodes=True)
+        check_plan(config_from_keys(parse_plan_keys("tp=12"), 24), PlanContext(GPT, 24, 24, 8, tp_across_nodes=True))
     with pytest.raises(AutoparError, match="tp_overlap=true needs the tensor-parallel group inside a node"):
-        config_from_keys(parse_plan_keys("tp=16,sp=true,tp_overlap=true"), 32, GPT).validate(
-            GPT, 32, 32, 8, tp_across_nodes=True)
+        check_plan(config_from_keys(parse_plan_keys("tp=16,sp=true,tp_overlap=true"), 32), across)
     # inside one node nothing changes
-    config_from_keys(parse_plan_keys("tp=8,sp=true,tp_overlap=true"), 8, GPT).validate(GPT, 8, 8, 8)
+    check_plan(config_from_keys(parse_plan_keys("tp=8,sp=true,tp_overlap=true"), 8), PlanContext(GPT, 8, 8, 8))
 
 
 def test_stage_layers_even_and_remainder():

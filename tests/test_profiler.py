@@ -17,7 +17,7 @@ from hardware_profiles.assemble import cluster_profile, match_gpu
 from hardware_profiles.collectives import levels
 from hardware_profiles.fit import COLLECTIVES, bus_factor, fit_alpha_beta, fit_nonneg
 from planner.cli import main
-from planner.cluster_spec import load_cluster
+from specs.cluster import load_cluster
 
 torch = pytest.importorskip("torch")
 
@@ -175,8 +175,8 @@ def test_gpu_measurements_assemble_into_a_profile(tmp_path):
     """The GPU path's assembly (no GPU needed): datasheet peak kept, tables and NCCL fits written."""
     from cost_models.step import estimate
     from hardware_profiles.assemble import to_yaml
-    from planner.model_spec import load_model
-    from planner.parallel import ParallelConfig
+    from specs.model_loading import load_model
+    from specs.parallel import ParallelConfig
 
     gemm = [{"m": m, "n": n, "k": k, "seconds": 2 * m * n * k / 700e12} for m in (2048, 8192) for n in (1024, 8192)
             for k in (1024, 8192)]

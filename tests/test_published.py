@@ -9,8 +9,8 @@ import pytest
 
 from cost_models.batch import estimate_batch
 from cost_models.step import estimate
-from planner.cluster_spec import load_cluster
-from planner.search import config_at, enumerate_space, search
+from planner.search import enumerate_space, search
+from specs.cluster import load_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("validate_published", ROOT / "benchmarks" / "validate_published.py")
@@ -81,7 +81,7 @@ def test_exact_and_closed_form_agree_on_paper_rows():
         cands = enumerate_space(model, cluster, B, fixed)
         assert len(cands) == 1
         fast = float(estimate_batch(model, cluster, cands, B).step_time[0])
-        exact = estimate(model, cluster, config_at(cands, 0, fixed), B).step_time_s
+        exact = estimate(model, cluster, cands.config(0), B).step_time_s
         assert fast == pytest.approx(exact, rel=0.03)
 
 

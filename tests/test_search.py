@@ -5,12 +5,14 @@ from __future__ import annotations
 import pytest
 
 from cost_models.step import estimate
-from planner.cluster_spec import load_cluster
-from planner.errors import AutoparError
 from planner.ilp import StageProblem, solve_stages
-from planner.model_spec import ModelSpec, load_model
 from planner.search import min_gpus_to_fit, search
 from planner.whatif import parse_vary, sweep
+from specs.cluster import load_cluster
+from specs.errors import AutoparError
+from specs.model import ModelSpec
+from specs.model_loading import load_model
+from specs.rules import PlanContext, check_plan
 
 SMALL_CASES = [  # small enough that pricing every candidate exactly stays quick
     ("gpt-1.7b", "dgx-a100", 8, 32),
@@ -64,12 +66,12 @@ def test_cross_node_tensor_parallelism_when_allowed():
     small = dgx.model_copy(update={"gpus_per_node": 2, "num_nodes": 4,
                                    "inter_node": dgx.inter_node.model_copy(update={"nics_per_node": 2})})
     fixed = {"pp": 1, "dp": 1, "zero": 0}
-    with pytest.raises(AutoparError, match="no parallel configuration"):
+    with pytest.raises(AutoparError, match="no parallel configuration|does not match 8 GPUs"):
         search(m, small, 16, fixed=fixed)
     allowed = small.model_copy(update={"tp_across_nodes": True})
     res = search(m, allowed, 16, fixed=fixed, top=20)
     assert res.plans and all(p.config.tp == 8 and not p.config.tp_overlap for p in res.plans)
-    with pytest.raises(AutoparError, match="tp_overlap needs the tensor-parallel group inside a node"):
+    with pytest.raises(AutoparError, match="tp_overlap=true needs the tensor-parallel group inside a node"):
         search(m, allowed, 16, fixed={**fixed, "tp": 8, "sp": True, "tp_overlap": True})
     best = res.plans[0]
     one_node = estimate(m, load_cluster("dgx-a100", gpus=8), best.config, 16)
@@ -97,8 +99,14 @@ def test_impossible_fixed_keys_say_why():
     m, c = load_model("gpt-7.5b"), load_cluster("dgx-a100", gpus=8)
     with pytest.raises(AutoparError, match="tp=5 does not divide"):
         search(m, c, 64, fixed={"tp": 5})
-    with pytest.raises(AutoparError, match="no parallel configuration"):
+    with pytest.raises(AutoparError, match=r"^--fix dp=1,mbs=2: global batch 7 is not divisible by dp\*mbs"):
         search(m, c, 7, fixed={"tp": 8, "dp": 1, "mbs": 2})
+    one = ModelSpec(name="one", arch="gpt", num_layers=1, hidden_size=64, num_attention_heads=1, vocab_size=128,
+                    seq_length=16)  # 8 GPUs can only be dp=8, which 7 sequences do not divide
+    with pytest.raises(AutoparError, match=r"^no parallel configuration of 8 GPUs fits global batch 7 and the model "
+                                           r"\(1 layers, 1 heads\): the last candidates \(e.g. tp=1 pp=1 dp=8 mbs=1\) "
+                                           r"fail because global batch 7 is not divisible by dp\*mbs = 8\*1"):
+        search(one, c, 7)
 
 
 def test_ilp_splits_layers_away_from_heavy_ends():
@@ -133,7 +141,7 @@ def test_planned_uneven_split_is_valid_and_priced():
     c = load_cluster("dgx-h100", gpus=32)
     res = search(m, c, 256, fixed={"pp": 4, "tp": 2}, top=3)
     for p in res.plans:
-        p.config.validate(m, 32, 256, 8)
+        check_plan(p.config, PlanContext(m, 32, 256, 8))
         assert sum(p.config.stage_layers(m.num_layers)) == m.num_layers
 
 

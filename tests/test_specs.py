@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from planner.cluster_spec import list_clusters, list_gpus, load_cluster, load_gpu
-from planner.errors import AutoparError
-from planner.model_spec import load_model
+from specs.cluster import list_clusters, list_gpus, load_cluster, load_gpu
+from specs.errors import AutoparError
+from specs.model_loading import load_model
 
 REQUIRED_PRESETS = [
     "gpt-1.7b", "gpt-3.6b", "gpt-7.5b", "gpt-18b", "gpt-39b", "gpt-76b", "gpt-145b", "gpt3-175b", "gpt-310b",

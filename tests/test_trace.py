@@ -10,11 +10,12 @@ pytest.importorskip("torch")
 
 from cost_models.step import estimate  # noqa: E402
 from planner.cli import main  # noqa: E402
-from planner.cluster_spec import load_cluster  # noqa: E402
-from planner.errors import AutoparError  # noqa: E402
-from planner.model_spec import ModelSpec, load_model  # noqa: E402
-from planner.parallel import ParallelConfig  # noqa: E402
 from planner.search import search  # noqa: E402
+from specs.cluster import load_cluster  # noqa: E402
+from specs.errors import AutoparError  # noqa: E402
+from specs.model import ModelSpec  # noqa: E402
+from specs.model_loading import load_model  # noqa: E402
+from specs.parallel import ParallelConfig  # noqa: E402
 from tests.fixtures import toy_lm  # noqa: E402
 
 REF = "tests.fixtures.toy_lm:build"

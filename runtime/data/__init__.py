@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from planner.errors import AutoparError
+from specs.errors import AutoparError
 
 SAMPLE_TEXT = Path(__file__).with_name("sample.txt")
 _RAW = {".bin": np.uint16, ".u16": np.uint16, ".u32": np.uint32}

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from planner.model_spec import ModelSpec
 from runtime.models.common import Transformer, init_parameters
 from runtime.models.gpt import GPTBlock
 from runtime.models.llama import LlamaBlock
+from specs.model import ModelSpec
 
 __all__ = ["Transformer", "build_model", "init_parameters"]
 

@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from planner.model_spec import ModelSpec
 from runtime import kernels
+from specs.model import ModelSpec
 
 # ---- normalisation ------------------------------------------------------------------------------
 

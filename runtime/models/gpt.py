@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from planner.model_spec import ModelSpec
 from runtime.models.common import Attention, LayerNorm
+from specs.model import ModelSpec
 
 
 class GeluMLP(nn.Module):

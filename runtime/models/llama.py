@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from planner.model_spec import ModelSpec
 from runtime import kernels
 from runtime.models.common import Attention, RMSNorm
+from specs.model import ModelSpec
 
 
 class SwiGLU(nn.Module):

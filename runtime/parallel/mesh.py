@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from planner.parallel import ParallelConfig
+from specs.parallel import ParallelConfig
 
 DIMS = ("pp", "dp", "cp", "tp")
 

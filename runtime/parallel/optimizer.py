@@ -14,8 +14,8 @@ import math
 import torch
 import torch.distributed as dist
 
-from planner.planfile import TrainConfig
 from runtime.parallel.data_parallel import DataParallel
+from specs.planfile import TrainConfig
 
 
 def lr_at(step: int, train: TrainConfig, total_steps: int) -> float:

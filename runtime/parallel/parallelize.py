@@ -18,12 +18,12 @@ import itertools
 import torch
 from torch import nn
 
-from planner.model_spec import ModelSpec
-from planner.parallel import ParallelConfig
 from runtime.models.common import Transformer, init_parameters
 from runtime.parallel.mesh import ParallelGroups
 from runtime.parallel.recompute import apply_recompute
 from runtime.parallel.tensor_parallel import apply_tensor_parallel
+from specs.model import ModelSpec
+from specs.parallel import ParallelConfig
 
 
 def stage_layer_ids(cfg: ParallelConfig, num_layers: int, vstage: int) -> range:

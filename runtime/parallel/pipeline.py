@@ -1,6 +1,6 @@
 """Pipeline parallelism: run this rank's row of the schedule table, with p2p over torch.distributed.
 
-The table comes from :func:`planner.schedules.build_schedule` — the very table the cost model simulates —
+The table comes from :func:`specs.schedules.build_schedule` — the very table the cost model simulates —
 and is executed action by action: ``F(mb, chunk)`` receives the activation of virtual stage ``v - 1`` (or
 embeds the tokens), runs the chunk and sends its output on (or computes the loss on the last stage);
 ``B(mb, chunk)`` receives the output gradient (or starts from the loss), runs backward and sends the input
@@ -22,11 +22,11 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from planner.parallel import ParallelConfig
-from planner.schedules import Action, build_schedule
 from runtime.models.common import Transformer
 from runtime.parallel.mappings import all_gather_into
 from runtime.parallel.mesh import ParallelGroups
+from specs.parallel import ParallelConfig
+from specs.schedules import Action, build_schedule
 
 
 class P2P:

@@ -13,8 +13,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from planner.parallel import ParallelConfig
 from runtime.models.common import Transformer
+from specs.parallel import ParallelConfig
 
 
 @functools.cache

@@ -23,11 +23,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from planner.errors import AutoparError
 from runtime import kernels
 from runtime.models.common import LearnedPositions, OutputLayer, TokenEmbedding, Transformer
 from runtime.parallel.mappings import copy_to_tp, gather_from_sp, reduce_from_tp, reduce_scatter_to_sp
 from runtime.parallel.mesh import ParallelGroups
+from specs.errors import AutoparError
 
 
 @dataclass(frozen=True)

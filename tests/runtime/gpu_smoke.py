@@ -23,10 +23,10 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from planner.cluster_spec import load_cluster  # noqa: E402
-from planner.model_spec import load_model  # noqa: E402
-from planner.parallel import ParallelConfig  # noqa: E402
-from planner.planfile import TrainConfig, make_plan, save_plan  # noqa: E402
+from specs.cluster import load_cluster  # noqa: E402
+from specs.model_loading import load_model  # noqa: E402
+from specs.parallel import ParallelConfig  # noqa: E402
+from specs.planfile import TrainConfig, make_plan, save_plan  # noqa: E402
 
 
 def _plan(tmp: Path, name: str, model: str, cluster: str, batch: int, mbs: int, steps: int,

@@ -14,16 +14,17 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from planner.cluster_spec import load_cluster
-from planner.errors import AutoparError
-from planner.model_spec import ModelSpec
-from planner.parallel import ParallelConfig
-from planner.planfile import PlanFile, TrainConfig, make_plan
 from runtime.data import TokenData
 from runtime.parallel.mappings import all_gather_into
 from runtime.parallel.mesh import build_groups
 from runtime.parallel.tensor_parallel import gather_full
 from runtime.trainer import Trainer
+from specs.cluster import load_cluster
+from specs.errors import AutoparError
+from specs.model import ModelSpec
+from specs.parallel import ParallelConfig
+from specs.planfile import PlanFile, TrainConfig, make_plan
+from specs.rules import PlanContext, check_plan
 
 TRAIN = TrainConfig(steps=3, lr=3e-3, min_lr=3e-4, warmup_steps=1, weight_decay=0.1, grad_clip=1.0, seed=7)
 
@@ -48,7 +49,7 @@ def case_plan(case: dict[str, Any]) -> PlanFile:
     keys.setdefault("mbs", 2 if case.get("tp", 1) == 4 else 1)  # tp=4 collectives are the slow part on 2 cores
     cfg = ParallelConfig(**keys)
     spec = case_spec(case)
-    cfg.validate(spec, cfg.world, case.get("global_batch", 8))
+    check_plan(cfg, PlanContext(spec, cfg.world, case.get("global_batch", 8)))
     train = TRAIN.model_copy(update={"steps": case.get("steps", 3)})
     return make_plan(spec, load_cluster("cpu-gloo"), case.get("global_batch", 8), cfg, train=train)
 

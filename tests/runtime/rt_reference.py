@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from planner.planfile import PlanFile
 from runtime.data import TokenData
 from runtime.models import build_model
+from specs.planfile import PlanFile
 
 
 def schedule_lr(step: int, lr: float, min_lr: float, warmup: int, total: int) -> float:

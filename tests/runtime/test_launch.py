@@ -11,12 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from planner.cluster_spec import load_cluster
-from planner.errors import AutoparError
-from planner.model_spec import load_model
-from planner.parallel import ParallelConfig
-from planner.planfile import load_plan, make_plan, save_plan
-from runtime.launch import default_plan, launch
+from planner.defaults import default_plan
+from runtime.launch import launch
+from specs.cluster import load_cluster
+from specs.errors import AutoparError
+from specs.model_loading import load_model
+from specs.parallel import ParallelConfig
+from specs.planfile import load_plan, make_plan, save_plan
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -26,7 +27,7 @@ def _rows(path: Path) -> list[dict]:
 
 
 def test_default_plan_is_the_tiny_cpu_plan(tmp_path):
-    plan = load_plan(default_plan(tmp_path / "p.json"))
+    plan = load_plan(default_plan(tmp_path / "p.json")[0])
     assert plan.model.name == "tiny" and plan.world_size == 4 and plan.cluster.backend == "gloo"
     assert (plan.config.tp, plan.config.pp) == (2, 2)
     assert plan.prediction.get("step_time_s", 0) > 0
@@ -39,16 +40,17 @@ def test_killed_rank_resumes_from_last_checkpoint(tmp_path):
     (That a resumed loss curve equals an uninterrupted one over a whole run is test_dp_checkpoint's.)
     """
     ck, m = tmp_path / "ck", tmp_path / "m.jsonl"
+    plan = str(default_plan(tmp_path / "default.json")[0])
     common = dict(steps=8, checkpoint_every=4, quiet=True, metrics_out=str(m), checkpoint_dir=str(ck))
     with pytest.raises(AutoparError) as err:
-        launch(None, env={"AUTOPAR_FAULT": "7:1"}, **common)
+        launch(plan, env={"AUTOPAR_FAULT": "7:1"}, **common)
     assert str(err.value).startswith("training failed: worker rank 1 was killed by SIGKILL (workers' log: ")
     assert "\n" not in str(err.value)
     before = _rows(m)
     assert [r["step"] for r in before] == [1, 2, 3, 4, 5, 6]
     assert (ck / "latest").read_text().strip() == "step_00000004"
 
-    assert launch(None, resume=True, **common) == 0
+    assert launch(plan, resume=True, **common) == 0
     rows = _rows(m)
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6, 5, 6, 7, 8]  # redone: only 5 and 6
     assert [r["loss"] for r in rows[6:8]] == [r["loss"] for r in before[4:6]]
@@ -76,7 +78,7 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
     cases.append((dict(plan_path=str(bad)), "not valid JSON"))
     cases.append((dict(plan_path=_plan(tmp_path), nproc=8), "needs 4 processes"))
     cases.append((dict(plan_path=_plan(tmp_path, gpus=2)), "has 2 GPUs"))
-    cases.append((dict(plan_path=_plan(tmp_path, zero=2, dp=2)), "ZeRO 0 and 1"))
+    cases.append((dict(plan_path=_plan(tmp_path, zero=2, dp=2)), "zero=2: the runtime does not execute ZeRO-2/3 yet"))
     cases.append((dict(plan_path=_plan(tmp_path), data=str(tmp_path / "missing.u16")), "does not exist"))
     wide = tmp_path / "wide.u16"
     np.array([1, 2, 300] * 100, dtype=np.uint16).tofile(wide)

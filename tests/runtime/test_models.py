@@ -8,10 +8,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from planner.model_spec import ModelSpec, load_model
 from runtime.models import build_model
 from runtime.models.common import full_init
 from runtime.parallel.recompute import is_recomputed, recompute_module
+from specs.model import ModelSpec
+from specs.model_loading import load_model
 
 
 def _spec(arch: str, **kw) -> ModelSpec:

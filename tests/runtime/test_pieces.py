@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 import torch
 
-from planner.cluster_spec import load_cluster
-from planner.errors import AutoparError
-from planner.model_spec import load_model
-from planner.parallel import ParallelConfig
-from planner.planfile import TrainConfig, make_plan
 from runtime.data import TokenData, open_tokens
 from runtime.metrics import MetricsLog
 from runtime.parallel.optimizer import lr_at
 from runtime.parallel.tensor_parallel import ShardSpec
+from specs.cluster import load_cluster
+from specs.errors import AutoparError
+from specs.model_loading import load_model
+from specs.parallel import ParallelConfig
+from specs.planfile import TrainConfig, make_plan
 
 
 @pytest.fixture

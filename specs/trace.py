@@ -28,8 +28,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from planner.errors import AutoparError
-from planner.model_spec import BlockCounts, ModelSpec, _one_line
+from specs.errors import AutoparError, validation_message
+from specs.model import BlockCounts, ModelSpec
 
 MATMUL_OPS = ("mm", "addmm", "bmm", "baddbmm", "convolution")
 ATTENTION_OPS = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
@@ -265,7 +265,7 @@ def model_from_module(ref: str, seq: int | None = None) -> ModelSpec:
             dropout=0.0, head_dim=max(1, hidden // (heads or 1)), block=counts,
         )
     except ValidationError as err:
-        raise AutoparError(f"--model {ref}: the traced model is out of range: {_one_line(err)}") from None
+        raise AutoparError(f"--model {ref}: the traced model is out of range: {validation_message(err)}") from None
 
 
 def _is_fp32(model) -> bool:

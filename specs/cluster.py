@@ -11,8 +11,8 @@ from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from planner.errors import AutoparError, did_you_mean
-from planner.model_spec import _not_bool, _one_line, read_mapping
+from specs.errors import AutoparError, did_you_mean, refuse_bool, validation_message
+from specs.files import read_mapping
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "hardware_profiles"
 MAX_GPUS = 1 << 24  # far beyond any real cluster; keeps the search's divisor enumeration cheap
@@ -28,7 +28,7 @@ class _Strict(BaseModel):
         text and other fields get pydantic's own message."""
         if _numeric(cls.model_fields[info.field_name].annotation):
             for x in v.values() if isinstance(v, dict) else [v]:
-                _not_bool(x)
+                refuse_bool(x)
         return v
 
 
@@ -260,7 +260,7 @@ def _validated(cls: type[BaseModel], data: dict[str, Any], what: str) -> Any:
     try:
         return cls(**data)
     except ValidationError as err:
-        raise AutoparError(f"{what}: {_one_line(err)}") from None
+        raise AutoparError(f"{what}: {validation_message(err)}") from None
 
 
 def load_gpu(ref: str | dict[str, Any]) -> GPUSpec:

@@ -9,11 +9,12 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
-from planner import __version__
-from planner.cluster_spec import ClusterSpec
-from planner.errors import AutoparError
-from planner.model_spec import ModelSpec, _one_line
-from planner.parallel import ParallelConfig
+from specs import __version__
+from specs.cluster import ClusterSpec
+from specs.errors import AutoparError, validation_message
+from specs.model import ModelSpec
+from specs.parallel import ParallelConfig
+from specs.rules import PlanContext, check_plan
 
 SCHEMA = "autopar.plan/1"
 
@@ -113,13 +114,12 @@ def plan_from_data(data: Any, source: str) -> PlanFile:
     try:
         plan = PlanFile.model_validate(data)
     except ValidationError as err:
-        raise AutoparError(f"{source}: {_one_line(err)}") from None
+        raise AutoparError(f"{source}: {validation_message(err)}") from None
     try:
         cfg = plan.config
         if plan.seq != plan.model.seq_length:
             raise AutoparError(f"seq {plan.seq} differs from the model's seq_length {plan.model.seq_length}")
-        cfg.validate(plan.model, cfg.world, plan.global_batch, plan.cluster.gpus_per_node,
-                     plan.cluster.tp_across_nodes)
+        check_plan(cfg, PlanContext.on(plan.model, plan.cluster, plan.global_batch, gpus=cfg.world))
         if cfg.world > plan.cluster.num_gpus:
             raise AutoparError(f"the plan needs {cfg.world} GPUs but its cluster {plan.cluster.name} has "
                                f"{plan.cluster.num_gpus} GPUs; re-plan for this cluster")

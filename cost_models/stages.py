@@ -1,0 +1,186 @@
+"""Every per-stage cost term, written once: what one micro-batch costs on each virtual pipeline stage.
+
+``stage_costs`` works on arrays of candidates ([N] per key) and a layer split ([N, stages] or [stages]); the
+exact model calls it with one candidate, the vectorised closed form with many, and the ILP derives its
+coefficients from it. Per stage it gives, in seconds per micro-batch: forward and backward compute (with the
+embedding on the first stage and the head on the last), recompute, exposed tensor/context-parallel
+communication, the blocking pipeline sends, and ZeRO-2/3's per-micro-batch traffic; and per GPU the
+parameters, the activation bytes stored per micro-batch in flight and the temporary bytes of a backward.
+
+What overlaps with what here: TP collectives are exposed unless ``tp_overlap``; CP ring steps hide behind
+attention (both in layer.py). A stage's send to the next one blocks (Megatron's schedules): each
+tensor-parallel rank sends 1/t of the boundary activation (with SP it holds only that; without, the
+receivers all-gather the slices over the node). ZeRO-2 reduce-scatters gradients every micro-batch (no
+full gradient buffer to accumulate into), one bucket per layer; ZeRO-3 also gathers each stage's
+parameters for its forward and its backward; with ``dp_overlap`` that traffic hides behind the stage's
+compute except one bucket's worth.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from cost_models.comm import CommModel
+from cost_models.compute import ComputeModel
+from cost_models.layer import end_cost, layer_cost
+from cost_models.memory import end_activation_bytes, layer_activation_bytes
+from cost_models.params import stage_params
+from specs.model import ModelSpec
+from specs.parallel import RECOMPUTE_CODE, Candidates
+from specs.state import StateSpec
+
+FULL, SELECTIVE = RECOMPUTE_CODE["full"], RECOMPUTE_CODE["selective"]
+
+
+@dataclass
+class StageCosts:
+    """[N, stages] arrays: seconds per micro-batch, forward and backward kept apart, and memory per GPU."""
+
+    fwd: np.ndarray  # forward compute
+    bwd: np.ndarray  # backward compute
+    recompute: np.ndarray  # forwards repeated in the backward (full layers, or the attention core)
+    comm_f: np.ndarray  # exposed tensor/context-parallel communication in the forward
+    comm_b: np.ndarray  # ... in the backward
+    send_f: np.ndarray  # the blocking send of the activation to the next stage
+    send_b: np.ndarray  # the blocking send of the input gradient to the previous stage
+    zero_f: np.ndarray  # exposed ZeRO-3 parameter gather before the forward
+    zero_b: np.ndarray  # exposed ZeRO-2/3 gradient reduce-scatter (+ ZeRO-3 gather) around the backward
+    params: np.ndarray  # parameters on one GPU
+    act_bytes: np.ndarray  # activations stored per micro-batch in flight
+    work_bytes: np.ndarray  # temporary bytes while the stage runs a backward
+
+    @property
+    def f(self) -> np.ndarray:
+        """Forward of one micro-batch, send included."""
+        return self.fwd + self.comm_f + self.send_f + self.zero_f
+
+    @property
+    def b(self) -> np.ndarray:
+        """Backward of one micro-batch, recompute and send included."""
+        return self.bwd + self.recompute + self.comm_b + self.send_b + self.zero_b
+
+    def take(self, idx: np.ndarray) -> StageCosts:
+        return StageCosts(**{f.name: getattr(self, f.name)[idx] for f in fields(self)})
+
+
+def crosses_node(stride, boundary, pp, gpus_per_node: int) -> np.ndarray:
+    """Whether the send across virtual-stage boundary ``boundary`` -> ``boundary + 1`` leaves the node: pipeline
+    rank r owns global ranks from r * ``stride`` on (rank order (pp, dp, cp, tp)), so the send goes from rank
+    ``boundary % pp`` to rank ``(boundary + 1) % pp``."""
+    a, b = np.mod(boundary, pp), np.mod(np.asarray(boundary) + 1, pp)
+    return (a * stride) // gpus_per_node != (b * stride) // gpus_per_node
+
+
+def send_time(comm: CommModel, act_bytes, t, sp, crosses) -> np.ndarray:
+    """One blocking stage-boundary send of a ``act_bytes`` activation: every tensor-parallel rank sends 1/t of
+    it (over the NIC when it leaves the node); without SP the receivers all-gather the slices."""
+    gather = np.where(np.asarray(sp) & (np.asarray(t) > 1), 0.0, comm.all_gather(act_bytes, t, 1))
+    return comm.p2p(np.asarray(act_bytes) / t, crosses) + gather
+
+
+def zero_traffic(comm: CommModel, state: StateSpec, params, layers, fwd, bwd, zero, d, t, overlap
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Exposed (forward, backward) ZeRO-2/3 time per micro-batch of a stage holding ``params`` parameters in
+    ``layers`` layers (one bucket per layer): ZeRO-2 reduce-scatters the gradients, ZeRO-3 also all-gathers
+    the parameters before the forward and again before the backward. Overlapped, only what outlasts the
+    compute beside it (and at least one bucket) is exposed."""
+    nb = np.maximum(1.0, layers)
+    on = (zero >= 2) & (d > 1)
+    rs = np.where(on, comm.bucketed(comm.reduce_scatter, params * state.grad_reduce_bytes, nb, d, t), 0.0)
+    ag = np.where(on & (zero == 3), comm.bucketed(comm.all_gather, params * state.param_bytes, nb, d, t), 0.0)
+    f = np.where(overlap, np.maximum(ag / nb, ag - fwd), ag)
+    b = np.where(overlap, np.maximum((ag + rs) / nb, ag + rs - bwd), ag + rs)
+    return f, b
+
+
+def _col(x) -> np.ndarray:
+    return np.asarray(x, dtype=float)[:, None]
+
+
+@dataclass
+class LayerTerms:
+    """Per candidate ([N] arrays): one layer's and the ends' times and activation bytes per micro-batch."""
+
+    fwd: np.ndarray
+    bwd: np.ndarray
+    core_fwd: np.ndarray  # the attention core's forward (what selective recompute repeats)
+    comm_f: np.ndarray
+    comm_b: np.ndarray
+    embed_f: np.ndarray
+    embed_b: np.ndarray
+    head_f: np.ndarray
+    head_b: np.ndarray
+    act_full: np.ndarray  # a layer's activations kept for backward
+    act_ckpt: np.ndarray  # ... when it is fully recomputed (its input only)
+    act_work: np.ndarray  # temporary bytes of a layer's backward
+    act_embed: np.ndarray
+    act_head: np.ndarray
+
+    def take(self, idx: np.ndarray) -> LayerTerms:
+        return LayerTerms(**{f.name: getattr(self, f.name)[idx] for f in fields(self)})
+
+
+def layer_terms(model: ModelSpec, cm: ComputeModel, comm: CommModel, c: Candidates) -> LayerTerms:
+    """The layer-level terms of every candidate, evaluated once per distinct (tp, cp, mbs, sp, tp_overlap,
+    recompute) and scattered back (the search prices hundreds of thousands of candidates)."""
+    sp = (c.sp & (c.tp > 1)).astype(np.int64)
+    keys = np.stack([c.tp, c.cp, c.mbs, sp, c.tp_overlap.astype(np.int64), c.recompute], axis=1).astype(np.int64)
+    packed = np.zeros(len(keys), dtype=np.int64)
+    for col in keys.T:  # one integer per row, so that numpy's fast 1-D unique does the work
+        packed = packed * (int(col.max(initial=0)) + 1) + col
+    _, first, inv = np.unique(packed, return_index=True, return_inverse=True)
+    uniq = keys[first]
+    t, cp, b, s, o, rc = (uniq[:, i] for i in range(6))
+    t, cp, b = t.astype(float), cp.astype(float), b.astype(float)
+    s, o = s.astype(bool), o.astype(bool)
+    lc = layer_cost(model, cm, comm, t, cp, b, s, o)
+    ec = end_cost(model, cm, comm, t, cp, b, s)
+    full, ckpt, work = layer_activation_bytes(model, cm.eb, t, cp, b, s, rc)
+    emb, head = end_activation_bytes(model, cm.eb, t, cp, b, s)
+    inv = inv.reshape(-1)
+    parts = dict(fwd=lc.fwd, bwd=lc.bwd, core_fwd=lc.core_fwd, comm_f=lc.comm_fwd, comm_b=lc.comm_bwd,
+                 embed_f=ec.embed_f, embed_b=ec.embed_b, head_f=ec.head_f, head_b=ec.head_b, act_full=full,
+                 act_ckpt=ckpt, act_work=work, act_embed=emb, act_head=head)
+    return LayerTerms(**{k: np.broadcast_to(np.asarray(v, dtype=float), (len(uniq),))[inv] for k, v in parts.items()})
+
+
+def stage_costs(model: ModelSpec, comm: CommModel, state: StateSpec, c: Candidates, lt: LayerTerms,
+                layers: np.ndarray, recomputed: np.ndarray, act_elem_bytes: int) -> StageCosts:
+    """Per-stage costs of the candidates ``c`` (with their layer terms ``lt``) split into ``layers`` per virtual
+    stage ([N, stages] or [stages]), ``recomputed`` of them fully recomputed (same shape); pipeline sends
+    carry activations of ``act_elem_bytes`` per element."""
+    n = len(c)
+    layers = np.broadcast_to(np.asarray(layers, dtype=float), (n, np.shape(layers)[-1]))
+    recomputed = np.broadcast_to(np.asarray(recomputed, dtype=float), layers.shape)
+    nv = layers.shape[1]
+    t = c.tp.astype(float)
+    sp = c.sp & (c.tp > 1)
+    first, last = np.zeros(nv), np.zeros(nv)
+    first[0], last[-1] = 1.0, 1.0
+    rc = _col(c.recompute)
+
+    fwd = layers * _col(lt.fwd) + first * _col(lt.embed_f) + last * _col(lt.head_f)
+    bwd = layers * _col(lt.bwd) + first * _col(lt.embed_b) + last * _col(lt.head_b)
+    recompute = np.where(rc == FULL, recomputed * _col(lt.fwd + lt.comm_f),
+                         np.where(rc == SELECTIVE, layers * _col(lt.core_fwd), 0.0))
+    comm_f = layers * _col(lt.comm_f)
+    comm_b = layers * _col(lt.comm_b)
+
+    act = _col(c.mbs * model.seq_length / c.cp * model.hidden_size * act_elem_bytes)
+    stride = (c.tp * c.cp * c.dp)[:, None]
+    boundary = np.arange(nv - 1)[None, :]
+    hop = send_time(comm, act, _col(t), sp[:, None], crosses_node(stride, boundary, c.pp[:, None], comm.g))
+    send_f = np.concatenate([hop, np.zeros((n, 1))], axis=1)
+    send_b = np.concatenate([np.zeros((n, 1)), hop], axis=1)
+
+    params = stage_params(model, t, layers)
+    d = _col(c.dp * c.cp)
+    zero_f, zero_b = zero_traffic(comm, state, params, layers, fwd, bwd + recompute, _col(c.zero), d, _col(t),
+                                  c.dp_overlap[:, None])
+    act_bytes = (layers - recomputed) * _col(lt.act_full) + recomputed * _col(lt.act_ckpt) + first * _col(lt.act_embed)
+    work_bytes = np.maximum(np.where(layers > 0, _col(lt.act_work), 0.0), last * _col(lt.act_head))
+    return StageCosts(fwd=fwd, bwd=bwd, recompute=recompute, comm_f=comm_f, comm_b=comm_b, send_f=send_f,
+                      send_b=send_b, zero_f=zero_f, zero_b=zero_b, params=params, act_bytes=act_bytes,
+                      work_bytes=work_bytes)

@@ -1,0 +1,99 @@
+"""What each pipeline rank does after its last backward: the data-parallel gradient reduce, the optimizer step and
+ZeRO-1/2's parameter all-gather; and the step-wide reductions (a tied embedding's gradient, the norm).
+
+Written once for the exact model (rank and chunk timings from the schedule replay) and the vectorised one (from
+the closed form). All arrays are [N, pp] per rank ([N, pp, vpp] per model chunk).
+
+- Without ``dp_overlap`` the gradient reduce (all-reduce; reduce-scatter for ZeRO-1) runs after the rank's last
+  backward. With it, each chunk's gradients are reduced in buckets (``StateSpec.bucket_params`` each) as the
+  chunk's last backward produces them, serialised on one communication stream; only what outlasts the
+  backward is exposed. ZeRO-2/3 reduce every micro-batch instead (stages.py).
+- The optimizer (fused AdamW, memory bound) updates the rank's shard after the reduce.
+- ZeRO-1/2 all-gather the updated parameters after it; with ``dp_overlap`` that hides behind the next step's
+  first forwards, all but one bucket.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from cost_models.comm import CommModel
+from cost_models.compute import ComputeModel
+from cost_models.pipeline import Replay
+from cost_models.stages import StageCosts
+from specs.model import ModelSpec
+from specs.parallel import Candidates
+from specs.state import StateSpec
+
+
+@dataclass
+class RankTail:
+    dp_exposed: np.ndarray  # [N, pp] exposed gradient reduce
+    optimizer: np.ndarray  # [N, pp]
+    gather: np.ndarray  # [N, pp] exposed ZeRO-1/2 parameter gather
+    finish: np.ndarray  # [N, pp] when each rank is done
+    tied: np.ndarray  # [N] the sum of a tied embedding's gradient over the first and last stage
+    norm: np.ndarray  # [N] the grad-norm and loss reductions (latency)
+    step_time: np.ndarray  # [N] the slowest rank's finish, then the two above
+
+
+def per_rank(x: np.ndarray, pp: int, vpp: int) -> np.ndarray:
+    """[N, pp * vpp] per virtual stage -> [N, pp, vpp] per rank and model chunk (stage j = chunk * pp + rank)."""
+    return x.reshape(x.shape[0], vpp, pp).transpose(0, 2, 1)
+
+
+def buckets(params: np.ndarray, state: StateSpec) -> np.ndarray:
+    """Gradient buckets of a model chunk holding ``params`` parameters (at least one)."""
+    return np.maximum(1.0, np.ceil(params / state.bucket_params))
+
+
+def _col(x) -> np.ndarray:
+    return np.asarray(x, dtype=float)[:, None]
+
+
+def rank_tail(model: ModelSpec, cm: ComputeModel, comm: CommModel, state: StateSpec, c: Candidates,
+              costs: StageCosts, replay: Replay, m: np.ndarray, gpus: int) -> RankTail:
+    """The tail of every rank of candidates ``c`` after a pipeline step timed by ``replay``."""
+    pp, vpp = int(c.pp[0]), int(c.vpp[0])
+    t, d = _col(c.tp), _col(c.dp * c.cp)
+    zero, overlap = _col(c.zero), c.dp_overlap[:, None]
+    chunk_params = per_rank(costs.params, pp, vpp)  # [N, pp, vpp]
+    rank_params = chunk_params.sum(axis=2)
+
+    # gradient reduce of ZeRO 0/1: one bucketed collective per chunk, started by its last backward
+    nb = buckets(chunk_params, state)
+    grads = chunk_params * state.grad_reduce_bytes
+    t3, d3 = t[..., None], d[..., None]
+    dur = np.where(zero[..., None] == 0, comm.bucketed(comm.all_reduce, grads, nb, d3, t3),
+                   comm.bucketed(comm.reduce_scatter, grads, nb, d3, t3))
+    start, end, dur_o, nb_o = replay.last_b_start, replay.last_b_end, dur, nb
+    if vpp > 1:  # in the order the chunks' last backwards start
+        order = np.argsort(start, axis=2, kind="stable")
+        start, end, dur_o, nb_o = (np.take_along_axis(a, order, axis=2) for a in (start, end, dur, nb))
+    engine = np.zeros(rank_params.shape)
+    for k in range(vpp):
+        begin = np.maximum(engine, start[..., k] + (end[..., k] - start[..., k]) / nb_o[..., k])
+        engine = np.maximum(begin + dur_o[..., k], end[..., k] + dur_o[..., k] / nb_o[..., k])
+    exposed = np.where(overlap, np.maximum(0.0, engine - replay.rank_end), dur.sum(axis=2))
+    exposed = np.where((d > 1) & (zero < 2), exposed, 0.0)
+
+    shard = rank_params / np.where(zero >= 1, d, 1.0)
+    opt = cm.stream(shard * state.optimizer_traffic_bytes + rank_params * 8, 12)
+
+    nb_rank = buckets(rank_params, state)
+    ag = comm.bucketed(comm.all_gather, rank_params * state.param_bytes, nb_rank, d, t)
+    first_f = (costs.f[:, :pp]) * np.minimum(_col(m), pp - np.arange(pp)[None, :])  # next step's first forwards
+    gather = np.where(overlap, np.maximum(ag / nb_rank, ag - first_f), ag)
+    gather = np.where((d > 1) & ((zero == 1) | (zero == 2)), gather, 0.0)
+
+    finish = replay.rank_end + exposed + opt + gather
+    tied = np.zeros(len(c))
+    if model.tie_embeddings and pp * vpp > 1:
+        stride = c.tp * c.cp * c.dp
+        vocab_shard = np.ceil(model.vocab_size / c.tp) * model.hidden_size
+        tied = comm.all_reduce(vocab_shard * state.grad_reduce_bytes, 2, stride * (pp - 1))
+    norm = np.full(len(c), float(comm.all_reduce(8, gpus, 1)))
+    return RankTail(dp_exposed=exposed, optimizer=opt, gather=gather, finish=finish, tied=tied, norm=norm,
+                    step_time=finish.max(axis=1) + tied + norm)

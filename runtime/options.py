@@ -1,0 +1,42 @@
+"""The options of a training run (``autopar run`` and ``python -m runtime.train``), without importing torch:
+the command line arguments, and the checks that refuse bad ones before any worker starts."""
+
+from __future__ import annotations
+
+import argparse
+
+from specs.errors import AutoparError
+from specs.files import check_output_dir, check_output_file, path_argument
+from specs.planfile import PlanFile
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of `autopar run` (also `python -m runtime.launch`)."""
+    p.add_argument("plan", nargs="?", type=path_argument,
+                   help="plan file from `autopar plan --out` (default: a tiny CPU plan)")
+    p.add_argument("--steps", type=int)
+    p.add_argument("--data", type=path_argument,
+                   help="token file (.npy, .bin/.u16, .u32) or .txt; default: a bundled text sample")
+    p.add_argument("--metrics-out", type=path_argument, help="write JSON lines of per-step metrics here")
+    p.add_argument("--checkpoint-dir", type=path_argument, help="save checkpoints here")
+    p.add_argument("--checkpoint-every", type=int, help="steps between checkpoints (default: the plan's)")
+    p.add_argument("--resume", action="store_true", help="resume from the latest checkpoint in --checkpoint-dir")
+    p.add_argument("--dry-run", action="store_true", help="print the launch command and exit")
+
+def check_run_options(plan: PlanFile, steps: int | None, checkpoint_dir: str | None, checkpoint_every: int | None,
+                      metrics_out: str | None, resume: bool) -> int:
+    """Refuse options that would only fail later (after training, at the first checkpoint or metrics write);
+    returns the number of steps to run."""
+    total = steps if steps is not None else plan.train.steps
+    if total <= 0:
+        raise AutoparError(f"--steps must be positive, got {total}")
+    if checkpoint_every is not None and checkpoint_every < 0:
+        raise AutoparError(f"--checkpoint-every must be 0 (only at the end) or a positive step count, "
+                           f"got {checkpoint_every}")
+    if resume and not checkpoint_dir:
+        raise AutoparError("--resume needs --checkpoint-dir (where the checkpoints are)")
+    if checkpoint_dir is not None:
+        check_output_dir(checkpoint_dir, "checkpoint directory")
+    if metrics_out is not None:
+        check_output_file(metrics_out, "metrics file")
+    return total

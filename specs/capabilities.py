@@ -1,0 +1,29 @@
+"""What autopar's runtime executes, said once (no torch here): ``autopar plan --runnable`` keeps the search to
+it, and the runtime refuses anything else before it starts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specs.parallel import ParallelConfig, key_text
+
+# Plan keys the runtime does not execute every value of: the values it does.
+RUNTIME_EXECUTES: dict[str, tuple[Any, ...]] = {"cp": (1,), "zero": (0, 1), "tp_overlap": (False,)}
+
+_NOT_YET = {"cp": "context parallelism", "zero": "ZeRO-2/3", "tp_overlap": "overlapped tensor-parallel communication"}
+
+
+def runtime_problem(cfg: ParallelConfig) -> str | None:
+    """Why autopar's runtime cannot execute ``cfg``, or None."""
+    for key, values in RUNTIME_EXECUTES.items():
+        v = getattr(cfg, key)
+        if v not in values:
+            runs = " or ".join(f"{key}={key_text(x)}" for x in values)
+            return (f"{key}={key_text(v)}: the runtime does not execute {_NOT_YET[key]} yet (it runs {runs}); "
+                    "plan with --runnable")
+    return None
+
+
+def runnable_keys() -> dict[str, Any]:
+    """``--fix`` keys that keep a search to what the runtime executes (one value, or a list of them)."""
+    return {k: v[0] if len(v) == 1 else list(v) for k, v in RUNTIME_EXECUTES.items()}

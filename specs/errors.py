@@ -1,0 +1,43 @@
+"""One exception type for every user-facing error: a single line saying what is wrong and how to fix it."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+from typing import Any
+
+from pydantic import ValidationError
+
+
+class AutoparError(Exception):
+    """A bad input or an impossible request. The CLI prints ``str(err)`` on one line and exits 2."""
+
+    exit_code = 2
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(message.split()))
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """Return ``" (did you mean 'x'?)"`` for the closest choice, or an empty string."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def validation_message(err: ValidationError) -> str:
+    """The first problem pydantic found, as one line (``field 'x': message``)."""
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first.get("loc", ()))
+    msg = first.get("msg", "invalid value").removeprefix("Value error, ")
+    if first.get("type") == "extra_forbidden":
+        return f"unknown field '{loc}'"
+    if first.get("type") == "missing":
+        return f"missing required field '{loc}'"
+    return f"field '{loc}': {msg}" if loc else msg
+
+
+def refuse_bool(v: Any) -> Any:
+    """Refuse true/false where a number is expected (pydantic would read them as 1 and 0)."""
+    if isinstance(v, bool):
+        raise ValueError(f"expected a number, got {str(v).lower()}")
+    return v

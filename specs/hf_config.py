@@ -1,0 +1,115 @@
+"""Hugging Face ``config.json`` files (Llama/Mistral/Qwen2-style and GPT-2-style) as autopar spec fields."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from specs.errors import AutoparError
+
+_LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3", "gemma", "internlm2", "yi"}
+_GPT2_LIKE = {"gpt2"}
+_MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+
+
+_NULL_IS_DEFAULT = ("num_key_value_heads", "head_dim", "n_inner")  # Hugging Face writes null for "the default"
+
+
+def _show(v: Any) -> str:
+    """A config value as it is written in JSON (null, true, "x", Infinity)."""
+    return json.dumps(v, default=str)
+
+
+def _int(cfg: dict[str, Any], key: str, default: int | None = None) -> int:
+    """A positive integer field of a Hugging Face config (64.0 accepted, 64.7 refused); ``default`` when absent."""
+    v = cfg[key] if default is None or key in cfg else default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not _finite(v) or v != int(v) or v <= 0:
+        raise ValueError(f"{key} must be a positive integer, got {_show(v)}")
+    return int(v)
+
+
+def _float(cfg: dict[str, Any], key: str, default: float) -> float:
+    """A finite number field of a Hugging Face config; ``default`` when absent."""
+    v = cfg.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not _finite(v):
+        raise ValueError(f"{key} must be a number, got {_show(v)}")
+    return float(v)
+
+
+def _finite(v: int | float) -> bool:
+    """A JSON number that fits a float (json reads 400-digit integers as Python ints)."""
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
+
+
+def _bool(cfg: dict[str, Any], key: str, default: bool) -> bool:
+    """A true/false field of a Hugging Face config; ``default`` when absent."""
+    v = cfg.get(key, default)
+    if not isinstance(v, bool):
+        raise ValueError(f"{key} must be true or false, got {_show(v)}")
+    return v
+
+
+def hf_to_spec(cfg: dict[str, Any], source: str) -> dict[str, Any]:
+    """Translate a Hugging Face config.json (Llama/Mistral/Qwen2-style or GPT-2-style) to spec fields."""
+    mtype = str(cfg.get("model_type", "")).lower()
+    name = cfg.get("_name_or_path") or (Path(source).parent.name if source else "") or mtype or "hf-model"
+    if any(cfg.get(k) for k in _MOE_KEYS):
+        raise AutoparError(f"Hugging Face config {source}: model_type '{mtype}' is a mixture-of-experts model; "
+                           "autopar plans dense transformers only")
+    gpt2_keys = "n_embd" in cfg
+    if mtype and mtype not in _LLAMA_LIKE | _GPT2_LIKE and not gpt2_keys:
+        raise AutoparError(
+            f"Hugging Face config {source}: model_type '{mtype}' is not supported; autopar reads "
+            f"Llama-style ({', '.join(sorted(_LLAMA_LIKE))}) and GPT-2-style configs, or write an autopar spec")
+    cfg = {k: v for k, v in cfg.items() if not (v is None and k in _NULL_IS_DEFAULT)}
+    try:
+        if mtype in ("gpt2", "gpt_neo", "gptj") or "n_embd" in cfg:
+            h = _int(cfg, "n_embd")
+            return {
+                "name": str(name),
+                "arch": "gpt",
+                "num_layers": _int(cfg, "n_layer"),
+                "hidden_size": h,
+                "num_attention_heads": _int(cfg, "n_head"),
+                "ffn_hidden_size": _int(cfg, "n_inner", 4 * h),
+                "vocab_size": _int(cfg, "vocab_size"),
+                "seq_length": _int(cfg, "n_positions") if "n_positions" in cfg else _int(cfg, "n_ctx", 1024),
+                "tie_embeddings": _bool(cfg, "tie_word_embeddings", True),
+                "dropout": _float(cfg, "resid_pdrop", 0.1),
+                "norm_eps": _float(cfg, "layer_norm_epsilon", 1e-5),
+            }
+        heads = _int(cfg, "num_attention_heads")
+        out: dict[str, Any] = {
+            "name": str(name),
+            "arch": "llama",
+            "num_layers": _int(cfg, "num_hidden_layers"),
+            "hidden_size": _int(cfg, "hidden_size"),
+            "num_attention_heads": heads,
+            "num_kv_heads": _int(cfg, "num_key_value_heads", heads),
+            "ffn_hidden_size": _int(cfg, "intermediate_size"),
+            "vocab_size": _int(cfg, "vocab_size"),
+            "seq_length": min(_int(cfg, "max_position_embeddings", 4096), 8192),
+            "tie_embeddings": _bool(cfg, "tie_word_embeddings", False),
+            "norm_eps": _float(cfg, "rms_norm_eps", 1e-5),
+            "rope_theta": _float(cfg, "rope_theta", 10000.0),
+            "qkv_bias": _bool(cfg, "attention_bias", mtype == "qwen2"),
+        }
+        if "head_dim" in cfg:
+            out["head_dim"] = _int(cfg, "head_dim")
+        return out
+    except KeyError as err:
+        raise AutoparError(
+            f"Hugging Face config {source}: missing field {err}; expected a Llama/Mistral/Qwen2-style "
+            "(hidden_size, num_hidden_layers, intermediate_size, ...) or GPT-2-style (n_embd, n_layer, ...) config"
+        ) from None
+    except ValueError as err:
+        raise AutoparError(f"Hugging Face config {source}: {err}; fix that field") from None
+
+
+def looks_like_hf(data: dict[str, Any]) -> bool:
+    return "model_type" in data or "num_hidden_layers" in data or "n_layer" in data

@@ -1,0 +1,196 @@
+"""The model spec: a decoder-only transformer's shapes, and the counts derived from them.
+
+Specs come from a bundled preset, an autopar YAML/JSON file, a Hugging Face ``config.json``
+(``hf_config.py``) or a traced ``nn.Module`` (``trace.py``); ``model_loading.load_model`` resolves a
+reference to one. Every problem is an :class:`AutoparError` with a one-line message.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from specs.errors import refuse_bool
+
+# Upper bounds far above any real model (the largest have ~100-200 layers, hidden ~25k, vocabularies ~256k):
+# they catch typos and absurd values before they reach the search and the solver.
+LIMITS = {"num_layers": 10_000, "hidden_size": 1 << 20, "num_attention_heads": 1 << 16, "num_kv_heads": 1 << 16,
+          "ffn_hidden_size": 1 << 22, "vocab_size": 1 << 24, "seq_length": 1 << 26, "head_dim": 1 << 16}
+
+
+def size_problem(name: str, value: int, limit: int) -> str | None:
+    """Why ``value`` is not a valid size (a positive integer up to ``limit``), or None."""
+    if value <= 0:
+        return f"{name} must be a positive integer, got {value}"
+    if value > limit:
+        return f"{name} must be at most {limit:,} (far beyond any real workload), got {value:,}; check the value"
+    return None
+
+
+class BlockCounts(BaseModel):
+    """Per-layer counts of a traced custom model (one repeated block), used instead of the formulas."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    params: int = Field(ge=0)
+    fwd_flops_per_token: float = Field(ge=0)  # matmul FLOPs per token in one block's forward, attention excluded
+    attn_flops_per_token: float = Field(0.0, ge=0)  # attention-core FLOPs per token (scales with seq)
+    act_bytes_per_token: float = Field(ge=0)  # bytes saved for backward per token (16-bit activations)
+    elementwise_bytes_per_token: float = Field(0.0, ge=0)  # bytes moved by non-matmul ops per token, forward
+
+    _numbers = field_validator("*", mode="before")(refuse_bool)
+
+
+class ModelSpec(BaseModel):
+    """A decoder-only transformer (contract: ../shared/DESIGN.md, "Model spec")."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    name: str
+    arch: Literal["gpt", "llama"]
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_kv_heads: int | None = None
+    ffn_hidden_size: int | None = None
+    vocab_size: int
+    seq_length: int = 2048
+    tie_embeddings: bool = False
+    head_dim: int | None = None
+    # How the model is computed, which the cost model prices and the runtime executes.
+    # attention: "unfused" = explicit softmax(QK^T)V storing the s*s scores (Megatron 2021/22, the papers'
+    # activation formulas); "flash" = fused attention that stores only Q, K, V, O and the log-sum-exp.
+    attention: Literal["flash", "unfused"] | None = None
+    dropout: float | None = None
+    qkv_bias: bool = False
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    block: BlockCounts | None = None  # set for traced custom models
+
+    _numbers = field_validator(*LIMITS, "dropout", "norm_eps", "rope_theta", mode="before")(refuse_bool)
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelSpec:
+        for field, limit in LIMITS.items():
+            v = getattr(self, field)
+            problem = None if v is None else size_problem(field, v, limit)
+            if problem:
+                raise ValueError(problem)
+        if self.arch == "llama" and self.ffn_hidden_size is None:
+            raise ValueError("ffn_hidden_size is required for arch 'llama' (SwiGLU width)")
+        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "
+                f"{self.num_attention_heads}; fix one of them or give head_dim"
+            )
+        if self.kv_heads <= 0 or self.num_attention_heads % self.kv_heads:
+            raise ValueError(
+                f"num_attention_heads {self.num_attention_heads} must be a multiple of num_kv_heads "
+                f"{self.num_kv_heads}"
+            )
+        if self.arch == "llama" and self.block is None and self.hd % 2:
+            raise ValueError(f"head_dim {self.hd} is odd, but rotary position embeddings (arch llama) rotate pairs "
+                             "of dimensions; use an even head_dim (hidden_size / num_attention_heads)")
+        if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.norm_eps < 0:
+            raise ValueError(f"norm_eps must be zero or positive, got {self.norm_eps}")
+        if self.rope_theta <= 0:
+            raise ValueError(f"rope_theta must be positive, got {self.rope_theta}")
+        return self
+
+    # ---- resolved fields -------------------------------------------------------------------
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads if self.num_kv_heads is not None else self.num_attention_heads
+
+    @property
+    def ffn(self) -> int:
+        return self.ffn_hidden_size if self.ffn_hidden_size is not None else 4 * self.hidden_size
+
+    @property
+    def hd(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.hidden_size // self.num_attention_heads
+
+    @property
+    def attn_impl(self) -> str:
+        """GPT defaults to the Megatron papers' unfused attention, Llama to flash attention."""
+        if self.attention is not None:
+            return self.attention
+        return "unfused" if self.arch == "gpt" else "flash"
+
+    @property
+    def dropout_p(self) -> float:
+        if self.dropout is not None:
+            return self.dropout
+        return 0.1 if self.arch == "gpt" else 0.0
+
+    @property
+    def q_width(self) -> int:
+        return self.num_attention_heads * self.hd
+
+    @property
+    def kv_width(self) -> int:
+        return self.kv_heads * self.hd
+
+    # ---- parameter counts ------------------------------------------------------------------
+    @cached_property
+    def layer_params(self) -> int:
+        """Parameters of one transformer layer."""
+        if self.block is not None:
+            return self.block.params
+        h, f = self.hidden_size, self.ffn
+        qkv = h * (self.q_width + 2 * self.kv_width)
+        proj = self.q_width * h
+        if self.arch == "gpt":
+            biases = (self.q_width + 2 * self.kv_width) + h + f + h
+            return qkv + proj + 2 * h * f + biases + 4 * h  # two LayerNorms (weight + bias)
+        bias = (self.q_width + 2 * self.kv_width) if self.qkv_bias else 0
+        return qkv + proj + 3 * h * f + bias + 2 * h  # two RMSNorms
+
+    @property
+    def embedding_params(self) -> int:
+        """Input embedding (tokens, plus learned positions for GPT)."""
+        pos = self.seq_length * self.hidden_size if self.arch == "gpt" else 0
+        return self.vocab_size * self.hidden_size + pos
+
+    @property
+    def head_params(self) -> int:
+        """Final norm plus the LM head (zero head weights when tied)."""
+        norm = 2 * self.hidden_size if self.arch == "gpt" else self.hidden_size
+        return norm + (0 if self.tie_embeddings else self.vocab_size * self.hidden_size)
+
+    @property
+    def num_params(self) -> int:
+        return self.num_layers * self.layer_params + self.embedding_params + self.head_params
+
+    def model_flops_per_token(self, seq: int | None = None) -> float:
+        """Model FLOPs per token for forward + backward, no recompute (the MFU numerator).
+
+        6 x (parameters that do matmuls: every layer and the LM head) + 12 x layers x (heads x head_dim) x seq:
+        the Megatron / PaLM convention, attention counted without causal savings.
+        """
+        s = seq or self.seq_length
+        matmul_params = self.num_layers * self.layer_params + self.vocab_size * self.hidden_size
+        if self.block is not None:
+            per_layer = 3 * self.block.fwd_flops_per_token + 3 * self.block.attn_flops_per_token * s / self.seq_length
+            return self.num_layers * per_layer + 6 * self.vocab_size * self.hidden_size
+        return 6.0 * matmul_params + 12.0 * self.num_layers * self.q_width * s
+
+    def with_seq(self, seq: int | None) -> ModelSpec:
+        return self if not seq or seq == self.seq_length else self.model_copy(update={"seq_length": seq})
+
+    def summary(self) -> str:
+        return (
+            f"{self.name}: {self.arch}, {_count(self.num_params)} params, {self.num_layers} layers, "
+            f"hidden {self.hidden_size}, {self.num_attention_heads} heads ({self.kv_heads} kv), "
+            f"ffn {self.ffn}, vocab {self.vocab_size}, seq {self.seq_length}, attention {self.attn_impl}"
+        )
+
+
+def _count(n: float) -> str:
+    for unit, div in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= div:
+            return f"{n / div:.2f}{unit}"
+    return str(int(n))

@@ -1,0 +1,65 @@
+"""Resolving ``--model``: a bundled preset, a spec or config file, or ``pkg.module:factory`` (traced)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from specs.errors import AutoparError, did_you_mean, validation_message
+from specs.files import read_mapping
+from specs.hf_config import hf_to_spec, looks_like_hf
+from specs.model import LIMITS, ModelSpec, size_problem
+
+PRESET_DIR = Path(__file__).parent / "presets"
+
+
+def model_from_dict(data: dict[str, Any], source: str) -> ModelSpec:
+    """Build a spec from a mapping in autopar's format or a Hugging Face config, with one-line errors."""
+    if not isinstance(data, dict):
+        raise AutoparError(f"model spec {source}: expected a mapping of fields, got {type(data).__name__}")
+    if looks_like_hf(data):
+        data = hf_to_spec(data, source)
+    data = dict(data)
+    data.setdefault("name", Path(source).stem if source else "model")
+    unknown = [k for k in data if k not in ModelSpec.model_fields]
+    if unknown:
+        hint = did_you_mean(unknown[0], ModelSpec.model_fields)
+        raise AutoparError(
+            f"model spec {source}: unknown field '{unknown[0]}'{hint}; "
+            f"allowed fields: {', '.join(ModelSpec.model_fields)}"
+        )
+    try:
+        return ModelSpec(**data)
+    except ValidationError as err:
+        raise AutoparError(f"model spec {source}: {validation_message(err)}") from None
+
+
+def list_presets() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def load_model(ref: str, seq: int | None = None) -> ModelSpec:
+    """Resolve a model reference: preset name, spec/config file path, or ``pkg.module:factory``."""
+    path = Path(ref)
+    if path.suffix in (".yaml", ".yml", ".json") or path.exists():
+        if not path.exists():
+            raise AutoparError(
+                f"model file {ref} does not exist; give a preset ({', '.join(list_presets())}) or a path")
+        spec = model_from_dict(read_mapping(path, "model spec"), str(path))
+    elif (PRESET_DIR / f"{ref}.yaml").exists():
+        spec = model_from_dict(read_mapping(PRESET_DIR / f"{ref}.yaml", "preset"), ref)
+    elif ":" in ref:
+        from specs.trace import model_from_module  # imports torch: only on this path
+
+        spec = model_from_module(ref, seq)
+    else:
+        raise AutoparError(
+            f"unknown model '{ref}'{did_you_mean(ref, list_presets())}; use a preset "
+            f"({', '.join(list_presets())}), a YAML/JSON spec, a Hugging Face config.json or pkg.module:factory"
+        )
+    problem = None if seq is None else size_problem("--seq", seq, LIMITS["seq_length"])
+    if problem:
+        raise AutoparError(problem)
+    return spec.with_seq(seq)

@@ -1,0 +1,304 @@
+"""The parallel configuration of a plan: its keys, declared once, and the arrays of many configurations.
+
+Each key is a field of :class:`ParallelConfig` whose metadata holds a :class:`Key` (its kind, range and
+meaning). Everything else is derived from those declarations: the key list, parsing of ``--plan`` / ``--fix``
+strings, the typed ``parallel`` section of plan files, the short text form, and :class:`Candidates` (the
+arrays the search prices). Which combinations can run is said once, in ``rules.py``. Adding a key is:
+declare it here, add its rules there, its search domain in ``planner/space.py`` and its cost terms.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any, Literal
+
+import numpy as np
+
+from specs.errors import AutoparError, did_you_mean
+
+RECOMPUTE = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class Key:
+    """What a plan key is: ``int`` (at least ``minimum``, one of ``choices`` when given), ``bool``, ``name`` (one
+    of ``choices``; held as its index in arrays of candidates) or ``counts`` (non-negative integers per
+    pipeline stage, written ``13/14/14/13``; ``one_count`` also takes one integer for every stage)."""
+
+    kind: Literal["int", "bool", "name", "counts"]
+    doc: str
+    minimum: int = 1
+    maximum: int = 1 << 30  # far beyond any real plan: keeps the arithmetic on them in 64-bit integers
+    choices: tuple[Any, ...] = ()
+    one_count: bool = False
+    always_shown: bool = False  # in the short form even at its default
+
+    @property
+    def searched(self) -> bool:
+        """Whether the search enumerates this key (per-stage counts come from the ILP or ``--fix``)."""
+        return self.kind != "counts"
+
+
+def _key(default: Any, **kw: Any) -> Any:
+    return field(default=default, metadata={"key": Key(**kw)})
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """How one training step is split over the GPUs.
+
+    Rank order on the device mesh is (pp, dp, cp, tp) with tp innermost, so a tensor-parallel group is
+    contiguous ranks (inside a node) and pipeline stages are the outermost blocks.
+    """
+
+    tp: int = _key(1, kind="int", always_shown=True, doc="tensor-parallel size: each layer's weights split tp ways")
+    pp: int = _key(1, kind="int", always_shown=True, doc="pipeline-parallel stages")
+    dp: int = _key(1, kind="int", always_shown=True, doc="data-parallel replicas (default: gpus / (tp*pp*cp))")
+    cp: int = _key(1, kind="int", doc="context-parallel size: the sequence split cp ways")
+    mbs: int = _key(1, kind="int", always_shown=True, doc="micro-batch size in sequences")
+    vpp: int = _key(1, kind="int", doc="model chunks per pipeline rank (interleaved 1F1B when > 1)")
+    sp: bool = _key(False, kind="bool", doc="sequence parallelism in the norm/dropout regions (needs tp > 1)")
+    recompute: str = _key("none", kind="name", choices=RECOMPUTE,
+                          doc="activation recompute: none, selective (attention core) or full (whole layers)")
+    recompute_layers: int | tuple[int, ...] | None = _key(
+        None, kind="counts", one_count=True, minimum=0,
+        doc="with recompute=full: layers recomputed per stage (one count for all, or one per stage; default all)")
+    zero: int = _key(0, kind="int", minimum=0, choices=(0, 1, 2, 3),
+                     doc="ZeRO stage: 0 plain DP, 1 distributed optimizer, 2 + sharded grads, 3 + sharded params")
+    dp_overlap: bool = _key(False, kind="bool", doc="overlap the DP gradient reduce (and ZeRO gathers) with compute")
+    tp_overlap: bool = _key(False, kind="bool", doc="overlap TP collectives with the GEMMs they feed (needs sp)")
+    layers: tuple[int, ...] | None = _key(None, kind="counts", minimum=0,
+                                          doc="transformer layers per virtual stage (pp*vpp entries)")
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def num_chunks(self) -> int:
+        return self.pp * self.vpp
+
+    def microbatches(self, global_batch: int) -> int:
+        return global_batch // (self.dp * self.mbs)
+
+    def stage_layers(self, num_layers: int) -> tuple[int, ...]:
+        """Layers per virtual stage in pipeline order (virtual stage j = chunk * pp + rank)."""
+        return self.layers if self.layers is not None else default_split(num_layers, self.num_chunks)
+
+    def recomputed_layers(self, vstage: int, layers_in_chunk: int) -> int:
+        """Layers of virtual stage ``vstage`` that full recompute recomputes."""
+        if self.recompute != "full":
+            return 0
+        r = self.recompute_layers
+        if r is None:
+            return layers_in_chunk
+        if isinstance(r, tuple):
+            r = r[vstage]
+        return min(r, layers_in_chunk)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ParallelConfig:
+        """From a plan file's ``parallel`` object (JSON types); a key of the wrong type or unknown is an error."""
+        return cls(**{key_name(k): _typed_value(k, v) for k, v in d.items()})
+
+    def short(self) -> str:
+        """Compact text form, e.g. ``tp=8 pp=4 dp=2 mbs=1 vpp=2 sp recompute=selective zero=1``."""
+        parts = []
+        for f in fields(self):
+            k, v, info = f.name, getattr(self, f.name), KEYS[f.name]
+            if k == "recompute_layers" or (v == f.default and not info.always_shown):
+                continue
+            if k == "layers":
+                if len(set(v)) > 1:  # an even split is the default one
+                    parts.append("layers=" + _counts_text(v))
+            elif info.kind == "bool":
+                parts.append(k)
+            elif k == "recompute" and v == "full" and self.recompute_layers is not None:
+                parts.append(f"recompute=full({_counts_text(self.recompute_layers)} layers)")
+            else:
+                parts.append(f"{k}={v}")
+        return " ".join(parts)
+
+    def as_keys(self) -> str:
+        """The ``--plan`` string that reproduces this configuration."""
+        return ",".join(f"{k}={key_text(v)}" for k, v in asdict(self).items() if v is not None)
+
+
+KEYS: dict[str, Key] = {f.name: f.metadata["key"] for f in fields(ParallelConfig)}
+SEARCHED = tuple(k for k, info in KEYS.items() if info.searched)
+DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(ParallelConfig)}
+RECOMPUTE_CODE = {name: i for i, name in enumerate(RECOMPUTE)}
+
+
+def default_split(num_layers: int, stages: int) -> tuple[int, ...]:
+    """Layers per virtual stage when none are given: even, the remainder spread over the middle stages (the
+    first holds the embedding, the last the LM head)."""
+    base, extra = divmod(num_layers, stages)
+    order = sorted(range(stages), key=lambda j: (j in (0, stages - 1), abs(j - (stages - 1) / 2)))
+    bonus = set(order[:extra])
+    return tuple(base + (1 if j in bonus else 0) for j in range(stages))
+
+
+def key_name(key: str) -> str:
+    """``key`` if it is a plan key, else a one-line error naming the closest one."""
+    if key not in KEYS:
+        raise AutoparError(f"unknown plan key '{key}'{did_you_mean(key, KEYS)}; keys: {', '.join(KEYS)}")
+    return key
+
+
+def key_text(value: Any) -> str:
+    """A plan key's value as it is written in ``--plan`` / ``--fix`` (booleans as true/false, counts with /)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return _counts_text(value) if isinstance(value, (tuple, list)) else str(value)
+
+
+def _counts_text(v: int | Iterable[int]) -> str:
+    return "/".join(map(str, v)) if isinstance(v, (tuple, list)) else str(v)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def range_problem(key: str, value: Any) -> str | None:
+    """How a typed value is outside its key's declared range (``must be at least 1``), or None."""
+    info = KEYS[key]
+    if info.kind == "int" and info.choices and value not in info.choices:
+        return f"must be one of {', '.join(map(str, info.choices))}"
+    if info.kind == "int" and value < info.minimum:
+        return f"must be at least {info.minimum}"
+    if info.kind == "int" and value > info.maximum:
+        return f"must be at most {info.maximum:,}"
+    if info.kind == "counts" and value is not None:
+        counts = value if isinstance(value, tuple) else (value,)
+        if min(counts) < info.minimum:
+            return "counts must be non-negative"
+    return None
+
+
+def _typed_value(key: str, v: Any) -> Any:
+    """Check one JSON value of a plan key (type and range) and convert lists to tuples."""
+    info = KEYS[key]
+    if info.kind == "bool" and not isinstance(v, bool):
+        raise AutoparError(f"plan key {key} must be true or false, got {json.dumps(v)}")
+    if info.kind == "int" and not _is_int(v):
+        raise AutoparError(f"plan key {key} must be an integer, got {json.dumps(v)}")
+    if info.kind == "name" and v not in info.choices:
+        raise AutoparError(f"plan key {key} must be one of {', '.join(info.choices)}, got {json.dumps(v)}")
+    if info.kind == "counts":
+        if isinstance(v, list) and v and all(_is_int(x) for x in v):
+            v = tuple(v)
+        elif not (v is None or (info.one_count and _is_int(v))):
+            one = " or one integer" if info.one_count else ""
+            raise AutoparError(f"plan key {key} must be a list of integers (one per stage){one} or null, "
+                               f"got {json.dumps(v)}")
+    problem = range_problem(key, v)
+    if problem:
+        raise AutoparError(f"plan key {key} {problem}, got {json.dumps(v)}")
+    return v
+
+
+def _parse_value(key: str, raw: str, flag: str) -> Any:
+    """One ``--plan`` / ``--fix`` value, typed and range-checked (errors name ``flag``)."""
+    info, low = KEYS[key], raw.strip().lower()
+    value: Any
+    if info.kind == "bool":
+        if low not in ("true", "1", "yes", "on", "false", "0", "no", "off"):
+            raise AutoparError(f"plan key {key} takes true or false, got '{raw}'")
+        value = low in ("true", "1", "yes", "on")
+    elif info.kind == "int":
+        try:
+            value = int(low)
+        except ValueError:
+            raise AutoparError(f"plan key {key} takes an integer, got '{raw}'") from None
+    elif info.kind == "name":
+        if low not in info.choices:
+            raise AutoparError(f"{key} takes {', '.join(info.choices)}, got '{raw}'")
+        value = low
+    else:
+        try:
+            counts = tuple(int(x) for x in low.split("/"))
+        except ValueError:
+            raise AutoparError(f"{key} takes a count, or counts per stage separated by '/' (e.g. 13/14/14/13), "
+                               f"got '{raw}'") from None
+        value = counts[0] if info.one_count and len(counts) == 1 else counts
+    problem = range_problem(key, value)
+    if problem:
+        raise AutoparError(f"{flag} {key}={raw.strip()}: {problem}")
+    return value
+
+
+def parse_plan_keys(text: str, flag: str = "--plan") -> dict[str, Any]:
+    """Parse ``"tp=8,pp=2,sp=true"`` (the value of option ``flag``) into a dict of typed values (keys not given
+    are absent)."""
+    out: dict[str, Any] = {}
+    for item in (text or "").split(","):
+        item = item.strip()
+        if not item:
+            continue
+        if "=" not in item:
+            raise AutoparError(f"plan item '{item}' is not key=value; write e.g. \"tp=8,pp=2,mbs=1\"")
+        key, raw = (s.strip() for s in item.split("=", 1))
+        key = key_name(key.lower())
+        if key in out:
+            raise AutoparError(f"plan key '{key}' given twice")
+        out[key] = _parse_value(key, raw, flag)
+    return out
+
+
+def config_from_keys(keys: dict[str, Any], gpus: int) -> ParallelConfig:
+    """A full configuration from parsed keys; dp defaults to gpus / (tp*pp*cp) (when that is not a whole
+    number, the rules say so)."""
+    kw = dict(keys)
+    if "dp" not in kw:
+        rest = kw.get("tp", 1) * kw.get("pp", 1) * kw.get("cp", 1)
+        kw["dp"] = max(1, gpus // rest)
+    return replace(ParallelConfig(), **kw)
+
+
+class Candidates:
+    """Many configurations as parallel numpy arrays, one entry each, for the search and the vectorised cost
+    model. Keys the search does not enumerate (``layers``, ``recompute_layers``) hold one value for all
+    entries; ``name`` keys hold codes (the index of the name in the key's choices: ``RECOMPUTE_CODE``)."""
+
+    def __init__(self, arrays: dict[str, np.ndarray], unsearched: dict[str, Any] | None = None) -> None:
+        self.arrays = arrays
+        self.unsearched = {k: (unsearched or {}).get(k, DEFAULTS[k]) for k in KEYS if not KEYS[k].searched}
+
+    def __getattr__(self, key: str) -> Any:
+        if key in ("arrays", "unsearched"):  # not set yet (unpickling)
+            raise AttributeError(key)
+        if key in self.arrays:
+            return self.arrays[key]
+        if key in self.unsearched:
+            return self.unsearched[key]
+        raise AttributeError(key)
+
+    def __len__(self) -> int:
+        return len(next(iter(self.arrays.values()))) if self.arrays else 0
+
+    def take(self, idx: np.ndarray) -> Candidates:
+        return Candidates({k: a[idx] for k, a in self.arrays.items()}, self.unsearched)
+
+    def config(self, i: int) -> ParallelConfig:
+        """Entry ``i`` as a configuration."""
+        kw: dict[str, Any] = dict(self.unsearched)
+        for k, a in self.arrays.items():
+            info, v = KEYS[k], a[i].item()
+            kw[k] = info.choices[v] if info.kind == "name" else bool(v) if info.kind == "bool" else int(v)
+        return ParallelConfig(**kw)
+
+    @classmethod
+    def of(cls, cfg: ParallelConfig) -> Candidates:
+        """One configuration as arrays of length one."""
+        arrays = {}
+        for k in SEARCHED:
+            v = getattr(cfg, k)
+            arrays[k] = np.array([KEYS[k].choices.index(v) if KEYS[k].kind == "name" else v])
+        return cls(arrays, {k: getattr(cfg, k) for k in KEYS if not KEYS[k].searched})

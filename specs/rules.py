@@ -1,0 +1,188 @@
+"""Which parallel configurations can run: one table of rules, each a predicate and a one-line reason.
+
+The same table serves three callers:
+
+* :func:`check_plan` (``estimate``, plan files, the runtime) raises the reason of the first rule a
+  configuration breaks;
+* the search's enumeration (``planner/space.py``) applies every rule to arrays of candidates, each as soon as
+  the keys it reads are known, so the space holds only valid plans;
+* ``--fix`` keys no plan can satisfy are reported with the reason of the rule that removed the last candidate.
+
+A rule reads the configuration as arrays (:class:`~specs.parallel.Candidates`: one entry per candidate, names
+as codes) and returns one boolean per entry; its reason reads one decoded :class:`ParallelConfig`.
+``redundant`` rules are not errors: they drop candidates that run the same as another one (sp with tp=1,
+ZeRO or overlapped DP with one replica), so the search prices each plan once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from specs.cluster import ClusterSpec
+from specs.errors import AutoparError
+from specs.model import ModelSpec
+from specs.parallel import KEYS, RECOMPUTE_CODE, Candidates, ParallelConfig, key_text, range_problem
+
+
+@dataclass(frozen=True)
+class PlanContext:
+    """What the rules check a configuration against: the model, the GPUs it runs on and the global batch;
+    with ``gpus_per_node`` also where tensor-parallel groups sit (None: placement not checked)."""
+
+    model: ModelSpec
+    gpus: int
+    global_batch: int
+    gpus_per_node: int | None = None
+    tp_across_nodes: bool = False
+
+    @classmethod
+    def on(cls, model: ModelSpec, cluster: ClusterSpec, global_batch: int, gpus: int | None = None) -> PlanContext:
+        """The context of ``cluster`` (or of ``gpus`` of its GPUs, for a plan needing fewer than it has)."""
+        return cls(model, cluster.num_gpus if gpus is None else gpus, global_batch, cluster.gpus_per_node,
+                   cluster.tp_across_nodes)
+
+
+@dataclass(frozen=True)
+class Rule:
+    keys: tuple[str, ...]  # the plan keys it reads: the search applies it once all of them are enumerated
+    ok: Callable[[Candidates, PlanContext], np.ndarray]
+    why: Callable[[ParallelConfig, PlanContext], str]
+    redundant: bool = False  # not an error: an equivalent candidate is kept instead
+
+
+def _stages(c: Candidates) -> np.ndarray:
+    return c.pp * c.vpp
+
+
+def _heads_ok(c: Candidates, x: PlanContext) -> np.ndarray:
+    return (x.model.num_attention_heads % c.tp == 0) & (x.model.kv_heads % c.tp == 0)
+
+
+def _heads_why(cfg: ParallelConfig, x: PlanContext) -> str:
+    heads, kv = x.model.num_attention_heads, x.model.kv_heads
+    ok = [t for t in range(1, kv + 1) if heads % t == 0 and kv % t == 0]
+    return (f"tp={cfg.tp} does not divide the model's {heads} attention heads and {kv} kv heads; "
+            f"choose tp from {', '.join(map(str, ok))}")
+
+
+def tp_node_problem(tp: int, gpus: int, gpus_per_node: int, across: bool) -> str | None:
+    """Why a tensor-parallel group of ``tp`` cannot sit on nodes of ``gpus_per_node`` GPUs, or None. Groups
+    are contiguous ranks: inside one node when tp divides the node size; whole nodes when tp is a multiple
+    of it (only with ``across``); anything else would straddle a node boundary."""
+    g = gpus_per_node
+    if gpus <= g or g % tp == 0:
+        return None
+    if tp % g == 0:
+        return None if across else (
+            f"spans {tp // g} nodes ({g} GPUs per node); use a tp that divides {g}, or allow it with "
+            "--allow-cross-node-tp (tp_across_nodes: true in the cluster profile)")
+    return f"would straddle nodes of {g} GPUs; use a tp that divides {g}" + (
+        f" or a multiple of {g}" if across else "")
+
+
+def _tp_node_ok(c: Candidates, x: PlanContext) -> np.ndarray:
+    g, t = x.gpus_per_node, c.tp
+    if g is None or x.gpus <= g:
+        return np.ones(len(t), dtype=bool)
+    return (g % t == 0) | ((t % g == 0) & x.tp_across_nodes)
+
+
+def _world_why(cfg: ParallelConfig, x: PlanContext) -> str:
+    rest = cfg.tp * cfg.pp * cfg.cp
+    if x.gpus % rest:
+        return f"{x.gpus} GPUs are not divisible by tp*pp*cp = {rest} ({cfg.tp}*{cfg.pp}*{cfg.cp})"
+    return (f"tp*pp*cp*dp = {cfg.tp}*{cfg.pp}*{cfg.cp}*{cfg.dp} = {cfg.world} does not match {x.gpus} GPUs; "
+            f"omit dp to use {x.gpus // rest}")
+
+
+def _microbatches(c: Candidates, x: PlanContext) -> np.ndarray:
+    return x.global_batch // (c.dp * c.mbs)
+
+
+def _counts_match(counts: object, c: Candidates) -> np.ndarray:
+    """Per-stage counts (a tuple) have pp*vpp entries; a single count or None always matches."""
+    return _stages(c) == len(counts) if isinstance(counts, tuple) else np.ones(len(c), dtype=bool)
+
+
+def _sp_on(c: Candidates) -> np.ndarray:
+    return c.sp & (c.tp > 1)
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(("tp",), _heads_ok, _heads_why),
+    Rule(("tp",), _tp_node_ok, lambda cfg, x: f"tp={cfg.tp} " + str(
+        tp_node_problem(cfg.tp, x.gpus, x.gpus_per_node or x.gpus, x.tp_across_nodes))),
+    Rule(("cp",), lambda c, x: (c.cp == 1) | (x.model.attn_impl == "flash"),
+         lambda cfg, x: "cp > 1 needs attention: flash in the model spec (ring attention is blockwise)"),
+    Rule(("cp",), lambda c, x: x.model.seq_length % (2 * c.cp) == 0,
+         lambda cfg, x: f"seq {x.model.seq_length} must be divisible by 2*cp = {2 * cfg.cp} (load-balanced "
+                        "causal split)"),
+    Rule(("pp", "vpp", "layers"), lambda c, x: (_stages(c) <= x.model.num_layers) | (c.layers is not None),
+         lambda cfg, x: f"the model has only {x.model.num_layers} layers, fewer than pp*vpp = {cfg.num_chunks} "
+                        "pipeline stages; lower pp or vpp"),
+    Rule(("pp", "vpp"), lambda c, x: (c.vpp == 1) | (c.pp > 1),
+         lambda cfg, x: "vpp > 1 (interleaved schedule) needs pp > 1"),
+    Rule(("pp", "vpp", "layers"), lambda c, x: _counts_match(c.layers, c),
+         lambda cfg, x: f"layers has {len(cfg.layers or ())} entries but pp*vpp = {cfg.num_chunks} stages need "
+                        "one each"),
+    Rule(("layers",), lambda c, x: np.full(len(c), c.layers is None or sum(c.layers) == x.model.num_layers),
+         lambda cfg, x: f"layers {'/'.join(map(str, cfg.layers or ()))} must be non-negative and sum to "
+                        f"{x.model.num_layers}"),
+    Rule(("recompute", "recompute_layers"),
+         lambda c, x: (c.recompute == RECOMPUTE_CODE["full"]) | (c.recompute_layers is None),
+         lambda cfg, x: "recompute_layers needs recompute=full"),
+    Rule(("pp", "vpp", "recompute_layers"), lambda c, x: _counts_match(c.recompute_layers, c),
+         lambda cfg, x: f"recompute_layers has {len(cfg.recompute_layers)} entries but pp*vpp = "  # type: ignore
+                        f"{cfg.num_chunks} stages need one each"),
+    Rule(("tp", "pp", "cp", "dp"), lambda c, x: c.tp * c.pp * c.cp * c.dp == x.gpus, _world_why),
+    Rule(("dp", "mbs"), lambda c, x: x.global_batch % (c.dp * c.mbs) == 0,
+         lambda cfg, x: f"global batch {x.global_batch} is not divisible by dp*mbs = {cfg.dp}*{cfg.mbs}; "
+                        "change --global-batch, dp or mbs"),
+    Rule(("pp", "vpp", "dp", "mbs"), lambda c, x: (c.vpp == 1) | (_microbatches(c, x) % c.pp == 0),
+         lambda cfg, x: f"the interleaved schedule needs the number of micro-batches "
+                        f"({cfg.microbatches(x.global_batch)}) to be a multiple of pp={cfg.pp}; change the global "
+                        "batch, mbs or dp, or set vpp=1"),
+    Rule(("sp", "tp", "cp"), lambda c, x: ~_sp_on(c) | (x.model.seq_length % (c.cp * c.tp) == 0),
+         lambda cfg, x: f"sp=true with tp={cfg.tp} needs seq {x.model.seq_length}"
+                        f"{f' / cp={cfg.cp}' if cfg.cp > 1 else ''} divisible by tp (sequence parallelism splits "
+                        "it tp ways)"),
+    Rule(("tp_overlap", "sp", "tp"), lambda c, x: ~c.tp_overlap | _sp_on(c),
+         lambda cfg, x: "tp_overlap=true needs sp=true and tp > 1 (it splits the SP all-gather/reduce-scatter)"),
+    Rule(("tp", "tp_overlap"),
+         lambda c, x: ~c.tp_overlap | (x.gpus_per_node is None) | (x.gpus <= (x.gpus_per_node or 0))
+         | (c.tp <= (x.gpus_per_node or 0)),
+         lambda cfg, x: f"tp_overlap=true needs the tensor-parallel group inside a node (it overlaps over NVLink); "
+                        f"tp={cfg.tp} spans nodes of {x.gpus_per_node} GPUs: set tp_overlap=false"),
+    # the same plan as another candidate: not errors, just not enumerated twice
+    Rule(("sp", "tp"), lambda c, x: ~(c.sp & (c.tp == 1)), lambda cfg, x: "sp=true with tp=1 is sp=false",
+         redundant=True),
+    Rule(("zero", "dp", "cp"), lambda c, x: (c.zero == 0) | (c.dp * c.cp > 1),
+         lambda cfg, x: "ZeRO with one data-parallel replica is zero=0", redundant=True),
+    Rule(("dp_overlap", "dp", "cp"), lambda c, x: ~c.dp_overlap | (c.dp * c.cp > 1),
+         lambda cfg, x: "dp_overlap with one data-parallel replica is dp_overlap=false", redundant=True),
+)
+
+
+def plan_problem(cfg: ParallelConfig, x: PlanContext) -> str | None:
+    """Why ``cfg`` cannot run in context ``x`` (the first rule it breaks), or None."""
+    for k in KEYS:
+        problem = range_problem(k, getattr(cfg, k))
+        if problem:
+            return f"{k}={key_text(getattr(cfg, k))}: {problem}"
+    if x.global_batch <= 0:
+        return f"global batch must be positive, got {x.global_batch}"
+    c = Candidates.of(cfg)
+    for rule in RULES:
+        if not rule.redundant and not bool(rule.ok(c, x)[0]):
+            return rule.why(cfg, x)
+    return None
+
+
+def check_plan(cfg: ParallelConfig, x: PlanContext) -> None:
+    """Raise AutoparError saying why ``cfg`` cannot run in context ``x``; return None when it can."""
+    problem = plan_problem(cfg, x)
+    if problem:
+        raise AutoparError(problem)

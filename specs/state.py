@@ -1,0 +1,67 @@
+"""How training keeps its model state: the precisions of parameters, gradients and the optimizer's master copy,
+and the size of the data-parallel gradient buckets.
+
+Both halves read these from the plan file (its ``state`` section): the cost model prices exactly these bytes
+and buckets, and the runtime allocates exactly these buffers. The defaults follow the plan's compute
+precision (Megatron-LM's mixed precision):
+
+=========  ==========  =========  =========  ===============  ====================================
+precision  parameters  gradients  reduced    master weights   bytes per parameter (+ Adam m, v: 8)
+=========  ==========  =========  =========  ===============  ====================================
+bf16       bf16        fp32       in fp32    fp32             2 + 4 + 4 + 8 = 18
+fp16       fp16        fp32       in fp16    fp32             2 + 4 + 4 + 8 = 18
+fp32       fp32        fp32       in fp32    (the weights)    4 + 4 + 8 = 16
+=========  ==========  =========  =========  ===============  ====================================
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+
+Dtype = Literal["fp32", "bf16", "fp16"]
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+BUCKET_PARAMS = 40_000_000  # gradient bucket of the data-parallel reduce, in parameters (Megatron's default)
+
+
+class StateSpec(BaseModel):
+    """The model state's precisions and the data-parallel gradient bucket size (a plan file's ``state``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    params: Dtype  # the weights the forward and backward use
+    grads: Dtype  # the gradient buffer, accumulated over micro-batches
+    grad_reduce: Dtype  # the precision of the data-parallel gradient reduce
+    master_weights: StrictBool  # an fp32 copy the optimizer updates (needed when params are 16-bit)
+    bucket_params: StrictInt = Field(BUCKET_PARAMS, ge=1)
+
+    @classmethod
+    def default(cls, precision: str) -> StateSpec:
+        """Megatron-LM's choice for a compute precision (the table above)."""
+        if precision == "fp32":
+            return cls(params="fp32", grads="fp32", grad_reduce="fp32", master_weights=False)
+        return cls(params=precision, grads="fp32", grad_reduce="fp32" if precision == "bf16" else "fp16",
+                   master_weights=True)
+
+    @property
+    def param_bytes(self) -> int:
+        return DTYPE_BYTES[self.params]
+
+    @property
+    def grad_bytes(self) -> int:
+        return DTYPE_BYTES[self.grads]
+
+    @property
+    def grad_reduce_bytes(self) -> int:
+        return DTYPE_BYTES[self.grad_reduce]
+
+    @property
+    def optimizer_bytes(self) -> int:
+        """Optimizer state per parameter: Adam's fp32 moments, plus the fp32 master copy when kept."""
+        return 8 + (4 if self.master_weights else 0)
+
+    @property
+    def optimizer_traffic_bytes(self) -> int:
+        """Bytes per parameter one fused AdamW step moves: reads the gradient, the fp32 weights (master or
+        parameters) and both moments, writes those back, and writes the 16-bit parameters from a master copy."""
+        return self.grad_bytes + 2 * (4 + 8) + (self.param_bytes if self.master_weights else 0)
