@@ -8,14 +8,16 @@ every candidate with this and re-prices its best ones exactly.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
 from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
 from cost_models.memory import GiB, rank_memory
-from cost_models.pipeline import closed_form, wave_replay
+from cost_models.pipeline import closed_form, table_replay, wave_replay
 from cost_models.stages import FULL, layer_terms, stage_costs
 from cost_models.tail import rank_tail
 from specs.cluster import ClusterSpec
@@ -30,15 +32,23 @@ class BatchResult:
     memory_GiB: np.ndarray
 
 
+Pipeline = Literal["closed", "mixed", "exact"]
+
+
 def estimate_batch(model: ModelSpec, cluster: ClusterSpec, c: Candidates, global_batch: int,
-                   state: StateSpec | None = None, replay: bool = True) -> BatchResult:
-    """Step time (s) and peak memory per GPU (GiB) of every candidate of ``c``. With ``replay`` False even the
-    interleaved pipelines whose model chunks differ in size get the closed form (faster; their times within
-    about 11% of the replay, memory unchanged)."""
+                   state: StateSpec | None = None, pipeline: Pipeline = "mixed",
+                   progress: Callable[[int, int], None] | None = None) -> BatchResult:
+    """Step time (s) and peak memory per GPU (GiB) of every candidate of ``c``.
+
+    ``pipeline``: "mixed" (the default, described above); "closed" prices even the interleaved pipelines whose
+    chunks differ in size in closed form (faster, their times within about 11%; memory is the same); "exact"
+    replays every candidate's schedule table as the exact model does (slow: ``--exhaustive``). ``progress``
+    is called with (candidates priced, all candidates) after each group."""
     state = state or StateSpec.default(cluster.precision)
     cm, comm = ComputeModel(cluster.gpu, cluster.precision), CommModel(cluster)
     terms = layer_terms(model, cm, comm, c)
     step, memory = np.zeros(len(c)), np.zeros(len(c))
+    done = 0
     groups = np.stack([c.pp, c.vpp], axis=1)
     for pp, vpp in np.unique(groups, axis=0):
         idx = np.nonzero((c.pp == pp) & (c.vpp == vpp))[0]
@@ -48,9 +58,13 @@ def estimate_batch(model: ModelSpec, cluster: ClusterSpec, c: Candidates, global
         costs = stage_costs(model, comm, state, g, terms.take(idx), layers, recomputed, cm.eb)
         m = global_batch // (g.dp * g.mbs)
         chunks_differ = vpp > 1 and len(set(layers.tolist())) > 1
-        pipe = (wave_replay if replay and chunks_differ else closed_form)(costs.f, costs.b, int(pp), int(vpp), m)
+        replay = {"exact": table_replay, "mixed": wave_replay if chunks_differ else closed_form}
+        pipe = replay.get(pipeline, closed_form)(costs.f, costs.b, int(pp), int(vpp), m)
         tail = rank_tail(model, cm, comm, state, g, costs, pipe, m, cluster.num_gpus)
         mem = rank_memory(model, g, state, cluster.backend, m, costs.params, costs.act_bytes, costs.work_bytes)
         step[idx] = tail.step_time
         memory[idx] = mem.total.max(axis=1) / GiB
+        done += len(idx)
+        if progress:
+            progress(done, len(c))
     return BatchResult(step_time=step, memory_GiB=memory)

@@ -116,13 +116,3 @@ class CommModel:
         if fit.get("inter"):
             t = np.where(cross, self._fit_time(fit["inter"], nbytes, 1.0, zero), t)
         return t
-
-    def crosses_node(self, stride: ArrayLike) -> np.ndarray:
-        """Whether neighbours ``stride`` ranks apart sit on different nodes."""
-        return np.asarray(stride) >= self.g
-
-    def boundary_crosses_node(self, stage: int, stride: int, pp: int) -> bool:
-        """Whether the send from pipeline rank ``stage`` to the next one leaves the node (ranks are placed
-        in blocks of ``stride``: pipeline rank r owns global ranks r*stride ...)."""
-        a, b = stage % pp, (stage + 1) % pp
-        return (a * stride) // self.g != (b * stride) // self.g

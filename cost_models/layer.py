@@ -1,6 +1,6 @@
 """Time of one transformer layer (and of the embedding and LM head) for one micro-batch on one GPU.
 
-Every op of the layer is listed with its shape under tensor (t), context (c) and sequence parallelism:
+Every op of the layer is listed with its shape under tensor (t), context (cp) and sequence parallelism:
 GEMMs (QKV, attention output, MLP), the attention core (unfused: batched QK^T / softmax / dropout / AV;
 flash: one fused kernel), and the memory-bound ops (norms, residual adds, dropout, activation functions,
 RoPE). Communication inside the layer: tensor-parallel all-reduces (or SP all-gather + reduce-scatter)
@@ -31,16 +31,6 @@ class LayerCost:
     core_fwd: np.ndarray  # the attention core's forward (what selective recompute repeats)
     comm_fwd: np.ndarray  # exposed TP + CP communication in forward
     comm_bwd: np.ndarray  # exposed TP + CP communication in backward
-    tp_comm_total: np.ndarray  # TP collective time per layer fwd+bwd before overlap (for the explanation)
-
-    def f(self) -> np.ndarray:
-        return self.fwd + self.comm_fwd
-
-    def b(self, recompute: np.ndarray, frac_full: np.ndarray) -> np.ndarray:
-        """Backward time including recompute: 0 none, 1 selective, 2 full (on ``frac_full`` of layers)."""
-        rc = np.where(recompute == 2, frac_full * (self.fwd + self.comm_fwd), 0.0)
-        rc = np.where(recompute == 1, self.core_fwd, rc)
-        return self.bwd + self.comm_bwd + rc
 
 
 def _overlap(comm: np.ndarray, gemm: np.ndarray, t: np.ndarray, on: np.ndarray) -> np.ndarray:
@@ -49,15 +39,15 @@ def _overlap(comm: np.ndarray, gemm: np.ndarray, t: np.ndarray, on: np.ndarray) 
     return np.where(on, hidden, comm)
 
 
-def layer_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, c, b, sp, tp_overlap) -> LayerCost:
-    """Per-layer cost for tensor parallel ``t``, context parallel ``c``, micro-batch ``b`` (arrays)."""
-    t, c, b = (np.asarray(x, dtype=float) for x in (t, c, b))
+def layer_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, sp, tp_overlap) -> LayerCost:
+    """Per-layer cost for tensor parallel ``t``, context parallel ``cp``, micro-batch ``mbs`` (arrays)."""
+    t, cp, mbs = (np.asarray(x, dtype=float) for x in (t, cp, mbs))
     sp = np.asarray(sp, dtype=bool) & (t > 1)
     ovl = np.asarray(tp_overlap, dtype=bool) & sp
     s, h, f = model.seq_length, model.hidden_size, model.ffn
-    qw, kw, d = model.q_width, model.kv_width, model.hd
+    qw, kw, hd = model.q_width, model.kv_width, model.hd
     eb = cm.eb
-    T = b * s / c  # tokens per GPU per micro-batch
+    T = mbs * s / cp  # tokens per GPU per micro-batch
     n_sp = T * h / np.where(sp, t, 1.0)  # elements of the norm/dropout (sequence-parallel) region
     drop = model.dropout_p > 0
 
@@ -80,16 +70,16 @@ def layer_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, c, b, sp,
 
     # ---- attention core --------------------------------------------------------------------------
     heads = model.num_attention_heads / t
-    sq, sk = s / c, float(s)
+    sq, sk = s / cp, float(s)
     if model.block is not None and model.block.attn_flops_per_token == 0:
         core_f = core_b = np.zeros_like(T)
     elif model.attn_impl == "flash":
-        core_f, core_b = cm.flash_attention(b * heads, sq, sk, d, 0.5)
+        core_f, core_b = cm.flash_attention(mbs * heads, sq, sk, hd, 0.5)
     else:
-        bh = b * heads
+        bh = mbs * heads
         E = bh * sq * sk  # attention-score elements
-        qk_f, qk_b = cm.gemm_fwd_bwd(sq, sk, d, bh)  # scores = Q K^T
-        av_f, av_b = cm.gemm_fwd_bwd(sq, d, sk, bh)  # out = P V
+        qk_f, qk_b = cm.gemm_fwd_bwd(sq, sk, hd, bh)  # scores = Q K^T
+        av_f, av_b = cm.gemm_fwd_bwd(sq, hd, sk, bh)  # out = P V
         soft_f = cm.memory(E * 2 * eb)  # fused scale + mask + softmax
         soft_b = cm.memory(E * 3 * eb)
         drop_f = cm.memory(E * (2 * eb + 1)) if drop else 0.0
@@ -137,19 +127,17 @@ def layer_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, c, b, sp,
                + _overlap(ag, gemm["mlp_out"][1] / 2, t, ovl) + _overlap(rs, gemm["mlp_in"][1] / 2, t, ovl))
     tp_f = np.where(sp, tp_f_sp, 2 * ar)
     tp_b = np.where(sp, tp_b_sp, 2 * ar)
-    tp_total = np.where(sp, 4 * (ag + rs), 4 * ar)
 
     # ---- context-parallel ring exchange of K and V ----------------------------------------------
-    kv_bytes = 2 * b * (s / c) * (kw / t) * eb  # this rank's K and V block
-    k_cp, nodes_cp = comm.placement(c, t)
+    kv_bytes = 2 * mbs * (s / cp) * (kw / t) * eb  # this rank's K and V block
+    k_cp, nodes_cp = comm.placement(cp, t)
     step = comm.p2p(kv_bytes, nodes_cp > 1)
-    cp_f = np.where(c > 1, step + np.maximum(0.0, (c - 1) * step - core_f * (c - 1) / c), 0.0)
-    cp_b = np.where(c > 1, 2 * step + np.maximum(0.0, 2 * (c - 1) * step - core_b * (c - 1) / c), 0.0)
+    cp_f = np.where(cp > 1, step + np.maximum(0.0, (cp - 1) * step - core_f * (cp - 1) / cp), 0.0)
+    cp_b = np.where(cp > 1, 2 * step + np.maximum(0.0, 2 * (cp - 1) * step - core_b * (cp - 1) / cp), 0.0)
 
     fwd = gemm_fwd + core_f + ew_f
     bwd = gemm_bwd + core_b + ew_b
-    return LayerCost(fwd=fwd, bwd=bwd, core_fwd=core_f, comm_fwd=tp_f + cp_f, comm_bwd=tp_b + cp_b,
-                     tp_comm_total=tp_total)
+    return LayerCost(fwd=fwd, bwd=bwd, core_fwd=core_f, comm_fwd=tp_f + cp_f, comm_bwd=tp_b + cp_b)
 
 
 @dataclass
@@ -162,12 +150,12 @@ class EndCost:
     head_b: np.ndarray
 
 
-def end_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, c, b, sp) -> EndCost:
-    t, c, b = (np.asarray(x, dtype=float) for x in (t, c, b))
+def end_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, sp) -> EndCost:
+    t, cp, mbs = (np.asarray(x, dtype=float) for x in (t, cp, mbs))
     sp = np.asarray(sp, dtype=bool) & (t > 1)
     s, h, V = model.seq_length, model.hidden_size, model.vocab_size
     eb = cm.eb
-    T = b * s / c
+    T = mbs * s / cp
     n_sp = T * h / np.where(sp, t, 1.0)
     msg = T * h * eb
     drop = model.dropout_p > 0

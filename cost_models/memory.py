@@ -29,17 +29,17 @@ RESERVED_GIB = {"nccl": 1.0, "gloo": 0.1}
 FRAGMENTATION = 0.05
 
 
-def layer_activation_bytes(model: ModelSpec, eb: int, t, c, b, sp, recompute
+def layer_activation_bytes(model: ModelSpec, eb: int, t, cp, mbs, sp, recompute
                            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per layer, per micro-batch: (bytes stored without full recompute, bytes stored with full
     recompute, bytes materialised while the layer's backward runs). ``recompute`` 1 = selective, 2 = full."""
-    t, c, b = (np.asarray(x, dtype=float) for x in (t, c, b))
+    t, cp, mbs = (np.asarray(x, dtype=float) for x in (t, cp, mbs))
     sp = np.asarray(sp, dtype=bool) & (t > 1)
     rc = np.asarray(recompute)
     s, h, f = model.seq_length, model.hidden_size, model.ffn
     qw, kw = model.q_width, model.kv_width
     heads = model.num_attention_heads
-    T = b * s / c
+    T = mbs * s / cp
     shard = np.where(sp, t, 1.0)
     mask = 1.0 if model.dropout_p > 0 else 0.0
     if model.block is not None:
@@ -64,12 +64,12 @@ def layer_activation_bytes(model: ModelSpec, eb: int, t, c, b, sp, recompute
     return full, ckpt, work + np.where(rc == 2, full, np.where(rc == 1, core, 0.0))
 
 
-def end_activation_bytes(model: ModelSpec, eb: int, t, c, b, sp) -> tuple[np.ndarray, np.ndarray]:
+def end_activation_bytes(model: ModelSpec, eb: int, t, cp, mbs, sp) -> tuple[np.ndarray, np.ndarray]:
     """(embedding bytes stored per in-flight micro-batch on the first stage,
     LM-head + loss bytes on the last stage, which include the fp32 logits of the cross-entropy)."""
-    t, c, b = (np.asarray(x, dtype=float) for x in (t, c, b))
+    t, cp, mbs = (np.asarray(x, dtype=float) for x in (t, cp, mbs))
     sp = np.asarray(sp, dtype=bool) & (t > 1)
-    T = b * model.seq_length / c
+    T = mbs * model.seq_length / cp
     shard = np.where(sp, t, 1.0)
     embed = T * model.hidden_size * (1.0 if model.dropout_p > 0 else 0.0) / shard
     head = T * (2 * eb * model.hidden_size / shard + (eb + 4.0) * model.vocab_size / t)

@@ -1,11 +1,16 @@
-"""Pipeline schedule simulation: replay the runtime's action table with per-stage durations.
+"""The pipeline: the runtime's schedule table replayed with per-stage durations, and the same in closed form.
 
 Each action runs on its pipeline rank after the rank's previous action and after the action it depends on
 (forward of the previous virtual stage; backward of the next virtual stage). Point-to-point transfers are
 part of the sending action (blocking send/recv, as Megatron's schedules), so stage imbalance, warm-up and
 drain bubbles, and interleaving all follow from the table itself rather than from the (p-1)/m formula.
-``analytic_makespan`` is the closed form used to rank many candidates quickly; tests check it against the
-simulation, and the planner re-ranks its best candidates with the simulation.
+
+- ``simulate`` / ``simulate_steps``: the exact model's replay of one plan.
+- ``closed_form``: the vectorised model's pipeline for many candidates at once; ``wave_replay`` replays many
+  candidates at once where the closed form is not accurate (interleaved chunks of unequal size).
+- ``inflight_profiles`` / ``peak_inflight_bytes``: how many micro-batches each rank holds at its peak, read off
+  the table's structure (the same for both models).
+All of them return or take :class:`Replay` timings; tests check each against ``simulate``.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from specs.schedules import Schedule, build_schedule
+from specs.schedules import Schedule, build_schedule, schedule_table
 
 
 @dataclass
@@ -211,6 +216,14 @@ def replayed(sim: SimResult) -> Replay:
     return Replay(rank_end=np.array([sim.rank_end]), last_b_start=starts[None], last_b_end=ends[None])
 
 
+def table_replay(f: np.ndarray, b: np.ndarray, pp: int, vpp: int, m: np.ndarray) -> Replay:
+    """:func:`simulate_steps` of every candidate in turn (``f``, ``b``: [N, pp * vpp]; ``m``: [N]): the exact
+    model's pipeline, for many candidates (slow)."""
+    runs = [replayed(simulate_steps(pp, vpp, int(mi), fi.tolist(), bi.tolist())) for fi, bi, mi in zip(f, b, m)]
+    return Replay(*(np.concatenate([getattr(r, k) for r in runs]) for k in ("rank_end", "last_b_start",
+                                                                             "last_b_end")))
+
+
 def closed_form(f: np.ndarray, b: np.ndarray, pp: int, vpp: int, m: np.ndarray) -> Replay:
     """The pipeline of candidates with per-virtual-stage forward ``f`` and backward ``b`` times ([N, pp * vpp]),
     ``m`` micro-batches each ([N]), in closed form instead of a replay (tests/cost_models compare the two).
@@ -262,10 +275,9 @@ class _Levels:
 
 @lru_cache(maxsize=256)
 def _levels(pp: int, vpp: int, m: int) -> _Levels:
-    sched = build_schedule(pp, vpp, m)
     nv = pp * vpp
-    table = np.array([(r, a.kind == "B", a.microbatch, a.chunk * pp + r) for r in range(pp) for a in sched[r]])
-    rank, back, mb, v = table.T
+    rank, back, mb, chunk = schedule_table(pp, vpp, m).T
+    v = chunk * pp + rank
     n = len(rank)
     ids = np.arange(n)
     where = np.full((2, nv, m), n)  # action id of (forward/backward, virtual stage, micro-batch)

@@ -26,7 +26,7 @@ from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
 from cost_models.layer import end_cost, layer_cost
 from cost_models.memory import end_activation_bytes, layer_activation_bytes
-from cost_models.params import stage_params
+from cost_models.params import gradient_buckets, gradient_groups, stage_params
 from specs.model import ModelSpec
 from specs.parallel import RECOMPUTE_CODE, Candidates
 from specs.state import StateSpec
@@ -48,6 +48,7 @@ class StageCosts:
     zero_f: np.ndarray  # exposed ZeRO-3 parameter gather before the forward
     zero_b: np.ndarray  # exposed ZeRO-2/3 gradient reduce-scatter (+ ZeRO-3 gather) around the backward
     params: np.ndarray  # parameters on one GPU
+    buckets: np.ndarray  # data-parallel gradient buckets (ZeRO 0/1)
     act_bytes: np.ndarray  # activations stored per micro-batch in flight
     work_bytes: np.ndarray  # temporary bytes while the stage runs a backward
 
@@ -176,11 +177,12 @@ def stage_costs(model: ModelSpec, comm: CommModel, state: StateSpec, c: Candidat
     send_b = np.concatenate([np.zeros((n, 1)), hop], axis=1)
 
     params = stage_params(model, t, layers)
+    buckets = gradient_buckets(gradient_groups(model, t, sp, layers), state.bucket_params)
     d = _col(c.dp * c.cp)
     zero_f, zero_b = zero_traffic(comm, state, params, layers, fwd, bwd + recompute, _col(c.zero), d, _col(t),
                                   c.dp_overlap[:, None])
     act_bytes = (layers - recomputed) * _col(lt.act_full) + recomputed * _col(lt.act_ckpt) + first * _col(lt.act_embed)
     work_bytes = np.maximum(np.where(layers > 0, _col(lt.act_work), 0.0), last * _col(lt.act_head))
     return StageCosts(fwd=fwd, bwd=bwd, recompute=recompute, comm_f=comm_f, comm_b=comm_b, send_f=send_f,
-                      send_b=send_b, zero_f=zero_f, zero_b=zero_b, params=params, act_bytes=act_bytes,
+                      send_b=send_b, zero_f=zero_f, zero_b=zero_b, params=params, buckets=buckets, act_bytes=act_bytes,
                       work_bytes=work_bytes)

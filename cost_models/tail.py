@@ -44,11 +44,6 @@ def per_rank(x: np.ndarray, pp: int, vpp: int) -> np.ndarray:
     return x.reshape(x.shape[0], vpp, pp).transpose(0, 2, 1)
 
 
-def buckets(params: np.ndarray, state: StateSpec) -> np.ndarray:
-    """Gradient buckets of a model chunk holding ``params`` parameters (at least one)."""
-    return np.maximum(1.0, np.ceil(params / state.bucket_params))
-
-
 def _col(x) -> np.ndarray:
     return np.asarray(x, dtype=float)[:, None]
 
@@ -63,7 +58,7 @@ def rank_tail(model: ModelSpec, cm: ComputeModel, comm: CommModel, state: StateS
     rank_params = chunk_params.sum(axis=2)
 
     # gradient reduce of ZeRO 0/1: one bucketed collective per chunk, started by its last backward
-    nb = buckets(chunk_params, state)
+    nb = np.maximum(1.0, per_rank(costs.buckets, pp, vpp))
     grads = chunk_params * state.grad_reduce_bytes
     t3, d3 = t[..., None], d[..., None]
     dur = np.where(zero[..., None] == 0, comm.bucketed(comm.all_reduce, grads, nb, d3, t3),
@@ -82,7 +77,7 @@ def rank_tail(model: ModelSpec, cm: ComputeModel, comm: CommModel, state: StateS
     shard = rank_params / np.where(zero >= 1, d, 1.0)
     opt = cm.stream(shard * state.optimizer_traffic_bytes + rank_params * 8, 12)
 
-    nb_rank = buckets(rank_params, state)
+    nb_rank = np.maximum(1.0, nb.sum(axis=2))
     ag = comm.bucketed(comm.all_gather, rank_params * state.param_bytes, nb_rank, d, t)
     first_f = (costs.f[:, :pp]) * np.minimum(_col(m), pp - np.arange(pp)[None, :])  # next step's first forwards
     gather = np.where(overlap, np.maximum(ag / nb_rank, ag - first_f), ag)

@@ -1,4 +1,4 @@
-"""Turn the profiler's raw measurements into a cluster profile (the contract in ../shared/DESIGN.md).
+"""Turn the profiler's raw measurements into a cluster profile (the format in docs/contract.md).
 
 Pure Python + numpy: no torch, so it is testable on its own. The profile keeps the datasheet facts of the
 matching bundled GPU (peak FLOP/s, memory), adds the measured tables (GEMM by shape, attention by sequence

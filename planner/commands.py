@@ -143,7 +143,11 @@ def plan_command(args: argparse.Namespace) -> int:
     if warning:
         con.print(f"[yellow]memory:[/yellow] {escape(warning)}")
     if args.out:
-        con.print(escape(f"wrote {args.out}  (train it with: autopar run {args.out})"))
+        from specs.capabilities import runtime_problem
+
+        problem = runtime_problem(res.plans[0].config)
+        how = f"autopar run cannot execute it: {problem}" if problem else f"train it with: autopar run {args.out}"
+        con.print(escape(f"wrote {args.out}  ({how})"))
     return 0
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 from planner.refine import PlanResult
+from specs.parallel import LAYOUT, SEARCHED, key_text
 
-LAYOUT_KEYS = ("tp", "pp", "dp", "cp", "mbs", "vpp", "recompute", "sp", "zero")
 PART_NAMES = {
     "forward_compute": "forward compute",
     "backward_compute": "backward compute",
@@ -19,11 +19,6 @@ PART_NAMES = {
 }
 
 
-def plan_value(value: object) -> str:
-    """A plan key's value as it is written in ``--plan`` / ``--fix`` (booleans as true/false)."""
-    return str(value).lower() if isinstance(value, bool) else str(value)
-
-
 def _fmt(s: float) -> str:
     return f"{s:.3g} s" if abs(s) >= 0.1 else f"{s * 1e3:.3g} ms"
 
@@ -34,7 +29,7 @@ def runner_up(plans: list[PlanResult]) -> PlanResult | None:
         return None
     best = plans[0].config
     for p in plans[1:]:
-        if any(getattr(p.config, k) != getattr(best, k) for k in LAYOUT_KEYS):
+        if any(getattr(p.config, k) != getattr(best, k) for k in LAYOUT):
             return p
     return plans[1]
 
@@ -42,8 +37,8 @@ def runner_up(plans: list[PlanResult]) -> PlanResult | None:
 def why(best: PlanResult, other: PlanResult) -> str:
     """One or two sentences comparing two plans by the parts of the step that differ most."""
     a, b = best.estimate, other.estimate
-    diffs = [f"{k}={plan_value(getattr(best.config, k))} vs {plan_value(getattr(other.config, k))}"
-             for k in (*LAYOUT_KEYS, "dp_overlap", "tp_overlap") if getattr(best.config, k) != getattr(other.config, k)]
+    diffs = [f"{k}={key_text(getattr(best.config, k))} vs {key_text(getattr(other.config, k))}"
+             for k in SEARCHED if getattr(best.config, k) != getattr(other.config, k)]
     if best.config.layers != other.config.layers:
         diffs.append("a different layer split")
     if best.config.recompute_layers != other.config.recompute_layers and best.config.recompute == "full":

@@ -14,6 +14,10 @@ Solved with pulp (HiGHS when highspy is installed, else CBC).
 
 from __future__ import annotations
 
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pulp
@@ -59,6 +63,21 @@ def _solver() -> pulp.LpSolver:
         return pulp.PULP_CBC_CMD(msg=False, timeLimit=TIME_LIMIT_S)
 
 
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """Silence the solver's own output, which (HiGHS's banner) goes to the process's stdout whatever ``msg``
+    says and would corrupt ``--format json``."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def _var_factory(prob: pulp.LpProblem):
     """Variables through PuLP >= 3.3's ``add_variable`` when present, else the classic constructor."""
     if hasattr(prob, "add_variable"):
@@ -94,7 +113,8 @@ def solve_stages(p: StageProblem) -> StageSolution | None:
             for j in stages
         )
         prob += mem + p.fixed_bytes <= p.capacity
-    prob.solve(_solver())
+    with _quiet():
+        prob.solve(_solver())
     if prob.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
         return None
     layers = tuple(int(round(x.value())) for x in n)

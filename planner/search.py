@@ -2,12 +2,12 @@
 
 1. ``planner.space.enumerate_space`` lists every valid combination of tp, cp, pp, dp, micro-batch, vpp, sp,
    recompute, ZeRO stage, dp_overlap and tp_overlap as numpy arrays (keys in ``fixed`` are held).
-2. ``cost_models.batch`` prices all of them at once (closed-form pipeline, per-rank memory).
-3. The fastest that fit are re-priced with the exact model (schedule simulation) after the ILP
-   (planner/ilp.py, via planner/refine.py) has chosen their layer split and per-stage recompute; the
-   result is sorted.
-``exhaustive=True`` drops the pruning of the space (every micro-batch size and interleave degree) and prices
-every candidate with the exact model instead of the closed form.
+2. ``cost_models.batch`` prices all of them at once with the cost model's own terms, the pipeline in closed
+   form; those that fit and are near the fastest get the pipelines the closed form is least sure of replayed.
+3. The fastest that fit are re-priced with the exact model (schedule replay) after the ILP (planner/ilp.py,
+   via planner/refine.py) has chosen their layer split and per-stage recompute; the result is sorted.
+``exhaustive=True`` drops the pruning of the space (every micro-batch size, interleave degree and cp) and
+replays every candidate's schedule table as the exact model does.
 """
 
 from __future__ import annotations
@@ -19,21 +19,20 @@ from typing import Any
 import numpy as np
 
 from cost_models.batch import estimate_batch
-from cost_models.step import estimate
 from planner.refine import PlanResult, refine
 from planner.space import enumerate_space
 from specs.cluster import ClusterSpec
 from specs.errors import AutoparError
 from specs.model import ModelSpec
 from specs.parallel import ParallelConfig
-from specs.rules import PlanContext, plan_problem
 from specs.state import StateSpec
 
 __all__ = ["PlanResult", "SearchResult", "enumerate_space", "search", "min_gpus_to_fit"]
 
-# The first ranking prices every candidate's pipeline in closed form; for interleaved pipelines whose chunks
-# differ in size that is within 11% of the replay (fast or slow: tests/planner/test_search.py measures it), so
-# only the candidates that fit and are within this factor of the fastest can be the best: they are replayed.
+# The first ranking prices every candidate's pipeline in closed form, at most 12% optimistic and 8% pessimistic
+# (interleaved chunks of unequal size; tests/cost_models/test_closed_form.py holds it). A candidate whose time
+# T0 is above (1 + 0.08) / (1 - 0.12) = 1.23 times the fastest T0 cannot be the fastest: only those below this
+# factor get the pipelines the closed form is least sure of replayed.
 CLOSED_FORM_SLACK = 1.25
 
 
@@ -63,38 +62,20 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
     cands = enumerate_space(model, cluster, global_batch, fixed, exhaustive, flags)
     cap = cluster.gpu.memory_GiB - headroom_GiB
     n_ref = refine_count or max(2 * top, 16)
-    if exhaustive:
-        scored = []
-        for i in range(len(cands)):
-            cfg = cands.config(i)
-            est = estimate(model, cluster, cfg, global_batch, headroom_GiB, validate=False, state=state)
-            scored.append(PlanResult(cfg, est))
-            if progress and i % 500 == 0:
-                progress(i, len(cands))
-        fitting = sorted((r for r in scored if r.estimate.fits),
-                         key=lambda r: (r.estimate.step_time_s, r.estimate.memory_GiB))
-        pool = [r.config for r in fitting[:n_ref]]
-        by_mem = sorted(scored, key=lambda r: r.estimate.memory_GiB)[:8] if not fitting else []
-    else:
-        res = estimate_batch(model, cluster, cands, global_batch, state, replay=False)
-        fits = res.memory_GiB <= cap
-        if fits.any():  # replay the pipelines the closed form is least sure of, where it matters
-            near = np.nonzero(fits & (res.step_time <= CLOSED_FORM_SLACK * res.step_time[fits].min()))[0]
-            res.step_time[near] = estimate_batch(model, cluster, cands.take(near), global_batch, state).step_time
-        order = np.argsort(np.where(fits, res.step_time, np.inf), kind="stable")
-        n_fit = int(fits.sum())
-        pool = [cands.config(int(i)) for i in order[:min(n_ref, n_fit)]]
-        by_mem = [cands.config(int(i)) for i in np.argsort(res.memory_GiB)[:8]] if n_fit < top else []
-        pool += by_mem
+    res = estimate_batch(model, cluster, cands, global_batch, state, "exact" if exhaustive else "closed", progress)
+    fits = res.memory_GiB <= cap
+    if fits.any() and not exhaustive:  # replay the pipelines the closed form is least sure of, where it matters
+        near = np.nonzero(fits & (res.step_time <= CLOSED_FORM_SLACK * res.step_time[fits].min()))[0]
+        res.step_time[near] = estimate_batch(model, cluster, cands.take(near), global_batch, state).step_time
+    order = np.argsort(np.where(fits, res.step_time, np.inf), kind="stable")
+    n_fit = int(fits.sum())
+    pool = [cands.config(int(i)) for i in order[:min(n_ref, n_fit)]]
+    if n_fit < top:  # few or none fit: the ones needing the least memory too
+        pool += [cands.config(int(i)) for i in np.argsort(res.memory_GiB)[:8]]
     results: dict[ParallelConfig, PlanResult] = {}
     for cfg in pool:
         for r in refine(model, cluster, cfg, global_batch, headroom_GiB, fixed, state):
             results[r.config] = r
-    if exhaustive and by_mem:
-        for r in by_mem:
-            results[r.config] = r
-    ctx = PlanContext.on(model, cluster, global_batch)
-    results = {c: r for c, r in results.items() if plan_problem(c, ctx) is None}
     plans = sorted((r for r in results.values() if r.estimate.fits),
                    key=lambda r: (r.estimate.step_time_s, r.estimate.memory_GiB))
     closest = None

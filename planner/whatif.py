@@ -17,6 +17,7 @@ from specs.cluster import ClusterSpec, list_gpus, load_gpu
 from specs.errors import AutoparError, did_you_mean
 from specs.files import check_output_file
 from specs.model import ModelSpec
+from specs.parallel import LAYOUT
 
 VARY_KEYS = {
     "inter_node_bw": "Gb/s per NIC",
@@ -26,7 +27,7 @@ VARY_KEYS = {
     "gpu": "GPU type",
     "nics_per_node": "NICs per node",
 }
-LAYOUT = ("tp", "pp", "cp", "mbs", "vpp", "sp", "recompute", "zero")  # dp follows the GPU count
+SWEPT_LAYOUT = tuple(k for k in LAYOUT if k != "dp")  # dp follows the GPU count
 
 
 def parse_vary(text: str) -> tuple[str, list[Any]]:
@@ -112,7 +113,7 @@ def sweep(model: ModelSpec, cluster: ClusterSpec, global_batch: int, key: str, v
     normalize({"curve": pts}, key)
     prev = None
     for p in pts:
-        lay = tuple(p["parallel"][k] for k in LAYOUT) if "parallel" in p else None
+        lay = tuple(p["parallel"][k] for k in SWEPT_LAYOUT) if "parallel" in p else None
         p["plan_changed"] = bool(prev is not None and lay is not None and lay != prev)
         prev = lay if lay is not None else prev
     return pts

@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from specs.errors import AutoparError, did_you_mean, refuse_bool, validation_message
+from specs.errors import AutoparError, did_you_mean, refuse_bool, validated
 from specs.files import read_mapping
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "hardware_profiles"
@@ -224,16 +224,6 @@ class ClusterSpec(_Strict):
             raise AutoparError(f"cluster {self.name} has no inter_node section, so it cannot hold {gpus} GPUs")
         return self.model_copy(update={"num_nodes": gpus // self.gpus_per_node})
 
-    def with_network(self, inter_node_GBps_per_nic: float | None = None, intra_GBps: float | None = None
-                     ) -> ClusterSpec:
-        """A copy with other link bandwidths (used by whatif)."""
-        upd: dict[str, Any] = {}
-        if inter_node_GBps_per_nic is not None and self.inter_node is not None:
-            upd["inter_node"] = self.inter_node.model_copy(update={"nic_bandwidth_Gbps": inter_node_GBps_per_nic * 8})
-        if intra_GBps is not None:
-            upd["intra_node"] = self.intra_node.model_copy(update={"bandwidth_GBps": intra_GBps})
-        return self.model_copy(update=upd)
-
     def summary(self) -> str:
         net = (f", {self.inter_node.nics_per_node}x{self.inter_node.nic_bandwidth_Gbps:g} Gb/s NICs per node"
                if self.inter_node else "")
@@ -250,34 +240,27 @@ def list_clusters() -> list[str]:
     return sorted(p.stem for p in (PROFILE_DIR / "clusters").glob("*.yaml"))
 
 
-def _validated(cls: type[BaseModel], data: dict[str, Any], what: str) -> Any:
-    unknown = [k for k in data if k not in cls.model_fields]
-    if unknown:
-        raise AutoparError(
-            f"{what}: unknown field '{unknown[0]}'{did_you_mean(unknown[0], cls.model_fields)}; "
-            f"allowed: {', '.join(cls.model_fields)}"
-        )
-    try:
-        return cls(**data)
-    except ValidationError as err:
-        raise AutoparError(f"{what}: {validation_message(err)}") from None
+def _profile_path(ref: str, kind: str, bundled: list[str], more: str = "") -> Path:
+    """The file of a profile given as a path, or bundled under ``kind`` (gpus, clusters) by name."""
+    what = "GPU" if kind == "gpus" else "cluster"
+    path = Path(ref)
+    if path.suffix in (".yaml", ".yml", ".json"):
+        if not path.exists():
+            raise AutoparError(f"{what} profile {ref} does not exist; bundled {kind}: {', '.join(bundled)}")
+        return path
+    path = PROFILE_DIR / kind / f"{ref}.yaml"
+    if not path.exists():
+        raise AutoparError(f"unknown {what} '{ref}'{did_you_mean(ref, bundled)}; bundled {kind}: "
+                           f"{', '.join(bundled)}{more}")
+    return path
 
 
 def load_gpu(ref: str | dict[str, Any]) -> GPUSpec:
     """A GPU profile by bundled name, file path, or inline mapping."""
     if isinstance(ref, dict):
-        return _validated(GPUSpec, ref, "inline GPU profile")
-    path = Path(ref)
-    if path.suffix in (".yaml", ".yml", ".json"):
-        if not path.exists():
-            raise AutoparError(f"GPU profile {ref} does not exist")
-    else:
-        path = PROFILE_DIR / "gpus" / f"{ref}.yaml"
-        if not path.exists():
-            raise AutoparError(
-                f"unknown GPU '{ref}'{did_you_mean(ref, list_gpus())}; bundled GPUs: {', '.join(list_gpus())}"
-            )
-    return _validated(GPUSpec, read_mapping(path, "GPU profile"), f"GPU profile {ref}")
+        return validated(GPUSpec, ref, "inline GPU profile")
+    path = _profile_path(ref, "gpus", list_gpus())
+    return validated(GPUSpec, read_mapping(path, "GPU profile"), f"GPU profile {ref}")
 
 
 def cluster_from_dict(data: dict[str, Any], source: str) -> ClusterSpec:
@@ -290,20 +273,10 @@ def cluster_from_dict(data: dict[str, Any], source: str) -> ClusterSpec:
                            f"not {type(gpu).__name__}")
     data["gpu"] = gpu if isinstance(gpu, GPUSpec) else load_gpu(gpu)
     data.setdefault("name", Path(source).stem)
-    return _validated(ClusterSpec, data, f"cluster profile {source}")
+    return validated(ClusterSpec, data, f"cluster profile {source}")
 
 
 def load_cluster(ref: str, gpus: int | None = None, nodes: int | None = None) -> ClusterSpec:
     """A cluster by bundled name or file path, optionally resized."""
-    path = Path(ref)
-    if path.suffix in (".yaml", ".yml", ".json"):
-        if not path.exists():
-            raise AutoparError(f"cluster profile {ref} does not exist; bundled clusters: {', '.join(list_clusters())}")
-    else:
-        path = PROFILE_DIR / "clusters" / f"{ref}.yaml"
-        if not path.exists():
-            raise AutoparError(
-                f"unknown cluster '{ref}'{did_you_mean(ref, list_clusters())}; bundled clusters: "
-                f"{', '.join(list_clusters())}, or a path to a profile from `autopar profile`"
-            )
+    path = _profile_path(ref, "clusters", list_clusters(), ", or a path to a profile from `autopar profile`")
     return cluster_from_dict(read_mapping(path, "cluster profile"), str(ref)).resized(gpus, nodes)

@@ -6,7 +6,7 @@ import difflib
 from collections.abc import Iterable
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 
 class AutoparError(Exception):
@@ -41,3 +41,16 @@ def refuse_bool(v: Any) -> Any:
     if isinstance(v, bool):
         raise ValueError(f"expected a number, got {str(v).lower()}")
     return v
+
+
+def validated(cls: type[BaseModel], data: dict[str, Any], what: str) -> Any:
+    """``cls(**data)``, or a one-line error starting with ``what``: an unknown field (with the closest one),
+    or the first problem pydantic found."""
+    unknown = [k for k in data if k not in cls.model_fields]
+    if unknown:
+        raise AutoparError(f"{what}: unknown field '{unknown[0]}'{did_you_mean(unknown[0], cls.model_fields)}; "
+                           f"allowed fields: {', '.join(cls.model_fields)}")
+    try:
+        return cls(**data)
+    except ValidationError as err:
+        raise AutoparError(f"{what}: {validation_message(err)}") from None

@@ -43,7 +43,7 @@ class BlockCounts(BaseModel):
 
 
 class ModelSpec(BaseModel):
-    """A decoder-only transformer (contract: ../shared/DESIGN.md, "Model spec")."""
+    """A decoder-only transformer (the fields are the contract: docs/contract.md, "Model spec")."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 

@@ -5,9 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
-from specs.errors import AutoparError, did_you_mean, validation_message
+from specs.errors import AutoparError, did_you_mean, validated
 from specs.files import read_mapping
 from specs.hf_config import hf_to_spec, looks_like_hf
 from specs.model import LIMITS, ModelSpec, size_problem
@@ -23,17 +21,7 @@ def model_from_dict(data: dict[str, Any], source: str) -> ModelSpec:
         data = hf_to_spec(data, source)
     data = dict(data)
     data.setdefault("name", Path(source).stem if source else "model")
-    unknown = [k for k in data if k not in ModelSpec.model_fields]
-    if unknown:
-        hint = did_you_mean(unknown[0], ModelSpec.model_fields)
-        raise AutoparError(
-            f"model spec {source}: unknown field '{unknown[0]}'{hint}; "
-            f"allowed fields: {', '.join(ModelSpec.model_fields)}"
-        )
-    try:
-        return ModelSpec(**data)
-    except ValidationError as err:
-        raise AutoparError(f"model spec {source}: {validation_message(err)}") from None
+    return validated(ModelSpec, data, f"model spec {source}")
 
 
 def list_presets() -> list[str]:

@@ -34,6 +34,7 @@ class Key:
     choices: tuple[Any, ...] = ()
     one_count: bool = False
     always_shown: bool = False  # in the short form even at its default
+    layout: bool = False  # how the model and batch are split (not only whether communication overlaps)
 
     @property
     def searched(self) -> bool:
@@ -53,19 +54,22 @@ class ParallelConfig:
     contiguous ranks (inside a node) and pipeline stages are the outermost blocks.
     """
 
-    tp: int = _key(1, kind="int", always_shown=True, doc="tensor-parallel size: each layer's weights split tp ways")
-    pp: int = _key(1, kind="int", always_shown=True, doc="pipeline-parallel stages")
-    dp: int = _key(1, kind="int", always_shown=True, doc="data-parallel replicas (default: gpus / (tp*pp*cp))")
-    cp: int = _key(1, kind="int", doc="context-parallel size: the sequence split cp ways")
-    mbs: int = _key(1, kind="int", always_shown=True, doc="micro-batch size in sequences")
-    vpp: int = _key(1, kind="int", doc="model chunks per pipeline rank (interleaved 1F1B when > 1)")
-    sp: bool = _key(False, kind="bool", doc="sequence parallelism in the norm/dropout regions (needs tp > 1)")
-    recompute: str = _key("none", kind="name", choices=RECOMPUTE,
+    tp: int = _key(1, kind="int", layout=True, always_shown=True,
+                   doc="tensor-parallel size: each layer's weights split tp ways")
+    pp: int = _key(1, kind="int", layout=True, always_shown=True, doc="pipeline-parallel stages")
+    dp: int = _key(1, kind="int", layout=True, always_shown=True,
+                   doc="data-parallel replicas (default: gpus / (tp*pp*cp))")
+    cp: int = _key(1, kind="int", layout=True, doc="context-parallel size: the sequence split cp ways")
+    mbs: int = _key(1, kind="int", layout=True, always_shown=True, doc="micro-batch size in sequences")
+    vpp: int = _key(1, kind="int", layout=True, doc="model chunks per pipeline rank (interleaved 1F1B when > 1)")
+    sp: bool = _key(False, kind="bool", layout=True,
+                    doc="sequence parallelism in the norm/dropout regions (needs tp > 1)")
+    recompute: str = _key("none", kind="name", choices=RECOMPUTE, layout=True,
                           doc="activation recompute: none, selective (attention core) or full (whole layers)")
     recompute_layers: int | tuple[int, ...] | None = _key(
         None, kind="counts", one_count=True, minimum=0,
         doc="with recompute=full: layers recomputed per stage (one count for all, or one per stage; default all)")
-    zero: int = _key(0, kind="int", minimum=0, choices=(0, 1, 2, 3),
+    zero: int = _key(0, kind="int", minimum=0, choices=(0, 1, 2, 3), layout=True,
                      doc="ZeRO stage: 0 plain DP, 1 distributed optimizer, 2 + sharded grads, 3 + sharded params")
     dp_overlap: bool = _key(False, kind="bool", doc="overlap the DP gradient reduce (and ZeRO gathers) with compute")
     tp_overlap: bool = _key(False, kind="bool", doc="overlap TP collectives with the GEMMs they feed (needs sp)")
@@ -131,6 +135,7 @@ class ParallelConfig:
 
 KEYS: dict[str, Key] = {f.name: f.metadata["key"] for f in fields(ParallelConfig)}
 SEARCHED = tuple(k for k, info in KEYS.items() if info.searched)
+LAYOUT = tuple(k for k, info in KEYS.items() if info.layout)
 DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(ParallelConfig)}
 RECOMPUTE_CODE = {name: i for i, name in enumerate(RECOMPUTE)}
 

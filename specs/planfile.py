@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
 
 from specs import __version__
 from specs.cluster import ClusterSpec
@@ -15,6 +15,7 @@ from specs.errors import AutoparError, validation_message
 from specs.model import ModelSpec
 from specs.parallel import ParallelConfig
 from specs.rules import PlanContext, check_plan
+from specs.state import StateSpec
 
 SCHEMA = "autopar.plan/1"
 
@@ -53,6 +54,15 @@ class PlanFile(BaseModel):
     parallel: dict[str, Any]
     prediction: dict[str, Any] = Field(default_factory=dict)
     train: TrainConfig = TrainConfig()
+    # the model state's precisions and gradient buckets, priced by the planner and allocated by the runtime
+    # (plan files written before it existed get the default of their cluster's precision)
+    state: StateSpec | None = None
+
+    @model_validator(mode="after")
+    def _state(self) -> PlanFile:
+        if self.state is None:
+            self.state = StateSpec.default(self.cluster.precision)
+        return self
 
     @property
     def config(self) -> ParallelConfig:
@@ -64,7 +74,8 @@ class PlanFile(BaseModel):
 
 
 def make_plan(model: ModelSpec, cluster: ClusterSpec, global_batch: int, cfg: ParallelConfig,
-              prediction: dict[str, Any] | None = None, train: TrainConfig | None = None) -> PlanFile:
+              prediction: dict[str, Any] | None = None, train: TrainConfig | None = None,
+              state: StateSpec | None = None) -> PlanFile:
     return PlanFile(
         schema=SCHEMA,
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -75,6 +86,7 @@ def make_plan(model: ModelSpec, cluster: ClusterSpec, global_batch: int, cfg: Pa
         parallel=cfg.to_dict(),
         prediction=prediction or {},
         train=train or TrainConfig(),
+        state=state or StateSpec.default(cluster.precision),
     )
 
 

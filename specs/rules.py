@@ -11,7 +11,8 @@ The same table serves three callers:
 A rule reads the configuration as arrays (:class:`~specs.parallel.Candidates`: one entry per candidate, names
 as codes) and returns one boolean per entry; its reason reads one decoded :class:`ParallelConfig`.
 ``redundant`` rules are not errors: they drop candidates that run the same as another one (sp with tp=1,
-ZeRO or overlapped DP with one replica), so the search prices each plan once.
+ZeRO or overlapped DP with one replica), or never better (the same plan without overlapping communication it
+could overlap), so the search prices each plan once; a key given with ``--fix`` is kept as given.
 """
 
 from __future__ import annotations
@@ -163,6 +164,12 @@ RULES: tuple[Rule, ...] = (
          lambda cfg, x: "ZeRO with one data-parallel replica is zero=0", redundant=True),
     Rule(("dp_overlap", "dp", "cp"), lambda c, x: ~c.dp_overlap | (c.dp * c.cp > 1),
          lambda cfg, x: "dp_overlap with one data-parallel replica is dp_overlap=false", redundant=True),
+    # never faster than another candidate and no less memory (the cost model hides overlapped communication
+    # behind compute, never adds to it): only priced when asked for with --fix
+    Rule(("dp_overlap", "dp", "cp"), lambda c, x: c.dp_overlap | (c.dp * c.cp == 1),
+         lambda cfg, x: "dp_overlap=false is never faster than dp_overlap=true", redundant=True),
+    Rule(("tp_overlap", "sp", "tp"), lambda c, x: c.tp_overlap | ~_sp_on(c) | (c.tp > (x.gpus_per_node or c.tp)),
+         lambda cfg, x: "tp_overlap=false is never faster than tp_overlap=true", redundant=True),
 )
 
 

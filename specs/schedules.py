@@ -11,6 +11,8 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import NamedTuple
 
+import numpy as np
+
 
 class Action(NamedTuple):
     kind: str  # "F" or "B"
@@ -28,57 +30,57 @@ def virtual_stage(rank: int, chunk: int, pp: int) -> int:
     return chunk * pp + rank
 
 
-def rank_and_chunk(vstage: int, pp: int) -> tuple[int, int]:
-    return vstage % pp, vstage // pp
+@lru_cache(maxsize=256)
+def schedule_table(pp: int, vpp: int, m: int) -> np.ndarray:
+    """The schedule as one integer array, a row per action (rank, 1 for a backward, micro-batch, chunk), each
+    rank's actions in the order it runs them. The one definition both build_schedule and the cost model's
+    many-candidate replay read.
 
-
-def one_f_one_b(pp: int, m: int) -> Schedule:
-    """PipeDream-flush 1F1B: warm up with (pp - rank - 1) forwards, alternate, then drain backwards."""
-    sched: Schedule = []
-    for r in range(pp):
-        warm = min(pp - r - 1, m)
-        acts = [Action("F", i, 0) for i in range(warm)]
-        for i in range(m - warm):
-            acts.append(Action("F", warm + i, 0))
-            acts.append(Action("B", i, 0))
-        acts += [Action("B", i, 0) for i in range(m - warm, m)]
-        sched.append(acts)
-    return sched
-
-
-def interleaved_1f1b(pp: int, vpp: int, m: int) -> Schedule:
-    """Megatron's interleaved 1F1B over ``vpp`` model chunks per rank (needs m % pp == 0).
-
-    Forwards go in groups of ``pp`` micro-batches per chunk: step k runs chunk (k // pp) % vpp on
-    micro-batch (k // (pp*vpp)) * pp + k % pp. Backwards visit chunks in reverse order.
-    """
-    if m % pp:
+    Every rank runs W warm-up forwards, then one forward and one backward in turn, then the backwards left.
+    1F1B (vpp = 1, PipeDream-flush): W = pp - rank - 1. Megatron's interleaved 1F1B over vpp model chunks per
+    rank (needs m % pp == 0): W = 2 (pp - rank - 1) + (vpp - 1) pp, and forwards go in groups of pp micro-batches
+    per chunk: forward k runs chunk (k // pp) % vpp on micro-batch (k // (pp vpp)) pp + k % pp; backward k the
+    same micro-batch on chunk vpp - 1 - (k // pp) % vpp. W is at most m * vpp. Cached: do not modify."""
+    if vpp > 1 and m % pp:
         raise ValueError(f"interleaved schedule needs micro-batches ({m}) divisible by pp ({pp})")
     total = m * vpp
-
-    def mb(k: int) -> int:
-        return (k // (pp * vpp)) * pp + k % pp
-
-    sched: Schedule = []
+    k = np.arange(total)
+    mb, chunk = (k // (pp * vpp)) * pp + k % pp, (k // pp) % vpp
+    rows = []
     for r in range(pp):
-        warm = min((pp - r - 1) * 2 + (vpp - 1) * pp, total)
-        fwd = [Action("F", mb(k), (k // pp) % vpp) for k in range(total)]
-        bwd = [Action("B", mb(k), vpp - 1 - (k // pp) % vpp) for k in range(total)]
-        acts = fwd[:warm]
-        for i in range(total - warm):
-            acts.append(fwd[warm + i])
-            acts.append(bwd[i])
-        acts += bwd[total - warm:]
-        sched.append(acts)
-    return sched
+        warm = min(pp - r - 1 if vpp == 1 else 2 * (pp - r - 1) + (vpp - 1) * pp, total)
+        steady = total - warm
+        # position of each action in the rank's order: forward k, backward k
+        f_pos = np.where(k < warm, k, warm + 2 * (k - warm))
+        b_pos = np.where(k < steady, warm + 2 * k + 1, warm + steady + k)
+        order = np.argsort(np.concatenate([f_pos, b_pos]), kind="stable")
+        table = np.stack([np.full(2 * total, r), np.r_[np.zeros(total, int), np.ones(total, int)],
+                          np.r_[mb, mb], np.r_[chunk, vpp - 1 - chunk]], axis=1)
+        rows.append(table[order])
+    return np.concatenate(rows)
 
 
 @lru_cache(maxsize=64)
 def build_schedule(pp: int, vpp: int, m: int) -> Schedule:
-    """The schedule a plan runs: 1F1B for vpp == 1 (and plain gradient accumulation for pp == 1).
+    """The schedule a plan runs, per rank a list of actions (:func:`schedule_table`): 1F1B for vpp == 1 (plain
+    gradient accumulation for pp == 1), interleaved 1F1B otherwise.
 
     Cached: callers must not modify the returned lists."""
-    return one_f_one_b(pp, m) if vpp == 1 else interleaved_1f1b(pp, vpp, m)
+    table = schedule_table(pp, vpp, m)
+    sched: Schedule = [[] for _ in range(pp)]
+    for r, back, mb, chunk in table.tolist():
+        sched[r].append(Action("B" if back else "F", mb, chunk))
+    return sched
+
+
+def one_f_one_b(pp: int, m: int) -> Schedule:
+    """PipeDream-flush 1F1B: warm up with (pp - rank - 1) forwards, alternate, then drain backwards."""
+    return build_schedule(pp, 1, m)
+
+
+def interleaved_1f1b(pp: int, vpp: int, m: int) -> Schedule:
+    """Megatron's interleaved 1F1B over ``vpp`` model chunks per rank (needs m % pp == 0)."""
+    return build_schedule(pp, vpp, m)
 
 
 def check_schedule(sched: Schedule, pp: int, vpp: int, m: int) -> None:

@@ -14,23 +14,29 @@ from specs.model import ModelSpec
 from specs.model_loading import load_model
 from specs.rules import PlanContext, check_plan
 
-SMALL_CASES = [  # small enough that pricing every candidate exactly stays quick
-    ("gpt-1.7b", "dgx-a100", 8, 32),
-    ("llama2-7b", "dgx-h100", 8, 16),
+EXHAUSTIVE_CASES = [  # (model, seq, cluster, gpus, global batch, fixed): small enough to replay every candidate
+    ("llama-1b", 32768, "dgx-h100", 16, 16, {}),  # long sequences on H100s
+    ("llama3-8b", 65536, "dgx-h100", 16, 16, {"zero": 3}),  # ZeRO-3 with context parallelism (cp=8 wins)
+    ("gpt-18b", None, "selene", 64, 256, {"dp_overlap": False}),  # pipelined and interleaved on A100s
+    ("gpt-1.7b", None, "dgx-a100", 8, 32, {}),
+    ("llama2-7b", None, "dgx-h100", 8, 16, {}),
     (ModelSpec(name="gqa-tiny", arch="llama", num_layers=6, hidden_size=1024, num_attention_heads=8, num_kv_heads=2,
-               ffn_hidden_size=2816, vocab_size=32000, seq_length=4096), "a100-4x200g", 8, 16),
+               ffn_hidden_size=2816, vocab_size=32000, seq_length=4096), None, "a100-4x200g", 8, 16, {}),
     (ModelSpec(name="gpt-mini", arch="gpt", num_layers=8, hidden_size=2048, num_attention_heads=16,
-               vocab_size=51200, seq_length=2048), "a100-4x200g", 16, 32),
+               vocab_size=51200, seq_length=2048), None, "a100-4x200g", 16, 32, {}),
 ]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model,cluster,gpus,batch", SMALL_CASES, ids=lambda x: getattr(x, "name", str(x)))
-def test_pruned_search_matches_exhaustive(model, cluster, gpus, batch):
-    m = load_model(model) if isinstance(model, str) else model
+@pytest.mark.parametrize("model,seq,cluster,gpus,batch,fixed", EXHAUSTIVE_CASES,
+                         ids=lambda x: getattr(x, "name", str(x)))
+def test_default_search_finds_the_exhaustive_optimum(model, seq, cluster, gpus, batch, fixed):
+    """The default search (pruned space, closed-form ranking, exact re-pricing of the best) finds the plan that
+    replaying every candidate of the whole space finds, within 0.5%."""
+    m = load_model(model, seq) if isinstance(model, str) else model
     c = load_cluster(cluster, gpus=gpus)
-    fast = search(m, c, batch, top=3)
-    full = search(m, c, batch, top=3, exhaustive=True)
+    fast = search(m, c, batch, fixed=fixed, top=3)
+    full = search(m, c, batch, fixed=fixed, top=3, exhaustive=True)
     assert full.candidates >= fast.candidates
     assert fast.plans and full.plans
     assert fast.plans[0].estimate.step_time_s <= full.plans[0].estimate.step_time_s * 1.005
@@ -179,3 +185,14 @@ def test_llama13b_scaling_with_and_without_dp_overlap():
         eff[overlap] = pts[-1]["scaling_efficiency"]
     assert eff[True] >= 0.8
     assert eff[False] <= 0.75
+
+
+@pytest.mark.parametrize("model,gpus,batch", [("gpt-18b", 64, 256), ("llama3-8b", 16, 64)])
+def test_leaving_out_plans_that_could_overlap_loses_nothing(model, gpus, batch):
+    """The search does not price a plan without an overlap it could use (never faster, same memory): searching
+    with every overlap setting priced finds a plan no faster."""
+    m, c = load_model(model), load_cluster("dgx-a100", gpus=gpus)
+    default = search(m, c, batch, top=1)
+    every = search(m, c, batch, top=1, fixed={"dp_overlap": [False, True], "tp_overlap": [False, True]})
+    assert every.candidates > default.candidates
+    assert default.plans[0].estimate.step_time_s <= every.plans[0].estimate.step_time_s * (1 + 1e-9)

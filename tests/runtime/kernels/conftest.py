@@ -5,7 +5,7 @@ first kernel launch, which happens inside a test here while the fixture below ha
 importing runtime.kernels or the models earlier in the session is fine, and the variable is restored
 after each test (later tests and their subprocesses do not inherit it). Only an earlier direct
 ``import triton`` in the same pytest process (e.g. by torch.compile) defeats this: the kernel tests then
-skip and say so (run tests/kernels on its own, or export TRITON_INTERPRET=1).
+skip and say so (run tests/runtime/kernels on its own, or export TRITON_INTERPRET=1).
 """
 
 import os
@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 if _ROOT not in sys.path:  # the repo is not necessarily installed
     sys.path.insert(0, _ROOT)
 
@@ -26,7 +26,7 @@ def triton_interpreter(monkeypatch):
 
     if triton_interpreted() is False:
         pytest.skip("triton was imported in compiled mode before TRITON_INTERPRET=1 was set "
-                    "(run tests/kernels on its own or export TRITON_INTERPRET=1)")
+                    "(run tests/runtime/kernels on its own or export TRITON_INTERPRET=1)")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
     previous = K.get_backend()

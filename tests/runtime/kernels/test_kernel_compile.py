@@ -3,7 +3,7 @@
 The interpreter checks numerics but not Triton's compiler (types of loop-carried values, constexpr use,
 layouts). Triton can lower to PTX/cubin with no device, so a subprocess (triton imported *without*
 TRITON_INTERPRET) compiles each kernel with the reference shape's block sizes. Run this file directly to
-also print registers and spills per kernel (``python tests/kernels/test_kernel_compile.py``).
+also print registers and spills per kernel (``python tests/runtime/kernels/test_kernel_compile.py``).
 """
 
 import os
@@ -13,7 +13,7 @@ import sys
 import pytest
 from kernel_testutils import needs_triton
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 # (label, module, kernel attribute, pointer dtypes by argument, constexprs, num_warps); other args are i32
 _BF, _F32, _I64 = "*bf16", "*fp32", "*i64"

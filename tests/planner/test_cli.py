@@ -14,7 +14,7 @@ import pytest
 from planner.cli import main
 from specs.planfile import load_plan
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -190,3 +190,21 @@ def test_planning_commands_do_not_import_torch():
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_plan_json_is_the_whole_stdout_when_the_ilp_runs():
+    """The stage ILP runs (pipelined finalists): the solver's own banner must not reach stdout (fd 1)."""
+    out = subprocess.run([sys.executable, "-m", "planner.cli", "plan", "--model", "gpt3-175b", "--gpus", "64",
+                          "--global-batch", "256", "--top", "2", "--format", "json"],
+                         capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    plans = json.loads(out)["plans"]
+    assert len(plans) == 2 and any(p["parallel"]["pp"] > 1 for p in plans)
+
+
+def test_plan_says_train_it_only_for_plans_the_runtime_executes(tmp_path, capsys):
+    common = ["plan", "--model", "tiny", "--cluster", "cpu-gloo", "--gpus", "4", "--global-batch", "16"]
+    assert main([*common, "--fix", "zero=3", "--out", str(tmp_path / "z3.json")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "autopar run cannot execute it: zero=3" in out and "train it with" not in out
+    assert main([*common, "--runnable", "--out", str(tmp_path / "ok.json")]) == 0
+    assert f"train it with: autopar run {tmp_path / 'ok.json'}" in " ".join(capsys.readouterr().out.split())

@@ -8,7 +8,7 @@ import sys
 import pytest
 from kernel_testutils import needs_triton
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 @needs_triton

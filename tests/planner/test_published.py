@@ -12,7 +12,7 @@ from cost_models.step import estimate
 from planner.search import enumerate_space, search
 from specs.cluster import load_cluster
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("validate_published", ROOT / "benchmarks" / "validate_published.py")
 vp = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(vp)
