@@ -4,10 +4,11 @@
                                          [--profile] [--json out.json]
 
 Reference shape: Llama hidden 2048, 16 layers, 16 heads, ffn 5504, vocab 32000, seq 4096 (the `llama-1b`
-preset), bf16 autocast over fp32 master weights, AdamW. MFU = tokens/s x (6 x (params - input embedding)
-+ 12 x layers x hidden x seq) / 989e12. Our step goes through the runtime's Trainer exactly as `autopar run`
-does (one rank, NCCL). Peers (benchmarks/peers/) run as separate processes right after, same GPU, same
-session. Prints a table and one `RESULT {json}` line; exits with a message if there is no CUDA GPU.
+preset), bf16 parameters with fp32 gradients and master weights (the plan's default state), AdamW.
+MFU = tokens/s x (6 x (params - input embedding) + 12 x layers x hidden x seq) / 989e12. Our step goes
+through the runtime's Trainer exactly as `autopar run` does (one rank, NCCL). Peers (benchmarks/peers/) run
+as separate processes right after, same GPU, same session. Prints a table and one `RESULT {json}` line;
+exits with a message if there is no CUDA GPU.
 """
 
 from __future__ import annotations

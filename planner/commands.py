@@ -82,7 +82,12 @@ def plan_command(args: argparse.Namespace) -> int:
         check_output_file(args.out, "plan file")  # before the search, not after
     fixed = parse_plan_keys(args.fix, "--fix")
     if args.runnable:
-        from specs.capabilities import RUNTIME_EXECUTES, runnable_keys
+        from specs.capabilities import RUNTIME_EXECUTES, runnable_keys, state_problem
+        from specs.state import StateSpec
+
+        problem = state_problem(StateSpec.default(cluster.precision))
+        if problem:
+            raise AutoparError(f"--runnable: cluster {cluster.name} computes in {cluster.precision}, and {problem}")
 
         for k, ok in RUNTIME_EXECUTES.items():
             if k in fixed and fixed[k] not in ok:

@@ -38,7 +38,7 @@ def fingerprint(tr: Trainer) -> dict[str, Any]:
     plan = tr.plan
     return {"model": plan.model.model_dump(mode="json"), "parallel": plan.config.to_dict(),
             "global_batch": plan.global_batch, "seq": plan.seq, "seed": plan.train.seed,
-            "world_size": plan.world_size}
+            "world_size": plan.world_size, "state": tr.state.model_dump(mode="json")}
 
 
 def _rng_state(tr: Trainer) -> dict[str, torch.Tensor]:

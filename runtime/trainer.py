@@ -3,11 +3,15 @@
 ``Trainer(plan, groups, device, data, steps)`` builds everything (the model on the meta device, cut and
 sharded by :func:`runtime.parallel.parallelize.parallelize`, then allocated and initialised as if
 unsharded); ``train_step()`` runs one step of the plan and returns its metrics.
+
+The model state is the plan's ``state`` (specs/state.py), as the cost model prices it: parameters in
+``state.params`` (compute runs in that dtype; no autocast), gradient buffers in ``state.grads``, buckets of
+``state.bucket_params``, an fp32 master copy only with ``state.master_weights``. A CUDA (nccl) plan run on a
+machine without CUDA runs on the CPU in fp32 instead (:func:`executed_state`).
 """
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -21,11 +25,12 @@ from runtime.parallel.mesh import ParallelGroups
 from runtime.parallel.optimizer import DistributedAdamW
 from runtime.parallel.parallelize import materialize, parallelize
 from runtime.parallel.pipeline import PipelineRunner
-from specs.capabilities import runtime_problem
+from specs.capabilities import runtime_problem, state_problem
 from specs.errors import AutoparError
 from specs.planfile import PlanFile
+from specs.state import StateSpec
 
-_AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass
@@ -38,9 +43,16 @@ class StepStats:
 
 def check_supported(plan: PlanFile) -> None:
     """A one-line error for a plan this runtime does not execute (``specs/capabilities.py`` says what it does)."""
-    problem = runtime_problem(plan.config)
+    problem = runtime_problem(plan.config) or state_problem(plan.state)
     if problem:
         raise AutoparError(problem)
+
+
+def executed_state(plan: PlanFile, device: torch.device) -> StateSpec:
+    """The model state this rank keeps: the plan's, or fp32 for a CUDA (nccl) plan run on CPUs."""
+    if plan.cluster.backend == "nccl" and device.type != "cuda":
+        return StateSpec.default("fp32").model_copy(update={"bucket_params": plan.state.bucket_params})
+    return plan.state
 
 
 def peak_memory_GiB(device: torch.device) -> float:
@@ -53,22 +65,23 @@ def peak_memory_GiB(device: torch.device) -> float:
 
 class Trainer:
     def __init__(self, plan: PlanFile, groups: ParallelGroups, device: torch.device, data: TokenData,
-                 steps: int, bucket_numel: int = 2**25) -> None:
+                 steps: int) -> None:
         check_supported(plan)
         self.plan, self.g, self.device, self.data, self.steps = plan, groups, device, data, steps
         cfg, spec = plan.config, plan.model
         self.cfg, self.m = cfg, cfg.microbatches(plan.global_batch)
-        self.chunks = parallelize(build_model(spec, "meta"), cfg, groups)
-        materialize(self.chunks, spec, plan.train.seed, device)
+        self.state = executed_state(plan, device)
+        dtype = DTYPES[self.state.params]
+        self.chunks, self.params = parallelize(build_model(spec, "meta"), cfg, groups)
+        materialize(self.chunks, self.params, spec, plan.train.seed, device, dtype)
         for c in self.chunks:
             c.train()
-        self.dp = DataParallel(self.chunks, groups, cfg.zero, cfg.dp_overlap, device, bucket_numel)
-        self.opt = DistributedAdamW(self.dp, plan.train, steps)
-        amp = _AUTOCAST.get(plan.cluster.precision) if device.type == "cuda" else None
-        self.autocast = (lambda: torch.autocast("cuda", dtype=amp)) if amp else contextlib.nullcontext
+        self.dp = DataParallel(self.chunks, self.params, groups, cfg.zero, cfg.dp_overlap, device,
+                               DTYPES[self.state.grads], self.state.bucket_params)
+        self.opt = DistributedAdamW(self.dp, plan.train, steps, self.state.master_weights)
         seq = plan.seq // cfg.tp if cfg.sp and cfg.tp > 1 else plan.seq
         self.runner = PipelineRunner(self.chunks, groups, cfg, self.m, (cfg.mbs, seq, spec.hidden_size),
-                                     amp or torch.float32, torch.float32, device, self.autocast, self.dp.arm)
+                                     dtype, dtype, device, on_backward=self.dp.arm)
         # Same stream on every tp rank (replicated dropout stays replicated), distinct per pp and dp rank.
         torch.manual_seed(param_seed(plan.train.seed, f"rng/pp{groups.pp_rank}/dp{groups.dp_rank}"))
         self.step = 0  # completed steps
@@ -106,8 +119,8 @@ class Trainer:
         """Parameters by full name; tensor-parallel shards get a ``.tp<rank>`` suffix."""
         out = {}
         for c in self.chunks:
-            for name, p in c.named_parameters():
-                out[f"model.{name}" + (f".tp{self.g.tp_rank}" if hasattr(p, "shard") else "")] = p.data
+            for p, info in self.params.named(c):
+                out[f"model.{info.name}" + (f".tp{self.g.tp_rank}" if info.shard is not None else "")] = p.data
         return out
 
     def optimizer_state(self) -> dict[str, torch.Tensor]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from specs.parallel import ParallelConfig, key_text
+from specs.state import StateSpec
 
 # Plan keys the runtime does not execute every value of: the values it does.
 RUNTIME_EXECUTES: dict[str, tuple[Any, ...]] = {"cp": (1,), "zero": (0, 1), "tp_overlap": (False,)}
@@ -21,6 +22,17 @@ def runtime_problem(cfg: ParallelConfig) -> str | None:
             runs = " or ".join(f"{key}={key_text(x)}" for x in values)
             return (f"{key}={key_text(v)}: the runtime does not execute {_NOT_YET[key]} yet (it runs {runs}); "
                     "plan with --runnable")
+    return None
+
+
+def state_problem(state: StateSpec) -> str | None:
+    """Why autopar's runtime cannot keep the model state ``state`` (a plan file's ``state``), or None."""
+    if state.params == "fp16":
+        return ("state.params=fp16: the runtime has no loss scaling for fp16 parameters; "
+                "use bf16 (state.params=bf16) or fp32")
+    if state.grad_reduce != state.grads:
+        return (f"state.grad_reduce={state.grad_reduce} with state.grads={state.grads}: the runtime reduces "
+                f"gradients in their own precision; set grad_reduce={state.grads}")
     return None
 
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -228,8 +229,9 @@ class Transformer(nn.Module):
     def stage(self, layer_ids: Iterable[int], first: bool, last: bool) -> Transformer:
         """A pipeline stage sharing this model's modules: the given layers, plus embedding / head.
 
-        A stage holding the head but not the embedding of a tied model gets its own copy of the embedding
-        weight (initialised identically; the runtime all-reduces the two gradients).
+        A stage holding the head but not the embedding of a tied model gets its own output weight, to hold a
+        copy of the embedding (``parallelize`` records that it is initialised from ``embed.tok.weight`` and
+        that the two gradients are summed).
         """
         st = Transformer.__new__(Transformer)
         nn.Module.__init__(st)
@@ -243,7 +245,6 @@ class Transformer(nn.Module):
             head.norm = self.head.norm
             with torch.device(self.head.out.weight.device):
                 head.out = OutputLayer(*self.head.out.weight.shape)
-            head.out.weight.init_key = "embed.tok.weight"  # type: ignore[attr-defined]
             st.head = head
         return st
 
@@ -282,16 +283,36 @@ def full_init(name: str, shape: torch.Size, spec: ModelSpec, seed: int, device: 
     return torch.empty(shape).normal_(0.0, std, generator=gen).to(device)
 
 
+class Sharding(Protocol):
+    """Which slice of a full tensor a parameter holds (``runtime.parallel.tensor_parallel.ShardSpec``)."""
+
+    def full_shape(self, local: torch.Size) -> torch.Size: ...
+
+    def take(self, full: torch.Tensor) -> torch.Tensor: ...
+
+
+class InitInfo(Protocol):
+    """What initialisation needs to know of a parameter (``runtime.parallel.params.ParamInfo``)."""
+
+    @property
+    def shard(self) -> Sharding | None: ...
+
+    @property
+    def init_key(self) -> str: ...
+
+
 @torch.no_grad()
-def init_parameters(model: nn.Module, spec: ModelSpec, seed: int) -> None:
+def init_parameters(model: nn.Module, spec: ModelSpec, seed: int, infos: Mapping[str, InitInfo] | None = None) -> None:
     """Initialise every parameter from ``(seed, its full name)`` in its full shape, then keep its shard.
 
-    A parameter may carry ``init_key`` (the name whose value it copies, for a tied head) and ``shard``
-    (a :class:`runtime.parallel.tensor_parallel.ShardSpec` saying which slice of the full tensor it holds).
+    ``infos`` (by parameter name) may say that a parameter holds a slice of the full tensor (``shard``) or
+    copies another parameter's initial value (``init_key``, for a tied head); without it every parameter is
+    whole and drawn under its own name.
     """
     for name, p in model.named_parameters():
-        key = getattr(p, "init_key", name)
-        shard = getattr(p, "shard", None)
+        info = infos[name] if infos is not None else None
+        key = info.init_key if info is not None else name
+        shard = info.shard if info is not None else None
         shape = shard.full_shape(p.shape) if shard is not None else p.shape
         full = full_init(key, shape, spec, seed, p.device)
         p.copy_(shard.take(full) if shard is not None else full)

@@ -37,8 +37,10 @@ class ParallelGroups:
     world: dist.ProcessGroup  # every rank of the job
     tp_group: dist.ProcessGroup
     dp_group: dist.ProcessGroup
+    cp_group: dist.ProcessGroup
+    dpcp_group: dist.ProcessGroup  # dp x cp: where data parallelism reduces gradients and ZeRO shards state
     pp_group: dist.ProcessGroup
-    mp_group: dist.ProcessGroup  # tp x pp (x cp) ranks holding one model replica: grad-norm sums
+    mp_group: dist.ProcessGroup  # tp x pp ranks holding one replica of the reduced gradients: grad-norm sums
     act_group: dist.ProcessGroup  # pipeline activations (forward direction)
     grad_group: dist.ProcessGroup  # pipeline gradients (backward direction); separate so each FIFO stays ordered
     embed_group: dist.ProcessGroup | None  # first + last pipeline stage, for a tied embedding (pp > 1)
@@ -55,6 +57,20 @@ class ParallelGroups:
     def pp(self) -> int:
         return self.cfg.pp
 
+    @property
+    def cp(self) -> int:
+        return self.cfg.cp
+
+    @property
+    def dpcp(self) -> int:
+        """Ranks of the data-parallel group (dp x cp): each holds a replica of the same parameters."""
+        return self.cfg.dp * self.cfg.cp
+
+    @property
+    def dpcp_rank(self) -> int:
+        """This rank's index in ``dpcp_group`` (dp major, cp minor, as on the mesh)."""
+        return self.dp_rank * self.cfg.cp + self.cp_rank
+
     def global_rank(self, pp: int, dp: int, cp: int, tp: int) -> int:
         c = self.cfg
         return self.ranks[((pp * c.dp + dp) * c.cp + cp) * c.tp + tp]
@@ -65,7 +81,7 @@ class ParallelGroups:
 
     def destroy(self) -> None:
         """Free the groups this object created (the job's, the mesh's and the extra ones)."""
-        mine = {self.world, self.mp_group, self.act_group, self.grad_group, self.embed_group,
+        mine = {self.world, self.mp_group, self.dpcp_group, self.act_group, self.grad_group, self.embed_group,
                 *self.mesh.get_all_groups()}
         for g in mine:
             if g is not None and g is not dist.group.WORLD:
@@ -99,7 +115,8 @@ def build_groups(cfg: ParallelConfig, device_type: str, ranks: list[int] | None 
     layout = torch.tensor(ranks, dtype=torch.int64).view(cfg.pp, cfg.dp, cfg.cp, cfg.tp)
     mesh = DeviceMesh(device_type, layout, mesh_dim_names=DIMS)
     job = dist.group.WORLD if len(ranks) == world else dist.new_group(ranks)
-    mp = _new_groups(layout, (0, 2, 3), me)
+    mp = _new_groups(layout, (0, 3), me)  # cp ranks hold the same gradients after the dp x cp reduce
+    dpcp = _new_groups(layout, (1, 2), me) if cfg.cp > 1 else None  # dp x 1 is the mesh's dp group
     act, grad = dist.new_group(ranks), dist.new_group(ranks)  # p2p only: one group each over the job
     embed = None
     if cfg.pp > 1 and tied_embeddings:
@@ -112,6 +129,7 @@ def build_groups(cfg: ParallelConfig, device_type: str, ranks: list[int] | None 
     return ParallelGroups(
         cfg=cfg, mesh=mesh, ranks=ranks, rank=me,
         pp_rank=coord[0], dp_rank=coord[1], cp_rank=coord[2], tp_rank=coord[3],
-        world=job, tp_group=mesh.get_group("tp"), dp_group=mesh.get_group("dp"), pp_group=mesh.get_group("pp"),
-        mp_group=mp, act_group=act, grad_group=grad, embed_group=embed,
+        world=job, tp_group=mesh.get_group("tp"), dp_group=mesh.get_group("dp"), cp_group=mesh.get_group("cp"),
+        dpcp_group=mesh.get_group("dp") if dpcp is None else dpcp, pp_group=mesh.get_group("pp"), mp_group=mp,
+        act_group=act, grad_group=grad, embed_group=embed,
     )

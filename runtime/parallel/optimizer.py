@@ -1,10 +1,12 @@
 """AdamW over the data-parallel buckets (ZeRO-1 when they are sharded), gradient clipping, warmup + cosine LR.
 
-The update is torch.optim.AdamW's (its fused kernel, ``torch._fused_adamw_``), applied to flat fp32
-tensors: per bucket one master copy of the slice this rank owns (the parameter buffer itself for ZeRO-0
-with fp32 parameters), ``exp_avg`` and ``exp_avg_sq``. Weight decay applies to matrices (parameters of two
-or more dimensions), not to norms and biases. The gradient norm is the norm of the full (unsharded,
-deduplicated) gradient.
+The update is torch.optim.AdamW's (its fused kernel, ``torch._fused_adamw_``) applied per bucket to the slice
+this rank owns (the whole bucket for ZeRO-0), with fp32 ``exp_avg`` and ``exp_avg_sq``. The weights it updates
+are an fp32 master copy of the slice when the plan's ``state.master_weights`` says so (16-bit parameters),
+copied into the parameters afterwards; otherwise the parameter buffer's slice itself, in place. ZeRO-1 then
+all-gathers the parameters from the owners' slices. Weight decay applies to matrices (parameters of two or
+more dimensions), not to norms and biases. The gradient norm is the norm of the full (unsharded, deduplicated)
+gradient.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from runtime.parallel.data_parallel import DataParallel
+from runtime.parallel.data_parallel import DataParallel, Span
 from specs.planfile import TrainConfig
 
 
@@ -27,28 +29,32 @@ def lr_at(step: int, train: TrainConfig, total_steps: int) -> float:
     return train.min_lr + 0.5 * (train.lr - train.min_lr) * (1.0 + math.cos(math.pi * progress))
 
 
-def _is_matrix(p: torch.nn.Parameter) -> bool:
-    shard = getattr(p, "shard", None)
-    return len(shard.full_shape(p.shape) if shard is not None else p.shape) >= 2
+def _is_matrix(s: Span) -> bool:
+    return s.param.dim() >= 2  # a shard has the dimensions of its full tensor
+
+
+def _fp32(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dtype == torch.float32 else t.float()
+
+
+Operands = list[list[torch.Tensor]]  # [weights, grads, exp_avg, exp_avg_sq] slices
 
 
 class DistributedAdamW:
-    def __init__(self, dp: DataParallel, train: TrainConfig, total_steps: int) -> None:
+    def __init__(self, dp: DataParallel, train: TrainConfig, total_steps: int, master_weights: bool) -> None:
         self.dp, self.train, self.total_steps = dp, train, total_steps
         self.step_count = 0
-        self.master: list[torch.Tensor] = []
+        self.master: list[torch.Tensor | None] = []  # fp32 copies of the owned slices, when kept
         self.exp_avg: list[torch.Tensor] = []
         self.exp_avg_sq: list[torch.Tensor] = []
         self.decay: list[list[tuple[int, int]]] = []
         for b in dp.buckets:
-            owned = b.param_data[b.lo:b.hi]
-            in_place = not dp.zero and owned.dtype == torch.float32
-            m = owned if in_place else owned.detach().float().clone()
-            self.master.append(m)
-            self.exp_avg.append(torch.zeros_like(m))
-            self.exp_avg_sq.append(torch.zeros_like(m))
+            owned = b.param_shard
+            self.master.append(owned.detach().float().clone() if master_weights else None)
+            self.exp_avg.append(torch.zeros(owned.shape, dtype=torch.float32, device=owned.device))
+            self.exp_avg_sq.append(torch.zeros(owned.shape, dtype=torch.float32, device=owned.device))
             self.decay.append(b.owned(_is_matrix))
-        self._cached: tuple[list[list[torch.Tensor]], list[list[torch.Tensor]]] | None = None
+        self._cached: tuple[Operands, Operands] | None = None
         self._step_t: torch.Tensor | None = None
 
     def clip_and_norm(self) -> torch.Tensor:
@@ -62,23 +68,33 @@ class DistributedAdamW:
                 b.grad_shard.mul_(coef.to(b.grad_shard.dtype))
         return norm
 
-    def _groups(self) -> tuple[list[list[torch.Tensor]], list[list[torch.Tensor]]]:
-        """(decayed, not decayed) lists of [master, grad, exp_avg, exp_avg_sq] slices, for the fused update."""
-        dec: list[list[torch.Tensor]] = [[], [], [], []]
-        rest: list[list[torch.Tensor]] = [[], [], [], []]
-        for b, m, ea, eas, decay in zip(self.dp.buckets, self.master, self.exp_avg, self.exp_avg_sq, self.decay):
-            g = b.grad_shard if b.grad_shard.dtype == m.dtype else b.grad_shard.to(m.dtype)
+    def _weights(self, i: int) -> torch.Tensor:
+        """What the update of bucket ``i`` changes: its master copy, or the parameters' owned slice."""
+        m = self.master[i]
+        return m if m is not None else self.dp.buckets[i].param_shard
+
+    def _operands(self) -> tuple[Operands, Operands, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """(decayed, not decayed) fp32 operands for the fused update, and the (tensor, fp32 temporary) pairs to
+        copy back afterwards (16-bit weights updated without a master copy)."""
+        dec: Operands = [[], [], [], []]
+        rest: Operands = [[], [], [], []]
+        back = []
+        for i, b in enumerate(self.dp.buckets):
+            w = self._weights(i)
+            w32, g32 = _fp32(w), _fp32(b.grad_shard)
+            if w32 is not w:
+                back.append((w, w32))
             edges = [0]
-            for lo, hi in decay:
+            for lo, hi in self.decay[i]:
                 edges += [lo, hi]
-            edges.append(m.numel())
-            for i in range(len(edges) - 1):
-                lo, hi = edges[i], edges[i + 1]
+            edges.append(w.numel())
+            for j in range(len(edges) - 1):
+                lo, hi = edges[j], edges[j + 1]
                 if lo < hi:
-                    target = dec if i % 2 else rest
-                    for lst, t in zip(target, (m, g, ea, eas)):
+                    target = dec if j % 2 else rest
+                    for lst, t in zip(target, (w32, g32, self.exp_avg[i], self.exp_avg_sq[i])):
                         lst.append(t[lo:hi])
-        return dec, rest
+        return dec, rest, back
 
     @torch.no_grad()
     def step(self) -> tuple[float, float]:
@@ -90,31 +106,40 @@ class DistributedAdamW:
         lr = lr_at(self.step_count, self.train, self.total_steps)
         self.step_count += 1
         b1, b2 = self.train.betas
-        if self._cached is None or any(b.grad_shard.dtype != torch.float32 for b in self.dp.buckets):
-            self._cached = self._groups()  # views of persistent buffers: built once (fp32 gradients)
-        for (m, g, ea, eas), wd in zip(self._cached, (self.train.weight_decay, 0.0)):
-            if not m:
+        if self._cached is not None:
+            dec, rest, back = *self._cached, []
+        else:
+            dec, rest, back = self._operands()
+            if not back and all(b.grad_shard.dtype == torch.float32 for b in self.dp.buckets):
+                self._cached = (dec, rest)  # views of persistent fp32 buffers: built once
+        for (w, g, ea, eas), wd in zip((dec, rest), (self.train.weight_decay, 0.0)):
+            if not w:
                 continue
             if self._step_t is None:
-                self._step_t = torch.zeros((), dtype=torch.float32, device=m[0].device)
+                self._step_t = torch.zeros((), dtype=torch.float32, device=w[0].device)
             self._step_t.fill_(float(self.step_count))  # one persistent tensor (no new allocation per step)
-            steps = [self._step_t] * len(m)
-            torch._fused_adamw_(m, g, ea, eas, [], steps, lr=lr, beta1=b1, beta2=b2, weight_decay=wd,
+            steps = [self._step_t] * len(w)
+            torch._fused_adamw_(w, g, ea, eas, [], steps, lr=lr, beta1=b1, beta2=b2, weight_decay=wd,
                                 eps=self.train.eps, amsgrad=False, maximize=False)
-        if self.dp.zero:
-            self.dp.start_param_gather(self.master)
-        else:
-            for b, m in zip(self.dp.buckets, self.master):
-                if m.data_ptr() != b.param_data.data_ptr():
-                    b.param_data.copy_(m)
+        for t, t32 in back:
+            t.copy_(t32)
+        self._publish()
         return float(norm), lr
 
+    def _publish(self) -> None:
+        """Make the updated weights the parameters: copy masters into the owned slices, then (ZeRO-1) gather."""
+        for b, m in zip(self.dp.buckets, self.master):
+            if m is not None:
+                b.param_shard.copy_(m)
+        if self.dp.zero:
+            self.dp.start_param_gather()
+
     def state(self, prefix: str) -> dict[str, torch.Tensor]:
-        """Tensors to checkpoint (keys unique to this rank's slice; the master only where it is a copy)."""
+        """Tensors to checkpoint (keys unique to this rank's slice; the master where one is kept)."""
         out = {}
-        for i, (b, m) in enumerate(zip(self.dp.buckets, self.master)):
+        for i, m in enumerate(self.master):
             out[f"{prefix}.b{i}.exp_avg"] = self.exp_avg[i]
             out[f"{prefix}.b{i}.exp_avg_sq"] = self.exp_avg_sq[i]
-            if m.data_ptr() != b.param_data.data_ptr():
+            if m is not None:
                 out[f"{prefix}.b{i}.master"] = m
         return out

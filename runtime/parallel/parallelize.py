@@ -1,14 +1,7 @@
-"""``parallelize(model, cfg, groups)``: cut this rank's pipeline chunks out of a meta-device model and apply
-tensor/sequence parallelism and recompute; ``materialize`` then allocates and initialises them.
-
-Flags set on parameters (read by the data-parallel layer, the optimizer and the checkpoints):
-
-* ``shard`` — a :class:`~runtime.parallel.tensor_parallel.ShardSpec` for tensor-parallel shards;
-* ``sequence_parallel`` — replicated over tp but fed by sequence shards: gradient summed over tp;
-* ``tied_embedding`` — the embedding and its copy in the last stage's head (pp > 1): gradients summed
-  over the first and last stage;
-* ``duplicate`` — a copy of a value counted elsewhere (a replica on tp rank > 0, the head's copy of a tied
-  embedding): left out of the gradient norm.
+"""``parallelize(model, cfg, groups)``: cut this rank's pipeline chunks out of a meta-device model, apply
+tensor/sequence parallelism and recompute, and record each parameter's :class:`~runtime.parallel.params.ParamInfo`
+(its shard, the groups that reduce its gradient, whether the norm counts it, its init key); ``materialize``
+then allocates and initialises the chunks.
 """
 
 from __future__ import annotations
@@ -20,10 +13,13 @@ from torch import nn
 
 from runtime.models.common import Transformer, init_parameters
 from runtime.parallel.mesh import ParallelGroups
+from runtime.parallel.params import DP, DP_EMBED, DP_TP, ParamInfo, ParamTable
 from runtime.parallel.recompute import apply_recompute
-from runtime.parallel.tensor_parallel import apply_tensor_parallel
+from runtime.parallel.tensor_parallel import apply_tensor_parallel, param_shards
 from specs.model import ModelSpec
 from specs.parallel import ParallelConfig
+
+EMBED, HEAD = "embed.tok.weight", "head.out.weight"
 
 
 def stage_layer_ids(cfg: ParallelConfig, num_layers: int, vstage: int) -> range:
@@ -32,45 +28,58 @@ def stage_layer_ids(cfg: ParallelConfig, num_layers: int, vstage: int) -> range:
     return range(start, start + sizes[vstage])
 
 
-def parallelize(model: Transformer, cfg: ParallelConfig, groups: ParallelGroups) -> list[Transformer]:
-    """This pipeline rank's model chunks (virtual stages ``c * pp + pp_rank``), still on the meta device."""
+def parallelize(model: Transformer, cfg: ParallelConfig,
+                groups: ParallelGroups) -> tuple[list[Transformer], ParamTable]:
+    """This pipeline rank's model chunks (virtual stages ``c * pp + pp_rank``), still on the meta device, and the
+    record of each of their parameters."""
     spec = model.spec
     nv = cfg.pp * cfg.vpp
-    chunks = []
+    chunks: list[Transformer] = []
+    infos: dict[str, ParamInfo] = {}
     for c in range(cfg.vpp):
         v = c * cfg.pp + groups.pp_rank
         st = model.stage(stage_layer_ids(cfg, spec.num_layers, v), first=v == 0, last=v == nv - 1)
         apply_tensor_parallel(st, groups, cfg.sp and cfg.tp > 1)
         apply_recompute(st, cfg, v)
-        _mark(st, spec, cfg, groups)
+        infos.update(param_infos(st, spec, cfg, groups.tp_rank))
         chunks.append(st)
-    return chunks
+    return chunks, ParamTable(infos)
 
 
-def _mark(st: Transformer, spec: ModelSpec, cfg: ParallelConfig, groups: ParallelGroups) -> None:
-    for p in st.parameters():
-        p.duplicate = groups.tp_rank > 0 and not hasattr(p, "shard")  # type: ignore[attr-defined]
-        p.tied_embedding = False  # type: ignore[attr-defined]
-    if spec.tie_embeddings and cfg.pp > 1:
-        if st.embed is not None:
-            st.embed.tok.weight.tied_embedding = True  # type: ignore[attr-defined]
-        if st.head is not None:
-            st.head.out.weight.tied_embedding = True  # type: ignore[attr-defined]
-            st.head.out.weight.duplicate = True  # type: ignore[attr-defined]
+def param_infos(st: Transformer, spec: ModelSpec, cfg: ParallelConfig, tp_rank: int) -> dict[str, ParamInfo]:
+    """The records of one (tensor-parallel) stage's parameters, by full name.
+
+    Under sequence parallelism a parameter held whole on every tp rank sees one sequence shard: its gradient is
+    also summed over tp. A tied embedding split over the two ends of the pipeline (pp > 1) sums its two
+    gradients; the head's copy is drawn as the embedding and left out of the norm, as is every replica of a
+    whole parameter on tp rank > 0."""
+    shards = param_shards(st)
+    sp = cfg.sp and cfg.tp > 1
+    split_tied = spec.tie_embeddings and cfg.pp > 1
+    out = {}
+    for name, p in st.named_parameters():
+        shard = shards.get(id(p))
+        head_copy = split_tied and name == HEAD
+        if split_tied and name in (EMBED, HEAD):
+            reduce = DP_EMBED
+        else:
+            reduce = DP_TP if sp and shard is None else DP
+        in_norm = not head_copy and (shard is not None or tp_rank == 0)
+        out[name] = ParamInfo(name, shard, reduce, in_norm, EMBED if head_copy else name)
+    return out
 
 
-def materialize(chunks: list[Transformer], spec: ModelSpec, seed: int, device: torch.device,
+def materialize(chunks: list[Transformer], table: ParamTable, spec: ModelSpec, seed: int, device: torch.device,
                 dtype: torch.dtype = torch.float32) -> None:
-    """Allocate the chunks' parameters on ``device`` (keeping their flags and ties) and initialise them."""
+    """Allocate the chunks' parameters on ``device`` in ``dtype`` (keeping ties) and initialise them."""
     fresh: dict[int, nn.Parameter] = {}
     for mod in itertools.chain.from_iterable(c.modules() for c in chunks):
         for name, p in list(mod._parameters.items()):
             if p is None:
                 continue
             if id(p) not in fresh:
-                q = nn.Parameter(torch.empty(p.shape, device=device, dtype=dtype), requires_grad=p.requires_grad)
-                q.__dict__.update(p.__dict__)
-                fresh[id(p)] = q
+                fresh[id(p)] = nn.Parameter(torch.empty(p.shape, device=device, dtype=dtype),
+                                            requires_grad=p.requires_grad)
             mod._parameters[name] = fresh[id(p)]
     for c in chunks:
-        init_parameters(c, spec, seed)
+        init_parameters(c, spec, seed, table.infos)

@@ -16,7 +16,6 @@ the cost model prices it. With sequence parallelism each rank's tensor already i
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Sequence
 
 import torch
@@ -76,14 +75,12 @@ class PipelineRunner:
 
     def __init__(self, chunks: list[Transformer], groups: ParallelGroups, cfg: ParallelConfig, microbatches: int,
                  act_shape: tuple[int, ...], act_dtype: torch.dtype, param_dtype: torch.dtype, device: torch.device,
-                 autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
                  on_backward: Callable[[int, bool], None] | None = None) -> None:
         self.chunks, self.g, self.cfg, self.m = chunks, groups, cfg, microbatches
         self.schedule = build_schedule(cfg.pp, cfg.vpp, microbatches)[groups.pp_rank]
         self.final_b = last_backward(self.schedule)
         self.nv = cfg.pp * cfg.vpp
         self.act_shape, self.act_dtype, self.param_dtype, self.device = act_shape, act_dtype, param_dtype, device
-        self.autocast = autocast
         self.on_backward = on_backward  # (chunk, is_final) before each backward: DP hooks arm on the final one
         self.p2p = P2P(groups.tp_group, cfg.tp, groups.tp_rank, split=not cfg.sp)
 
@@ -101,8 +98,7 @@ class PipelineRunner:
                 else:
                     buf = self.p2p.recv(self.act_shape, self.act_dtype, self.device, g.pp_peer(r - 1), g.act_group)
                     x = buf.to(self.param_dtype).requires_grad_()
-                with self.autocast():
-                    y = self.chunks[a.chunk](x, targets[a.microbatch] if last else None)
+                y = self.chunks[a.chunk](x, targets[a.microbatch] if last else None)
                 if last:
                     loss_sum += y.detach().float()
                     y = y / self.m  # the step's loss is the mean over micro-batches

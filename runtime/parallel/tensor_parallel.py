@@ -9,9 +9,9 @@
   multiple of tp with zero rows); the loss is ``kernels.vocab_parallel_linear_cross_entropy``, so full
   logits never exist on one rank.
 
-Each sharded parameter carries ``shard`` (:class:`ShardSpec`), the recipe that slices it out of the full
-tensor; initialisation, checkpoints and the tests use it. Under SP every replicated parameter of a stage
-gets ``sequence_parallel = True``: its gradient is partial (one sequence shard) and is summed over tp.
+Each parallel module lists its sharded parameters in ``shards`` (parameter name -> :class:`ShardSpec`, the
+recipe that slices it out of the full tensor); :func:`param_shards` collects them for ``parallelize``, which
+records them in each parameter's :class:`~runtime.parallel.params.ParamInfo`.
 """
 
 from __future__ import annotations
@@ -89,30 +89,47 @@ def gather_full(t: torch.Tensor, spec: ShardSpec | None, group: dist.ProcessGrou
 def _sharded(shape: tuple[int, ...], spec: ShardSpec, like: torch.Tensor) -> nn.Parameter:
     local = list(shape)
     local[spec.dim] = spec.local_len()
-    p = nn.Parameter(torch.empty(local, dtype=like.dtype, device=like.device))
-    p.shard = spec  # type: ignore[attr-defined]
-    return p
+    return nn.Parameter(torch.empty(local, dtype=like.dtype, device=like.device))
 
 
-class ColumnParallelLinear(nn.Module):
+class ShardedModule(nn.Module):
+    """A tensor-parallel module: ``shards`` names its sharded parameters and their slices."""
+
+    shards: dict[str, ShardSpec]
+
+
+def param_shards(module: nn.Module) -> dict[int, ShardSpec]:
+    """The shard spec of every sharded parameter under ``module``, by ``id`` of the parameter."""
+    out = {}
+    for mod in module.modules():
+        if isinstance(mod, ShardedModule):
+            for name, spec in mod.shards.items():
+                out[id(mod._parameters[name])] = spec
+    return out
+
+
+class ColumnParallelLinear(ShardedModule):
     def __init__(self, lin: nn.Linear, segments: tuple[int, ...], g: ParallelGroups, sp: bool) -> None:
         super().__init__()
         self.group, self.sp = g.tp_group, sp
         spec = ShardSpec(0, segments, g.tp_rank, g.tp)
         self.weight = _sharded(tuple(lin.weight.shape), spec, lin.weight)
         self.bias = _sharded(tuple(lin.bias.shape), spec, lin.bias) if lin.bias is not None else None
+        self.shards = {"weight": spec} | ({"bias": spec} if self.bias is not None else {})
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = gather_from_sp(x, self.group) if self.sp else copy_to_tp(x, self.group)
         return F.linear(x, self.weight, self.bias)
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(ShardedModule):
     def __init__(self, lin: nn.Linear, g: ParallelGroups, sp: bool) -> None:
         super().__init__()
         self.group, self.sp = g.tp_group, sp
-        self.weight = _sharded(tuple(lin.weight.shape), ShardSpec(1, (lin.in_features,), g.tp_rank, g.tp), lin.weight)
+        spec = ShardSpec(1, (lin.in_features,), g.tp_rank, g.tp)
+        self.weight = _sharded(tuple(lin.weight.shape), spec, lin.weight)
         self.bias = lin.bias  # replicated, added once after the reduction
+        self.shards = {"weight": spec}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.linear(x, self.weight)
@@ -120,13 +137,14 @@ class RowParallelLinear(nn.Module):
         return y + self.bias if self.bias is not None else y
 
 
-class VocabParallelEmbedding(nn.Module):
+class VocabParallelEmbedding(ShardedModule):
     def __init__(self, tok: TokenEmbedding, g: ParallelGroups, sp: bool) -> None:
         super().__init__()
         self.group, self.sp = g.tp_group, sp
         vocab = tok.weight.shape[0]
         spec = ShardSpec(0, (vocab,), g.tp_rank, g.tp)
         self.weight = _sharded(tuple(tok.weight.shape), spec, tok.weight)
+        self.shards = {"weight": spec}
         self.start, self.per = g.tp_rank * spec.local_len(), spec.local_len()
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -149,7 +167,7 @@ class SequenceParallelPositions(nn.Module):
         return self.weight[self.rank * n:(self.rank + 1) * n]
 
 
-class VocabParallelOutput(nn.Module):
+class VocabParallelOutput(ShardedModule):
     """The LM head over a vocabulary shard; ``loss`` matches :meth:`OutputLayer.loss` (the mean)."""
 
     def __init__(self, out: OutputLayer, g: ParallelGroups, sp: bool, weight: nn.Parameter | None = None) -> None:
@@ -158,8 +176,7 @@ class VocabParallelOutput(nn.Module):
         self.vocab = out.weight.shape[0]
         spec = ShardSpec(0, (self.vocab,), g.tp_rank, g.tp)
         self.weight = weight if weight is not None else _sharded(tuple(out.weight.shape), spec, out.weight)
-        if hasattr(out.weight, "init_key"):
-            self.weight.init_key = out.weight.init_key  # type: ignore[attr-defined]
+        self.shards = {"weight": spec}
         self.start = g.tp_rank * spec.local_len()
         self.rows = min(spec.local_len(), self.vocab - self.start)  # the rest is padding
         if self.rows <= 0:
@@ -199,7 +216,3 @@ def apply_tensor_parallel(stage: Transformer, g: ParallelGroups, sp: bool) -> No
             stage.embed.pos = SequenceParallelPositions(stage.embed.pos, g)
     if stage.head is not None:
         stage.head.out = VocabParallelOutput(stage.head.out, g, sp, weight=tied)
-    if sp:
-        for p in stage.parameters():
-            if not hasattr(p, "shard"):
-                p.sequence_parallel = True  # type: ignore[attr-defined]

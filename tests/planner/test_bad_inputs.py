@@ -210,3 +210,11 @@ def test_fixed_mesh_that_does_not_match_the_gpus(capsys):
 def test_runnable_conflicts_read_as_plan_keys(capsys, fix, needle):
     err = fails(capsys, "plan", *TINY, "--runnable", "--fix", fix)
     assert needle in err and "True" not in err and "False" not in err and "[" not in err
+
+
+def test_runnable_refuses_a_cluster_whose_state_the_runtime_cannot_keep(tmp_path, capsys):
+    cluster = tmp_path / "fp16.yaml"
+    cluster.write_text("name: fp16box\ngpu: v100-sxm2-32gb\ngpus_per_node: 4\nintra_node: {bandwidth_GBps: 150}\n"
+                       "precision: fp16\n")
+    err = fails(capsys, "plan", "--model", "tiny", "--cluster", str(cluster), "--global-batch", "16", "--runnable")
+    assert "--runnable: cluster fp16box computes in fp16" in err and "no loss scaling" in err

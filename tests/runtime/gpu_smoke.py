@@ -2,7 +2,8 @@
 
 ``python tests/runtime/gpu_smoke.py [--skip-throughput]`` prints one ``RESULT {json}`` line:
 
-* ``bf16``: the tiny plan trained 30 steps on the GPU with bf16 autocast (NCCL, one rank): first/last loss;
+* ``bf16``: the tiny plan trained 30 steps on the GPU in bf16 (bf16 parameters, fp32 gradients and master
+  weights; NCCL, one rank): first/last loss;
 * ``fp32_vs_cpu``: 3 steps of an fp32 plan on the GPU and on the CPU: largest relative loss difference;
 * ``resume``: torchrun + NCCL, checkpoint at step 2 of 4, resume, losses equal to an uninterrupted run;
 * ``throughput``: the llama-1b preset (seq 4096, micro-batch 2, bf16), tokens/s, MFU and peak memory,

@@ -25,6 +25,7 @@ from specs.model import ModelSpec
 from specs.parallel import ParallelConfig
 from specs.planfile import PlanFile, TrainConfig, make_plan
 from specs.rules import PlanContext, check_plan
+from specs.state import StateSpec
 
 TRAIN = TrainConfig(steps=3, lr=3e-3, min_lr=3e-4, warmup_steps=1, weight_decay=0.1, grad_clip=1.0, seed=7)
 
@@ -51,11 +52,10 @@ def case_plan(case: dict[str, Any]) -> PlanFile:
     spec = case_spec(case)
     check_plan(cfg, PlanContext(spec, cfg.world, case.get("global_batch", 8)))
     train = TRAIN.model_copy(update={"steps": case.get("steps", 3)})
-    return make_plan(spec, load_cluster("cpu-gloo"), case.get("global_batch", 8), cfg, train=train)
-
-
-def _names(tr: Trainer) -> dict[int, str]:
-    return {id(p): n for c in tr.chunks for n, p in c.named_parameters()}
+    # small gradient buckets (several per chunk); ``state`` picks the precisions (default: the cluster's, fp32)
+    state = StateSpec.default(case.get("state", "fp32")).model_copy(
+        update={"bucket_params": case.get("bucket_params", 3000)})
+    return make_plan(spec, load_cluster("cpu-gloo"), case.get("global_batch", 8), cfg, train=train, state=state)
 
 
 def full_grads(tr: Trainer) -> dict[str, np.ndarray] | None:
@@ -63,16 +63,20 @@ def full_grads(tr: Trainer) -> dict[str, np.ndarray] | None:
 
     Returned by the rank with tp_rank == dp_rank == 0 of each pipeline stage; None elsewhere.
     """
-    g, dp, names = tr.g, tr.dp, _names(tr)
-    out = {}
+    g, dp = tr.g, tr.dp
+    flat: dict[str, list[torch.Tensor]] = {}
     for b in dp.buckets:
         full = b.grad_data
         if dp.zero:
             full = torch.empty_like(b.grad_data)
-            all_gather_into(full, b.grad_shard.contiguous(), g.dp_group)
-        for p, a, e in b.ranges:
-            t = gather_full(full[a:e].view(p.shape), getattr(p, "shard", None), g.tp_group)
-            out[names[id(p)]] = t.numpy().copy()
+            all_gather_into(full, b.grad_shard.contiguous(), g.dpcp_group)
+        for s in b.spans:  # a parameter may span two buckets: its pieces in order
+            flat.setdefault(s.info.name, []).append(full[s.start:s.end])
+    out = {}
+    for c in tr.chunks:
+        for p, info in tr.params.named(c):
+            whole = torch.cat(flat[info.name]).view(p.shape)
+            out[info.name] = gather_full(whole, info.shard, g.tp_group).float().numpy().copy()
     return out if g.tp_rank == 0 and g.dp_rank == 0 else None
 
 
@@ -83,8 +87,7 @@ def _trainer(rank: int, case: dict[str, Any], data_path: str) -> tuple[Trainer |
     if groups is None:
         return None, None
     data = TokenData(data_path, plan.seq, plan.model.vocab_size, plan.train.seed)
-    tr = Trainer(plan, groups, torch.device("cpu"), data, steps=plan.train.steps,
-                 bucket_numel=case.get("bucket_numel", 3000))
+    tr = Trainer(plan, groups, torch.device("cpu"), data, steps=plan.train.steps)
     return tr, groups
 
 
@@ -99,7 +102,7 @@ def equivalence(rank: int, case: dict[str, Any], data_path: str) -> dict[str, An
         losses = [tr.finish_step(loss_sum).loss]
         while tr.step < tr.steps:
             losses.append(tr.train_step().loss)
-        params = {n: p.detach().numpy().copy() for c in tr.chunks for n, p in c.named_parameters()}
+        params = {n: p.detach().float().numpy().copy() for c in tr.chunks for n, p in c.named_parameters()}
         return {"grads": grads, "losses": losses, "params": params if groups.tp == 1 and groups.dp_rank == 0 else None}
     finally:
         dist.barrier(group=groups.world)
@@ -146,7 +149,7 @@ def overlap_run(rank: int, case: dict[str, Any], data_path: str) -> dict[str, An
             tr.dp.finish_grad_sync()
             losses.append(tr.finish_step(loss_sum).loss)
         tr.dp.wait_param_gather()
-        params = {n: p.detach().numpy().copy() for c in tr.chunks for n, p in c.named_parameters()}
+        params = {n: p.detach().float().numpy().copy() for c in tr.chunks for n, p in c.named_parameters()}
         return {"losses": losses, "params": params, "early": early, "buckets": len(tr.dp.buckets)}
     finally:
         dist.barrier(group=groups.world)
@@ -160,8 +163,9 @@ def mesh_layout(rank: int, cfg: dict[str, int]) -> dict[str, Any] | None:
     if g is None:
         return None
     try:
-        members = {name: dist.get_process_group_ranks(getattr(g, f"{name}_group")) for name in ("tp", "dp", "pp", "mp")}
-        return {"coord": (g.pp_rank, g.dp_rank, g.cp_rank, g.tp_rank), **members}
+        members = {name: dist.get_process_group_ranks(getattr(g, f"{name}_group"))
+                   for name in ("tp", "dp", "cp", "dpcp", "pp", "mp")}
+        return {"coord": (g.pp_rank, g.dp_rank, g.cp_rank, g.tp_rank), "dpcp_rank": g.dpcp_rank, **members}
     finally:
         dist.barrier(group=g.world)
         g.destroy()
@@ -188,5 +192,38 @@ def p2p_volume(rank: int, case: dict[str, Any], data_path: str) -> dict[str, Any
         return {"sent": sent, "act": math.prod(tr.runner.act_shape), "tp": groups.tp, "losses": losses}
     finally:
         dist.isend = real
+        dist.barrier(group=groups.world)
+        groups.destroy()
+
+
+def _nbytes(tensors: list[torch.Tensor | None]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def state_report(rank: int, case: dict[str, Any], data_path: str) -> dict[str, Any] | None:
+    """After one step: this rank's data-parallel gradient buckets per model chunk and its model state's bytes by
+    kind, measured from the tensors it keeps (parameter buffers, gradient buffers, master copies and Adam
+    moments), the padding elements of its buffers, and the parameter tensors living outside the buffers."""
+    tr, groups = _trainer(rank, case, data_path)
+    if tr is None:
+        return None
+    try:
+        loss = tr.train_step().loss
+        dp, opt = tr.dp, tr.opt
+        pbufs, gbufs = [p for p, _ in dp.buffers], [g for _, g in dp.buffers]
+        params = [p for c in tr.chunks for p in c.parameters()]
+        inside = {b.untyped_storage().data_ptr() for b in pbufs + gbufs}
+        stray = [t for p in params for t in (p.data, p.grad)
+                 if t is not None and t.untyped_storage().data_ptr() not in inside]
+        return {
+            "pp_rank": groups.pp_rank, "vstages": [c * groups.pp + groups.pp_rank for c in range(len(tr.chunks))],
+            "buckets": [sum(b.chunk == c for b in dp.buckets) for c in range(len(tr.chunks))],
+            "bytes": {"weights": _nbytes(pbufs), "gradients": _nbytes(gbufs),
+                      "optimizer": _nbytes(opt.master + opt.exp_avg + opt.exp_avg_sq)},
+            "padding": sum(b.numel() for b in pbufs) - sum(p.numel() for p in params),
+            "dtypes": [str(pbufs[0].dtype), str(gbufs[0].dtype)], "d": dp.d, "zero": dp.zero,
+            "stray": len(stray), "loss": loss,
+        }
+    finally:
         dist.barrier(group=groups.world)
         groups.destroy()

@@ -13,10 +13,13 @@ OVERLAP_CASES = [
     dict(tp=1, pp=2, dp=2, sched="interleaved", zero=0, arch="llama", steps=3),  # two chunks per rank
     dict(tp=2, pp=1, dp=2, sp=True, zero=1, arch="gpt", tied=True, steps=3),
     dict(tp=2, pp=2, dp=2, sched="interleaved", zero=1, arch="gpt", tied=True, steps=3),
+    # bf16 parameters, fp32 gradients accumulated by hooks ("main grad"), fp32 master weights
+    dict(tp=2, pp=2, dp=2, sp=True, zero=1, arch="llama", tied=True, state="bf16", steps=3),
 ]
 
 
-@pytest.mark.parametrize("case", OVERLAP_CASES, ids=["pp2-vpp2-zero0", "tp2-sp-zero1", "tp2-pp2-vpp2-zero1-tied"])
+@pytest.mark.parametrize("case", OVERLAP_CASES,
+                         ids=["pp2-vpp2-zero0", "tp2-sp-zero1", "tp2-pp2-vpp2-zero1-tied", "bf16-tp2-pp2-sp-zero1-tied"])
 def test_overlapped_dp_is_identical_to_not_overlapped(pool, tokens64, case):
     on = pool.run("rt_cases:overlap_run", {**case, "dp_overlap": True}, tokens64)
     off = pool.run("rt_cases:overlap_run", {**case, "dp_overlap": False}, tokens64)
@@ -41,10 +44,11 @@ def name_in_stage(params: dict) -> bool:
 CKPT_CASES = [
     dict(tp=2, pp=2, dp=2, sp=True, sched="interleaved", zero=1, arch="gpt", dropout=0.1, steps=6),
     dict(tp=1, pp=2, dp=2, zero=0, arch="llama", tied=True, steps=6, dp_overlap=True),
+    dict(tp=2, pp=1, dp=2, zero=1, arch="llama", state="bf16", steps=6),  # bf16 parameters, fp32 masters
 ]
 
 
-@pytest.mark.parametrize("case", CKPT_CASES, ids=["tp2-pp2-dp2-zero1-dropout", "pp2-dp2-tied"])
+@pytest.mark.parametrize("case", CKPT_CASES, ids=["tp2-pp2-dp2-zero1-dropout", "pp2-dp2-tied", "bf16-tp2-dp2-zero1"])
 def test_resume_continues_exactly(pool, tokens64, tmp_path, case):
     whole = pool.run("rt_cases:train_with_checkpoints", case, tokens64, str(tmp_path / "a"), [], False)[0]
     first = pool.run("rt_cases:train_with_checkpoints", case, tokens64, str(tmp_path / "b"), [2, 3], False, 4)[0]
@@ -86,6 +90,19 @@ def test_mesh_rank_order_puts_tp_innermost(pool):
         assert r["dp"] == [pp * 4 + tp, pp * 4 + 2 + tp]
         assert r["pp"] == [dp * 2 + tp, 4 + dp * 2 + tp]
         assert r["mp"] == sorted([dp * 2, dp * 2 + 1, 4 + dp * 2, 4 + dp * 2 + 1])
+        assert r["cp"] == [rank] and r["dpcp"] == r["dp"] and r["dpcp_rank"] == dp
+
+
+def test_mesh_data_parallel_group_spans_dp_and_cp(pool):
+    """Data parallelism reduces over dp x cp: the ranks of one (pp, tp) position, dp major, cp minor."""
+    res = pool.run("rt_cases:mesh_layout", dict(tp=2, dp=2, cp=2))
+    for rank, r in enumerate(res):
+        pp, dp, cp, tp = r["coord"]
+        assert rank == (dp * 2 + cp) * 2 + tp
+        assert r["cp"] == [(dp * 2 + c) * 2 + tp for c in range(2)]
+        assert r["dpcp"] == [(d * 2 + c) * 2 + tp for d in range(2) for c in range(2)]
+        assert r["dpcp"].index(rank) == r["dpcp_rank"] == dp * 2 + cp
+        assert r["mp"] == r["tp"]  # the gradient norm's group: one replica of the dp x cp reduced gradients
 
 
 def test_checkpoint_meta_records_the_data_position(pool, tokens64, tmp_path):

@@ -1,23 +1,34 @@
-"""Single-process pieces: the token data, shard specs, the LR schedule, the metrics lines."""
+"""Single-process pieces: the token data, shard specs, the LR schedule, the metrics lines, gradient bucket bounds,
+the per-parameter records, and the model state the runtime keeps or refuses."""
 
 from __future__ import annotations
 
 import json
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
+from rt_cases import case_spec
 
+from cost_models.params import gradient_groups
 from runtime.data import TokenData, open_tokens
 from runtime.metrics import MetricsLog
+from runtime.models import build_model
+from runtime.parallel.data_parallel import bucket_bounds
 from runtime.parallel.optimizer import lr_at
-from runtime.parallel.tensor_parallel import ShardSpec
+from runtime.parallel.parallelize import param_infos, stage_layer_ids
+from runtime.parallel.params import DP, DP_EMBED, DP_TP
+from runtime.parallel.tensor_parallel import ShardSpec, apply_tensor_parallel
+from runtime.trainer import check_supported, executed_state
+from specs.capabilities import state_problem
 from specs.cluster import load_cluster
 from specs.errors import AutoparError
 from specs.model_loading import load_model
 from specs.parallel import ParallelConfig
 from specs.planfile import TrainConfig, make_plan
+from specs.state import StateSpec
 
 
 @pytest.fixture
@@ -114,3 +125,57 @@ def test_metrics_lines(tmp_path, capsys):
     MetricsLog(plan, path, 2, enabled=True, quiet=True, append=True).record(2, 2.5, 1.0, 1e-3, 1.0, 0.25)
     assert [json.loads(x)["step"] for x in path.read_text().splitlines()] == [1, 2]
     assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize("n,size,unit", [(10, 4, 1), (10, 4, 4), (9280, 3000, 2), (9280, 3000, 8), (5, 1, 2), (1, 100, 8)])
+def test_bucket_bounds_cut_a_group_into_equal_buckets(n, size, unit):
+    bounds = bucket_bounds(n, size, unit)
+    assert len(bounds) == math.ceil(n / size)  # what cost_models.params.gradient_buckets counts
+    assert bounds[0][0] == 0 and all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+    sizes = [e - a for a, e in bounds]
+    assert all(x % unit == 0 for x in sizes) and max(sizes) - min(sizes) <= unit
+    assert 0 <= bounds[-1][1] - n < unit  # padding only at the group's end, fewer than unit elements
+    if unit == 1:
+        assert max(sizes) <= size
+
+
+@pytest.mark.parametrize("arch,tied,tp,sp,pp,vpp", [("llama", True, 2, True, 2, 2), ("gpt", True, 4, True, 2, 1),
+                                                    ("gpt", False, 2, False, 1, 1), ("llama", True, 1, False, 1, 1)])
+def test_param_records_group_parameters_as_the_cost_model_counts(arch, tied, tp, sp, pp, vpp):
+    spec = case_spec(dict(arch=arch, tied=tied, tp=tp))
+    cfg = ParallelConfig(tp=tp, sp=sp, pp=pp, vpp=vpp)
+    nv = pp * vpp
+    priced = gradient_groups(spec, tp, sp and tp > 1, np.array(cfg.stage_layers(spec.num_layers), dtype=float))
+    for tp_rank in range(tp):
+        for v in range(nv):
+            st = build_model(spec, "meta").stage(stage_layer_ids(cfg, spec.num_layers, v), first=v == 0,
+                                                 last=v == nv - 1)
+            apply_tensor_parallel(st, SimpleNamespace(tp=tp, tp_rank=tp_rank, tp_group=None), sp and tp > 1)
+            infos = param_infos(st, spec, cfg, tp_rank)
+            count = dict.fromkeys((DP, DP_TP, DP_EMBED), 0)
+            for name, p in st.named_parameters():
+                info = infos[name]
+                count[info.reduce] += p.numel()
+                whole = name.endswith(("norm.weight", "norm.bias", "pos.weight", "attn.proj.bias", "mlp.proj.bias"))
+                assert info.name == name and (info.shard is not None) == (tp > 1 and not whole)
+                head_copy = tied and pp > 1 and name == "head.out.weight"
+                assert info.init_key == ("embed.tok.weight" if head_copy else name)
+                assert info.in_norm == (not head_copy and (info.shard is not None or tp_rank == 0))
+            assert [count[DP], count[DP_TP], count[DP_EMBED]] == [g[v] for g in priced], (tp_rank, v)
+
+
+def test_runtime_keeps_the_plans_state_or_refuses_it():
+    assert state_problem(StateSpec.default("fp32")) is None and state_problem(StateSpec.default("bf16")) is None
+    fp16 = state_problem(StateSpec.default("fp16"))
+    assert "fp16" in fp16 and "loss scaling" in fp16 and "\n" not in fp16
+    mixed = StateSpec(params="bf16", grads="fp32", grad_reduce="bf16", master_weights=True)
+    assert "grad_reduce=fp32" in state_problem(mixed)
+    model = load_model("tiny")
+    gpu = make_plan(model, load_cluster("dgx-h100", gpus=1), 16, ParallelConfig(),
+                    state=StateSpec.default("bf16").model_copy(update={"bucket_params": 123}))
+    check_supported(gpu)
+    assert executed_state(gpu, torch.device("cuda", 0)) == gpu.state
+    cpu = executed_state(gpu, torch.device("cpu"))  # a CUDA plan on a machine without CUDA: fp32 on the CPU
+    assert (cpu.params, cpu.grads, cpu.master_weights, cpu.bucket_params) == ("fp32", "fp32", False, 123)
+    with pytest.raises(AutoparError, match="state.params=fp16"):
+        check_supported(gpu.model_copy(update={"state": StateSpec.default("fp16")}))

@@ -1,0 +1,89 @@
+"""The runtime executes exactly what the cost model priced: for every plan of the equivalence set, each rank's
+data-parallel gradient buckets per model chunk are the buckets the cost model counts
+(``cost_models.params.gradient_buckets``), and the bytes of its model state — parameter buffers, gradient
+buffers, master copies and Adam moments, measured from the tensors it keeps after a step — are the weights,
+gradients and optimizer state the cost model prices for its pipeline stage
+(``cost_models.step.estimate(...).stage_memory_breakdown``).
+
+The one allowed difference is ZeRO-1's padding: each bucket is a multiple of the data-parallel group size ``d``
+(so it reduce-scatters evenly), which adds at most ``d - 1`` elements per bucket to the parameter and gradient
+buffers (times their element size) and a ``1/d`` share of them to the optimizer state. The ranks report their
+padding; the test checks it is within that bound and that it accounts for the difference exactly.
+
+gloo in torch 2.13 reduces, reduce-scatters and all-gathers bf16 tensors, so the bf16 plans (bf16 parameters,
+fp32 gradients and master weights: 18 bytes per parameter) run on the gloo pool like the fp32 ones (16 bytes).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from rt_cases import case_plan
+from rt_reference import reference_run
+from test_equivalence import CASES, _id
+
+from cost_models.params import gradient_buckets, gradient_groups
+from cost_models.step import estimate
+from specs.planfile import PlanFile
+
+GiB = 2**30
+KINDS = {"weights": "param_bytes", "gradients": "grad_bytes", "optimizer": "optimizer_bytes"}
+
+# bf16 parameters with fp32 gradients (a "main grad" per parameter) and fp32 master weights: ZeRO-1 with tp, sp,
+# interleaving and a tied embedding, and ZeRO-0 over a pipeline.
+BF16_CASES = [
+    dict(tp=2, pp=2, dp=2, sp=True, sched="interleaved", zero=1, arch="gpt", tied=True, state="bf16"),
+    dict(tp=1, pp=2, dp=2, sched="1f1b", zero=0, arch="llama", state="bf16", bucket_params=1000),
+]
+
+
+def priced_buckets(plan: PlanFile) -> np.ndarray:
+    """The cost model's gradient buckets of each virtual stage."""
+    cfg = plan.config
+    layers = np.array(cfg.stage_layers(plan.model.num_layers), dtype=float)
+    groups = gradient_groups(plan.model, cfg.tp, cfg.sp and cfg.tp > 1, layers)
+    return gradient_buckets(groups, plan.state.bucket_params)
+
+
+def check_rank(plan: PlanFile, r: dict, buckets: np.ndarray, priced: dict[str, float]) -> None:
+    """One rank's buckets and state bytes against the cost model's."""
+    assert r["buckets"] == [int(buckets[v]) for v in r["vstages"]], (r["vstages"], r["buckets"], buckets)
+    assert r["stray"] == 0  # every parameter and gradient tensor lives in the buffers
+    d, pad, nb = r["d"], r["padding"], sum(r["buckets"])
+    assert 0 <= pad <= (d - 1) * nb if r["zero"] else pad == 0
+    for kind, attr in KINDS.items():
+        per_param = getattr(plan.state, attr)
+        cost = priced[kind] * GiB
+        padded = pad * per_param / (d if kind == "optimizer" and r["zero"] else 1)
+        tolerance = (d - 1) * nb * per_param  # ZeRO-1: at most d - 1 padding elements per bucket
+        assert abs(r["bytes"][kind] - cost) <= tolerance, (kind, r["bytes"][kind], cost)
+        assert r["bytes"][kind] == pytest.approx(cost + padded, rel=1e-12, abs=1e-6), (kind, r["bytes"][kind], cost)
+
+
+def check_plan_run(pool, tokens64: str, case: dict) -> list[dict]:
+    plan = case_plan(case)
+    est = estimate(plan.model, plan.cluster, plan.config, plan.global_batch, validate=False, state=plan.state)
+    buckets = priced_buckets(plan)
+    reports = [r for r in pool.run("rt_cases:state_report", case, tokens64) if r is not None]
+    assert len(reports) == plan.world_size
+    for r in reports:
+        check_rank(plan, r, buckets, est.stage_memory_breakdown[r["pp_rank"]])
+    return reports
+
+
+@pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
+def test_buckets_and_state_bytes_are_priced(pool, tokens64, case):
+    reports = check_plan_run(pool, tokens64, case)
+    assert all(r["dtypes"] == ["torch.float32", "torch.float32"] for r in reports)
+
+
+@pytest.mark.parametrize("case", BF16_CASES, ids=[_id(c) for c in BF16_CASES])
+def test_bf16_state_is_priced_and_trains(pool, tokens64, case):
+    reports = check_plan_run(pool, tokens64, case)
+    assert all(r["dtypes"] == ["torch.bfloat16", "torch.float32"] for r in reports)
+    assert all(r["bytes"]["optimizer"] > 2 * r["bytes"]["weights"] for r in reports)  # master + moments, fp32
+    loss = reports[0]["loss"]
+    want = reference_run(case_plan({**case, "state": "fp32", "steps": 1}), tokens64)["losses"][0]
+    assert math.isfinite(loss) and abs(loss - want) <= 1e-2 * want  # bf16 compute, the fp32 model's loss
