@@ -37,13 +37,15 @@ Pipeline = Literal["closed", "mixed", "exact"]
 
 def estimate_batch(model: ModelSpec, cluster: ClusterSpec, c: Candidates, global_batch: int,
                    state: StateSpec | None = None, pipeline: Pipeline = "mixed",
-                   progress: Callable[[int, int], None] | None = None) -> BatchResult:
+                   progress: Callable[[int, int], None] | None = None,
+                   fits_GiB: float | None = None) -> BatchResult:
     """Step time (s) and peak memory per GPU (GiB) of every candidate of ``c``.
 
     ``pipeline``: "mixed" (the default, described above); "closed" prices even the interleaved pipelines whose
     chunks differ in size in closed form (faster, their times within about 11%; memory is the same); "exact"
-    replays every candidate's schedule table as the exact model does (slow: ``--exhaustive``). ``progress``
-    is called with (candidates priced, all candidates) after each group."""
+    replays every candidate's schedule table as the exact model does (slow: ``--exhaustive``). With
+    ``fits_GiB`` only the candidates that fit in that much memory per GPU are timed (the others' time is
+    infinite). ``progress`` is called with (candidates priced, all candidates) after each group."""
     state = state or StateSpec.default(cluster.precision)
     cm, comm = ComputeModel(cluster.gpu, cluster.precision), CommModel(cluster)
     terms = layer_terms(model, cm, comm, c)
@@ -57,13 +59,16 @@ def estimate_batch(model: ModelSpec, cluster: ClusterSpec, c: Candidates, global
         recomputed = np.where(g.recompute[:, None] == FULL, layers[None, :], 0.0)
         costs = stage_costs(model, comm, state, g, terms.take(idx), layers, recomputed, cm.eb)
         m = global_batch // (g.dp * g.mbs)
-        chunks_differ = vpp > 1 and len(set(layers.tolist())) > 1
-        replay = {"exact": table_replay, "mixed": wave_replay if chunks_differ else closed_form}
-        pipe = replay.get(pipeline, closed_form)(costs.f, costs.b, int(pp), int(vpp), m)
-        tail = rank_tail(model, cm, comm, state, g, costs, pipe, m, cluster.num_gpus)
         mem = rank_memory(model, g, state, cluster.backend, m, costs.params, costs.act_bytes, costs.work_bytes)
-        step[idx] = tail.step_time
         memory[idx] = mem.total.max(axis=1) / GiB
+        timed = np.nonzero(memory[idx] <= fits_GiB)[0] if fits_GiB is not None else np.arange(len(idx))
+        step[idx] = np.inf
+        if len(timed):
+            g, costs, m = g.take(timed), costs.take(timed), m[timed]
+            chunks_differ = vpp > 1 and len(set(layers.tolist())) > 1
+            replay = {"exact": table_replay, "mixed": wave_replay if chunks_differ else closed_form}
+            pipe = replay.get(pipeline, closed_form)(costs.f, costs.b, int(pp), int(vpp), m)
+            step[idx[timed]] = rank_tail(model, cm, comm, state, g, costs, pipe, m, cluster.num_gpus).step_time
         done += len(idx)
         if progress:
             progress(done, len(c))

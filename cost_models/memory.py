@@ -128,11 +128,14 @@ def rank_memory(model: ModelSpec, c: Candidates, state: StateSpec, backend: str,
     n = len(c)
     rank_params = params.reshape(n, vpp, pp).sum(axis=1)
     st = state_bytes(rank_params, c.zero[:, None], (c.dp * c.cp)[:, None], state)
-    peak = np.zeros((n, pp))
     m = np.asarray(m)
-    for mi in np.unique(m):
-        rows = np.nonzero(m == mi)[0]
-        peak[rows] = peak_inflight_bytes(pp, vpp, int(mi), act_bytes[rows])
+    if vpp == 1:  # 1F1B: rank r holds min(pp - r, m) micro-batches at its peak
+        peak = act_bytes * np.minimum(pp - np.arange(pp)[None, :], m[:, None])
+    else:
+        peak = np.zeros((n, pp))
+        for mi in np.unique(m):
+            rows = np.nonzero(m == mi)[0]
+            peak[rows] = peak_inflight_bytes(pp, vpp, int(mi), act_bytes[rows])
     temp = work_bytes.reshape(n, vpp, pp).max(axis=1) + zero3_gather_bytes(model, c.tp, c.zero, state)[:, None]
     dynamic = peak + temp
     reserved = RESERVED_GIB.get(backend, 1.0) * GiB

@@ -62,7 +62,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
     cands = enumerate_space(model, cluster, global_batch, fixed, exhaustive, flags)
     cap = cluster.gpu.memory_GiB - headroom_GiB
     n_ref = refine_count or max(2 * top, 16)
-    res = estimate_batch(model, cluster, cands, global_batch, state, "exact" if exhaustive else "closed", progress)
+    res = estimate_batch(model, cluster, cands, global_batch, state, "exact" if exhaustive else "closed", progress,
+                         fits_GiB=cap)
     fits = res.memory_GiB <= cap
     if fits.any() and not exhaustive:  # replay the pipelines the closed form is least sure of, where it matters
         near = np.nonzero(fits & (res.step_time <= CLOSED_FORM_SLACK * res.step_time[fits].min()))[0]
