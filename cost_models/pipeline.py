@@ -285,19 +285,37 @@ def _levels(pp: int, vpp: int, m: int) -> _Levels:
     prev = np.where(np.r_[False, rank[1:] == rank[:-1]], ids - 1, n)
     dep = np.where(back, where[1, np.minimum(v + 1, nv - 1), mb], where[0, np.maximum(v - 1, 0), mb])
     dep = np.where(back & (v == nv - 1) | ~back & (v == 0), n, dep)
-    level = np.zeros(n + 1, dtype=np.int64)
-    while True:  # longest path from the start, in actions: relax until it settles (depth-many passes)
-        new = 1 + np.maximum(level[prev], level[dep])
-        if np.array_equal(new, level[:n]):
-            break
-        level[:n] = new
-    order = np.argsort(level[:n], kind="stable")
-    cuts = np.nonzero(np.diff(level[:n][order]))[0] + 1
+    level = np.array(_depths(prev.tolist(), dep.tolist(), np.r_[0, np.nonzero(np.diff(rank))[0] + 1, n].tolist()))
+    order = np.argsort(level, kind="stable")
+    cuts = np.nonzero(np.diff(level[order]))[0] + 1
     last_b = np.zeros((pp, vpp), dtype=np.int64)
     np.maximum.at(last_b, (rank[back == 1], v[back == 1] // pp), ids[back == 1])
     rank_last = np.r_[np.nonzero(np.diff(rank))[0], n - 1]
     return _Levels(waves=tuple(np.split(order, cuts)), prev=prev, dep=dep, dur=back * nv + v, rank_last=rank_last,
                    last_b=last_b)
+
+
+def _depths(prev: list[int], dep: list[int], bounds: list[int]) -> list[int]:
+    """Each action's depth in the dependency graph (1 + the deeper of its rank predecessor and its data
+    dependency; index n = none, depth 0), advancing every rank as far as its dependencies allow."""
+    n = len(prev)
+    depth, done = [0] * (n + 1), [False] * n + [True]
+    ptr, left = bounds[:-1], n
+    while left:
+        moved = 0
+        for r, end in enumerate(bounds[1:]):
+            i = ptr[r]
+            while i < end and done[dep[i]]:
+                a, b = depth[prev[i]], depth[dep[i]]
+                depth[i] = 1 + (a if a > b else b)
+                done[i] = True
+                i += 1
+            moved += i - ptr[r]
+            ptr[r] = i
+        if not moved:
+            raise ValueError("pipeline schedule deadlocked")
+        left -= moved
+    return depth[:n]
 
 
 def _waves_replay(f: np.ndarray, b: np.ndarray, pp: int, vpp: int, m: int) -> Replay:
