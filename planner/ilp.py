@@ -54,13 +54,13 @@ class StageSolution:
 TIME_LIMIT_S = 2.0  # per solve; the best integer solution found by then is used
 
 
-def _solver() -> pulp.LpSolver:
+def _solver(seconds: float) -> pulp.LpSolver:
     try:
         import highspy  # noqa: F401
 
-        return pulp.HiGHS(msg=False, timeLimit=TIME_LIMIT_S)
+        return pulp.HiGHS(msg=False, timeLimit=seconds)
     except ImportError:  # fall back to the CBC binary bundled with pulp
-        return pulp.PULP_CBC_CMD(msg=False, timeLimit=TIME_LIMIT_S)
+        return pulp.PULP_CBC_CMD(msg=False, timeLimit=seconds)
 
 
 @contextmanager
@@ -85,8 +85,9 @@ def _var_factory(prob: pulp.LpProblem):
     return lambda name, lo, hi, cat: pulp.LpVariable(name, lowBound=lo, upBound=hi, cat=cat)
 
 
-def solve_stages(p: StageProblem) -> StageSolution | None:
-    """Optimal layer split and per-stage recompute, or None when no split fits in memory."""
+def solve_stages(p: StageProblem, seconds: float = TIME_LIMIT_S) -> StageSolution | None:
+    """Optimal layer split and per-stage recompute (the best found in ``seconds``), or None when no split fits
+    in memory (or none was found in time)."""
     nv = p.pp * p.vpp
     if p.num_layers < nv:
         return None
@@ -114,7 +115,7 @@ def solve_stages(p: StageProblem) -> StageSolution | None:
         )
         prob += mem + p.fixed_bytes <= p.capacity
     with _quiet():
-        prob.solve(_solver())
+        prob.solve(_solver(seconds))
     if prob.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
         return None
     layers = tuple(int(round(x.value())) for x in n)

@@ -18,7 +18,7 @@ from cost_models.memory import FRAGMENTATION, RESERVED_GIB, GiB, state_bytes, ze
 from cost_models.pipeline import inflight_profiles, steady_m
 from cost_models.stages import layer_terms, stage_costs
 from cost_models.step import Estimate, estimate
-from planner.ilp import StageProblem, solve_stages
+from planner.ilp import TIME_LIMIT_S, StageProblem, solve_stages
 from specs.cluster import ClusterSpec
 from specs.errors import AutoparError
 from specs.model import ModelSpec
@@ -88,15 +88,17 @@ def _ilp_may_help(model: ModelSpec, cfg: ParallelConfig, est: Estimate) -> bool:
 
 
 def refine(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global_batch: int,
-           headroom_GiB: float, fixed: dict[str, Any], state: StateSpec) -> list[PlanResult]:
-    """Exact estimates of ``cfg`` with an even split and with the ILP's split / per-stage recompute."""
+           headroom_GiB: float, fixed: dict[str, Any], state: StateSpec,
+           ilp_seconds: float = TIME_LIMIT_S) -> list[PlanResult]:
+    """Exact estimates of ``cfg`` with an even split and with the ILP's split / per-stage recompute (solved
+    within ``ilp_seconds``; none when that is 0)."""
     out = []
     est = estimate(model, cluster, cfg, global_batch, headroom_GiB, validate=False, state=state)
     out.append(PlanResult(cfg, est))
-    if _ilp_may_help(model, cfg, est):
+    if ilp_seconds > 0 and _ilp_may_help(model, cfg, est):
         if "layers" in fixed and ("recompute_layers" in fixed or cfg.recompute != "full"):
             return out
-        sol = solve_stages(stage_problem(model, cluster, cfg, global_batch, headroom_GiB, state))
+        sol = solve_stages(stage_problem(model, cluster, cfg, global_batch, headroom_GiB, state), ilp_seconds)
         if sol is not None:
             layers = cfg.stage_layers(model.num_layers) if "layers" in fixed else sol.layers
             rl: Any = fixed.get("recompute_layers", sol.recompute_layers)

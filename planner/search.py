@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from cost_models.batch import estimate_batch
+from planner.ilp import TIME_LIMIT_S
 from planner.refine import PlanResult, refine
 from planner.space import enumerate_space
 from specs.cluster import ClusterSpec
@@ -34,6 +35,10 @@ __all__ = ["PlanResult", "SearchResult", "enumerate_space", "search", "min_gpus_
 # T0 is above (1 + 0.08) / (1 - 0.12) = 1.23 times the fastest T0 cannot be the fastest: only those below this
 # factor get the pipelines the closed form is least sure of replayed.
 CLOSED_FORM_SLACK = 1.25
+# Seconds of stage ILP per search (each solve at most ilp.TIME_LIMIT_S; the finalists are refined fastest
+# first, the later ones with the even split only once it is spent): a hard MIP (64 virtual stages with
+# per-stage recompute) must not make planning take minutes.
+ILP_BUDGET_S = 4.0
 
 
 @dataclass
@@ -74,8 +79,10 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
     if n_fit < top:  # few or none fit: the ones needing the least memory too
         pool += [cands.config(int(i)) for i in np.argsort(res.memory_GiB)[:8]]
     results: dict[ParallelConfig, PlanResult] = {}
-    for cfg in pool:
-        for r in refine(model, cluster, cfg, global_batch, headroom_GiB, fixed, state):
+    ilp_until = time.perf_counter() + ILP_BUDGET_S
+    for cfg in pool:  # fastest first: they get the stage ILP while its budget lasts
+        seconds = min(TIME_LIMIT_S, max(0.0, ilp_until - time.perf_counter()))
+        for r in refine(model, cluster, cfg, global_batch, headroom_GiB, fixed, state, seconds):
             results[r.config] = r
     plans = sorted((r for r in results.values() if r.estimate.fits),
                    key=lambda r: (r.estimate.step_time_s, r.estimate.memory_GiB))

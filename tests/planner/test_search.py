@@ -196,3 +196,21 @@ def test_leaving_out_plans_that_could_overlap_loses_nothing(model, gpus, batch):
     every = search(m, c, batch, top=1, fixed={"dp_overlap": [False, True], "tp_overlap": [False, True]})
     assert every.candidates > default.candidates
     assert default.plans[0].estimate.step_time_s <= every.plans[0].estimate.step_time_s * (1 + 1e-9)
+
+
+def test_the_stage_ilp_runs_within_the_search_budget(monkeypatch):
+    """Finalists get the stage ILP fastest first while its budget lasts; with none left they keep the even
+    split (a search never spends minutes on hard MIPs)."""
+    import planner.refine
+    import planner.search
+
+    calls = []
+    real = planner.refine.solve_stages
+    monkeypatch.setattr(planner.refine, "solve_stages", lambda p, seconds: calls.append(seconds) or real(p, seconds))
+    m, c = load_model("gpt-18b"), load_cluster("dgx-a100", gpus=64)
+    search(m, c, 256, fixed={"pp": 4, "recompute": "full"}, top=3)
+    assert calls and all(0 < s <= planner.search.TIME_LIMIT_S for s in calls)
+    calls.clear()
+    monkeypatch.setattr(planner.search, "ILP_BUDGET_S", 0.0)
+    res = search(m, c, 256, fixed={"pp": 4, "recompute": "full"}, top=3)
+    assert not calls and res.plans and all(p.config.layers is None for p in res.plans)
