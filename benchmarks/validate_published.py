@@ -24,7 +24,7 @@ from cost_models.memory import layer_activation_bytes  # noqa: E402
 from cost_models.step import estimate  # noqa: E402
 from specs.cluster import load_cluster  # noqa: E402
 from specs.model import ModelSpec  # noqa: E402
-from specs.parallel import ParallelConfig  # noqa: E402
+from specs.parallel import RECOMPUTE_CODE, ParallelConfig  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "data"
 
@@ -71,7 +71,7 @@ def korthikanti_activation_check() -> list[dict]:
             ("full", False): 2 * sbh,
         }
         for (rc, sp), want in paper.items():
-            full, ckpt, _ = layer_activation_bytes(m, 2, t, 1, b, sp, {"none": 0, "selective": 1, "full": 2}[rc])
+            full, ckpt, _ = layer_activation_bytes(m, 2, t, 1, b, sp, RECOMPUTE_CODE[rc])
             got = float(ckpt if rc == "full" else full)
             out.append({"model": row["model"], "recompute": rc, "sp": sp, "paper_bytes": want, "model_bytes": got,
                         "error": (got - want) / want})

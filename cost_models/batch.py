@@ -1,9 +1,13 @@
 """The vectorised cost model: step time and peak memory of many candidates at once (numpy), to rank them.
 
 It composes exactly the functions of the exact model (``step.estimate``) — per-stage costs, each rank's tail,
-each rank's memory — over arrays of candidates grouped by (pp, vpp), with the default layer split. The one
-difference is the pipeline: ``pipeline.closed_form`` instead of replaying the schedule table. The search ranks
-every candidate with this and re-prices its best ones exactly.
+each rank's memory — over arrays of candidates grouped by (pp, vpp), with their layer split and recomputed
+layers (``ParallelConfig.stage_layers`` / ``recomputed_layers``). The one difference is how the pipeline is
+replayed: in closed form (``pipeline.closed_form``) instead of the schedule table, except for interleaved
+pipelines whose model chunks differ in size, where the closed form misses the gaps their uneven waves leave;
+those are replayed for all candidates at once, for two pipeline groups of micro-batches, and extended
+linearly (``pipeline.wave_replay``). The search ranks every candidate with this and re-prices its best ones
+exactly.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from cost_models.stages import FULL, layer_terms, stage_costs
 from cost_models.tail import rank_tail
 from specs.cluster import ClusterSpec
 from specs.model import ModelSpec
-from specs.parallel import Candidates, default_split
+from specs.parallel import Candidates, ParallelConfig, microbatches
 from specs.state import StateSpec
 
 
@@ -55,11 +59,15 @@ def estimate_batch(model: ModelSpec, cluster: ClusterSpec, c: Candidates, global
     for pp, vpp in np.unique(groups, axis=0):
         idx = np.nonzero((c.pp == pp) & (c.vpp == vpp))[0]
         g = c.take(idx)
-        layers = np.array(default_split(model.num_layers, int(pp * vpp)), dtype=float)
-        recomputed = np.where(g.recompute[:, None] == FULL, layers[None, :], 0.0)
+        split = ParallelConfig(pp=int(pp), vpp=int(vpp), layers=c.layers, recompute="full",
+                               recompute_layers=c.recompute_layers)  # the keys all candidates share
+        layers = np.array(split.stage_layers(model.num_layers), dtype=float)
+        full = np.array([split.recomputed_layers(j, int(n)) for j, n in enumerate(layers)], dtype=float)
+        recomputed = np.where(g.recompute[:, None] == FULL, full[None, :], 0.0)
         costs = stage_costs(model, comm, state, g, terms.take(idx), layers, recomputed, cm.eb)
-        m = global_batch // (g.dp * g.mbs)
-        mem = rank_memory(model, g, state, cluster.backend, m, costs.params, costs.act_bytes, costs.work_bytes)
+        m = microbatches(global_batch, g.dp, g.mbs)
+        mem = rank_memory(g, state, cluster.backend, m, costs.params, costs.act_bytes, costs.work_bytes,
+                          costs.largest_bucket)
         memory[idx] = mem.total.max(axis=1) / GiB
         timed = np.nonzero(memory[idx] <= fits_GiB)[0] if fits_GiB is not None else np.arange(len(idx))
         step[idx] = np.inf

@@ -18,15 +18,12 @@ from __future__ import annotations
 import numpy as np
 
 from specs.cluster import GPUSpec
+from specs.state import DTYPE_BYTES
 
 ArrayLike = np.ndarray | float | int
 
 # Output tiles cuBLAS-like libraries choose between, with their relative efficiency.
 _TILES = ((128, 256, 1.0), (128, 128, 0.93), (64, 128, 0.80))
-
-
-def dtype_bytes(precision: str) -> int:
-    return 4 if precision == "fp32" else 2
 
 
 class ComputeModel:
@@ -35,7 +32,7 @@ class ComputeModel:
     def __init__(self, gpu: GPUSpec, precision: str = "bf16") -> None:
         self.gpu = gpu
         self.precision = precision
-        self.eb = dtype_bytes(precision)
+        self.eb = DTYPE_BYTES[precision]
         self.peak = gpu.peak(precision)
         self.e = gpu.efficiency
         self.overhead = self.e.kernel_overhead_us * 1e-6

@@ -4,10 +4,11 @@ Every op of the layer is listed with its shape under tensor (t), context (cp) an
 GEMMs (QKV, attention output, MLP), the attention core (unfused: batched QK^T / softmax / dropout / AV;
 flash: one fused kernel), and the memory-bound ops (norms, residual adds, dropout, activation functions,
 RoPE). Communication inside the layer: tensor-parallel all-reduces (or SP all-gather + reduce-scatter)
-and context-parallel ring exchange of K/V. What overlaps:
+and the context-parallel all-gather of K/V. What overlaps:
 - TP collectives are exposed unless ``tp_overlap``; then each is split into t chunks that hide behind the
   GEMM it feeds (or that feeds it), leaving max(one chunk, collective - GEMM) exposed.
-- CP ring steps hide behind the attention blocks they feed, except the first step.
+- CP (the runtime's runtime/parallel/context_parallel.py): the all-gather of the whole sequence's K and V is
+  exposed in the forward; the backward gathers them again and reduce-scatters dK and dV, both exposed.
 All quantities broadcast over numpy arrays of configurations.
 """
 
@@ -128,12 +129,11 @@ def layer_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, 
     tp_f = np.where(sp, tp_f_sp, 2 * ar)
     tp_b = np.where(sp, tp_b_sp, 2 * ar)
 
-    # ---- context-parallel ring exchange of K and V ----------------------------------------------
-    kv_bytes = 2 * mbs * (s / cp) * (kw / t) * eb  # this rank's K and V block
-    k_cp, nodes_cp = comm.placement(cp, t)
-    step = comm.p2p(kv_bytes, nodes_cp > 1)
-    cp_f = np.where(cp > 1, step + np.maximum(0.0, (cp - 1) * step - core_f * (cp - 1) / cp), 0.0)
-    cp_b = np.where(cp > 1, 2 * step + np.maximum(0.0, 2 * (cp - 1) * step - core_b * (cp - 1) / cp), 0.0)
+    # ---- context parallelism: all-gather of K and V over the cp group (stride t) -----------------
+    kv_bytes = 2 * mbs * s * (kw / t) * eb  # K and V of the whole sequence (this rank's heads), gathered
+    kv_ag = comm.all_gather(kv_bytes, cp, t)
+    cp_f = np.where(cp > 1, kv_ag, 0.0)  # the attention waits for it
+    cp_b = np.where(cp > 1, kv_ag + comm.reduce_scatter(kv_bytes, cp, t), 0.0)  # gathered again; dK, dV scattered
 
     fwd = gemm_fwd + core_f + ew_f
     bwd = gemm_bwd + core_b + ew_b

@@ -18,13 +18,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cost_models.params import layer_params
 from cost_models.pipeline import peak_inflight_bytes
 from specs.model import ModelSpec
-from specs.parallel import Candidates
+from specs.parallel import RECOMPUTE_CODE, Candidates
 from specs.state import StateSpec
 
 GiB = float(2**30)
+SELECTIVE, FULL = RECOMPUTE_CODE["selective"], RECOMPUTE_CODE["full"]
 RESERVED_GIB = {"nccl": 1.0, "gloo": 0.1}
 FRAGMENTATION = 0.05
 
@@ -55,13 +55,13 @@ def layer_activation_bytes(model: ModelSpec, eb: int, t, cp, mbs, sp, recompute
             attn = eb * (qw + kw + kw + qw) / t  # Q and K (for QK^T), V, context (input of the projection)
             core = (heads / t) * s * (eb + (1 + eb) * mask)  # softmax output, dropout mask and output
         mlp = (2 if model.arch == "gpt" else 3) * eb * f / t  # GeLU in/out, or gate, up, SwiGLU out
-        full = T * (region + attn + mlp + np.where(rc == 1, 0.0, core))
+        full = T * (region + attn + mlp + np.where(rc == SELECTIVE, 0.0, core))
         core = T * core
     ckpt = T * eb * h / shard  # layer input only
     work = T * eb * (2 * h / shard + 2 * f / t)  # gradient buffers alive during one layer's backward
     # while a layer runs backward: its gradient buffers, plus whatever recompute materialises again
     # (the whole layer under full recompute, the attention core under selective)
-    return full, ckpt, work + np.where(rc == 2, full, np.where(rc == 1, core, 0.0))
+    return full, ckpt, work + np.where(rc == FULL, full, np.where(rc == SELECTIVE, core, 0.0))
 
 
 def end_activation_bytes(model: ModelSpec, eb: int, t, cp, mbs, sp) -> tuple[np.ndarray, np.ndarray]:
@@ -96,10 +96,10 @@ def state_bytes(params, zero, d, state: StateSpec) -> StateBytes:
     return StateBytes(weights=weights, grads=grads, optimizer=opt)
 
 
-def zero3_gather_bytes(model: ModelSpec, t, zero, state: StateSpec) -> np.ndarray:
-    """ZeRO-3's gathered parameters alive at once on one GPU: two layers' worth (the running one, the next
-    one prefetched)."""
-    return np.where(np.asarray(zero) == 3, 2 * layer_params(model, t) * state.param_bytes, 0.0)
+def zero3_gather_bytes(largest_bucket, zero, state: StateSpec) -> np.ndarray:
+    """ZeRO-3's gathered parameters alive at once on one GPU: two of its largest per-layer buckets (the running
+    one, the next one prefetched)."""
+    return np.where(np.asarray(zero) == 3, 2 * np.asarray(largest_bucket) * state.param_bytes, 0.0)
 
 
 @dataclass
@@ -119,24 +119,22 @@ class RankMemory:
                 + self.allocator_and_reserved)
 
 
-def rank_memory(model: ModelSpec, c: Candidates, state: StateSpec, backend: str, m: np.ndarray,
-                params: np.ndarray, act_bytes: np.ndarray, work_bytes: np.ndarray) -> RankMemory:
+def rank_memory(c: Candidates, state: StateSpec, backend: str, m: np.ndarray, params: np.ndarray,
+                act_bytes: np.ndarray, work_bytes: np.ndarray, largest_bucket: np.ndarray) -> RankMemory:
     """Every rank's peak memory for candidates ``c`` (one pp and vpp) with ``m`` micro-batches each ([N]) and,
-    per virtual stage ([N, pp * vpp]), the parameters, activation bytes per micro-batch in flight and the
-    temporary bytes of a backward."""
+    per virtual stage ([N, pp * vpp]), the parameters, activation bytes per micro-batch in flight, the
+    temporary bytes of a backward and the largest per-layer bucket."""
     pp, vpp = int(c.pp[0]), int(c.vpp[0])
     n = len(c)
     rank_params = params.reshape(n, vpp, pp).sum(axis=1)
     st = state_bytes(rank_params, c.zero[:, None], (c.dp * c.cp)[:, None], state)
     m = np.asarray(m)
-    if vpp == 1:  # 1F1B: rank r holds min(pp - r, m) micro-batches at its peak
-        peak = act_bytes * np.minimum(pp - np.arange(pp)[None, :], m[:, None])
-    else:
-        peak = np.zeros((n, pp))
-        for mi in np.unique(m):
-            rows = np.nonzero(m == mi)[0]
-            peak[rows] = peak_inflight_bytes(pp, vpp, int(mi), act_bytes[rows])
-    temp = work_bytes.reshape(n, vpp, pp).max(axis=1) + zero3_gather_bytes(model, c.tp, c.zero, state)[:, None]
+    peak = np.zeros((n, pp))
+    for mi in np.unique(m):
+        rows = np.nonzero(m == mi)[0]
+        peak[rows] = peak_inflight_bytes(pp, vpp, int(mi), act_bytes[rows])
+    gathered = zero3_gather_bytes(largest_bucket.reshape(n, vpp, pp).max(axis=1), c.zero[:, None], state)
+    temp = work_bytes.reshape(n, vpp, pp).max(axis=1) + gathered
     dynamic = peak + temp
     reserved = RESERVED_GIB.get(backend, 1.0) * GiB
     return RankMemory(weights=st.weights, grads=st.grads, optimizer=st.optimizer, activations=peak, temporary=temp,

@@ -154,47 +154,31 @@ def _extended(pp: int, vpp: int, m: int, m1: int, fwd: list[float], bwd: list[fl
 
 @lru_cache(maxsize=512)
 def inflight_profiles(pp: int, vpp: int, m: int) -> np.ndarray:
-    """[pp, K, vpp]: per rank, the vectors of micro-batches in flight per model chunk right after each forward
-    of the schedule (forwards whose backward has not run yet); the largest ones, that is: vectors only ever
-    dominated by these are left out.
-
-    Read off the schedule's structure rather than replayed: a rank runs W warm-up forwards, then one forward and
-    one backward in turn; forward k runs chunk (k // pp) % vpp and backward k chunk vpp - 1 - (k // pp) % vpp
-    (``specs/schedules.py``; 1F1B is vpp = 1). After forward W + i the rank holds forwards 0 .. W + i less
-    backwards 0 .. i - 1 of each chunk; the pattern repeats every pp * vpp steps, so one period holds every
-    distinct vector (tests check this against the schedule table)."""
-    total = m * vpp
-    if vpp == 1:  # 1F1B: pp - r micro-batches at most
-        return np.minimum(pp - np.arange(pp), m).astype(float).reshape(pp, 1, 1)
-    rank = np.arange(pp)[:, None, None]
-    warm = np.minimum((pp - rank - 1) * 2 + (vpp - 1) * pp if vpp > 1 else pp - rank - 1, total)
-    steps = np.arange(pp * vpp)[None, :, None]
-    chunk = np.arange(vpp)[None, None, :]
-    valid = (steps < np.maximum(1, total - warm))  # the steps this rank has (one at least)
-    fwd = _count_chunk(np.minimum(warm + steps + 1, total), chunk, pp, vpp)
-    bwd = _count_chunk(np.where(warm < total, steps, 0), vpp - 1 - chunk, pp, vpp)
-    held = np.where(valid, fwd - bwd, 0)
-    code = (held * (total + 1) ** np.arange(vpp)).sum(axis=2)  # each vector as one integer
-    rows = [held[r, np.unique(code[r], return_index=True)[1]] for r in range(pp)]
-    out = np.zeros((pp, max(len(x) for x in rows), vpp))  # padded with all-zero vectors
-    for r, x in enumerate(rows):
+    """[pp, K, vpp]: per rank, the distinct vectors of micro-batches in flight per model chunk right after each
+    forward of the schedule table (forwards whose backward has not run yet), padded with zero rows."""
+    rank, back, _mb, chunk = schedule_table(pp, vpp, m).T
+    held_rows = []
+    for r in range(pp):
+        mine = rank == r
+        step = np.zeros((int(mine.sum()), vpp), dtype=np.int64)
+        step[np.arange(len(step)), chunk[mine]] = np.where(back[mine] == 1, -1, 1)
+        held = np.cumsum(step, axis=0)[back[mine] == 0]  # after each forward
+        code = held @ (m * vpp + 1) ** np.arange(vpp)  # each vector as one integer
+        held_rows.append(held[np.unique(code, return_index=True)[1]])
+    out = np.zeros((pp, max(len(x) for x in held_rows), vpp))
+    for r, x in enumerate(held_rows):
         out[r, :len(x)] = x
     return out
-
-
-def _count_chunk(k: np.ndarray, chunk: np.ndarray, pp: int, vpp: int) -> np.ndarray:
-    """How many of the first ``k`` forwards (or backwards) of a rank run ``chunk``: they go in groups of pp
-    per chunk, cycling through the chunks."""
-    period = pp * vpp
-    return pp * (k // period) + np.clip(k % period - chunk * pp, 0, pp)
 
 
 def peak_inflight_bytes(pp: int, vpp: int, m: int, act_bytes: np.ndarray) -> np.ndarray:
     """[N, pp]: per rank, the most activation bytes held at once, from ``act_bytes`` [N, pp * vpp] (one
     micro-batch's activations on each virtual stage; the same for ``m`` and ``steady_m(pp, m)``)."""
     acts = np.asarray(act_bytes, dtype=float)
-    per_rank = acts.reshape(acts.shape[0], vpp, pp).transpose(2, 0, 1)  # [pp, N, vpp]
     prof = inflight_profiles(pp, vpp, steady_m(pp, m))  # [pp, K, vpp]
+    if vpp == 1:  # one vector per rank: its peak count
+        return acts * prof.max(axis=1)[:, 0][None, :]
+    per_rank = acts.reshape(acts.shape[0], vpp, pp).transpose(2, 0, 1)  # [pp, N, vpp]
     return np.einsum("rnc,rkc->rnk", per_rank, prof).max(axis=2).T
 
 

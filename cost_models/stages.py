@@ -25,13 +25,11 @@ import numpy as np
 from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
 from cost_models.layer import end_cost, layer_cost
-from cost_models.memory import end_activation_bytes, layer_activation_bytes
+from cost_models.memory import FULL, SELECTIVE, end_activation_bytes, layer_activation_bytes
 from cost_models.params import gradient_buckets, gradient_groups, stage_params
 from specs.model import ModelSpec
-from specs.parallel import RECOMPUTE_CODE, Candidates
+from specs.parallel import Candidates
 from specs.state import StateSpec
-
-FULL, SELECTIVE = RECOMPUTE_CODE["full"], RECOMPUTE_CODE["selective"]
 
 
 @dataclass
@@ -48,7 +46,9 @@ class StageCosts:
     zero_f: np.ndarray  # exposed ZeRO-3 parameter gather before the forward
     zero_b: np.ndarray  # exposed ZeRO-2/3 gradient reduce-scatter (+ ZeRO-3 gather) around the backward
     params: np.ndarray  # parameters on one GPU
-    buckets: np.ndarray  # data-parallel gradient buckets (ZeRO 0/1)
+    buckets: np.ndarray  # data-parallel gradient buckets (ZeRO 0/1: by reduce group; ZeRO-2/3: per layer)
+    tp_summed: np.ndarray  # parameters whose gradients are also summed over tp (sequence parallelism)
+    largest_bucket: np.ndarray  # parameters of the largest per-layer bucket (what ZeRO-3 gathers at once)
     act_bytes: np.ndarray  # activations stored per micro-batch in flight
     work_bytes: np.ndarray  # temporary bytes while the stage runs a backward
 
@@ -81,14 +81,14 @@ def send_time(comm: CommModel, act_bytes, t, sp, crosses) -> np.ndarray:
     return comm.p2p(np.asarray(act_bytes) / t, crosses) + gather
 
 
-def zero_traffic(comm: CommModel, state: StateSpec, params, layers, fwd, bwd, zero, d, t, overlap
+def zero_traffic(comm: CommModel, state: StateSpec, params, nb, fwd, bwd, zero, d, t, overlap
                  ) -> tuple[np.ndarray, np.ndarray]:
     """Exposed (forward, backward) ZeRO-2/3 time per micro-batch of a stage holding ``params`` parameters in
-    ``layers`` layers (one bucket per layer): ZeRO-2 reduce-scatters the gradients, ZeRO-3 also all-gathers
-    the parameters before the forward and again before the backward. Overlapped, only what outlasts the
-    compute beside it (and at least one bucket) is exposed."""
-    nb = np.maximum(1.0, layers)
+    ``nb`` buckets (one per layer): ZeRO-2 reduce-scatters the gradients, ZeRO-3 also all-gathers the parameters
+    before the forward and again before the backward. Overlapped, only what outlasts the compute beside it
+    (and at least one bucket) is exposed."""
     on = (zero >= 2) & (d > 1)
+    nb = np.maximum(1.0, nb)
     rs = np.where(on, comm.bucketed(comm.reduce_scatter, params * state.grad_reduce_bytes, nb, d, t), 0.0)
     ag = np.where(on & (zero == 3), comm.bucketed(comm.all_gather, params * state.param_bytes, nb, d, t), 0.0)
     f = np.where(overlap, np.maximum(ag / nb, ag - fwd), ag)
@@ -177,12 +177,19 @@ def stage_costs(model: ModelSpec, comm: CommModel, state: StateSpec, c: Candidat
     send_b = np.concatenate([np.zeros((n, 1)), hop], axis=1)
 
     params = stage_params(model, t, layers)
-    buckets = gradient_buckets(gradient_groups(model, t, sp, layers), state.bucket_params)
-    d = _col(c.dp * c.cp)
-    zero_f, zero_b = zero_traffic(comm, state, params, layers, fwd, bwd + recompute, _col(c.zero), d, _col(t),
+    plain, summed, tied = gradient_groups(model, t, sp, layers)
+    d, zero = _col(c.dp * c.cp), _col(c.zero)
+    per_layer = (zero >= 2) & (d > 1)  # ZeRO-2/3: a bucket per layer (ends in the first and last; a split tied
+    # embedding reduced on its own besides)
+    buckets = np.where(per_layer, np.maximum(1.0, layers) + (tied > 0),
+                       gradient_buckets((plain, summed, tied), state.bucket_params))
+    largest = params - np.maximum(layers - 1, 0.0) * model.layer_params_on(_col(t))
+    zero_f, zero_b = zero_traffic(comm, state, params, buckets, fwd, bwd + recompute, zero, d, _col(t),
                                   c.dp_overlap[:, None])
     act_bytes = (layers - recomputed) * _col(lt.act_full) + recomputed * _col(lt.act_ckpt) + first * _col(lt.act_embed)
-    work_bytes = np.maximum(np.where(layers > 0, _col(lt.act_work), 0.0), last * _col(lt.act_head))
+    # a backward's temporaries; under full recompute they hold a rematerialised layer only where one is recomputed
+    work = _col(lt.act_work) - np.where((rc == FULL) & (recomputed == 0), _col(lt.act_full), 0.0)
+    work_bytes = np.maximum(np.where(layers > 0, work, 0.0), last * _col(lt.act_head))
     return StageCosts(fwd=fwd, bwd=bwd, recompute=recompute, comm_f=comm_f, comm_b=comm_b, send_f=send_f,
-                      send_b=send_b, zero_f=zero_f, zero_b=zero_b, params=params, buckets=buckets, act_bytes=act_bytes,
-                      work_bytes=work_bytes)
+                      send_b=send_b, zero_f=zero_f, zero_b=zero_b, params=params, buckets=buckets, tp_summed=summed,
+                      largest_bucket=largest, act_bytes=act_bytes, work_bytes=work_bytes)

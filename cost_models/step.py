@@ -79,7 +79,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global
     sim = simulate_steps(pp, vpp, m, costs.f[0].tolist(), costs.b[0].tolist())
     ms = np.array([m])
     tail = rank_tail(model, cm, comm, state, c, costs, replayed(sim), ms, cluster.num_gpus)
-    mem = rank_memory(model, c, state, cluster.backend, ms, costs.params, costs.act_bytes, costs.work_bytes)
+    mem = rank_memory(c, state, cluster.backend, ms, costs.params, costs.act_bytes, costs.work_bytes,
+                      costs.largest_bucket)
     step = float(tail.step_time[0])
 
     crit = int(np.argmax(tail.finish[0]))  # the breakdown follows the rank that finishes last

@@ -8,7 +8,10 @@ the closed form). All arrays are [N, pp] per rank ([N, pp, vpp] per model chunk)
   backward. With it, each chunk's gradients are reduced in buckets (``StateSpec.bucket_params`` each) as the
   chunk's last backward produces them, serialised on one communication stream; only what outlasts the
   backward is exposed. ZeRO-2/3 reduce every micro-batch instead (stages.py).
-- The optimizer (fused AdamW, memory bound) updates the rank's shard after the reduce.
+- With sequence parallelism the gradients of parameters every tensor-parallel rank holds whole (norms, row-parallel
+  biases) are partial: they are summed over tp after the data-parallel reduce, exposed.
+- The optimizer (fused AdamW, memory bound) updates the rank's shard after the reduce; the gradient norm and
+  clipping read the local gradients (8 bytes per local parameter, priced with it).
 - ZeRO-1/2 all-gather the updated parameters after it; with ``dp_overlap`` that hides behind the next step's
   first forwards, all but one bucket.
 """
@@ -44,6 +47,18 @@ def per_rank(x: np.ndarray, pp: int, vpp: int) -> np.ndarray:
     return x.reshape(x.shape[0], vpp, pp).transpose(0, 2, 1)
 
 
+def tp_sum(comm: CommModel, state: StateSpec, costs: StageCosts, pp: int, vpp: int, t: np.ndarray, d: np.ndarray,
+           zero: np.ndarray) -> np.ndarray:
+    """[N, pp]: after the data-parallel reduce, the all-reduce over tp of the gradients sequence parallelism
+    left partial (norms, row-parallel biases, GPT's positions), one per bucket holding them, on the slice a
+    rank owns (all of it without ZeRO)."""
+    summed = per_rank(costs.tp_summed, pp, vpp)
+    owned = np.where((zero >= 1) & (d > 1), d, 1.0)[..., None]
+    nb = np.where(zero[..., None] >= 2, per_rank(costs.buckets, pp, vpp), np.ceil(summed / state.bucket_params))
+    time = comm.bucketed(comm.all_reduce, summed * state.grad_reduce_bytes / owned, nb, t[..., None], 1)
+    return np.where(summed > 0, time, 0.0).sum(axis=2)
+
+
 def _col(x) -> np.ndarray:
     return np.asarray(x, dtype=float)[:, None]
 
@@ -73,6 +88,7 @@ def rank_tail(model: ModelSpec, cm: ComputeModel, comm: CommModel, state: StateS
         engine = np.maximum(begin + dur_o[..., k], end[..., k] + dur_o[..., k] / nb_o[..., k])
     exposed = np.where(overlap, np.maximum(0.0, engine - replay.rank_end), dur.sum(axis=2))
     exposed = np.where((d > 1) & (zero < 2), exposed, 0.0)
+    exposed = exposed + tp_sum(comm, state, costs, pp, vpp, t, d, zero)
 
     shard = rank_params / np.where(zero >= 1, d, 1.0)
     opt = cm.stream(shard * state.optimizer_traffic_bytes + rank_params * 8, 12)
@@ -88,7 +104,8 @@ def rank_tail(model: ModelSpec, cm: ComputeModel, comm: CommModel, state: StateS
     if model.tie_embeddings and pp * vpp > 1:
         stride = c.tp * c.cp * c.dp
         vocab_shard = np.ceil(model.vocab_size / c.tp) * model.hidden_size
-        tied = comm.all_reduce(vocab_shard * state.grad_reduce_bytes, 2, stride * (pp - 1))
+        owned = np.where((c.zero >= 2) & (c.dp * c.cp > 1), c.dp * c.cp, 1)  # ZeRO-2/3: the owned slice only
+        tied = comm.all_reduce(vocab_shard * state.grad_reduce_bytes / owned, 2, stride * (pp - 1))
     norm = np.full(len(c), float(comm.all_reduce(8, gpus, 1)))
     return RankTail(dp_exposed=exposed, optimizer=opt, gather=gather, finish=finish, tied=tied, norm=norm,
                     step_time=finish.max(axis=1) + tied + norm)

@@ -174,7 +174,8 @@ def predict(runs: list[Run], base: ClusterSpec, s: dict[str, float]) -> np.ndarr
         pc = r.plan.cluster
         cl = scaled(base.model_copy(update={"gpus_per_node": pc.gpus_per_node, "num_nodes": pc.num_nodes,
                                             "precision": pc.precision}), s)
-        out.append(estimate(r.plan.model, cl, r.plan.config, r.plan.global_batch, validate=False).step_time_s)
+        out.append(estimate(r.plan.model, cl, r.plan.config, r.plan.global_batch, validate=False,
+                            state=r.plan.state).step_time_s)
     return np.array(out)
 
 

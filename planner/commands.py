@@ -81,26 +81,31 @@ def plan_command(args: argparse.Namespace) -> int:
 
         check_output_file(args.out, "plan file")  # before the search, not after
     fixed = parse_plan_keys(args.fix, "--fix")
+    flags: dict[str, str] = {}
     if args.runnable:
-        from specs.capabilities import RUNTIME_EXECUTES, runnable_keys, state_problem
+        from specs.capabilities import RUNTIME_EXECUTES, model_problem, runnable_keys, state_problem
         from specs.state import StateSpec
 
         problem = state_problem(StateSpec.default(cluster.precision))
         if problem:
             raise AutoparError(f"--runnable: cluster {cluster.name} computes in {cluster.precision}, and {problem}")
+        problem = model_problem(model)
+        if problem:
+            raise AutoparError(f"--runnable: {problem}")
 
         for k, ok in RUNTIME_EXECUTES.items():
             if k in fixed and fixed[k] not in ok:
                 runs = " or ".join(f"{k}={key_text(v)}" for v in ok)
                 raise AutoparError(f"--fix {k}={key_text(fixed[k])} conflicts with --runnable: autopar's runtime "
                                    f"executes only {runs}; drop one of them")
+        flags = {k: "--runnable" for k in runnable_keys() if k not in fixed}
         fixed = {**runnable_keys(), **fixed}
     if args.top < 1:
         raise AutoparError(f"--top must be at least 1, got {args.top}")
     if args.steps is not None and args.steps < 1:
         raise AutoparError(f"--steps must be at least 1, got {args.steps}")
     res = search(model, cluster, args.global_batch, fixed=fixed, top=args.top, exhaustive=args.exhaustive,
-                 headroom_GiB=args.headroom, progress=_progress(args.format))
+                 headroom_GiB=args.headroom, progress=_progress(args.format), flags=flags)
     search_info = {"candidates": res.candidates, "seconds": round(res.seconds, 3), "exhaustive": res.exhaustive}
     if not res.plans:
         need = min_gpus_to_fit(model, cluster, args.global_batch, fixed, args.headroom)
@@ -148,9 +153,10 @@ def plan_command(args: argparse.Namespace) -> int:
     if warning:
         con.print(f"[yellow]memory:[/yellow] {escape(warning)}")
     if args.out:
-        from specs.capabilities import runtime_problem
+        from specs.capabilities import execution_problem
+        from specs.state import StateSpec
 
-        problem = runtime_problem(res.plans[0].config)
+        problem = execution_problem(res.plans[0].config, model, StateSpec.default(cluster.precision))
         how = f"autopar run cannot execute it: {problem}" if problem else f"train it with: autopar run {args.out}"
         con.print(escape(f"wrote {args.out}  ({how})"))
     return 0

@@ -45,8 +45,9 @@ def why(best: PlanResult, other: PlanResult) -> str:
         diffs.append("different per-stage recompute")
     gain = (b.step_time_s - a.step_time_s) / b.step_time_s * 100
     deltas = sorted(((a.breakdown[k] - b.breakdown.get(k, 0.0), k) for k in a.breakdown), key=lambda x: x[0])
-    saves = [(d, k) for d, k in deltas if d < 0][:2]
-    costs = [(d, k) for d, k in reversed(deltas) if d > 0][:1]
+    tiny = 1e-6 * b.step_time_s  # rounding, not a difference
+    saves = [(d, k) for d, k in deltas if d < -tiny][:2]
+    costs = [(d, k) for d, k in reversed(deltas) if d > tiny][:1]
     if gain < 0.05:
         text = f"Best plan ({best.config.short()}) is as fast as the next one ({other.config.short()})"
     else:

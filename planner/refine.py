@@ -55,7 +55,7 @@ def stage_problem(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, g
     per_param = float(sum(np.asarray(x).item() for x in vars(state_bytes(1.0, cfg.zero, d, state)).values()))
     frag = 1 + FRAGMENTATION
     temporary = max(float(lt.act_work[0]), float(lt.act_head[0])) + float(
-        zero3_gather_bytes(model, cfg.tp, cfg.zero, state))
+        zero3_gather_bytes(plain.largest_bucket.max(), cfg.zero, state))
     profiles = inflight_profiles(cfg.pp, cfg.vpp, steady_m(cfg.pp, m))
     inflight = [int(profiles[j % cfg.pp][:, j // cfg.pp].max()) for j in range(nv)]
     return StageProblem(

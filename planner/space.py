@@ -44,15 +44,23 @@ def divisors(n: int, limit: int | None = None) -> list[int]:
 Domain = tuple[tuple[str, ...], Callable[..., list[int]]]
 
 
-def domains(model: ModelSpec, cluster: ClusterSpec, global_batch: int, exhaustive: bool) -> dict[str, Domain]:
-    """The values of each searched key worth trying (every key of ``SEARCHED``, in enumeration order)."""
+def domains(model: ModelSpec, cluster: ClusterSpec, global_batch: int, exhaustive: bool,
+            stages: int | None = None) -> dict[str, Domain]:
+    """The values of each searched key worth trying (every key of ``SEARCHED``, in enumeration order);
+    ``stages``: a fixed layer split's length, which pp x vpp must equal."""
     G, L = cluster.num_gpus, model.num_layers
     cap = (lambda limit: None) if exhaustive else (lambda limit: limit)  # noqa: E731
 
     def pp_values(t: int, c: int) -> list[int]:
-        return divisors(G // (t * c), L) if G % (t * c) == 0 else [1]
+        if G % (t * c):
+            return [1]
+        if stages is not None:
+            return [p for p in divisors(G // (t * c)) if stages % p == 0]
+        return divisors(G // (t * c), L)
 
     def vpp_values(p: int) -> list[int]:
+        if stages is not None:
+            return [max(1, stages // p)]
         top = 1 if p == 1 else max(1, L // p)
         return list(range(1, min(top, PRUNED_MAX_VPP if not exhaustive else top) + 1))
 
@@ -136,7 +144,7 @@ def _no_plan(rule: Rule, example: ParallelConfig, x: PlanContext, fixed: dict[st
     where = f" with {options_text(fixed, flags)}" if fixed else ""
     return NoPlan(f"no parallel configuration of {x.gpus} GPUs fits global batch {x.global_batch} and the model "
                   f"({x.model.num_layers} layers, {x.model.num_attention_heads} heads){where}: the last candidates "
-                  f"(e.g. {example.short()}) fail because {why}; change --global-batch, --gpus or --fix")
+                  f"(e.g. {example.short()}) fail because {why}")
 
 
 def options_text(keys: dict[str, Any], flags: dict[str, str]) -> str:
@@ -152,6 +160,15 @@ def options_text(keys: dict[str, Any], flags: dict[str, str]) -> str:
     return " ".join(f"{flag} {','.join(items)}" for flag, items in by_flag.items())
 
 
+def _kept_as_fixed(rule: Rule, fixed: dict[str, Any]) -> bool:
+    """Whether a search-only rule steps aside for what ``--fix`` asked: a ``same`` rule when its key is fixed
+    to one value, a ``dominated`` rule when its key is fixed at all."""
+    key = rule.keys[0]
+    if rule.kind == "same":
+        return key in fixed and not isinstance(fixed[key], (list, tuple, set))
+    return rule.kind == "dominated" and key in fixed
+
+
 def enumerate_space(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dict[str, Any],
                     exhaustive: bool = False, flags: dict[str, str] | None = None) -> Candidates:
     """Every valid configuration, honouring ``fixed`` keys (one value, or a list of allowed values). Raises
@@ -162,10 +179,11 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, global_batch: int, f
     if unsearched["recompute_layers"] is not None:
         fixed = {"recompute": "full", **fixed}
     known = set(unsearched)
-    pending = [r for r in RULES if not (r.redundant and r.keys[0] in fixed)]  # a fixed value is kept as asked
+    pending = [r for r in RULES if not _kept_as_fixed(r, fixed)]
     arrays: dict[str, np.ndarray] = {}
     n = 1
-    for key, (parents, values) in domains(model, cluster, global_batch, exhaustive).items():
+    stages = len(unsearched["layers"]) if unsearched["layers"] is not None else None
+    for key, (parents, values) in domains(model, cluster, global_batch, exhaustive, stages).items():
         given = _fixed_values(key, fixed)
         arrays, n = _expand(arrays, n, key, () if given is not None else parents,
                             (lambda given=given: given) if given is not None else values)
@@ -191,5 +209,5 @@ def check_fixed_keys(model: ModelSpec, fixed: dict[str, Any], global_batch: int,
     x = PlanContext(model, cfg.world, global_batch)
     c = Candidates.of(cfg)
     for rule in RULES:
-        if not rule.redundant and set(rule.keys) <= set(single) and not rule.ok(c, x)[0]:
+        if rule.kind == "error" and set(rule.keys) <= set(single) and not rule.ok(c, x)[0]:
             raise NoPlan(f"{options_text({k: fixed[k] for k in rule.keys}, flags or {})}: {rule.why(cfg, x)}")

@@ -5,12 +5,12 @@ Layout under the checkpoint directory::
     step_00000010/      one DCP checkpoint (.metadata + per-rank .distcp files) and meta.json
     latest              the name of the newest complete checkpoint
 
-Every rank writes its own shards in parallel: tensor-parallel shards and ZeRO-1 optimizer slices have keys
-of their own (``.tp<r>``, ``.dp<r>``); replicated tensors share a key and DCP writes them once. A checkpoint
-is written to ``step_N.partial`` and renamed when complete, then ``latest`` is replaced atomically, so a
-rank killed mid-save leaves the previous checkpoint intact. The data position is the step count (the data
-order is a pure function of the step), kept in ``meta.json`` with the plan it belongs to; resuming under a
-different plan, model or batch is refused with a one-line error.
+Every rank writes its own shards in parallel: tensor-parallel shards, ZeRO optimizer slices and ZeRO-3
+parameter slices (by bucket) have keys of their own (``.tp<r>``, ``.dp<r>``); replicated tensors share a key and
+DCP writes them once. A checkpoint is written to ``step_N.partial`` and renamed when complete, then ``latest``
+is replaced atomically, so a rank killed mid-save leaves the previous checkpoint intact. The data position is
+the step count (the data order is a pure function of the step), kept in ``meta.json`` with the plan it belongs
+to; resuming under a different plan, model or batch is refused with a one-line error.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def _rng_state(tr: Trainer) -> dict[str, torch.Tensor]:
 
 
 def state_dict(tr: Trainer) -> dict[str, torch.Tensor]:
-    tr.dp.wait_param_gather()  # ZeRO-1: parameters must be complete before they are read
+    tr.dp.wait_param_gather()  # ZeRO-1/2: parameters must be complete before they are read
     return {**tr.model_state(), **tr.optimizer_state(), **_rng_state(tr)}
 
 

@@ -20,12 +20,13 @@ import torch.distributed as dist
 from runtime.data import TokenData
 from runtime.models import build_model
 from runtime.models.common import param_seed
+from runtime.parallel.context_parallel import local_positions
 from runtime.parallel.data_parallel import DataParallel
 from runtime.parallel.mesh import ParallelGroups
 from runtime.parallel.optimizer import DistributedAdamW
 from runtime.parallel.parallelize import materialize, parallelize
 from runtime.parallel.pipeline import PipelineRunner
-from specs.capabilities import runtime_problem, state_problem
+from specs.capabilities import execution_problem
 from specs.errors import AutoparError
 from specs.planfile import PlanFile
 from specs.state import StateSpec
@@ -43,7 +44,7 @@ class StepStats:
 
 def check_supported(plan: PlanFile) -> None:
     """A one-line error for a plan this runtime does not execute (``specs/capabilities.py`` says what it does)."""
-    problem = runtime_problem(plan.config) or state_problem(plan.state)
+    problem = execution_problem(plan.config, plan.model, plan.state)
     if problem:
         raise AutoparError(problem)
 
@@ -79,21 +80,24 @@ class Trainer:
         self.dp = DataParallel(self.chunks, self.params, groups, cfg.zero, cfg.dp_overlap, device,
                                DTYPES[self.state.grads], self.state.bucket_params)
         self.opt = DistributedAdamW(self.dp, plan.train, steps, self.state.master_weights)
-        seq = plan.seq // cfg.tp if cfg.sp and cfg.tp > 1 else plan.seq
+        # a stage boundary carries this rank's tokens: seq / cp of each sequence (under SP, 1/tp of those)
+        seq = plan.seq // cfg.cp // (cfg.tp if cfg.sp and cfg.tp > 1 else 1)
+        self.positions = local_positions(plan.seq, cfg.cp, groups.cp_rank) if cfg.cp > 1 else None
         self.runner = PipelineRunner(self.chunks, groups, cfg, self.m, (cfg.mbs, seq, spec.hidden_size),
                                      dtype, dtype, device, on_backward=self.dp.arm)
-        # Same stream on every tp rank (replicated dropout stays replicated), distinct per pp and dp rank.
-        torch.manual_seed(param_seed(plan.train.seed, f"rng/pp{groups.pp_rank}/dp{groups.dp_rank}"))
+        # Same stream on every tp rank (replicated dropout stays replicated), distinct per pp, dp and cp rank.
+        cp_key = f"/cp{groups.cp_rank}" if cfg.cp > 1 else ""
+        torch.manual_seed(param_seed(plan.train.seed, f"rng/pp{groups.pp_rank}/dp{groups.dp_rank}{cp_key}"))
         self.step = 0  # completed steps
 
     @property
     def is_loss_rank(self) -> bool:
-        """Holds the loss: the last pipeline rank, tp rank 0 (one per dp replica)."""
+        """Holds the loss: the last pipeline rank, tp rank 0 (one per dp x cp rank: the mean over its tokens)."""
         return self.g.pp_rank == self.cfg.pp - 1 and self.g.tp_rank == 0
 
     def forward_backward(self) -> torch.Tensor:
         """Forward and backward of the current step with synchronised gradients; returns this rank's loss sum."""
-        inp, tgt = self.data.batch(self.step, self.plan.global_batch, self.g.dp_rank, self.cfg.dp)
+        inp, tgt = self.data.batch(self.step, self.plan.global_batch, self.g.dp_rank, self.cfg.dp, self.positions)
         inp, tgt = inp.to(self.device), tgt.to(self.device)
         mbs = self.cfg.mbs
         self.dp.zero_grad()
@@ -112,11 +116,15 @@ class Trainer:
         dist.all_reduce(loss, group=self.g.world)
         mem = torch.tensor([peak_memory_GiB(self.device)], device=self.device)
         dist.all_reduce(mem, op=dist.ReduceOp.MAX, group=self.g.world)
-        return StepStats(float(loss) / (self.cfg.dp * self.m), grad_norm, lr, float(mem))
+        return StepStats(float(loss) / (self.cfg.dp * self.cfg.cp * self.m), grad_norm, lr, float(mem))
 
     # ---- checkpoint state ---------------------------------------------------------------------
     def model_state(self) -> dict[str, torch.Tensor]:
-        """Parameters by full name; tensor-parallel shards get a ``.tp<rank>`` suffix."""
+        """Parameters by full name; tensor-parallel shards get a ``.tp<rank>`` suffix. ZeRO-3 keeps only this
+        rank's slice of each bucket: those, by bucket."""
+        if self.dp.zero >= 3:
+            where = f"model.pp{self.g.pp_rank}.tp{self.g.tp_rank}.dp{self.g.dpcp_rank}"
+            return {f"{where}.b{i}": b.param_shard for i, b in enumerate(self.dp.buckets)}
         out = {}
         for c in self.chunks:
             for p, info in self.params.named(c):
@@ -124,5 +132,5 @@ class Trainer:
         return out
 
     def optimizer_state(self) -> dict[str, torch.Tensor]:
-        where = f"optim.pp{self.g.pp_rank}.tp{self.g.tp_rank}" + (f".dp{self.g.dp_rank}" if self.dp.zero else "")
+        where = f"optim.pp{self.g.pp_rank}.tp{self.g.tp_rank}" + (f".dp{self.g.dpcp_rank}" if self.dp.zero else "")
         return self.opt.state(where)

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from specs.model import ModelSpec
 from specs.parallel import ParallelConfig, key_text
 from specs.state import StateSpec
 
 # Plan keys the runtime does not execute every value of: the values it does.
-RUNTIME_EXECUTES: dict[str, tuple[Any, ...]] = {"cp": (1,), "zero": (0, 1), "tp_overlap": (False,)}
+RUNTIME_EXECUTES: dict[str, tuple[Any, ...]] = {"tp_overlap": (False,)}  # cp, zero: every value
 
-_NOT_YET = {"cp": "context parallelism", "zero": "ZeRO-2/3", "tp_overlap": "overlapped tensor-parallel communication"}
+_NOT_YET = {"tp_overlap": "overlapped tensor-parallel communication"}
 
 
 def runtime_problem(cfg: ParallelConfig) -> str | None:
@@ -39,3 +40,17 @@ def state_problem(state: StateSpec) -> str | None:
 def runnable_keys() -> dict[str, Any]:
     """``--fix`` keys that keep a search to what the runtime executes (one value, or a list of them)."""
     return {k: v[0] if len(v) == 1 else list(v) for k, v in RUNTIME_EXECUTES.items()}
+
+
+def model_problem(model: ModelSpec) -> str | None:
+    """Why autopar's runtime cannot train ``model``, or None: it builds its own GPT and Llama blocks, so a
+    model traced from a user's nn.Module (``--model pkg.module:factory``) is planned but not run."""
+    if model.block is not None:
+        return (f"model {model.name} was traced from its own nn.Module; the runtime trains its GPT and Llama blocks "
+                "only: describe it as a model spec (arch gpt or llama) to train it")
+    return None
+
+
+def execution_problem(cfg: ParallelConfig, model: ModelSpec, state: StateSpec) -> str | None:
+    """Why autopar's runtime cannot execute a plan (its keys, its model, its model state), or None."""
+    return runtime_problem(cfg) or model_problem(model) or state_problem(state)

@@ -8,8 +8,9 @@ reference to one. Every problem is an :class:`AutoparError` with a one-line mess
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Literal
+from typing import Any, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from specs.errors import refuse_bool
@@ -134,32 +135,56 @@ class ModelSpec(BaseModel):
     def kv_width(self) -> int:
         return self.kv_heads * self.hd
 
-    # ---- parameter counts ------------------------------------------------------------------
+    # ---- parameter counts (per GPU under tensor parallelism t: what the runtime allocates) -----------
+    def layer_params_on(self, t: Any = 1) -> Any:
+        """Parameters of one transformer layer on one GPU of ``t`` tensor-parallel ranks (numpy-broadcast over t):
+        column- and row-parallel weights split t ways, each fused part (q | k | v, gate | up) padded to a
+        multiple of t; norms and row-parallel biases whole on every rank."""
+        t = np.asarray(t, dtype=float)
+        if self.block is not None:  # a traced custom block: its count, split evenly
+            return self.block.params / t
+        h, f, qw, kw = self.hidden_size, self.ffn, self.q_width, self.kv_width
+        qkv_rows = np.ceil(qw / t) + 2 * np.ceil(kw / t)
+        mlp_rows = (2 if self.arch == "llama" else 1) * np.ceil(f / t)
+        sharded = qkv_rows * h + h * np.ceil(qw / t) + mlp_rows * h + h * np.ceil(f / t)
+        if self.arch == "gpt":  # column-parallel biases split, the row-parallel ones (proj, MLP out) whole
+            return sharded + qkv_rows + mlp_rows + self.replicated_layer_params
+        return sharded + (qkv_rows if self.qkv_bias else 0) + self.replicated_layer_params
+
+    @property
+    def replicated_layer_params(self) -> int:
+        """Parameters of a layer every tensor-parallel rank holds whole: norms and row-parallel biases."""
+        if self.block is not None:
+            return 0
+        h = self.hidden_size
+        return 6 * h if self.arch == "gpt" else 2 * h  # GPT: two LayerNorms (weight, bias), two out biases
+
+    def embedding_params_on(self, t: Any = 1) -> Any:
+        """The input embedding on one GPU: a vocabulary shard (padded to a multiple of t), GPT's positions whole."""
+        pos = self.seq_length * self.hidden_size if self.arch == "gpt" else 0
+        return np.ceil(self.vocab_size / np.asarray(t, dtype=float)) * self.hidden_size + pos
+
+    def head_params_on(self, t: Any = 1, own_output: Any = True) -> Any:
+        """The final norm and the LM head on one GPU; ``own_output``: it holds its output weights (not tied to
+        an embedding on the same GPU)."""
+        norm = 2 * self.hidden_size if self.arch == "gpt" else self.hidden_size
+        vocab = np.ceil(self.vocab_size / np.asarray(t, dtype=float)) * self.hidden_size
+        return norm + np.where(own_output, vocab, 0.0)
+
     @cached_property
     def layer_params(self) -> int:
         """Parameters of one transformer layer."""
-        if self.block is not None:
-            return self.block.params
-        h, f = self.hidden_size, self.ffn
-        qkv = h * (self.q_width + 2 * self.kv_width)
-        proj = self.q_width * h
-        if self.arch == "gpt":
-            biases = (self.q_width + 2 * self.kv_width) + h + f + h
-            return qkv + proj + 2 * h * f + biases + 4 * h  # two LayerNorms (weight + bias)
-        bias = (self.q_width + 2 * self.kv_width) if self.qkv_bias else 0
-        return qkv + proj + 3 * h * f + bias + 2 * h  # two RMSNorms
+        return int(self.layer_params_on(1))
 
     @property
     def embedding_params(self) -> int:
         """Input embedding (tokens, plus learned positions for GPT)."""
-        pos = self.seq_length * self.hidden_size if self.arch == "gpt" else 0
-        return self.vocab_size * self.hidden_size + pos
+        return int(self.embedding_params_on(1))
 
     @property
     def head_params(self) -> int:
         """Final norm plus the LM head (zero head weights when tied)."""
-        norm = 2 * self.hidden_size if self.arch == "gpt" else self.hidden_size
-        return norm + (0 if self.tie_embeddings else self.vocab_size * self.hidden_size)
+        return int(self.head_params_on(1, not self.tie_embeddings))
 
     @property
     def num_params(self) -> int:

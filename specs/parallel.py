@@ -85,7 +85,7 @@ class ParallelConfig:
         return self.pp * self.vpp
 
     def microbatches(self, global_batch: int) -> int:
-        return global_batch // (self.dp * self.mbs)
+        return microbatches(global_batch, self.dp, self.mbs)
 
     def stage_layers(self, num_layers: int) -> tuple[int, ...]:
         """Layers per virtual stage in pipeline order (virtual stage j = chunk * pp + rank)."""
@@ -138,6 +138,11 @@ SEARCHED = tuple(k for k, info in KEYS.items() if info.searched)
 LAYOUT = tuple(k for k, info in KEYS.items() if info.layout)
 DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(ParallelConfig)}
 RECOMPUTE_CODE = {name: i for i, name in enumerate(RECOMPUTE)}
+
+
+def microbatches(global_batch: int, dp: Any, mbs: Any) -> Any:
+    """Micro-batches per step on each data-parallel replica (numbers or arrays of candidates)."""
+    return global_batch // (dp * mbs)
 
 
 def default_split(num_layers: int, stages: int) -> tuple[int, ...]:

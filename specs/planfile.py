@@ -62,6 +62,10 @@ class PlanFile(BaseModel):
     def _state(self) -> PlanFile:
         if self.state is None:
             self.state = StateSpec.default(self.cluster.precision)
+        elif self.state.params != self.cluster.precision:
+            raise ValueError(f"state.params={self.state.params} but cluster {self.cluster.name} computes in "
+                             f"{self.cluster.precision}: parameters are kept in the compute precision; set "
+                             f"state.params={self.cluster.precision} (or the cluster's precision)")
         return self
 
     @property

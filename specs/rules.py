@@ -10,22 +10,24 @@ The same table serves three callers:
 
 A rule reads the configuration as arrays (:class:`~specs.parallel.Candidates`: one entry per candidate, names
 as codes) and returns one boolean per entry; its reason reads one decoded :class:`ParallelConfig`.
-``redundant`` rules are not errors: they drop candidates that run the same as another one (sp with tp=1,
-ZeRO or overlapped DP with one replica), or never better (the same plan without overlapping communication it
-could overlap), so the search prices each plan once; a key given with ``--fix`` is kept as given.
+Two kinds of rules are not errors, only for the search: ``same`` rules drop candidates that run the same as
+another one (sp with tp=1, ZeRO or overlapped DP with one replica), so each plan is priced once, unless the
+key is fixed to that one value; ``dominated`` rules drop candidates that are never faster and use no less
+memory (the same plan without an overlap it could use), unless the key is fixed (to a value or a list).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
 from specs.cluster import ClusterSpec
 from specs.errors import AutoparError
 from specs.model import ModelSpec
-from specs.parallel import KEYS, RECOMPUTE_CODE, Candidates, ParallelConfig, key_text, range_problem
+from specs.parallel import KEYS, RECOMPUTE_CODE, Candidates, ParallelConfig, key_text, microbatches, range_problem
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,7 @@ class Rule:
     keys: tuple[str, ...]  # the plan keys it reads: the search applies it once all of them are enumerated
     ok: Callable[[Candidates, PlanContext], np.ndarray]
     why: Callable[[ParallelConfig, PlanContext], str]
-    redundant: bool = False  # not an error: an equivalent candidate is kept instead
+    kind: Literal["error", "same", "dominated"] = "error"  # same / dominated: not errors (see above)
 
 
 def _stages(c: Candidates) -> np.ndarray:
@@ -94,13 +96,10 @@ def _tp_node_ok(c: Candidates, x: PlanContext) -> np.ndarray:
 def _world_why(cfg: ParallelConfig, x: PlanContext) -> str:
     rest = cfg.tp * cfg.pp * cfg.cp
     if x.gpus % rest:
-        return f"{x.gpus} GPUs are not divisible by tp*pp*cp = {rest} ({cfg.tp}*{cfg.pp}*{cfg.cp})"
+        return (f"{x.gpus} GPUs are not divisible by tp*pp*cp = {rest} ({cfg.tp}*{cfg.pp}*{cfg.cp}); choose tp, pp "
+                f"and cp whose product divides {x.gpus}")
     return (f"tp*pp*cp*dp = {cfg.tp}*{cfg.pp}*{cfg.cp}*{cfg.dp} = {cfg.world} does not match {x.gpus} GPUs; "
             f"omit dp to use {x.gpus // rest}")
-
-
-def _microbatches(c: Candidates, x: PlanContext) -> np.ndarray:
-    return x.global_batch // (c.dp * c.mbs)
 
 
 def _counts_match(counts: object, c: Candidates) -> np.ndarray:
@@ -118,6 +117,9 @@ RULES: tuple[Rule, ...] = (
         tp_node_problem(cfg.tp, x.gpus, x.gpus_per_node or x.gpus, x.tp_across_nodes))),
     Rule(("cp",), lambda c, x: (c.cp == 1) | (x.model.attn_impl == "flash"),
          lambda cfg, x: "cp > 1 needs attention: flash in the model spec (ring attention is blockwise)"),
+    Rule(("cp",), lambda c, x: (c.cp == 1) | (x.model.dropout_p == 0),
+         lambda cfg, x: f"cp > 1 needs the model without attention dropout (dropout: 0 in the model spec; it has "
+                        f"{x.model.dropout_p:g})"),
     Rule(("cp",), lambda c, x: x.model.seq_length % (2 * c.cp) == 0,
          lambda cfg, x: f"seq {x.model.seq_length} must be divisible by 2*cp = {2 * cfg.cp} (load-balanced "
                         "causal split)"),
@@ -142,7 +144,8 @@ RULES: tuple[Rule, ...] = (
     Rule(("dp", "mbs"), lambda c, x: x.global_batch % (c.dp * c.mbs) == 0,
          lambda cfg, x: f"global batch {x.global_batch} is not divisible by dp*mbs = {cfg.dp}*{cfg.mbs}; "
                         "change --global-batch, dp or mbs"),
-    Rule(("pp", "vpp", "dp", "mbs"), lambda c, x: (c.vpp == 1) | (_microbatches(c, x) % c.pp == 0),
+    Rule(("pp", "vpp", "dp", "mbs"),
+         lambda c, x: (c.vpp == 1) | (microbatches(x.global_batch, c.dp, c.mbs) % c.pp == 0),
          lambda cfg, x: f"the interleaved schedule needs the number of micro-batches "
                         f"({cfg.microbatches(x.global_batch)}) to be a multiple of pp={cfg.pp}; change the global "
                         "batch, mbs or dp, or set vpp=1"),
@@ -159,17 +162,17 @@ RULES: tuple[Rule, ...] = (
                         f"tp={cfg.tp} spans nodes of {x.gpus_per_node} GPUs: set tp_overlap=false"),
     # the same plan as another candidate: not errors, just not enumerated twice
     Rule(("sp", "tp"), lambda c, x: ~(c.sp & (c.tp == 1)), lambda cfg, x: "sp=true with tp=1 is sp=false",
-         redundant=True),
+         kind="same"),
     Rule(("zero", "dp", "cp"), lambda c, x: (c.zero == 0) | (c.dp * c.cp > 1),
-         lambda cfg, x: "ZeRO with one data-parallel replica is zero=0", redundant=True),
+         lambda cfg, x: "ZeRO with one data-parallel replica is zero=0", kind="same"),
     Rule(("dp_overlap", "dp", "cp"), lambda c, x: ~c.dp_overlap | (c.dp * c.cp > 1),
-         lambda cfg, x: "dp_overlap with one data-parallel replica is dp_overlap=false", redundant=True),
+         lambda cfg, x: "dp_overlap with one data-parallel replica is dp_overlap=false", kind="same"),
     # never faster than another candidate and no less memory (the cost model hides overlapped communication
     # behind compute, never adds to it): only priced when asked for with --fix
     Rule(("dp_overlap", "dp", "cp"), lambda c, x: c.dp_overlap | (c.dp * c.cp == 1),
-         lambda cfg, x: "dp_overlap=false is never faster than dp_overlap=true", redundant=True),
+         lambda cfg, x: "dp_overlap=false is never faster than dp_overlap=true", kind="dominated"),
     Rule(("tp_overlap", "sp", "tp"), lambda c, x: c.tp_overlap | ~_sp_on(c) | (c.tp > (x.gpus_per_node or c.tp)),
-         lambda cfg, x: "tp_overlap=false is never faster than tp_overlap=true", redundant=True),
+         lambda cfg, x: "tp_overlap=false is never faster than tp_overlap=true", kind="dominated"),
 )
 
 
@@ -183,7 +186,7 @@ def plan_problem(cfg: ParallelConfig, x: PlanContext) -> str | None:
         return f"global batch must be positive, got {x.global_batch}"
     c = Candidates.of(cfg)
     for rule in RULES:
-        if not rule.redundant and not bool(rule.ok(c, x)[0]):
+        if rule.kind == "error" and not bool(rule.ok(c, x)[0]):
             return rule.why(cfg, x)
     return None
 

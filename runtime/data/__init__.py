@@ -8,8 +8,9 @@ prose from the Python standard library's docstrings (regenerate with ``python -m
 Sample ``j`` of the run is window ``perm_e[j mod n]`` of epoch ``e = j // n``, where the file is cut into
 ``n`` windows of ``seq + 1`` tokens (overlapping by one) and ``perm_e`` is a permutation seeded by
 ``(seed, e)``. Step ``k`` uses samples ``k*B .. k*B + B - 1``; dp rank ``r`` takes its contiguous ``B/dp``
-rows, which its micro-batches split in order. So the global batch of a step never depends on the plan,
-and resuming at step ``k`` needs nothing but ``k``.
+rows, which its micro-batches split in order, and a context-parallel rank takes the columns (token positions)
+it holds of every row, of the inputs and the targets alike (``positions``). So the global batch of a step never
+depends on the plan, and resuming at step ``k`` needs nothing but ``k``.
 """
 
 from __future__ import annotations
@@ -108,8 +109,13 @@ class TokenData:
             self._check(out)
         return out
 
-    def batch(self, step: int, global_batch: int, dp_rank: int = 0, dp: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-        """This dp rank's rows of step ``step``'s global batch: (inputs, targets), each ``[B/dp, seq]``."""
+    def batch(self, step: int, global_batch: int, dp_rank: int = 0, dp: int = 1,
+              positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """This dp rank's rows of step ``step``'s global batch: (inputs, targets), each ``[B/dp, seq]``, or only the
+        tokens at ``positions`` of each row (``[B/dp, len(positions)]``; a context-parallel rank's)."""
         per = global_batch // dp
         rows = torch.from_numpy(self.samples(step * global_batch + dp_rank * per, per))
-        return rows[:, :-1], rows[:, 1:]
+        inp, tgt = rows[:, :-1], rows[:, 1:]
+        if positions is not None:
+            inp, tgt = inp[:, positions], tgt[:, positions]
+        return inp, tgt

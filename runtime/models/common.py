@@ -3,7 +3,9 @@
 The models are plain single-device PyTorch with no parallel code. ``runtime.parallel.parallelize`` swaps
 modules (column/row-parallel linears, vocab-parallel embedding and loss) and cuts pipeline stages out of a
 model built on the meta device; it relies on the attribute names used here (``qkv``, ``proj``, ``gate_up``,
-``down``, ``fc``, ``tok``, ``pos``, ``out``, ``core``, ``n_heads``, ``n_kv_heads``).
+``down``, ``fc``, ``tok``, ``pos``, ``out``, ``core``, ``rope``, ``n_heads``, ``n_kv_heads``). Positions are
+modules too (``Rotary`` for RoPE, ``LearnedPositions`` for GPT), so a rank whose tokens sit elsewhere in the
+sequence swaps them rather than the model knowing.
 
 Parameter names are stable whatever the plan (``layers.7.attn.qkv.weight`` is the same tensor, or a shard
 of it, on every plan), and :func:`init_parameters` initialises each parameter from a generator seeded by
@@ -91,10 +93,32 @@ class CoreAttention(nn.Module):
         return o.transpose(1, 2).reshape(b, s, h * d)
 
 
-def rope_tables(seq: int, head_dim: int, theta: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)
-    freqs = torch.outer(torch.arange(seq, dtype=torch.float32, device=device), inv)
+def rope_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE's cos and sin, ``[len(positions), head_dim / 2]``, at the given token positions."""
+    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim)
+    freqs = torch.outer(positions.to(torch.float32), inv)
     return freqs.cos(), freqs.sin()
+
+
+class Rotary(nn.Module):
+    """RoPE tables (cos, sin) for a module's ``s`` tokens, cached; they sit at positions ``0 .. s-1``.
+
+    ``positions`` is the hook: a module whose tokens sit elsewhere in the sequence (a context-parallel rank's
+    chunks) overrides it."""
+
+    def __init__(self, head_dim: int, theta: float) -> None:
+        super().__init__()
+        self.head_dim, self.theta = head_dim, theta
+        self._tables: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def positions(self, s: int, device: torch.device) -> torch.Tensor:
+        return torch.arange(s, device=device)
+
+    def forward(self, s: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (s, device)
+        if key not in self._tables:
+            self._tables[key] = rope_tables(self.positions(s, device), self.head_dim, self.theta)
+        return self._tables[key]
 
 
 class Attention(nn.Module):
@@ -107,11 +131,10 @@ class Attention(nn.Module):
         super().__init__()
         gpt = spec.arch == "gpt"
         self.n_heads, self.n_kv_heads, self.hd = spec.num_attention_heads, spec.kv_heads, spec.hd
-        self.rope_theta = spec.rope_theta if not gpt else None
+        self.rope = Rotary(spec.hd, spec.rope_theta) if not gpt else None
         self.qkv = nn.Linear(spec.hidden_size, spec.q_width + 2 * spec.kv_width, bias=gpt or spec.qkv_bias)
         self.proj = nn.Linear(spec.q_width, spec.hidden_size, bias=gpt)
         self.core = CoreAttention(spec.attn_impl, spec.dropout_p)
-        self._rope: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv(x)
@@ -119,11 +142,8 @@ class Attention(nn.Module):
         hd, nq, nkv = self.hd, self.n_heads, self.n_kv_heads
         q, k, v = qkv.split((nq * hd, nkv * hd, nkv * hd), dim=-1)
         q, k, v = q.view(b, s, nq, hd), k.view(b, s, nkv, hd), v.view(b, s, nkv, hd)
-        if self.rope_theta is not None:
-            key = (s, q.device)
-            if key not in self._rope:
-                self._rope[key] = rope_tables(s, hd, self.rope_theta, q.device)
-            q, k = kernels.rope(q, k, *self._rope[key])
+        if self.rope is not None:
+            q, k = kernels.rope(q, k, *self.rope(s, q.device))
         return self.proj(self.core(q, k, v))
 
 

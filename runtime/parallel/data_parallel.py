@@ -1,108 +1,69 @@
-"""Data parallelism: flat buffers per model chunk, gradient buckets by reduce group, reduced asynchronously as
-they fill during the final backward.
+"""Data parallelism and ZeRO 0-3 over the dp x cp group (``d`` ranks): flat buffers per model chunk, gradient
+buckets, their reduction, and (ZeRO-3) parameters gathered layer by layer while they are used.
 
 Each model chunk's parameters live in one flat parameter buffer (the plan's ``state.params`` dtype;
-``param.data`` is a view) and their gradients in one flat gradient buffer (``state.grads``). When the two
-dtypes agree ``param.grad`` is a view into the gradient buffer and autograd accumulates into it; when they
-differ (bf16 parameters, fp32 gradients) a post-accumulate-grad hook adds ``param.grad`` into its view of the
-buffer (Megatron's "main grad") and frees it.
+``param.data`` is a view) and their gradients in one flat gradient buffer (``state.grads``); under ZeRO-2 the
+gradient buffer, under ZeRO-3 both, hold only this rank's slices (1/d), as the cost model prices them
+(``cost_models.memory.state_bytes``).
 
-Layout: the chunk's parameters, in reverse order of ``parameters()`` (about the order backward produces them),
-grouped by reduce group (:mod:`runtime.parallel.params`), each group contiguous, each group cut into
-``ceil(n / state.bucket_params)`` equal buckets at element granularity — a parameter may span two buckets;
-a bucket is ready when every parameter overlapping it has its gradient. These are the buckets the cost model
-counts (``cost_models.params.gradient_buckets``). With ZeRO-1 every bucket is a multiple of the dp x cp group
-size ``d`` (bucket edges on multiples of ``d``, the group padded at its end with fewer than ``d`` elements), so
-each splits evenly and parameters stay contiguous.
+The buckets (:mod:`runtime.parallel.buckets`): under ZeRO-0/1 each reduce group cut by ``state.bucket_params``,
+under ZeRO-2/3 one per transformer layer — what the cost model counts; under ZeRO each is a multiple of ``d``
+elements and rank ``r`` owns slice ``r``.
 
-During the chunk's *final* backward of the step a hook counts each bucket's parameters; when the last one
-lands the bucket's reduction is launched asynchronously (``overlap=True``) — or all buckets are launched after
-backward (``overlap=False``): the same collectives on the same data, so the results are identical.
+Gradients:
 
-* ZeRO-0: all-reduce each bucket over dp x cp (SUM, then divide: gloo has no AVG).
-* ZeRO-1: reduce-scatter each bucket in place, so rank ``r`` of the group finds the sum of slice ``r`` in its
-  own slice of the gradient buffer; the optimizer updates only that slice, and :meth:`start_param_gather`
-  all-gathers each bucket's parameters in place from the owners' slices, waited by forward pre-hooks of the
-  modules that use them (overlap with the next forward). In-place collectives are safe on NCCL (documented)
-  and gloo (it reduces a copy of the input and gathers into a temporary before writing the output).
+* ZeRO-0: all-reduce each bucket over d (SUM, then divide: gloo has no AVG) in the chunk's *final* backward
+  of the step: a hook counts each bucket's parameters and launches the reduction when the last one lands
+  (``overlap=True``), or all are launched after backward (``overlap=False``) — the same collectives on the same
+  data, so the results are identical.
+* ZeRO-1: the same, reduce-scattered in place, so rank ``r`` finds the sum of slice ``r`` in its own slice.
+* ZeRO-2/3: no full gradient buffer. In *every* backward (every micro-batch), when a bucket's parameters all
+  have their gradients, autograd's ``param.grad`` tensors are copied into one flat buffer and freed, the
+  buffer is reduce-scattered over d and the owned part added into the rank's gradient slice. With ``overlap``
+  the reduce-scatter runs asynchronously behind the next layer's backward (one in flight); without, in line.
 
-A tied embedding's bucket (``("dp", "embed")``) is first summed with the other end of the pipeline, then
-reduced over dp, never early; a sequence-parallel bucket (``("dp", "tp")``) is summed over tp after its dp
-reduce, one all-reduce per bucket.
+Parameters:
+
+* ZeRO-1/2: the optimizer updates the owned slice and :meth:`DataParallel.start_param_gather` all-gathers
+  each bucket in place from the owners' slices, waited before the embedding, each layer and the head run
+  forward (``overlap``: behind the next forward). In-place collectives are safe on NCCL (documented) and gloo
+  (it reduces a copy of the input and gathers into a temporary before writing the output).
+* ZeRO-3: only the owned slice is kept. Before the embedding, a layer or the head runs forward its buckets are
+  all-gathered into a buffer per bucket and its parameters become views of it (``overlap``: the next module's
+  buckets are prefetched); afterwards they are freed unless the next module uses them. A hook on the module's
+  output gathers them again before its backward (prefetching the module before it); they are freed when their
+  last gradient lands. Freed, a parameter is an empty tensor and its bucket's storage has size 0: views
+  autograd saved share that storage and see the values again when it is re-gathered for backward. So at most
+  two modules' buckets are gathered at once, one without ``overlap`` (the cost model's ``zero3_gather_bytes``:
+  two layers; the first and last bucket also hold the embedding and the head, and a tied embedding on a single
+  stage keeps the first bucket gathered from the head's backward to the embedding's).
+
+A tied embedding's bucket (``("dp", "embed")``) is summed with the other end of the pipeline: before its dp
+reduce (ZeRO-0/1, never early) or, as its owned slice, after the step's reduce-scatters (ZeRO-2/3). A
+sequence-parallel parameter (``("dp", "tp")``) is summed over tp after the dp reduce, one all-reduce per bucket.
 """
 
 from __future__ import annotations
 
 import functools
 import weakref
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import NamedTuple
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from runtime.models.common import Transformer
+from runtime.parallel.buckets import Bucket, Range, Segment, Span, bucket_bounds, group_segments, layer_segments, users
 from runtime.parallel.mappings import all_gather_into, reduce_scatter_into
 from runtime.parallel.mesh import ParallelGroups
-from runtime.parallel.params import ParamInfo, ParamTable, Reduce
+from runtime.parallel.params import ParamTable
 
-Range = tuple[int, int]
-
-
-class Span(NamedTuple):
-    """The part ``[start, end)`` (bucket coordinates) of a bucket that holds (part of) a parameter."""
-
-    param: nn.Parameter
-    info: ParamInfo
-    start: int
-    end: int
+__all__ = ["Bucket", "DataParallel", "Span", "bucket_bounds"]
 
 
-@dataclass(eq=False)
-class Bucket:
-    chunk: int
-    reduce: Reduce
-    spans: list[Span]
-    param_data: torch.Tensor  # views into the chunk's flat buffers (padding included)
-    grad_data: torch.Tensor
-    lo: int  # the slice this rank owns (everything for ZeRO-0)
-    hi: int
-    pending: set[int] = field(default_factory=set)
-    work: dist.Work | None = None
-    launched: bool = False
-    gather_work: dist.Work | None = None
-
-    @property
-    def param_shard(self) -> torch.Tensor:
-        return self.param_data[self.lo:self.hi]
-
-    @property
-    def grad_shard(self) -> torch.Tensor:
-        """The owned slice of the gradients: after :meth:`DataParallel.finish_grad_sync`, their average."""
-        return self.grad_data[self.lo:self.hi]
-
-    def owned(self, keep: Callable[[Span], bool]) -> list[Range]:
-        """Merged ranges, in owned-slice coordinates, of the spans ``keep`` accepts."""
-        out: list[Range] = []
-        for s in self.spans:
-            a, b = max(s.start, self.lo), min(s.end, self.hi)
-            if a < b and keep(s):
-                a, b = a - self.lo, b - self.lo
-                if out and out[-1][1] == a:
-                    out[-1] = (out[-1][0], b)
-                else:
-                    out.append((a, b))
-        return out
-
-
-def bucket_bounds(n: int, bucket_params: int, unit: int = 1) -> list[Range]:
-    """``[start, end)`` of each bucket of an ``n``-element reduce group: ``ceil(n / bucket_params)`` buckets of
-    equal size (within ``unit``), each a multiple of ``unit`` elements (the last one padded)."""
-    k = -(-n // bucket_params)
-    units = -(-n // unit)
-    return [(i * units // k * unit, (i + 1) * units // k * unit) for i in range(k)]
+def _summed_over_tp(s: Span) -> bool:
+    return "tp" in s.info.reduce
 
 
 class DataParallel:
@@ -117,60 +78,87 @@ class DataParallel:
         self.buckets: list[Bucket] = []
         self.buffers: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._main_grad: dict[int, torch.Tensor] = {}  # id(param) -> its gradient buffer view, when dtypes differ
+        self._inflight: list[Bucket] = []  # ZeRO-2/3: reduce-scatters not yet added into the gradient slices
+        self._empty = torch.empty(0, device=device)  # ZeRO-3: what a parameter is between uses
         for c, chunk in enumerate(chunks):
             self._build(c, chunk, table, bucket_params)
         if self.zero:
             for c, chunk in enumerate(chunks):
-                self._gather_hooks(c, chunk)
+                self._use_hooks(c, chunk)
         self.zero_grad()
 
     # ---- layout -----------------------------------------------------------------------------
-    def _build(self, c: int, chunk: nn.Module, table: ParamTable, bucket_params: int) -> None:
+    def _build(self, c: int, chunk: Transformer, table: ParamTable, bucket_params: int) -> None:
         params = [(p, info) for p, info in reversed(list(table.named(chunk))) if p.requires_grad]
-        groups: dict[Reduce, list[tuple[nn.Parameter, ParamInfo]]] = {}
-        for p, info in params:
-            groups.setdefault(info.reduce, []).append((p, info))
-        unit = self.d if self.zero else 1
-        layout, total = [], 0
-        for reduce, members in groups.items():
-            bounds = bucket_bounds(sum(p.numel() for p, _ in members), bucket_params, unit)
-            layout.append((reduce, members, total, bounds))
-            total += bounds[-1][1] if bounds else 0
+        if self.zero >= 2:
+            segments = layer_segments(chunk, params, self.d)
+        else:
+            segments = group_segments(params, bucket_params, self.d if self.zero else 1)
+        total = sum(s.bounds[-1][1] for s in segments if s.bounds)
         dtype = params[0][0].dtype if params else torch.float32  # a stage may hold no layers (layers=0/...)
-        pbuf = torch.zeros(total, dtype=dtype, device=self.device)
-        gbuf = torch.zeros(total, dtype=self.grad_dtype, device=self.device)
+        self._empty = torch.empty(0, dtype=dtype, device=self.device)
+        pbuf = torch.zeros(total // self.d if self.zero >= 3 else total, dtype=dtype, device=self.device)
+        gbuf = torch.zeros(total // self.d if self.zero >= 2 else total, dtype=self.grad_dtype, device=self.device)
         self.buffers.append((pbuf, gbuf))
-        for reduce, members, start, bounds in layout:
-            self._place(c, reduce, members, start, bounds, pbuf, gbuf)
+        start = 0
+        for seg in segments:
+            self._place(c, seg, start, pbuf, gbuf)
+            start += seg.bounds[-1][1] if seg.bounds else 0
 
-    def _place(self, c: int, reduce: Reduce, members: list[tuple[nn.Parameter, ParamInfo]], start: int,
-               bounds: list[Range], pbuf: torch.Tensor, gbuf: torch.Tensor) -> None:
-        """Move one reduce group's parameters into the buffers from ``start`` on and make its buckets."""
-        where, off = [], start
-        for p, info in members:
+    def _place(self, c: int, seg: Segment, start: int, pbuf: torch.Tensor, gbuf: torch.Tensor) -> None:
+        """Lay one segment out from ``start`` (whole-bucket coordinates of the chunk) and make its buckets."""
+        where, off = [], 0
+        for p, info in seg.members:
             n = p.numel()
-            view = pbuf[off:off + n]
-            view.copy_(p.data.reshape(-1))
-            p.data = view.view(p.shape)
-            grad = gbuf[off:off + n].view(p.shape)
-            if gbuf.dtype == pbuf.dtype:
-                p.grad = grad
-            else:
-                self._main_grad[id(p)] = grad
-            where.append((p, info, off - start))
+            if self.zero < 3:
+                at = slice(start + off, start + off + n)
+                self._adopt(p, pbuf[at], gbuf[at] if self.zero < 2 else None)
+            where.append((p, info, p.shape, off, n))
             off += n
         first = len(self.buckets)
-        for a, e in bounds:
-            spans = [Span(p, info, max(o, a) - a, min(o + p.numel(), e) - a) for p, info, o in where
-                     if o < e and o + p.numel() > a]
-            lo, hi = self._owned(e - a)
-            self.buckets.append(Bucket(c, reduce, spans, pbuf[start + a:start + e], gbuf[start + a:start + e], lo, hi))
-        for p, _, o in where:
-            mine = [first + i for i, (a, e) in enumerate(bounds) if o < e and o + p.numel() > a]
+        for a, e in seg.bounds:
+            spans = [Span(p, info, shape, max(o, a) - a, min(o + n, e) - a) for p, info, shape, o, n in where
+                     if o < e and o + n > a]
+            self.buckets.append(self._bucket(c, seg, spans, start + a, e - a, pbuf, gbuf))
+        for p, _, _, o, n in where:
+            mine = [first + i for i, (a, e) in enumerate(seg.bounds) if o < e and o + n > a]
             p.register_post_accumulate_grad_hook(self._grad_hook(c, mine))
 
+    def _adopt(self, p: nn.Parameter, pview: torch.Tensor, gview: torch.Tensor | None) -> None:
+        """Move ``p`` into its view of the parameter buffer, its gradient into ``gview`` (ZeRO-0/1)."""
+        pview.copy_(p.data.reshape(-1))
+        p.data = pview.view(p.shape)
+        if gview is None:
+            return
+        if gview.dtype == pview.dtype:
+            p.grad = gview.view(p.shape)
+        else:
+            self._main_grad[id(p)] = gview.view(p.shape)
+
+    def _bucket(self, c: int, seg: Segment, spans: list[Span], at: int, size: int, pbuf: torch.Tensor,
+                gbuf: torch.Tensor) -> Bucket:
+        """The bucket of ``size`` elements at ``at`` (whole-bucket coordinates; under ZeRO-2/3 its owned slice sits
+        at ``at / d`` of the buffers that hold slices only)."""
+        lo, hi = self._owned(size)
+        own = slice(at // self.d, at // self.d + hi - lo)
+        unit = seg.unit if seg.unit is not None else sum(b.chunk == c for b in self.buckets)
+        grad = gbuf[at:at + size] if self.zero < 2 else None
+        if self.zero < 3:
+            param = pbuf[at:at + size]
+            pshard = param[lo:hi]
+        else:  # the whole bucket once, to cut the owned slice out of it; then freed
+            param = torch.zeros(size, dtype=pbuf.dtype, device=self.device)
+            for s in spans:
+                param[s.start:s.end].copy_(s.param.data.reshape(-1))
+            pshard = pbuf[own]
+            pshard.copy_(param[lo:hi])
+        b = Bucket(c, unit, seg.reduce, spans, size, lo, hi, param, pshard, grad,
+                   grad[lo:hi] if grad is not None else gbuf[own])
+        self._release(b)
+        return b
+
     def _owned(self, size: int) -> Range:
-        """The slice of a ``size``-element bucket this rank owns: its 1/d share under ZeRO-1, else all of it."""
+        """The slice of a ``size``-element bucket this rank owns: its 1/d share under ZeRO, else all of it."""
         if not self.zero:
             return 0, size
         r = self.g.dpcp_rank
@@ -188,16 +176,20 @@ class DataParallel:
 
         return hook
 
-    def _gather_hooks(self, c: int, chunk: nn.Module) -> None:
+    def _use_hooks(self, c: int, chunk: Transformer) -> None:
+        """Hooks on the embedding, each layer and the head (in forward order): their buckets' parameters are
+        complete before they run forward (ZeRO-1/2: the gather after the optimizer step; ZeRO-3: gathered now)."""
         where: dict[int, list[Bucket]] = {}
         for b in self.buckets:
             if b.chunk == c:
                 for s in b.spans:
                     where.setdefault(id(s.param), []).append(b)
-        for mod in chunk.modules():
-            mine = {id(b): b for p in mod.parameters(recurse=False) for b in where.get(id(p), [])}
-            if mine:
-                mod.register_forward_pre_hook(functools.partial(self._wait_gather, list(mine.values())))
+        mods = users(chunk)
+        uses = [list({id(b): b for p in m.parameters() for b in where.get(id(p), [])}.values()) for m in mods]
+        for i, mod in enumerate(mods):
+            mod.register_forward_pre_hook(functools.partial(self._before_forward, uses, i))
+            if self.zero >= 3:
+                mod.register_forward_hook(functools.partial(self._after_forward, uses, i))
 
     # ---- gradients --------------------------------------------------------------------------
     def zero_grad(self) -> None:
@@ -209,10 +201,17 @@ class DataParallel:
         self.armed = [False] * len(self.armed)
 
     def arm(self, chunk: int, final: bool) -> None:
-        """Called before each backward of ``chunk``: only its final one of the step reduces gradients."""
+        """Called before each backward of ``chunk``: only its final one of the step reduces gradients (ZeRO-0/1;
+        ZeRO-2/3 reduce them in every backward)."""
         self.armed[chunk] = final
 
     def _on_grad(self, p: nn.Parameter, chunk: int, buckets: list[int]) -> None:
+        if self.zero >= 2:  # a parameter lies in one bucket
+            b = self.buckets[buckets[0]]
+            b.pending.discard(id(p))
+            if not b.pending:
+                self._scatter(b)
+            return
         main = self._main_grad.get(id(p))
         if main is not None:  # gradients kept in another dtype than the parameters
             main.add_(p.grad)
@@ -226,18 +225,60 @@ class DataParallel:
                 self._launch(b)
 
     def _launch(self, b: Bucket) -> None:
+        """ZeRO-0/1: reduce the bucket over d (asynchronously)."""
         if b.launched:
             return
         b.launched = True
-        if self.d == 1 or b.grad_data.numel() == 0:
+        if self.d == 1 or b.size == 0:
             return
         if self.zero:  # in place: the output is this rank's slice of the input
             b.work = reduce_scatter_into(b.grad_shard, b.grad_data, self.g.dpcp_group, async_op=True)
         else:
             b.work = dist.all_reduce(b.grad_data, group=self.g.dpcp_group, async_op=True)
 
+    def _scatter(self, b: Bucket) -> None:
+        """ZeRO-2/3: reduce-scatter this backward's gradients of ``b`` (autograd's, freed here) over d."""
+        self._drain()  # one in flight at most
+        flat = torch.zeros(b.size, dtype=self.grad_dtype, device=self.device)
+        for s in b.spans:
+            if s.param.grad is not None:
+                flat[s.start:s.end].copy_(s.param.grad.reshape(-1))
+                s.param.grad = None
+        work = reduce_scatter_into(flat[b.lo:b.hi], flat, self.g.dpcp_group, async_op=self.overlap)
+        b.scatter, b.launched, b.pending = (flat, work), True, {id(s.param) for s in b.spans}
+        self._inflight.append(b)
+        if self.zero >= 3:
+            self._release(b)
+        if not self.overlap:
+            self._drain()
+
+    def _drain(self) -> None:
+        """ZeRO-2/3: add the reduce-scatters in flight into the owned gradient slices, in launch order."""
+        for b in self._inflight:
+            flat, work = b.scatter
+            if work is not None:
+                work.wait()
+            b.grad_shard.add_(flat[b.lo:b.hi])
+            b.scatter = None
+        self._inflight.clear()
+
     def finish_grad_sync(self) -> None:
         """Complete every reduction of the step; afterwards each bucket's ``grad_shard`` holds the average."""
+        if self.zero >= 2:
+            self._finish_scatters()
+        else:
+            self._finish_reduces()
+        for b in self.buckets:
+            if self.d > 1:
+                b.grad_shard.div_(self.d)
+            if self.g.tp > 1:
+                for lo, hi in b.owned(_summed_over_tp):
+                    dist.all_reduce(b.grad_shard[lo:hi], group=self.g.tp_group)
+        self.armed = [False] * len(self.armed)
+
+    def _finish_reduces(self) -> None:
+        """ZeRO-0/1: a tied embedding's buckets summed with the other end of the pipeline first; every bucket
+        reduced (those not launched during backward now), and waited."""
         for b in self.buckets:
             if "embed" in b.reduce and self.g.embed_group is not None:
                 dist.all_reduce(b.grad_data, group=self.g.embed_group)
@@ -246,13 +287,18 @@ class DataParallel:
             if b.work is not None:
                 b.work.wait()
                 b.work = None
-            if self.d > 1:
-                b.grad_shard.div_(self.d)
-        if self.g.tp > 1:
-            for b in self.buckets:
-                if "tp" in b.reduce:
-                    dist.all_reduce(b.grad_shard, group=self.g.tp_group)
-        self.armed = [False] * len(self.armed)
+
+    def _finish_scatters(self) -> None:
+        """ZeRO-2/3: a bucket some parameter of which had no gradient in the last backward is reduced now; all
+        are added in, nothing stays gathered, and a tied embedding's owned slice is summed with the other end."""
+        for b in self.buckets:
+            if len(b.pending) < len(b.spans):
+                self._scatter(b)
+        self._drain()
+        for b in self.buckets:
+            self._release(b)
+            if "embed" in b.reduce and self.g.embed_group is not None:
+                dist.all_reduce(b.grad_shard, group=self.g.embed_group)
 
     def grad_norm_sq(self) -> torch.Tensor:
         """Sum of squares of this rank's share of the gradient (copies counted elsewhere left out), fp32."""
@@ -267,11 +313,14 @@ class DataParallel:
         """Where ``grad_norm_sq`` is summed: one replica's ranks, or everyone when the gradient is sharded."""
         return self.g.world if self.zero else self.g.mp_group
 
-    # ---- parameters (ZeRO-1) ----------------------------------------------------------------
+    # ---- parameters (ZeRO-1/2: after the optimizer step; ZeRO-3: where they are used) --------
     def start_param_gather(self) -> None:
-        """All-gather each bucket's parameters in place from the owners' (updated) slices."""
+        """ZeRO-1/2: all-gather each bucket's parameters in place from the owners' (updated) slices. (ZeRO-3
+        gathers them before each use instead.)"""
+        if self.zero >= 3:
+            return
         for b in reversed(self.buckets):  # forward order
-            if b.param_data.numel():
+            if b.size:
                 b.gather_work = all_gather_into(b.param_data, b.param_shard, self.g.dpcp_group, async_op=True)
         if not self.overlap:
             self.wait_param_gather()
@@ -280,8 +329,52 @@ class DataParallel:
         self._wait_gather(self.buckets)
 
     @staticmethod
-    def _wait_gather(buckets: list[Bucket], *_: object) -> None:
+    def _wait_gather(buckets: Iterable[Bucket], *_: object) -> None:
         for b in buckets:
             if b.gather_work is not None:
                 b.gather_work.wait()
                 b.gather_work = None
+
+    def _before_forward(self, uses: list[list[Bucket]], i: int, *_: object) -> None:
+        if self.zero < 3:
+            self._wait_gather(uses[i])
+            return
+        self._gather(uses[i], wait=True)
+        if self.overlap and i + 1 < len(uses):
+            self._gather(uses[i + 1], wait=False)
+
+    def _after_forward(self, uses: list[list[Bucket]], i: int, _mod: nn.Module, _args: object, out: object) -> None:
+        """ZeRO-3: free what the next module does not use; gather it again before this module's backward."""
+        later = uses[i + 1] if i + 1 < len(uses) else []
+        for b in uses[i]:
+            if b not in later:
+                self._release(b)
+        if isinstance(out, torch.Tensor) and out.requires_grad:
+            out.register_hook(functools.partial(self._before_backward, uses, i))
+
+    def _before_backward(self, uses: list[list[Bucket]], i: int, _grad: torch.Tensor) -> None:
+        self._gather(uses[i], wait=True)
+        if self.overlap and i > 0:
+            self._gather(uses[i - 1], wait=False)
+
+    def _gather(self, buckets: list[Bucket], wait: bool) -> None:
+        """ZeRO-3: all-gather the buckets' parameters (asynchronously with ``overlap``) and make them views of it."""
+        for b in buckets:
+            if not b.gathered:
+                b.param_data.untyped_storage().resize_(b.size * b.param_data.element_size())
+                b.gather_work = all_gather_into(b.param_data, b.param_shard, self.g.dpcp_group, async_op=self.overlap)
+                for s in b.spans:
+                    s.param.data = b.param_data[s.start:s.end].view(s.shape)
+                b.gathered = True
+        if wait:
+            self._wait_gather(buckets)
+
+    def _release(self, b: Bucket) -> None:
+        """ZeRO-3: free a bucket's gathered parameters (views saved by autograd keep the storage, at size 0)."""
+        if self.zero < 3 or not b.gathered:
+            return
+        self._wait_gather([b])
+        for s in b.spans:
+            s.param.data = self._empty
+        b.param_data.untyped_storage().resize_(0)
+        b.gathered = False

@@ -1,12 +1,12 @@
-"""AdamW over the data-parallel buckets (ZeRO-1 when they are sharded), gradient clipping, warmup + cosine LR.
+"""AdamW over the data-parallel buckets (ZeRO-1/2/3 when they are sharded), gradient clipping, warmup + cosine LR.
 
 The update is torch.optim.AdamW's (its fused kernel, ``torch._fused_adamw_``) applied per bucket to the slice
 this rank owns (the whole bucket for ZeRO-0), with fp32 ``exp_avg`` and ``exp_avg_sq``. The weights it updates
 are an fp32 master copy of the slice when the plan's ``state.master_weights`` says so (16-bit parameters),
-copied into the parameters afterwards; otherwise the parameter buffer's slice itself, in place. ZeRO-1 then
-all-gathers the parameters from the owners' slices. Weight decay applies to matrices (parameters of two or
-more dimensions), not to norms and biases. The gradient norm is the norm of the full (unsharded, deduplicated)
-gradient.
+copied into the parameters afterwards; otherwise the parameter buffer's slice itself, in place. ZeRO-1/2 then
+all-gather the parameters from the owners' slices; ZeRO-3 keeps only the slice (gathered where it is used).
+Weight decay applies to matrices (parameters of two or more dimensions), not to norms and biases. The gradient
+norm is the norm of the full (unsharded, deduplicated) gradient.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import math
 import torch
 import torch.distributed as dist
 
-from runtime.parallel.data_parallel import DataParallel, Span
+from runtime.parallel.buckets import Span
+from runtime.parallel.data_parallel import DataParallel
 from specs.planfile import TrainConfig
 
 
@@ -30,7 +31,7 @@ def lr_at(step: int, train: TrainConfig, total_steps: int) -> float:
 
 
 def _is_matrix(s: Span) -> bool:
-    return s.param.dim() >= 2  # a shard has the dimensions of its full tensor
+    return len(s.shape) >= 2  # a shard has the dimensions of its full tensor
 
 
 def _fp32(t: torch.Tensor) -> torch.Tensor:
@@ -127,7 +128,7 @@ class DistributedAdamW:
         return float(norm), lr
 
     def _publish(self) -> None:
-        """Make the updated weights the parameters: copy masters into the owned slices, then (ZeRO-1) gather."""
+        """Make the updated weights the parameters: copy masters into the owned slices, then (ZeRO-1/2) gather."""
         for b, m in zip(self.dp.buckets, self.master):
             if m is not None:
                 b.param_shard.copy_(m)

@@ -1,7 +1,7 @@
 """``parallelize(model, cfg, groups)``: cut this rank's pipeline chunks out of a meta-device model, apply
-tensor/sequence parallelism and recompute, and record each parameter's :class:`~runtime.parallel.params.ParamInfo`
-(its shard, the groups that reduce its gradient, whether the norm counts it, its init key); ``materialize``
-then allocates and initialises the chunks.
+tensor/sequence parallelism, recompute and context parallelism, and record each parameter's
+:class:`~runtime.parallel.params.ParamInfo` (its shard, the groups that reduce its gradient, whether the norm counts
+it, its init key); ``materialize`` then allocates and initialises the chunks.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from runtime.models.common import Transformer, init_parameters
+from runtime.parallel.context_parallel import apply_context_parallel
 from runtime.parallel.mesh import ParallelGroups
 from runtime.parallel.params import DP, DP_EMBED, DP_TP, ParamInfo, ParamTable
 from runtime.parallel.recompute import apply_recompute
@@ -41,6 +42,7 @@ def parallelize(model: Transformer, cfg: ParallelConfig,
         st = model.stage(stage_layer_ids(cfg, spec.num_layers, v), first=v == 0, last=v == nv - 1)
         apply_tensor_parallel(st, groups, cfg.sp and cfg.tp > 1)
         apply_recompute(st, cfg, v)
+        apply_context_parallel(st, groups, cfg.sp and cfg.tp > 1)  # after recompute: see its docstring
         infos.update(param_infos(st, spec, cfg, groups.tp_rank))
         chunks.append(st)
     return chunks, ParamTable(infos)

@@ -11,7 +11,9 @@ order, not by tag).
 Without sequence parallelism a stage boundary's activation (and its gradient) is the same on every
 tensor-parallel rank, so each rank sends only its 1/tp slice and the receivers all-gather the slices over
 the tensor-parallel group (Megatron's scatter/gather; NVLink instead of the network carries the rest), as
-the cost model prices it. With sequence parallelism each rank's tensor already is its own slice.
+the cost model prices it. With sequence parallelism each rank's tensor already is its own slice. A boundary
+tensor holds this rank's tokens: ``(mbs, seq / cp, hidden)``, ``(mbs, seq / cp / tp, hidden)`` under SP (the
+trainer passes the shape).
 """
 
 from __future__ import annotations

@@ -52,3 +52,24 @@ def test_closed_form_alone_is_within_the_search_slack(rows):
     closed = np.array([r["closed_error"] for r in rows])
     assert closed.min() >= -0.12 and closed.max() <= 0.08, (closed.min(), closed.max())
     assert CLOSED_FORM_SLACK >= (1 + 0.08) / (1 - 0.12)
+
+
+@pytest.mark.parametrize("fixed", [{"recompute": "full", "recompute_layers": 0}, {"pp": 4, "layers": (1, 1, 1, 37)},
+                                   {"pp": 2, "vpp": 2, "recompute": "full", "recompute_layers": (1, 2, 3, 4)}])
+def test_fixed_layer_splits_and_recompute_counts_are_priced_as_the_exact_model(fixed):
+    """Candidates that share a fixed layer split or recomputed-layer counts: with the table replayed the
+    vectorised model equals the exact one (memory included), so the search filters and ranks them right."""
+    from cost_models.batch import estimate_batch
+    from cost_models.step import estimate
+    from planner.space import enumerate_space
+    from specs.cluster import load_cluster
+    from specs.model_loading import load_model
+
+    model, cluster = load_model("llama2-13b"), load_cluster("dgx-a100", gpus=64)
+    space = enumerate_space(model, cluster, 256, fixed)
+    pick = space.take(np.arange(0, len(space), max(1, len(space) // 30)))
+    fast = estimate_batch(model, cluster, pick, 256, pipeline="exact")
+    for i in range(len(pick)):
+        exact = estimate(model, cluster, pick.config(i), 256, validate=False)
+        assert fast.memory_GiB[i] == pytest.approx(exact.memory_GiB, rel=1e-12)
+        assert fast.step_time[i] == pytest.approx(exact.step_time_s, rel=1e-12)

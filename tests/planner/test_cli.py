@@ -66,7 +66,7 @@ BAD = [
     (["plan", "--model", "tiny", "--cluster", "cpu-gloo", "--gpus", "4", "--global-batch", "8", "--fix", "layers=1/1"],
      "sum to 4"),
     (["plan", "--model", "tiny", "--cluster", "cpu-gloo", "--gpus", "4", "--global-batch", "8", "--runnable",
-      "--fix", "cp=2"], "conflicts with --runnable"),
+      "--fix", "tp_overlap=true"], "conflicts with --runnable"),
     (["plan", "--model", "llama2-7b", "--global-batch", "16", "--headroom", "nan"], "--headroom must be between"),
     (["plan", "--model", "llama2-7b", "--global-batch", "16", "--out", "/nonexistent/dir/p.json"],
      "cannot write plan file"),
@@ -203,8 +203,12 @@ def test_plan_json_is_the_whole_stdout_when_the_ilp_runs():
 
 def test_plan_says_train_it_only_for_plans_the_runtime_executes(tmp_path, capsys):
     common = ["plan", "--model", "tiny", "--cluster", "cpu-gloo", "--gpus", "4", "--global-batch", "16"]
-    assert main([*common, "--fix", "zero=3", "--out", str(tmp_path / "z3.json")]) == 0
+    assert main([*common, "--fix", "tp=2,sp=true,tp_overlap=true", "--out", str(tmp_path / "o.json")]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "autopar run cannot execute it: zero=3" in out and "train it with" not in out
+    assert "autopar run cannot execute it: tp_overlap=true" in out and "train it with" not in out
+    assert main(["plan", "--model", "tests.fixtures.toy_lm:build", "--cluster", "cpu-gloo", "--gpus", "1",
+                 "--global-batch", "4", "--out", str(tmp_path / "toy.json")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "cannot execute it: model" in out and "traced from its own nn.Module" in out
     assert main([*common, "--runnable", "--out", str(tmp_path / "ok.json")]) == 0
     assert f"train it with: autopar run {tmp_path / 'ok.json'}" in " ".join(capsys.readouterr().out.split())

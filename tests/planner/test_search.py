@@ -214,3 +214,18 @@ def test_the_stage_ilp_runs_within_the_search_budget(monkeypatch):
     monkeypatch.setattr(planner.search, "ILP_BUDGET_S", 0.0)
     res = search(m, c, 256, fixed={"pp": 4, "recompute": "full"}, top=3)
     assert not calls and res.plans and all(p.config.layers is None for p in res.plans)
+
+
+def test_a_fixed_layer_split_sets_the_number_of_stages():
+    """--fix layers=... with 8 entries (some stages empty) on a 4-layer model: the search tries the pp x vpp
+    that make 8 stages, as estimate accepts the same plan."""
+    m, c = load_model("tiny"), load_cluster("cpu-gloo", gpus=8)
+    res = search(m, c, 16, fixed={"layers": (0, 1, 1, 0, 0, 1, 1, 0)}, top=3)
+    assert res.plans and all(p.config.num_chunks == 8 for p in res.plans)
+
+
+def test_keys_are_named_with_the_option_they_came_from():
+    from planner.space import options_text
+
+    assert options_text({"tp_overlap": False, "tp": 2}, {"tp_overlap": "--runnable"}) == \
+        "--runnable tp_overlap=false --fix tp=2"

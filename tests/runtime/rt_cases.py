@@ -31,19 +31,19 @@ TRAIN = TrainConfig(steps=3, lr=3e-3, min_lr=3e-4, warmup_steps=1, weight_decay=
 
 
 def case_spec(case: dict[str, Any]) -> ModelSpec:
-    """A tiny model for a case: Llama (GQA where tp allows) or GPT, 4 layers, hidden 32, vocab 64, seq 16."""
+    """A tiny model for a case: Llama (GQA where tp allows) or GPT, 4 layers, hidden 32, vocab 64, seq 16 (``seq``)."""
     tp = case.get("tp", 1)
     llama = case.get("arch", "llama") == "llama"
     return ModelSpec(
         name=f"tiny-{case.get('arch', 'llama')}", arch=case.get("arch", "llama"), num_layers=case.get("num_layers", 4),
         hidden_size=32, num_attention_heads=4, num_kv_heads=(2 if tp <= 2 else 4) if llama else None,
-        ffn_hidden_size=64 if llama else 96, vocab_size=case.get("vocab", 64), seq_length=16,
+        ffn_hidden_size=64 if llama else 96, vocab_size=case.get("vocab", 64), seq_length=case.get("seq", 16),
         tie_embeddings=case.get("tied", False), dropout=case.get("dropout", 0.0), attention=case.get("attention"),
     )
 
 
 def case_plan(case: dict[str, Any]) -> PlanFile:
-    keys = {k: case[k] for k in ("tp", "pp", "dp", "mbs", "sp", "recompute", "recompute_layers", "zero",
+    keys = {k: case[k] for k in ("tp", "pp", "dp", "cp", "mbs", "sp", "recompute", "recompute_layers", "zero",
                                   "dp_overlap", "layers") if k in case}
     if case.get("sched") == "interleaved":
         keys["vpp"] = 2
@@ -52,10 +52,12 @@ def case_plan(case: dict[str, Any]) -> PlanFile:
     spec = case_spec(case)
     check_plan(cfg, PlanContext(spec, cfg.world, case.get("global_batch", 8)))
     train = TRAIN.model_copy(update={"steps": case.get("steps", 3)})
-    # small gradient buckets (several per chunk); ``state`` picks the precisions (default: the cluster's, fp32)
-    state = StateSpec.default(case.get("state", "fp32")).model_copy(
-        update={"bucket_params": case.get("bucket_params", 3000)})
-    return make_plan(spec, load_cluster("cpu-gloo"), case.get("global_batch", 8), cfg, train=train, state=state)
+    # small gradient buckets (several per chunk); ``state`` picks the compute precision (default: cpu-gloo's fp32)
+    # and with it the model state's precisions (bf16 parameters on the CPU: gloo reduces bf16)
+    precision = case.get("state", "fp32")
+    cluster = load_cluster("cpu-gloo").model_copy(update={"precision": precision})
+    state = StateSpec.default(precision).model_copy(update={"bucket_params": case.get("bucket_params", 3000)})
+    return make_plan(spec, cluster, case.get("global_batch", 8), cfg, train=train, state=state)
 
 
 def full_grads(tr: Trainer) -> dict[str, np.ndarray] | None:
@@ -65,17 +67,19 @@ def full_grads(tr: Trainer) -> dict[str, np.ndarray] | None:
     """
     g, dp = tr.g, tr.dp
     flat: dict[str, list[torch.Tensor]] = {}
+    shapes = {}  # from the spans: a ZeRO-3 parameter is an empty tensor between uses
     for b in dp.buckets:
         full = b.grad_data
-        if dp.zero:
-            full = torch.empty_like(b.grad_data)
+        if dp.zero:  # ZeRO-2/3 keep no whole-bucket gradient: gathered from the slices
+            full = torch.empty(b.size, dtype=b.grad_shard.dtype)
             all_gather_into(full, b.grad_shard.contiguous(), g.dpcp_group)
         for s in b.spans:  # a parameter may span two buckets: its pieces in order
             flat.setdefault(s.info.name, []).append(full[s.start:s.end])
+            shapes[s.info.name] = s.shape
     out = {}
     for c in tr.chunks:
-        for p, info in tr.params.named(c):
-            whole = torch.cat(flat[info.name]).view(p.shape)
+        for _, info in tr.params.named(c):
+            whole = torch.cat(flat[info.name]).view(shapes[info.name])
             out[info.name] = gather_full(whole, info.shard, g.tp_group).float().numpy().copy()
     return out if g.tp_rank == 0 and g.dp_rank == 0 else None
 
@@ -224,6 +228,142 @@ def state_report(rank: int, case: dict[str, Any], data_path: str) -> dict[str, A
             "dtypes": [str(pbufs[0].dtype), str(gbufs[0].dtype)], "d": dp.d, "zero": dp.zero,
             "stray": len(stray), "loss": loss,
         }
+    finally:
+        dist.barrier(group=groups.world)
+        groups.destroy()
+
+
+# ---- context parallelism (tests/runtime/test_context_parallel.py) -------------------------------------------
+
+
+def cp_activation_bytes(rank: int, cp: int, spec_json: str, dtype: str) -> dict[str, Any] | None:
+    """One forward of a model's layers (no embedding / head) on cp ranks ``0 .. cp-1``, one sequence: the bytes of
+    the activations autograd keeps for backward on this rank (every tensor a layer saves, counted once per storage,
+    parameters left out), and the number of tokens the rank held."""
+    from runtime.models import build_model
+    from runtime.parallel.context_parallel import local_positions
+    from runtime.parallel.parallelize import materialize, parallelize
+
+    spec = ModelSpec.model_validate_json(spec_json)
+    cfg = ParallelConfig(cp=cp)
+    groups = build_groups(cfg, "cpu", ranks=list(range(cp)))
+    if groups is None:
+        return None
+    try:
+        torch_dtype = getattr(torch, dtype)
+        (chunk,), table = parallelize(build_model(spec, "meta"), cfg, groups)
+        materialize([chunk], table, spec, seed=1, device=torch.device("cpu"), dtype=torch_dtype)
+        params = {p.untyped_storage().data_ptr() for p in chunk.parameters()}
+        tokens = torch.randint(0, spec.vocab_size, (1, spec.seq_length), generator=torch.Generator().manual_seed(0))
+        if cp > 1:
+            tokens = tokens[:, local_positions(spec.seq_length, cp, groups.cp_rank)]
+        x = chunk.embed(tokens).detach().requires_grad_()
+        kept: dict[int, int] = {}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            st = t.untyped_storage()
+            if st.data_ptr() not in params:
+                kept[st.data_ptr()] = st.nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            y = x
+            for layer in chunk.layers.values():
+                y = layer(y)
+        y.float().sum().backward()  # the backward runs too (its collectives pair up on every rank)
+        return {"bytes": sum(kept.values()), "tokens": tokens.shape[1]}
+    finally:
+        dist.barrier(group=groups.world)
+        groups.destroy()
+
+
+# ---- ZeRO-2/3 (tests/runtime/test_zero.py, test_priced_equals_executed.py) -------------------------------------
+
+
+def _storage_bytes(tensors: list[torch.Tensor]) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (a freed ZeRO-3 bucket's storage has 0)."""
+    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
+
+
+def model_state_report(rank: int, case: dict[str, Any], data_path: str) -> dict[str, Any] | None:
+    """After one step, for every ZeRO stage: this rank's buckets per model chunk as the cost model counts them
+    (ZeRO-2/3: one per layer) and as it pads them (a split tied embedding's is its own), its model state's bytes
+    by kind measured from every tensor it keeps (the chunks' buffers, ZeRO-3's per-bucket gather buffers, master
+    copies and Adam moments), the padding elements (whole-bucket coordinates: ZeRO shards them with the rest),
+    and the parameter and gradient tensors holding memory outside the buffers."""
+    tr, groups = _trainer(rank, case, data_path)
+    if tr is None:
+        return None
+    try:
+        loss = tr.train_step().loss
+        dp, opt = tr.dp, tr.opt
+        pbufs, gbufs = [p for p, _ in dp.buffers], [g for _, g in dp.buffers]
+        gathered = [b.param_data for b in dp.buckets if dp.zero >= 3]
+        inside = {t.untyped_storage().data_ptr() for t in pbufs + gbufs}
+        stray = [t for c in tr.chunks for p in c.parameters() for t in (p.data, p.grad)
+                 if t is not None and t.numel() and t.untyped_storage().data_ptr() not in inside]
+        chunks = range(len(tr.chunks))
+        return {
+            "pp_rank": groups.pp_rank, "vstages": [c * groups.pp + groups.pp_rank for c in chunks],
+            "buckets": [len({b.unit for b in dp.buckets if b.chunk == c}) for c in chunks],
+            "segments": [sum(b.chunk == c for b in dp.buckets) for c in chunks],
+            "bytes": {"weights": _storage_bytes(pbufs) + _storage_bytes(gathered), "gradients": _storage_bytes(gbufs),
+                      "optimizer": _nbytes(opt.master + opt.exp_avg + opt.exp_avg_sq)},
+            "padding": sum(b.size - sum(s.end - s.start for s in b.spans) for b in dp.buckets),
+            "dtypes": [str(pbufs[0].dtype), str(gbufs[0].dtype)], "d": dp.d, "zero": dp.zero,
+            "stray": len(stray), "loss": loss,
+        }
+    finally:
+        dist.barrier(group=groups.world)
+        groups.destroy()
+
+
+def zero_overlap_run(rank: int, case: dict[str, Any], data_path: str) -> dict[str, Any] | None:
+    """Losses of ``steps`` steps and, after them, this rank's parameter and gradient buffers as kept (ZeRO-3:
+    its slices only) and how many buckets were reduce-scattered during the last backward."""
+    tr, groups = _trainer(rank, case, data_path)
+    if tr is None:
+        return None
+    try:
+        losses, early = [], 0
+        while tr.step < tr.steps:
+            inp, tgt = tr.data.batch(tr.step, tr.plan.global_batch, groups.dp_rank, tr.cfg.dp)
+            tr.dp.zero_grad()
+            loss_sum = tr.runner.step(inp.split(tr.cfg.mbs), tgt.split(tr.cfg.mbs))
+            early = sum(b.launched for b in tr.dp.buckets)
+            tr.dp.finish_grad_sync()
+            losses.append(tr.finish_step(loss_sum).loss)
+        tr.dp.wait_param_gather()
+        return {"losses": losses, "early": early, "buckets": len(tr.dp.buckets),
+                "buffers": [t.float().numpy().copy() for pair in tr.dp.buffers for t in pair]}
+    finally:
+        dist.barrier(group=groups.world)
+        groups.destroy()
+
+
+def zero_traffic_run(rank: int, case: dict[str, Any], data_path: str) -> dict[str, Any] | None:
+    """One step, watched: the reduce-scatters of each bucket, the most buckets' parameters gathered at once (ZeRO-3)
+    and whether any parameter holds memory afterwards; with the micro-batches and buckets of this rank."""
+    tr, groups = _trainer(rank, case, data_path)
+    if tr is None:
+        return None
+    try:
+        dp, scatters, most = tr.dp, [], [0]
+        scatter, gather = dp._scatter, dp._gather
+
+        def count_scatter(b):
+            scatters.append(dp.buckets.index(b))
+            return scatter(b)
+
+        def count_gather(buckets, wait):
+            gather(buckets, wait)
+            most[0] = max(most[0], sum(b.gathered for b in dp.buckets))
+
+        dp._scatter, dp._gather = count_scatter, count_gather
+        tr.train_step()
+        held = sum(p.numel() for c in tr.chunks for p in c.parameters())
+        return {"scatters": scatters, "most_gathered": most[0], "held": held, "m": tr.m, "vpp": len(tr.chunks),
+                "buckets": len(dp.buckets), "units": [b.unit for b in dp.buckets]}
     finally:
         dist.barrier(group=groups.world)
         groups.destroy()

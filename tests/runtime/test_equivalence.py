@@ -1,9 +1,10 @@
 """Every plan computes what one process computes: gradients after step 1 and losses over 3 steps within 1e-5.
 
-The plans form a covering set: every value of tp {1,2,4}, pp {1,2}, dp {1,2}, sp, schedule (1F1B /
-interleaved), recompute {none, selective, full}, ZeRO {0,1}, arch {llama, gpt} and tied embeddings, and
-every pair of them, appears (where the pair can run in 8 ranks and means something: sp needs tp > 1, ZeRO-1
-needs dp > 1, interleaving needs pp > 1).
+The plans form a covering set: every value of tp {1,2,4}, pp {1,2}, dp {1,2}, cp {1,2,4}, sp, schedule (1F1B /
+interleaved), recompute {none, selective, full}, ZeRO {0,1,2,3}, arch {llama, gpt}, tied embeddings and
+overlapped data parallelism, and every pair of them, appears (where the pair can run in 8 ranks and means
+something: sp needs tp > 1, ZeRO and dp_overlap need dp x cp > 1, interleaving needs pp > 1). GPT plans with
+cp > 1 use flash attention (context parallelism needs it).
 """
 
 from __future__ import annotations
@@ -17,9 +18,12 @@ from rt_reference import merge, reference_run, rel_err
 TOL = 1e-5
 
 FACTORS = {
-    "tp": [1, 2, 4], "pp": [1, 2], "dp": [1, 2], "sp": [False, True], "sched": ["1f1b", "interleaved"],
-    "recompute": ["none", "selective", "full"], "zero": [0, 1], "arch": ["llama", "gpt"], "tied": [False, True],
+    "tp": [1, 2, 4], "pp": [1, 2], "dp": [1, 2], "cp": [1, 2, 4], "sp": [False, True], "sched": ["1f1b", "interleaved"],
+    "recompute": ["none", "selective", "full"], "zero": [0, 1, 2, 3], "arch": ["llama", "gpt"], "tied": [False, True],
+    "dp_overlap": [False, True],
 }
+DEFAULTS = {"tp": 1, "pp": 1, "dp": 1, "cp": 1, "sp": False, "sched": "1f1b", "recompute": "none", "zero": 0,
+            "arch": "llama", "tied": False, "dp_overlap": False}  # what case_plan and case_spec assume
 
 _C = ("tp", "pp", "dp", "sp", "sched", "recompute", "zero", "arch", "tied")
 CASES = [dict(zip(_C, v)) for v in [
@@ -48,18 +52,62 @@ CASES += [
 ]
 
 
+# ZeRO-2/3 (tests/runtime/test_zero.py adds their overlap, state and checkpoint checks)
+_Z = ("zero", "tp", "pp", "dp", "sp", "sched", "recompute", "arch", "tied", "dp_overlap")
+ZERO_CASES = [dict(zip(_Z, v)) for v in [
+    (2, 2, 2, 2, True, "interleaved", "selective", "gpt", True, True),
+    (2, 2, 1, 2, False, "1f1b", "full", "llama", False, False),
+    (2, 1, 2, 2, False, "1f1b", "full", "gpt", True, False),
+    (3, 2, 2, 2, True, "1f1b", "full", "llama", True, True),
+    (3, 2, 2, 2, False, "interleaved", "selective", "llama", False, False),
+    (3, 1, 1, 4, False, "1f1b", "selective", "gpt", True, True),
+]]
+ZERO_CASES += [
+    dict(zero=3, tp=1, pp=2, dp=2, sched="1f1b", recompute="none", arch="gpt", layers=(0, 4), dp_overlap=False),
+    dict(zero=3, tp=1, pp=2, dp=2, cp=2, sched="1f1b", recompute="none", arch="llama", tied=True, dp_overlap=True),
+]
+
+
+# context parallelism (tests/runtime/test_context_parallel.py checks its pieces and activation memory)
+CP_CASES = [
+    dict(cp=2, tp=1, pp=1, dp=1, sp=False, sched="1f1b", recompute="none", zero=0, arch="llama"),
+    dict(cp=4, tp=2, pp=1, dp=1, sp=True, sched="1f1b", recompute="selective", zero=0, arch="llama"),
+    dict(cp=2, tp=2, pp=2, dp=1, sp=False, sched="1f1b", recompute="full", zero=0, arch="gpt", attention="flash",
+         tied=True),
+    dict(cp=2, tp=1, pp=2, dp=2, sp=False, sched="interleaved", recompute="none", zero=1, arch="llama", tied=True,
+         dp_overlap=True),
+    dict(cp=4, tp=1, pp=1, dp=2, sp=False, sched="1f1b", recompute="selective", zero=1, arch="gpt",
+         attention="flash"),
+    dict(cp=4, tp=1, pp=2, dp=1, sp=False, sched="1f1b", recompute="full", zero=0, arch="llama", tied=True,
+         recompute_layers=1),
+    dict(cp=2, tp=2, pp=1, dp=2, sp=True, sched="1f1b", recompute="none", zero=0, arch="gpt", attention="flash",
+         tied=True, mbs=2, dp_overlap=True),
+]
+# pairs the lists above leave out
+CASES += ZERO_CASES + CP_CASES + [
+    dict(tp=4, pp=1, dp=1, cp=2, sp=True, sched="1f1b", recompute="selective", zero=2, arch="llama", dp_overlap=True),
+    dict(tp=1, pp=2, dp=1, cp=4, sched="interleaved", recompute="none", zero=3, arch="gpt", attention="flash",
+         dp_overlap=True),
+    dict(tp=1, pp=1, dp=1, cp=4, recompute="none", zero=2, arch="llama"),
+    dict(tp=2, pp=2, dp=1, cp=2, sp=True, sched="1f1b", recompute="full", zero=1, arch="llama", tied=True),
+    dict(tp=4, pp=1, dp=2, sp=True, recompute="none", zero=3, arch="gpt"),
+]
+
+
 def _feasible(c: dict) -> bool:
-    return (c["tp"] * c["pp"] * c["dp"] <= 8 and not (c["sched"] == "interleaved" and c["pp"] == 1)
-            and not (c["sp"] and c["tp"] == 1) and not (c["zero"] and c["dp"] == 1))
+    d = c["dp"] * c["cp"]
+    return (c["tp"] * c["pp"] * d <= 8 and not (c["sched"] == "interleaved" and c["pp"] == 1)
+            and not (c["sp"] and c["tp"] == 1) and not (c["zero"] and d == 1) and not (c["dp_overlap"] and d == 1))
 
 
 def test_cases_cover_every_pair():
     names = list(FACTORS)
     every = [dict(zip(names, v)) for v in itertools.product(*FACTORS.values())]
     needed = {(a, c[a], b, c[b]) for c in every if _feasible(c) for a, b in itertools.combinations(names, 2)}
-    have = {(a, c.get(a, 0), b, c.get(b, 0)) for c in CASES for a, b in itertools.combinations(names, 2)}
-    assert not needed - have, sorted(needed - have)[:5]
-    assert all(_feasible({**dict.fromkeys(names, 0), **c}) for c in CASES)
+    full = [{**DEFAULTS, **c} for c in CASES]
+    have = {(a, c[a], b, c[b]) for c in full for a, b in itertools.combinations(names, 2)}
+    assert not needed - have, sorted(needed - have, key=str)[:5]
+    assert all(_feasible(c) for c in full)
 
 
 def _id(c: dict) -> str:

@@ -1,14 +1,16 @@
 """The runtime executes exactly what the cost model priced: for every plan of the equivalence set, each rank's
 data-parallel gradient buckets per model chunk are the buckets the cost model counts
-(``cost_models.params.gradient_buckets``), and the bytes of its model state — parameter buffers, gradient
-buffers, master copies and Adam moments, measured from the tensors it keeps after a step — are the weights,
-gradients and optimizer state the cost model prices for its pipeline stage
-(``cost_models.step.estimate(...).stage_memory_breakdown``).
+(``cost_models.params.gradient_buckets``; under ZeRO-2/3 one per layer, as ``cost_models.stages.zero_traffic``
+counts them), and the bytes of its model state — parameter buffers, gradient buffers, master copies and Adam
+moments, measured from the tensors it keeps after a step — are the weights, gradients and optimizer state the
+cost model prices for its pipeline stage (``cost_models.step.estimate(...).stage_memory_breakdown``).
+tests/runtime/test_zero.py runs the same check on its ZeRO-2/3 plans.
 
-The one allowed difference is ZeRO-1's padding: each bucket is a multiple of the data-parallel group size ``d``
-(so it reduce-scatters evenly), which adds at most ``d - 1`` elements per bucket to the parameter and gradient
-buffers (times their element size) and a ``1/d`` share of them to the optimizer state. The ranks report their
-padding; the test checks it is within that bound and that it accounts for the difference exactly.
+The one allowed difference is ZeRO's padding: each bucket is a multiple of the data-parallel group size ``d``
+(so it reduce-scatters evenly), which adds at most ``d - 1`` elements per bucket (a split tied embedding's,
+under ZeRO-2/3 reduced on its own, counted apart) to what is kept — to each kind in the share kept of it: the
+optimizer state 1/d from ZeRO-1 on, the gradients from ZeRO-2, the parameters from ZeRO-3. The ranks report
+their padding; the test checks it is within that bound and that it accounts for the difference exactly.
 
 gloo in torch 2.13 reduces, reduce-scatters and all-gathers bf16 tensors, so the bf16 plans (bf16 parameters,
 fp32 gradients and master weights: 18 bytes per parameter) run on the gloo pool like the fp32 ones (16 bytes).
@@ -30,6 +32,7 @@ from specs.planfile import PlanFile
 
 GiB = 2**30
 KINDS = {"weights": "param_bytes", "gradients": "grad_bytes", "optimizer": "optimizer_bytes"}
+SHARDED_FROM = {"weights": 3, "gradients": 2, "optimizer": 1}  # the ZeRO stage that keeps 1/d of each kind
 
 # bf16 parameters with fp32 gradients (a "main grad" per parameter) and fp32 master weights: ZeRO-1 with tp, sp,
 # interleaving and a tied embedding, and ZeRO-0 over a pipeline.
@@ -38,11 +41,21 @@ BF16_CASES = [
     dict(tp=1, pp=2, dp=2, sched="1f1b", zero=0, arch="llama", state="bf16", bucket_params=1000),
 ]
 
+# context parallelism: ZeRO-1 shards over d = dp x cp (here with a pipeline and a tied embedding, and over cp alone
+# with tp + sp)
+CP_CASES = [
+    dict(cp=2, tp=1, pp=2, dp=2, sched="1f1b", zero=1, arch="llama", tied=True),
+    dict(cp=4, tp=2, pp=1, dp=1, sp=True, sched="1f1b", zero=1, arch="gpt", attention="flash"),
+]
+
 
 def priced_buckets(plan: PlanFile) -> np.ndarray:
-    """The cost model's gradient buckets of each virtual stage."""
+    """The cost model's gradient buckets of each virtual stage: ZeRO-2/3 (over d > 1 ranks) one per layer, at least
+    one (``zero_traffic``'s ``nb``; ``gradient_buckets`` does not take ZeRO into account)."""
     cfg = plan.config
     layers = np.array(cfg.stage_layers(plan.model.num_layers), dtype=float)
+    if cfg.zero >= 2 and cfg.dp * cfg.cp > 1:
+        return np.maximum(1.0, layers)
     groups = gradient_groups(plan.model, cfg.tp, cfg.sp and cfg.tp > 1, layers)
     return gradient_buckets(groups, plan.state.bucket_params)
 
@@ -50,14 +63,14 @@ def priced_buckets(plan: PlanFile) -> np.ndarray:
 def check_rank(plan: PlanFile, r: dict, buckets: np.ndarray, priced: dict[str, float]) -> None:
     """One rank's buckets and state bytes against the cost model's."""
     assert r["buckets"] == [int(buckets[v]) for v in r["vstages"]], (r["vstages"], r["buckets"], buckets)
-    assert r["stray"] == 0  # every parameter and gradient tensor lives in the buffers
-    d, pad, nb = r["d"], r["padding"], sum(r["buckets"])
+    assert r["stray"] == 0  # every parameter and gradient tensor lives in the buffers (ZeRO-3: or is empty)
+    d, pad, nb = r["d"], r["padding"], sum(r["segments"])
     assert 0 <= pad <= (d - 1) * nb if r["zero"] else pad == 0
     for kind, attr in KINDS.items():
         per_param = getattr(plan.state, attr)
         cost = priced[kind] * GiB
-        padded = pad * per_param / (d if kind == "optimizer" and r["zero"] else 1)
-        tolerance = (d - 1) * nb * per_param  # ZeRO-1: at most d - 1 padding elements per bucket
+        padded = pad * per_param / (d if r["zero"] >= SHARDED_FROM[kind] else 1)
+        tolerance = (d - 1) * nb * per_param  # ZeRO: at most d - 1 padding elements per bucket
         assert abs(r["bytes"][kind] - cost) <= tolerance, (kind, r["bytes"][kind], cost)
         assert r["bytes"][kind] == pytest.approx(cost + padded, rel=1e-12, abs=1e-6), (kind, r["bytes"][kind], cost)
 
@@ -66,7 +79,7 @@ def check_plan_run(pool, tokens64: str, case: dict) -> list[dict]:
     plan = case_plan(case)
     est = estimate(plan.model, plan.cluster, plan.config, plan.global_batch, validate=False, state=plan.state)
     buckets = priced_buckets(plan)
-    reports = [r for r in pool.run("rt_cases:state_report", case, tokens64) if r is not None]
+    reports = [r for r in pool.run("rt_cases:model_state_report", case, tokens64) if r is not None]
     assert len(reports) == plan.world_size
     for r in reports:
         check_rank(plan, r, buckets, est.stage_memory_breakdown[r["pp_rank"]])
@@ -87,3 +100,9 @@ def test_bf16_state_is_priced_and_trains(pool, tokens64, case):
     loss = reports[0]["loss"]
     want = reference_run(case_plan({**case, "state": "fp32", "steps": 1}), tokens64)["losses"][0]
     assert math.isfinite(loss) and abs(loss - want) <= 1e-2 * want  # bf16 compute, the fp32 model's loss
+
+
+@pytest.mark.parametrize("case", CP_CASES, ids=[_id(c) for c in CP_CASES])
+def test_context_parallel_state_is_priced(pool, tokens64, case):
+    reports = check_plan_run(pool, tokens64, case)
+    assert all(r["d"] == case["dp"] * case["cp"] and r["zero"] == 1 for r in reports)
