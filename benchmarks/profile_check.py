@@ -126,7 +126,9 @@ def check_gpu_gemm(prof: Path) -> list[dict[str, Any]]:
 
     cluster = load_cluster(str(prof))
     cm = ComputeModel(cluster.gpu, cluster.precision)
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[cluster.precision]
+    from runtime.dtypes import TORCH_DTYPES
+
+    dtype = TORCH_DTYPES[cluster.precision]
 
     def torch_time(m: int, n: int, k: int) -> float:
         a = torch.randn(m, k, device="cuda", dtype=dtype)

@@ -15,8 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from hardware_profiles.timing import Timer
-
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+from runtime.dtypes import TORCH_DTYPES
 
 
 @dataclass(frozen=True)
@@ -122,7 +121,7 @@ def run_all(device: torch.device, precision: str, quick: bool,
             sync: Callable[[], object] = lambda: None) -> dict:
     """Every single-device measurement; ``tick(what, fraction)`` reports progress (one unit per shape);
     ``sync()`` (a barrier) keeps the ranks measuring the same thing at the same time."""
-    dtype = DTYPES[precision]
+    dtype = TORCH_DTYPES[precision]
     g = grid_for(device, quick)
     timer = Timer(device, min_window_s=0.003 if device.type == "cuda" else 0.002, repeats=3 if quick else 5,
                   sync=sync)

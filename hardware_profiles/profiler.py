@@ -89,6 +89,7 @@ def measure(rank: int, world: int, local: int, quick: bool, progress: bool,
     from hardware_profiles.assemble import gpu_profile
     from hardware_profiles.fit import COLLECTIVES
     from hardware_profiles.timing import Timer
+    from runtime.dtypes import TORCH_DTYPES
     from specs.cluster import GPUSpec
 
     names = names or COLLECTIVES
@@ -119,7 +120,7 @@ def measure(rank: int, world: int, local: int, quick: bool, progress: bool,
         if not cuda:  # the runtime's own layers, priced on this rank's tables (layer_probe.py)
             mine = GPUSpec(**gpu_profile(dev, comp, precision))
             timer = Timer(device, min_window_s=0.02, repeats=3 if quick else 5, sync=sync)
-            comp["probes"] = layer_probe.measure(timer, mine, precision, compute_bench.DTYPES[precision])
+            comp["probes"] = layer_probe.measure(timer, mine, precision, TORCH_DTYPES[precision])
         bar.tick("layer probes", 1.0)
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, comp, group=meta)

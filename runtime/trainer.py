@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from runtime.data import TokenData
+from runtime.dtypes import TORCH_DTYPES
 from runtime.models import build_model
 from runtime.models.common import param_seed
 from runtime.parallel.context_parallel import local_positions
@@ -30,8 +31,6 @@ from specs.capabilities import execution_problem
 from specs.errors import AutoparError
 from specs.planfile import PlanFile
 from specs.state import StateSpec
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass
@@ -72,13 +71,13 @@ class Trainer:
         cfg, spec = plan.config, plan.model
         self.cfg, self.m = cfg, cfg.microbatches(plan.global_batch)
         self.state = executed_state(plan, device)
-        dtype = DTYPES[self.state.params]
+        dtype = TORCH_DTYPES[self.state.params]
         self.chunks, self.params = parallelize(build_model(spec, "meta"), cfg, groups)
         materialize(self.chunks, self.params, spec, plan.train.seed, device, dtype)
         for c in self.chunks:
             c.train()
         self.dp = DataParallel(self.chunks, self.params, groups, cfg.zero, cfg.dp_overlap, device,
-                               DTYPES[self.state.grads], self.state.bucket_params)
+                               TORCH_DTYPES[self.state.grads], self.state.bucket_params)
         self.opt = DistributedAdamW(self.dp, plan.train, steps, self.state.master_weights)
         # a stage boundary carries this rank's tokens: seq / cp of each sequence (under SP, 1/tp of those)
         seq = plan.seq // cfg.cp // (cfg.tp if cfg.sp and cfg.tp > 1 else 1)
