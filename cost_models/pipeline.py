@@ -152,30 +152,50 @@ def _extended(pp: int, vpp: int, m: int, m1: int, fwd: list[float], bwd: list[fl
     return SimResult(makespan=makespan, rank_end=ends, rank_busy=busy, last_b=last, first_b_start=first)
 
 
-@lru_cache(maxsize=512)
 def inflight_profiles(pp: int, vpp: int, m: int) -> np.ndarray:
     """[pp, K, vpp]: per rank, the distinct vectors of micro-batches in flight per model chunk right after each
-    forward of the schedule table (forwards whose backward has not run yet), padded with zero rows."""
-    rank, back, _mb, chunk = schedule_table(pp, vpp, m).T
-    held_rows = []
-    for r in range(pp):
-        mine = rank == r
-        step = np.zeros((int(mine.sum()), vpp), dtype=np.int64)
-        step[np.arange(len(step)), chunk[mine]] = np.where(back[mine] == 1, -1, 1)
-        held = np.cumsum(step, axis=0)[back[mine] == 0]  # after each forward
-        code = held @ (m * vpp + 1) ** np.arange(vpp)  # each vector as one integer
-        held_rows.append(held[np.unique(code, return_index=True)[1]])
-    out = np.zeros((pp, max(len(x) for x in held_rows), vpp))
-    for r, x in enumerate(held_rows):
-        out[r, :len(x)] = x
-    return out
+    forward of the schedule table (forwards whose backward has not run yet), less those another vector holds
+    at least as many of in every chunk (they never set a peak), padded with zero rows (1F1B: the largest count
+    only). From 2 pp micro-batches on, more only repeat the steady pattern: the profile is that of 2 pp (the
+    brute-force replays in tests/cost_models check it)."""
+    return _profiles(pp, vpp, min(m, 2 * pp))
+
+
+@lru_cache(maxsize=256)
+def _profiles(pp: int, vpp: int, m: int) -> np.ndarray:
+    _rank, back, _mb, chunk = schedule_table(pp, vpp, m).reshape(pp, -1, 4).transpose(2, 0, 1)  # [pp, 2 m vpp]
+    sign = np.where(back == 1, -1, 1).astype(np.int32)
+    held = np.cumsum(sign[..., None] * (chunk[..., None] == np.arange(vpp)), axis=1)  # [pp, 2 m vpp, vpp]
+    if vpp == 1:
+        return held.max(axis=1, keepdims=True).astype(float)
+    after_forward = held[back == 0].reshape(pp, -1, vpp)
+    base = int(after_forward.max()) + 1
+    if base ** vpp * pp < 2 ** 62:  # each (rank, vector) as one integer
+        codes = after_forward @ base ** np.arange(vpp) + np.arange(pp)[:, None] * base ** vpp
+        first = np.unique(codes.ravel(), return_index=True)[1]
+        rank, vectors = first // after_forward.shape[1], after_forward.reshape(-1, vpp)[first]
+    else:
+        ranked = np.concatenate([np.repeat(np.arange(pp), after_forward.shape[1])[:, None],
+                                 after_forward.reshape(-1, vpp)], axis=1)
+        rank, vectors = (lambda u: (u[:, 0], u[:, 1:]))(np.unique(ranked, axis=0))
+    counts = np.bincount(rank, minlength=pp)
+    slot = np.arange(len(rank)) - np.repeat(np.cumsum(counts) - counts, counts)
+    padded = np.full((pp, counts.max(), vpp), -1)
+    padded[rank, slot] = vectors
+    geq = np.ones((pp, counts.max(), counts.max()), dtype=bool)  # [pp, j, i]: row j >= row i in every chunk
+    for c in range(vpp):
+        geq &= padded[:, :, None, c] >= padded[:, None, :, c]
+    keep = (geq.sum(axis=1) == 1) & (padded[..., 0] >= 0)
+    first = np.argsort(~keep, axis=1, kind="stable")  # kept rows first
+    kept = np.take_along_axis(np.where(keep[..., None], padded, 0), first[..., None], axis=1)
+    return kept[:, :keep.sum(axis=1).max()].astype(float)
 
 
 def peak_inflight_bytes(pp: int, vpp: int, m: int, act_bytes: np.ndarray) -> np.ndarray:
     """[N, pp]: per rank, the most activation bytes held at once, from ``act_bytes`` [N, pp * vpp] (one
-    micro-batch's activations on each virtual stage; the same for ``m`` and ``steady_m(pp, m)``)."""
+    micro-batch's activations on each virtual stage)."""
     acts = np.asarray(act_bytes, dtype=float)
-    prof = inflight_profiles(pp, vpp, steady_m(pp, m))  # [pp, K, vpp]
+    prof = inflight_profiles(pp, vpp, m)  # [pp, K, vpp]
     if vpp == 1:  # one vector per rank: its peak count
         return acts * prof.max(axis=1)[:, 0][None, :]
     per_rank = acts.reshape(acts.shape[0], vpp, pp).transpose(2, 0, 1)  # [pp, N, vpp]

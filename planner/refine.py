@@ -15,7 +15,7 @@ import numpy as np
 from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
 from cost_models.memory import FRAGMENTATION, RESERVED_GIB, GiB, state_bytes, zero3_gather_bytes
-from cost_models.pipeline import inflight_profiles, steady_m
+from cost_models.pipeline import inflight_profiles
 from cost_models.stages import layer_terms, stage_costs
 from cost_models.step import Estimate, estimate
 from planner.ilp import TIME_LIMIT_S, StageProblem, solve_stages
@@ -56,7 +56,7 @@ def stage_problem(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, g
     frag = 1 + FRAGMENTATION
     temporary = max(float(lt.act_work[0]), float(lt.act_head[0])) + float(
         zero3_gather_bytes(plain.largest_bucket.max(), cfg.zero, state))
-    profiles = inflight_profiles(cfg.pp, cfg.vpp, steady_m(cfg.pp, m))
+    profiles = inflight_profiles(cfg.pp, cfg.vpp, m)
     inflight = [int(profiles[j % cfg.pp][:, j // cfg.pp].max()) for j in range(nv)]
     return StageProblem(
         num_layers=model.num_layers, pp=cfg.pp, vpp=cfg.vpp, microbatches=m,

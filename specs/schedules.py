@@ -46,18 +46,18 @@ def schedule_table(pp: int, vpp: int, m: int) -> np.ndarray:
     total = m * vpp
     k = np.arange(total)
     mb, chunk = (k // (pp * vpp)) * pp + k % pp, (k // pp) % vpp
-    rows = []
-    for r in range(pp):
-        warm = min(pp - r - 1 if vpp == 1 else 2 * (pp - r - 1) + (vpp - 1) * pp, total)
-        steady = total - warm
-        # position of each action in the rank's order: forward k, backward k
-        f_pos = np.where(k < warm, k, warm + 2 * (k - warm))
-        b_pos = np.where(k < steady, warm + 2 * k + 1, warm + steady + k)
-        order = np.argsort(np.concatenate([f_pos, b_pos]), kind="stable")
-        table = np.stack([np.full(2 * total, r), np.r_[np.zeros(total, int), np.ones(total, int)],
-                          np.r_[mb, mb], np.r_[chunk, vpp - 1 - chunk]], axis=1)
-        rows.append(table[order])
-    return np.concatenate(rows)
+    rank = np.arange(pp)[:, None]
+    warm = np.minimum(pp - rank - 1 if vpp == 1 else 2 * (pp - rank - 1) + (vpp - 1) * pp, total)
+    steady = total - warm
+    # each rank's order: position of forward k and of backward k among its 2 * total actions
+    f_pos = np.where(k < warm, k, warm + 2 * (k - warm))
+    b_pos = np.where(k < steady, warm + 2 * k + 1, warm + steady + k)
+    order = np.argsort(np.concatenate([f_pos, b_pos], axis=1), axis=1, kind="stable")  # [pp, 2 * total]
+    back = (order >= total).astype(np.int64)
+    idx = order % total
+    chunk_of = np.where(back == 1, vpp - 1 - chunk[idx], chunk[idx])
+    table = np.stack([np.broadcast_to(rank, order.shape), back, mb[idx], chunk_of], axis=2)
+    return table.reshape(-1, 4)
 
 
 @lru_cache(maxsize=64)

@@ -134,7 +134,7 @@ def test_peak_inflight_follows_the_table():
     assert peaks[0, 0] == 2 * (pp - 1) + (v - 1) * pp + 1
 
 
-@pytest.mark.parametrize("pp,vpp,m", [(p, v, m) for p in (1, 2, 3, 5, 8) for v in (1, 2, 3) for m in (1, 3, 8, 16, 24)
+@pytest.mark.parametrize("pp,vpp,m", [(p, v, m) for p in (1, 2, 3, 5, 8) for v in (1, 2, 3) for m in (1, 3, 8, 16, 24, 48)
                                       if v == 1 or (p > 1 and m % p == 0)])
 def test_peak_inflight_bytes_equal_the_table_replay(pp, vpp, m):
     """The in-flight vectors are read off the schedule's structure; the peaks equal replaying the table."""
