@@ -204,35 +204,6 @@ def _nbytes(tensors: list[torch.Tensor | None]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
-def state_report(rank: int, case: dict[str, Any], data_path: str) -> dict[str, Any] | None:
-    """After one step: this rank's data-parallel gradient buckets per model chunk and its model state's bytes by
-    kind, measured from the tensors it keeps (parameter buffers, gradient buffers, master copies and Adam
-    moments), the padding elements of its buffers, and the parameter tensors living outside the buffers."""
-    tr, groups = _trainer(rank, case, data_path)
-    if tr is None:
-        return None
-    try:
-        loss = tr.train_step().loss
-        dp, opt = tr.dp, tr.opt
-        pbufs, gbufs = [p for p, _ in dp.buffers], [g for _, g in dp.buffers]
-        params = [p for c in tr.chunks for p in c.parameters()]
-        inside = {b.untyped_storage().data_ptr() for b in pbufs + gbufs}
-        stray = [t for p in params for t in (p.data, p.grad)
-                 if t is not None and t.untyped_storage().data_ptr() not in inside]
-        return {
-            "pp_rank": groups.pp_rank, "vstages": [c * groups.pp + groups.pp_rank for c in range(len(tr.chunks))],
-            "buckets": [sum(b.chunk == c for b in dp.buckets) for c in range(len(tr.chunks))],
-            "bytes": {"weights": _nbytes(pbufs), "gradients": _nbytes(gbufs),
-                      "optimizer": _nbytes(opt.master + opt.exp_avg + opt.exp_avg_sq)},
-            "padding": sum(b.numel() for b in pbufs) - sum(p.numel() for p in params),
-            "dtypes": [str(pbufs[0].dtype), str(gbufs[0].dtype)], "d": dp.d, "zero": dp.zero,
-            "stray": len(stray), "loss": loss,
-        }
-    finally:
-        dist.barrier(group=groups.world)
-        groups.destroy()
-
-
 # ---- context parallelism (tests/runtime/test_context_parallel.py) -------------------------------------------
 
 
