@@ -11,6 +11,13 @@ import numpy as np
 from specs.model import ModelSpec
 
 
+def end_stages(nv: int) -> tuple[np.ndarray, np.ndarray]:
+    """[nv] indicators of the first virtual stage (it holds the embedding) and of the last (the head)."""
+    first, last = np.zeros(nv), np.zeros(nv)
+    first[0], last[-1] = 1.0, 1.0
+    return first, last
+
+
 def stage_params(model: ModelSpec, t, layers: np.ndarray) -> np.ndarray:
     """Parameters of each virtual stage on one GPU: ``layers`` is [..., stages] layers per stage (broadcast
     against ``t`` of shape [...]); the first stage holds the embedding, the last the head (with its own copy
@@ -19,10 +26,7 @@ def stage_params(model: ModelSpec, t, layers: np.ndarray) -> np.ndarray:
     t = np.asarray(t, dtype=float)[..., None]
     nv = layers.shape[-1]
     out = layers * model.layer_params_on(t)
-    first = np.zeros(nv)
-    first[0] = 1.0
-    last = np.zeros(nv)
-    last[-1] = 1.0
+    first, last = end_stages(nv)
     own = (not model.tie_embeddings) or nv > 1
     return out + first * model.embedding_params_on(t) + last * model.head_params_on(t, own)
 
@@ -32,16 +36,15 @@ def gradient_groups(model: ModelSpec, t, sp, layers: np.ndarray) -> tuple[np.nda
     (over data parallelism only, also summed over tensor parallelism, also summed with the other end of the
     pipeline). With sequence parallelism every parameter held whole on the tensor-parallel ranks (norms,
     row-parallel biases, GPT's positions) sees only its sequence shard, so its gradient is summed over tp; a tied
-    embedding split over the first and the last stage sums its two gradients."""
+    embedding split over the first and the last stage sums its two gradients. The three add up to
+    :func:`stage_params`."""
     layers = np.asarray(layers, dtype=float)
     nv = layers.shape[-1]
     total = stage_params(model, t, layers)
     t = np.asarray(t, dtype=float)[..., None]
-    first, last = np.zeros(nv), np.zeros(nv)
-    first[0], last[-1] = 1.0, 1.0
-    whole = layers * model.replicated_layer_params + last * model.head_params_on(1, False)  # + final norm
-    if model.arch == "gpt":
-        whole = whole + first * model.seq_length * model.hidden_size
+    first, last = end_stages(nv)
+    whole = (layers * model.replicated_layer_params + last * model.head_params_on(1, False)  # + final norm
+             + first * model.position_params)
     summed = np.where(np.asarray(sp)[..., None] & (t > 1), whole, 0.0)
     tied = np.zeros_like(total)
     if model.tie_embeddings and nv > 1:

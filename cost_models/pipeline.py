@@ -177,7 +177,8 @@ def _profiles(pp: int, vpp: int, m: int) -> np.ndarray:
     else:
         ranked = np.concatenate([np.repeat(np.arange(pp), after_forward.shape[1])[:, None],
                                  after_forward.reshape(-1, vpp)], axis=1)
-        rank, vectors = (lambda u: (u[:, 0], u[:, 1:]))(np.unique(ranked, axis=0))
+        unique = np.unique(ranked, axis=0)
+        rank, vectors = unique[:, 0], unique[:, 1:]
     counts = np.bincount(rank, minlength=pp)
     slot = np.arange(len(rank)) - np.repeat(np.cumsum(counts) - counts, counts)
     padded = np.full((pp, counts.max(), vpp), -1)

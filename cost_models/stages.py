@@ -26,7 +26,7 @@ from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
 from cost_models.layer import end_cost, layer_cost
 from cost_models.memory import FULL, SELECTIVE, end_activation_bytes, layer_activation_bytes
-from cost_models.params import gradient_buckets, gradient_groups, stage_params
+from cost_models.params import end_stages, gradient_buckets, gradient_groups
 from specs.model import ModelSpec
 from specs.parallel import Candidates
 from specs.state import StateSpec
@@ -158,8 +158,7 @@ def stage_costs(model: ModelSpec, comm: CommModel, state: StateSpec, c: Candidat
     nv = layers.shape[1]
     t = c.tp.astype(float)
     sp = c.sp & (c.tp > 1)
-    first, last = np.zeros(nv), np.zeros(nv)
-    first[0], last[-1] = 1.0, 1.0
+    first, last = end_stages(nv)
     rc = _col(c.recompute)
 
     fwd = layers * _col(lt.fwd) + first * _col(lt.embed_f) + last * _col(lt.head_f)
@@ -176,8 +175,8 @@ def stage_costs(model: ModelSpec, comm: CommModel, state: StateSpec, c: Candidat
     send_f = np.concatenate([hop, np.zeros((n, 1))], axis=1)
     send_b = np.concatenate([np.zeros((n, 1)), hop], axis=1)
 
-    params = stage_params(model, t, layers)
     plain, summed, tied = gradient_groups(model, t, sp, layers)
+    params = plain + summed + tied
     d, zero = _col(c.dp * c.cp), _col(c.zero)
     per_layer = (zero >= 2) & (d > 1)  # ZeRO-2/3: a bucket per layer (ends in the first and last; a split tied
     # embedding reduced on its own besides)

@@ -159,10 +159,14 @@ class ModelSpec(BaseModel):
         h = self.hidden_size
         return 6 * h if self.arch == "gpt" else 2 * h  # GPT: two LayerNorms (weight, bias), two out biases
 
+    @property
+    def position_params(self) -> int:
+        """GPT's learned position embedding (every tensor-parallel rank holds it whole); Llama has none (RoPE)."""
+        return self.seq_length * self.hidden_size if self.arch == "gpt" else 0
+
     def embedding_params_on(self, t: Any = 1) -> Any:
         """The input embedding on one GPU: a vocabulary shard (padded to a multiple of t), GPT's positions whole."""
-        pos = self.seq_length * self.hidden_size if self.arch == "gpt" else 0
-        return np.ceil(self.vocab_size / np.asarray(t, dtype=float)) * self.hidden_size + pos
+        return np.ceil(self.vocab_size / np.asarray(t, dtype=float)) * self.hidden_size + self.position_params
 
     def head_params_on(self, t: Any = 1, own_output: Any = True) -> Any:
         """The final norm and the LM head on one GPU; ``own_output``: it holds its output weights (not tied to
