@@ -20,9 +20,9 @@ import numpy as np
 
 from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
-from cost_models.memory import GiB, rank_memory
-from cost_models.pipeline import closed_form, table_replay, wave_replay
-from cost_models.stages import FULL, layer_terms, stage_costs
+from cost_models.memory import GiB, rank_load, rank_memory
+from cost_models.pipeline import closed_form, makespan_floor, table_replay, wave_replay
+from cost_models.stages import FULL, layer_terms, packed_rows, rank_work, stage_costs, stage_state
 from cost_models.tail import rank_tail
 from specs.cluster import ClusterSpec
 from specs.model import ModelSpec
@@ -32,8 +32,9 @@ from specs.state import StateSpec
 
 @dataclass
 class BatchResult:
-    step_time: np.ndarray
+    step_time: np.ndarray  # infinite where not timed
     memory_GiB: np.ndarray
+    floor: np.ndarray | None = None  # with ``keep``: the lower bound of each step time the pruning used
 
 
 Pipeline = Literal["closed", "mixed", "exact"]
@@ -42,42 +43,89 @@ Pipeline = Literal["closed", "mixed", "exact"]
 def estimate_batch(model: ModelSpec, cluster: ClusterSpec, c: Candidates, global_batch: int,
                    state: StateSpec | None = None, pipeline: Pipeline = "mixed",
                    progress: Callable[[int, int], None] | None = None,
-                   fits_GiB: float | None = None) -> BatchResult:
+                   fits_GiB: float | None = None, keep: tuple[int, float] | None = None) -> BatchResult:
     """Step time (s) and peak memory per GPU (GiB) of every candidate of ``c``.
 
     ``pipeline``: "mixed" (the default, described above); "closed" prices even the interleaved pipelines whose
     chunks differ in size in closed form (faster, their times within about 11%; memory is the same); "exact"
     replays every candidate's schedule table as the exact model does (slow: ``--exhaustive``). With
     ``fits_GiB`` only the candidates that fit in that much memory per GPU are timed (the others' time is
-    infinite). ``progress`` is called with (candidates priced, all candidates) after each group."""
+    infinite). With ``keep=(k, slack)`` only those that may be within ``slack`` times the k-th fastest are, in
+    closed form: the candidates with the smallest lower bounds (``pipeline.makespan_floor`` of their ranks'
+    compute, TP/CP communication and ZeRO traffic: ``stages.rank_work``) are timed first, then every other
+    whose bound is below that mark; the rest are left infinite. Then, with the "mixed" pipeline, those within
+    ``slack`` of the fastest get their uneven waves replayed. ``progress`` is called with (candidates priced,
+    all candidates) after each group."""
     state = state or StateSpec.default(cluster.precision)
     cm, comm = ComputeModel(cluster.gpu, cluster.precision), CommModel(cluster)
     terms = layer_terms(model, cm, comm, c)
-    step, memory = np.zeros(len(c)), np.zeros(len(c))
+    memory, floor = np.zeros(len(c)), np.zeros(len(c))
+    groups = []
     done = 0
-    groups = np.stack([c.pp, c.vpp], axis=1)
-    for pp, vpp in np.unique(groups, axis=0):
-        idx = np.nonzero((c.pp == pp) & (c.vpp == vpp))[0]
-        g = c.take(idx)
-        split = ParallelConfig(pp=int(pp), vpp=int(vpp), layers=c.layers, recompute="full",
+    group = packed_rows(c.pp, c.vpp)
+    for key in np.unique(group):
+        idx = np.nonzero(group == key)[0]
+        pp, vpp = int(c.pp[idx[0]]), int(c.vpp[idx[0]])
+        g, lt = c.take(idx), terms.take(idx)
+        split = ParallelConfig(pp=pp, vpp=vpp, layers=c.layers, recompute="full",
                                recompute_layers=c.recompute_layers)  # the keys all candidates share
         layers = np.array(split.stage_layers(model.num_layers), dtype=float)
         full = np.array([split.recomputed_layers(j, int(n)) for j, n in enumerate(layers)], dtype=float)
         recomputed = np.where(g.recompute[:, None] == FULL, full[None, :], 0.0)
-        costs = stage_costs(model, comm, state, g, terms.take(idx), layers, recomputed, cm.eb)
         m = microbatches(global_batch, g.dp, g.mbs)
-        mem = rank_memory(g, state, cluster.backend, m, costs.params, costs.act_bytes, costs.work_bytes,
-                          costs.largest_bucket)
-        memory[idx] = mem.total.max(axis=1) / GiB
-        timed = np.nonzero(memory[idx] <= fits_GiB)[0] if fits_GiB is not None else np.arange(len(idx))
-        step[idx] = np.inf
-        if len(timed):
-            g, costs, m = g.take(timed), costs.take(timed), m[timed]
-            chunks_differ = vpp > 1 and len(set(layers.tolist())) > 1
-            replay = {"exact": table_replay, "mixed": wave_replay if chunks_differ else closed_form}
-            pipe = replay.get(pipeline, closed_form)(costs.f, costs.b, int(pp), int(vpp), m)
-            step[idx[timed]] = rank_tail(model, cm, comm, state, g, costs, pipe, m, cluster.num_gpus).step_time
+        # what a rank holds does not depend on the ZeRO stage or the overlaps: work it out once for them all
+        _, one, each = np.unique(packed_rows(g.tp, g.cp, g.dp, g.mbs, g.sp, g.recompute), return_index=True,
+                                 return_inverse=True)
+        held = stage_state(model, state, g.take(one), lt.take(one), layers, recomputed[one])
+        load = rank_load(pp, vpp, m[one], held.params, held.act_bytes, held.work_bytes,
+                         held.largest_bucket).take(each.reshape(-1))
+        memory[idx] = rank_memory(g, state, cluster.backend, load).total.max(axis=1) / GiB
+        if keep is not None:
+            work = rank_work(model, comm, state, g, lt, layers, recomputed, pp, load.params)
+            floor[idx] = makespan_floor(work, pp, vpp, m)
+        groups.append((idx, g, lt, layers, recomputed, m))
         done += len(idx)
         if progress:
             progress(done, len(c))
-    return BatchResult(step_time=step, memory_GiB=memory)
+    step = np.full(len(c), np.inf)
+    timed = memory <= fits_GiB if fits_GiB is not None else np.ones(len(c), dtype=bool)
+    if keep is None:
+        _time(model, cm, comm, state, cluster.num_gpus, groups, timed, step, pipeline)
+        return BatchResult(step_time=step, memory_GiB=memory)
+    k, slack = keep
+    queue = np.nonzero(timed)[0]
+    queue = queue[np.argsort(floor[queue], kind="stable")]  # most promising first, in growing batches
+    mark, size = np.inf, 32 * k
+    while len(queue) and floor[queue[0]] <= mark:
+        batch, queue = queue[:size], queue[size:]
+        _time(model, cm, comm, state, cluster.num_gpus, groups, _mask(len(c), batch[floor[batch] <= mark]), step,
+              "closed")
+        fastest = np.partition(step, k - 1)[k - 1] if len(c) >= k else np.inf
+        mark, size = slack * fastest, size * 8
+    if pipeline == "mixed" and np.isfinite(step).any():  # replay the uneven waves where they may matter
+        near = step <= slack * step.min()
+        _time(model, cm, comm, state, cluster.num_gpus, groups, near, step, "mixed", uneven_only=True)
+    return BatchResult(step_time=step, memory_GiB=memory, floor=floor)
+
+
+def _mask(n: int, rows: np.ndarray) -> np.ndarray:
+    out = np.zeros(n, dtype=bool)
+    out[rows] = True
+    return out
+
+
+def _time(model: ModelSpec, cm: ComputeModel, comm: CommModel, state: StateSpec, gpus: int, groups: list,
+          chosen: np.ndarray, step: np.ndarray, pipeline: Pipeline, uneven_only: bool = False) -> None:
+    """Write into ``step`` the step time of the ``chosen`` candidates ([N] mask), group by group (``uneven_only``:
+    only in the interleaved groups whose chunks differ in size)."""
+    for idx, g, lt, layers, recomputed, m in groups:
+        pp, vpp = int(g.pp[0]), int(g.vpp[0])
+        chunks_differ = vpp > 1 and len(set(layers.tolist())) > 1
+        rows = np.nonzero(chosen[idx])[0]
+        if not len(rows) or uneven_only and not chunks_differ:
+            continue
+        g, m = g.take(rows), m[rows]
+        costs = stage_costs(model, comm, state, g, lt.take(rows), layers, recomputed[rows], cm.eb)
+        replay = {"exact": table_replay, "mixed": wave_replay if chunks_differ else closed_form}
+        pipe = replay.get(pipeline, closed_form)(costs.f, costs.b, pp, vpp, m)
+        step[idx[rows]] = rank_tail(model, cm, comm, state, g, costs, pipe, m, gpus).step_time

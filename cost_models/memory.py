@@ -119,23 +119,41 @@ class RankMemory:
                 + self.allocator_and_reserved)
 
 
-def rank_memory(c: Candidates, state: StateSpec, backend: str, m: np.ndarray, params: np.ndarray,
-                act_bytes: np.ndarray, work_bytes: np.ndarray, largest_bucket: np.ndarray) -> RankMemory:
-    """Every rank's peak memory for candidates ``c`` (one pp and vpp) with ``m`` micro-batches each ([N]) and,
-    per virtual stage ([N, pp * vpp]), the parameters, activation bytes per micro-batch in flight, the
-    temporary bytes of a backward and the largest per-layer bucket."""
-    pp, vpp = int(c.pp[0]), int(c.vpp[0])
-    n = len(c)
-    rank_params = params.reshape(n, vpp, pp).sum(axis=1)
-    st = state_bytes(rank_params, c.zero[:, None], (c.dp * c.cp)[:, None], state)
+@dataclass
+class RankLoad:
+    """What each pipeline rank holds whatever the ZeRO stage ([N, pp] arrays): its parameters, the most
+    activation bytes it holds at once, its largest backward temporaries and its largest per-layer bucket."""
+
+    params: np.ndarray
+    activations: np.ndarray
+    work: np.ndarray
+    largest_bucket: np.ndarray
+
+    def take(self, idx: np.ndarray) -> RankLoad:
+        return RankLoad(self.params[idx], self.activations[idx], self.work[idx], self.largest_bucket[idx])
+
+
+def rank_load(pp: int, vpp: int, m: np.ndarray, params: np.ndarray, act_bytes: np.ndarray, work_bytes: np.ndarray,
+              largest_bucket: np.ndarray) -> RankLoad:
+    """Each rank's load of candidates with one pp and vpp and ``m`` micro-batches each ([N]) from, per virtual
+    stage ([N, pp * vpp]), the parameters, activation bytes per micro-batch in flight, the temporary bytes of a
+    backward and the largest per-layer bucket."""
+    n = len(params)
     m = np.asarray(m)
     peak = np.zeros((n, pp))
     for mi in np.unique(m):
         rows = np.nonzero(m == mi)[0]
         peak[rows] = peak_inflight_bytes(pp, vpp, int(mi), act_bytes[rows])
-    gathered = zero3_gather_bytes(largest_bucket.reshape(n, vpp, pp).max(axis=1), c.zero[:, None], state)
-    temp = work_bytes.reshape(n, vpp, pp).max(axis=1) + gathered
-    dynamic = peak + temp
+    by_rank = lambda x: x.reshape(n, vpp, pp)  # noqa: E731 - virtual stage j is on rank j % pp
+    return RankLoad(params=by_rank(params).sum(axis=1), activations=peak, work=by_rank(work_bytes).max(axis=1),
+                    largest_bucket=by_rank(largest_bucket).max(axis=1))
+
+
+def rank_memory(c: Candidates, state: StateSpec, backend: str, load: RankLoad) -> RankMemory:
+    """Every rank's peak memory for candidates ``c`` (one pp and vpp) holding ``load``."""
+    st = state_bytes(load.params, c.zero[:, None], (c.dp * c.cp)[:, None], state)
+    temp = load.work + zero3_gather_bytes(load.largest_bucket, c.zero[:, None], state)
+    dynamic = load.activations + temp
     reserved = RESERVED_GIB.get(backend, 1.0) * GiB
-    return RankMemory(weights=st.weights, grads=st.grads, optimizer=st.optimizer, activations=peak, temporary=temp,
-                      allocator_and_reserved=dynamic * FRAGMENTATION + reserved)
+    return RankMemory(weights=st.weights, grads=st.grads, optimizer=st.optimizer, activations=load.activations,
+                      temporary=temp, allocator_and_reserved=dynamic * FRAGMENTATION + reserved)

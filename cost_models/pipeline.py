@@ -21,7 +21,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from specs.schedules import Schedule, build_schedule, schedule_table
+from specs.schedules import Schedule, schedule_table
 
 
 @dataclass
@@ -126,13 +126,24 @@ def simulate_steps(pp: int, vpp: int, m: int, fwd: list[float], bwd: list[float]
     steady rate is set by a cycle through several ranks) the full replay runs."""
     m1 = steady_m(pp, m)
     found = None if m1 == m else _extended(pp, vpp, m, m1, fwd, bwd)
-    return found if found is not None else simulate(build_schedule(pp, vpp, m), fwd, bwd, pp)
+    return found if found is not None else simulate(_actions(pp, vpp, m), fwd, bwd, pp)
+
+
+@lru_cache(maxsize=16)
+def _actions(pp: int, vpp: int, m: int) -> list[list[tuple[str, int, int]]]:
+    """``build_schedule(pp, vpp, m)`` as plain (kind, micro-batch, chunk) tuples, built in bulk from the table: the
+    replays of big plans read hundreds of thousands of actions."""
+    rank, back, mb, chunk = schedule_table(pp, vpp, m).T
+    kind = np.where(back == 1, "B", "F").tolist()
+    cuts = np.r_[0, np.nonzero(np.diff(rank))[0] + 1, len(rank)].tolist()
+    rows = list(zip(kind, mb.tolist(), chunk.tolist()))
+    return [rows[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
 
 
 def _extended(pp: int, vpp: int, m: int, m1: int, fwd: list[float], bwd: list[float]) -> SimResult | None:
     """Replays at m1, m1 + pp, m1 + 2 pp extended linearly to ``m`` (m - m1 a multiple of pp), or None when
     they are not yet in the steady regime."""
-    runs = [simulate(build_schedule(pp, vpp, k), fwd, bwd, pp) for k in (m1, m1 + pp, m1 + 2 * pp)]
+    runs = [simulate(_actions(pp, vpp, k), fwd, bwd, pp) for k in (m1, m1 + pp, m1 + 2 * pp)]
     n = (m - m1) // pp
 
     def ext(get) -> float | None:
@@ -264,6 +275,18 @@ def closed_form(f: np.ndarray, b: np.ndarray, pp: int, vpp: int, m: np.ndarray) 
     mean_b = b_rc.mean(axis=2, keepdims=True)
     end = rank_end[:, :, None] - np.arange(vpp)[None, None, :] * pp * mean_b
     return Replay(rank_end=rank_end, last_b_start=end - b_rc, last_b_end=end)
+
+
+def makespan_floor(work: np.ndarray, pp: int, vpp: int, m: np.ndarray) -> np.ndarray:
+    """[N]: a lower bound of :func:`closed_form`'s makespan from a lower bound of each rank's forward + backward
+    work over its chunks per micro-batch (``work``: [N, pp]). Interleaved: the closed form is increasing in every
+    stage's time and its busiest rank is at least the busiest of ``work``. 1F1B: every stage runs m micro-batches,
+    and the last stage's m follow one pass of all the others."""
+    m = np.asarray(m, dtype=float)
+    busiest, total = work.max(axis=1), work.sum(axis=1)
+    if vpp == 1:
+        return np.maximum(m * busiest, total + (m - 1) * work[:, -1])
+    return (m * vpp - 1) * busiest / vpp + total / vpp
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,23 @@ from specs.state import StateSpec
 
 
 @dataclass
-class StageCosts:
-    """[N, stages] arrays: seconds per micro-batch, forward and backward kept apart, and memory per GPU."""
+class StageState:
+    """[N, stages] arrays: what each virtual stage holds on one GPU (all the memory model needs)."""
+
+    params: np.ndarray  # parameters on one GPU
+    buckets: np.ndarray  # data-parallel gradient buckets (ZeRO 0/1: by reduce group; ZeRO-2/3: per layer)
+    tp_summed: np.ndarray  # parameters whose gradients are also summed over tp (sequence parallelism)
+    largest_bucket: np.ndarray  # parameters of the largest per-layer bucket (what ZeRO-3 gathers at once)
+    act_bytes: np.ndarray  # activations stored per micro-batch in flight
+    work_bytes: np.ndarray  # temporary bytes while the stage runs a backward
+
+    def take(self, idx: np.ndarray):
+        return type(self)(**{f.name: getattr(self, f.name)[idx] for f in fields(self)})
+
+
+@dataclass
+class StageCosts(StageState):
+    """[N, stages] arrays: the state above and seconds per micro-batch, forward and backward kept apart."""
 
     fwd: np.ndarray  # forward compute
     bwd: np.ndarray  # backward compute
@@ -45,12 +60,6 @@ class StageCosts:
     send_b: np.ndarray  # the blocking send of the input gradient to the previous stage
     zero_f: np.ndarray  # exposed ZeRO-3 parameter gather before the forward
     zero_b: np.ndarray  # exposed ZeRO-2/3 gradient reduce-scatter (+ ZeRO-3 gather) around the backward
-    params: np.ndarray  # parameters on one GPU
-    buckets: np.ndarray  # data-parallel gradient buckets (ZeRO 0/1: by reduce group; ZeRO-2/3: per layer)
-    tp_summed: np.ndarray  # parameters whose gradients are also summed over tp (sequence parallelism)
-    largest_bucket: np.ndarray  # parameters of the largest per-layer bucket (what ZeRO-3 gathers at once)
-    act_bytes: np.ndarray  # activations stored per micro-batch in flight
-    work_bytes: np.ndarray  # temporary bytes while the stage runs a backward
 
     @property
     def f(self) -> np.ndarray:
@@ -61,9 +70,6 @@ class StageCosts:
     def b(self) -> np.ndarray:
         """Backward of one micro-batch, recompute and send included."""
         return self.bwd + self.recompute + self.comm_b + self.send_b + self.zero_b
-
-    def take(self, idx: np.ndarray) -> StageCosts:
-        return StageCosts(**{f.name: getattr(self, f.name)[idx] for f in fields(self)})
 
 
 def crosses_node(stride, boundary, pp, gpus_per_node: int) -> np.ndarray:
@@ -123,15 +129,22 @@ class LayerTerms:
         return LayerTerms(**{f.name: getattr(self, f.name)[idx] for f in fields(self)})
 
 
+def packed_rows(*keys: np.ndarray) -> np.ndarray:
+    """One integer per row of the non-negative integer columns ``keys``, equal where all keys are (so that numpy's
+    fast 1-D unique finds the distinct rows)."""
+    packed = np.zeros(len(keys[0]), dtype=np.int64)
+    for col in keys:
+        col = np.asarray(col, dtype=np.int64)
+        packed = packed * (int(col.max(initial=0)) + 1) + col
+    return packed
+
+
 def layer_terms(model: ModelSpec, cm: ComputeModel, comm: CommModel, c: Candidates) -> LayerTerms:
     """The layer-level terms of every candidate, evaluated once per distinct (tp, cp, mbs, sp, tp_overlap,
     recompute) and scattered back (the search prices hundreds of thousands of candidates)."""
     sp = (c.sp & (c.tp > 1)).astype(np.int64)
     keys = np.stack([c.tp, c.cp, c.mbs, sp, c.tp_overlap.astype(np.int64), c.recompute], axis=1).astype(np.int64)
-    packed = np.zeros(len(keys), dtype=np.int64)
-    for col in keys.T:  # one integer per row, so that numpy's fast 1-D unique does the work
-        packed = packed * (int(col.max(initial=0)) + 1) + col
-    _, first, inv = np.unique(packed, return_index=True, return_inverse=True)
+    _, first, inv = np.unique(packed_rows(*keys.T), return_index=True, return_inverse=True)
     uniq = keys[first]
     t, cp, b, s, o, rc = (uniq[:, i] for i in range(6))
     t, cp, b = t.astype(float), cp.astype(float), b.astype(float)
@@ -147,26 +160,82 @@ def layer_terms(model: ModelSpec, cm: ComputeModel, comm: CommModel, c: Candidat
     return LayerTerms(**{k: np.broadcast_to(np.asarray(v, dtype=float), (len(uniq),))[inv] for k, v in parts.items()})
 
 
-def stage_costs(model: ModelSpec, comm: CommModel, state: StateSpec, c: Candidates, lt: LayerTerms,
-                layers: np.ndarray, recomputed: np.ndarray, act_elem_bytes: int) -> StageCosts:
-    """Per-stage costs of the candidates ``c`` (with their layer terms ``lt``) split into ``layers`` per virtual
-    stage ([N, stages] or [stages]), ``recomputed`` of them fully recomputed (same shape); pipeline sends
-    carry activations of ``act_elem_bytes`` per element."""
-    n = len(c)
-    layers = np.broadcast_to(np.asarray(layers, dtype=float), (n, np.shape(layers)[-1]))
-    recomputed = np.broadcast_to(np.asarray(recomputed, dtype=float), layers.shape)
-    nv = layers.shape[1]
-    t = c.tp.astype(float)
-    sp = c.sp & (c.tp > 1)
-    first, last = end_stages(nv)
-    rc = _col(c.recompute)
+def _split(c: Candidates, layers, recomputed) -> tuple[np.ndarray, np.ndarray]:
+    layers = np.broadcast_to(np.asarray(layers, dtype=float), (len(c), np.shape(layers)[-1]))
+    return layers, np.broadcast_to(np.asarray(recomputed, dtype=float), layers.shape)
 
+
+def _compute(c: Candidates, lt: LayerTerms, layers: np.ndarray, recomputed: np.ndarray, first: np.ndarray,
+             last: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(forward, backward, recompute, TP/CP communication forward and backward) of stages holding ``layers``
+    (``recomputed`` of them fully recomputed; ``first``/``last``: holding the embedding/head). Linear in all four,
+    so summed stages give their sum."""
+    rc = _col(c.recompute)
     fwd = layers * _col(lt.fwd) + first * _col(lt.embed_f) + last * _col(lt.head_f)
     bwd = layers * _col(lt.bwd) + first * _col(lt.embed_b) + last * _col(lt.head_b)
     recompute = np.where(rc == FULL, recomputed * _col(lt.fwd + lt.comm_f),
                          np.where(rc == SELECTIVE, layers * _col(lt.core_fwd), 0.0))
-    comm_f = layers * _col(lt.comm_f)
-    comm_b = layers * _col(lt.comm_b)
+    return fwd, bwd, recompute, layers * _col(lt.comm_f), layers * _col(lt.comm_b)
+
+
+def rank_work(model: ModelSpec, comm: CommModel, state: StateSpec, c: Candidates, lt: LayerTerms, layers: np.ndarray,
+              recomputed: np.ndarray, pp: int, rank_params: np.ndarray) -> np.ndarray:
+    """[N, pp]: a lower bound of each pipeline rank's forward + backward time per micro-batch over its chunks, for
+    ``layers``/``recomputed`` per virtual stage as in :func:`stage_costs` and ``rank_params`` per rank: its
+    compute, exposed TP/CP communication and ZeRO-2/3 traffic, sends left out. Compute and communication add up
+    over chunks (collectives are affine in bytes, a latency per bucket), and exposed ZeRO traffic summed over
+    chunks is at least that of the sum (what outlasts the chunks' compute, at least the mean bucket)."""
+    nv = np.shape(layers)[-1]
+
+    def by_rank(x) -> np.ndarray:  # virtual stage j is on rank j % pp
+        x = np.asarray(x, dtype=float)
+        return x.reshape(*x.shape[:-1], -1, pp).sum(axis=-2)
+
+    first, last = end_stages(nv)
+    fwd, bwd, recompute, comm_f, comm_b = _compute(c, lt, *_split(c, by_rank(layers), by_rank(recomputed)),
+                                                   by_rank(first), by_rank(last))
+    tied = (first + last) if model.tie_embeddings and nv > 1 else 0.0  # as stage_state's per-layer buckets
+    buckets = by_rank(np.maximum(1.0, np.asarray(layers, dtype=float)) + tied)
+    zero_f, zero_b = zero_traffic(comm, state, rank_params, buckets, fwd, bwd + recompute, _col(c.zero),
+                                  _col(c.dp * c.cp), _col(c.tp), c.dp_overlap[:, None])
+    return fwd + bwd + recompute + comm_f + comm_b + zero_f + zero_b
+
+
+def stage_state(model: ModelSpec, state: StateSpec, c: Candidates, lt: LayerTerms, layers: np.ndarray,
+                recomputed: np.ndarray) -> StageState:
+    """What each virtual stage of the candidates ``c`` holds on one GPU, split into ``layers`` per virtual stage
+    ([N, stages] or [stages]) with ``recomputed`` of them fully recomputed (same shape)."""
+    layers, recomputed = _split(c, layers, recomputed)
+    t = c.tp.astype(float)
+    first, last = end_stages(layers.shape[1])
+    rc = _col(c.recompute)
+    plain, summed, tied = gradient_groups(model, t, c.sp & (c.tp > 1), layers)
+    params = plain + summed + tied
+    per_layer = (_col(c.zero) >= 2) & (_col(c.dp * c.cp) > 1)  # ZeRO-2/3: a bucket per layer (ends in the first
+    # and last; a split tied embedding reduced on its own besides)
+    buckets = np.where(per_layer, np.maximum(1.0, layers) + (tied > 0),
+                       gradient_buckets((plain, summed, tied), state.bucket_params))
+    largest = params - np.maximum(layers - 1, 0.0) * model.layer_params_on(_col(t))
+    act_bytes = (layers - recomputed) * _col(lt.act_full) + recomputed * _col(lt.act_ckpt) + first * _col(lt.act_embed)
+    # a backward's temporaries; under full recompute they hold a rematerialised layer only where one is recomputed
+    work = _col(lt.act_work) - np.where((rc == FULL) & (recomputed == 0), _col(lt.act_full), 0.0)
+    work_bytes = np.maximum(np.where(layers > 0, work, 0.0), last * _col(lt.act_head))
+    return StageState(params=params, buckets=buckets, tp_summed=summed, largest_bucket=largest, act_bytes=act_bytes,
+                      work_bytes=work_bytes)
+
+
+def stage_costs(model: ModelSpec, comm: CommModel, state: StateSpec, c: Candidates, lt: LayerTerms,
+                layers: np.ndarray, recomputed: np.ndarray, act_elem_bytes: int,
+                held: StageState | None = None) -> StageCosts:
+    """Per-stage costs of the candidates ``c`` (with their layer terms ``lt``) split into ``layers`` per virtual
+    stage ([N, stages] or [stages]), ``recomputed`` of them fully recomputed (same shape); pipeline sends
+    carry activations of ``act_elem_bytes`` per element. ``held``: their :func:`stage_state`, when known."""
+    held = held or stage_state(model, state, c, lt, layers, recomputed)
+    layers, recomputed = _split(c, layers, recomputed)
+    n, nv = layers.shape
+    t = c.tp.astype(float)
+    sp = c.sp & (c.tp > 1)
+    fwd, bwd, recompute, comm_f, comm_b = _compute(c, lt, layers, recomputed, *end_stages(nv))
 
     act = _col(c.mbs * model.seq_length / c.cp * model.hidden_size * act_elem_bytes)
     stride = (c.tp * c.cp * c.dp)[:, None]
@@ -175,20 +244,8 @@ def stage_costs(model: ModelSpec, comm: CommModel, state: StateSpec, c: Candidat
     send_f = np.concatenate([hop, np.zeros((n, 1))], axis=1)
     send_b = np.concatenate([np.zeros((n, 1)), hop], axis=1)
 
-    plain, summed, tied = gradient_groups(model, t, sp, layers)
-    params = plain + summed + tied
-    d, zero = _col(c.dp * c.cp), _col(c.zero)
-    per_layer = (zero >= 2) & (d > 1)  # ZeRO-2/3: a bucket per layer (ends in the first and last; a split tied
-    # embedding reduced on its own besides)
-    buckets = np.where(per_layer, np.maximum(1.0, layers) + (tied > 0),
-                       gradient_buckets((plain, summed, tied), state.bucket_params))
-    largest = params - np.maximum(layers - 1, 0.0) * model.layer_params_on(_col(t))
-    zero_f, zero_b = zero_traffic(comm, state, params, buckets, fwd, bwd + recompute, zero, d, _col(t),
-                                  c.dp_overlap[:, None])
-    act_bytes = (layers - recomputed) * _col(lt.act_full) + recomputed * _col(lt.act_ckpt) + first * _col(lt.act_embed)
-    # a backward's temporaries; under full recompute they hold a rematerialised layer only where one is recomputed
-    work = _col(lt.act_work) - np.where((rc == FULL) & (recomputed == 0), _col(lt.act_full), 0.0)
-    work_bytes = np.maximum(np.where(layers > 0, work, 0.0), last * _col(lt.act_head))
-    return StageCosts(fwd=fwd, bwd=bwd, recompute=recompute, comm_f=comm_f, comm_b=comm_b, send_f=send_f,
-                      send_b=send_b, zero_f=zero_f, zero_b=zero_b, params=params, buckets=buckets, tp_summed=summed,
-                      largest_bucket=largest, act_bytes=act_bytes, work_bytes=work_bytes)
+    zero_f, zero_b = zero_traffic(comm, state, held.params, held.buckets, fwd, bwd + recompute, _col(c.zero),
+                                  _col(c.dp * c.cp), _col(t), c.dp_overlap[:, None])
+    return StageCosts(**{f.name: getattr(held, f.name) for f in fields(StageState)}, fwd=fwd, bwd=bwd,
+                      recompute=recompute, comm_f=comm_f, comm_b=comm_b, send_f=send_f, send_b=send_b, zero_f=zero_f,
+                      zero_b=zero_b)

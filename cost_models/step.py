@@ -16,7 +16,7 @@ import numpy as np
 
 from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
-from cost_models.memory import GiB, rank_memory
+from cost_models.memory import GiB, rank_load, rank_memory
 from cost_models.pipeline import replayed, simulate_steps
 from cost_models.stages import layer_terms, stage_costs
 from cost_models.tail import per_rank, rank_tail
@@ -79,8 +79,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global
     sim = simulate_steps(pp, vpp, m, costs.f[0].tolist(), costs.b[0].tolist())
     ms = np.array([m])
     tail = rank_tail(model, cm, comm, state, c, costs, replayed(sim), ms, cluster.num_gpus)
-    mem = rank_memory(c, state, cluster.backend, ms, costs.params, costs.act_bytes, costs.work_bytes,
-                      costs.largest_bucket)
+    mem = rank_memory(c, state, cluster.backend,
+                      rank_load(pp, vpp, ms, costs.params, costs.act_bytes, costs.work_bytes, costs.largest_bucket))
     step = float(tail.step_time[0])
 
     crit = int(np.argmax(tail.finish[0]))  # the breakdown follows the rank that finishes last

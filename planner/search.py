@@ -2,8 +2,10 @@
 
 1. ``planner.space.enumerate_space`` lists every valid combination of tp, cp, pp, dp, micro-batch, vpp, sp,
    recompute, ZeRO stage, dp_overlap and tp_overlap as numpy arrays (keys in ``fixed`` are held).
-2. ``cost_models.batch`` prices all of them at once with the cost model's own terms, the pipeline in closed
-   form; those that fit and are near the fastest get the pipelines the closed form is least sure of replayed.
+2. ``cost_models.batch`` prices all of them at once with the cost model's own terms: every candidate's memory;
+   the step time, the pipeline in closed form, of those that fit and whose lower bound (their compute alone)
+   leaves them a chance among the fastest; those near the fastest get the pipelines the closed form is least
+   sure of replayed.
 3. The fastest that fit are re-priced with the exact model (schedule replay) after the ILP (planner/ilp.py,
    via planner/refine.py) has chosen their layer split and per-stage recompute; the result is sorted.
 ``exhaustive=True`` drops the pruning of the space (every micro-batch size, interleave degree and cp) and
@@ -67,12 +69,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
     cands = enumerate_space(model, cluster, global_batch, fixed, exhaustive, flags)
     cap = cluster.gpu.memory_GiB - headroom_GiB
     n_ref = refine_count or max(2 * top, 16)
-    res = estimate_batch(model, cluster, cands, global_batch, state, "exact" if exhaustive else "closed", progress,
-                         fits_GiB=cap)
+    res = estimate_batch(model, cluster, cands, global_batch, state, "exact" if exhaustive else "mixed", progress,
+                         fits_GiB=cap, keep=None if exhaustive else (n_ref, CLOSED_FORM_SLACK))
     fits = res.memory_GiB <= cap
-    if fits.any() and not exhaustive:  # replay the pipelines the closed form is least sure of, where it matters
-        near = np.nonzero(fits & (res.step_time <= CLOSED_FORM_SLACK * res.step_time[fits].min()))[0]
-        res.step_time[near] = estimate_batch(model, cluster, cands.take(near), global_batch, state).step_time
     order = np.argsort(np.where(fits, res.step_time, np.inf), kind="stable")
     n_fit = int(fits.sum())
     pool = [cands.config(int(i)) for i in order[:min(n_ref, n_fit)]]
