@@ -34,7 +34,7 @@ from specs.state import StateSpec
 class BatchResult:
     step_time: np.ndarray  # infinite where not timed
     memory_GiB: np.ndarray
-    floor: np.ndarray | None = None  # with ``keep``: the lower bound of each step time the pruning used
+    floor: np.ndarray | None = None  # with ``keep``: the lower bound of each step time (0 where it does not fit)
 
 
 Pipeline = Literal["closed", "mixed", "exact"]
@@ -80,9 +80,11 @@ def estimate_batch(model: ModelSpec, cluster: ClusterSpec, c: Candidates, global
         load = rank_load(pp, vpp, m[one], held.params, held.act_bytes, held.work_bytes,
                          held.largest_bucket).take(each.reshape(-1))
         memory[idx] = rank_memory(g, state, cluster.backend, load).total.max(axis=1) / GiB
-        if keep is not None:
-            work = rank_work(model, comm, state, g, lt, layers, recomputed, pp, load.params)
-            floor[idx] = makespan_floor(work, pp, vpp, m)
+        fit = np.nonzero(memory[idx] <= fits_GiB)[0] if fits_GiB is not None else np.arange(len(idx))
+        if keep is not None and len(fit):
+            work = rank_work(model, comm, state, g.take(fit), lt.take(fit), layers, recomputed[fit], pp,
+                             load.params[fit])
+            floor[idx[fit]] = makespan_floor(work, pp, vpp, m[fit])
         groups.append((idx, g, lt, layers, recomputed, m))
         done += len(idx)
         if progress:

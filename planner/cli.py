@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--top", type=int, default=5, help="how many plans to list (default 5)")
     pl.add_argument("--exhaustive", action="store_true", help="enumerate everything, no pruning (slow)")
     pl.add_argument("--runnable", action="store_true",
-                    help="only plans autopar's runtime executes (specs/capabilities.py)")
+                    help="kept for compatibility: every plan is one autopar's runtime executes; this only checks "
+                         "that the model and its precision can be trained (specs/capabilities.py)")
     pl.add_argument("--out", type=path_argument, help="write the best plan to this plan file (JSON)")
     pl.add_argument("--steps", type=int, default=None, help="training steps recorded in the plan file")
     _format(pl)

@@ -40,7 +40,7 @@ def parallelize(model: Transformer, cfg: ParallelConfig,
     for c in range(cfg.vpp):
         v = c * cfg.pp + groups.pp_rank
         st = model.stage(stage_layer_ids(cfg, spec.num_layers, v), first=v == 0, last=v == nv - 1)
-        apply_tensor_parallel(st, groups, cfg.sp and cfg.tp > 1)
+        apply_tensor_parallel(st, groups, cfg.sp and cfg.tp > 1, cfg.tp_overlap)
         apply_recompute(st, cfg, v)
         apply_context_parallel(st, groups, cfg.sp and cfg.tp > 1)  # after recompute: see its docstring
         infos.update(param_infos(st, spec, cfg, groups.tp_rank))

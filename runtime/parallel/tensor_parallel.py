@@ -25,6 +25,7 @@ from torch import nn
 
 from runtime import kernels
 from runtime.models.common import LearnedPositions, OutputLayer, TokenEmbedding, Transformer
+from runtime.parallel.collective_matmul import gather_linear, linear_scatter
 from runtime.parallel.mappings import copy_to_tp, gather_from_sp, reduce_from_tp, reduce_scatter_to_sp
 from runtime.parallel.mesh import ParallelGroups
 from specs.errors import AutoparError
@@ -109,31 +110,37 @@ def param_shards(module: nn.Module) -> dict[int, ShardSpec]:
 
 
 class ColumnParallelLinear(ShardedModule):
-    def __init__(self, lin: nn.Linear, segments: tuple[int, ...], g: ParallelGroups, sp: bool) -> None:
+    def __init__(self, lin: nn.Linear, segments: tuple[int, ...], g: ParallelGroups, sp: bool,
+                 overlap: bool = False) -> None:
         super().__init__()
-        self.group, self.sp = g.tp_group, sp
+        self.group, self.sp, self.overlap = g.tp_group, sp, overlap and sp
         spec = ShardSpec(0, segments, g.tp_rank, g.tp)
         self.weight = _sharded(tuple(lin.weight.shape), spec, lin.weight)
         self.bias = _sharded(tuple(lin.bias.shape), spec, lin.bias) if lin.bias is not None else None
         self.shards = {"weight": spec} | ({"bias": spec} if self.bias is not None else {})
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.overlap:
+            return gather_linear(x, self.weight, self.bias, self.group)
         x = gather_from_sp(x, self.group) if self.sp else copy_to_tp(x, self.group)
         return F.linear(x, self.weight, self.bias)
 
 
 class RowParallelLinear(ShardedModule):
-    def __init__(self, lin: nn.Linear, g: ParallelGroups, sp: bool) -> None:
+    def __init__(self, lin: nn.Linear, g: ParallelGroups, sp: bool, overlap: bool = False) -> None:
         super().__init__()
-        self.group, self.sp = g.tp_group, sp
+        self.group, self.sp, self.overlap = g.tp_group, sp, overlap and sp
         spec = ShardSpec(1, (lin.in_features,), g.tp_rank, g.tp)
         self.weight = _sharded(tuple(lin.weight.shape), spec, lin.weight)
         self.bias = lin.bias  # replicated, added once after the reduction
         self.shards = {"weight": spec}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight)
-        y = reduce_scatter_to_sp(y, self.group) if self.sp else reduce_from_tp(y, self.group)
+        if self.overlap:
+            y = linear_scatter(x, self.weight, self.group)
+        else:
+            y = F.linear(x, self.weight)
+            y = reduce_scatter_to_sp(y, self.group) if self.sp else reduce_from_tp(y, self.group)
         return y + self.bias if self.bias is not None else y
 
 
@@ -188,24 +195,26 @@ class VocabParallelOutput(ShardedModule):
             x.flatten(0, -2), self.weight[: self.rows], target.reshape(-1), self.start, self.group)
 
 
-def apply_tensor_parallel(stage: Transformer, g: ParallelGroups, sp: bool) -> None:
-    """Swap a stage's modules for their tensor-parallel versions (on the meta device, before init)."""
+def apply_tensor_parallel(stage: Transformer, g: ParallelGroups, sp: bool, overlap: bool = False) -> None:
+    """Swap a stage's modules for their tensor-parallel versions (on the meta device, before init); with
+    ``overlap`` (and ``sp``) the layers' all-gathers and reduce-scatters overlap their GEMMs
+    (collective_matmul.py)."""
     if g.tp == 1:
         return
     spec = stage.spec
     for layer in stage.layers.values():
         attn = layer.attn
-        attn.qkv = ColumnParallelLinear(attn.qkv, (spec.q_width, spec.kv_width, spec.kv_width), g, sp)
-        attn.proj = RowParallelLinear(attn.proj, g, sp)
+        attn.qkv = ColumnParallelLinear(attn.qkv, (spec.q_width, spec.kv_width, spec.kv_width), g, sp, overlap)
+        attn.proj = RowParallelLinear(attn.proj, g, sp, overlap)
         attn.n_heads //= g.tp
         attn.n_kv_heads //= g.tp
         mlp = layer.mlp
         if hasattr(mlp, "gate_up"):
-            mlp.gate_up = ColumnParallelLinear(mlp.gate_up, (spec.ffn, spec.ffn), g, sp)
-            mlp.down = RowParallelLinear(mlp.down, g, sp)
+            mlp.gate_up = ColumnParallelLinear(mlp.gate_up, (spec.ffn, spec.ffn), g, sp, overlap)
+            mlp.down = RowParallelLinear(mlp.down, g, sp, overlap)
         else:
-            mlp.fc = ColumnParallelLinear(mlp.fc, (spec.ffn,), g, sp)
-            mlp.proj = RowParallelLinear(mlp.proj, g, sp)
+            mlp.fc = ColumnParallelLinear(mlp.fc, (spec.ffn,), g, sp, overlap)
+            mlp.proj = RowParallelLinear(mlp.proj, g, sp, overlap)
     tied = None
     if stage.embed is not None:
         old = stage.embed.tok.weight

@@ -202,16 +202,6 @@ def test_fixed_mesh_that_does_not_match_the_gpus(capsys):
     assert "{" not in err and "global batch" not in err
 
 
-@pytest.mark.parametrize("fix,needle", [
-    ("tp_overlap=true", "--fix tp_overlap=true conflicts with --runnable: autopar's runtime executes only "
-                        "tp_overlap=false"),
-    ("tp_overlap=yes", "--fix tp_overlap=true conflicts with --runnable"),  # any spelling reads as the plan key
-])
-def test_runnable_conflicts_read_as_plan_keys(capsys, fix, needle):
-    err = fails(capsys, "plan", *TINY, "--runnable", "--fix", fix)
-    assert needle in err and "True" not in err and "False" not in err and "[" not in err
-
-
 def test_runnable_refuses_a_cluster_whose_state_the_runtime_cannot_keep(tmp_path, capsys):
     cluster = tmp_path / "fp16.yaml"
     cluster.write_text("name: fp16box\ngpu: v100-sxm2-32gb\ngpus_per_node: 4\nintra_node: {bandwidth_GBps: 150}\n"

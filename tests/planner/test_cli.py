@@ -65,8 +65,6 @@ BAD = [
      "must be at least 1"),
     (["plan", "--model", "tiny", "--cluster", "cpu-gloo", "--gpus", "4", "--global-batch", "8", "--fix", "layers=1/1"],
      "sum to 4"),
-    (["plan", "--model", "tiny", "--cluster", "cpu-gloo", "--gpus", "4", "--global-batch", "8", "--runnable",
-      "--fix", "tp_overlap=true"], "conflicts with --runnable"),
     (["plan", "--model", "llama2-7b", "--global-batch", "16", "--headroom", "nan"], "--headroom must be between"),
     (["plan", "--model", "llama2-7b", "--global-batch", "16", "--out", "/nonexistent/dir/p.json"],
      "cannot write plan file"),
@@ -205,10 +203,23 @@ def test_plan_says_train_it_only_for_plans_the_runtime_executes(tmp_path, capsys
     common = ["plan", "--model", "tiny", "--cluster", "cpu-gloo", "--gpus", "4", "--global-batch", "16"]
     assert main([*common, "--fix", "tp=2,sp=true,tp_overlap=true", "--out", str(tmp_path / "o.json")]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "autopar run cannot execute it: tp_overlap=true" in out and "train it with" not in out
+    assert f"train it with: autopar run {tmp_path / 'o.json'}" in out and "cannot execute" not in out
     assert main(["plan", "--model", "tests.fixtures.toy_lm:build", "--cluster", "cpu-gloo", "--gpus", "1",
                  "--global-batch", "4", "--out", str(tmp_path / "toy.json")]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "cannot execute it: model" in out and "traced from its own nn.Module" in out
     assert main([*common, "--runnable", "--out", str(tmp_path / "ok.json")]) == 0
     assert f"train it with: autopar run {tmp_path / 'ok.json'}" in " ".join(capsys.readouterr().out.split())
+
+
+def test_runnable_is_kept_and_changes_nothing(capsys):
+    """Every plan the planner emits is one the runtime executes: --runnable (kept for old scripts) finds the same
+    plans, tp_overlap included."""
+    common = ["plan", "--model", "tiny", "--cluster", "cpu-gloo", "--gpus", "8", "--global-batch", "16",
+              "--fix", "tp=2,sp=true", "--format", "json"]
+    assert main(common) == 0
+    plain = json.loads(capsys.readouterr().out)["plans"]
+    assert main([*common, "--runnable"]) == 0
+    runnable = json.loads(capsys.readouterr().out)["plans"]
+    assert [p["parallel"] for p in runnable] == [p["parallel"] for p in plain]
+    assert all(p["parallel"]["tp_overlap"] for p in plain)

@@ -44,7 +44,7 @@ def case_spec(case: dict[str, Any]) -> ModelSpec:
 
 def case_plan(case: dict[str, Any]) -> PlanFile:
     keys = {k: case[k] for k in ("tp", "pp", "dp", "cp", "mbs", "sp", "recompute", "recompute_layers", "zero",
-                                  "dp_overlap", "layers") if k in case}
+                                  "dp_overlap", "tp_overlap", "layers") if k in case}
     if case.get("sched") == "interleaved":
         keys["vpp"] = 2
     keys.setdefault("mbs", 2 if case.get("tp", 1) == 4 else 1)  # tp=4 collectives are the slow part on 2 cores
@@ -336,5 +336,34 @@ def zero_traffic_run(rank: int, case: dict[str, Any], data_path: str) -> dict[st
         return {"scatters": scatters, "most_gathered": most[0], "held": held, "m": tr.m, "vpp": len(tr.chunks),
                 "buckets": len(dp.buckets), "units": [b.unit for b in dp.buckets]}
     finally:
+        dist.barrier(group=groups.world)
+        groups.destroy()
+
+
+def tp_collectives(rank: int, case: dict[str, Any], data_path: str) -> dict[str, Any] | None:
+    """One step's count of sequence-parallel all-gathers and reduce-scatters, and of collective-matmul ring
+    passes (runtime/parallel/collective_matmul.py), on this rank; and the step's loss."""
+    from runtime.parallel import collective_matmul, mappings
+
+    tr, groups = _trainer(rank, case, data_path)
+    if tr is None:
+        return None
+    counts = {"gather": 0, "scatter": 0, "ring": 0}
+    real = (mappings.all_gather_into, mappings.reduce_scatter_into, collective_matmul._pass_on)
+
+    def counted(key, fn):
+        def spy(*a, **k):
+            counts[key] += 1
+            return fn(*a, **k)
+        return spy
+
+    mappings.all_gather_into = counted("gather", real[0])
+    mappings.reduce_scatter_into = counted("scatter", real[1])
+    collective_matmul._pass_on = counted("ring", real[2])
+    try:
+        loss = tr.finish_step(tr.forward_backward()).loss
+        return {**counts, "loss": loss, "tp": groups.tp, "microbatches": tr.cfg.microbatches(tr.plan.global_batch)}
+    finally:
+        mappings.all_gather_into, mappings.reduce_scatter_into, collective_matmul._pass_on = real
         dist.barrier(group=groups.world)
         groups.destroy()

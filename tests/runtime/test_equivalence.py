@@ -1,9 +1,10 @@
 """Every plan computes what one process computes: gradients after step 1 and losses over 3 steps within 1e-5.
 
 The plans form a covering set: every value of tp {1,2,4}, pp {1,2}, dp {1,2}, cp {1,2,4}, sp, schedule (1F1B /
-interleaved), recompute {none, selective, full}, ZeRO {0,1,2,3}, arch {llama, gpt}, tied embeddings and
-overlapped data parallelism, and every pair of them, appears (where the pair can run in 8 ranks and means
-something: sp needs tp > 1, ZeRO and dp_overlap need dp x cp > 1, interleaving needs pp > 1). GPT plans with
+interleaved), recompute {none, selective, full}, ZeRO {0,1,2,3}, arch {llama, gpt}, tied embeddings,
+overlapped data parallelism and overlapped tensor parallelism, and every pair of them, appears (where the pair
+can run in 8 ranks and means something: sp needs tp > 1, tp_overlap needs sp, ZeRO and dp_overlap need dp x cp
+> 1, interleaving needs pp > 1). GPT plans with
 cp > 1 use flash attention (context parallelism needs it).
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from rt_cases import case_plan
+from rt_cases import case_plan, case_spec
 from rt_reference import merge, reference_run, rel_err
 
 TOL = 1e-5
@@ -20,22 +21,23 @@ TOL = 1e-5
 FACTORS = {
     "tp": [1, 2, 4], "pp": [1, 2], "dp": [1, 2], "cp": [1, 2, 4], "sp": [False, True], "sched": ["1f1b", "interleaved"],
     "recompute": ["none", "selective", "full"], "zero": [0, 1, 2, 3], "arch": ["llama", "gpt"], "tied": [False, True],
-    "dp_overlap": [False, True],
+    "dp_overlap": [False, True], "tp_overlap": [False, True],
 }
 DEFAULTS = {"tp": 1, "pp": 1, "dp": 1, "cp": 1, "sp": False, "sched": "1f1b", "recompute": "none", "zero": 0,
-            "arch": "llama", "tied": False, "dp_overlap": False}  # what case_plan and case_spec assume
+            "arch": "llama", "tied": False, "dp_overlap": False, "tp_overlap": False}  # what case_plan and case_spec
+# assume
 
-_C = ("tp", "pp", "dp", "sp", "sched", "recompute", "zero", "arch", "tied")
+_C = ("tp", "pp", "dp", "sp", "sched", "recompute", "zero", "arch", "tied", "tp_overlap")
 CASES = [dict(zip(_C, v)) for v in [
-    (1, 1, 1, False, "1f1b", "none", 0, "llama", False),
-    (2, 2, 2, True, "interleaved", "none", 1, "gpt", True),
-    (4, 1, 1, True, "1f1b", "selective", 0, "gpt", True),
-    (1, 2, 2, False, "interleaved", "selective", 1, "llama", False),
-    (2, 2, 1, False, "interleaved", "full", 0, "llama", True),
-    (4, 1, 2, True, "1f1b", "full", 1, "gpt", False),
-    (2, 1, 2, True, "1f1b", "selective", 0, "llama", False),
-    (1, 2, 1, False, "1f1b", "full", 0, "gpt", True),
-    (4, 2, 1, False, "interleaved", "none", 0, "llama", True),
+    (1, 1, 1, False, "1f1b", "none", 0, "llama", False, False),
+    (2, 2, 2, True, "interleaved", "none", 1, "gpt", True, True),
+    (4, 1, 1, True, "1f1b", "selective", 0, "gpt", True, False),
+    (1, 2, 2, False, "interleaved", "selective", 1, "llama", False, False),
+    (2, 2, 1, False, "interleaved", "full", 0, "llama", True, False),
+    (4, 1, 2, True, "1f1b", "full", 1, "gpt", False, False),
+    (2, 1, 2, True, "1f1b", "selective", 0, "llama", False, False),
+    (1, 2, 1, False, "1f1b", "full", 0, "gpt", True, False),
+    (4, 2, 1, False, "interleaved", "none", 0, "llama", True, False),
 ]]
 # Extras: 1F1B over 2 stages with dp and mbs 2, uneven stages with partial recompute, a first stage holding
 # nothing but the embedding, a vocabulary that tp does not divide (padded shards), GPT with flash attention
@@ -43,7 +45,7 @@ CASES = [dict(zip(_C, v)) for v in [
 CASES += [
     dict(tp=2, pp=2, dp=2, sp=False, sched="1f1b", recompute="none", zero=0, arch="gpt", mbs=2, dp_overlap=True),
     dict(tp=2, pp=2, dp=1, sp=True, sched="1f1b", recompute="full", recompute_layers=1, arch="llama",
-         layers=(1, 3), tied=True),
+         layers=(1, 3), tied=True, tp_overlap=True),
     dict(tp=1, pp=2, dp=1, sp=False, sched="1f1b", recompute="none", zero=0, arch="gpt", layers=(0, 4)),
     dict(tp=4, pp=1, dp=2, sp=True, sched="1f1b", recompute="none", zero=1, arch="llama", vocab=66,
          dp_overlap=True),
@@ -58,7 +60,7 @@ ZERO_CASES = [dict(zip(_Z, v)) for v in [
     (2, 2, 2, 2, True, "interleaved", "selective", "gpt", True, True),
     (2, 2, 1, 2, False, "1f1b", "full", "llama", False, False),
     (2, 1, 2, 2, False, "1f1b", "full", "gpt", True, False),
-    (3, 2, 2, 2, True, "1f1b", "full", "llama", True, True),
+    (3, 2, 2, 2, True, "1f1b", "full", "llama", True, True),  # with tp_overlap (below)
     (3, 2, 2, 2, False, "interleaved", "selective", "llama", False, False),
     (3, 1, 1, 4, False, "1f1b", "selective", "gpt", True, True),
 ]]
@@ -66,12 +68,13 @@ ZERO_CASES += [
     dict(zero=3, tp=1, pp=2, dp=2, sched="1f1b", recompute="none", arch="gpt", layers=(0, 4), dp_overlap=False),
     dict(zero=3, tp=1, pp=2, dp=2, cp=2, sched="1f1b", recompute="none", arch="llama", tied=True, dp_overlap=True),
 ]
+ZERO_CASES[3]["tp_overlap"] = True
 
 
 # context parallelism (tests/runtime/test_context_parallel.py checks its pieces and activation memory)
 CP_CASES = [
     dict(cp=2, tp=1, pp=1, dp=1, sp=False, sched="1f1b", recompute="none", zero=0, arch="llama"),
-    dict(cp=4, tp=2, pp=1, dp=1, sp=True, sched="1f1b", recompute="selective", zero=0, arch="llama"),
+    dict(cp=4, tp=2, pp=1, dp=1, sp=True, sched="1f1b", recompute="selective", zero=0, arch="llama", tp_overlap=True),
     dict(cp=2, tp=2, pp=2, dp=1, sp=False, sched="1f1b", recompute="full", zero=0, arch="gpt", attention="flash",
          tied=True),
     dict(cp=2, tp=1, pp=2, dp=2, sp=False, sched="interleaved", recompute="none", zero=1, arch="llama", tied=True,
@@ -85,7 +88,8 @@ CP_CASES = [
 ]
 # pairs the lists above leave out
 CASES += ZERO_CASES + CP_CASES + [
-    dict(tp=4, pp=1, dp=1, cp=2, sp=True, sched="1f1b", recompute="selective", zero=2, arch="llama", dp_overlap=True),
+    dict(tp=4, pp=1, dp=1, cp=2, sp=True, sched="1f1b", recompute="selective", zero=2, arch="llama", dp_overlap=True,
+         tp_overlap=True),
     dict(tp=1, pp=2, dp=1, cp=4, sched="interleaved", recompute="none", zero=3, arch="gpt", attention="flash",
          dp_overlap=True),
     dict(tp=1, pp=1, dp=1, cp=4, recompute="none", zero=2, arch="llama"),
@@ -97,7 +101,8 @@ CASES += ZERO_CASES + CP_CASES + [
 def _feasible(c: dict) -> bool:
     d = c["dp"] * c["cp"]
     return (c["tp"] * c["pp"] * d <= 8 and not (c["sched"] == "interleaved" and c["pp"] == 1)
-            and not (c["sp"] and c["tp"] == 1) and not (c["zero"] and d == 1) and not (c["dp_overlap"] and d == 1))
+            and not (c["sp"] and c["tp"] == 1) and not (c["zero"] and d == 1) and not (c["dp_overlap"] and d == 1)
+            and not (c["tp_overlap"] and not c["sp"]))
 
 
 def test_cases_cover_every_pair():
@@ -132,3 +137,19 @@ def test_plan_matches_single_process(pool, tokens64, case):
         want = ref["grads"]["embed.tok.weight" if tied_copy and name == "head.out.weight" else name]
         assert g.shape == want.shape, name
         assert rel_err(g, want) <= TOL, (name, rel_err(g, want))
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_tp_overlap_decomposes_every_layer_collective(pool, tokens64, tp):
+    """With tp_overlap each layer's two all-gathers and two reduce-scatters, forward and backward, run as tp - 1
+    ring passes beside the GEMM pieces instead of one collective; the embedding's and the head's stay whole.
+    The loss is the non-overlapped plan's."""
+    case = dict(tp=tp, pp=1, dp=1, sp=True, recompute="none", arch="gpt", steps=1)
+    plain = pool.run("rt_cases:tp_collectives", case, tokens64)[0]
+    ovl = pool.run("rt_cases:tp_collectives", {**case, "tp_overlap": True}, tokens64)[0]
+    per_layer = 2 * 2 * 2 * case_spec(case).num_layers * plain["microbatches"]  # (AG, RS) x 2, fwd and bwd
+    assert plain["ring"] == 0
+    assert ovl["ring"] == per_layer * (tp - 1)
+    assert plain["gather"] + plain["scatter"] - (ovl["gather"] + ovl["scatter"]) == per_layer
+    assert ovl["gather"] + ovl["scatter"] > 0  # embedding and head
+    assert abs(ovl["loss"] - plain["loss"]) <= TOL * abs(plain["loss"])

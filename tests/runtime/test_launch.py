@@ -78,8 +78,6 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
     cases.append((dict(plan_path=str(bad)), "not valid JSON"))
     cases.append((dict(plan_path=_plan(tmp_path), nproc=8), "needs 4 processes"))
     cases.append((dict(plan_path=_plan(tmp_path, gpus=2)), "has 2 GPUs"))
-    cases.append((dict(plan_path=_plan(tmp_path, tp=2, sp=True, tp_overlap=True)),
-                  "tp_overlap=true: the runtime does not execute overlapped"))
     cases.append((dict(plan_path=_plan(tmp_path), data=str(tmp_path / "missing.u16")), "does not exist"))
     wide = tmp_path / "wide.u16"
     np.array([1, 2, 300] * 100, dtype=np.uint16).tofile(wide)
