@@ -55,13 +55,12 @@ def estimate_batch(model: ModelSpec, cluster: ClusterSpec, c: Candidates, global
     compute, TP/CP communication and ZeRO traffic: ``stages.rank_work``) are timed first, then every other
     whose bound is below that mark; the rest are left infinite. Then, with the "mixed" pipeline, those within
     ``slack`` of the fastest get their uneven waves replayed. ``progress`` is called with (candidates priced,
-    all candidates) after each group."""
+    all candidates) as the work goes (group by group where every candidate is timed)."""
     state = state or StateSpec.default(cluster.precision)
     cm, comm = ComputeModel(cluster.gpu, cluster.precision), CommModel(cluster)
     terms = layer_terms(model, cm, comm, c)
     memory, floor = np.zeros(len(c)), np.zeros(len(c))
     groups = []
-    done = 0
     group = packed_rows(c.pp, c.vpp)
     for key in np.unique(group):
         idx = np.nonzero(group == key)[0]
@@ -86,13 +85,10 @@ def estimate_batch(model: ModelSpec, cluster: ClusterSpec, c: Candidates, global
                              load.params[fit])
             floor[idx[fit]] = makespan_floor(work, pp, vpp, m[fit])
         groups.append((idx, g, lt, layers, recomputed, m))
-        done += len(idx)
-        if progress:
-            progress(done, len(c))
     step = np.full(len(c), np.inf)
     timed = memory <= fits_GiB if fits_GiB is not None else np.ones(len(c), dtype=bool)
     if keep is None:
-        _time(model, cm, comm, state, cluster.num_gpus, groups, timed, step, pipeline)
+        _time(model, cm, comm, state, cluster.num_gpus, groups, timed, step, pipeline, progress=progress)
         return BatchResult(step_time=step, memory_GiB=memory)
     k, slack = keep
     queue = np.nonzero(timed)[0]
@@ -107,6 +103,8 @@ def estimate_batch(model: ModelSpec, cluster: ClusterSpec, c: Candidates, global
     if pipeline == "mixed" and np.isfinite(step).any():  # replay the uneven waves where they may matter
         near = step <= slack * step.min()
         _time(model, cm, comm, state, cluster.num_gpus, groups, near, step, "mixed", uneven_only=True)
+    if progress:
+        progress(len(c), len(c))
     return BatchResult(step_time=step, memory_GiB=memory, floor=floor)
 
 
@@ -117,10 +115,16 @@ def _mask(n: int, rows: np.ndarray) -> np.ndarray:
 
 
 def _time(model: ModelSpec, cm: ComputeModel, comm: CommModel, state: StateSpec, gpus: int, groups: list,
-          chosen: np.ndarray, step: np.ndarray, pipeline: Pipeline, uneven_only: bool = False) -> None:
+          chosen: np.ndarray, step: np.ndarray, pipeline: Pipeline, uneven_only: bool = False,
+          progress: Callable[[int, int], None] | None = None) -> None:
     """Write into ``step`` the step time of the ``chosen`` candidates ([N] mask), group by group (``uneven_only``:
-    only in the interleaved groups whose chunks differ in size)."""
+    only in the interleaved groups whose chunks differ in size; ``progress``: told the candidates of the groups
+    done so far)."""
+    done = 0
     for idx, g, lt, layers, recomputed, m in groups:
+        done += len(idx)
+        if progress:
+            progress(done - len(idx), len(step))
         pp, vpp = int(g.pp[0]), int(g.vpp[0])
         chunks_differ = vpp > 1 and len(set(layers.tolist())) > 1
         rows = np.nonzero(chosen[idx])[0]
@@ -131,3 +135,5 @@ def _time(model: ModelSpec, cm: ComputeModel, comm: CommModel, state: StateSpec,
         replay = {"exact": table_replay, "mixed": wave_replay if chunks_differ else closed_form}
         pipe = replay.get(pipeline, closed_form)(costs.f, costs.b, pp, vpp, m)
         step[idx[rows]] = rank_tail(model, cm, comm, state, g, costs, pipe, m, gpus).step_time
+    if progress:
+        progress(done, len(step))

@@ -23,6 +23,7 @@ import argparse
 import datetime as _dt
 import json
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,12 +66,16 @@ def read_metrics(path: str | Path) -> tuple[list[dict[str, Any]], Any]:
     except (OSError, UnicodeDecodeError) as err:
         raise AutoparError(f"cannot read metrics file {p}: {getattr(err, 'strerror', None) or err}") from None
     rows, plan = [], None
-    for i, line in enumerate(text.splitlines(), 1):
+    lines = text.splitlines()
+    for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             obj = json.loads(line)
         except json.JSONDecodeError:
+            if i == len(lines) and not text.endswith("\n"):  # a write cut off by a crash: the steps before count
+                print(f"note: metrics file {p}: skipped its last line {i}, cut off mid-write", file=sys.stderr)
+                continue
             raise AutoparError(f"metrics file {p} line {i} is not valid JSON (truncated or corrupt?)") from None
         if not isinstance(obj, dict):
             raise AutoparError(f"metrics file {p} line {i} is not a JSON object")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from typing import Any
 
 from rich.markup import escape
@@ -59,13 +60,24 @@ def estimate_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def progress_line(done: int, total: int, elapsed_s: float) -> str:
+    """``priced 1,200/17,709 candidates, about 14 s left`` (the rate so far carried to the end)."""
+    line = f"priced {done:,}/{total:,} candidates"
+    if 0 < done < total and elapsed_s > 0:
+        left = elapsed_s / done * (total - done)
+        line += f", about {left:.0f} s left" if left < 120 else f", about {left / 60:.0f} min left"
+    return line
+
+
 def _progress(fmt: str):
     """A progress callback printing to stderr for long work (never on stdout, so JSON stays clean)."""
     if not sys.stderr.isatty():
         return None
+    start = time.perf_counter()
 
     def report(done: int, total: int) -> None:
-        print(f"\r  priced {done:,}/{total:,} candidates", end="", file=sys.stderr, flush=True)
+        text = progress_line(done, total, time.perf_counter() - start)
+        print(f"\r  {text:<60}", end="", file=sys.stderr, flush=True)
 
     return report
 

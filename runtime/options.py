@@ -14,7 +14,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of `autopar run` (also `python -m runtime.launch`)."""
     p.add_argument("plan", nargs="?", type=path_argument,
                    help="plan file from `autopar plan --out` (default: a tiny CPU plan)")
-    p.add_argument("--steps", type=int)
+    p.add_argument("--steps", type=int,
+                   help="stop after this many steps in all (default: the plan's train.steps); the learning-rate "
+                        "schedule stays the plan's")
     p.add_argument("--data", type=path_argument,
                    help="token file (.npy, .bin/.u16, .u32) or .txt; default: a bundled text sample")
     p.add_argument("--metrics-out", type=path_argument, help="write JSON lines of per-step metrics here")

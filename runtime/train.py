@@ -34,7 +34,8 @@ from specs.planfile import load_plan
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m runtime.train", description=__doc__.splitlines()[0])
     ap.add_argument("plan", help="plan file (autopar plan --out)")
-    ap.add_argument("--steps", type=int, help="total steps (default: the plan's train.steps)")
+    ap.add_argument("--steps", type=int, help="stop after this many steps in all (default: the plan's train.steps; "
+                                              "the learning-rate schedule stays the plan's)")
     ap.add_argument("--data", help="token file (.npy, .bin/.u16, .u32) or .txt; default: the bundled sample")
     ap.add_argument("--metrics-out", help="append JSON lines of per-step metrics here (rank 0)")
     ap.add_argument("--checkpoint-dir", help="save checkpoints here")
@@ -85,6 +86,10 @@ def run(args: argparse.Namespace) -> int:
         where = f"resuming after step {trainer.step}" if args.resume else "from scratch"
         print(f"autopar: training {plan.model.name} on {world} {backend} ranks ({plan.config.short()}), "
               f"global batch {plan.global_batch} x {plan.seq} tokens, {steps} steps, {where}", flush=True)
+        if steps > plan.train.steps:
+            print(f"autopar: note: the learning-rate schedule is the plan's ({plan.train.steps} steps): steps after "
+                  f"{plan.train.steps} run at min_lr {plan.train.min_lr:g}; set train.steps in the plan (autopar plan "
+                  "--steps N) for a longer schedule", flush=True)
         if plan.cluster.backend == "nccl" and not cuda:
             print(f"autopar: note: no CUDA here; running the {plan.cluster.name} plan on CPU with gloo in fp32",
                   flush=True)

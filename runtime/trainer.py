@@ -78,7 +78,9 @@ class Trainer:
             c.train()
         self.dp = DataParallel(self.chunks, self.params, groups, cfg.zero, cfg.dp_overlap, device,
                                TORCH_DTYPES[self.state.grads], self.state.bucket_params)
-        self.opt = DistributedAdamW(self.dp, plan.train, steps, self.state.master_weights)
+        # the learning-rate schedule is the plan's (train.steps), whatever this run's length: a resumed or
+        # extended run continues it exactly
+        self.opt = DistributedAdamW(self.dp, plan.train, plan.train.steps, self.state.master_weights)
         # a stage boundary carries this rank's tokens: seq / cp of each sequence (under SP, 1/tp of those)
         seq = plan.seq // cfg.cp // (cfg.tp if cfg.sp and cfg.tp > 1 else 1)
         self.positions = local_positions(plan.seq, cfg.cp, groups.cp_rank) if cfg.cp > 1 else None

@@ -29,8 +29,14 @@ def list_presets() -> list[str]:
 
 
 def load_model(ref: str, seq: int | None = None) -> ModelSpec:
-    """Resolve a model reference: preset name, spec/config file path, or ``pkg.module:factory``."""
+    """Resolve a model reference: preset name, spec/config file path (a folder: its config.json, as Hugging Face
+    models are downloaded), or ``pkg.module:factory``."""
     path = Path(ref)
+    if path.is_dir():  # a downloaded Hugging Face model folder
+        if not (path / "config.json").is_file():
+            raise AutoparError(f"model folder {ref} has no config.json; give the model's config.json, a YAML/JSON "
+                               "spec or a preset")
+        path = path / "config.json"
     if path.suffix in (".yaml", ".yml", ".json") or path.exists():
         if not path.exists():
             raise AutoparError(

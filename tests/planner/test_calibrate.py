@@ -120,7 +120,9 @@ def test_scaling_keeps_a_valid_profile():
 @pytest.mark.parametrize("content, message", [
     (None, "does not exist"),
     ("", "is empty"),
-    ('{"step": 1, "step_time_s": 0.5}\n{"step": 2, "step_', "line 2 is not valid JSON"),
+    ('{"step": 1, "step_time_s": 0.5}\n{"step": 2, "step_\n{"step": 3, "step_time_s": 0.5}\n',
+     "line 2 is not valid JSON"),  # corrupt inside: refused
+    ('{"step": 1, "step_time_s": 0.5}\n{"step": 2, "step_\n', "line 2 is not valid JSON"),  # whole, yet corrupt
     ('{"loss": 1.0}\n', "no step lines"),
     ('{"step": 1, "step_time_s": -1}\n', "positive number"),
     ('{"step": "a", "step_time_s": 0.5}\n', "step must be a non-negative integer"),
@@ -176,3 +178,15 @@ def test_bad_options_are_one_line_errors(tmp_path, capsys):
 def test_calibrate_does_not_import_torch():
     code = "import sys, planner.calibrate, planner.cli; assert 'torch' not in sys.modules"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_a_last_line_cut_off_mid_write_is_skipped_with_a_note(tmp_path, capsys):
+    """What a crash mid-write leaves (a last line with no newline that does not parse): the steps before it
+    count, and a note says what was skipped."""
+    from planner.calibrate import read_metrics
+
+    m = tmp_path / "m.jsonl"
+    m.write_text('{"plan": "p.json"}\n{"step": 1, "step_time_s": 0.5}\n{"step": 2, "step_time_s": 0.6}\n{"step": 3, "st')
+    rows, plan = read_metrics(m)
+    assert [r["step"] for r in rows] == [1, 2] and plan == "p.json"
+    assert "skipped its last line 4, cut off mid-write" in capsys.readouterr().err

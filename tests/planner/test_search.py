@@ -229,3 +229,18 @@ def test_keys_are_named_with_the_option_they_came_from():
 
     assert options_text({"tp_overlap": False, "tp": 2}, {"tp_overlap": "--runnable"}) == \
         "--runnable tp_overlap=false --fix tp=2"
+
+
+def test_exhaustive_search_reports_progress_with_time_left():
+    """--exhaustive reports as it replays, group by group, up to every candidate; the line carries the rate so
+    far to the end."""
+    from planner.commands import progress_line
+
+    seen: list[tuple[int, int]] = []
+    m, c = load_model("tiny"), load_cluster("cpu-gloo", gpus=8)
+    res = search(m, c, 16, exhaustive=True, progress=lambda d, t: seen.append((d, t)))
+    assert len(seen) > 2 and seen[-1] == (res.candidates, res.candidates)
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen)
+    assert progress_line(1200, 17709, 1.0) == "priced 1,200/17,709 candidates, about 14 s left"
+    assert progress_line(100, 17709, 2.0).endswith("about 6 min left")
+    assert progress_line(0, 10, 0.0) == progress_line(10, 10, 3.0).replace("10/10", "0/10")

@@ -84,14 +84,16 @@ def full_grads(tr: Trainer) -> dict[str, np.ndarray] | None:
     return out if g.tp_rank == 0 and g.dp_rank == 0 else None
 
 
-def _trainer(rank: int, case: dict[str, Any], data_path: str) -> tuple[Trainer | None, Any]:
+def _trainer(rank: int, case: dict[str, Any], data_path: str, steps: int | None = None
+             ) -> tuple[Trainer | None, Any]:
+    """This rank's trainer for the case's plan, running ``steps`` steps (default: the plan's train.steps)."""
     plan = case_plan(case)
     groups = build_groups(plan.config, "cpu", ranks=list(range(plan.world_size)),
                           tied_embeddings=plan.model.tie_embeddings)
     if groups is None:
         return None, None
     data = TokenData(data_path, plan.seq, plan.model.vocab_size, plan.train.seed)
-    tr = Trainer(plan, groups, torch.device("cpu"), data, steps=plan.train.steps)
+    tr = Trainer(plan, groups, torch.device("cpu"), data, steps=steps or plan.train.steps)
     return tr, groups
 
 
@@ -114,23 +116,26 @@ def equivalence(rank: int, case: dict[str, Any], data_path: str) -> dict[str, An
 
 
 def train_with_checkpoints(rank: int, case: dict[str, Any], data_path: str, ckpt_dir: str, save_at: list[int],
-                           resume: bool, stop_after: int | None = None) -> list[float] | str | None:
-    """Losses of the steps this call runs: resume from ``ckpt_dir`` if asked, save after the steps in
-    ``save_at``, stop after ``stop_after`` steps. An AutoparError comes back as its message."""
+                           resume: bool, stop_after: int | None = None, steps: int | None = None,
+                           lrs: bool = False) -> list[float] | str | None:
+    """Losses (``lrs``: learning rates) of the steps this call runs: resume from ``ckpt_dir`` if asked, save after
+    the steps in ``save_at``, stop after ``stop_after`` steps of a run of ``steps`` (as ``autopar run --steps``;
+    default: the plan's). An AutoparError comes back as its message."""
     from runtime.checkpoint import load_checkpoint, save_checkpoint
 
-    tr, groups = _trainer(rank, case, data_path)
+    tr, groups = _trainer(rank, case, data_path, steps)
     if tr is None:
         return None
     try:
         if resume:
             load_checkpoint(tr, Path(ckpt_dir))
-        losses = []
+        out = []
         while tr.step < (stop_after or tr.steps):
-            losses.append(tr.train_step().loss)
+            st = tr.train_step()
+            out.append(st.lr if lrs else st.loss)
             if tr.step in save_at:
                 save_checkpoint(tr, Path(ckpt_dir))
-        return losses
+        return out
     except AutoparError as err:
         return f"AutoparError: {err}"
     finally:

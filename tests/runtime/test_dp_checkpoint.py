@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from rt_cases import case_plan
 
 OVERLAP_CASES = [
     dict(tp=1, pp=2, dp=2, sched="interleaved", zero=0, arch="llama", steps=3),  # two chunks per rank
@@ -57,6 +58,22 @@ def test_resume_continues_exactly(pool, tokens64, tmp_path, case):
     assert len(whole) == 6 and len(first) == 4 and len(rest) == 3
     assert first[:3] + rest == whole
     assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["latest", "step_00000002", "step_00000003"]
+
+
+def test_a_longer_resumed_run_keeps_the_plans_learning_rates(pool, tokens64, tmp_path):
+    """`autopar run --steps 2`, then `--steps 5 --resume`: the learning rate of every step is that of one
+    uninterrupted run (the schedule is the plan's 4 steps, then min_lr), not a schedule redrawn over 5."""
+    case = dict(tp=1, pp=1, dp=2, zero=1, steps=4)
+    def run(ckpt: str, save_at: list[int], resume: bool, steps: int) -> list[float]:  # learning rates
+        return pool.run("rt_cases:train_with_checkpoints", case, tokens64, ckpt, save_at, resume, None, steps, True)[0]
+
+    whole = run(str(tmp_path / "a"), [], False, 5)
+    first = run(str(tmp_path / "b"), [2], False, 2)
+    rest = run(str(tmp_path / "b"), [], True, 5)
+    assert first + rest == whole and len(whole) == 5
+    train = case_plan(case).train
+    assert whole[0] == whole[1] == pytest.approx(train.lr) and whole[1] > whole[2] > whole[3]
+    assert whole[4] == pytest.approx(train.min_lr)  # past the plan's 4 steps
 
 
 def test_bad_checkpoints_are_one_line_errors(pool, tokens64, tmp_path):

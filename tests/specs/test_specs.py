@@ -53,6 +53,21 @@ def test_llama_hf_config(tmp_path):
     assert m.num_params == load_model("llama3-8b").num_params
 
 
+def test_a_model_folder_reads_its_config_json(tmp_path):
+    """``--model DIR`` (a downloaded Hugging Face model) reads DIR/config.json; a folder without one is a one-line
+    error naming what to give instead."""
+    cfg = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+           "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
+           "max_position_embeddings": 8192, "tie_word_embeddings": False}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    assert load_model(str(tmp_path)).num_params == load_model("llama3-8b").num_params
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(AutoparError, match="model folder .*empty has no config.json; give"):
+        load_model(str(empty))
+
+
 def test_qwen2_hf_config_has_qkv_bias(tmp_path):
     cfg = {"model_type": "qwen2", "hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
            "num_key_value_heads": 2, "intermediate_size": 4864, "vocab_size": 151936,
