@@ -1,4 +1,4 @@
-"""The ``autopar`` command line: estimate, plan, whatif, run, profile, calibrate.
+"""The ``autopar`` command line: estimate, plan, whatif, run, tune, profile, calibrate.
 
 Every bad input ends in one line on stderr (``autopar: error: ...``) and exit status 2; ``--format json``
 prints exactly one JSON object on stdout. ``estimate``, ``plan`` and ``whatif`` never import torch.
@@ -77,6 +77,19 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="train with a plan file (default: plan and train the tiny model on CPU)")
     add_run_arguments(run)
 
+    tu = sub.add_parser("tune", help="plan, then run the best few plans here and keep the fastest measured")
+    _add_common(tu)
+    tu.add_argument("--fix", default="", help="plan keys to hold fixed")
+    tu.add_argument("--trials", type=int, default=3, help="distinct finalists to measure (default 3)")
+    tu.add_argument("--steps", type=int, default=8, help="steps per trial (default 8)")
+    tu.add_argument("--warmup", type=int, default=2, help="steps of each trial left out of its median (default 2)")
+    tu.add_argument("--time-limit", type=float, default=600.0, metavar="S",
+                    help="seconds a trial may run before it is stopped and skipped (default 600)")
+    tu.add_argument("--data", type=path_argument, help="token file the trials train on (default: a bundled sample)")
+    tu.add_argument("--dir", type=path_argument, help="where the trials' plans and metrics go (default: a temp folder)")
+    tu.add_argument("--out", type=path_argument, help="write the measured-best plan here")
+    _format(tu)
+
     prof = sub.add_parser("profile", help="measure this machine and write a cluster profile")
     prof.add_argument("--out", default="my-cluster.yaml", type=path_argument)
     prof.add_argument("--quick", action="store_true", help="fewer shapes and sizes")
@@ -124,7 +137,7 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"estimate": _run("estimate_command"), "plan": _run("plan_command"), "whatif": _run("whatif_command"),
-            "run": _run("run_command"), "profile": _profile, "calibrate": _calibrate}
+            "run": _run("run_command"), "tune": _run("tune_command"), "profile": _profile, "calibrate": _calibrate}
 
 
 def main(argv: list[str] | None = None) -> int:

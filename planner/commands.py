@@ -257,3 +257,60 @@ def _plan_default(path) -> str:
     con.print(f"autopar: wrote {escape(str(out))}; training it (CPU timings are noisy; the bundled cpu-gloo profile "
               "is rough, `autopar profile` measures this machine)")
     return out
+
+
+def tune_command(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from planner.tune import default_out_dir, tune
+    from specs.parallel import parse_plan_keys
+    from specs.planfile import load_plan, save_plan
+
+    model, cluster = load_inputs(args)
+    if cluster.num_nodes > 1:
+        raise AutoparError(f"autopar tune runs its trials on this machine, and {cluster.num_gpus} GPUs span "
+                           f"{cluster.num_nodes} nodes; plan with `autopar plan --top 3`, run each with "
+                           "`autopar run` on the cluster and fit with `autopar calibrate`")
+    if args.out:
+        from specs.files import check_output_file
+
+        check_output_file(args.out, "plan file")
+    out_dir = Path(args.dir) if args.dir else default_out_dir()
+    live = args.format != "json" and sys.stderr.isatty()
+
+    def report(i: int, n: int, t) -> None:
+        if args.format != "json":
+            got = f"{t.measured_step_s:.4g} s" if t.measured_step_s else t.status
+            print(f"  trial {i}/{n}: {t.short}: {got}", file=sys.stderr if live else sys.stdout, flush=True)
+
+    res = tune(model, cluster, args.global_batch, out_dir, parse_plan_keys(args.fix, "--fix"), args.trials,
+               args.steps, args.warmup, args.time_limit, args.data, args.headroom, report)
+    if args.out:
+        plan = load_plan(res.chosen.plan_path)
+        pred = {**plan.prediction, "measured_step_time_s": res.chosen.measured_step_s,
+                "calibrated_step_time_s": res.chosen.calibrated_step_s}
+        save_plan(plan.model_copy(update={"prediction": pred}), args.out)
+    if args.format == "json":
+        print(json.dumps({"trials": [t.row() for t in res.trials], "chosen": res.chosen.row(),
+                          "profile": res.profile_path, "plan_file": args.out, "dir": str(out_dir)}))
+        return 0
+    from rich.table import Table
+
+    from planner.report import console
+
+    tab = Table(title=f"autopar tune: {model.name} on {cluster.num_gpus} x {cluster.gpu.name}, global batch "
+                      f"{args.global_batch} ({args.steps} steps a trial, median after {args.warmup})")
+    for col in ("plan", "predicted s", "measured s", "calibrated s", "status"):
+        tab.add_column(col)
+    for t in res.trials:
+        fmt = lambda x: f"{x:.4g}" if x else "-"  # noqa: E731
+        mark = " (chosen)" if t is res.chosen else ""
+        tab.add_row(t.short + mark, fmt(t.predicted_step_s), fmt(t.measured_step_s), fmt(t.calibrated_step_s),
+                    t.status if not t.error else f"{t.status}: {t.error}")
+    con = console()
+    con.print(tab)
+    con.print(escape(f"chosen: {res.chosen.short} (measured {res.chosen.measured_step_s:.4g} s, predicted "
+                     f"{res.chosen.predicted_step_s:.4g} s); calibrated profile: {res.profile_path}"))
+    if args.out:
+        con.print(escape(f"wrote {args.out}  (train it with: autopar run {args.out})"))
+    return 0

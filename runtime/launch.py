@@ -61,11 +61,11 @@ def multi_node_commands(plan: PlanFile, worker: list[str]) -> list[str]:
 def launch(plan_path: str, steps: int | None = None, data: str | None = None,
            metrics_out: str | None = None, checkpoint_dir: str | None = None, resume: bool = False,
            nproc: int | None = None, checkpoint_every: int | None = None, dry_run: bool = False,
-           quiet: bool = False, env: dict[str, str] | None = None) -> int:
+           quiet: bool = False, env: dict[str, str] | None = None, timeout_s: float | None = None) -> int:
     """Validate everything cheap to validate, then run the plan under torchrun; returns 0 on success.
 
     Raises AutoparError (one line) for a bad plan, data file or checkpoint directory, a world size this
-    machine cannot hold, or failed workers.
+    machine cannot hold, failed workers, or workers still running after ``timeout_s`` seconds (stopped).
     """
     plan = load_plan(plan_path)
     world = plan.world_size
@@ -97,10 +97,10 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
     full_env = {**os.environ, **(env or {})}
     full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), full_env.get("PYTHONPATH")]))
     full_env.setdefault("OMP_NUM_THREADS", "1")
-    return _run_workers(cmd, full_env)
+    return _run_workers(cmd, full_env, timeout_s)
 
 
-def _run_workers(cmd: list[str], env: dict[str, str]) -> int:
+def _run_workers(cmd: list[str], env: dict[str, str], timeout_s: float | None = None) -> int:
     fd, log_path = tempfile.mkstemp(prefix="autopar-run-", suffix=".log")
     errors: list[str] = []
     with os.fdopen(fd, "w") as log:
@@ -115,11 +115,20 @@ def _run_workers(cmd: list[str], env: dict[str, str]) -> int:
         reader = threading.Thread(target=pump, daemon=True)
         reader.start()
         try:
-            rc = proc.wait()
+            rc = proc.wait(timeout=timeout_s)
         except KeyboardInterrupt:
             proc.terminate()
             proc.wait()
             return 130
+        except subprocess.TimeoutExpired:
+            proc.terminate()  # torchrun stops its workers
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            raise AutoparError(f"training stopped at its time limit of {timeout_s:g} s (workers' log: {log_path})"
+                               ) from None
         reader.join()
     if rc == 0:
         os.unlink(log_path)

@@ -53,6 +53,16 @@ def _fault_step(rank: int) -> int | None:
     return int(step) if int(who or 0) == rank else None
 
 
+def _test_delay(plan_keys: str) -> float:
+    """Seconds added to every step, for tests only (``AUTOPAR_SLOW="0.5:tp=2 pp=1;30:tp=1"``: plans whose short
+    form starts with the text after a colon sleep that long per step)."""
+    for item in filter(None, os.environ.get("AUTOPAR_SLOW", "").split(";")):
+        seconds, _, prefix = item.partition(":")
+        if plan_keys.startswith(prefix):
+            return float(seconds)
+    return 0.0
+
+
 def run(args: argparse.Namespace) -> int:
     plan = load_plan(args.plan)
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
@@ -93,12 +103,13 @@ def run(args: argparse.Namespace) -> int:
         if plan.cluster.backend == "nccl" and not cuda:
             print(f"autopar: note: no CUDA here; running the {plan.cluster.name} plan on CPU with gloo in fp32",
                   flush=True)
-    fault = _fault_step(rank)
+    fault, delay = _fault_step(rank), _test_delay(plan.config.short())
     while trainer.step < steps:
         if fault == trainer.step + 1:
             os.kill(os.getpid(), signal.SIGKILL)
         t0 = time.perf_counter()
         st = trainer.train_step()
+        time.sleep(delay)
         log.record(trainer.step, st.loss, st.grad_norm, st.lr, time.perf_counter() - t0, st.peak_memory_GiB)
         if ckdir is not None and ((every and trainer.step % every == 0) or trainer.step == steps):
             save_checkpoint(trainer, ckdir)

@@ -1,0 +1,114 @@
+"""``autopar tune``: plan, then measure the finalists on the cluster and keep the one that is fastest in fact.
+
+The search's top distinct plans (``--trials``, default 3) each run a few steps through the same launcher as
+``autopar run`` (``--steps``, the first ``--warmup`` discarded, the median of the rest), each under a time
+limit. A trial that fails (out of memory, an error, the time limit) is recorded and skipped. The profile is then
+fitted to the measured steps (``autopar calibrate``'s fit), the trials re-predicted with it, and the plan with
+the smallest measured median written out, with its measured and predicted step times and the calibrated
+profile beside it.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from planner.calibrate import Run, fit_scales, load_runs, predict, profile_yaml, scaled
+from planner.search import search
+from specs.cluster import ClusterSpec
+from specs.errors import AutoparError
+from specs.model import ModelSpec
+from specs.planfile import TrainConfig, make_plan, save_plan
+
+
+@dataclass
+class Trial:
+    """One finalist and what measuring it gave."""
+
+    plan_path: str
+    parallel: dict[str, Any]
+    short: str
+    predicted_step_s: float
+    status: str = "not run"  # ok, failed, timeout
+    measured_step_s: float | None = None
+    calibrated_step_s: float | None = None
+    error: str | None = None
+
+    def row(self) -> dict[str, Any]:
+        return {"parallel": self.parallel, "plan": self.short, "predicted_step_s": self.predicted_step_s,
+                "measured_step_s": self.measured_step_s, "calibrated_step_s": self.calibrated_step_s,
+                "status": self.status, "error": self.error}
+
+
+@dataclass
+class TuneResult:
+    trials: list[Trial]
+    chosen: Trial
+    profile_path: str | None
+    scales: dict[str, float]
+
+
+def tune(model: ModelSpec, cluster: ClusterSpec, global_batch: int, out_dir: Path, fixed: dict[str, Any] | None = None,
+         trials: int = 3, steps: int = 8, warmup: int = 2, time_limit_s: float = 600.0, data: str | None = None,
+         headroom_GiB: float = 0.0, progress: Callable[[int, int, Trial], None] | None = None,
+         env: dict[str, str] | None = None) -> TuneResult:
+    """Measure the ``trials`` best distinct plans for ``steps`` steps each (plan files and metrics in
+    ``out_dir``) and return them with the measured-best chosen; ``progress(i, n, trial)`` after each trial."""
+    from runtime.launch import launch  # the trials run through autopar run's launcher
+
+    if trials < 1:
+        raise AutoparError(f"--trials must be at least 1, got {trials}")
+    if steps <= warmup:
+        raise AutoparError(f"--steps ({steps}) must be more than --warmup ({warmup}): the median is over the steps "
+                           "after the warm-up")
+    res = search(model, cluster, global_batch, fixed=fixed, top=trials, headroom_GiB=headroom_GiB)
+    if not res.plans:
+        raise AutoparError(f"no plan fits in {cluster.gpu.memory_GiB - headroom_GiB:g} GiB per GPU on "
+                           f"{cluster.num_gpus} GPUs: nothing to tune (see `autopar plan`)")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    found: list[Trial] = []
+    for i, p in enumerate(res.plans[:trials]):
+        path = out_dir / f"trial{i + 1}.json"
+        plan = make_plan(model, cluster, global_batch, p.config, p.estimate.to_json(), TrainConfig(steps=steps))
+        save_plan(plan, path)
+        found.append(Trial(str(path), p.config.to_dict(), p.config.short(), p.estimate.step_time_s))
+    runs: list[Run] = []
+    for i, t in enumerate(found):
+        metrics = Path(t.plan_path).with_suffix(".jsonl")
+        metrics.unlink(missing_ok=True)
+        try:
+            launch(t.plan_path, steps=steps, data=data, metrics_out=str(metrics), quiet=True, env=env,
+                   timeout_s=time_limit_s)
+            run, = load_runs([str(metrics)], [t.plan_path], warmup)
+            runs.append(run)
+            t.status, t.measured_step_s = "ok", run.measured_s
+        except AutoparError as err:
+            t.status = "timeout" if "time limit" in str(err) else "failed"
+            t.error = str(err)
+        if progress:
+            progress(i + 1, len(found), t)
+    done = [t for t in found if t.status == "ok"]
+    if not done:
+        raise AutoparError(f"every trial failed; the first: {found[0].error}")
+    scales = fit_scales(runs, cluster) if runs else {}
+    for t, pred in zip(done, predict(runs, cluster, scales)):
+        t.calibrated_step_s = float(pred)
+    chosen = min(done, key=lambda t: t.measured_step_s or np.inf)
+    profile = None
+    if runs:
+        profile = out_dir / "calibrated.yaml"
+        when = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        fitted = ", ".join(f"{k} x{v:.3g}" for k, v in scales.items())
+        header = f"Calibrated by `autopar tune` at {when} from {len(runs)} trial(s): {fitted}."
+        profile.write_text(profile_yaml(scaled(cluster, scales), [header]))
+    return TuneResult(trials=found, chosen=chosen, profile_path=str(profile) if profile else None, scales=scales)
+
+
+def default_out_dir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="autopar-tune-"))
