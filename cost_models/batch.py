@@ -33,8 +33,8 @@ from specs.state import StateSpec
 @dataclass
 class BatchResult:
     step_time: np.ndarray  # infinite where not timed
-    memory_GiB: np.ndarray
-    floor: np.ndarray | None = None  # with ``keep``: the lower bound of each step time (0 where it does not fit)
+    memory_GiB: np.ndarray  # infinite where not worked out (with ``keep``)
+    floor: np.ndarray | None = None  # with ``keep``: the lower bound of each step time the pruning used
 
 
 Pipeline = Literal["closed", "mixed", "exact"]
@@ -50,16 +50,19 @@ def estimate_batch(model: ModelSpec, cluster: ClusterSpec, c: Candidates, global
     chunks differ in size in closed form (faster, their times within about 11%; memory is the same); "exact"
     replays every candidate's schedule table as the exact model does (slow: ``--exhaustive``). With
     ``fits_GiB`` only the candidates that fit in that much memory per GPU are timed (the others' time is
-    infinite). With ``keep=(k, slack)`` only those that may be within ``slack`` times the k-th fastest are, in
-    closed form: the candidates with the smallest lower bounds (``pipeline.makespan_floor`` of their ranks'
-    compute, TP/CP communication and ZeRO traffic: ``stages.rank_work``) are timed first, then every other
-    whose bound is below that mark; the rest are left infinite. Then, with the "mixed" pipeline, those within
-    ``slack`` of the fastest get their uneven waves replayed. ``progress`` is called with (candidates priced,
-    all candidates) as the work goes (group by group where every candidate is timed)."""
+    infinite).
+
+    With ``keep=(k, slack)`` only the candidates that may be within ``slack`` times the k-th fastest are priced,
+    in closed form: in order of a lower bound of their step time (``pipeline.makespan_floor`` of their ranks'
+    compute, TP/CP communication and ZeRO traffic: ``stages.rank_work``), in growing batches, each batch's
+    memory worked out and those that fit timed, until the next bound is above that mark. The others' time and
+    memory are left infinite (not worked out: they cannot be among the fastest). Then, with the "mixed"
+    pipeline, those within ``slack`` of the fastest get their uneven waves replayed. ``progress`` is called
+    with (candidates priced, all candidates) as the work goes."""
     state = state or StateSpec.default(cluster.precision)
     cm, comm = ComputeModel(cluster.gpu, cluster.precision), CommModel(cluster)
     terms = layer_terms(model, cm, comm, c)
-    memory, floor = np.zeros(len(c)), np.zeros(len(c))
+    floor = np.zeros(len(c))
     groups = []
     group = packed_rows(c.pp, c.vpp)
     for key in np.unique(group):
@@ -72,40 +75,55 @@ def estimate_batch(model: ModelSpec, cluster: ClusterSpec, c: Candidates, global
         full = np.array([split.recomputed_layers(j, int(n)) for j, n in enumerate(layers)], dtype=float)
         recomputed = np.where(g.recompute[:, None] == FULL, full[None, :], 0.0)
         m = microbatches(global_batch, g.dp, g.mbs)
-        # what a rank holds does not depend on the ZeRO stage or the overlaps: work it out once for them all
-        _, one, each = np.unique(packed_rows(g.tp, g.cp, g.dp, g.mbs, g.sp, g.recompute), return_index=True,
-                                 return_inverse=True)
-        held = stage_state(model, state, g.take(one), lt.take(one), layers, recomputed[one])
-        load = rank_load(pp, vpp, m[one], held.params, held.act_bytes, held.work_bytes,
-                         held.largest_bucket).take(each.reshape(-1))
-        memory[idx] = rank_memory(g, state, cluster.backend, load).total.max(axis=1) / GiB
-        fit = np.nonzero(memory[idx] <= fits_GiB)[0] if fits_GiB is not None else np.arange(len(idx))
-        if keep is not None and len(fit):
-            work = rank_work(model, comm, state, g.take(fit), lt.take(fit), layers, recomputed[fit], pp,
-                             load.params[fit])
-            floor[idx[fit]] = makespan_floor(work, pp, vpp, m[fit])
+        if keep is not None:
+            floor[idx] = makespan_floor(rank_work(model, comm, state, g, lt, layers, recomputed, pp), pp, vpp, m)
         groups.append((idx, g, lt, layers, recomputed, m))
-    step = np.full(len(c), np.inf)
-    timed = memory <= fits_GiB if fits_GiB is not None else np.ones(len(c), dtype=bool)
+    memory, step = np.full(len(c), np.inf), np.full(len(c), np.inf)
+
+    def price(rows: np.ndarray, how: Pipeline) -> None:  # memory, then the time of those that fit
+        chosen = _mask(len(c), rows)
+        _memory(model, state, cluster.backend, groups, chosen, memory)
+        fit = chosen & (memory <= fits_GiB) if fits_GiB is not None else chosen
+        _time(model, cm, comm, state, cluster.num_gpus, groups, fit, step, how,
+              progress=progress if keep is None else None)
+
     if keep is None:
-        _time(model, cm, comm, state, cluster.num_gpus, groups, timed, step, pipeline, progress=progress)
+        price(np.arange(len(c)), pipeline)
         return BatchResult(step_time=step, memory_GiB=memory)
     k, slack = keep
-    queue = np.nonzero(timed)[0]
-    queue = queue[np.argsort(floor[queue], kind="stable")]  # most promising first, in growing batches
+    queue = np.argsort(floor, kind="stable")  # most promising first, in growing batches
     mark, size = np.inf, 32 * k
     while len(queue) and floor[queue[0]] <= mark:
         batch, queue = queue[:size], queue[size:]
-        _time(model, cm, comm, state, cluster.num_gpus, groups, _mask(len(c), batch[floor[batch] <= mark]), step,
-              "closed")
+        price(batch[floor[batch] <= mark], "closed")
         fastest = np.partition(step, k - 1)[k - 1] if len(c) >= k else np.inf
         mark, size = slack * fastest, size * 8
+        if progress:
+            progress(len(c) - len(queue), len(c))
     if pipeline == "mixed" and np.isfinite(step).any():  # replay the uneven waves where they may matter
         near = step <= slack * step.min()
         _time(model, cm, comm, state, cluster.num_gpus, groups, near, step, "mixed", uneven_only=True)
     if progress:
         progress(len(c), len(c))
     return BatchResult(step_time=step, memory_GiB=memory, floor=floor)
+
+
+def _memory(model: ModelSpec, state: StateSpec, backend: str, groups: list, chosen: np.ndarray,
+            memory: np.ndarray) -> None:
+    """Write into ``memory`` the peak GiB per GPU of the ``chosen`` candidates ([N] mask), group by group. What a
+    rank holds does not depend on the ZeRO stage or the overlaps: it is worked out once for them all."""
+    for idx, g, lt, layers, recomputed, m in groups:
+        rows = np.nonzero(chosen[idx])[0]
+        if not len(rows):
+            continue
+        g, lt, recomputed, m = g.take(rows), lt.take(rows), recomputed[rows], m[rows]
+        pp, vpp = int(g.pp[0]), int(g.vpp[0])
+        _, one, each = np.unique(packed_rows(g.tp, g.cp, g.dp, g.mbs, g.sp, g.recompute), return_index=True,
+                                 return_inverse=True)
+        held = stage_state(model, state, g.take(one), lt.take(one), layers, recomputed[one])
+        load = rank_load(pp, vpp, m[one], held.params, held.act_bytes, held.work_bytes,
+                         held.largest_bucket).take(each.reshape(-1))
+        memory[idx[rows]] = rank_memory(g, state, backend, load).total.max(axis=1) / GiB
 
 
 def _mask(n: int, rows: np.ndarray) -> np.ndarray:

@@ -26,7 +26,7 @@ from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
 from cost_models.layer import end_cost, layer_cost
 from cost_models.memory import FULL, SELECTIVE, end_activation_bytes, layer_activation_bytes
-from cost_models.params import end_stages, gradient_buckets, gradient_groups
+from cost_models.params import end_stages, gradient_buckets, gradient_groups, stage_params
 from specs.model import ModelSpec
 from specs.parallel import Candidates
 from specs.state import StateSpec
@@ -179,12 +179,14 @@ def _compute(c: Candidates, lt: LayerTerms, layers: np.ndarray, recomputed: np.n
 
 
 def rank_work(model: ModelSpec, comm: CommModel, state: StateSpec, c: Candidates, lt: LayerTerms, layers: np.ndarray,
-              recomputed: np.ndarray, pp: int, rank_params: np.ndarray) -> np.ndarray:
+              recomputed: np.ndarray, pp: int) -> np.ndarray:
     """[N, pp]: a lower bound of each pipeline rank's forward + backward time per micro-batch over its chunks, for
-    ``layers``/``recomputed`` per virtual stage as in :func:`stage_costs` and ``rank_params`` per rank: its
-    compute, exposed TP/CP communication and ZeRO-2/3 traffic, sends left out. Compute and communication add up
-    over chunks (collectives are affine in bytes, a latency per bucket), and exposed ZeRO traffic summed over
-    chunks is at least that of the sum (what outlasts the chunks' compute, at least the mean bucket)."""
+    ``layers``/``recomputed`` per virtual stage as in :func:`stage_costs`: its compute, exposed TP/CP
+    communication and ZeRO-2/3 traffic, sends left out. Compute, parameters and communication add up over
+    chunks (collectives are affine in bytes, a latency per bucket), and exposed ZeRO traffic summed over chunks
+    is at least that of the sum (what outlasts the chunks' compute, at least the mean bucket). Each rank's
+    parameters are those of one stage holding all its layers: the embedding on rank 0, the head on the last
+    (the rank's stages summed; a tied head owns its copy exactly when pp > 1, as interleaving needs pp > 1)."""
     nv = np.shape(layers)[-1]
 
     def by_rank(x) -> np.ndarray:  # virtual stage j is on rank j % pp
@@ -196,6 +198,7 @@ def rank_work(model: ModelSpec, comm: CommModel, state: StateSpec, c: Candidates
                                                    by_rank(first), by_rank(last))
     tied = (first + last) if model.tie_embeddings and nv > 1 else 0.0  # as stage_state's per-layer buckets
     buckets = by_rank(np.maximum(1.0, np.asarray(layers, dtype=float)) + tied)
+    rank_params = stage_params(model, c.tp, by_rank(layers))
     zero_f, zero_b = zero_traffic(comm, state, rank_params, buckets, fwd, bwd + recompute, _col(c.zero),
                                   _col(c.dp * c.cp), _col(c.tp), c.dp_overlap[:, None])
     return fwd + bwd + recompute + comm_f + comm_b + zero_f + zero_b
