@@ -83,7 +83,7 @@ class TokenData:
         self.windows = (len(self.tokens) - 1) // seq
         if self.windows < 1:
             raise AutoparError(f"data file {path} holds {len(self.tokens)} tokens, fewer than one sequence of "
-                               f"{seq + 1}; use a larger file or a shorter --seq")
+                               f"{seq + 1}; use a larger file, or plan with a shorter sequence (autopar plan --seq N)")
         if len(self.tokens) <= _FULL_CHECK:
             self._check(np.asarray(self.tokens))
         self._perm: dict[int, np.ndarray] = {}

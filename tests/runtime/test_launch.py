@@ -158,3 +158,32 @@ def test_train_entry_point_errors_and_single_rank_run(tmp_path):
                        env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "step 2/2" in r.stdout and [row["step"] for row in _rows(m)] == [1, 2]
+
+
+def test_every_plan_the_planner_writes_is_accepted_by_run(tmp_path, capsys):
+    """A property over 40 random searches of the tiny models (random GPU counts, batches, sequence lengths and
+    fixed keys): every plan file `autopar plan --out` writes passes `autopar run --dry-run`'s checks, and the
+    plan command says "train it with" for each; a search the keys make impossible is a one-line error."""
+    from planner.cli import main
+
+    rng = np.random.default_rng(2026)
+    keys = {"tp": ["1", "2", "4"], "pp": ["1", "2"], "cp": ["1", "2"], "sp": ["true", "false"],
+            "zero": ["0", "1", "2", "3"], "recompute": ["none", "selective", "full"], "dp_overlap": ["true"],
+            "tp_overlap": ["true", "false"], "mbs": ["1", "2"]}
+    written = 0
+    for i in range(40):
+        fix = ",".join(f"{k}={rng.choice(keys[k])}" for k in rng.choice(list(keys), size=rng.integers(0, 4),
+                                                                           replace=False))
+        argv = ["plan", "--model", str(rng.choice(["tiny", "tiny-gpt"])), "--cluster", "cpu-gloo",
+                "--gpus", str(rng.choice([1, 2, 4, 8])), "--global-batch", str(rng.choice([8, 16, 32])),
+                "--seq", str(rng.choice([32, 64, 128])), "--fix", fix, "--out", str(tmp_path / f"p{i}.json")]
+        code = main(argv)
+        out, err = capsys.readouterr()
+        if code != 0:
+            assert code == 2 and err.count("\n") == 1 and err.startswith("autopar: error:"), (argv, err)
+            continue
+        assert "train it with: autopar run" in " ".join(out.split()), argv
+        assert main(["run", str(tmp_path / f"p{i}.json"), "--dry-run"]) == 0, (argv, capsys.readouterr().err)
+        capsys.readouterr()
+        written += 1
+    assert written >= 20

@@ -1,0 +1,55 @@
+"""Every command-line flag a message or help text names is one that exists: ``autopar``'s own (every
+subcommand), the worker's (``python -m runtime.train``), or torchrun's and srun's in the launch commands
+autopar prints."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from planner.cli import build_parser
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("planner", "runtime", "specs", "cost_models", "hardware_profiles")
+OTHERS = {"--standalone", "--nproc-per-node", "--nnodes", "--rdzv-backend", "--rdzv-id", "--rdzv-endpoint",
+          "--ntasks-per-node"}  # torchrun's and srun's, in the multi-node commands autopar prints
+FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]+")
+
+
+def _parser_flags(p: argparse.ArgumentParser) -> set[str]:
+    out = set()
+    for a in p._actions:
+        out.update(o for o in a.option_strings if o.startswith("--"))
+        if isinstance(a, argparse._SubParsersAction):
+            for sub in a.choices.values():
+                out |= _parser_flags(sub)
+    return out
+
+
+def _named_flags() -> dict[str, set[str]]:
+    """Each flag named in a string literal of the packages, with the files naming it."""
+    found: dict[str, set[str]] = {}
+    for pkg in PACKAGES:
+        for path in (ROOT / pkg).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                    for flag in FLAG.findall(node.value):
+                        found.setdefault(flag, set()).add(str(path.relative_to(ROOT)))
+    return found
+
+
+def test_every_flag_a_message_names_exists(capsys):
+    from runtime.train import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    worker = set(FLAG.findall(capsys.readouterr().out))
+    known = _parser_flags(build_parser()) | worker | OTHERS
+    named = _named_flags()
+    assert {"--fix", "--headroom", "--resume", "--quiet"} <= set(named)  # the scan sees messages and help texts
+    unknown = {flag: sorted(files) for flag, files in named.items() if flag not in known}
+    assert not unknown, unknown
