@@ -8,6 +8,7 @@ their stderr goes to a log file, and a failure comes back as one :class:`Autopar
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -97,7 +98,34 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
     full_env = {**os.environ, **(env or {})}
     full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), full_env.get("PYTHONPATH")]))
     full_env.setdefault("OMP_NUM_THREADS", "1")
-    return _run_workers(cmd, full_env, timeout_s)
+    rc = _run_workers(cmd, full_env, timeout_s)
+    if rc == 130:
+        print(f"autopar: {interrupted(plan_path, steps or plan.train.steps, metrics_out, checkpoint_dir)}",
+              file=sys.stderr, flush=True)
+    return rc
+
+
+def interrupted(plan_path: str, steps: int, metrics_out: str | None, checkpoint_dir: str | None) -> str:
+    """One line after Ctrl-C: the step reached (from the metrics), the last complete checkpoint and the command
+    that resumes from it."""
+    reached = None
+    if metrics_out:
+        for line in Path(metrics_out).read_text(errors="replace").splitlines() if Path(metrics_out).exists() else []:
+            try:
+                reached = int(json.loads(line)["step"])
+            except (ValueError, KeyError, TypeError):
+                continue  # the plan line, or a line cut off mid-write
+    text = f"interrupted after step {reached} of {steps}" if reached is not None else "interrupted"
+    if not checkpoint_dir:
+        return text + "; no checkpoints were kept (give --checkpoint-dir to be able to resume)"
+    from runtime.checkpoint import latest_checkpoint
+
+    last = latest_checkpoint(Path(checkpoint_dir))
+    if last is None:
+        return text + f"; no complete checkpoint in {checkpoint_dir} yet: run again from the start"
+    again = ["autopar", "run", plan_path, "--checkpoint-dir", checkpoint_dir, "--resume"]
+    again += ["--steps", str(steps)] + (["--metrics-out", metrics_out] if metrics_out else [])
+    return (text + f"; last complete checkpoint: {last}; resume with: " + " ".join(shlex.quote(a) for a in again))
 
 
 def _run_workers(cmd: list[str], env: dict[str, str], timeout_s: float | None = None) -> int:

@@ -187,3 +187,31 @@ def test_every_plan_the_planner_writes_is_accepted_by_run(tmp_path, capsys):
         capsys.readouterr()
         written += 1
     assert written >= 20
+
+
+def test_ctrl_c_says_where_the_run_stopped_and_how_to_resume(tmp_path):
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it): one line with the step reached, the
+    last complete checkpoint and the command that resumes; no worker left behind; the resume command works."""
+    import signal
+    import time
+
+    plan = str(default_plan(tmp_path / "p.json")[0])
+    m, ck = tmp_path / "m.jsonl", tmp_path / "ck"
+    cmd = [sys.executable, "-m", "planner.cli", "run", plan, "--steps", "400", "--metrics-out", str(m),
+           "--checkpoint-dir", str(ck), "--checkpoint-every", "2"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (m.exists() and len(m.read_text().splitlines()) >= 5):
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    line = [x for x in err.splitlines() if x.startswith("autopar:")]
+    assert len(line) == 1, err
+    assert "interrupted after step" in line[0] and "of 400" in line[0], line
+    assert f"last complete checkpoint: {ck}/step_" in line[0] and "resume with: autopar run" in line[0], line
+    with pytest.raises(ProcessLookupError):  # the group is gone: torchrun and its workers stopped
+        os.killpg(proc.pid, 0)
+    resume = line[0].split("resume with: ")[1].split()
+    assert resume[:3] == ["autopar", "run", plan] and "--resume" in resume
