@@ -9,7 +9,14 @@ from typing import Any
 
 from specs.errors import AutoparError
 
-_LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3", "gemma", "internlm2", "yi"}
+_LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3", "gemma", "internlm2", "yi", "phi3"}  # phi3: fused qkv and
+# gate|up projections, the same shapes and counts
+_TIED_BY_DEFAULT = {"gemma"}  # tie_word_embeddings when the config leaves it out
+# fields that change what a layer computes in ways the cost model does not price
+_UNPRICED = {"attn_logit_softcapping": "soft-capped attention scores",
+             "final_logit_softcapping": "soft-capped output logits",
+             "sliding_window_pattern": "alternating local and global attention layers",
+             "layer_types": "layers of different attention kinds"}
 _GPT2_LIKE = {"gpt2"}
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 
@@ -61,6 +68,10 @@ def hf_to_spec(cfg: dict[str, Any], source: str) -> dict[str, Any]:
     if any(cfg.get(k) for k in _MOE_KEYS):
         raise AutoparError(f"Hugging Face config {source}: model_type '{mtype}' is a mixture-of-experts model; "
                            "autopar plans dense transformers only")
+    unpriced = next((k for k in _UNPRICED if cfg.get(k) is not None), None)
+    if unpriced:
+        raise AutoparError(f"Hugging Face config {source}: {unpriced} ({_UNPRICED[unpriced]}) is not something "
+                           "autopar's cost model prices; write an autopar spec to plan it as a plain model")
     gpt2_keys = "n_embd" in cfg
     if mtype and mtype not in _LLAMA_LIKE | _GPT2_LIKE and not gpt2_keys:
         raise AutoparError(
@@ -94,7 +105,7 @@ def hf_to_spec(cfg: dict[str, Any], source: str) -> dict[str, Any]:
             "ffn_hidden_size": _int(cfg, "intermediate_size"),
             "vocab_size": _int(cfg, "vocab_size"),
             "seq_length": min(_int(cfg, "max_position_embeddings", 4096), 8192),
-            "tie_embeddings": _bool(cfg, "tie_word_embeddings", False),
+            "tie_embeddings": _bool(cfg, "tie_word_embeddings", mtype in _TIED_BY_DEFAULT),
             "norm_eps": _float(cfg, "rms_norm_eps", 1e-5),
             "rope_theta": _float(cfg, "rope_theta", 10000.0),
             "qkv_bias": _bool(cfg, "attention_bias", mtype == "qwen2"),

@@ -68,6 +68,34 @@ def test_a_model_folder_reads_its_config_json(tmp_path):
         load_model(str(empty))
 
 
+def _hf(tmp_path, cfg: dict):
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    return load_model(str(p))
+
+
+def test_phi3_and_gemma_hf_configs(tmp_path):
+    """Phi-3 (fused qkv and gate|up: Llama's shapes) and Gemma (head_dim 256, embeddings tied unless the config
+    says otherwise) read as Llama-style; their published sizes: Phi-3-mini 3.82B, Gemma-7B 8.54B."""
+    phi3 = _hf(tmp_path, {"model_type": "phi3", "hidden_size": 3072, "num_hidden_layers": 32, "num_attention_heads": 32,
+                          "num_key_value_heads": 32, "intermediate_size": 8192, "vocab_size": 32064,
+                          "max_position_embeddings": 4096, "tie_word_embeddings": False})
+    assert phi3.arch == "llama" and phi3.num_params / 1e9 == pytest.approx(3.82, rel=0.01)
+    gemma = _hf(tmp_path, {"model_type": "gemma", "hidden_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,
+                           "num_key_value_heads": 16, "head_dim": 256, "intermediate_size": 24576, "vocab_size": 256000,
+                           "max_position_embeddings": 8192})
+    assert gemma.tie_embeddings and gemma.num_params / 1e9 == pytest.approx(8.54, rel=0.01)
+
+
+@pytest.mark.parametrize("field,value", [("attn_logit_softcapping", 50.0), ("final_logit_softcapping", 30.0),
+                                         ("sliding_window_pattern", 2)])
+def test_configs_the_cost_model_cannot_price_are_refused_naming_the_field(tmp_path, field, value):
+    cfg = {"model_type": "gemma2", "hidden_size": 2304, "num_hidden_layers": 26, "num_attention_heads": 8,
+           "num_key_value_heads": 4, "head_dim": 256, "intermediate_size": 9216, "vocab_size": 256000, field: value}
+    with pytest.raises(AutoparError, match=f"{field} .* is not something autopar's cost model prices"):
+        _hf(tmp_path, cfg)
+
+
 def test_qwen2_hf_config_has_qkv_bias(tmp_path):
     cfg = {"model_type": "qwen2", "hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
            "num_key_value_heads": 2, "intermediate_size": 4864, "vocab_size": 151936,
