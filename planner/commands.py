@@ -180,7 +180,7 @@ def whatif_command(args: argparse.Namespace) -> int:
 
     model, cluster = load_inputs(args)
     if args.plot:
-        from planner.whatif import plot_file
+        from planner.whatif_plot import plot_file
 
         plot_file(args.plot)  # a bad path fails now, not after the sweep
     key, values = parse_vary(args.vary)
@@ -197,7 +197,7 @@ def whatif_command(args: argparse.Namespace) -> int:
     normalize(curves, key)
     plot_path = None
     if args.plot:
-        from planner.whatif import plot
+        from planner.whatif_plot import plot
 
         plot_path = plot(curves, key, model.name, cluster.name, args.plot)
     if args.format == "json":
@@ -219,7 +219,7 @@ def whatif_command(args: argparse.Namespace) -> int:
     con = console()
     print_inputs(con, model, cluster)
     for name, pts in curves.items():
-        con.print(whatif_table(pts, key, f"{name}: best plan at each {key}"))
+        con.print(whatif_table(pts, key, "best plan per point" if name == "best" else f"{name}: best plan per point"))
     if plot_path:
         con.print(escape(f"wrote {plot_path}"))
     return 0

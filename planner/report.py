@@ -77,16 +77,24 @@ def plans_table(rows: list[dict[str, Any]], title: str) -> Table:
 
 
 def whatif_table(pts: list[dict[str, Any]], key: str, title: str) -> Table:
-    tab = Table(title=escape(title), header_style="bold")
-    for col, just in ((key, "right"), ("GPUs", "right"), ("tokens/s", "right"), ("MFU", "right"),
-                      ("efficiency", "right"), ("memory", "right"), ("best plan", "left")):
-        tab.add_column(col, justify=just)
+    """One row per point; each column says what it holds and in which unit (the efficiency column: per-GPU
+    throughput against the smallest point in a GPU-count sweep, throughput against the best point otherwise)."""
+    from planner.whatif_plot import AXIS
+
+    scaling = key in ("gpus", "nodes")
+    tab = Table(title=escape(title), header_style="bold",
+                caption="efficiency: " + ("tokens/s per GPU relative to the smallest cluster" if scaling
+                                          else "tokens/s relative to the best point"))
+    for col, just in ((f"{AXIS.get(key, key)} (swept)", "right"), ("GPUs", "right"), ("tokens/s", "right"),
+                      ("MFU (%)", "right"), ("scaling efficiency" if scaling else "relative throughput", "right"),
+                      ("memory per GPU (GiB)", "right"), ("best plan", "left")):
+        tab.add_column(escape(col), justify=just)
     for p in pts:
         if not p.get("tokens_per_s"):
             tab.add_row(str(p["value"]), str(p.get("gpus") or "-"), "-", "-", "-", "-",
                         f"[red]{escape(p.get('error', 'no plan'))}[/red]")
             continue
         mark = " [yellow](changed)[/yellow]" if p["plan_changed"] else ""
-        tab.add_row(str(p["value"]), str(p["gpus"]), fmt_rate(p["tokens_per_s"]), f"{p['mfu'] * 100:.1f}%",
-                    f"{p['scaling_efficiency']:.2f}", f"{p['memory_GiB']:.1f} GiB", p["plan"] + mark)
+        tab.add_row(str(p["value"]), str(p["gpus"]), fmt_rate(p["tokens_per_s"]), f"{p['mfu'] * 100:.1f}",
+                    f"{p['scaling_efficiency']:.2f}", f"{p['memory_GiB']:.1f}", p["plan"] + mark)
     return tab

@@ -2,20 +2,18 @@
 
 Scaling efficiency: for a ``gpus`` sweep, per-GPU throughput relative to the first (smallest) point; for other
 sweeps, throughput relative to the best point of the curve. A point where the best plan's layout changes is
-marked (``plan_changed``), in the table and on the plot.
+marked (``plan_changed``) in the table; the plot is whatif_plot.py's.
 """
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 from planner.search import search
 from planner.space import check_fixed_keys
 from specs.cluster import ClusterSpec, list_gpus, load_gpu
 from specs.errors import AutoparError, did_you_mean
-from specs.files import check_output_file
 from specs.model import ModelSpec
 from specs.parallel import LAYOUT
 
@@ -133,65 +131,4 @@ def normalize(curves: dict[str, list[dict[str, Any]]], key: str) -> None:
                 p["scaling_efficiency"] = p["tokens_per_s"] / top
 
 
-def _plain(text: str) -> str:
-    """User text for a plot label: a literal ``$`` rather than the start of matplotlib's math mode."""
-    return text.replace("$", r"\$")
-
-
-def plot_file(path: str) -> str:
-    """The file ``--plot`` writes (a name without an extension gets ``.png``), checked before the sweep."""
-    if Path(path).is_dir():
-        raise AutoparError(f"--plot {path} is a directory; give a file name such as {Path(path) / 'whatif.png'}")
-    return str(check_output_file(path if Path(path).suffix else path + ".png", "plot"))
-
-
-def plot(curves: dict[str, list[dict[str, Any]]], key: str, model: str, cluster: str, path: str) -> str:
-    """Throughput and scaling efficiency against the varied value; plan changes marked. Returns the file written
-    (a name without an extension gets ``.png``)."""
-    path = plot_file(path)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
-    categorical = key == "gpu"
-    for i, (name, pts) in enumerate(curves.items()):
-        ok = [p for p in pts if p.get("tokens_per_s")]
-        xs = [_plain(str(p["value"])) if categorical else p["value"] for p in ok]
-        style = "-o" if i == 0 else "--s"
-        label = "best plan" if name == "best" else _plain(name)
-        ax1.plot(xs, [p["tokens_per_s"] for p in ok], style, label=label)
-        ax2.plot(xs, [p["scaling_efficiency"] for p in ok], style, label=label)
-        if i == 0:
-            for p, x in zip(ok, xs):
-                if p["plan_changed"]:
-                    for ax in (ax1, ax2):
-                        ax.axvline(x, color="grey", lw=0.8, ls=":")
-                    ax1.annotate(" ".join(p["plan"].split()[:3]),
-                                 (x, p["tokens_per_s"]), textcoords="offset points", xytext=(4, 6), fontsize=7)
-    if not categorical and key in ("gpus", "nodes", "inter_node_bw", "intra_node_bw"):
-        values = sorted({p["value"] for pts in curves.values() for p in pts})
-        for ax in (ax1, ax2):
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(values)
-            ax.set_xticklabels([f"{v:g}" for v in values])
-            ax.minorticks_off()
-    ax1.set_ylabel("tokens / s")
-    ax2.set_ylabel("scaling efficiency" if key in ("gpus", "nodes") else "relative throughput")
-    ax2.set_xlabel(f"{key} ({VARY_KEYS[key]})")
-    ax1.set_title(f"{_plain(model)} on {_plain(cluster)}: best plan per point (dotted: plan layout changes)")
-    ax1.legend()
-    ax1.grid(alpha=0.3)
-    ax2.grid(alpha=0.3)
-    fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=120)
-    except (OSError, ValueError) as err:
-        raise AutoparError(f"cannot write plot {path}: {err}") from None
-    finally:
-        plt.close(fig)
-    return path
-
-
-__all__ = ["parse_vary", "sweep", "normalize", "plot", "cluster_at", "list_gpus"]
+__all__ = ["parse_vary", "sweep", "normalize", "cluster_at", "list_gpus"]

@@ -1,0 +1,155 @@
+"""The what-if plot: throughput and efficiency against the varied value, every point labelled with its plan.
+
+Three kinds, each drawn the way its axis reads best:
+- GPU or node count: log-log throughput with the ideal (linear) scaling from the smallest point, and scaling
+  efficiency below;
+- bandwidth (and NICs): throughput against a log axis;
+- GPU type: a bar chart, one bar per GPU (grouped by curve with ``--compare``), the names horizontal.
+Every point carries its best plan (:func:`plan_label`), written vertically so neighbouring labels never cross
+(line plots: in bands along the top and the bottom of the axes, clear of the data; bars: on the bar);
+throughput reads in k/M tokens per second; the figure is saved with nothing clipped. A ``--compare`` curve is
+drawn beside the best one (one compared curve: the command takes one).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from specs.errors import AutoparError
+from specs.files import check_output_file
+
+AXIS = {"inter_node_bw": "inter-node bandwidth (Gb/s per NIC)", "intra_node_bw": "NVLink bandwidth (GB/s per GPU)",
+        "gpus": "GPUs", "nodes": "nodes", "gpu": "GPU type", "nics_per_node": "NICs per node"}
+
+
+def plan_label(parallel: dict[str, Any]) -> str:
+    """A plan in a few characters, the same keys in the same order everywhere: ``tp8 pp4 dp32 cp2 v8 mb3 sp sel
+    z1`` (cp, v(pp), sp, recompute and ZeRO only when used)."""
+    p = parallel
+    parts = [f"tp{p['tp']}", f"pp{p['pp']}", f"dp{p['dp']}"]
+    parts += [f"cp{p['cp']}"] if p.get("cp", 1) > 1 else []
+    parts += [f"v{p['vpp']}"] if p.get("vpp", 1) > 1 else []
+    parts += [f"mb{p['mbs']}"] + (["sp"] if p.get("sp") else [])
+    parts += {"selective": ["sel"], "full": ["full"]}.get(p.get("recompute", "none"), [])
+    parts += [f"z{p['zero']}"] if p.get("zero") else []
+    return " ".join(parts)
+
+
+def si(value: float, _pos: Any = None) -> str:
+    """1234 -> 1.2k, 2500000 -> 2.5M (tick labels)."""
+    for div, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= div:
+            return f"{value / div:.3g}{unit}"
+    return f"{value:.3g}"
+
+
+def _plain(text: str) -> str:
+    """User text for a plot label: a literal ``$`` rather than the start of matplotlib's math mode."""
+    return text.replace("$", r"\$")
+
+
+def plot_file(path: str) -> str:
+    """The file ``--plot`` writes (a name without an extension gets ``.png``), checked before the sweep."""
+    if Path(path).is_dir():
+        raise AutoparError(f"--plot {path} is a directory; give a file name such as {Path(path) / 'whatif.png'}")
+    return str(check_output_file(path if Path(path).suffix else path + ".png", "plot"))
+
+
+def figure(curves: dict[str, list[dict[str, Any]]], key: str, model: str, cluster: str) -> Any:
+    """The matplotlib figure of a sweep (``curves``: name -> points as ``whatif.sweep`` returns them)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullLocator
+    from matplotlib.transforms import blended_transform_factory
+
+    scaling = key in ("gpus", "nodes")
+    fig, (top, low) = plt.subplots(2, 1, figsize=(9, 8), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+    names = list(curves)
+    values = [p["value"] for p in next(iter(curves.values()))]
+    band = blended_transform_factory(top.transData, top.transAxes)  # x in data, y in the axes' height
+    for i, name in enumerate(names[:2]):
+        ok = [p for p in curves[name] if p.get("tokens_per_s")]
+        label = "best plan" if name == "best" else _plain(name)
+        if key == "gpu":  # bars, their plans on top of them
+            width = 0.8 / len(names)
+            xs = [values.index(p["value"]) + (i - (len(names) - 1) / 2) * width for p in ok]
+            top.bar(xs, [p["tokens_per_s"] for p in ok], width, label=label)
+            low.bar(xs, [p["scaling_efficiency"] for p in ok], width, label=label)
+            for x, p in zip(xs, ok):
+                top.annotate(_plain(plan_label(p["parallel"])), (x, p["tokens_per_s"]), textcoords="offset points",
+                             xytext=(0, 4), rotation=90, ha="center", va="bottom", fontsize=7, gid="plan-label")
+            continue
+        xs = [p["value"] for p in ok]
+        line, = top.plot(xs, [p["tokens_per_s"] for p in ok], "-o" if i == 0 else "--s", label=label)
+        low.plot(xs, [p["scaling_efficiency"] for p in ok], "-o" if i == 0 else "--s", label=label)
+        for x, p in zip(xs, ok):  # the best curve's plans along the top, the compared curve's along the bottom
+            top.text(x, 0.98 if i == 0 else 0.02, _plain(plan_label(p["parallel"])), transform=band, rotation=90,
+                     ha="center", va="top" if i == 0 else "bottom", fontsize=7, color=line.get_color(),
+                     gid="plan-label")
+    if scaling:
+        ok = [p for p in curves[names[0]] if p.get("tokens_per_s")]
+        if ok:
+            base = min(ok, key=lambda p: p["gpus"])
+            xs = sorted(p["value"] for p in ok)
+            per = base["tokens_per_s"] / base["value"]
+            top.plot(xs, [per * x for x in xs], ":", color="grey", label="ideal (linear) scaling")
+        top.set_yscale("log")
+    if key != "gpu":
+        _leave_room(top, top_band=0.42, bottom_band=0.4 if len(names) > 1 else 0.05, log=scaling)
+    if key == "gpu":
+        top.set_xticks(range(len(values)))
+        top.set_xticklabels([_plain(str(v)) for v in values])
+        low.set_xticks(range(len(values)))
+        low.set_xticklabels([_plain(str(v)) for v in values], rotation=0)
+    elif key in ("gpus", "nodes", "inter_node_bw", "intra_node_bw", "nics_per_node"):
+        for ax in (top, low):
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(values)
+            ax.set_xticklabels([f"{v:g}" for v in values])
+            ax.xaxis.set_minor_locator(NullLocator())
+    top.yaxis.set_major_formatter(FuncFormatter(si))
+    top.yaxis.set_minor_formatter(FuncFormatter(lambda v, pos: ""))
+    if key == "gpu":
+        top.margins(y=0.35)
+    top.set_ylabel("tokens / s")
+    low.set_ylabel("scaling efficiency (per-GPU vs smallest)" if scaling else "throughput relative to the best point")
+    low.set_xlabel(AXIS.get(key, key))
+    top.set_title(f"{_plain(model)} on {_plain(cluster)}: the best plan at each point", pad=24)
+    top.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=3, fontsize=8, frameon=False)
+    for ax in (top, low):
+        ax.grid(alpha=0.3, which="major")
+    fig.tight_layout(h_pad=2.5)
+    return fig
+
+
+def _leave_room(ax: Any, top_band: float, bottom_band: float, log: bool) -> None:
+    """Set the y limits so that the data sit between a band at the top and one at the bottom of the axes
+    (fractions of its height), where the plan labels go."""
+    lo, hi = ax.dataLim.y0, ax.dataLim.y1
+    f = (lambda v: math.log(v)) if log else (lambda v: v)
+    g = (lambda v: math.exp(v)) if log else (lambda v: v)
+    a, b = f(lo), f(hi)
+    span = max(b - a, 0.25 if log else 0.25 * max(abs(hi), 1.0))
+    mid = (a + b) / 2
+    a, b = mid - span / 2, mid + span / 2
+    total = span / (1 - top_band - bottom_band)
+    ax.set_ylim(g(a - bottom_band * total), g(b + top_band * total))
+
+
+def plot(curves: dict[str, list[dict[str, Any]]], key: str, model: str, cluster: str, path: str) -> str:
+    """Write the sweep's figure; returns the file written (a name without an extension gets ``.png``)."""
+    path = plot_file(path)
+    import matplotlib.pyplot as plt
+
+    fig = figure(curves, key, model, cluster)
+    try:
+        fig.savefig(path, dpi=120, bbox_inches="tight")
+    except (OSError, ValueError) as err:
+        raise AutoparError(f"cannot write plot {path}: {err}") from None
+    finally:
+        plt.close(fig)
+    return path

@@ -1,0 +1,63 @@
+"""The what-if plot of each kind (GPU count: log-log with ideal scaling; bandwidth; GPU type: bars) labels every
+point with its plan, and no label, tick label or legend entry overlaps another or leaves the figure."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from planner.whatif import normalize, sweep
+from planner.whatif_plot import figure, plan_label, si
+from specs.cluster import load_cluster
+from specs.model_loading import load_model
+
+KINDS = [  # (model, gpus, batch, key, values, compare)
+    ("llama3-70b", None, 512, "gpus", [64, 128, 256, 512, 1024], {"dp_overlap": False}),
+    ("llama3-8b", 64, 512, "inter_node_bw", [50.0, 100.0, 200.0, 400.0, 800.0], None),
+    ("llama3-8b", 64, 512, "gpu", ["a100-sxm4-80gb", "h100-sxm5-80gb", "h200-sxm-141gb", "b200-180gb"],
+     {"zero": 1}),
+]
+
+
+@pytest.mark.parametrize("name,gpus,batch,key,values,compare", KINDS, ids=[k[3] for k in KINDS])
+def test_every_point_labelled_and_nothing_overlaps(name, gpus, batch, key, values, compare):
+    model, cluster = load_model(name), load_cluster("dgx-h100", gpus=gpus)
+    curves = {"best": sweep(model, cluster, batch, key, values, {})}
+    if compare:
+        curves["compare"] = sweep(model, cluster, batch, key, values, {}, compare=compare)
+    normalize(curves, key)
+    fig = figure(curves, key, model.name, cluster.name)
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    labels = [t for t in fig.findobj() if getattr(t, "get_gid", lambda: None)() == "plan-label"]
+    want = sorted(plan_label(p["parallel"]) for pts in curves.values() for p in pts if p.get("tokens_per_s"))
+    assert sorted(t.get_text() for t in labels) == want  # every point, with its plan
+    def shown(ax, labels, lim, i):  # drawn: inside the axis' view (the locator may list ticks beyond it)
+        lo, hi = sorted(lim)
+        return [t for t in labels if t.get_visible() and t.get_text() and lo <= t.get_position()[i] <= hi]
+
+    ticks = [t for ax in fig.axes for t in (*shown(ax, ax.get_xticklabels(), ax.get_xlim(), 0),
+                                            *shown(ax, ax.get_yticklabels(), ax.get_ylim(), 1))]
+    legend = [fig.axes[0].get_legend()]
+    boxes = [(f"label {t.get_text()}", t.get_window_extent(r)) for t in labels]
+    boxes += [(f"tick {t.get_text()}", t.get_window_extent(r)) for t in ticks]
+    boxes += [("legend", legend[0].get_window_extent(r)), ("title", fig.axes[0].title.get_window_extent(r))]
+    for (a, ba), (b, bb) in itertools.combinations(boxes, 2):
+        assert not ba.overlaps(bb), f"{a} overlaps {b}"
+    whole = fig.bbox
+    for what, box in boxes:
+        assert whole.x0 <= box.x0 and box.x1 <= whole.x1 and whole.y0 <= box.y0 and box.y1 <= whole.y1, what
+    top = fig.axes[0]
+    assert all(top.bbox.contains(t.get_window_extent(r).x0 + 1, t.get_window_extent(r).y0 + 1) for t in labels)
+    if key == "gpus":
+        assert top.get_yscale() == "log" and top.get_xscale() == "log"
+        assert any(line.get_label() == "ideal (linear) scaling" for line in top.get_lines())
+
+
+def test_labels_and_numbers():
+    assert plan_label({"tp": 8, "pp": 4, "dp": 32, "cp": 2, "vpp": 8, "mbs": 3, "sp": True, "recompute": "selective",
+                       "zero": 1}) == "tp8 pp4 dp32 cp2 v8 mb3 sp sel z1"
+    assert plan_label({"tp": 1, "pp": 1, "dp": 8, "cp": 1, "vpp": 1, "mbs": 1, "sp": False, "recompute": "none",
+                       "zero": 0}) == "tp1 pp1 dp8 mb1"
+    assert [si(x) for x in (950, 1234, 2.5e6, 7e5)] == ["950", "1.23k", "2.5M", "700k"]
