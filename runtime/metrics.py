@@ -17,13 +17,14 @@ from specs.planfile import PlanFile
 
 class MetricsLog:
     def __init__(self, plan: PlanFile, path: str | Path | None, total_steps: int, enabled: bool,
-                 quiet: bool = False, append: bool = False, plan_path: str | None = None) -> None:
+                 quiet: bool = False, append: bool = False, plan_path: str | None = None,
+                 predicted_step_s: float | None = None) -> None:
         self.plan, self.total, self.enabled, self.quiet = plan, total_steps, enabled, quiet
         self.plan_path = plan_path  # written on every line so `autopar calibrate` can re-estimate the run
         self.tokens = plan.global_batch * plan.seq
         self.flops = plan.model.model_flops_per_token(plan.seq) * self.tokens
         self.peak = plan.world_size * plan.cluster.gpu.peak(plan.cluster.precision)
-        self.predicted = plan.prediction.get("step_time_s")
+        self.predicted = predicted_step_s or plan.prediction.get("step_time_s")  # a fresh estimate, when given
         self.file: IO[str] | None = None
         if enabled and path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)

@@ -42,6 +42,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--checkpoint-every", type=int, help="steps between checkpoints (default: the plan's)")
     ap.add_argument("--resume", action="store_true", help="resume from the latest checkpoint in --checkpoint-dir")
     ap.add_argument("--quiet", action="store_true", help="no progress lines")
+    ap.add_argument("--predicted-step-time", type=float, metavar="S",
+                    help="the step time metrics carry as predicted (default: the plan's prediction)")
     return ap.parse_args(argv)
 
 
@@ -91,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
         load_checkpoint(trainer, ckdir)
     every = args.checkpoint_every if args.checkpoint_every is not None else plan.train.checkpoint_every
     log = MetricsLog(plan, args.metrics_out, steps, enabled=rank == 0, quiet=args.quiet, append=args.resume,
+                     predicted_step_s=args.predicted_step_time,
                      plan_path=str(Path(args.plan).resolve()))
     if rank == 0 and not args.quiet:
         where = f"resuming after step {trainer.step}" if args.resume else "from scratch"

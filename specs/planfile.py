@@ -76,6 +76,14 @@ class PlanFile(BaseModel):
     def world_size(self) -> int:
         return self.config.world
 
+    @property
+    def prediction_is_current(self) -> bool:
+        """Whether ``prediction`` was made for this plan's keys and batch (False after a hand edit; plan files
+        written before predictions were stamped count as current)."""
+        made_for = self.prediction.get("for")
+        return made_for is None or made_for == {"parallel": self.parallel, "global_batch": self.global_batch,
+                                                "seq": self.seq}
+
 
 def make_plan(model: ModelSpec, cluster: ClusterSpec, global_batch: int, cfg: ParallelConfig,
               prediction: dict[str, Any] | None = None, train: TrainConfig | None = None,
@@ -88,7 +96,8 @@ def make_plan(model: ModelSpec, cluster: ClusterSpec, global_batch: int, cfg: Pa
         global_batch=global_batch,
         seq=model.seq_length,
         parallel=cfg.to_dict(),
-        prediction=prediction or {},
+        prediction={**prediction, "for": {"parallel": cfg.to_dict(), "global_batch": global_batch,
+                                          "seq": model.seq_length}} if prediction else {},
         train=train or TrainConfig(),
         state=state or StateSpec.default(cluster.precision),
     )

@@ -215,3 +215,26 @@ def test_ctrl_c_says_where_the_run_stopped_and_how_to_resume(tmp_path):
         os.killpg(proc.pid, 0)
     resume = line[0].split("resume with: ")[1].split()
     assert resume[:3] == ["autopar", "run", plan] and "--resume" in resume
+
+
+def test_a_hand_edited_plan_is_re_estimated_at_load(tmp_path, capsys):
+    """A plan file whose keys were edited by hand (tp=2 pp=2 -> tp=1 pp=2 dp=2) runs, says its prediction was
+    redone, and its metrics carry the new prediction, not the one written for the old keys."""
+    from cost_models.step import estimate
+    from planner.cli import main
+
+    path = tmp_path / "p.json"
+    default_plan(path)
+    data = json.loads(path.read_text())
+    old = data["prediction"]["step_time_s"]
+    data["parallel"].update(tp=1, dp=2, sp=False, tp_overlap=False)
+    path.write_text(json.dumps(data))
+    plan = load_plan(path)
+    assert not plan.prediction_is_current
+    fresh = estimate(plan.model, plan.cluster, plan.config, plan.global_batch, state=plan.state).step_time_s
+    m = tmp_path / "m.jsonl"
+    assert main(["run", str(path), "--steps", "2", "--metrics-out", str(m)]) == 0
+    assert f"was edited since its prediction ({old:.4g} s a step); re-estimated" in capsys.readouterr().out
+    rows = [r for r in _rows(m) if "step" in r]
+    assert rows and all(r["predicted_step_time_s"] == pytest.approx(fresh) for r in rows) and fresh != old
+    assert load_plan(default_plan(tmp_path / "fresh.json")[0]).prediction_is_current
