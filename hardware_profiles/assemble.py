@@ -134,7 +134,11 @@ def cluster_profile(meas: dict[str, Any], name: str, kernel_overhead_s: float | 
     if ring:  # measured: the model's fallback link is what the collectives achieved
         intra = {"bandwidth_GBps": _sig(float(np.median(ring))), "efficiency": 1.0,
                  "latency_us": fits.get("p2p", {}).get("intra", {}).get("alpha_us", intra["latency_us"])}
-    out: dict[str, Any] = {"name": name, "gpu": gpu, "gpus_per_node": local, "num_nodes": world // local,
+    per_node = local
+    if meas["backend"] == "gloo" and base is not None and world == local:  # CPU ranks are processes: a node holds
+        per_node = max(local, base.gpus_per_node)  # as many as the bundled CPU profile, whatever ran the probe
+    out: dict[str, Any] = {"name": name, "gpu": gpu, "gpus_per_node": per_node, "num_nodes": 1 if per_node != local
+                           else world // local,
                            "backend": meas["backend"], "precision": meas["precision"], "intra_node": intra}
     inter_fits = [f["inter"]["busbw_GBps"] for c, f in fits.items() if c != "p2p" and "inter" in f]
     if inter_fits:

@@ -95,14 +95,20 @@ def read_metrics(path: str | Path) -> tuple[list[dict[str, Any]], Any]:
     return rows, plan
 
 
+MIN_STEPS = 5  # measured steps after warm-up below which a run's median says little (a warning)
+
+
 def measured_median(rows: list[dict[str, Any]], warmup: int | None, source: str) -> tuple[float, int]:
-    """Median step time after the warm-up steps, and how many steps it is over."""
+    """Median step time after the warm-up steps, and how many steps it is over (a note below MIN_STEPS)."""
     rows = sorted(rows, key=lambda r: r["step"])
     skip = warmup if warmup is not None else (max(1, len(rows) // 10) if len(rows) > 1 else 0)
     kept = [r["step_time_s"] for r in rows[skip:]]
     if not kept:
         raise AutoparError(f"metrics file {source}: all {len(rows)} step(s) are warm-up (--warmup {skip}); "
                            "run more steps or lower --warmup")
+    if len(kept) < MIN_STEPS:
+        print(f"warning: metrics file {source}: only {len(kept)} step(s) after the warm-up; a median of fewer than "
+              f"{MIN_STEPS} says little, so fit on longer runs (autopar run --steps)", file=sys.stderr)
     return float(np.median(kept)), len(kept)
 
 

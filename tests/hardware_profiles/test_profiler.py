@@ -45,7 +45,10 @@ def profile_path(measured, tmp_path_factory):
 def test_profile_loads_with_sane_tables(profile_path):
     c = load_cluster(str(profile_path))
     assert c.name == "my-cpu" and c.backend == "gloo" and c.precision == "fp32"
-    assert c.gpus_per_node == 2 and c.num_nodes == 1
+    # measured with 2 ranks, but a CPU "node" holds as many ranks as the bundled CPU profile: the README flow
+    # (profile, then plan --gpus 4 on it) stays on one node
+    assert c.gpus_per_node == load_cluster("cpu-gloo").gpus_per_node == 8 and c.num_nodes == 1
+    assert load_cluster(str(profile_path), gpus=4).num_nodes == 1
     g = c.gpu
     assert len(g.gemm_table) == 18 and all(p.tflops > 0 and math.isfinite(p.tflops) for p in g.gemm_table)
     assert g.attention_table and all(a.fwd_tflops > 0 and a.bwd_tflops > 0 for a in g.attention_table)

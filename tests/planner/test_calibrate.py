@@ -190,3 +190,14 @@ def test_a_last_line_cut_off_mid_write_is_skipped_with_a_note(tmp_path, capsys):
     rows, plan = read_metrics(m)
     assert [r["step"] for r in rows] == [1, 2] and plan == "p.json"
     assert "skipped its last line 4, cut off mid-write" in capsys.readouterr().err
+
+
+def test_a_run_with_few_measured_steps_is_warned_about(capsys):
+    from planner.calibrate import MIN_STEPS, measured_median
+
+    rows = [{"step": i, "step_time_s": 0.5 + 0.01 * i} for i in range(1, 5)]
+    assert measured_median(rows, 1, "m.jsonl") == (pytest.approx(0.53), 3)
+    assert f"only 3 step(s) after the warm-up; a median of fewer than {MIN_STEPS}" in capsys.readouterr().err
+    many = [{"step": i, "step_time_s": 0.5} for i in range(1, 12)]
+    measured_median(many, 1, "m.jsonl")
+    assert capsys.readouterr().err == ""
