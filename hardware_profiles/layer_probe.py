@@ -71,7 +71,8 @@ class _Part(ComputeModel):
 def layer_parts(spec: ModelSpec, batch: int, gpu: GPUSpec, precision: str) -> tuple[float, float, float]:
     """(compute seconds from the measured tables, memory-bound bytes, memory-bound kernels) of one layer's
     forward + backward, as the cost model prices it (no parallelism)."""
-    cluster = ClusterSpec(name="probe", gpu=gpu, gpus_per_node=1, intra_node=Link(bandwidth_GBps=1.0))
+    cluster = ClusterSpec(name="probe", gpu=gpu, gpus_per_node=1, intra_node=Link(bandwidth_GBps=1.0),
+                          precision=precision, backend="gloo" if gpu.name == "cpu" else "nccl")
     comm = CommModel(cluster)
     out = []
     for part in ("compute", "bytes", "kernels"):

@@ -60,7 +60,11 @@ def cluster_at(cluster: ClusterSpec, key: str, value: Any) -> ClusterSpec:
     if key == "nodes":
         return cluster.resized(nodes=int(value))
     if key == "gpu":
-        return cluster.model_copy(update={"gpu": load_gpu(value)})
+        swapped = cluster.model_copy(update={"gpu": load_gpu(value)})
+        problem = swapped.precision_problem()
+        if problem:
+            raise AutoparError(f"{cluster.name} with {value}: {problem}")
+        return swapped
     if key == "intra_node_bw":
         intra = cluster.intra_node.model_copy(update={"bandwidth_GBps": value})
         return cluster.model_copy(update={"intra_node": intra})

@@ -177,6 +177,9 @@ class ClusterSpec(_Strict):
             raise ValueError("gpus_per_node and num_nodes must be positive")
         if self.num_nodes > 1 and self.inter_node is None:
             raise ValueError("a cluster of several nodes needs an inter_node section")
+        problem = self.precision_problem()
+        if problem:
+            raise ValueError(problem)
         if self.num_gpus > MAX_GPUS:
             raise ValueError(f"gpus_per_node x num_nodes = {self.num_gpus:,} GPUs is beyond autopar's limit of "
                              f"{MAX_GPUS:,}; check the values")
@@ -185,6 +188,16 @@ class ClusterSpec(_Strict):
     @property
     def num_gpus(self) -> int:
         return self.gpus_per_node * self.num_nodes
+
+    def precision_problem(self) -> str | None:
+        """Why this cluster's GPUs cannot compute in its ``precision`` (its profile lists the precisions it has a
+        peak for), or None. CPU ranks (gloo) compute in any precision."""
+        have = self.gpu.peak_tflops
+        if self.backend == "gloo" or self.precision in have:
+            return None
+        usable = [p for p in ("bf16", "fp16", "fp32") if p in have]
+        return (f"precision {self.precision}: GPU {self.gpu.name} has no {self.precision} (its profile lists "
+                f"{', '.join(have)}); use precision {usable[0] if usable else next(iter(have))}")
 
     @property
     def nic_bw_per_gpu(self) -> float:

@@ -61,3 +61,12 @@ def test_labels_and_numbers():
     assert plan_label({"tp": 1, "pp": 1, "dp": 8, "cp": 1, "vpp": 1, "mbs": 1, "sp": False, "recompute": "none",
                        "zero": 0}) == "tp1 pp1 dp8 mb1"
     assert [si(x) for x in (950, 1234, 2.5e6, 7e5)] == ["950", "1.23k", "2.5M", "700k"]
+
+
+def test_a_gpu_point_without_the_clusters_precision_is_an_error_point():
+    """--vary gpu=v100 on a bf16 cluster: that point says the V100 has no bf16 instead of pricing it at its fp16
+    peak; the other points are planned."""
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-a100", gpus=8)
+    pts = sweep(model, cluster, 64, "gpu", ["a100-sxm4-80gb", "v100-sxm2-32gb"], {})
+    assert pts[0].get("tokens_per_s") and "tokens_per_s" not in pts[1]
+    assert "v100-sxm2-32gb has no bf16" in pts[1]["error"]

@@ -232,3 +232,16 @@ def test_cluster_file_errors(tmp_path):
                  "efficiency: {gemm: 1.5}}\ngpus_per_node: 1\nintra_node: {bandwidth_GBps: 1}\n")
     with pytest.raises(AutoparError, match=r"efficiency.gemm must be in \(0, 1\]"):
         load_cluster(str(p))
+
+
+def test_a_precision_the_gpu_lacks_is_a_one_line_error(tmp_path):
+    """A V100 (no bf16) cluster asked to compute in bf16 is refused, naming what it has and what to use; CPU ranks
+    (gloo) compute in any precision."""
+    p = tmp_path / "v100.yaml"
+    p.write_text("name: v100box\ngpu: v100-sxm2-32gb\ngpus_per_node: 8\nintra_node: {bandwidth_GBps: 150}\n"
+                 "precision: bf16\n")
+    with pytest.raises(AutoparError, match="precision bf16: GPU v100-sxm2-32gb has no bf16 .*; use precision fp16"):
+        load_cluster(str(p))
+    p.write_text(p.read_text().replace("bf16", "fp16"))
+    assert load_cluster(str(p)).precision == "fp16"
+    assert load_cluster("cpu-gloo").model_copy(update={"precision": "bf16"}).precision_problem() is None
