@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cost_models.params import per_rank
 from cost_models.pipeline import peak_inflight_bytes
 from specs.model import ModelSpec
 from specs.parallel import RECOMPUTE_CODE, Candidates
@@ -144,9 +145,9 @@ def rank_load(pp: int, vpp: int, m: np.ndarray, params: np.ndarray, act_bytes: n
     for mi in np.unique(m):
         rows = np.nonzero(m == mi)[0]
         peak[rows] = peak_inflight_bytes(pp, vpp, int(mi), act_bytes[rows])
-    by_rank = lambda x: x.reshape(n, vpp, pp)  # noqa: E731 - virtual stage j is on rank j % pp
-    return RankLoad(params=by_rank(params).sum(axis=1), activations=peak, work=by_rank(work_bytes).max(axis=1),
-                    largest_bucket=by_rank(largest_bucket).max(axis=1))
+    return RankLoad(params=per_rank(params, pp, vpp).sum(axis=2), activations=peak,
+                    work=per_rank(work_bytes, pp, vpp).max(axis=2),
+                    largest_bucket=per_rank(largest_bucket, pp, vpp).max(axis=2))
 
 
 def rank_memory(c: Candidates, state: StateSpec, backend: str, load: RankLoad) -> RankMemory:

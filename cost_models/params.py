@@ -18,6 +18,12 @@ def end_stages(nv: int) -> tuple[np.ndarray, np.ndarray]:
     return first, last
 
 
+def per_rank(x, pp: int, vpp: int) -> np.ndarray:
+    """[..., pp * vpp] per virtual stage -> [..., pp, vpp] per rank and model chunk (stage j = chunk * pp + rank)."""
+    x = np.asarray(x, dtype=float)
+    return x.reshape(*x.shape[:-1], vpp, pp).swapaxes(-1, -2)
+
+
 def stage_params(model: ModelSpec, t, layers: np.ndarray) -> np.ndarray:
     """Parameters of each virtual stage on one GPU: ``layers`` is [..., stages] layers per stage (broadcast
     against ``t`` of shape [...]); the first stage holds the embedding, the last the head (with its own copy

@@ -26,7 +26,7 @@ from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
 from cost_models.layer import end_cost, layer_cost
 from cost_models.memory import FULL, SELECTIVE, end_activation_bytes, layer_activation_bytes
-from cost_models.params import end_stages, gradient_buckets, gradient_groups, stage_params
+from cost_models.params import end_stages, gradient_buckets, gradient_groups, per_rank, stage_params
 from specs.model import ModelSpec
 from specs.parallel import Candidates
 from specs.state import StateSpec
@@ -189,9 +189,8 @@ def rank_work(model: ModelSpec, comm: CommModel, state: StateSpec, c: Candidates
     (the rank's stages summed; a tied head owns its copy exactly when pp > 1, as interleaving needs pp > 1)."""
     nv = np.shape(layers)[-1]
 
-    def by_rank(x) -> np.ndarray:  # virtual stage j is on rank j % pp
-        x = np.asarray(x, dtype=float)
-        return x.reshape(*x.shape[:-1], -1, pp).sum(axis=-2)
+    def by_rank(x) -> np.ndarray:  # summed over each rank's chunks
+        return per_rank(x, pp, nv // pp).sum(axis=-1)
 
     first, last = end_stages(nv)
     fwd, bwd, recompute, comm_f, comm_b = _compute(c, lt, *_split(c, by_rank(layers), by_rank(recomputed)),

@@ -17,9 +17,10 @@ import numpy as np
 from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
 from cost_models.memory import GiB, rank_load, rank_memory
+from cost_models.params import per_rank
 from cost_models.pipeline import replayed, simulate_steps
 from cost_models.stages import layer_terms, stage_costs
-from cost_models.tail import per_rank, rank_tail
+from cost_models.tail import rank_tail
 from specs.cluster import ClusterSpec
 from specs.model import ModelSpec
 from specs.parallel import Candidates, ParallelConfig

@@ -24,6 +24,7 @@ import numpy as np
 
 from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
+from cost_models.params import per_rank
 from cost_models.pipeline import Replay
 from cost_models.stages import StageCosts
 from specs.model import ModelSpec
@@ -40,11 +41,6 @@ class RankTail:
     tied: np.ndarray  # [N] the sum of a tied embedding's gradient over the first and last stage
     norm: np.ndarray  # [N] the grad-norm and loss reductions (latency)
     step_time: np.ndarray  # [N] the slowest rank's finish, then the two above
-
-
-def per_rank(x: np.ndarray, pp: int, vpp: int) -> np.ndarray:
-    """[N, pp * vpp] per virtual stage -> [N, pp, vpp] per rank and model chunk (stage j = chunk * pp + rank)."""
-    return x.reshape(x.shape[0], vpp, pp).transpose(0, 2, 1)
 
 
 def tp_sum(comm: CommModel, state: StateSpec, costs: StageCosts, pp: int, vpp: int, t: np.ndarray, d: np.ndarray,
