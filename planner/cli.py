@@ -33,8 +33,9 @@ def _add_common(p: argparse.ArgumentParser, batch_required: bool = True) -> None
     size.add_argument("--nodes", type=int, help="resize the cluster to N nodes")
     p.add_argument("--global-batch", type=int, required=batch_required, help="sequences per step")
     p.add_argument("--seq", type=int, help="sequence length (default: the model's seq_length)")
-    p.add_argument("--headroom", type=float, default=0.0, metavar="GiB",
-                   help="memory to keep free per GPU when deciding whether a plan fits")
+    p.add_argument("--headroom", type=float, default=None, metavar="GiB",
+                   help="memory to keep free per GPU when deciding whether a plan fits (default: 10%% of the "
+                        "GPU's memory, what measured peaks ran above the model's; 0 uses it all)")
     p.add_argument("--allow-cross-node-tp", action="store_true",
                    help="let tensor parallelism span whole nodes (its collectives then cross the NICs)")
 

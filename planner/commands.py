@@ -11,6 +11,7 @@ from typing import Any
 
 from rich.markup import escape
 
+from planner.headroom import headroom_for
 from specs.errors import AutoparError
 
 MAX_GLOBAL_BATCH = 1 << 20  # sequences per step: hundreds of times the largest published training batches
@@ -31,7 +32,7 @@ def load_inputs(args: argparse.Namespace) -> tuple[Any, Any]:
     if problem:
         raise AutoparError(problem)
     h = args.headroom
-    if not (h == h and 0 <= h < cluster.gpu.memory_GiB):  # h == h: not NaN
+    if h is not None and not (h == h and 0 <= h < cluster.gpu.memory_GiB):  # h == h: not NaN
         raise AutoparError(f"--headroom must be between 0 and the GPU's {cluster.gpu.memory_GiB:g} GiB, got {h}")
     return model, cluster
 
@@ -43,7 +44,8 @@ def estimate_command(args: argparse.Namespace) -> int:
 
     model, cluster = load_inputs(args)
     cfg = config_from_keys(parse_plan_keys(args.plan), cluster.num_gpus)
-    est = estimate(model, cluster, cfg, args.global_batch, headroom_GiB=args.headroom)
+    est = estimate(model, cluster, cfg, args.global_batch,
+                   headroom_GiB=headroom_for(args.headroom, cluster.gpu.memory_GiB))
     if args.format == "json":
         out = est.to_json()
         out["parallel"] = cfg.to_dict()
@@ -83,7 +85,8 @@ def _progress(fmt: str):
 
 
 def plan_command(args: argparse.Namespace) -> int:
-    from planner.explain import memory_warning, runner_up, why
+    from planner.explain import runner_up, why
+    from planner.headroom import memory_warning
     from planner.search import min_gpus_to_fit, search
     from specs.parallel import key_text, parse_plan_keys
 
@@ -116,13 +119,17 @@ def plan_command(args: argparse.Namespace) -> int:
         raise AutoparError(f"--top must be at least 1, got {args.top}")
     if args.steps is not None and args.steps < 1:
         raise AutoparError(f"--steps must be at least 1, got {args.steps}")
+    headroom = headroom_for(args.headroom, cluster.gpu.memory_GiB)
     res = search(model, cluster, args.global_batch, fixed=fixed, top=args.top, exhaustive=args.exhaustive,
-                 headroom_GiB=args.headroom, progress=_progress(args.format), flags=flags)
-    search_info = {"candidates": res.candidates, "seconds": round(res.seconds, 3), "exhaustive": res.exhaustive}
+                 headroom_GiB=headroom, progress=_progress(args.format), flags=flags)
+    search_info = {"candidates": res.candidates, "seconds": round(res.seconds, 3), "exhaustive": res.exhaustive,
+                   "headroom_GiB": headroom}
     if not res.plans:
-        need = min_gpus_to_fit(model, cluster, args.global_batch, fixed, args.headroom)
+        need = min_gpus_to_fit(model, cluster, args.global_batch, fixed, headroom)
         closest = res.closest
-        msg = (f"no plan fits in {cluster.gpu.memory_GiB - args.headroom:g} GiB per GPU on {cluster.num_gpus} GPUs")
+        msg = (f"no plan fits in {cluster.gpu.memory_GiB - headroom:g} GiB per GPU on {cluster.num_gpus} GPUs")
+        if args.headroom is None:
+            msg += f" (its {cluster.gpu.memory_GiB:g} GiB less the default headroom; --headroom 0 uses it all)"
         if closest is not None:
             msg += f"; the closest ({closest.config.short()}) needs {closest.estimate.memory_GiB:.1f} GiB per GPU"
         msg += f"; try --gpus {need}" if need else "; no cluster size up to 65536 GPUs fits: use GPUs with more memory"
@@ -134,7 +141,7 @@ def plan_command(args: argparse.Namespace) -> int:
         raise AutoparError(msg)
     other = runner_up(res.ranked)
     reason = why(res.plans[0], other) if other else "It is the only plan that fits."
-    warning = memory_warning(res.plans[0], cluster.gpu.memory_GiB)
+    warning = memory_warning(res.plans[0].estimate.memory_GiB, cluster.gpu.memory_GiB)
     if args.out:
         from specs.planfile import TrainConfig, make_plan, save_plan
 
@@ -299,7 +306,8 @@ def tune_command(args: argparse.Namespace) -> int:
             print(f"  trial {i}/{n}: {t.short}: {got}", file=sys.stderr if live else sys.stdout, flush=True)
 
     res = tune(model, cluster, args.global_batch, out_dir, parse_plan_keys(args.fix, "--fix"), args.trials,
-               args.steps, args.warmup, args.time_limit, args.data, args.headroom, report)
+               args.steps, args.warmup, args.time_limit, args.data,
+               headroom_for(args.headroom, cluster.gpu.memory_GiB), report)
     if args.out:
         plan = load_plan(res.chosen.plan_path)
         pred = {**plan.prediction, "measured_step_time_s": res.chosen.measured_step_s,

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 from planner.refine import PlanResult
 from specs.parallel import LAYOUT, SEARCHED, key_text
 
@@ -65,19 +63,3 @@ def why(best: PlanResult, other: PlanResult) -> str:
         more = "more" if dm > 0 else "less"
         text += f" It uses {abs(dm):.1f} GiB {more} memory per GPU ({a.memory_GiB:.1f} vs {b.memory_GiB:.1f})."
     return text
-
-
-# Measured peaks of real runs differ from the memory model by 8% on average and 17% at most (BigScience's
-# BLOOM sweep, benchmarks/RESULTS.md): a plan above this share of the usable memory may not fit in practice.
-TIGHT_MEMORY = 0.92
-
-
-def memory_warning(best: PlanResult, gpu_GiB: float) -> str | None:
-    """A one-line caution when the chosen plan's predicted peak is above TIGHT_MEMORY of the GPU's memory, or
-    None; the suggested --headroom keeps plans below that line."""
-    used = best.estimate.memory_GiB
-    if used <= TIGHT_MEMORY * gpu_GiB:
-        return None
-    margin = math.ceil((1 - TIGHT_MEMORY) * gpu_GiB)
-    return (f"the best plan fills {used:.1f} of {gpu_GiB:g} GiB per GPU; measured peaks differ from the model by "
-            f"8% on average and up to 17% (benchmarks/RESULTS.md), so keep a margin: --headroom {margin}")

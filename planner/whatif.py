@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from planner.headroom import headroom_for
 from planner.search import search
 from planner.space import check_fixed_keys
 from specs.cluster import ClusterSpec, list_gpus, load_gpu
@@ -75,9 +76,10 @@ def cluster_at(cluster: ClusterSpec, key: str, value: Any) -> ClusterSpec:
 
 
 def sweep(model: ModelSpec, cluster: ClusterSpec, global_batch: int, key: str, values: list[Any],
-          fixed: dict[str, Any], headroom_GiB: float = 0.0, compare: dict[str, Any] | None = None
+          fixed: dict[str, Any], headroom_GiB: float | None = 0.0, compare: dict[str, Any] | None = None
           ) -> list[dict[str, Any]]:
-    """Best plan at every value (a point with no fitting plan is {value, gpus, error}).
+    """Best plan at every value (a point with no fitting plan is {value, gpus, error}); ``headroom_GiB`` None:
+    each point's default (planner/headroom.py: a share of that point's GPU memory).
 
     ``compare`` holds the ``--compare`` keys, fixed on top of ``fixed`` (errors about them name --compare).
     Errors that would fail every point (bad keys, a network the cluster does not have) are raised first.
@@ -99,7 +101,8 @@ def sweep(model: ModelSpec, cluster: ClusterSpec, global_batch: int, key: str, v
         try:
             c = cluster_at(cluster, key, v)
             pt["gpus"] = c.num_gpus
-            res = search(model, c, global_batch, fixed={**fixed, **compare}, top=1, headroom_GiB=headroom_GiB,
+            res = search(model, c, global_batch, fixed={**fixed, **compare}, top=1,
+                         headroom_GiB=headroom_for(headroom_GiB, c.gpu.memory_GiB),
                          refine_count=12, flags=flags)
         except AutoparError as err:
             res, pt["error"] = None, str(err)

@@ -160,7 +160,7 @@ def test_whatif_global_errors(capsys, argv, needle):
 def test_whatif_compare_curve_may_have_no_plan(capsys):
     """Only the best curve must have a plan somewhere: a --compare curve of error points is still printed."""
     code = main(["whatif", "--model", "llama2-70b", "--cluster", "dgx-a100", "--global-batch", "64", "--vary",
-                 "gpus=16,32", "--compare", "zero=0,tp=1,pp=1,cp=1", "--format", "json"])
+                 "gpus=32,64", "--compare", "zero=0,tp=1,pp=1,cp=1", "--format", "json"])
     assert code == 0
     curves = json.loads(capsys.readouterr().out)["curves"]
     assert all(p["tokens_per_s"] > 0 for p in curves["best"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -126,15 +127,21 @@ def test_cross_node_tp_flag_estimate_plan_and_plan_file(tmp_path, capsys):
     assert plan.config.tp == 16 and plan.cluster.tp_across_nodes
 
 
-def test_plan_warns_when_memory_is_tight_and_headroom_clears_it(capsys):
+def test_plan_keeps_the_default_headroom_and_warns_only_without_it(capsys):
+    """By default a plan leaves 10% of the GPU free (planner/headroom.py); --headroom 0 may choose a fuller plan,
+    with a warning naming the margin that clears it."""
     base = ("--model", "llama3-70b", "--cluster", "dgx-h100", "--nodes", "8", "--global-batch", "1024",
             "--format", "json")
     code, out, _ = run(capsys, "plan", *base)
     d = json.loads(out)
-    assert code == 0 and d["plans"][0]["memory_GiB"] > 0.92 * 80
+    assert code == 0 and d["search"]["headroom_GiB"] == pytest.approx(8.0) and d["warnings"] == []
+    assert all(p["memory_GiB"] <= 0.9 * 80 for p in d["plans"])
+    code, out, _ = run(capsys, "plan", *base, "--headroom", "0")
+    d = json.loads(out)
+    assert code == 0 and d["plans"][0]["memory_GiB"] > 0.9 * 80
     (warning,) = d["warnings"]
-    margin = int(warning.rsplit("--headroom ", 1)[1])
-    assert 0 < margin < 80 and f"{d['plans'][0]['memory_GiB']:.1f} of 80 GiB" in warning
+    margin = int(re.search(r"--headroom (\d+)", warning).group(1))
+    assert margin == 8 and f"{d['plans'][0]['memory_GiB']:.1f} of 80 GiB" in warning
     code, out, _ = run(capsys, "plan", *base, "--headroom", str(margin))
     d = json.loads(out)
     assert code == 0 and d["warnings"] == [] and d["plans"][0]["memory_GiB"] <= 80 - margin

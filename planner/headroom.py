@@ -1,0 +1,36 @@
+"""How much memory a plan may use: the default headroom kept free per GPU, and the warning for tight plans.
+
+The evidence (``python benchmarks/validate_published.py``, benchmarks/RESULTS.md): on BigScience's measured
+BLOOM sweep (18 plans that ran on 80 GiB A100s) the memory model's predicted peak is below the measured
+nvidia-smi peak by up to 7.7 GiB, 9.7% of the GPU; nvidia-smi counts what a run really needs: the CUDA context,
+NCCL's buffers and the caching allocator's blocks, which the model only approximates (memory.py's allowances).
+So a plan is chosen only if its predicted peak leaves 10% of the GPU free: every plan of that sweep would then
+have fitted as measured. ``--headroom 0`` uses the whole GPU (allowed, with a warning when the plan is tight).
+"""
+
+from __future__ import annotations
+
+import math
+
+DEFAULT_FRACTION = 0.10  # of each GPU's memory, kept free by default
+
+
+def default_headroom_GiB(gpu_GiB: float) -> float:
+    """The headroom used when none is given: DEFAULT_FRACTION of the GPU's memory."""
+    return DEFAULT_FRACTION * gpu_GiB
+
+
+def headroom_for(given: float | None, gpu_GiB: float) -> float:
+    """``given`` (GiB, as --headroom) or, when None, the default for a GPU of ``gpu_GiB``."""
+    return default_headroom_GiB(gpu_GiB) if given is None else given
+
+
+def memory_warning(used_GiB: float, gpu_GiB: float) -> str | None:
+    """A one-line caution when a chosen plan's predicted peak leaves less than the default headroom free (only
+    possible with a smaller --headroom), or None."""
+    if used_GiB <= gpu_GiB - default_headroom_GiB(gpu_GiB):
+        return None
+    margin = math.ceil(default_headroom_GiB(gpu_GiB))
+    return (f"the best plan fills {used_GiB:.1f} of {gpu_GiB:g} GiB per GPU; measured peaks ran up to "
+            f"{DEFAULT_FRACTION:.0%} of the GPU above the model's (benchmarks/RESULTS.md), so keep the default "
+            f"margin: --headroom {margin} (or leave --headroom out)")
