@@ -215,11 +215,12 @@ def whatif_command(args: argparse.Namespace) -> int:
 
         w = csv.writer(sys.stdout)
         w.writerow(["curve", key, "tokens_per_s", "step_time_s", "mfu", "scaling_efficiency", "memory_GiB",
-                    "plan", "plan_changed"])
+                    "plan", "plan_changed", "note"])
         for name, pts in curves.items():
             for p in pts:
                 w.writerow([name, p["value"], p.get("tokens_per_s"), p.get("step_time_s"), p.get("mfu"),
-                            p.get("scaling_efficiency"), p.get("memory_GiB"), p.get("plan", ""), p.get("plan_changed")])
+                            p.get("scaling_efficiency"), p.get("memory_GiB"), p.get("plan", ""), p.get("plan_changed"),
+                            p.get("note", "")])
         return 0
     from planner.report import console, print_inputs, whatif_table
 
@@ -227,6 +228,8 @@ def whatif_command(args: argparse.Namespace) -> int:
     print_inputs(con, model, cluster)
     for name, pts in curves.items():
         con.print(whatif_table(pts, key, "best plan per point" if name == "best" else f"{name}: best plan per point"))
+    for note in dict.fromkeys(p["note"] for p in curves["best"] if p.get("note")):
+        con.print(f"[yellow]note:[/yellow] {escape(note)}")
     if plot_path:
         con.print(escape(f"wrote {plot_path}"))
     return 0

@@ -61,11 +61,7 @@ def cluster_at(cluster: ClusterSpec, key: str, value: Any) -> ClusterSpec:
     if key == "nodes":
         return cluster.resized(nodes=int(value))
     if key == "gpu":
-        swapped = cluster.model_copy(update={"gpu": load_gpu(value)})
-        problem = swapped.precision_problem()
-        if problem:
-            raise AutoparError(f"{cluster.name} with {value}: {problem}")
-        return swapped
+        return with_gpu(cluster, value)[0]
     if key == "intra_node_bw":
         intra = cluster.intra_node.model_copy(update={"bandwidth_GBps": value})
         return cluster.model_copy(update={"intra_node": intra})
@@ -73,6 +69,23 @@ def cluster_at(cluster: ClusterSpec, key: str, value: Any) -> ClusterSpec:
         raise AutoparError(f"cluster {cluster.name} has no inter-node network to vary; use --gpus to span nodes")
     field = "nic_bandwidth_Gbps" if key == "inter_node_bw" else "nics_per_node"
     return cluster.model_copy(update={"inter_node": cluster.inter_node.model_copy(update={field: value})})
+
+
+def with_gpu(cluster: ClusterSpec, name: str) -> tuple[ClusterSpec, str | None]:
+    """The cluster's nodes with GPU ``name``: inside a node they get that GPU's own link (its profile's
+    ``node_link``) when it differs from the cluster's; the second value says so in one line, or is None."""
+    gpu = load_gpu(name)
+    swapped = cluster.model_copy(update={"gpu": gpu})
+    problem = swapped.precision_problem()
+    if problem:
+        raise AutoparError(f"{cluster.name} with {name}: {problem}")
+    link, intra = gpu.node_link, cluster.intra_node
+    if link is None or link.bandwidth_GBps == intra.bandwidth_GBps:
+        return swapped, None
+    own = intra.model_copy(update={"bandwidth_GBps": link.bandwidth_GBps, "latency_us": link.latency_us})
+    note = (f"{name} nodes have {link.text()} inside a node, not {cluster.name}'s {intra.bandwidth_GBps:g} GB/s: "
+            "priced with the GPU's own link")
+    return swapped.model_copy(update={"intra_node": own}), note
 
 
 def sweep(model: ModelSpec, cluster: ClusterSpec, global_batch: int, key: str, values: list[Any],
@@ -99,7 +112,9 @@ def sweep(model: ModelSpec, cluster: ClusterSpec, global_batch: int, key: str, v
     for v in values:
         pt: dict[str, Any] = {"value": v}
         try:
-            c = cluster_at(cluster, key, v)
+            c, note = with_gpu(cluster, v) if key == "gpu" else (cluster_at(cluster, key, v), None)
+            if note:
+                pt["note"] = note
             pt["gpus"] = c.num_gpus
             res = search(model, c, global_batch, fixed={**fixed, **compare}, top=1,
                          headroom_GiB=headroom_for(headroom_GiB, c.gpu.memory_GiB),

@@ -82,9 +82,27 @@ class AttentionPoint(_Strict):
     bwd_tflops: float = Field(gt=0)
 
 
+class NodeLink(_Strict):
+    """How the GPUs of one node of this GPU's platform are joined (datasheet): NVLink through NVSwitch, NVLink
+    point to point, or PCIe only."""
+
+    kind: Literal["nvswitch", "nvlink", "pcie"]
+    bandwidth_GBps: float = Field(gt=0)  # per GPU, per direction
+    latency_us: float = Field(3.0, ge=0)
+
+    def text(self) -> str:
+        name = {"nvswitch": "NVLink/NVSwitch", "nvlink": "NVLink", "pcie": "PCIe"}[self.kind]
+        return f"{name} ({self.bandwidth_GBps:g} GB/s per GPU)"
+
+
+# A cluster's intra-node bandwidth may read above its GPU's datasheet link by this factor (measured NVLink SHARP
+# all-reduces and calibrated profiles do); beyond it the profile pairs the GPU with a link it lacks.
+LINK_SLACK = 1.25
+
+
 class GPUSpec(_Strict):
     name: str
-    peak_tflops: dict[str, float]
+    peak_tflops: dict[str, float]  # the precisions it computes in (fp8 only where the hardware has it)
     memory_GiB: float = Field(gt=0)
     memory_bandwidth_GBps: float = Field(gt=0)
     sm_count: int = Field(108, ge=1)
@@ -95,6 +113,7 @@ class GPUSpec(_Strict):
     # measured (CPU profiles): bandwidth per *modelled* byte of the layers' memory-bound ops (norms, activations,
     # residuals, RoPE), which a CPU runs as several unfused ops; unset: the same as fused streaming kernels
     elementwise_bandwidth_GBps: float | None = Field(None, gt=0)
+    node_link: NodeLink | None = None  # the intra-node link of its platform; None: not known (CPUs, custom GPUs)
 
     @model_validator(mode="after")
     def _check(self) -> GPUSpec:
@@ -177,7 +196,7 @@ class ClusterSpec(_Strict):
             raise ValueError("gpus_per_node and num_nodes must be positive")
         if self.num_nodes > 1 and self.inter_node is None:
             raise ValueError("a cluster of several nodes needs an inter_node section")
-        problem = self.precision_problem()
+        problem = self.precision_problem() or self.link_problem()
         if problem:
             raise ValueError(problem)
         if self.num_gpus > MAX_GPUS:
@@ -198,6 +217,15 @@ class ClusterSpec(_Strict):
         usable = [p for p in ("bf16", "fp16", "fp32") if p in have]
         return (f"precision {self.precision}: GPU {self.gpu.name} has no {self.precision} (its profile lists "
                 f"{', '.join(have)}); use precision {usable[0] if usable else next(iter(have))}")
+
+    def link_problem(self) -> str | None:
+        """Why this cluster's intra-node link is one its GPU's platform does not have (more than LINK_SLACK times
+        its datasheet bandwidth), or None."""
+        link = self.gpu.node_link
+        if link is None or self.intra_node.bandwidth_GBps <= LINK_SLACK * link.bandwidth_GBps:
+            return None
+        return (f"intra_node bandwidth_GBps {self.intra_node.bandwidth_GBps:g}: GPU {self.gpu.name} has "
+                f"{link.text()} inside a node; use at most {link.bandwidth_GBps:g}, or leave intra_node out to use it")
 
     @property
     def nic_bw_per_gpu(self) -> float:
@@ -286,6 +314,9 @@ def cluster_from_dict(data: dict[str, Any], source: str) -> ClusterSpec:
                            f"not {type(gpu).__name__}")
     data["gpu"] = gpu if isinstance(gpu, GPUSpec) else load_gpu(gpu)
     data.setdefault("name", Path(source).stem)
+    link = data["gpu"].node_link
+    if "intra_node" not in data and link is not None:  # the GPU's own platform link
+        data["intra_node"] = {"bandwidth_GBps": link.bandwidth_GBps, "latency_us": link.latency_us}
     return validated(ClusterSpec, data, f"cluster profile {source}")
 
 

@@ -7,7 +7,8 @@ import itertools
 
 import pytest
 
-from planner.whatif import normalize, sweep
+from planner.cli import main
+from planner.whatif import normalize, sweep, with_gpu
 from planner.whatif_plot import figure, plan_label, si
 from specs.cluster import load_cluster
 from specs.model_loading import load_model
@@ -70,3 +71,20 @@ def test_a_gpu_point_without_the_clusters_precision_is_an_error_point():
     pts = sweep(model, cluster, 64, "gpu", ["a100-sxm4-80gb", "v100-sxm2-32gb"], {})
     assert pts[0].get("tokens_per_s") and "tokens_per_s" not in pts[1]
     assert "v100-sxm2-32gb has no bf16" in pts[1]["error"]
+
+
+def test_a_gpu_point_gets_its_own_node_link_and_says_so(capsys):
+    """--vary gpu on DGX H100 nodes: an H100 PCIe or an L40S point is priced with PCIe inside the node (not the
+    cluster's NVSwitch) and carries a one-line note; a GPU with the cluster's own link gets none. Slower links
+    cannot make the same GPU's step faster."""
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100", gpus=16)
+    c, note = with_gpu(cluster, "h100-pcie-80gb")
+    assert c.intra_node.bandwidth_GBps == 64 and "PCIe (64 GB/s per GPU)" in note and "450 GB/s" in note
+    assert with_gpu(cluster, "h200-sxm-141gb")[1] is None
+    pts = sweep(model, cluster, 64, "gpu", ["h100-sxm5-80gb", "l40s-48gb"], {})
+    assert "note" not in pts[0] and "l40s-48gb nodes have PCIe" in pts[1]["note"]
+    pcie_link = sweep(model, cluster, 64, "intra_node_bw", [450.0, 32.0], {})
+    assert pcie_link[1]["step_time_s"] >= pcie_link[0]["step_time_s"]
+    assert main(["whatif", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch", "64",
+                 "--vary", "gpu=h100-sxm5-80gb,l40s-48gb"]) == 0
+    assert "note: l40s-48gb nodes have PCIe (32 GB/s per GPU)" in " ".join(capsys.readouterr().out.split())

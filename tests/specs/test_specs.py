@@ -245,3 +245,27 @@ def test_a_precision_the_gpu_lacks_is_a_one_line_error(tmp_path):
     p.write_text(p.read_text().replace("bf16", "fp16"))
     assert load_cluster(str(p)).precision == "fp16"
     assert load_cluster("cpu-gloo").model_copy(update={"precision": "bf16"}).precision_problem() is None
+
+
+def test_gpu_profiles_carry_their_node_link_and_clusters_respect_it(tmp_path):
+    """Every bundled GPU (the CPU aside) says how its platform joins the GPUs of a node; every bundled cluster's
+    intra-node link is one its GPU has; a profile without intra_node gets the GPU's own; a profile that pairs a
+    PCIe-only GPU with NVSwitch bandwidth is one line naming the link it has."""
+    for name in list_gpus():
+        gpu = load_gpu(name)
+        assert (gpu.node_link is None) == (name == "cpu"), name
+    for name in list_clusters():
+        c = load_cluster(name)
+        assert c.link_problem() is None and (c.gpu.node_link is None
+                                             or c.intra_node.bandwidth_GBps == c.gpu.node_link.bandwidth_GBps), name
+    assert load_gpu("l40s-48gb").node_link.kind == "pcie" and "fp8" in load_gpu("h100-sxm5-80gb").peak_tflops
+    assert "fp8" not in load_gpu("a100-sxm4-80gb").peak_tflops
+    p = tmp_path / "c.yaml"
+    p.write_text("name: c\ngpu: h100-pcie-80gb\ngpus_per_node: 8\n")
+    assert load_cluster(str(p)).intra_node.bandwidth_GBps == 64
+    p.write_text("name: c\ngpu: l40s-48gb\ngpus_per_node: 8\nintra_node: {bandwidth_GBps: 450}\n")
+    with pytest.raises(AutoparError, match=r"intra_node bandwidth_GBps 450: GPU l40s-48gb has PCIe \(32 GB/s per "
+                                           r"GPU\) inside a node; use at most 32, or leave intra_node out"):
+        load_cluster(str(p))
+    p.write_text("name: c\ngpu: h100-sxm5-80gb\ngpus_per_node: 8\nintra_node: {bandwidth_GBps: 480}\n")
+    assert load_cluster(str(p)).intra_node.bandwidth_GBps == 480  # measured NVLink SHARP all-reduces read above
