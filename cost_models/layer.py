@@ -34,6 +34,41 @@ class LayerCost:
     comm_bwd: np.ndarray  # exposed TP + CP communication in backward
 
 
+# The tensor-parallel collectives of one layer per micro-batch, in order: (pass, op with sequence parallelism, op
+# without it (None: nothing), the GEMM it feeds or follows). Forward: all-gathers feed the column-parallel GEMMs,
+# reduce-scatters (all-reduces without SP) follow the row-parallel ones; backward: the conjugates. Each moves
+# one activation (:func:`tp_message_bytes`); ``tp_overlap`` runs each as t - 1 ring passes of 1/t of it.
+TP_LAYER_OPS = (
+    ("fwd", "all_gather", None, "qkv"), ("fwd", "reduce_scatter", "all_reduce", "proj"),
+    ("fwd", "all_gather", None, "mlp_in"), ("fwd", "reduce_scatter", "all_reduce", "mlp_out"),
+    ("bwd", "all_gather", None, "proj"), ("bwd", "reduce_scatter", "all_reduce", "qkv"),
+    ("bwd", "all_gather", None, "mlp_out"), ("bwd", "reduce_scatter", "all_reduce", "mlp_in"),
+)
+# Context parallelism, per layer and micro-batch (each of :func:`kv_bytes`): the all-gather of the sequence's K and
+# V before the attention, again in the backward, and the reduce-scatter of their gradients.
+CP_LAYER_OPS = (("fwd", "all_gather"), ("bwd", "all_gather"), ("bwd", "reduce_scatter"))
+# The embedding (first stage) and the head (last stage), per micro-batch: (pass, op with SP, op without, message:
+# "act" one activation, "ce" the vocab-parallel cross-entropy's fp32 statistics, a value per token)
+END_OPS = {
+    "embed": (("fwd", "reduce_scatter", "all_reduce", "act"), ("bwd", "all_gather", None, "act")),
+    "head": (("fwd", "all_gather", None, "act"), ("fwd", "all_reduce", "all_reduce", "ce"),
+             ("fwd", "all_reduce", "all_reduce", "ce"), ("fwd", "all_reduce", "all_reduce", "ce"),
+             ("bwd", "reduce_scatter", "all_reduce", "act")),
+}
+CE_STAT_BYTES = 4  # fp32 per token
+
+
+def tp_message_bytes(model: ModelSpec, eb: float, mbs, cp):
+    """One activation of a micro-batch on one GPU (``mbs`` x seq / ``cp`` tokens x hidden): what each
+    tensor-parallel collective and each pipeline send carries."""
+    return np.asarray(mbs, dtype=float) * model.seq_length / np.asarray(cp, dtype=float) * model.hidden_size * eb
+
+
+def kv_bytes(model: ModelSpec, eb: float, mbs, t):
+    """K and V of the whole sequence for this rank's heads: what each context-parallel collective carries."""
+    return 2 * np.asarray(mbs, dtype=float) * model.seq_length * (model.kv_width / np.asarray(t, dtype=float)) * eb
+
+
 def _overlap(comm: np.ndarray, gemm: np.ndarray, t: np.ndarray, on: np.ndarray) -> np.ndarray:
     """Exposed time of a collective split into t chunks behind a GEMM (when ``on``)."""
     hidden = np.maximum(comm / np.maximum(t, 1), comm - gemm)
@@ -115,25 +150,19 @@ def layer_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, 
         ew_f = cm.memory(T * model.block.elementwise_bytes_per_token / t, 6)
         ew_b = 1.5 * ew_f
 
-    # ---- tensor-parallel communication ----------------------------------------------------------
-    msg = T * h * eb  # one full activation of this micro-batch
-    ag = comm.all_gather(msg, t, 1)
-    rs = comm.reduce_scatter(msg, t, 1)
-    ar = comm.all_reduce(msg, t, 1)
-    # forward: (AG -> qkv, proj -> RS, AG -> mlp_in, mlp_out -> RS) with SP; two all-reduces without
-    tp_f_sp = (_overlap(ag, gemm["qkv"][0], t, ovl) + _overlap(rs, gemm["proj"][0], t, ovl)
-               + _overlap(ag, gemm["mlp_in"][0], t, ovl) + _overlap(rs, gemm["mlp_out"][0], t, ovl))
-    # backward: the conjugates (grad AG before proj/mlp_out dgrad, grad RS after qkv/mlp_in dgrad)
-    tp_b_sp = (_overlap(ag, gemm["proj"][1] / 2, t, ovl) + _overlap(rs, gemm["qkv"][1] / 2, t, ovl)
-               + _overlap(ag, gemm["mlp_out"][1] / 2, t, ovl) + _overlap(rs, gemm["mlp_in"][1] / 2, t, ovl))
-    tp_f = np.where(sp, tp_f_sp, 2 * ar)
-    tp_b = np.where(sp, tp_b_sp, 2 * ar)
-
-    # ---- context parallelism: all-gather of K and V over the cp group (stride t) -----------------
-    kv_bytes = 2 * mbs * s * (kw / t) * eb  # K and V of the whole sequence (this rank's heads), gathered
-    kv_ag = comm.all_gather(kv_bytes, cp, t)
-    cp_f = np.where(cp > 1, kv_ag, 0.0)  # the attention waits for it
-    cp_b = np.where(cp > 1, kv_ag + comm.reduce_scatter(kv_bytes, cp, t), 0.0)  # gathered again; dK, dV scattered
+    # ---- tensor- and context-parallel communication ----------------------------------------------
+    coll = {"all_gather": comm.all_gather, "reduce_scatter": comm.reduce_scatter, "all_reduce": comm.all_reduce}
+    msg = tp_message_bytes(model, eb, mbs, cp)
+    tp = {"fwd": 0.0, "bwd": 0.0}
+    for ps, with_sp, without, g in TP_LAYER_OPS:  # tp_overlap: backward pieces pipeline with half the GEMM (dgrad)
+        beside = gemm[g][0] if ps == "fwd" else gemm[g][1] / 2
+        plain = coll[without](msg, t, 1) if without else 0.0
+        tp[ps] = tp[ps] + np.where(sp, _overlap(coll[with_sp](msg, t, 1), beside, t, ovl), plain)
+    kv = kv_bytes(model, eb, mbs, t)  # over the cp group (stride t)
+    cpc = {"fwd": 0.0, "bwd": 0.0}
+    for ps, op in CP_LAYER_OPS:
+        cpc[ps] = cpc[ps] + np.where(cp > 1, coll[op](kv, cp, t), 0.0)
+    tp_f, tp_b, cp_f, cp_b = tp["fwd"], tp["bwd"], cpc["fwd"], cpc["bwd"]
 
     fwd = gemm_fwd + core_f + ew_f
     bwd = gemm_bwd + core_b + ew_b
@@ -157,20 +186,24 @@ def end_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, sp
     eb = cm.eb
     T = mbs * s / cp
     n_sp = T * h / np.where(sp, t, 1.0)
-    msg = T * h * eb
     drop = model.dropout_p > 0
+    msg = {"act": tp_message_bytes(model, eb, mbs, cp), "ce": T * CE_STAT_BYTES}
+    coll = {"all_gather": comm.all_gather, "reduce_scatter": comm.reduce_scatter, "all_reduce": comm.all_reduce}
+    comm_t = {(end, ps): 0.0 for end in END_OPS for ps in ("fwd", "bwd")}
+    for end, ops in END_OPS.items():
+        for ps, with_sp, without, what in ops:
+            plain = coll[without](msg[what], t) if without else 0.0
+            comm_t[end, ps] = comm_t[end, ps] + np.where(sp, coll[with_sp](msg[what], t), plain)
     # embedding: vocab-parallel lookup, then all-reduce (reduce-scatter with SP) of the partial sums
     pos = 3 * eb if model.arch == "gpt" else 0
-    embed_f = cm.memory(T * h * 2 * eb + n_sp * (pos + (2 * eb + 1 if drop else 0)), 3)
-    embed_f = embed_f + np.where(sp, comm.reduce_scatter(msg, t), comm.all_reduce(msg, t))
-    embed_b = cm.memory(T * h * 3 * eb + n_sp * (2 * eb + 1 if drop else 0), 2)
-    embed_b = embed_b + np.where(sp, comm.all_gather(msg, t), 0.0)
+    embed_f = cm.memory(T * h * 2 * eb + n_sp * (pos + (2 * eb + 1 if drop else 0)), 3) + comm_t["embed", "fwd"]
+    embed_b = cm.memory(T * h * 3 * eb + n_sp * (2 * eb + 1 if drop else 0), 2) + comm_t["embed", "bwd"]
     # head: final norm, (SP all-gather), LM head GEMM over the vocab shard, vocab-parallel cross-entropy
     norm_f, norm_b = cm.memory(n_sp * 2 * eb), cm.memory(n_sp * 3 * eb, 2)
     lm_f, lm_b = cm.gemm_fwd_bwd(T, V / t, h)
     logits = T * V / t
-    ce_f = cm.memory(logits * (eb + 4 + 4), 3) + 3 * comm.all_reduce(T * 4, t)
+    ce_f = cm.memory(logits * (eb + 4 + 4), 3)
     ce_b = cm.memory(logits * (4 + eb), 1)
-    head_f = norm_f + lm_f + ce_f + np.where(sp, comm.all_gather(msg, t), 0.0)
-    head_b = norm_b + lm_b + ce_b + np.where(sp, comm.reduce_scatter(msg, t), comm.all_reduce(msg, t))
+    head_f = norm_f + lm_f + ce_f + comm_t["head", "fwd"]
+    head_b = norm_b + lm_b + ce_b + comm_t["head", "bwd"]
     return EndCost(embed_f=embed_f, embed_b=embed_b, head_f=head_f, head_b=head_b)

@@ -58,6 +58,16 @@ def gradient_groups(model: ModelSpec, t, sp, layers: np.ndarray) -> tuple[np.nda
     return total - summed - tied, summed, tied
 
 
+def zero3_regather(model: ModelSpec, t, nv: int) -> np.ndarray:
+    """Parameters ZeRO-3 gathers once more per micro-batch: a tied embedding on a single stage is used again by
+    the head, so its bucket (the embedding and the first layer) is gathered for the head's forward and kept
+    to the embedding's backward (runtime/parallel/data_parallel.py)."""
+    t = np.asarray(t, dtype=float)
+    if not (model.tie_embeddings and nv == 1):
+        return np.zeros_like(t)
+    return model.embedding_params_on(t) + model.layer_params_on(t)
+
+
 def gradient_buckets(groups: tuple[np.ndarray, ...], bucket_params: int) -> np.ndarray:
     """Data-parallel gradient buckets of each stage: each reduce group's parameters cut into equal buckets of at
     most ``bucket_params`` (what the runtime allocates; ZeRO-2/3 use a bucket per layer instead)."""

@@ -26,7 +26,7 @@ from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
 from cost_models.layer import end_cost, layer_cost
 from cost_models.memory import FULL, SELECTIVE, end_activation_bytes, layer_activation_bytes
-from cost_models.params import end_stages, gradient_buckets, gradient_groups, per_rank, stage_params
+from cost_models.params import end_stages, gradient_buckets, gradient_groups, per_rank, stage_params, zero3_regather
 from specs.model import ModelSpec
 from specs.parallel import Candidates
 from specs.state import StateSpec
@@ -87,17 +87,20 @@ def send_time(comm: CommModel, act_bytes, t, sp, crosses) -> np.ndarray:
     return comm.p2p(np.asarray(act_bytes) / t, crosses) + gather
 
 
-def zero_traffic(comm: CommModel, state: StateSpec, params, nb, fwd, bwd, zero, d, t, overlap
+def zero_traffic(comm: CommModel, state: StateSpec, params, nb, fwd, bwd, zero, d, t, overlap, regather=0.0
                  ) -> tuple[np.ndarray, np.ndarray]:
     """Exposed (forward, backward) ZeRO-2/3 time per micro-batch of a stage holding ``params`` parameters in
     ``nb`` buckets (one per layer): ZeRO-2 reduce-scatters the gradients, ZeRO-3 also all-gathers the parameters
-    before the forward and again before the backward. Overlapped, only what outlasts the compute beside it
-    (and at least one bucket) is exposed."""
+    before the forward and again before the backward, and ``regather`` parameters once more in the forward
+    (``params.zero3_regather``). Overlapped, only what outlasts the compute beside it (and at least one
+    bucket) is exposed."""
     on = (zero >= 2) & (d > 1)
     nb = np.maximum(1.0, nb)
     rs = np.where(on, comm.bucketed(comm.reduce_scatter, params * state.grad_reduce_bytes, nb, d, t), 0.0)
     ag = np.where(on & (zero == 3), comm.bucketed(comm.all_gather, params * state.param_bytes, nb, d, t), 0.0)
-    f = np.where(overlap, np.maximum(ag / nb, ag - fwd), ag)
+    again = np.where(on & (zero == 3) & (np.asarray(regather) > 0),
+                     comm.all_gather(np.asarray(regather) * state.param_bytes, d, t), 0.0)
+    f = np.where(overlap, np.maximum(ag / nb, ag + again - fwd), ag + again)
     b = np.where(overlap, np.maximum((ag + rs) / nb, ag + rs - bwd), ag + rs)
     return f, b
 
@@ -247,7 +250,7 @@ def stage_costs(model: ModelSpec, comm: CommModel, state: StateSpec, c: Candidat
     send_b = np.concatenate([np.zeros((n, 1)), hop], axis=1)
 
     zero_f, zero_b = zero_traffic(comm, state, held.params, held.buckets, fwd, bwd + recompute, _col(c.zero),
-                                  _col(c.dp * c.cp), _col(t), c.dp_overlap[:, None])
+                                  _col(c.dp * c.cp), _col(t), c.dp_overlap[:, None], _col(zero3_regather(model, t, nv)))
     return StageCosts(**{f.name: getattr(held, f.name) for f in fields(StageState)}, fwd=fwd, bwd=bwd,
                       recompute=recompute, comm_f=comm_f, comm_b=comm_b, send_f=send_f, send_b=send_b, zero_f=zero_f,
                       zero_b=zero_b)

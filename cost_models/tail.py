@@ -10,6 +10,8 @@ the closed form). All arrays are [N, pp] per rank ([N, pp, vpp] per model chunk)
   backward is exposed. ZeRO-2/3 reduce every micro-batch instead (stages.py).
 - With sequence parallelism the gradients of parameters every tensor-parallel rank holds whole (norms, row-parallel
   biases) are partial: they are summed over tp after the data-parallel reduce, exposed.
+- The step ends with three scalar all-reduces (:func:`step_reductions`): the gradient norm, the loss, the peak
+  memory.
 - The optimizer (fused AdamW, memory bound) updates the rank's shard after the reduce; the gradient norm and
   clipping read the local gradients (8 bytes per local parameter, priced with it).
 - ZeRO-1/2 all-gather the updated parameters after it; with ``dp_overlap`` that hides behind the next step's
@@ -39,8 +41,22 @@ class RankTail:
     gather: np.ndarray  # [N, pp] exposed ZeRO-1/2 parameter gather
     finish: np.ndarray  # [N, pp] when each rank is done
     tied: np.ndarray  # [N] the sum of a tied embedding's gradient over the first and last stage
-    norm: np.ndarray  # [N] the grad-norm and loss reductions (latency)
+    norm: np.ndarray  # [N] the grad-norm, loss and peak-memory reductions (latency)
     step_time: np.ndarray  # [N] the slowest rank's finish, then the two above
+
+
+def tp_sum_buckets(buckets, summed, zero, state: StateSpec) -> np.ndarray:
+    """The all-reduces of :func:`tp_sum` per stage: one per bucket (ZeRO-2/3's per-layer buckets all hold
+    some), else the summed parameters in buckets of their own."""
+    return np.where(np.asarray(zero) >= 2, buckets, np.ceil(np.asarray(summed) / state.bucket_params))
+
+
+def step_reductions(tp, pp, zero, gpus: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The step's scalar fp32 all-reduces as (group, ranks): the gradient norm's sum of squares (over one
+    replica's tp x pp ranks; over every rank when ZeRO shards the gradients), the loss and the peak memory."""
+    sharded = np.asarray(zero) >= 1
+    return [(np.where(sharded, "world", "mp"), np.where(sharded, gpus, np.asarray(tp) * np.asarray(pp))),
+            (np.asarray("world"), np.asarray(gpus)), (np.asarray("world"), np.asarray(gpus))]
 
 
 def tp_sum(comm: CommModel, state: StateSpec, costs: StageCosts, pp: int, vpp: int, t: np.ndarray, d: np.ndarray,
@@ -50,7 +66,7 @@ def tp_sum(comm: CommModel, state: StateSpec, costs: StageCosts, pp: int, vpp: i
     rank owns (all of it without ZeRO)."""
     summed = per_rank(costs.tp_summed, pp, vpp)
     owned = np.where((zero >= 1) & (d > 1), d, 1.0)[..., None]
-    nb = np.where(zero[..., None] >= 2, per_rank(costs.buckets, pp, vpp), np.ceil(summed / state.bucket_params))
+    nb = tp_sum_buckets(per_rank(costs.buckets, pp, vpp), summed, zero[..., None], state)
     time = comm.bucketed(comm.all_reduce, summed * state.grad_reduce_bytes / owned, nb, t[..., None], 1)
     return np.where(summed > 0, time, 0.0).sum(axis=2)
 
@@ -102,6 +118,7 @@ def rank_tail(model: ModelSpec, cm: ComputeModel, comm: CommModel, state: StateS
         vocab_shard = np.ceil(model.vocab_size / c.tp) * model.hidden_size
         owned = np.where((c.zero >= 2) & (c.dp * c.cp > 1), c.dp * c.cp, 1)  # ZeRO-2/3: the owned slice only
         tied = comm.all_reduce(vocab_shard * state.grad_reduce_bytes / owned, 2, stride * (pp - 1))
-    norm = np.full(len(c), float(comm.all_reduce(8, gpus, 1)))
+    norm = sum(comm.all_reduce(4, size, 1) for _, size in step_reductions(c.tp, c.pp, c.zero, gpus))
+    norm = np.broadcast_to(norm, (len(c),))
     return RankTail(dp_exposed=exposed, optimizer=opt, gather=gather, finish=finish, tied=tied, norm=norm,
                     step_time=finish.max(axis=1) + tied + norm)

@@ -28,6 +28,9 @@ import torch.nn.functional as F
 
 from runtime.parallel.mappings import SEQ_DIM
 
+# the functions themselves (P2POp accepts only these), even while runtime/comm_ledger.py wraps ``dist.isend``
+_ISEND, _IRECV = dist.distributed_c10d.isend, dist.distributed_c10d.irecv
+
 
 def _ring(group: dist.ProcessGroup) -> tuple[int, int, int, int]:
     """(size, rank, global rank of the next rank, of the previous one) in ``group``'s ring."""
@@ -38,7 +41,7 @@ def _ring(group: dist.ProcessGroup) -> tuple[int, int, int, int]:
 def _pass_on(send: torch.Tensor, nxt: int, prv: int, group: dist.ProcessGroup) -> tuple[torch.Tensor, list]:
     """Start sending ``send`` to the next rank and receiving a tensor like it from the previous one."""
     recv = torch.empty_like(send)
-    ops = [dist.P2POp(dist.isend, send, nxt, group), dist.P2POp(dist.irecv, recv, prv, group)]
+    ops = [dist.P2POp(_ISEND, send, nxt, group), dist.P2POp(_IRECV, recv, prv, group)]
     return recv, dist.batch_isend_irecv(ops)
 
 

@@ -272,9 +272,23 @@ class DataParallel:
             if self.d > 1:
                 b.grad_shard.div_(self.d)
             if self.g.tp > 1:
-                for lo, hi in b.owned(_summed_over_tp):
-                    dist.all_reduce(b.grad_shard[lo:hi], group=self.g.tp_group)
+                self._sum_over_tp(b)
         self.armed = [False] * len(self.armed)
+
+    def _sum_over_tp(self, b: Bucket) -> None:
+        """The gradients sequence parallelism left partial, in the slice this rank owns of bucket ``b``, summed
+        over tp: one all-reduce per bucket (the ranges packed together when there are several)."""
+        ranges = b.owned(_summed_over_tp)
+        if len(ranges) == 1:
+            lo, hi = ranges[0]
+            dist.all_reduce(b.grad_shard[lo:hi], group=self.g.tp_group)
+        elif ranges:
+            packed = torch.cat([b.grad_shard[lo:hi] for lo, hi in ranges])
+            dist.all_reduce(packed, group=self.g.tp_group)
+            at = 0
+            for lo, hi in ranges:
+                b.grad_shard[lo:hi].copy_(packed[at:at + hi - lo])
+                at += hi - lo
 
     def _finish_reduces(self) -> None:
         """ZeRO-0/1: a tied embedding's buckets summed with the other end of the pipeline first; every bucket

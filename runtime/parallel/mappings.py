@@ -22,17 +22,18 @@ import torch.distributed as dist
 
 SEQ_DIM = 1
 
-# torch 2.12 renamed the tensor collectives; keep working on older releases.
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+# torch 2.12 renamed the tensor collectives; keep working on older releases. Looked up at each call, so that
+# runtime/comm_ledger.py sees them.
+ALL_GATHER_SINGLE = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
+REDUCE_SCATTER_SINGLE = "reduce_scatter_single" if hasattr(dist, "reduce_scatter_single") else "reduce_scatter_tensor"
 
 
 def all_gather_into(out: torch.Tensor, inp: torch.Tensor, group: dist.ProcessGroup, async_op: bool = False):
-    return _all_gather_single(out, inp, group=group, async_op=async_op)
+    return getattr(dist, ALL_GATHER_SINGLE)(out, inp, group=group, async_op=async_op)
 
 
 def reduce_scatter_into(out: torch.Tensor, inp: torch.Tensor, group: dist.ProcessGroup, async_op: bool = False):
-    return _reduce_scatter_single(out, inp, group=group, async_op=async_op)
+    return getattr(dist, REDUCE_SCATTER_SINGLE)(out, inp, group=group, async_op=async_op)
 
 
 def _all_reduce(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:

@@ -2,7 +2,9 @@
 
 A recomputed module keeps its class, its name and its parameters: its class is swapped for a subclass whose
 ``forward`` runs under ``torch.utils.checkpoint`` (non-reentrant, RNG state preserved so dropout replays
-identically). Only the forward's inputs are kept; the rest is recomputed during backward.
+identically). Only the forward's inputs are kept; the rest is recomputed during backward: the whole forward,
+its last GEMM and tensor-parallel collective included (torch's early stop, which would skip what no saved
+tensor needs, is turned off so that the runtime does what the cost model prices: a layer's forward again).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import functools
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 from runtime.models.common import Transformer
 from specs.parallel import ParallelConfig
@@ -23,7 +25,8 @@ def _recomputed_class(cls: type[nn.Module]) -> type[nn.Module]:
         def forward(self, *args: torch.Tensor) -> torch.Tensor:
             if not torch.is_grad_enabled():
                 return super().forward(*args)
-            return checkpoint(super().forward, *args, use_reentrant=False)
+            with set_checkpoint_early_stop(False):  # recompute the whole forward, as priced (and as Megatron does)
+                return checkpoint(super().forward, *args, use_reentrant=False)
 
     Recomputed.__name__ = Recomputed.__qualname__ = f"Recomputed{cls.__name__}"
     return Recomputed

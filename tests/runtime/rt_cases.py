@@ -266,7 +266,10 @@ def model_state_report(rank: int, case: dict[str, Any], data_path: str) -> dict[
     (ZeRO-2/3: one per layer) and as it pads them (a split tied embedding's is its own), its model state's bytes
     by kind measured from every tensor it keeps (the chunks' buffers, ZeRO-3's per-bucket gather buffers, master
     copies and Adam moments), the padding elements (whole-bucket coordinates: ZeRO shards them with the rest),
-    and the parameter and gradient tensors holding memory outside the buffers."""
+    and the parameter and gradient tensors holding memory outside the buffers; then the communication ledger of a
+    second, steady step (runtime/comm_ledger.py)."""
+    from runtime.comm_ledger import recording
+
     tr, groups = _trainer(rank, case, data_path)
     if tr is None:
         return None
@@ -279,7 +282,7 @@ def model_state_report(rank: int, case: dict[str, Any], data_path: str) -> dict[
         stray = [t for c in tr.chunks for p in c.parameters() for t in (p.data, p.grad)
                  if t is not None and t.numel() and t.untyped_storage().data_ptr() not in inside]
         chunks = range(len(tr.chunks))
-        return {
+        report = {
             "pp_rank": groups.pp_rank, "vstages": [c * groups.pp + groups.pp_rank for c in chunks],
             "buckets": [len({b.unit for b in dp.buckets if b.chunk == c}) for c in chunks],
             "segments": [sum(b.chunk == c for b in dp.buckets) for c in chunks],
@@ -287,8 +290,11 @@ def model_state_report(rank: int, case: dict[str, Any], data_path: str) -> dict[
                       "optimizer": _nbytes(opt.master + opt.exp_avg + opt.exp_avg_sq)},
             "padding": sum(b.size - sum(s.end - s.start for s in b.spans) for b in dp.buckets),
             "dtypes": [str(pbufs[0].dtype), str(gbufs[0].dtype)], "d": dp.d, "zero": dp.zero,
-            "stray": len(stray), "loss": loss,
+            "stray": len(stray), "loss": loss, "tp_rank": groups.tp_rank,
         }
+        with recording(groups) as ledger:
+            tr.train_step()
+        return {**report, "ledger": ledger.as_dict()}
     finally:
         dist.barrier(group=groups.world)
         groups.destroy()
@@ -372,3 +378,4 @@ def tp_collectives(rank: int, case: dict[str, Any], data_path: str) -> dict[str,
         mappings.all_gather_into, mappings.reduce_scatter_into, collective_matmul._pass_on = real
         dist.barrier(group=groups.world)
         groups.destroy()
+

@@ -6,6 +6,13 @@ moments, measured from the tensors it keeps after a step — are the weights, gr
 cost model prices for its pipeline stage (``cost_models.step.estimate(...).stage_memory_breakdown``).
 tests/runtime/test_zero.py runs the same check on its ZeRO-2/3 plans.
 
+The communication ledger (runtime/comm_ledger.py) of a steady step equals the one the cost model priced
+(``cost_models.ledger.priced_ledger``) op by op: calls and bytes of every (op, group, dtype) on every rank.
+Two differences are allowed and bounded. ZeRO pads each bucket (above): a data-parallel op may move the
+padding's bytes too. And under ZeRO with sequence parallelism, the tp-sum of the partial gradients runs on the
+slice each rank owns, which holds more or less than the 1/d share the cost model prices per rank: its bytes
+summed over a stage's d ranks equal d times the priced bytes, and no rank makes more calls than priced.
+
 The one allowed difference is ZeRO's padding: each bucket is a multiple of the data-parallel group size ``d``
 (so it reduce-scatters evenly), which adds at most ``d - 1`` elements per bucket (a split tied embedding's,
 under ZeRO-2/3 reduced on its own, counted apart) to what is kept — to each kind in the share kept of it: the
@@ -26,6 +33,7 @@ from rt_cases import case_plan
 from rt_reference import reference_run
 from test_equivalence import CASES, _id
 
+from cost_models.ledger import priced_ledger
 from cost_models.params import gradient_buckets, gradient_groups
 from cost_models.step import estimate
 from specs.planfile import PlanFile
@@ -75,6 +83,31 @@ def check_rank(plan: PlanFile, r: dict, buckets: np.ndarray, priced: dict[str, f
         assert r["bytes"][kind] == pytest.approx(cost + padded, rel=1e-12, abs=1e-6), (kind, r["bytes"][kind], cost)
 
 
+def check_ledger(plan: PlanFile, reports: list[dict]) -> None:
+    """Every rank's recorded communication against the priced ledger of its pipeline rank (module docstring)."""
+    cfg = plan.config
+    priced = priced_ledger(plan.model, plan.cluster, cfg, plan.global_batch, plan.state)
+    d = cfg.dp * cfg.cp
+    tp_sum = ("all_reduce", "tp", f"{'float32' if plan.state.grad_reduce == 'fp32' else 'bfloat16'}")
+    sharded = cfg.zero >= 1 and d > 1 and cfg.sp and cfg.tp > 1
+    totals: dict[tuple[int, int], int] = {}
+    for r in reports:
+        got, want = r["ledger"], priced[r["pp_rank"]]
+        loose = {tp_sum} if sharded else set()  # a rank may own none of the partial gradients
+        assert set(got) - loose == set(want) - loose, (r["pp_rank"], sorted(set(got) ^ set(want)))
+        for key, (w_calls, w_bytes) in want.items():
+            calls, nbytes = got.get(key, (0, 0))
+            if sharded and key == tp_sum:
+                assert calls <= w_calls, (key, calls, w_calls)
+                totals[r["pp_rank"], r["tp_rank"]] = totals.get((r["pp_rank"], r["tp_rank"]), 0) + nbytes
+                continue
+            assert calls == w_calls, (r["pp_rank"], key, calls, w_calls)
+            pad = r["padding"] * 4 * calls / max(1, sum(r["segments"])) if key[1] == "dp" else 0
+            assert w_bytes - 1e-6 <= nbytes <= w_bytes + pad + 1e-6, (r["pp_rank"], key, nbytes, w_bytes, pad)
+    for (pp_rank, _), nbytes in totals.items():
+        assert nbytes == pytest.approx(d * priced[pp_rank][tp_sum][1], rel=1e-12), (pp_rank, nbytes)
+
+
 def check_plan_run(pool, tokens64: str, case: dict) -> list[dict]:
     plan = case_plan(case)
     est = estimate(plan.model, plan.cluster, plan.config, plan.global_batch, validate=False, state=plan.state)
@@ -83,6 +116,7 @@ def check_plan_run(pool, tokens64: str, case: dict) -> list[dict]:
     assert len(reports) == plan.world_size
     for r in reports:
         check_rank(plan, r, buckets, est.stage_memory_breakdown[r["pp_rank"]])
+    check_ledger(plan, reports)
     return reports
 
 

@@ -1,0 +1,127 @@
+"""The communication the cost model prices for one plan, rank by rank: the ledger runtime/comm_ledger.py records.
+
+Per pipeline rank (tensor-, context- and data-parallel ranks of one stage do the same) and per step, the calls
+and bytes of each (op, group, dtype), read off the same declarations and per-stage terms the pricing uses:
+``layer.TP_LAYER_OPS`` / ``CP_LAYER_OPS`` / ``END_OPS`` and their message sizes, the pipeline sends of
+``stages.send_time``, ZeRO-2/3's per-micro-batch traffic of ``stages.zero_traffic`` (a bucket per layer),
+the data-parallel reduce and ZeRO-1/2 gather of ``tail.rank_tail`` (``stage_state``'s buckets), the tp-sum of
+sequence-parallel gradients (``tail.tp_sum``), a tied embedding's reduce and the step's three scalar
+reductions (``tail.step_reductions``). Bytes follow cost_models/comm.py's convention: the all-gather's output,
+the reduce-scatter's input, the all-reduce's buffer, the bytes sent. ZeRO's padding of buckets to a multiple of
+the data-parallel size is not priced (at most d - 1 elements per bucket).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import replace
+
+import numpy as np
+
+from cost_models.comm import CommModel
+from cost_models.compute import ComputeModel
+from cost_models.layer import CE_STAT_BYTES, CP_LAYER_OPS, END_OPS, TP_LAYER_OPS, kv_bytes, tp_message_bytes
+from cost_models.params import zero3_regather
+from cost_models.stages import layer_terms, stage_state
+from cost_models.tail import step_reductions, tp_sum_buckets
+from specs.cluster import ClusterSpec
+from specs.model import ModelSpec
+from specs.parallel import Candidates, ParallelConfig
+from specs.state import DTYPE_BYTES, StateSpec
+
+Key = tuple[str, str, str]  # (op, group, dtype)
+DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+class _Book:
+    def __init__(self) -> None:
+        self.calls: dict[Key, float] = defaultdict(float)
+        self.nbytes: dict[Key, float] = defaultdict(float)
+
+    def add(self, op: str, group: str, dtype: str, calls: float, each: float) -> None:
+        if calls > 0 and each > 0:
+            self.calls[op, group, dtype] += calls
+            self.nbytes[op, group, dtype] += calls * each
+
+    def as_dict(self) -> dict[Key, tuple[float, float]]:
+        return {k: (self.calls[k], self.nbytes[k]) for k in sorted(self.calls)}
+
+
+def priced_ledger(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global_batch: int,
+                  state: StateSpec) -> list[dict[Key, tuple[float, float]]]:
+    """For each pipeline rank: {(op, group, dtype): (calls, bytes)} of one training step, as priced.
+
+    Groups: ``tp``, ``cp``, ``dp`` (data parallelism over dp x cp), ``pp`` (sends to a neighbouring stage),
+    ``embed`` (the first and last stage, for a tied embedding), ``mp`` (tp x pp: one replica), ``world``."""
+    act = DTYPE_NAMES[cluster.precision]
+    eb = DTYPE_BYTES[cluster.precision]
+    t, cp, pp = cfg.tp, cfg.cp, cfg.pp
+    d, nv, m = cfg.dp * cfg.cp, cfg.num_chunks, cfg.microbatches(global_batch)
+    sp, full = cfg.sp and t > 1, cfg.recompute == "full"
+    msg = float(tp_message_bytes(model, eb, cfg.mbs, cp))
+    kv = float(kv_bytes(model, eb, cfg.mbs, t))
+    ce = msg / (model.hidden_size * eb) * CE_STAT_BYTES
+    layers = cfg.stage_layers(model.num_layers)
+    redone = [cfg.recomputed_layers(j, n) for j, n in enumerate(layers)]
+    c = Candidates.of(replace(cfg, layers=None, recompute_layers=None))  # the split is given below
+    lt = layer_terms(model, ComputeModel(cluster.gpu, cluster.precision), CommModel(cluster), c)
+    held = stage_state(model, state, c, lt, np.array(layers, dtype=float), np.array(redone, dtype=float)).take(0)
+    owned = d if cfg.zero >= 1 and d > 1 else 1  # ZeRO: the slice of the gradients a rank reduces and updates
+    summed_nb = tp_sum_buckets(held.buckets, held.tp_summed, cfg.zero, state)
+    grads, params = DTYPE_NAMES[state.grad_reduce], DTYPE_NAMES[state.params]
+    out = []
+    for r in range(pp):
+        book = _Book()
+
+        def tp_op(op: str | None, calls: float, layer: bool = False, *, book: _Book = book) -> None:
+            if op is not None and t > 1:  # tp_overlap runs a layer's collectives as t - 1 ring passes of 1/t
+                if layer and cfg.tp_overlap and sp:
+                    book.add("send", "tp", act, calls * (t - 1), msg / t)
+                else:
+                    book.add(op, "tp", act, calls, msg)
+
+        for j in range(r, nv, pp):
+            n, k = layers[j], redone[j]
+            for ps, with_sp, without, _ in TP_LAYER_OPS:
+                tp_op(with_sp if sp else without, (n + (k if full and ps == "fwd" else 0)) * m, layer=True)
+            if cp > 1:
+                for ps, op in CP_LAYER_OPS:
+                    book.add(op, "cp", act, (n + (k if full and ps == "fwd" else 0)) * m, kv)
+            ends = (["embed"] if j == 0 else []) + (["head"] if j == nv - 1 else [])
+            for end in ends:
+                for _, with_sp, without, what in END_OPS[end]:
+                    op = with_sp if sp else without
+                    if what == "ce" and t > 1:
+                        book.add(op, "tp", "float32", m, ce)
+                    elif what == "act":
+                        tp_op(op, m)
+            for sends in (j < nv - 1, j > 0):  # the activation forward, its gradient backward
+                if sends:
+                    book.add("send", "pp", act, m, msg / t)
+                    if t > 1 and not sp:  # the receiver gathers the tensor-parallel slices
+                        tp_op("all_gather", m)
+            nb, p = float(held.buckets[j]), float(held.params[j])
+            if d > 1:
+                if cfg.zero <= 1:
+                    book.add("all_reduce" if cfg.zero == 0 else "reduce_scatter", "dp", grads, nb,
+                             p * state.grad_reduce_bytes / nb)
+                else:
+                    book.add("reduce_scatter", "dp", grads, nb * m, p * state.grad_reduce_bytes / nb)
+                if cfg.zero in (1, 2):
+                    book.add("all_gather", "dp", params, nb, p * state.param_bytes / nb)
+                if cfg.zero == 3:
+                    book.add("all_gather", "dp", params, 2 * nb * m, p * state.param_bytes / nb)
+                    book.add("all_gather", "dp", params, m, float(zero3_regather(model, t, nv)) * state.param_bytes)
+            if sp and held.tp_summed[j] > 0:
+                snb = float(summed_nb[j])
+                book.add("all_reduce", "tp", grads, snb, held.tp_summed[j] * state.grad_reduce_bytes / owned / snb)
+        if model.tie_embeddings and nv > 1 and r in (0, pp - 1):
+            vocab_shard = math.ceil(model.vocab_size / t) * model.hidden_size
+            tied_owned = d if cfg.zero >= 2 and d > 1 else 1
+            book.add("all_reduce", "embed", grads, 1, vocab_shard * state.grad_reduce_bytes / tied_owned)
+        for group, size in step_reductions(t, pp, cfg.zero, cfg.world):
+            if int(size) > 1:
+                book.add("all_reduce", str(group), "float32", 1, 4)
+        out.append(book.as_dict())
+    return out
