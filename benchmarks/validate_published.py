@@ -245,6 +245,22 @@ def paper_rank(row: dict[str, str], pipeline_penalty: float = 0.0,
             "faster": faster, "feasible": len(timed), "rank": faster / len(timed)}
 
 
+def residual_rows(sets: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    """measured / predicted step time of every timed row of each published set, with whether the plan is
+    pipelined (what planner/residuals.json holds and planner/uncertainty.py turns into bands)."""
+    out = {}
+    for name, rows in sets.items():
+        out[name] = []
+        for r in rows:
+            meas = r.get("measured_s", r.get("measured_s_per_sample"))
+            pred = r.get("predicted_s", r.get("predicted_s_per_sample"))
+            if meas is None or pred is None:
+                continue
+            pp = int(r["plan"].split("pp=")[1].split()[0])
+            out[name].append({"plan": r["plan"], "pipelined": pp > 1, "ratio": round(meas / pred, 6)})
+    return out
+
+
 def summary(rows: list[dict]) -> dict:
     errs = [abs(r["error"]) for r in rows]
     return {"mean_abs_error": sum(errs) / len(errs), "max_abs_error": max(errs), "rows": len(rows)}
@@ -253,13 +269,15 @@ def summary(rows: list[dict]) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="also write all rows and summaries to this file")
+    ap.add_argument("--write-residuals", metavar="PATH",
+                    help="write measured/predicted of every row (planner/residuals.json: the plans' +- bands)")
     ap.add_argument("--ranks", action="store_true",
                     help="also rank the paper's configurations among all feasible paper-feature plans (~1 min)")
     args = ap.parse_args()
-    result = {}
+    result, timed = {}, {}
     for name, fn in (("korthikanti2022", korthikanti), ("narayanan2021", narayanan)):
-        rows = fn()
-        result[name] = {"rows": rows, **summary(rows)}
+        rows = timed[name] = fn()
+        result[name] = {**summary(rows), "rows": rows}
         print(f"\n{name}")
         print(f"{'model':8} {'plan':52} {'measured':>9} {'predicted':>9} {'error':>7}")
         for r in rows:
@@ -289,6 +307,15 @@ def main() -> int:
           f"time error mean {ts['mean_time_error']:+.1%}; memory |error| mean {ts['mean_abs_memory_error']:.1%} "
           f"max {ts['max_abs_memory_error']:.1%}; fits/OOM agree {ts['fit_agreement']:.0%}; measured peak above "
           f"the prediction by up to {ts['max_under_GiB']:.1f} GiB (the default --headroom covers it)")
+    residuals = residual_rows({**timed, "bigscience_tr11_topology": sweep})
+    from planner.uncertainty import coverage
+
+    print("\n+- bands (planner/uncertainty.py) cover the measured step of "
+          + ", ".join(f"{c:.0%} of {name}" for name, c in coverage(residuals).items()))
+    if args.write_residuals:
+        Path(args.write_residuals).write_text(json.dumps(
+            {"source": "python benchmarks/validate_published.py --write-residuals planner/residuals.json",
+             "sets": residuals}, indent=1) + "\n")
     acts = korthikanti_activation_check()
     worst = max(abs(a["error"]) for a in acts)
     result["korthikanti2022_activations"] = {"rows": acts, "max_abs_error": worst}

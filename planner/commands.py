@@ -88,6 +88,7 @@ def plan_command(args: argparse.Namespace) -> int:
     from planner.explain import runner_up, why
     from planner.headroom import memory_warning
     from planner.search import min_gpus_to_fit, search
+    from planner.uncertainty import ranking_sigma, step_band, tie_margin, tied_with_best
     from specs.parallel import key_text, parse_plan_keys
 
     model, cluster = load_inputs(args)
@@ -141,6 +142,10 @@ def plan_command(args: argparse.Namespace) -> int:
         raise AutoparError(msg)
     other = runner_up(res.ranked)
     reason = why(res.plans[0], other) if other else "It is the only plan that fits."
+    tied = tied_with_best([p.estimate.step_time_s for p in res.plans])
+    if tied:
+        reason += (f" The next {tied} plan{'s are' if tied > 1 else ' is'} within {tie_margin():.1%} of it, inside "
+                   "the model's ranking uncertainty: measure them with `autopar tune` (same options).")
     warning = memory_warning(res.plans[0].estimate.memory_GiB, cluster.gpu.memory_GiB)
     if args.out:
         from specs.planfile import TrainConfig, make_plan, save_plan
@@ -153,9 +158,12 @@ def plan_command(args: argparse.Namespace) -> int:
         rows = []
         for p in res.plans:
             row = p.estimate.to_json()
-            row = {"parallel": p.config.to_dict(), **row}
+            row = {"parallel": p.config.to_dict(), **row,
+                   "step_time_band_s": list(step_band(p.config.pp, p.estimate.step_time_s))}
             rows.append(row)
         print(json.dumps({"plans": rows, "search": search_info, "why": reason,
+                          "uncertainty": {"ranking_sigma": ranking_sigma(), "tie_margin": tie_margin(),
+                                          "tied_with_best": tied},
                           "warnings": [warning] if warning else []}))
         return 0
     from planner.report import console, estimate_tables, plans_table, print_inputs
@@ -164,7 +172,8 @@ def plan_command(args: argparse.Namespace) -> int:
     print_inputs(con, model, cluster)
     con.print(f"searched {res.candidates:,} configurations in {res.seconds:.2f} s "
               f"(global batch {args.global_batch}{', exhaustive' if res.exhaustive else ''})")
-    con.print(plans_table([p.row() for p in res.plans], f"top {len(res.plans)} plans"))
+    con.print(plans_table([{**p.row(), "band": step_band(p.config.pp, p.estimate.step_time_s)} for p in res.plans],
+                          f"top {len(res.plans)} plans"))
     con.print(f"[bold]why:[/bold] {escape(reason)}")
     for tab in estimate_tables(res.plans[0].estimate, "best plan")[1:]:
         con.print(tab)

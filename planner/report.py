@@ -36,6 +36,12 @@ def fmt_time(s: float) -> str:
     return f"{s * 1e6:.1f} us"
 
 
+def fmt_range(lo: float, hi: float) -> str:
+    """``lo``-``hi`` seconds in one unit (that of ``hi``)."""
+    unit, scale = ("s", 1.0) if hi >= 1.0 else ("ms", 1e3) if hi >= 1e-3 else ("us", 1e6)
+    return f"{lo * scale:.3g}-{hi * scale:.3g} {unit}"
+
+
 def fmt_rate(x: float) -> str:
     for unit, div in (("M", 1e6), ("k", 1e3)):
         if x >= div:
@@ -65,12 +71,16 @@ def estimate_tables(est: Estimate, title: str) -> list[Table]:
 
 
 def plans_table(rows: list[dict[str, Any]], title: str) -> Table:
+    """One row per plan; with a ``band`` (seconds, low and high) in every row, a column for it."""
     tab = Table(title=title, header_style="bold")
-    for col, just in (("#", "right"), ("plan", "left"), ("step time", "right"), ("tokens/s", "right"),
-                      ("MFU", "right"), ("memory", "right"), ("bubble", "right"), ("exp. comm", "right")):
+    banded = all("band" in r for r in rows)
+    for col, just in (("#", "right"), ("plan", "left"), ("step time", "right"), *([("95% band", "right")] if banded
+                      else []), ("tokens/s", "right"), ("MFU", "right"), ("memory", "right"), ("bubble", "right"),
+                      ("exp. comm", "right")):
         tab.add_column(col, justify=just)
     for i, r in enumerate(rows, 1):
-        tab.add_row(str(i), r["plan"], fmt_time(r["step_time_s"]), fmt_rate(r["tokens_per_s"]),
+        band = [fmt_range(*r["band"])] if banded else []
+        tab.add_row(str(i), r["plan"], fmt_time(r["step_time_s"]), *band, fmt_rate(r["tokens_per_s"]),
                     f"{r['mfu'] * 100:.1f}%", f"{r['memory_GiB']:.1f} GiB",
                     f"{r['bubble_fraction'] * 100:.1f}%", f"{r['exposed_comm_fraction'] * 100:.1f}%")
     return tab

@@ -230,3 +230,24 @@ def test_runnable_is_kept_and_changes_nothing(capsys):
     runnable = json.loads(capsys.readouterr().out)["plans"]
     assert [p["parallel"] for p in runnable] == [p["parallel"] for p in plain]
     assert all(p["parallel"]["tp_overlap"] for p in plain)
+
+
+def test_plan_rows_carry_a_band_and_ties_recommend_tune(capsys):
+    """Every plan in `plan --format json` has a 95% band around its step time from the model's validation
+    (planner/uncertainty.py); the number of plans tied with the best follows the stated margin, and when there
+    are any, "why" says to measure them with `autopar tune`."""
+    from planner import uncertainty
+
+    code, out, _ = run(capsys, "plan", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "512",
+                       "--global-batch", "1024", "--format", "json")
+    d = json.loads(out)
+    assert code == 0
+    for p in d["plans"]:
+        lo, hi = p["step_time_band_s"]
+        assert lo < p["step_time_s"] < hi
+        b = uncertainty.band(p["parallel"]["pp"] > 1)
+        assert (lo, hi) == pytest.approx((p["step_time_s"] * b.low, p["step_time_s"] * b.high), rel=1e-4)
+    steps = [p["step_time_s"] for p in d["plans"]]
+    u = d["uncertainty"]
+    assert u["tied_with_best"] == sum(s / steps[0] - 1 < u["tie_margin"] for s in steps[1:]) > 0
+    assert "autopar tune" in d["why"] and f"{u['tie_margin']:.1%}" in d["why"]

@@ -1,0 +1,86 @@
+"""How sure the cost model is of a step time: a band per plan and a ranking uncertainty, from its validation.
+
+``planner/residuals.json`` holds measured / predicted step time of every row of the published sets the model is
+checked against (``python benchmarks/validate_published.py --write-residuals planner/residuals.json``; a test
+keeps it current): Megatron-LM on Selene (Korthikanti 2022, Narayanan 2021) and Megatron-DeepSpeed on Jean Zay
+(BigScience's BLOOM sweep). Nothing is fitted to them; they only say how far off the model has been.
+
+- **Band.** For plans of one kind (pipelined or not), the central 95% of measured / predicted (2.5th to 97.5th
+  percentile) over all rows of that kind: a plan predicted at T measured between T x low and T x high on those
+  stacks. The model leans optimistic (other stacks overlap less and add fixed costs it does not know), so bands
+  reach further above the prediction than below.
+- **Ranking.** Errors of plans run on one stack move together; what can reorder two plans is how their errors
+  differ. ``sigma`` is the standard deviation of log(measured / predicted) within each set (each set's mean
+  removed); two plans whose predictions are closer than sigma x sqrt(2) (the spread of the difference of two
+  plans' errors) are tied: the model cannot tell which is faster, and `autopar tune` should measure them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+RESIDUALS = Path(__file__).with_name("residuals.json")
+QUANTILES = (0.025, 0.975)  # the central 95%
+
+
+@dataclass(frozen=True)
+class Band:
+    low: float  # measured / predicted, 2.5th percentile
+    high: float  # ... 97.5th percentile
+    rows: int  # validation rows of this kind
+
+
+def _sets(sets: dict[str, list[dict[str, Any]]] | None) -> dict[str, list[dict[str, Any]]]:
+    return sets if sets is not None else _stored()
+
+
+@cache
+def _stored() -> dict[str, list[dict[str, Any]]]:
+    return json.loads(RESIDUALS.read_text())["sets"]
+
+
+def band(pipelined: bool, sets: dict[str, list[dict[str, Any]]] | None = None) -> Band:
+    """The band of plans of this kind (from ``sets``, default the stored residuals)."""
+    ratios = [r["ratio"] for rows in _sets(sets).values() for r in rows if r["pipelined"] == pipelined]
+    lo, hi = np.quantile(ratios, QUANTILES)
+    return Band(low=float(lo), high=float(hi), rows=len(ratios))
+
+
+def ranking_sigma(sets: dict[str, list[dict[str, Any]]] | None = None) -> float:
+    """Standard deviation of log(measured / predicted) within a set, pooled over the sets."""
+    dev, dof = [], 0
+    for rows in _sets(sets).values():
+        x = np.log([r["ratio"] for r in rows])
+        dev.extend(x - x.mean())
+        dof += len(x) - 1
+    return float(math.sqrt(sum(d * d for d in dev) / dof))
+
+
+def step_band(pp: int, step_s: float) -> tuple[float, float]:
+    """Seconds a plan with ``pp`` pipeline stages predicted at ``step_s`` measured within (on the stacks seen)."""
+    b = band(pp > 1)
+    return step_s * b.low, step_s * b.high
+
+
+def tie_margin() -> float:
+    """Relative difference below which two predicted step times are a tie (sigma x sqrt 2)."""
+    return math.sqrt(2) * ranking_sigma()
+
+
+def tied_with_best(steps: list[float]) -> int:
+    """How many of ``steps`` (sorted, best first) after the first are tied with it."""
+    return sum(1 for s in steps[1:] if math.log(s / steps[0]) < tie_margin())
+
+
+def coverage(sets: dict[str, list[dict[str, Any]]]) -> dict[str, float]:
+    """Per set: the share of its rows whose measured step lies in the band of their kind (bands from ``sets``)."""
+    bands = {k: band(k, sets) for k in (True, False)}
+    return {name: sum(bands[r["pipelined"]].low <= r["ratio"] <= bands[r["pipelined"]].high for r in rows) / len(rows)
+            for name, rows in sets.items()}
