@@ -9,7 +9,8 @@ and loss; ranks early in the pipeline keep more micro-batches in flight. The ILP
 to minimise the closed-form pipeline time (m*vpp - 1) * U + sum_j r_j * rc / vpp, where U bounds every stage's
 per-micro-batch time n_j*u + r_j*rc + extra_j, subject to each rank's memory: model state of its layers plus,
 per model chunk, (micro-batches in flight) x (activations of its stored and recomputed layers) <= capacity.
-Solved with pulp (HiGHS when highspy is installed, else CBC).
+Solved with pulp (HiGHS when highspy is installed, else CBC); without recompute to choose, exactly by a search over
+U instead (planner/split.py: the same optimum, no solver).
 """
 
 from __future__ import annotations
@@ -18,38 +19,11 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import pulp
 
-
-@dataclass
-class StageProblem:
-    num_layers: int
-    pp: int
-    vpp: int
-    microbatches: int
-    layer_time: float  # forward + backward of one layer, no recompute
-    recompute_time: float  # extra time of fully recomputing one layer
-    extra_time: list[float]  # per virtual stage: embedding, head, p2p
-    state_per_layer: float  # bytes of weights + grads + optimizer per layer on one GPU
-    extra_state: list[float]  # per virtual stage: embedding / head state bytes
-    act_full: float  # bytes stored per layer per in-flight micro-batch, no recompute
-    act_ckpt: float  # ... with full recompute of that layer
-    extra_act: list[float]  # per virtual stage: bytes per in-flight micro-batch (embedding / logits)
-    inflight: list[int]  # per virtual stage: micro-batches in flight at the rank's peak
-    fixed_bytes: float  # per GPU: temporaries, allowances
-    capacity: float  # bytes per GPU
-    allow_recompute: bool
-    fixed_layers: tuple[int, ...] | None = None  # layers per virtual stage held as given
-
-
-@dataclass
-class StageSolution:
-    layers: tuple[int, ...]
-    recompute_layers: tuple[int, ...]
-    objective: float
-
+from planner.split import solve_without_recompute
+from planner.stage_problem import StageProblem, StageSolution
 
 TIME_LIMIT_S = 2.0  # per solve; the best integer solution found by then is used
 
@@ -88,6 +62,18 @@ def _var_factory(prob: pulp.LpProblem):
 def solve_stages(p: StageProblem, seconds: float = TIME_LIMIT_S) -> StageSolution | None:
     """Optimal layer split and per-stage recompute (the best found in ``seconds``), or None when no split fits
     in memory (or none was found in time)."""
+    nv = p.pp * p.vpp
+    if p.num_layers < nv:
+        return None
+    if not p.allow_recompute:  # no recompute to choose: an exact search over the bottleneck, no solver
+        found = solve_without_recompute(p)
+        return None if found is None else StageSolution(layers=found[0], recompute_layers=(0,) * nv,
+                                                        objective=found[1])
+    return solve_with_pulp(p, seconds)
+
+
+def solve_with_pulp(p: StageProblem, seconds: float = TIME_LIMIT_S) -> StageSolution | None:
+    """:func:`solve_stages` by the integer program (HiGHS or CBC through pulp), recompute or not."""
     nv = p.pp * p.vpp
     if p.num_layers < nv:
         return None

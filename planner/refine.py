@@ -18,7 +18,8 @@ from cost_models.memory import FRAGMENTATION, RESERVED_GIB, GiB, state_bytes, ze
 from cost_models.pipeline import inflight_profiles
 from cost_models.stages import layer_terms, stage_costs
 from cost_models.step import Estimate, estimate
-from planner.ilp import TIME_LIMIT_S, StageProblem, solve_stages
+from planner.ilp import TIME_LIMIT_S, solve_stages
+from planner.stage_problem import StageProblem
 from specs.cluster import ClusterSpec
 from specs.errors import AutoparError
 from specs.model import ModelSpec

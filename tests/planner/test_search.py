@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from cost_models.step import estimate
-from planner.ilp import StageProblem, solve_stages
+from planner.ilp import solve_stages
 from planner.search import min_gpus_to_fit, search
+from planner.stage_problem import StageProblem
 from planner.whatif import parse_vary, sweep
 from specs.cluster import load_cluster
 from specs.errors import AutoparError
@@ -125,6 +128,56 @@ def test_ilp_splits_layers_away_from_heavy_ends():
     assert sol is not None and sum(sol.layers) == 30
     assert sol.layers[0] < sol.layers[1] and sol.layers[3] < sol.layers[2]
     assert max(n + e for n, e in zip(sol.layers, p.extra_time)) == 9  # ceil((30 + 6) / 4)
+
+
+def _random_problem(rng: random.Random, fixed: bool = False) -> StageProblem:
+    pp = rng.choice([1, 2, 4, 8])
+    vpp = rng.choice([1, 2, 3]) if pp > 1 else 1
+    nv = pp * vpp
+    L = rng.randint(nv, 4 * nv + 5)
+    inflight = [rng.randint(1, 2 * pp) for _ in range(nv)]
+    S, A = rng.uniform(1, 5), rng.uniform(0.5, 3)
+    ends = [j in (0, nv - 1) for j in range(nv)]
+    layers = None
+    if fixed:
+        cut = sorted(rng.sample(range(1, L), nv - 1)) if nv > 1 else []
+        layers = tuple(b - a for a, b in zip([0, *cut], [*cut, L]))
+    return StageProblem(
+        num_layers=L, pp=pp, vpp=vpp, microbatches=rng.randint(1, 16) * pp, layer_time=rng.uniform(0.5, 2.0),
+        recompute_time=0.3, extra_time=[rng.uniform(0, 3) * e + rng.uniform(0, 0.2) for e in ends],
+        state_per_layer=S, extra_state=[rng.uniform(0, 5) * e for e in ends], act_full=A, act_ckpt=A / 10,
+        extra_act=[rng.uniform(0, 2) for _ in range(nv)], inflight=inflight, fixed_bytes=5.0,
+        capacity=rng.uniform(0.6, 2.0) * L / nv * (S + max(inflight) * A) * vpp + 10, allow_recompute=False,
+        fixed_layers=layers)
+
+
+def test_exact_split_without_recompute_is_the_ilps_optimum():
+    """Without recompute to choose, solve_stages searches the bottleneck exactly (planner/split.py) instead of
+    calling the MIP solver: on random problems (heavy ends, memory tight or not, fixed splits) it finds a split
+    exactly when the MIP does, that split meets every constraint, and its objective is the MIP's or better by at
+    most the solver's relative gap (1e-4)."""
+    from planner.ilp import solve_with_pulp
+
+    rng = random.Random(3)
+    found = 0
+    for i in range(150):
+        p = _random_problem(rng, fixed=i % 10 == 9)
+        exact, mip = solve_stages(p), solve_with_pulp(p, 10.0)
+        assert (exact is None) == (mip is None), (i, p)
+        if exact is None:
+            continue
+        found += 1
+        assert mip.objective * (1 - 1e-4) <= exact.objective <= mip.objective * (1 + 1e-8) + 1e-5, i  # + its tolerance
+        n = exact.layers
+        assert sum(n) == p.num_layers and min(n) >= 1 and set(exact.recompute_layers) == {0}
+        slots = p.microbatches * p.vpp - 1
+        assert max(k * p.layer_time + e for k, e in zip(n, p.extra_time)) * slots == pytest.approx(exact.objective)
+        for r in range(p.pp):
+            js = range(r, p.pp * p.vpp, p.pp)
+            mem = sum(n[j] * p.state_per_layer + p.extra_state[j] + p.inflight[j] * (n[j] * p.act_full + p.extra_act[j])
+                      for j in js)
+            assert mem + p.fixed_bytes <= p.capacity * (1 + 1e-9)
+    assert found > 100
 
 
 def test_ilp_recomputes_only_where_memory_requires():
