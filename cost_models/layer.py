@@ -69,6 +69,12 @@ def kv_bytes(model: ModelSpec, eb: float, mbs, t):
     return 2 * np.asarray(mbs, dtype=float) * model.seq_length * (model.kv_width / np.asarray(t, dtype=float)) * eb
 
 
+def _collectives(comm: CommModel, nbytes, size, stride) -> dict[str, np.ndarray]:
+    """The time of each collective the op tables name, for one message over a group."""
+    return {"all_gather": comm.all_gather(nbytes, size, stride), "all_reduce": comm.all_reduce(nbytes, size, stride),
+            "reduce_scatter": comm.reduce_scatter(nbytes, size, stride)}
+
+
 def _overlap(comm: np.ndarray, gemm: np.ndarray, t: np.ndarray, on: np.ndarray) -> np.ndarray:
     """Exposed time of a collective split into t chunks behind a GEMM (when ``on``)."""
     hidden = np.maximum(comm / np.maximum(t, 1), comm - gemm)
@@ -151,17 +157,17 @@ def layer_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, 
         ew_b = 1.5 * ew_f
 
     # ---- tensor- and context-parallel communication ----------------------------------------------
-    coll = {"all_gather": comm.all_gather, "reduce_scatter": comm.reduce_scatter, "all_reduce": comm.all_reduce}
     msg = tp_message_bytes(model, eb, mbs, cp)
+    one = _collectives(comm, msg, t, 1)  # each op's time for one activation over tp
     tp = {"fwd": 0.0, "bwd": 0.0}
     for ps, with_sp, without, g in TP_LAYER_OPS:  # tp_overlap: backward pieces pipeline with half the GEMM (dgrad)
         beside = gemm[g][0] if ps == "fwd" else gemm[g][1] / 2
-        plain = coll[without](msg, t, 1) if without else 0.0
-        tp[ps] = tp[ps] + np.where(sp, _overlap(coll[with_sp](msg, t, 1), beside, t, ovl), plain)
-    kv = kv_bytes(model, eb, mbs, t)  # over the cp group (stride t)
+        plain = one[without] if without else 0.0
+        tp[ps] = tp[ps] + np.where(sp, _overlap(one[with_sp], beside, t, ovl), plain)
+    kv = _collectives(comm, kv_bytes(model, eb, mbs, t), cp, t)  # over the cp group (stride t)
     cpc = {"fwd": 0.0, "bwd": 0.0}
     for ps, op in CP_LAYER_OPS:
-        cpc[ps] = cpc[ps] + np.where(cp > 1, coll[op](kv, cp, t), 0.0)
+        cpc[ps] = cpc[ps] + np.where(cp > 1, kv[op], 0.0)
     tp_f, tp_b, cp_f, cp_b = tp["fwd"], tp["bwd"], cpc["fwd"], cpc["bwd"]
 
     fwd = gemm_fwd + core_f + ew_f
@@ -187,13 +193,13 @@ def end_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, sp
     T = mbs * s / cp
     n_sp = T * h / np.where(sp, t, 1.0)
     drop = model.dropout_p > 0
-    msg = {"act": tp_message_bytes(model, eb, mbs, cp), "ce": T * CE_STAT_BYTES}
-    coll = {"all_gather": comm.all_gather, "reduce_scatter": comm.reduce_scatter, "all_reduce": comm.all_reduce}
+    one = {"act": _collectives(comm, tp_message_bytes(model, eb, mbs, cp), t, 1),
+           "ce": _collectives(comm, T * CE_STAT_BYTES, t, 1)}
     comm_t = {(end, ps): 0.0 for end in END_OPS for ps in ("fwd", "bwd")}
     for end, ops in END_OPS.items():
         for ps, with_sp, without, what in ops:
-            plain = coll[without](msg[what], t) if without else 0.0
-            comm_t[end, ps] = comm_t[end, ps] + np.where(sp, coll[with_sp](msg[what], t), plain)
+            plain = one[what][without] if without else 0.0
+            comm_t[end, ps] = comm_t[end, ps] + np.where(sp, one[what][with_sp], plain)
     # embedding: vocab-parallel lookup, then all-reduce (reduce-scatter with SP) of the partial sums
     pos = 3 * eb if model.arch == "gpt" else 0
     embed_f = cm.memory(T * h * 2 * eb + n_sp * (pos + (2 * eb + 1 if drop else 0)), 3) + comm_t["embed", "fwd"]

@@ -19,7 +19,7 @@ from cost_models.compute import ComputeModel
 from cost_models.memory import GiB, rank_load, rank_memory
 from cost_models.params import per_rank
 from cost_models.pipeline import replayed, simulate_steps
-from cost_models.stages import layer_terms, stage_costs
+from cost_models.stages import LayerTerms, layer_terms, stage_costs
 from cost_models.tail import rank_tail
 from specs.cluster import ClusterSpec
 from specs.model import ModelSpec
@@ -65,9 +65,11 @@ class Estimate:
 
 
 def estimate(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global_batch: int,
-             headroom_GiB: float = 0.0, validate: bool = True, state: StateSpec | None = None) -> Estimate:
+             headroom_GiB: float = 0.0, validate: bool = True, state: StateSpec | None = None,
+             terms: LayerTerms | None = None) -> Estimate:
     """Predict step time, throughput, MFU and peak memory of ``cfg`` (exact: replays the schedule). ``state``:
-    the model state's precisions and buckets (default: ``StateSpec.default`` of the cluster's precision)."""
+    the model state's precisions and buckets (default: ``StateSpec.default`` of the cluster's precision);
+    ``terms``: ``cfg``'s layer terms when the caller has them (the search computes its finalists' at once)."""
     if validate:
         check_plan(cfg, PlanContext.on(model, cluster, global_batch))
     state = state or StateSpec.default(cluster.precision)
@@ -76,7 +78,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global
     pp, vpp, m = cfg.pp, cfg.vpp, cfg.microbatches(global_batch)
     layers = np.array(cfg.stage_layers(model.num_layers), dtype=float)
     recomputed = np.array([cfg.recomputed_layers(j, int(n)) for j, n in enumerate(layers)], dtype=float)
-    costs = stage_costs(model, comm, state, c, layer_terms(model, cm, comm, c), layers, recomputed, cm.eb)
+    costs = stage_costs(model, comm, state, c, terms or layer_terms(model, cm, comm, c), layers, recomputed, cm.eb)
     sim = simulate_steps(pp, vpp, m, costs.f[0].tolist(), costs.b[0].tolist())
     ms = np.array([m])
     tail = rank_tail(model, cm, comm, state, c, costs, replayed(sim), ms, cluster.num_gpus)

@@ -16,7 +16,7 @@ from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
 from cost_models.memory import FRAGMENTATION, RESERVED_GIB, GiB, state_bytes, zero3_gather_bytes
 from cost_models.pipeline import inflight_profiles
-from cost_models.stages import layer_terms, stage_costs
+from cost_models.stages import LayerTerms, layer_terms, stage_costs
 from cost_models.step import Estimate, estimate
 from planner.ilp import TIME_LIMIT_S, solve_stages
 from planner.stage_problem import StageProblem
@@ -41,12 +41,12 @@ class PlanResult:
 
 
 def stage_problem(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global_batch: int,
-                  headroom_GiB: float, state: StateSpec) -> StageProblem:
+                  headroom_GiB: float, state: StateSpec, terms: LayerTerms | None = None) -> StageProblem:
     """The ILP's inputs for one configuration, read off the cost model's own per-stage terms: each stage's
     costs with no layers (the embedding, head and sends), with one layer, and with one recomputed layer."""
     cm, comm = ComputeModel(cluster.gpu, cluster.precision), CommModel(cluster)
     c = Candidates.of(replace(cfg, layers=None, recompute_layers=None))
-    lt = layer_terms(model, cm, comm, c)
+    lt = terms or layer_terms(model, cm, comm, c)
     nv, m = cfg.num_chunks, cfg.microbatches(global_batch)
     none, one = np.zeros(nv), np.ones(nv)
     base, plain, redone = (stage_costs(model, comm, state, c, lt, layers, rec, cm.eb)
@@ -90,16 +90,16 @@ def _ilp_may_help(model: ModelSpec, cfg: ParallelConfig, est: Estimate) -> bool:
 
 def refine(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global_batch: int,
            headroom_GiB: float, fixed: dict[str, Any], state: StateSpec,
-           ilp_seconds: float = TIME_LIMIT_S) -> list[PlanResult]:
+           ilp_seconds: float = TIME_LIMIT_S, terms: LayerTerms | None = None) -> list[PlanResult]:
     """Exact estimates of ``cfg`` with an even split and with the ILP's split / per-stage recompute (solved
-    within ``ilp_seconds``; none when that is 0)."""
+    within ``ilp_seconds``; none when that is 0). ``terms``: ``cfg``'s layer terms, when known."""
     out = []
-    est = estimate(model, cluster, cfg, global_batch, headroom_GiB, validate=False, state=state)
+    est = estimate(model, cluster, cfg, global_batch, headroom_GiB, validate=False, state=state, terms=terms)
     out.append(PlanResult(cfg, est))
     if ilp_seconds > 0 and _ilp_may_help(model, cfg, est):
         if "layers" in fixed and ("recompute_layers" in fixed or cfg.recompute != "full"):
             return out
-        sol = solve_stages(stage_problem(model, cluster, cfg, global_batch, headroom_GiB, state), ilp_seconds)
+        sol = solve_stages(stage_problem(model, cluster, cfg, global_batch, headroom_GiB, state, terms), ilp_seconds)
         if sol is not None:
             layers = cfg.stage_layers(model.num_layers) if "layers" in fixed else sol.layers
             rl: Any = fixed.get("recompute_layers", sol.recompute_layers)
@@ -116,7 +116,9 @@ def refine(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global_b
             if new != cfg:
                 try:
                     check_plan(new, PlanContext.on(model, cluster, global_batch))
-                    est2 = estimate(model, cluster, new, global_batch, headroom_GiB, validate=False, state=state)
+                    same = new.recompute == cfg.recompute  # the layer terms depend on the recompute kind
+                    est2 = estimate(model, cluster, new, global_batch, headroom_GiB, validate=False, state=state,
+                                    terms=terms if same else None)
                     out.append(PlanResult(new, est2))
                 except AutoparError:
                     pass

@@ -21,6 +21,9 @@ from typing import Any
 import numpy as np
 
 from cost_models.batch import estimate_batch
+from cost_models.comm import CommModel
+from cost_models.compute import ComputeModel
+from cost_models.stages import layer_terms
 from planner.ilp import TIME_LIMIT_S
 from planner.refine import PlanResult, refine
 from planner.space import enumerate_space
@@ -77,14 +80,17 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
     fits = res.memory_GiB <= cap
     order = np.argsort(np.where(fits, res.step_time, np.inf), kind="stable")
     n_fit = int(fits.sum())
-    pool = [cands.config(int(i)) for i in order[:min(n_ref, n_fit)]]
+    rows = order[:min(n_ref, n_fit)]
     if n_fit < top:  # few or none fit: the ones needing the least memory too
-        pool += [cands.config(int(i)) for i in np.argsort(res.memory_GiB)[:8]]
+        rows = np.concatenate([rows, np.argsort(res.memory_GiB)[:8]])
+    pool = [cands.config(int(i)) for i in rows]
+    terms = layer_terms(model, ComputeModel(cluster.gpu, cluster.precision), CommModel(cluster), cands.take(rows))
     results: dict[ParallelConfig, PlanResult] = {}
     ilp_until = time.perf_counter() + ILP_BUDGET_S
-    for cfg in pool:  # fastest first: they get the stage ILP while its budget lasts
+    for i, cfg in enumerate(pool):  # fastest first: they get the stage ILP while its budget lasts
         seconds = min(TIME_LIMIT_S, max(0.0, ilp_until - time.perf_counter()))
-        for r in refine(model, cluster, cfg, global_batch, headroom_GiB, fixed, state, seconds):
+        for r in refine(model, cluster, cfg, global_batch, headroom_GiB, fixed, state, seconds,
+                        terms.take(np.array([i]))):
             results[r.config] = r
     plans = sorted((r for r in results.values() if r.estimate.fits),
                    key=lambda r: (r.estimate.step_time_s, r.estimate.memory_GiB))

@@ -1,8 +1,8 @@
 """How sure the cost model is of a step time: a band per plan and a ranking uncertainty, from its validation.
 
 ``planner/residuals.json`` holds measured / predicted step time of every row of the published sets the model is
-checked against (``python benchmarks/validate_published.py --write-residuals planner/residuals.json``; a test
-keeps it current): Megatron-LM on Selene (Korthikanti 2022, Narayanan 2021) and Megatron-DeepSpeed on Jean Zay
+checked against (benchmarks/validate_published.py writes it, its ``write-residuals`` option; a test keeps it
+current): Megatron-LM on Selene (Korthikanti 2022, Narayanan 2021) and Megatron-DeepSpeed on Jean Zay
 (BigScience's BLOOM sweep). Nothing is fitted to them; they only say how far off the model has been.
 
 - **Band.** For plans of one kind (pipelined or not), the central 95% of measured / predicted (2.5th to 97.5th
