@@ -1,8 +1,9 @@
 """``autopar tune``: plan, then measure the finalists on the cluster and keep the one that is fastest in fact.
 
-The search's top distinct plans (``--trials``, default 3) each run a few steps through the same launcher as
-``autopar run`` (``--steps``, the first ``--warmup`` discarded, the median of the rest), each under a time
-limit. A trial that fails (out of memory, an error, the time limit) is recorded and skipped. The profile is then
+The search's top distinct plans that the model cannot tell apart from the best (predicted within its ranking
+uncertainty, planner/uncertainty.py; at most ``--trials``, default 3) each run a few steps through the same
+launcher as ``autopar run`` (``--steps``, the first ``--warmup`` discarded, the median of the rest), each under
+a time limit. A trial that fails (out of memory, an error, the time limit) is recorded and skipped. The profile is then
 fitted to the measured steps (``autopar calibrate``'s fit), the trials re-predicted with it, and the plan with
 the smallest measured median written out, with its measured and predicted step times and the calibrated
 profile beside it.
@@ -20,7 +21,9 @@ from typing import Any
 import numpy as np
 
 from planner.calibrate import Run, fit_scales, load_runs, predict, profile_yaml, scaled
+from planner.refine import PlanResult
 from planner.search import search
+from planner.uncertainty import tied_with_best
 from specs.cluster import ClusterSpec
 from specs.errors import AutoparError
 from specs.model import ModelSpec
@@ -73,7 +76,7 @@ def tune(model: ModelSpec, cluster: ClusterSpec, global_batch: int, out_dir: Pat
                            f"{cluster.num_gpus} GPUs: nothing to tune (see `autopar plan`)")
     out_dir.mkdir(parents=True, exist_ok=True)
     found: list[Trial] = []
-    for i, p in enumerate(res.plans[:trials]):
+    for i, p in enumerate(finalists(res.plans, trials)):
         path = out_dir / f"trial{i + 1}.json"
         plan = make_plan(model, cluster, global_batch, p.config, p.estimate.to_json(), TrainConfig(steps=steps))
         save_plan(plan, path)
@@ -108,6 +111,13 @@ def tune(model: ModelSpec, cluster: ClusterSpec, global_batch: int, out_dir: Pat
         header = f"Calibrated by `autopar tune` at {when} from {len(runs)} trial(s): {fitted}."
         profile.write_text(profile_yaml(scaled(cluster, scales), [header]))
     return TuneResult(trials=found, chosen=chosen, profile_path=str(profile) if profile else None, scales=scales)
+
+
+def finalists(plans: list[PlanResult], k: int) -> list[PlanResult]:
+    """The best plan and those after it tied with it (planner/uncertainty.py), at most ``k``: a plan the model
+    predicts clearly slower is not worth a trial."""
+    steps = [p.estimate.step_time_s for p in plans[:k]]
+    return plans[:1 + tied_with_best(steps)]
 
 
 def default_out_dir() -> Path:

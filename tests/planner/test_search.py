@@ -297,3 +297,20 @@ def test_exhaustive_search_reports_progress_with_time_left():
     assert progress_line(1200, 17709, 1.0) == "priced 1,200/17,709 candidates, about 14 s left"
     assert progress_line(100, 17709, 2.0).endswith("about 6 min left")
     assert progress_line(0, 10, 0.0) == progress_line(10, 10, 3.0).replace("10/10", "0/10")
+
+
+def test_tune_measures_only_the_plans_tied_with_the_best():
+    """`autopar tune` runs the best plan and those the model cannot tell from it (within its ranking
+    uncertainty), at most --trials of them: a plan predicted clearly slower gets no trial."""
+    from types import SimpleNamespace
+
+    from planner.tune import finalists
+    from planner.uncertainty import tie_margin
+
+    def plans(*steps: float) -> list:
+        return [SimpleNamespace(estimate=SimpleNamespace(step_time_s=s)) for s in steps]
+
+    near, far = 1 + tie_margin() / 2, 1 + 2 * tie_margin()
+    assert len(finalists(plans(1.0, near, near, far), 3)) == 3
+    assert len(finalists(plans(1.0, near, near, near), 2)) == 2
+    assert len(finalists(plans(1.0, far, far), 3)) == 1
