@@ -81,7 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     tu = sub.add_parser("tune", help="plan, then run the best few plans here and keep the fastest measured")
     _add_common(tu)
     tu.add_argument("--fix", default="", help="plan keys to hold fixed")
-    tu.add_argument("--trials", type=int, default=3, help="distinct finalists to measure (default 3)")
+    tu.add_argument("--trials", type=int, default=3,
+                    help="most finalists to measure: the best and those tied with it (default 3)")
     tu.add_argument("--steps", type=int, default=8, help="steps per trial (default 8)")
     tu.add_argument("--warmup", type=int, default=2, help="steps of each trial left out of its median (default 2)")
     tu.add_argument("--time-limit", type=float, default=600.0, metavar="S",
