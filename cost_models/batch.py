@@ -21,7 +21,14 @@ import numpy as np
 from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
 from cost_models.memory import GiB, rank_load, rank_memory
-from cost_models.pipeline import closed_form, makespan_floor, table_replay, wave_replay
+from cost_models.pipeline import (
+    CLOSED_FORM_OPTIMISM,
+    CLOSED_FORM_PESSIMISM,
+    closed_form,
+    makespan_floor,
+    table_replay,
+    wave_replay,
+)
 from cost_models.stages import FULL, layer_terms, packed_rows, rank_work, stage_costs, stage_state
 from cost_models.tail import rank_tail
 from specs.cluster import ClusterSpec
@@ -57,12 +64,13 @@ def estimate_batch(model: ModelSpec, cluster: ClusterSpec, c: Candidates, global
     compute, TP/CP communication and ZeRO traffic: ``stages.rank_work``), in growing batches, each batch's
     memory worked out and those that fit timed, until the next bound is above that mark. The others' time and
     memory are left infinite (not worked out: they cannot be among the fastest). Then, with the "mixed"
-    pipeline, those within ``slack`` of the fastest get their uneven waves replayed. ``progress`` is called
-    with (candidates priced, all candidates) as the work goes."""
+    pipeline, those that may be among the k fastest (:func:`may_be_among`) get their uneven waves replayed.
+    ``progress`` is called with (candidates priced, all candidates) as the work goes."""
     state = state or StateSpec.default(cluster.precision)
     cm, comm = ComputeModel(cluster.gpu, cluster.precision), CommModel(cluster)
     terms = layer_terms(model, cm, comm, c)
     floor = np.zeros(len(c))
+    uneven = np.zeros(len(c), dtype=bool)  # interleaved chunks of unequal size: the closed form is not exact
     groups = []
     group = packed_rows(c.pp, c.vpp)
     for key in np.unique(group):
@@ -75,6 +83,7 @@ def estimate_batch(model: ModelSpec, cluster: ClusterSpec, c: Candidates, global
         full = np.array([split.recomputed_layers(j, int(n)) for j, n in enumerate(layers)], dtype=float)
         recomputed = np.where(g.recompute[:, None] == FULL, full[None, :], 0.0)
         m = microbatches(global_batch, g.dp, g.mbs)
+        uneven[idx] = vpp > 1 and len(set(layers.tolist())) > 1
         if keep is not None:
             floor[idx] = makespan_floor(rank_work(model, comm, state, g, lt, layers, recomputed, pp), pp, vpp, m)
         groups.append((idx, g, lt, layers, recomputed, m))
@@ -101,11 +110,21 @@ def estimate_batch(model: ModelSpec, cluster: ClusterSpec, c: Candidates, global
         if progress:
             progress(len(c) - len(queue), len(c))
     if pipeline == "mixed" and np.isfinite(step).any():  # replay the uneven waves where they may matter
-        near = step <= slack * step.min()
-        _time(model, cm, comm, state, cluster.num_gpus, groups, near, step, "mixed", uneven_only=True)
+        _time(model, cm, comm, state, cluster.num_gpus, groups, may_be_among(step, uneven, k), step, "mixed",
+              uneven_only=True)
     if progress:
         progress(len(c), len(c))
     return BatchResult(step_time=step, memory_GiB=memory, floor=floor)
+
+
+def may_be_among(step: np.ndarray, uneven: np.ndarray, k: int) -> np.ndarray:
+    """Which candidates timed ``step`` (closed form where ``uneven``, else exact) may be among the ``k`` fastest
+    once the uneven ones are replayed: the replay is at most CLOSED_FORM_OPTIMISM slower and CLOSED_FORM_PESSIMISM
+    faster than the closed form, so a candidate whose fastest possible replay is slower than the k-th smallest
+    slowest possible time of all cannot be."""
+    upper = np.where(uneven, step / (1 - CLOSED_FORM_OPTIMISM), step)
+    kth = np.partition(upper, min(k, len(upper)) - 1)[min(k, len(upper)) - 1]
+    return np.isfinite(step) & (step / (1 + CLOSED_FORM_PESSIMISM) <= kth)
 
 
 def _memory(model: ModelSpec, state: StateSpec, backend: str, groups: list, chosen: np.ndarray,

@@ -47,11 +47,12 @@ def test_closed_form_alone_is_within_the_search_slack(rows):
     """The search's first ranking prices every pipeline in closed form and replays only candidates within
     CLOSED_FORM_SLACK of the fastest: with the closed form at most 12% optimistic and 8% pessimistic, a candidate
     that could be the fastest is within (1 + 0.08) / (1 - 0.12) = 1.23 of the fastest closed-form time."""
+    from cost_models.pipeline import CLOSED_FORM_OPTIMISM, CLOSED_FORM_PESSIMISM
     from planner.search import CLOSED_FORM_SLACK
 
     closed = np.array([r["closed_error"] for r in rows])
-    assert closed.min() >= -0.12 and closed.max() <= 0.08, (closed.min(), closed.max())
-    assert CLOSED_FORM_SLACK >= (1 + 0.08) / (1 - 0.12)
+    assert closed.min() >= -CLOSED_FORM_OPTIMISM and closed.max() <= CLOSED_FORM_PESSIMISM, (closed.min(), closed.max())
+    assert CLOSED_FORM_SLACK >= (1 + CLOSED_FORM_PESSIMISM) / (1 - CLOSED_FORM_OPTIMISM)
 
 
 @pytest.mark.parametrize("fixed", [{"recompute": "full", "recompute_layers": 0}, {"pp": 4, "layers": (1, 1, 1, 37)},

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cost_models.batch import estimate_batch
+from cost_models.batch import estimate_batch, may_be_among
 from cost_models.pipeline import closed_form, makespan_floor
 from planner.search import CLOSED_FORM_SLACK
 from planner.space import enumerate_space
@@ -79,7 +79,9 @@ def test_pruning_keeps_what_the_search_reads(case):
     timed = np.isfinite(pruned.step_time)
     assert timed.sum() < np.isfinite(full.step_time).sum() or len(space) < 3000
     fits = np.isfinite(closed.step_time)
-    near = fits & (closed.step_time <= CLOSED_FORM_SLACK * closed.step_time[fits].min())
+    uneven = ~np.isclose(closed.step_time, full.step_time, rtol=1e-12, atol=0) & fits
+    near = may_be_among(closed.step_time, uneven, 16)  # those whose replay may put them among the 16 fastest
+    assert near.sum() >= 16 or near.sum() == fits.sum()
     assert timed[near].all()
     assert np.allclose(pruned.step_time[near], full.step_time[near], rtol=1e-12, atol=0)
     rest = timed & ~near
