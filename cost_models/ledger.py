@@ -120,8 +120,8 @@ def priced_ledger(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, g
             vocab_shard = math.ceil(model.vocab_size / t) * model.hidden_size
             tied_owned = d if cfg.zero >= 2 and d > 1 else 1
             book.add("all_reduce", "embed", grads, 1, vocab_shard * state.grad_reduce_bytes / tied_owned)
-        for group, size in step_reductions(t, pp, cfg.zero, cfg.world):
+        for group, size, nbytes in step_reductions(t, pp, cfg.zero, cfg.world):
             if int(size) > 1:
-                book.add("all_reduce", str(group), "float32", 1, 4)
+                book.add("all_reduce", str(group), "float32", 1, nbytes)
         out.append(book.as_dict())
     return out

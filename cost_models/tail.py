@@ -10,7 +10,7 @@ the closed form). All arrays are [N, pp] per rank ([N, pp, vpp] per model chunk)
   backward is exposed. ZeRO-2/3 reduce every micro-batch instead (stages.py).
 - With sequence parallelism the gradients of parameters every tensor-parallel rank holds whole (norms, row-parallel
   biases) are partial: they are summed over tp after the data-parallel reduce, exposed.
-- The step ends with three scalar all-reduces (:func:`step_reductions`): the gradient norm, the loss, the peak
+- The step ends with three small all-reduces (:func:`step_reductions`): the gradient norm, the loss, the peak
   memory.
 - The optimizer (fused AdamW, memory bound) updates the rank's shard after the reduce; the gradient norm and
   clipping read the local gradients (8 bytes per local parameter, priced with it).
@@ -51,12 +51,13 @@ def tp_sum_buckets(buckets, summed, zero, state: StateSpec) -> np.ndarray:
     return np.where(np.asarray(zero) >= 2, buckets, np.ceil(np.asarray(summed) / state.bucket_params))
 
 
-def step_reductions(tp, pp, zero, gpus: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """The step's scalar fp32 all-reduces as (group, ranks): the gradient norm's sum of squares (over one
-    replica's tp x pp ranks; over every rank when ZeRO shards the gradients), the loss and the peak memory."""
+def step_reductions(tp, pp, zero, gpus: int) -> list[tuple[np.ndarray, np.ndarray, int]]:
+    """The step's small fp32 all-reduces as (group, ranks, bytes): the gradient norm's sum of squares (over one
+    replica's tp x pp ranks; over every rank when ZeRO shards the gradients), the loss, and the peak memory
+    (allocated and reserved)."""
     sharded = np.asarray(zero) >= 1
-    return [(np.where(sharded, "world", "mp"), np.where(sharded, gpus, np.asarray(tp) * np.asarray(pp))),
-            (np.asarray("world"), np.asarray(gpus)), (np.asarray("world"), np.asarray(gpus))]
+    return [(np.where(sharded, "world", "mp"), np.where(sharded, gpus, np.asarray(tp) * np.asarray(pp)), 4),
+            (np.asarray("world"), np.asarray(gpus), 4), (np.asarray("world"), np.asarray(gpus), 8)]
 
 
 def tp_sum(comm: CommModel, state: StateSpec, costs: StageCosts, pp: int, vpp: int, t: np.ndarray, d: np.ndarray,
@@ -118,7 +119,7 @@ def rank_tail(model: ModelSpec, cm: ComputeModel, comm: CommModel, state: StateS
         vocab_shard = np.ceil(model.vocab_size / c.tp) * model.hidden_size
         owned = np.where((c.zero >= 2) & (c.dp * c.cp > 1), c.dp * c.cp, 1)  # ZeRO-2/3: the owned slice only
         tied = comm.all_reduce(vocab_shard * state.grad_reduce_bytes / owned, 2, stride * (pp - 1))
-    norm = sum(comm.all_reduce(4, size, 1) for _, size in step_reductions(c.tp, c.pp, c.zero, gpus))
+    norm = sum(comm.all_reduce(nbytes, size, 1) for _, size, nbytes in step_reductions(c.tp, c.pp, c.zero, gpus))
     norm = np.broadcast_to(norm, (len(c),))
     return RankTail(dp_exposed=exposed, optimizer=opt, gather=gather, finish=finish, tied=tied, norm=norm,
                     step_time=finish.max(axis=1) + tied + norm)

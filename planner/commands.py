@@ -253,14 +253,16 @@ def run_command(args: argparse.Namespace) -> int:
     plan_path = args.plan
     if plan_path is None:
         plan_path = str(_plan_default(cache_dir() / "default-plan.json"))
+    fresh = _fresh_prediction(plan_path)
     return launch(plan_path=plan_path, steps=args.steps, data=args.data, metrics_out=args.metrics_out,
                   checkpoint_dir=args.checkpoint_dir, resume=args.resume, dry_run=args.dry_run,
-                  checkpoint_every=args.checkpoint_every, predicted_step_s=_fresh_prediction(plan_path))
+                  checkpoint_every=args.checkpoint_every, predicted_step_s=fresh and fresh.step_time_s,
+                  predicted_memory_GiB=fresh and fresh.memory_GiB)
 
 
-def _fresh_prediction(plan_path: str) -> float | None:
-    """The step time of a plan file edited by hand since its prediction (its keys, batch or sequence changed),
-    estimated again, with a note; None when the plan's own prediction holds."""
+def _fresh_prediction(plan_path: str) -> Any:
+    """The estimate of a plan file edited by hand since its prediction (its keys, batch or sequence changed),
+    made again, with a note; None when the plan's own prediction holds."""
     from cost_models.step import estimate
     from specs.planfile import load_plan
 
@@ -270,7 +272,7 @@ def _fresh_prediction(plan_path: str) -> float | None:
     est = estimate(plan.model, plan.cluster, plan.config, plan.global_batch, state=plan.state)
     print(f"autopar: {plan_path} was edited since its prediction ({plan.prediction.get('step_time_s', 0):.4g} s "
           f"a step); re-estimated for {plan.config.short()}: {est.step_time_s:.4g} s", flush=True)
-    return est.step_time_s
+    return est
 
 
 def _plan_default(path) -> str:

@@ -38,11 +38,11 @@ def _local_devices() -> int | None:
 
 def _worker_args(plan_path: str, steps: int | None, data: str | None, metrics_out: str | None,
                  checkpoint_dir: str | None, resume: bool, checkpoint_every: int | None, quiet: bool,
-                 predicted_step_s: float | None = None) -> list[str]:
+                 predicted_step_s: float | None = None, predicted_memory_GiB: float | None = None) -> list[str]:
     args = ["-m", "runtime.train", plan_path]
     for flag, value in (("--steps", steps), ("--data", data), ("--metrics-out", metrics_out),
                         ("--checkpoint-dir", checkpoint_dir), ("--checkpoint-every", checkpoint_every),
-                        ("--predicted-step-time", predicted_step_s)):
+                        ("--predicted-step-time", predicted_step_s), ("--predicted-memory", predicted_memory_GiB)):
         if value is not None:
             args += [flag, str(value)]
     return args + (["--resume"] if resume else []) + (["--quiet"] if quiet else [])
@@ -65,10 +65,10 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
            metrics_out: str | None = None, checkpoint_dir: str | None = None, resume: bool = False,
            nproc: int | None = None, checkpoint_every: int | None = None, dry_run: bool = False,
            quiet: bool = False, env: dict[str, str] | None = None, timeout_s: float | None = None,
-           predicted_step_s: float | None = None) -> int:
+           predicted_step_s: float | None = None, predicted_memory_GiB: float | None = None) -> int:
     """Validate everything cheap to validate, then run the plan under torchrun; returns 0 on success.
-    ``predicted_step_s``: the step time the metrics carry as predicted (the planner's fresh estimate of a plan
-    edited since its prediction; default: the plan's).
+    ``predicted_step_s`` / ``predicted_memory_GiB``: the step time and peak memory the metrics carry as predicted
+    (the planner's fresh estimate of a plan edited since its prediction; default: the plan's).
 
     Raises AutoparError (one line) for a bad plan, data file or checkpoint directory, a world size this
     machine cannot hold, failed workers, or workers still running after ``timeout_s`` seconds (stopped).
@@ -88,7 +88,7 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
         if latest_checkpoint(Path(checkpoint_dir)) is None:
             raise AutoparError(f"no checkpoint to resume from in {checkpoint_dir}; run without --resume to start fresh")
     worker = _worker_args(plan_path, steps, data, metrics_out, checkpoint_dir, resume, checkpoint_every, quiet,
-                          predicted_step_s)
+                          predicted_step_s, predicted_memory_GiB)
     gpus = _local_devices()
     if plan.cluster.num_nodes > 1 and world > plan.cluster.gpus_per_node:
         print("autopar: this plan spans several nodes; run on every node:\n  " +

@@ -1,7 +1,9 @@
 """Per-step metrics: one JSON line per step (rank 0) and a progress line on stdout.
 
 Each line: ``step, loss, grad_norm, lr, step_time_s, predicted_step_time_s, tokens_per_s, mfu,
-peak_memory_GiB, plan`` (the plan file's absolute path). MFU = model FLOPs
+peak_memory_GiB, peak_reserved_GiB, predicted_memory_GiB, plan`` (the plan file's absolute path). The peaks are
+the fullest rank's (CUDA: allocated and reserved by the caching allocator; CPU: the process's peak RSS, both),
+beside the memory the plan predicted per GPU. MFU = model FLOPs
 (``ModelSpec.model_flops_per_token``, no recompute) x tokens / (step time x ranks x the cluster GPU's peak
 at the plan's precision) — the same definition the planner's estimate uses, so the two compare directly.
 """
@@ -18,24 +20,26 @@ from specs.planfile import PlanFile
 class MetricsLog:
     def __init__(self, plan: PlanFile, path: str | Path | None, total_steps: int, enabled: bool,
                  quiet: bool = False, append: bool = False, plan_path: str | None = None,
-                 predicted_step_s: float | None = None) -> None:
+                 predicted_step_s: float | None = None, predicted_memory_GiB: float | None = None) -> None:
         self.plan, self.total, self.enabled, self.quiet = plan, total_steps, enabled, quiet
         self.plan_path = plan_path  # written on every line so `autopar calibrate` can re-estimate the run
         self.tokens = plan.global_batch * plan.seq
         self.flops = plan.model.model_flops_per_token(plan.seq) * self.tokens
         self.peak = plan.world_size * plan.cluster.gpu.peak(plan.cluster.precision)
         self.predicted = predicted_step_s or plan.prediction.get("step_time_s")  # a fresh estimate, when given
+        self.predicted_memory = predicted_memory_GiB or plan.prediction.get("memory_GiB")
         self.file: IO[str] | None = None
         if enabled and path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             self.file = open(path, "a" if append else "w")  # noqa: SIM115 - closed in close()
 
     def record(self, step: int, loss: float, grad_norm: float, lr: float, step_time_s: float,
-               peak_memory_GiB: float) -> dict[str, Any]:
+               peak_memory_GiB: float, peak_reserved_GiB: float | None = None) -> dict[str, Any]:
         row = {
             "step": step, "loss": loss, "grad_norm": grad_norm, "lr": lr, "step_time_s": step_time_s,
             "predicted_step_time_s": self.predicted, "tokens_per_s": self.tokens / step_time_s,
             "mfu": self.flops / (step_time_s * self.peak), "peak_memory_GiB": peak_memory_GiB,
+            "peak_reserved_GiB": peak_reserved_GiB, "predicted_memory_GiB": self.predicted_memory,
         }
         if self.plan_path:
             row["plan"] = self.plan_path

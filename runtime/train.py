@@ -44,6 +44,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--quiet", action="store_true", help="no progress lines")
     ap.add_argument("--predicted-step-time", type=float, metavar="S",
                     help="the step time metrics carry as predicted (default: the plan's prediction)")
+    ap.add_argument("--predicted-memory", type=float, metavar="GIB",
+                    help="the peak memory per GPU metrics carry as predicted (default: the plan's prediction)")
     return ap.parse_args(argv)
 
 
@@ -93,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         load_checkpoint(trainer, ckdir)
     every = args.checkpoint_every if args.checkpoint_every is not None else plan.train.checkpoint_every
     log = MetricsLog(plan, args.metrics_out, steps, enabled=rank == 0, quiet=args.quiet, append=args.resume,
-                     predicted_step_s=args.predicted_step_time,
+                     predicted_step_s=args.predicted_step_time, predicted_memory_GiB=args.predicted_memory,
                      plan_path=str(Path(args.plan).resolve()))
     if rank == 0 and not args.quiet:
         where = f"resuming after step {trainer.step}" if args.resume else "from scratch"
@@ -113,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         st = trainer.train_step()
         time.sleep(delay)
-        log.record(trainer.step, st.loss, st.grad_norm, st.lr, time.perf_counter() - t0, st.peak_memory_GiB)
+        log.record(trainer.step, st.loss, st.grad_norm, st.lr, time.perf_counter() - t0, st.peak_memory_GiB,
+                   st.peak_reserved_GiB)
         if ckdir is not None and ((every and trainer.step % every == 0) or trainer.step == steps):
             save_checkpoint(trainer, ckdir)
     log.close()

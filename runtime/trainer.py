@@ -38,7 +38,8 @@ class StepStats:
     loss: float
     grad_norm: float
     lr: float
-    peak_memory_GiB: float
+    peak_memory_GiB: float  # the fullest rank's: CUDA max_memory_allocated; CPU: the process's peak RSS
+    peak_reserved_GiB: float  # ... CUDA max_memory_reserved (what the caching allocator held); CPU: the same RSS
 
 
 def check_supported(plan: PlanFile) -> None:
@@ -55,12 +56,14 @@ def executed_state(plan: PlanFile, device: torch.device) -> StateSpec:
     return plan.state
 
 
-def peak_memory_GiB(device: torch.device) -> float:
+def peak_memory_GiB(device: torch.device) -> tuple[float, float]:
+    """This rank's peak (allocated, reserved) GiB: the CUDA caching allocator's, or the process's peak RSS twice."""
     if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30
+        return torch.cuda.max_memory_allocated(device) / 2**30, torch.cuda.max_memory_reserved(device) / 2**30
     import resource
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
+    return rss, rss
 
 
 class Trainer:
@@ -115,9 +118,10 @@ class Trainer:
         self.step += 1
         loss = loss_sum if self.is_loss_rank else torch.zeros_like(loss_sum)
         dist.all_reduce(loss, group=self.g.world)
-        mem = torch.tensor([peak_memory_GiB(self.device)], device=self.device)
+        mem = torch.tensor(peak_memory_GiB(self.device), device=self.device)
         dist.all_reduce(mem, op=dist.ReduceOp.MAX, group=self.g.world)
-        return StepStats(float(loss) / (self.cfg.dp * self.cfg.cp * self.m), grad_norm, lr, float(mem))
+        return StepStats(float(loss) / (self.cfg.dp * self.cfg.cp * self.m), grad_norm, lr, float(mem[0]),
+                         float(mem[1]))
 
     # ---- checkpoint state ---------------------------------------------------------------------
     def model_state(self) -> dict[str, torch.Tensor]:

@@ -56,7 +56,7 @@ def test_killed_rank_resumes_from_last_checkpoint(tmp_path):
     assert [r["loss"] for r in rows[6:8]] == [r["loss"] for r in before[4:6]]
     assert rows[-1]["loss"] < rows[0]["loss"] - 1.5  # 5.6 -> ~3.5: it learns
     for key in ("loss", "grad_norm", "lr", "step_time_s", "predicted_step_time_s", "tokens_per_s", "mfu",
-                "peak_memory_GiB"):
+                "peak_memory_GiB", "peak_reserved_GiB", "predicted_memory_GiB"):
         assert all(isinstance(r[key], float) and r[key] > 0 for r in rows), key
     assert (ck / "latest").read_text().strip() == "step_00000008"
 
@@ -231,10 +231,13 @@ def test_a_hand_edited_plan_is_re_estimated_at_load(tmp_path, capsys):
     path.write_text(json.dumps(data))
     plan = load_plan(path)
     assert not plan.prediction_is_current
-    fresh = estimate(plan.model, plan.cluster, plan.config, plan.global_batch, state=plan.state).step_time_s
+    est = estimate(plan.model, plan.cluster, plan.config, plan.global_batch, state=plan.state)
+    fresh = est.step_time_s
     m = tmp_path / "m.jsonl"
     assert main(["run", str(path), "--steps", "2", "--metrics-out", str(m)]) == 0
     assert f"was edited since its prediction ({old:.4g} s a step); re-estimated" in capsys.readouterr().out
     rows = [r for r in _rows(m) if "step" in r]
     assert rows and all(r["predicted_step_time_s"] == pytest.approx(fresh) for r in rows) and fresh != old
+    assert all(r["predicted_memory_GiB"] == pytest.approx(est.memory_GiB) for r in rows)
+    assert est.memory_GiB != pytest.approx(data["prediction"]["memory_GiB"])
     assert load_plan(default_plan(tmp_path / "fresh.json")[0]).prediction_is_current
