@@ -315,7 +315,10 @@ def cluster_from_dict(data: dict[str, Any], source: str) -> ClusterSpec:
     data["gpu"] = gpu if isinstance(gpu, GPUSpec) else load_gpu(gpu)
     data.setdefault("name", Path(source).stem)
     link = data["gpu"].node_link
-    if "intra_node" not in data and link is not None:  # the GPU's own platform link
+    if "intra_node" not in data:  # the GPU's own platform link
+        if link is None:
+            raise AutoparError(f"cluster profile {source}: missing 'intra_node' (e.g. {{bandwidth_GBps: 300}}, per GPU "
+                               f"inside a node), and GPU {data['gpu'].name} has no node_link to take it from")
         data["intra_node"] = {"bandwidth_GBps": link.bandwidth_GBps, "latency_us": link.latency_us}
     return validated(ClusterSpec, data, f"cluster profile {source}")
 

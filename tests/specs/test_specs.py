@@ -267,5 +267,9 @@ def test_gpu_profiles_carry_their_node_link_and_clusters_respect_it(tmp_path):
     with pytest.raises(AutoparError, match=r"intra_node bandwidth_GBps 450: GPU l40s-48gb has PCIe \(32 GB/s per "
                                            r"GPU\) inside a node; use at most 32, or leave intra_node out"):
         load_cluster(str(p))
+    p.write_text("name: c\ngpu: {name: g, peak_tflops: {bf16: 100}, memory_GiB: 10, memory_bandwidth_GBps: 100}\n"
+                 "gpus_per_node: 8\n")
+    with pytest.raises(AutoparError, match="missing 'intra_node' .*GPU g has no node_link to take it from"):
+        load_cluster(str(p))
     p.write_text("name: c\ngpu: h100-sxm5-80gb\ngpus_per_node: 8\nintra_node: {bandwidth_GBps: 480}\n")
     assert load_cluster(str(p)).intra_node.bandwidth_GBps == 480  # measured NVLink SHARP all-reduces read above
