@@ -10,8 +10,6 @@ have fitted as measured. ``--headroom 0`` uses the whole GPU (allowed, with a wa
 
 from __future__ import annotations
 
-import math
-
 DEFAULT_FRACTION = 0.10  # of each GPU's memory, kept free by default
 
 
@@ -30,7 +28,7 @@ def memory_warning(used_GiB: float, gpu_GiB: float) -> str | None:
     possible with a smaller --headroom), or None."""
     if used_GiB <= gpu_GiB - default_headroom_GiB(gpu_GiB):
         return None
-    margin = math.ceil(default_headroom_GiB(gpu_GiB))
-    return (f"the best plan fills {used_GiB:.1f} of {gpu_GiB:g} GiB per GPU; measured peaks ran up to "
-            f"{DEFAULT_FRACTION:.0%} of the GPU above the model's (benchmarks/RESULTS.md), so keep the default "
-            f"margin: --headroom {margin} (or leave --headroom out)")
+    margin = default_headroom_GiB(gpu_GiB)
+    return (f"the best plan fills {used_GiB:.1f} of {gpu_GiB:g} GiB per GPU; measured peaks ran up to 9.7% of the "
+            f"GPU above the model's (benchmarks/RESULTS.md), so keep the default margin: leave --headroom out "
+            f"(--headroom {margin:.3g})")

@@ -73,6 +73,8 @@ def solve_without_recompute(p: StageProblem) -> Split | None:
     slots = p.microbatches * p.vpp - 1
     if p.fixed_layers is not None:
         n = np.array(p.fixed_layers, dtype=int)
+        if len(n) != nv:
+            return None
         used = np.array([(n[js] * a[js]).sum() for js in ranks])
         if n.sum() != L or (used > budget + 1e-6 * np.maximum(1.0, np.abs(budget))).any():
             return None

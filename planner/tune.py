@@ -61,8 +61,9 @@ def tune(model: ModelSpec, cluster: ClusterSpec, global_batch: int, out_dir: Pat
          trials: int = 3, steps: int = 8, warmup: int = 2, time_limit_s: float = 600.0, data: str | None = None,
          headroom_GiB: float = 0.0, progress: Callable[[int, int, Trial], None] | None = None,
          env: dict[str, str] | None = None) -> TuneResult:
-    """Measure the ``trials`` best distinct plans for ``steps`` steps each (plan files and metrics in
-    ``out_dir``) and return them with the measured-best chosen; ``progress(i, n, trial)`` after each trial."""
+    """Measure the best plan and those tied with it (:func:`finalists`, at most ``trials``) for ``steps`` steps
+    each (plan files and metrics in ``out_dir``) and return them with the measured-best chosen;
+    ``progress(i, n, trial)`` after each trial."""
     from runtime.launch import launch  # the trials run through autopar run's launcher
 
     if trials < 1:

@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from specs.errors import AutoparError
+
 RESIDUALS = Path(__file__).with_name("residuals.json")
 QUANTILES = (0.025, 0.975)  # the central 95%
 
@@ -43,7 +45,17 @@ def _sets(sets: dict[str, list[dict[str, Any]]] | None) -> dict[str, list[dict[s
 
 @cache
 def _stored() -> dict[str, list[dict[str, Any]]]:
-    return json.loads(RESIDUALS.read_text())["sets"]
+    regenerate = "regenerate it: python benchmarks/validate_published.py --write-residuals planner/residuals.json"
+    try:
+        sets = json.loads(RESIDUALS.read_text())["sets"]
+        ratios = [(float(r["ratio"]), bool(r["pipelined"])) for rows in sets.values() for r in rows]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise AutoparError(f"{RESIDUALS} is missing or unreadable ({type(err).__name__}); {regenerate}") from None
+    kinds = {k for _, k in ratios}
+    if (not all(math.isfinite(x) and x > 0 for x, _ in ratios) or kinds != {True, False}
+            or any(len(rows) < 2 for rows in sets.values())):
+        raise AutoparError(f"{RESIDUALS} needs positive ratios, both plan kinds and two rows per set; {regenerate}")
+    return sets
 
 
 def band(pipelined: bool, sets: dict[str, list[dict[str, Any]]] | None = None) -> Band:
@@ -75,8 +87,9 @@ def tie_margin() -> float:
 
 
 def tied_with_best(steps: list[float]) -> int:
-    """How many of ``steps`` (sorted, best first) after the first are tied with it."""
-    return sum(1 for s in steps[1:] if math.log(s / steps[0]) < tie_margin())
+    """How many of ``steps`` (sorted, best first) after the first are tied with it: slower by less than the
+    margin."""
+    return sum(1 for s in steps[1:] if s / steps[0] - 1 < tie_margin())
 
 
 def coverage(sets: dict[str, list[dict[str, Any]]]) -> dict[str, float]:

@@ -80,12 +80,15 @@ def with_gpu(cluster: ClusterSpec, name: str) -> tuple[ClusterSpec, str | None]:
     if problem:
         raise AutoparError(f"{cluster.name} with {name}: {problem}")
     link, intra = gpu.node_link, cluster.intra_node
-    if link is None or link.bandwidth_GBps == intra.bandwidth_GBps:
-        return swapped, None
+    if gpu.name == cluster.gpu.name or link is None or link.bandwidth_GBps == intra.bandwidth_GBps:
+        return swapped, None  # the cluster's own GPU keeps the cluster's (maybe measured) link
     own = intra.model_copy(update={"bandwidth_GBps": link.bandwidth_GBps, "latency_us": link.latency_us})
     note = (f"{name} nodes have {link.text()} inside a node, not {cluster.name}'s {intra.bandwidth_GBps:g} GB/s: "
             "priced with the GPU's own link")
-    return swapped.model_copy(update={"intra_node": own}), note
+    fits = {op: {lv: f for lv, f in levels.items() if lv != "intra"} for op, levels in cluster.collectives.items()}
+    if fits != cluster.collectives:
+        note += f" (the collectives {cluster.name}'s profile measured inside its nodes are left out)"
+    return swapped.model_copy(update={"intra_node": own, "collectives": fits}), note
 
 
 def sweep(model: ModelSpec, cluster: ClusterSpec, global_batch: int, key: str, values: list[Any],

@@ -3,15 +3,17 @@
 Off by default: :func:`recording` wraps torch.distributed's collective and send functions for the duration of a
 ``with`` block (the runtime calls them through the ``dist`` module, so every call site is seen: tensor, sequence
 and context parallelism, the pipeline, data parallelism and ZeRO, the optimizer's norm, the step's metrics).
-Each call is booked under its op (``all_reduce``, ``all_gather``, ``reduce_scatter``, ``send``, ``broadcast``),
-the plan group it runs on (named from :class:`~runtime.parallel.mesh.ParallelGroups`), its dtype, with the
-bytes as the cost model counts them (cost_models/comm.py: all-gather output, reduce-scatter input, all-reduce
-buffer, bytes sent). Receives mirror sends and are not booked; calls on one-rank groups move nothing and are
-not booked either. ``cost_models.ledger.priced_ledger`` is what the cost model priced for the same plan.
+Each call is booked, once it has returned, under its op (``all_reduce``, ``all_gather``, ``reduce_scatter``,
+``send``, ``broadcast``), the plan group it runs on (named from :class:`~runtime.parallel.mesh.ParallelGroups`),
+its dtype, with the bytes as the cost model counts them (cost_models/comm.py: all-gather output, reduce-scatter
+input, all-reduce buffer, bytes sent). Receives mirror sends and are not booked; calls on one-rank groups move
+nothing and are not booked either. ``cost_models.ledger.priced_ledger`` is what the cost model priced for the
+same plan.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -60,36 +62,46 @@ def recording(groups: ParallelGroups) -> Iterator[Ledger]:
             names.setdefault(id(g), name)
     ledger = Ledger()
 
-    def group_of(kw: dict[str, Any], default: Any = None) -> tuple[str, int]:
-        g = kw.get("group", default)
+    def group_of(g: Any) -> tuple[str, int]:
         g = groups.world if g is None else g
         return names.get(id(g), "other"), dist.get_world_size(g)
 
-    def booked(fn: Any, op: str, which: int, out_bytes: Any = None) -> Any:
+    def booked(fn: Any, op: str, tensor: str, nbytes: Any = None) -> Any:
+        """``fn`` booking ``op`` on its group after it returns: the argument named ``tensor`` (bytes: ``nbytes``
+        of the bound arguments, default that tensor's)."""
+        sig = inspect.signature(fn)
+
         def call(*a: Any, **kw: Any) -> Any:
-            name, size = group_of(kw)
+            args = sig.bind(*a, **kw).arguments
+            out = fn(*a, **kw)
+            name, size = group_of(args.get("group"))
             if size > 1:
-                t = a[which] if len(a) > which else kw.get("tensor")
-                ledger.book(op, name, t, out_bytes(a) if out_bytes else _bytes(t))
-            return fn(*a, **kw)
+                t = args[tensor]
+                ledger.book(op, name, t, nbytes(args) if nbytes else _bytes(t))
+            return out
         return call
 
     def batch(ops: list[Any]) -> Any:
+        out = real["batch_isend_irecv"](ops)
         for p in ops:
-            if p.op in (dist.isend, real["isend"], dist.send, real["send"]):
-                ledger.book("send", names.get(id(p.group), "other"), p.tensor, _bytes(p.tensor))
-        return real["batch_isend_irecv"](ops)
+            name, size = group_of(p.group)
+            if size > 1 and p.op in (dist.isend, real["isend"], dist.send, real["send"]):
+                ledger.book("send", name, p.tensor, _bytes(p.tensor))
+        return out
 
     real = {n: getattr(dist, n) for n in ("all_reduce", "all_gather", ALL_GATHER_SINGLE, REDUCE_SCATTER_SINGLE,
                                           "isend", "send", "broadcast", "batch_isend_irecv")}
+    in_name = "input_tensor" if "input_tensor" in inspect.signature(real[REDUCE_SCATTER_SINGLE]).parameters else "input"
+    out_name = "output_tensor" if "output_tensor" in inspect.signature(real[ALL_GATHER_SINGLE]).parameters else "output"
     wrapped = {
-        "all_reduce": booked(real["all_reduce"], "all_reduce", 0),
-        "all_gather": booked(real["all_gather"], "all_gather", 1, lambda a: _bytes(a[1]) * len(a[0])),
-        ALL_GATHER_SINGLE: booked(real[ALL_GATHER_SINGLE], "all_gather", 0),
-        REDUCE_SCATTER_SINGLE: booked(real[REDUCE_SCATTER_SINGLE], "reduce_scatter", 1),
-        "isend": booked(real["isend"], "send", 0),
-        "send": booked(real["send"], "send", 0),
-        "broadcast": booked(real["broadcast"], "broadcast", 0),
+        "all_reduce": booked(real["all_reduce"], "all_reduce", "tensor"),
+        "all_gather": booked(real["all_gather"], "all_gather", "tensor",
+                             lambda a: _bytes(a["tensor"]) * len(a["tensor_list"])),
+        ALL_GATHER_SINGLE: booked(real[ALL_GATHER_SINGLE], "all_gather", out_name),
+        REDUCE_SCATTER_SINGLE: booked(real[REDUCE_SCATTER_SINGLE], "reduce_scatter", in_name),
+        "isend": booked(real["isend"], "send", "tensor"),
+        "send": booked(real["send"], "send", "tensor"),
+        "broadcast": booked(real["broadcast"], "broadcast", "tensor"),
         "batch_isend_irecv": batch,
     }
     for n, fn in wrapped.items():

@@ -14,6 +14,7 @@ from planner import uncertainty
 from planner.headroom import default_headroom_GiB
 from planner.search import enumerate_space, search
 from specs.cluster import load_cluster
+from specs.errors import AutoparError
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("validate_published", ROOT / "benchmarks" / "validate_published.py")
@@ -146,3 +147,18 @@ def test_bands_cover_every_published_set():
     margin = uncertainty.tie_margin()
     assert uncertainty.tied_with_best([1.0, 1.0 + margin / 2, 1.0 + 2 * margin]) == 1
     assert uncertainty.tied_with_best([1.0]) == 0
+
+
+def test_a_missing_or_corrupt_residuals_file_is_one_line(tmp_path, monkeypatch):
+    """The bands' data file gone, torn or holding nonsense: one line saying how to write it again."""
+    for text in (None, '{"sets": {"a": [{"ratio": 1.0, "pipel', '{"sets": {"a": [{"plan": "x", "pipelined": true, '
+                 '"ratio": -1}, {"plan": "y", "pipelined": false, "ratio": 1}]}}'):
+        path = tmp_path / "residuals.json"
+        if text is not None:
+            path.write_text(text)
+        monkeypatch.setattr(uncertainty, "RESIDUALS", path)
+        uncertainty._stored.cache_clear()
+        with pytest.raises(AutoparError, match="residuals.json .*regenerate it: python benchmarks/validate_publ"):
+            uncertainty.band(True)
+        path.unlink(missing_ok=True)
+    uncertainty._stored.cache_clear()

@@ -81,6 +81,8 @@ def test_a_gpu_point_gets_its_own_node_link_and_says_so(capsys):
     c, note = with_gpu(cluster, "h100-pcie-80gb")
     assert c.intra_node.bandwidth_GBps == 64 and "PCIe (64 GB/s per GPU)" in note and "450 GB/s" in note
     assert with_gpu(cluster, "h200-sxm-141gb")[1] is None
+    slower = cluster.model_copy(update={"intra_node": cluster.intra_node.model_copy(update={"bandwidth_GBps": 230})})
+    assert with_gpu(slower, "h100-sxm5-80gb") == (slower, None)  # its own GPU keeps a (calibrated) link
     pts = sweep(model, cluster, 64, "gpu", ["h100-sxm5-80gb", "l40s-48gb"], {})
     assert "note" not in pts[0] and "l40s-48gb nodes have PCIe" in pts[1]["note"]
     pcie_link = sweep(model, cluster, 64, "intra_node_bw", [450.0, 32.0], {})
