@@ -142,7 +142,7 @@ def plan_command(args: argparse.Namespace) -> int:
         raise AutoparError(msg)
     other = runner_up(res.ranked)
     reason = why(res.plans[0], other) if other else "It is the only plan that fits."
-    tied = tied_with_best([p.estimate.step_time_s for p in res.plans])
+    tied = tied_with_best([p.estimate.step_time_s for p in res.ranked])  # all refined plans, not only the top shown
     if tied:
         reason += (f" The next {tied} plan{'s are' if tied > 1 else ' is'} within {tie_margin():.1%} of it, inside "
                    "the model's ranking uncertainty: measure them with `autopar tune` (same options).")
