@@ -1,6 +1,6 @@
 """Every command-line flag a message or help text names is one that exists: ``autopar``'s own (every
-subcommand), the worker's (``python -m runtime.train``), or torchrun's and srun's in the launch commands
-autopar prints."""
+subcommand), the worker's (``python -m runtime.train``), torchrun's and srun's in the launch commands
+autopar prints, or a benchmarks/ script's that a message tells how to run."""
 
 from __future__ import annotations
 
@@ -42,13 +42,23 @@ def _named_flags() -> dict[str, set[str]]:
     return found
 
 
+def _script_flags() -> set[str]:
+    """The flags the scripts in benchmarks/ define (a message may tell how to run one)."""
+    out = set()
+    for path in (ROOT / "benchmarks").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
+                out.update(a.value for a in node.args if isinstance(a, ast.Constant) and str(a.value).startswith("--"))
+    return out
+
+
 def test_every_flag_a_message_names_exists(capsys):
     from runtime.train import parse_args
 
     with pytest.raises(SystemExit):
         parse_args(["--help"])
     worker = set(FLAG.findall(capsys.readouterr().out))
-    known = _parser_flags(build_parser()) | worker | OTHERS
+    known = _parser_flags(build_parser()) | worker | OTHERS | _script_flags()
     named = _named_flags()
     assert {"--fix", "--headroom", "--resume", "--quiet"} <= set(named)  # the scan sees messages and help texts
     unknown = {flag: sorted(files) for flag, files in named.items() if flag not in known}
