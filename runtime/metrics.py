@@ -20,7 +20,8 @@ from specs.planfile import PlanFile
 class MetricsLog:
     def __init__(self, plan: PlanFile, path: str | Path | None, total_steps: int, enabled: bool,
                  quiet: bool = False, append: bool = False, plan_path: str | None = None,
-                 predicted_step_s: float | None = None, predicted_memory_GiB: float | None = None) -> None:
+                 predicted_step_s: float | None = None, predicted_memory_GiB: float | None = None,
+                 gpu: bool = False) -> None:
         self.plan, self.total, self.enabled, self.quiet = plan, total_steps, enabled, quiet
         self.plan_path = plan_path  # written on every line so `autopar calibrate` can re-estimate the run
         self.tokens = plan.global_batch * plan.seq
@@ -28,6 +29,8 @@ class MetricsLog:
         self.peak = plan.world_size * plan.cluster.gpu.peak(plan.cluster.precision)
         self.predicted = predicted_step_s or plan.prediction.get("step_time_s")  # a fresh estimate, when given
         self.predicted_memory = predicted_memory_GiB or plan.prediction.get("memory_GiB")
+        self.gpu = gpu  # the progress line shows the predicted memory beside the measured one only on GPUs (a CPU
+        # rank's peak RSS also counts the interpreter and its libraries)
         self.file: IO[str] | None = None
         if enabled and path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -50,9 +53,10 @@ class MetricsLog:
             self.file.flush()
         if not self.quiet:
             pred = f" (plan {self.predicted:.3g} s)" if self.predicted else ""
+            mem_pred = f" (plan {self.predicted_memory:.3g})" if self.predicted_memory and self.gpu else ""
             print(f"step {step:>{len(str(self.total))}}/{self.total}  loss {loss:.4f}  grad-norm {grad_norm:.3f}  "
                   f"lr {lr:.2e}  {step_time_s:.3f} s{pred}  {row['tokens_per_s']:,.0f} tok/s  "
-                  f"mfu {100 * row['mfu']:.1f}%  mem {peak_memory_GiB:.2f} GiB", flush=True)
+                  f"mfu {100 * row['mfu']:.1f}%  mem {peak_memory_GiB:.2f} GiB{mem_pred}", flush=True)
         return row
 
     def close(self) -> None:

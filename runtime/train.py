@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     every = args.checkpoint_every if args.checkpoint_every is not None else plan.train.checkpoint_every
     log = MetricsLog(plan, args.metrics_out, steps, enabled=rank == 0, quiet=args.quiet, append=args.resume,
                      predicted_step_s=args.predicted_step_time, predicted_memory_GiB=args.predicted_memory,
-                     plan_path=str(Path(args.plan).resolve()))
+                     plan_path=str(Path(args.plan).resolve()), gpu=cuda)
     if rank == 0 and not args.quiet:
         where = f"resuming after step {trainer.step}" if args.resume else "from scratch"
         print(f"autopar: training {plan.model.name} on {world} {backend} ranks ({plan.config.short()}), "
