@@ -83,7 +83,7 @@ def estimate_batch(model: ModelSpec, cluster: ClusterSpec, c: Candidates, global
         full = np.array([split.recomputed_layers(j, int(n)) for j, n in enumerate(layers)], dtype=float)
         recomputed = np.where(g.recompute[:, None] == FULL, full[None, :], 0.0)
         m = microbatches(global_batch, g.dp, g.mbs)
-        uneven[idx] = vpp > 1 and len(set(layers.tolist())) > 1
+        uneven[idx] = _chunks_differ(vpp, layers)
         if keep is not None:
             floor[idx] = makespan_floor(rank_work(model, comm, state, g, lt, layers, recomputed, pp), pp, vpp, m)
         groups.append((idx, g, lt, layers, recomputed, m))
@@ -145,6 +145,11 @@ def _memory(model: ModelSpec, state: StateSpec, backend: str, groups: list, chos
         memory[idx[rows]] = rank_memory(g, state, backend, load).total.max(axis=1) / GiB
 
 
+def _chunks_differ(vpp: int, layers: np.ndarray) -> bool:
+    """Interleaved model chunks of unequal size: where the closed form is not exact and waves are replayed."""
+    return vpp > 1 and len(set(layers.tolist())) > 1
+
+
 def _mask(n: int, rows: np.ndarray) -> np.ndarray:
     out = np.zeros(n, dtype=bool)
     out[rows] = True
@@ -163,7 +168,7 @@ def _time(model: ModelSpec, cm: ComputeModel, comm: CommModel, state: StateSpec,
         if progress:
             progress(done - len(idx), len(step))
         pp, vpp = int(g.pp[0]), int(g.vpp[0])
-        chunks_differ = vpp > 1 and len(set(layers.tolist())) > 1
+        chunks_differ = _chunks_differ(vpp, layers)
         rows = np.nonzero(chosen[idx])[0]
         if not len(rows) or uneven_only and not chunks_differ:
             continue

@@ -64,6 +64,11 @@ def tp_message_bytes(model: ModelSpec, eb: float, mbs, cp):
     return np.asarray(mbs, dtype=float) * model.seq_length / np.asarray(cp, dtype=float) * model.hidden_size * eb
 
 
+def ce_stat_bytes(model: ModelSpec, mbs, cp):
+    """One fp32 value per token of a micro-batch on one GPU: what each of the cross-entropy's all-reduces carries."""
+    return np.asarray(mbs, dtype=float) * model.seq_length / np.asarray(cp, dtype=float) * CE_STAT_BYTES
+
+
 def kv_bytes(model: ModelSpec, eb: float, mbs, t):
     """K and V of the whole sequence for this rank's heads: what each context-parallel collective carries."""
     return 2 * np.asarray(mbs, dtype=float) * model.seq_length * (model.kv_width / np.asarray(t, dtype=float)) * eb
@@ -194,7 +199,7 @@ def end_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, sp
     n_sp = T * h / np.where(sp, t, 1.0)
     drop = model.dropout_p > 0
     one = {"act": _collectives(comm, tp_message_bytes(model, eb, mbs, cp), t, 1),
-           "ce": _collectives(comm, T * CE_STAT_BYTES, t, 1)}
+           "ce": _collectives(comm, ce_stat_bytes(model, mbs, cp), t, 1)}
     comm_t = {(end, ps): 0.0 for end in END_OPS for ps in ("fwd", "bwd")}
     for end, ops in END_OPS.items():
         for ps, with_sp, without, what in ops:

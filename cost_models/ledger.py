@@ -13,7 +13,6 @@ the data-parallel size is not priced (at most d - 1 elements per bucket).
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from dataclasses import replace
 
@@ -21,10 +20,10 @@ import numpy as np
 
 from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
-from cost_models.layer import CE_STAT_BYTES, CP_LAYER_OPS, END_OPS, TP_LAYER_OPS, kv_bytes, tp_message_bytes
+from cost_models.layer import CP_LAYER_OPS, END_OPS, TP_LAYER_OPS, ce_stat_bytes, kv_bytes, tp_message_bytes
 from cost_models.params import zero3_regather
 from cost_models.stages import layer_terms, stage_state
-from cost_models.tail import step_reductions, tp_sum_buckets
+from cost_models.tail import owned_share, step_reductions, tied_grad_bytes, tp_sum_buckets
 from specs.cluster import ClusterSpec
 from specs.model import ModelSpec
 from specs.parallel import Candidates, ParallelConfig
@@ -61,13 +60,13 @@ def priced_ledger(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, g
     sp, full = cfg.sp and t > 1, cfg.recompute == "full"
     msg = float(tp_message_bytes(model, eb, cfg.mbs, cp))
     kv = float(kv_bytes(model, eb, cfg.mbs, t))
-    ce = msg / (model.hidden_size * eb) * CE_STAT_BYTES
+    ce = float(ce_stat_bytes(model, cfg.mbs, cp))
     layers = cfg.stage_layers(model.num_layers)
     redone = [cfg.recomputed_layers(j, n) for j, n in enumerate(layers)]
     c = Candidates.of(replace(cfg, layers=None, recompute_layers=None))  # the split is given below
     lt = layer_terms(model, ComputeModel(cluster.gpu, cluster.precision), CommModel(cluster), c)
     held = stage_state(model, state, c, lt, np.array(layers, dtype=float), np.array(redone, dtype=float)).take(0)
-    owned = d if cfg.zero >= 1 and d > 1 else 1  # ZeRO: the slice of the gradients a rank reduces and updates
+    owned = float(owned_share(cfg.zero, d, 1))  # ZeRO: the slice of the gradients a rank reduces and updates
     summed_nb = tp_sum_buckets(held.buckets, held.tp_summed, cfg.zero, state)
     grads, params = DTYPE_NAMES[state.grad_reduce], DTYPE_NAMES[state.params]
     out = []
@@ -117,9 +116,7 @@ def priced_ledger(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, g
                 snb = float(summed_nb[j])
                 book.add("all_reduce", "tp", grads, snb, held.tp_summed[j] * state.grad_reduce_bytes / owned / snb)
         if model.tie_embeddings and nv > 1 and r in (0, pp - 1):
-            vocab_shard = math.ceil(model.vocab_size / t) * model.hidden_size
-            tied_owned = d if cfg.zero >= 2 and d > 1 else 1
-            book.add("all_reduce", "embed", grads, 1, vocab_shard * state.grad_reduce_bytes / tied_owned)
+            book.add("all_reduce", "embed", grads, 1, float(tied_grad_bytes(model, state, t, cfg.zero, d)))
         for group, size, nbytes in step_reductions(t, pp, cfg.zero, cfg.world):
             if int(size) > 1:
                 book.add("all_reduce", str(group), "float32", 1, nbytes)

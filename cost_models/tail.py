@@ -45,6 +45,19 @@ class RankTail:
     step_time: np.ndarray  # [N] the slowest rank's finish, then the two above
 
 
+def owned_share(zero, d, from_stage: int):
+    """How many ranks share a gradient slice a rank reduces: ``d`` from ZeRO stage ``from_stage`` on (over d > 1
+    ranks), else 1 (the whole of it)."""
+    return np.where((np.asarray(zero) >= from_stage) & (np.asarray(d) > 1), d, 1)
+
+
+def tied_grad_bytes(model: ModelSpec, state: StateSpec, t, zero, d):
+    """Bytes of a split tied embedding's gradient a rank sums with the other end of the pipeline: its vocab
+    shard (ZeRO-2/3: the slice it owns)."""
+    vocab_shard = np.ceil(model.vocab_size / np.asarray(t, dtype=float)) * model.hidden_size
+    return vocab_shard * state.grad_reduce_bytes / owned_share(zero, d, 2)
+
+
 def tp_sum_buckets(buckets, summed, zero, state: StateSpec) -> np.ndarray:
     """The all-reduces of :func:`tp_sum` per stage: one per bucket (ZeRO-2/3's per-layer buckets all hold
     some), else the summed parameters in buckets of their own."""
@@ -66,7 +79,7 @@ def tp_sum(comm: CommModel, state: StateSpec, costs: StageCosts, pp: int, vpp: i
     left partial (norms, row-parallel biases, GPT's positions), one per bucket holding them, on the slice a
     rank owns (all of it without ZeRO)."""
     summed = per_rank(costs.tp_summed, pp, vpp)
-    owned = np.where((zero >= 1) & (d > 1), d, 1.0)[..., None]
+    owned = owned_share(zero, d, 1)[..., None]
     nb = tp_sum_buckets(per_rank(costs.buckets, pp, vpp), summed, zero[..., None], state)
     time = comm.bucketed(comm.all_reduce, summed * state.grad_reduce_bytes / owned, nb, t[..., None], 1)
     return np.where(summed > 0, time, 0.0).sum(axis=2)
@@ -116,9 +129,7 @@ def rank_tail(model: ModelSpec, cm: ComputeModel, comm: CommModel, state: StateS
     tied = np.zeros(len(c))
     if model.tie_embeddings and pp * vpp > 1:
         stride = c.tp * c.cp * c.dp
-        vocab_shard = np.ceil(model.vocab_size / c.tp) * model.hidden_size
-        owned = np.where((c.zero >= 2) & (c.dp * c.cp > 1), c.dp * c.cp, 1)  # ZeRO-2/3: the owned slice only
-        tied = comm.all_reduce(vocab_shard * state.grad_reduce_bytes / owned, 2, stride * (pp - 1))
+        tied = comm.all_reduce(tied_grad_bytes(model, state, c.tp, c.zero, c.dp * c.cp), 2, stride * (pp - 1))
     norm = sum(comm.all_reduce(nbytes, size, 1) for _, size, nbytes in step_reductions(c.tp, c.pp, c.zero, gpus))
     norm = np.broadcast_to(norm, (len(c),))
     return RankTail(dp_exposed=exposed, optimizer=opt, gather=gather, finish=finish, tied=tied, norm=norm,

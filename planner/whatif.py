@@ -54,21 +54,21 @@ def parse_vary(text: str) -> tuple[str, list[Any]]:
     return key, vals
 
 
-def cluster_at(cluster: ClusterSpec, key: str, value: Any) -> ClusterSpec:
-    """The cluster with one property changed."""
+def cluster_at(cluster: ClusterSpec, key: str, value: Any) -> tuple[ClusterSpec, str | None]:
+    """The cluster with one property changed, and a one-line note on what else changed with it (or None)."""
     if key == "gpus":
-        return cluster.resized(gpus=int(value))
+        return cluster.resized(gpus=int(value)), None
     if key == "nodes":
-        return cluster.resized(nodes=int(value))
+        return cluster.resized(nodes=int(value)), None
     if key == "gpu":
-        return with_gpu(cluster, value)[0]
+        return with_gpu(cluster, value)
     if key == "intra_node_bw":
         intra = cluster.intra_node.model_copy(update={"bandwidth_GBps": value})
-        return cluster.model_copy(update={"intra_node": intra})
+        return cluster.model_copy(update={"intra_node": intra}), None
     if cluster.inter_node is None:
         raise AutoparError(f"cluster {cluster.name} has no inter-node network to vary; use --gpus to span nodes")
     field = "nic_bandwidth_Gbps" if key == "inter_node_bw" else "nics_per_node"
-    return cluster.model_copy(update={"inter_node": cluster.inter_node.model_copy(update={field: value})})
+    return cluster.model_copy(update={"inter_node": cluster.inter_node.model_copy(update={field: value})}), None
 
 
 def with_gpu(cluster: ClusterSpec, name: str) -> tuple[ClusterSpec, str | None]:
@@ -115,7 +115,7 @@ def sweep(model: ModelSpec, cluster: ClusterSpec, global_batch: int, key: str, v
     for v in values:
         pt: dict[str, Any] = {"value": v}
         try:
-            c, note = with_gpu(cluster, v) if key == "gpu" else (cluster_at(cluster, key, v), None)
+            c, note = cluster_at(cluster, key, v)
             if note:
                 pt["note"] = note
             pt["gpus"] = c.num_gpus
