@@ -18,6 +18,7 @@ from typing import Literal
 
 import numpy as np
 
+from cost_models.arrays import by_value, distinct, packed_rows
 from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
 from cost_models.memory import GiB, rank_load, rank_memory
@@ -29,7 +30,15 @@ from cost_models.pipeline import (
     table_replay,
     wave_replay,
 )
-from cost_models.stages import FULL, layer_terms, packed_rows, rank_work, stage_costs, stage_state
+from cost_models.stages import (
+    FULL,
+    LayerTerms,
+    StageState,
+    layer_terms,
+    rank_work,
+    stage_costs,
+    stage_state,
+)
 from cost_models.tail import rank_tail
 from specs.cluster import ClusterSpec
 from specs.model import ModelSpec
@@ -40,7 +49,7 @@ from specs.state import StateSpec
 @dataclass
 class BatchResult:
     step_time: np.ndarray  # infinite where not timed
-    memory_GiB: np.ndarray  # infinite where not worked out (with ``keep``)
+    memory_GiB: np.ndarray
     floor: np.ndarray | None = None  # with ``keep``: the lower bound of each step time the pruning used
 
 
@@ -59,52 +68,43 @@ def estimate_batch(model: ModelSpec, cluster: ClusterSpec, c: Candidates, global
     ``fits_GiB`` only the candidates that fit in that much memory per GPU are timed (the others' time is
     infinite).
 
-    With ``keep=(k, slack)`` only the candidates that may be within ``slack`` times the k-th fastest are priced,
-    in closed form: in order of a lower bound of their step time (``pipeline.makespan_floor`` of their ranks'
-    compute, TP/CP communication and ZeRO traffic: ``stages.rank_work``), in growing batches, each batch's
-    memory worked out and those that fit timed, until the next bound is above that mark. The others' time and
-    memory are left infinite (not worked out: they cannot be among the fastest). Then, with the "mixed"
-    pipeline, those that may be among the k fastest (:func:`may_be_among`) get their uneven waves replayed.
-    ``progress`` is called with (candidates priced, all candidates) as the work goes."""
+    Every candidate's memory is worked out (once per distinct stage state: cheap). With ``keep=(k, slack)`` only
+    the candidates that fit and may be within ``slack`` times the k-th fastest are timed, in closed form: in
+    order of a lower bound of their step time (``pipeline.makespan_floor`` of their ranks' compute, TP/CP
+    communication and ZeRO traffic: ``stages.rank_work``), in growing batches, until the next bound is above that
+    mark. The others' time is left infinite (not worked out: they cannot be among the fastest). Then, with the
+    "mixed" pipeline, those that may be among the k fastest (:func:`may_be_among`) get their uneven waves
+    replayed. ``progress`` is called with (candidates priced, all candidates) as the work goes."""
     state = state or StateSpec.default(cluster.precision)
     cm, comm = ComputeModel(cluster.gpu, cluster.precision), CommModel(cluster)
     terms = layer_terms(model, cm, comm, c)
     floor = np.zeros(len(c))
     uneven = np.zeros(len(c), dtype=bool)  # interleaved chunks of unequal size: the closed form is not exact
-    groups = []
-    group = packed_rows(c.pp, c.vpp)
-    for key in np.unique(group):
-        idx = np.nonzero(group == key)[0]
-        pp, vpp = int(c.pp[idx[0]]), int(c.vpp[idx[0]])
-        g, lt = c.take(idx), terms.take(idx)
-        split = ParallelConfig(pp=pp, vpp=vpp, layers=c.layers, recompute="full",
-                               recompute_layers=c.recompute_layers)  # the keys all candidates share
-        layers = np.array(split.stage_layers(model.num_layers), dtype=float)
-        full = np.array([split.recomputed_layers(j, int(n)) for j, n in enumerate(layers)], dtype=float)
-        recomputed = np.where(g.recompute[:, None] == FULL, full[None, :], 0.0)
-        m = microbatches(global_batch, g.dp, g.mbs)
-        uneven[idx] = _chunks_differ(vpp, layers)
-        if keep is not None:
-            floor[idx] = makespan_floor(rank_work(model, comm, state, g, lt, layers, recomputed, pp), pp, vpp, m)
-        groups.append((idx, g, lt, layers, recomputed, m))
     memory, step = np.full(len(c), np.inf), np.full(len(c), np.inf)
+    groups = []
+    for _, idx in by_value(packed_rows(c.pp, c.vpp)):
+        grp = _group(model, state, c, terms, idx, global_batch)
+        uneven[idx] = _chunks_differ(grp.vpp, grp.layers)
+        memory[idx] = _memory(grp, state, cluster.backend)
+        rows = np.nonzero(memory[idx] <= fits_GiB)[0] if fits_GiB is not None else np.arange(len(idx))
+        if keep is not None and len(rows):  # the bound of those that fit
+            floor[idx[rows]] = makespan_floor(rank_work(model, comm, state, grp.c.take(rows), grp.lt.take(rows),
+                                                        grp.layers, grp.recomputed[rows], grp.pp),
+                                              grp.pp, grp.vpp, grp.m[rows])
+        groups.append(grp)
 
-    def price(rows: np.ndarray, how: Pipeline) -> None:  # memory, then the time of those that fit
-        chosen = _mask(len(c), rows)
-        _memory(model, state, cluster.backend, groups, chosen, memory)
-        fit = chosen & (memory <= fits_GiB) if fits_GiB is not None else chosen
-        _time(model, cm, comm, state, cluster.num_gpus, groups, fit, step, how,
-              progress=progress if keep is None else None)
-
+    fits = memory <= fits_GiB if fits_GiB is not None else np.ones(len(c), dtype=bool)
     if keep is None:
-        price(np.arange(len(c)), pipeline)
+        _time(model, cm, comm, state, cluster.num_gpus, groups, fits, step, pipeline, progress=progress)
         return BatchResult(step_time=step, memory_GiB=memory)
     k, slack = keep
-    queue = np.argsort(floor, kind="stable")  # most promising first, in growing batches
-    mark, size = np.inf, 32 * k
+    queue = np.nonzero(fits)[0]
+    queue = queue[np.argsort(floor[queue], kind="stable")]  # most promising first, in growing batches
+    mark, size = np.inf, 256 * k
     while len(queue) and floor[queue[0]] <= mark:
         batch, queue = queue[:size], queue[size:]
-        price(batch[floor[batch] <= mark], "closed")
+        _time(model, cm, comm, state, cluster.num_gpus, groups, _mask(len(c), batch[floor[batch] <= mark]), step,
+              "closed")
         fastest = np.partition(step, k - 1)[k - 1] if len(c) >= k else np.inf
         mark, size = slack * fastest, size * 8
         if progress:
@@ -127,22 +127,52 @@ def may_be_among(step: np.ndarray, uneven: np.ndarray, k: int) -> np.ndarray:
     return np.isfinite(step) & (step / (1 + CLOSED_FORM_PESSIMISM) <= kth)
 
 
-def _memory(model: ModelSpec, state: StateSpec, backend: str, groups: list, chosen: np.ndarray,
-            memory: np.ndarray) -> None:
-    """Write into ``memory`` the peak GiB per GPU of the ``chosen`` candidates ([N] mask), group by group. What a
-    rank holds does not depend on the ZeRO stage or the overlaps: it is worked out once for them all."""
-    for idx, g, lt, layers, recomputed, m in groups:
-        rows = np.nonzero(chosen[idx])[0]
-        if not len(rows):
-            continue
-        g, lt, recomputed, m = g.take(rows), lt.take(rows), recomputed[rows], m[rows]
-        pp, vpp = int(g.pp[0]), int(g.vpp[0])
-        _, one, each = np.unique(packed_rows(g.tp, g.cp, g.dp, g.mbs, g.sp, g.recompute), return_index=True,
-                                 return_inverse=True)
-        held = stage_state(model, state, g.take(one), lt.take(one), layers, recomputed[one])
-        load = rank_load(pp, vpp, m[one], held.params, held.act_bytes, held.work_bytes,
-                         held.largest_bucket).take(each.reshape(-1))
-        memory[idx[rows]] = rank_memory(g, state, backend, load).total.max(axis=1) / GiB
+@dataclass
+class _Group:
+    """Candidates of one (pp, vpp) (rows ``idx`` of all), their layer split and what their stages hold, worked
+    out once per distinct (tp, cp, dp, mbs, sp, recompute, ZeRO >= 2) — rows ``each`` of ``held``."""
+
+    idx: np.ndarray
+    c: Candidates
+    lt: LayerTerms
+    layers: np.ndarray  # [stages]
+    recomputed: np.ndarray  # [N, stages]
+    m: np.ndarray  # micro-batches
+    held: StageState  # of rows ``one`` (the distinct ones)
+    one: np.ndarray
+    each: np.ndarray  # each row's row of ``held``
+
+    @property
+    def pp(self) -> int:
+        return int(self.c.pp[0])
+
+    @property
+    def vpp(self) -> int:
+        return int(self.c.vpp[0])
+
+
+def _group(model: ModelSpec, state: StateSpec, c: Candidates, terms: LayerTerms, idx: np.ndarray,
+           global_batch: int) -> _Group:
+    g, lt = c.take(idx), terms.take(idx)
+    split = ParallelConfig(pp=int(g.pp[0]), vpp=int(g.vpp[0]), layers=c.layers, recompute="full",
+                           recompute_layers=c.recompute_layers)  # the keys all candidates share
+    layers = np.array(split.stage_layers(model.num_layers), dtype=float)
+    full = np.array([split.recomputed_layers(j, int(n)) for j, n in enumerate(layers)], dtype=float)
+    recomputed = np.where(g.recompute[:, None] == FULL, full[None, :], 0.0)
+    one, each = distinct(g.tp, g.cp, g.dp, g.mbs, g.sp, g.recompute, g.zero >= 2)
+    held = stage_state(model, state, g.take(one), lt.take(one), layers, recomputed[one])
+    return _Group(idx, g, lt, layers, recomputed, microbatches(global_batch, g.dp, g.mbs), held, one, each)
+
+
+def _memory(grp: _Group, state: StateSpec, backend: str) -> np.ndarray:
+    """The peak GiB per GPU of a group's candidates. What a rank holds does not depend on the ZeRO stage (beyond
+    its per-layer buckets) or the overlaps: it is worked out once for them all."""
+    held = grp.held
+    load = rank_load(grp.pp, grp.vpp, grp.m[grp.one], held.params, held.act_bytes, held.work_bytes,
+                     held.largest_bucket)
+    one, each = distinct(grp.each, grp.c.zero)
+    peak = rank_memory(grp.c.take(one), state, backend, load.take(grp.each[one])).total.max(axis=1) / GiB
+    return peak[each]
 
 
 def _chunks_differ(vpp: int, layers: np.ndarray) -> bool:
@@ -156,26 +186,26 @@ def _mask(n: int, rows: np.ndarray) -> np.ndarray:
     return out
 
 
-def _time(model: ModelSpec, cm: ComputeModel, comm: CommModel, state: StateSpec, gpus: int, groups: list,
+def _time(model: ModelSpec, cm: ComputeModel, comm: CommModel, state: StateSpec, gpus: int, groups: list[_Group],
           chosen: np.ndarray, step: np.ndarray, pipeline: Pipeline, uneven_only: bool = False,
           progress: Callable[[int, int], None] | None = None) -> None:
     """Write into ``step`` the step time of the ``chosen`` candidates ([N] mask), group by group (``uneven_only``:
     only in the interleaved groups whose chunks differ in size; ``progress``: told the candidates of the groups
     done so far)."""
     done = 0
-    for idx, g, lt, layers, recomputed, m in groups:
-        done += len(idx)
+    for grp in groups:
+        done += len(grp.idx)
         if progress:
-            progress(done - len(idx), len(step))
-        pp, vpp = int(g.pp[0]), int(g.vpp[0])
-        chunks_differ = _chunks_differ(vpp, layers)
-        rows = np.nonzero(chosen[idx])[0]
+            progress(done - len(grp.idx), len(step))
+        chunks_differ = _chunks_differ(grp.vpp, grp.layers)
+        rows = np.nonzero(chosen[grp.idx])[0]
         if not len(rows) or uneven_only and not chunks_differ:
             continue
-        g, m = g.take(rows), m[rows]
-        costs = stage_costs(model, comm, state, g, lt.take(rows), layers, recomputed[rows], cm.eb)
+        g, m = grp.c.take(rows), grp.m[rows]
+        costs = stage_costs(model, comm, state, g, grp.lt.take(rows), grp.layers, grp.recomputed[rows], cm.eb,
+                            held=grp.held.take(grp.each[rows]))
         replay = {"exact": table_replay, "mixed": wave_replay if chunks_differ else closed_form}
-        pipe = replay.get(pipeline, closed_form)(costs.f, costs.b, pp, vpp, m)
-        step[idx[rows]] = rank_tail(model, cm, comm, state, g, costs, pipe, m, gpus).step_time
+        pipe = replay.get(pipeline, closed_form)(costs.f, costs.b, grp.pp, grp.vpp, m)
+        step[grp.idx[rows]] = rank_tail(model, cm, comm, state, g, costs, pipe, m, gpus).step_time
     if progress:
         progress(done, len(step))

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cost_models.arrays import by_value
 from cost_models.params import per_rank
-from cost_models.pipeline import peak_inflight_bytes
+from cost_models.pipeline import peak_inflight_bytes, repeating_from
 from specs.model import ModelSpec
 from specs.parallel import RECOMPUTE_CODE, Candidates
 from specs.state import StateSpec
@@ -140,10 +141,9 @@ def rank_load(pp: int, vpp: int, m: np.ndarray, params: np.ndarray, act_bytes: n
     stage ([N, pp * vpp]), the parameters, activation bytes per micro-batch in flight, the temporary bytes of a
     backward and the largest per-layer bucket."""
     n = len(params)
-    m = np.asarray(m)
+    m = np.minimum(np.asarray(m), repeating_from(pp))  # more only repeat the peak
     peak = np.zeros((n, pp))
-    for mi in np.unique(m):
-        rows = np.nonzero(m == mi)[0]
+    for mi, rows in by_value(m):
         peak[rows] = peak_inflight_bytes(pp, vpp, int(mi), act_bytes[rows])
     return RankLoad(params=per_rank(params, pp, vpp).sum(axis=2), activations=peak,
                     work=per_rank(work_bytes, pp, vpp).max(axis=2),

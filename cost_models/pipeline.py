@@ -21,6 +21,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from cost_models.arrays import by_value
 from specs.schedules import Schedule, schedule_table
 
 
@@ -169,16 +170,22 @@ def inflight_profiles(pp: int, vpp: int, m: int) -> np.ndarray:
     at least as many of in every chunk (they never set a peak), padded with zero rows (1F1B: the largest count
     only). From 2 pp micro-batches on, more only repeat the steady pattern: the profile is that of 2 pp (the
     brute-force replays in tests/cost_models check it)."""
-    return _profiles(pp, vpp, min(m, 2 * pp))
+    return _profiles(pp, vpp, min(m, repeating_from(pp)))
+
+
+def repeating_from(pp: int) -> int:
+    """From this many micro-batches on, an (interleaved) 1F1B schedule of ``pp`` ranks only repeats its steady
+    pattern: what is held in flight peaks as with this many, and each further ``pp`` adds the same time."""
+    return 2 * pp
 
 
 @lru_cache(maxsize=256)
 def _profiles(pp: int, vpp: int, m: int) -> np.ndarray:
+    if vpp == 1:  # 1F1B: rank r holds at most pp - r micro-batches (its warm-up forwards and one more)
+        return np.minimum(m, pp - np.arange(pp)).astype(float).reshape(pp, 1, 1)
     _rank, back, _mb, chunk = schedule_table(pp, vpp, m).reshape(pp, -1, 4).transpose(2, 0, 1)  # [pp, 2 m vpp]
     sign = np.where(back == 1, -1, 1).astype(np.int32)
     held = np.cumsum(sign[..., None] * (chunk[..., None] == np.arange(vpp)), axis=1)  # [pp, 2 m vpp, vpp]
-    if vpp == 1:
-        return held.max(axis=1, keepdims=True).astype(float)
     after_forward = held[back == 0].reshape(pp, -1, vpp)
     base = int(after_forward.max()) + 1
     if base ** vpp * pp < 2 ** 62:  # each (rank, vector) as one integer
@@ -211,7 +218,7 @@ def peak_inflight_bytes(pp: int, vpp: int, m: int, act_bytes: np.ndarray) -> np.
     if vpp == 1:  # one vector per rank: its peak count
         return acts * prof.max(axis=1)[:, 0][None, :]
     per_rank = acts.reshape(acts.shape[0], vpp, pp).transpose(2, 0, 1)  # [pp, N, vpp]
-    return np.einsum("rnc,rkc->rnk", per_rank, prof).max(axis=2).T
+    return np.matmul(per_rank, prof.transpose(0, 2, 1)).max(axis=2).T  # [pp, N, K]: bytes at each vector
 
 
 @dataclass
@@ -374,9 +381,8 @@ def wave_replay(f: np.ndarray, b: np.ndarray, pp: int, vpp: int, m: np.ndarray) 
     m = np.asarray(m)
     n = f.shape[0]
     out = Replay(rank_end=np.zeros((n, pp)), last_b_start=np.zeros((n, pp, vpp)), last_b_end=np.zeros((n, pp, vpp)))
-    short = np.minimum(m, 2 * pp)  # interleaved plans have m a multiple of pp
-    for mi in np.unique(short):
-        rows = np.nonzero(short == mi)[0]
+    short = np.minimum(m, repeating_from(pp))  # interleaved plans have m a multiple of pp
+    for mi, rows in by_value(short):
         block = max(16, REPLAY_FLOATS // (2 * (int(mi) + pp) * pp * vpp))  # the replay keeps every action's end
         for lo in range(0, len(rows), block):
             part = rows[lo:lo + block]

@@ -22,6 +22,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from cost_models.arrays import distinct
 from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
 from cost_models.layer import end_cost, layer_cost
@@ -132,22 +133,12 @@ class LayerTerms:
         return LayerTerms(**{f.name: getattr(self, f.name)[idx] for f in fields(self)})
 
 
-def packed_rows(*keys: np.ndarray) -> np.ndarray:
-    """One integer per row of the non-negative integer columns ``keys``, equal where all keys are (so that numpy's
-    fast 1-D unique finds the distinct rows)."""
-    packed = np.zeros(len(keys[0]), dtype=np.int64)
-    for col in keys:
-        col = np.asarray(col, dtype=np.int64)
-        packed = packed * (int(col.max(initial=0)) + 1) + col
-    return packed
-
-
 def layer_terms(model: ModelSpec, cm: ComputeModel, comm: CommModel, c: Candidates) -> LayerTerms:
     """The layer-level terms of every candidate, evaluated once per distinct (tp, cp, mbs, sp, tp_overlap,
     recompute) and scattered back (the search prices hundreds of thousands of candidates)."""
     sp = (c.sp & (c.tp > 1)).astype(np.int64)
     keys = np.stack([c.tp, c.cp, c.mbs, sp, c.tp_overlap.astype(np.int64), c.recompute], axis=1).astype(np.int64)
-    _, first, inv = np.unique(packed_rows(*keys.T), return_index=True, return_inverse=True)
+    first, inv = distinct(*keys.T)
     uniq = keys[first]
     t, cp, b, s, o, rc = (uniq[:, i] for i in range(6))
     t, cp, b = t.astype(float), cp.astype(float), b.astype(float)
@@ -156,7 +147,6 @@ def layer_terms(model: ModelSpec, cm: ComputeModel, comm: CommModel, c: Candidat
     ec = end_cost(model, cm, comm, t, cp, b, s)
     full, ckpt, work = layer_activation_bytes(model, cm.eb, t, cp, b, s, rc)
     emb, head = end_activation_bytes(model, cm.eb, t, cp, b, s)
-    inv = inv.reshape(-1)
     parts = dict(fwd=lc.fwd, bwd=lc.bwd, core_fwd=lc.core_fwd, comm_f=lc.comm_fwd, comm_b=lc.comm_bwd,
                  embed_f=ec.embed_f, embed_b=ec.embed_b, head_f=ec.head_f, head_b=ec.head_b, act_full=full,
                  act_ckpt=ckpt, act_work=work, act_embed=emb, act_head=head)

@@ -104,14 +104,16 @@ def _fixed_values(key: str, fixed: dict[str, Any]) -> list[int] | None:
 def _expand(arrays: dict[str, np.ndarray], n: int, key: str, parents: tuple[str, ...],
             values: Callable[..., list[int]]) -> tuple[dict[str, np.ndarray], int]:
     """Every row repeated once per value of ``key`` (the values depend on the row's ``parents``)."""
+    kind = bool if KEYS[key].kind == "bool" else np.int64
     if n == 0:
-        return {**arrays, key: np.zeros(0, dtype=bool if KEYS[key].kind == "bool" else np.int64)}, 0
-    if parents:
-        table = np.stack([arrays[p] for p in parents], axis=1)
-        uniq, inv = np.unique(table, axis=0, return_inverse=True)
-        inv = inv.reshape(-1)
-    else:
-        uniq, inv = np.zeros((1, 0), dtype=np.int64), np.zeros(n, dtype=np.int64)
+        return {**arrays, key: np.zeros(0, dtype=kind)}, 0
+    if not parents:  # the same values for every row
+        vs = np.asarray(values(), dtype=np.int64)
+        out = {k: np.repeat(a, len(vs)) for k, a in arrays.items()}
+        return {**out, key: np.tile(vs, n).astype(kind)}, n * len(vs)
+    table = np.stack([arrays[p] for p in parents], axis=1)
+    uniq, inv = np.unique(table, axis=0, return_inverse=True)
+    inv = inv.reshape(-1)
     rows, vals = [], []
     for g, u in enumerate(uniq):
         members = np.nonzero(inv == g)[0]
@@ -120,7 +122,7 @@ def _expand(arrays: dict[str, np.ndarray], n: int, key: str, parents: tuple[str,
         vals.append(np.tile(vs, len(members)))
     idx, col = np.concatenate(rows), np.concatenate(vals)
     out = {k: a[idx] for k, a in arrays.items()}
-    out[key] = col.astype(bool) if KEYS[key].kind == "bool" else col
+    out[key] = col.astype(kind)
     return out, len(idx)
 
 
@@ -188,11 +190,15 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, global_batch: int, f
         arrays, n = _expand(arrays, n, key, () if given is not None else parents,
                             (lambda given=given: given) if given is not None else values)
         known.add(key)
+        keep = np.ones(n, dtype=bool)  # the rules that now apply, on one view of the rows, then one compaction
         for rule in [r for r in pending if known.issuperset(r.keys)]:
             pending.remove(rule)
-            keep = rule.ok(Candidates(arrays, unsearched), x)
-            if n and not keep.any():
-                raise _no_plan(rule, _partial_config(arrays, 0, unsearched), x, fixed, flags or {})
+            ok = keep & rule.ok(Candidates(arrays, unsearched), x)
+            if n and not ok.any():
+                example = _partial_config(arrays, int(np.argmax(keep)), unsearched)
+                raise _no_plan(rule, example, x, fixed, flags or {})
+            keep = ok
+        if not keep.all():
             arrays = {k: a[keep] for k, a in arrays.items()}
             n = int(keep.sum())
     order = np.lexsort([arrays[k] for k in reversed(SEARCHED)])
