@@ -1,7 +1,8 @@
 """The ``autopar`` command line: estimate, plan, whatif, run, tune, profile, calibrate.
 
 Every bad input ends in one line on stderr (``autopar: error: ...``) and exit status 2; ``--format json``
-prints exactly one JSON object on stdout. ``estimate``, ``plan`` and ``whatif`` never import torch.
+prints exactly one JSON object on stdout. ``estimate``, ``plan`` and ``whatif`` never import torch
+(``estimate --verify`` does: it replays the plan with the runtime).
 """
 
 from __future__ import annotations
@@ -52,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     est = sub.add_parser("estimate", help="predict step time, throughput, MFU and memory of one plan")
     _add_common(est)
     est.add_argument("--plan", required=True, help='plan keys, e.g. "tp=8,pp=2,mbs=1,sp=true,recompute=selective"')
+    est.add_argument("--verify", action="store_true",
+                     help="also replay each pipeline rank with the runtime on the meta device and compare the bytes "
+                          "it keeps alive with the memory model (needs torch)")
     _format(est)
 
     pl = sub.add_parser("plan", help="search for the fastest plan that fits")

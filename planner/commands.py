@@ -46,12 +46,20 @@ def estimate_command(args: argparse.Namespace) -> int:
     cfg = config_from_keys(parse_plan_keys(args.plan), cluster.num_gpus)
     est = estimate(model, cluster, cfg, args.global_batch,
                    headroom_GiB=headroom_for(args.headroom, cluster.gpu.memory_GiB))
+    checked = None
+    if args.verify:
+        from planner.verify import memory_check
+        from specs.planfile import make_plan
+
+        checked = memory_check(make_plan(model, cluster, args.global_batch, cfg), est)
     if args.format == "json":
         out = est.to_json()
         out["parallel"] = cfg.to_dict()
+        if checked is not None:
+            out["memory_replay"] = checked
         print(json.dumps(out))
         return 0
-    from planner.report import console, estimate_tables, print_inputs
+    from planner.report import console, estimate_tables, memory_check_table, print_inputs
 
     con = console()
     print_inputs(con, model, cluster)
@@ -59,6 +67,8 @@ def estimate_command(args: argparse.Namespace) -> int:
               f"{cfg.microbatches(args.global_batch)} micro-batches per step)")
     for tab in estimate_tables(est, "estimate"):
         con.print(tab)
+    if checked is not None:
+        con.print(memory_check_table(checked))
     return 0
 
 

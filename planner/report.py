@@ -42,6 +42,11 @@ def fmt_range(lo: float, hi: float) -> str:
     return f"{lo * scale:.3g}-{hi * scale:.3g} {unit}"
 
 
+def fmt_gib(x: float) -> str:
+    """GiB, in MiB below one."""
+    return f"{x * 1024:.1f} MiB" if x < 1 else f"{x:.3f} GiB"
+
+
 def fmt_rate(x: float) -> str:
     for unit, div in (("M", 1e6), ("k", 1e3)):
         if x >= div:
@@ -68,6 +73,18 @@ def estimate_tables(est: Estimate, title: str) -> list[Table]:
     for k, v in est.memory_breakdown.items():
         mem.add_row(k.replace("_", " "), f"{v:.2f}")
     return [top, bd, mem]
+
+
+def memory_check_table(rows: list[dict[str, Any]]) -> Table:
+    """``estimate --verify``: per pipeline rank, the replayed and the predicted state and peak."""
+    tab = Table(title="memory replayed by the runtime (meta device) vs the model, allocator share left out",
+                header_style="bold")
+    for col in ("pp rank", "state", "predicted", "peak", "predicted", "model vs replay"):
+        tab.add_column(col, justify="right")
+    for r in rows:
+        sizes = (fmt_gib(r[k]) for k in ("state_GiB", "predicted_state_GiB", "peak_GiB", "predicted_peak_GiB"))
+        tab.add_row(str(r["pp_rank"]), *sizes, f"{r['peak_error'] * 100:+.1f}%")
+    return tab
 
 
 def plans_table(rows: list[dict[str, Any]], title: str) -> Table:

@@ -50,8 +50,9 @@ def check_supported(plan: PlanFile) -> None:
 
 
 def executed_state(plan: PlanFile, device: torch.device) -> StateSpec:
-    """The model state this rank keeps: the plan's, or fp32 for a CUDA (nccl) plan run on CPUs."""
-    if plan.cluster.backend == "nccl" and device.type != "cuda":
+    """The model state this rank keeps: the plan's, or fp32 for a CUDA (nccl) plan run on CPUs (the meta device
+    of a memory replay keeps the plan's)."""
+    if plan.cluster.backend == "nccl" and device.type == "cpu":
         return StateSpec.default("fp32").model_copy(update={"bucket_params": plan.state.bucket_params})
     return plan.state
 

@@ -1,0 +1,29 @@
+"""``autopar estimate --verify``: the memory model beside a replay of the plan's ranks by the runtime.
+
+The replay (``runtime/memory_replay.py``) builds each pipeline rank with the real runtime on the meta device
+and counts the bytes it keeps alive; this compares, per pipeline rank, the model state it holds once built and
+its peak over a steady step with the memory model's weights + gradients + optimizer state and that plus the
+activations and temporaries (the allocator's share, ``allocator_and_reserved``, is not replayed).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cost_models.memory import GiB
+from cost_models.step import Estimate
+from specs.planfile import PlanFile
+
+
+def memory_check(plan: PlanFile, est: Estimate) -> list[dict[str, Any]]:
+    """One row per pipeline rank: replayed and predicted state and peak (GiB) and the peak's relative error."""
+    from runtime.memory_replay import replay  # torch: only when asked
+
+    rows = []
+    for r, parts in zip(replay(plan), est.stage_memory_breakdown):
+        state = parts["weights"] + parts["gradients"] + parts["optimizer"]
+        peak = state + parts["activations"] + parts["temporary"]
+        rows.append({"pp_rank": r.pp_rank, "state_GiB": r.state_bytes / GiB, "predicted_state_GiB": state,
+                     "peak_GiB": r.peak_bytes / GiB, "predicted_peak_GiB": peak,
+                     "peak_error": peak / (r.peak_bytes / GiB) - 1 if r.peak_bytes else 0.0})
+    return rows
