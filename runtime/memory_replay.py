@@ -10,9 +10,10 @@ while a dispatch mode counts every tensor storage from its creation until it is 
   micro-batches in flight, and the temporaries of the op running at that moment.
 
 No allocator is replayed (its rounding and fragmentation, the CUDA context and NCCL buffers are the memory
-model's ``allocator_and_reserved``). Attention through ``F.scaled_dot_product_attention`` is counted as a
-fused (flash) kernel keeps it on a GPU: its output and an fp32 log-sum-exp per head and token, the three input
-gradients in the backward (the meta device would otherwise take the unfused math path).
+model's ``allocator_and_reserved``). The runtime's ops are counted as they run on a GPU: its Triton kernels'
+allocations and saved tensors (launches skipped), and attention through ``F.scaled_dot_product_attention`` as a
+fused (flash) kernel keeps it: its output and an fp32 log-sum-exp per head and token, the three input gradients
+in the backward (the meta device would otherwise take the unfused math path).
 """
 
 from __future__ import annotations
@@ -132,6 +133,23 @@ class _Tokens:
         return rows, rows.clone()
 
 
+@contextlib.contextmanager
+def _kernels_as_on_gpu() -> Iterator[None]:
+    """The runtime's fused ops take their Triton path, as on CUDA, with every kernel launch skipped: what they
+    allocate and save for the backward is counted, nothing is computed. (Without triton installed, the torch
+    references that CPU runs use are counted; they keep more, e.g. fp32 copies in the norms.)"""
+    import runtime.kernels as kernels
+
+    try:
+        from triton.runtime.jit import KernelInterface
+    except ImportError:
+        yield
+        return
+    with mock.patch.object(kernels, "use_triton", lambda x: True), \
+            mock.patch.object(KernelInterface, "__getitem__", lambda self, grid: lambda *a, **k: None):
+        yield
+
+
 @dataclass
 class RankReplay:
     pp_rank: int
@@ -177,7 +195,8 @@ def replay_rank(plan: PlanFile, pp_rank: int) -> RankReplay:
     rank = pp_rank * cfg.dp * cfg.cp * cfg.tp  # (pp, dp, cp, tp) rank order: dp, cp and tp rank 0
     with _fake_world(plan, rank):
         groups = build_groups(cfg, "meta", tied_embeddings=plan.model.tie_embeddings)
-        with LiveBytes() as live, mock.patch.object(F, "scaled_dot_product_attention", _fused_attention):
+        with LiveBytes() as live, mock.patch.object(F, "scaled_dot_product_attention", _fused_attention), \
+                _kernels_as_on_gpu():
             trainer = Trainer(plan, groups, torch.device("meta"), _Tokens(plan.seq), steps=2)  # type: ignore[arg-type]
             trainer.train_step()  # the first step also makes the optimizer's lazily created state
             live.reset_peak()

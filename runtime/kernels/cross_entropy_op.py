@@ -26,6 +26,7 @@ reduce-scatter, which sums too).
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -165,9 +166,17 @@ def _block_cfg(v: int) -> tuple[int, int, bool]:
     return block, warps, block >= v
 
 
+def _no_autocast(device_type: str) -> contextlib.AbstractContextManager:
+    """Autocast off for the block, on a device type autocast knows (the meta device of a memory replay it does
+    not)."""
+    if torch.amp.is_autocast_available(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
+
+
 def _compute_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
     dev = x.device.type
-    if torch.is_autocast_enabled(dev):
+    if torch.amp.is_autocast_available(dev) and torch.is_autocast_enabled(dev):  # (no autocast on meta)
         return torch.get_autocast_dtype(dev)
     return torch.promote_types(x.dtype, weight.dtype)
 
@@ -268,7 +277,7 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
         chunk = _chunk_tokens(n_tok, vocab, chunk_tokens)
         block, warps, one_block = _block_cfg(vocab)
         buf = torch.empty((min(chunk, n_tok), vocab), dtype=dt, device=x.device)
-        with torch.autocast(x.device.type, enabled=False):
+        with _no_autocast(x.device.type):
             for c0 in range(0, n_tok, chunk):
                 c1 = min(n_tok, c0 + chunk)
                 xs, ts = xc[c0:c1], tgt[c0:c1]
