@@ -20,9 +20,10 @@ import numpy as np
 
 from cost_models.arrays import by_value
 from cost_models.params import per_rank
-from cost_models.pipeline import peak_inflight_bytes, repeating_from
+from cost_models.pipeline import peak_inflight_bytes
 from specs.model import ModelSpec
 from specs.parallel import RECOMPUTE_CODE, Candidates
+from specs.schedules import repeating_from
 from specs.state import StateSpec
 
 GiB = float(2**30)

@@ -22,7 +22,7 @@ from functools import lru_cache
 import numpy as np
 
 from cost_models.arrays import by_value
-from specs.schedules import Schedule, schedule_table
+from specs.schedules import Schedule, repeating_from, schedule_table
 
 
 @dataclass
@@ -172,11 +172,6 @@ def inflight_profiles(pp: int, vpp: int, m: int) -> np.ndarray:
     brute-force replays in tests/cost_models check it)."""
     return _profiles(pp, vpp, min(m, repeating_from(pp)))
 
-
-def repeating_from(pp: int) -> int:
-    """From this many micro-batches on, an (interleaved) 1F1B schedule of ``pp`` ranks only repeats its steady
-    pattern: what is held in flight peaks as with this many, and each further ``pp`` adds the same time."""
-    return 2 * pp
 
 
 @lru_cache(maxsize=256)

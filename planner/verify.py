@@ -8,6 +8,7 @@ activations and temporaries (the allocator's share, ``allocator_and_reserved``, 
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from cost_models.memory import GiB
@@ -17,13 +18,19 @@ from specs.planfile import PlanFile
 
 def memory_check(plan: PlanFile, est: Estimate) -> list[dict[str, Any]]:
     """One row per pipeline rank: replayed and predicted state and peak (GiB) and the peak's relative error."""
-    from runtime.memory_replay import replay  # torch: only when asked
+    from runtime.memory_replay import replay_rank  # torch: only when asked
 
     rows = []
-    for r, parts in zip(replay(plan), est.stage_memory_breakdown):
+    for p, parts in enumerate(est.stage_memory_breakdown):
+        if sys.stderr.isatty():
+            print(f"\rreplaying pipeline rank {p + 1}/{len(est.stage_memory_breakdown)} on the meta device",
+                  end="", file=sys.stderr, flush=True)
+        r = replay_rank(plan, p)
         state = parts["weights"] + parts["gradients"] + parts["optimizer"]
         peak = state + parts["activations"] + parts["temporary"]
         rows.append({"pp_rank": r.pp_rank, "state_GiB": r.state_bytes / GiB, "predicted_state_GiB": state,
                      "peak_GiB": r.peak_bytes / GiB, "predicted_peak_GiB": peak,
                      "peak_error": peak / (r.peak_bytes / GiB) - 1 if r.peak_bytes else 0.0})
+    if sys.stderr.isatty():
+        print(file=sys.stderr)
     return rows

@@ -7,7 +7,8 @@ while a dispatch mode counts every tensor storage from its creation until it is 
 
 - ``state_bytes``: live between steps (weights, gradient buffers, optimizer state);
 - ``peak_bytes``: the most live at once in a steady step (the second): the state, the activations of the
-  micro-batches in flight, and the temporaries of the op running at that moment.
+  micro-batches in flight, and the temporaries of the op running at that moment. A step runs at most 2 pp
+  micro-batches (``specs.schedules.repeating_from``): more only repeat the same pattern and peak.
 
 No allocator is replayed (its rounding and fragmentation, the CUDA context and NCCL buffers are the memory
 model's ``allocator_and_reserved``). The runtime's ops are counted as they run on a GPU: its Triton kernels'
@@ -37,6 +38,7 @@ from runtime.parallel.mesh import build_groups
 from runtime.trainer import Trainer
 from specs.errors import AutoparError
 from specs.planfile import PlanFile
+from specs.schedules import repeating_from
 
 _LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
 
@@ -193,6 +195,8 @@ def replay_rank(plan: PlanFile, pp_rank: int) -> RankReplay:
     """Build pipeline rank ``pp_rank`` of ``plan`` on the meta device and train it two steps, counting bytes."""
     cfg = plan.config
     rank = pp_rank * cfg.dp * cfg.cp * cfg.tp  # (pp, dp, cp, tp) rank order: dp, cp and tp rank 0
+    m = min(cfg.microbatches(plan.global_batch), repeating_from(cfg.pp))  # more only repeat the same peak
+    plan = plan.model_copy(update={"global_batch": m * cfg.mbs * cfg.dp})
     with _fake_world(plan, rank):
         groups = build_groups(cfg, "meta", tied_embeddings=plan.model.tie_embeddings)
         with LiveBytes() as live, mock.patch.object(F, "scaled_dot_product_attention", _fused_attention), \

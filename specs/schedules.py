@@ -26,6 +26,13 @@ class Action(NamedTuple):
 Schedule = list[list[Action]]
 
 
+def repeating_from(pp: int) -> int:
+    """From this many micro-batches on, an (interleaved) 1F1B schedule of ``pp`` ranks only repeats its steady
+    pattern: what is held in flight peaks as with this many, and each further ``pp`` adds the same time (the
+    cost model's replays and the runtime's memory replay run no more)."""
+    return 2 * pp
+
+
 def virtual_stage(rank: int, chunk: int, pp: int) -> int:
     return chunk * pp + rank
 

@@ -293,6 +293,8 @@ def param_seed(seed: int, name: str) -> int:
 def full_init(name: str, shape: torch.Size, spec: ModelSpec, seed: int, device: torch.device) -> torch.Tensor:
     """The unsharded initial value of parameter ``name`` (identical whatever the plan)."""
     std = init_std(name, spec)
+    if device.type == "meta":  # a memory replay: no values
+        return torch.empty(shape, device=device)
     if std is None:
         return torch.ones(shape, device=device)
     if std == 0.0:
