@@ -44,6 +44,10 @@ TP_LAYER_OPS = (
     ("bwd", "all_gather", None, "proj"), ("bwd", "reduce_scatter", "all_reduce", "qkv"),
     ("bwd", "all_gather", None, "mlp_out"), ("bwd", "reduce_scatter", "all_reduce", "mlp_in"),
 )
+# Under SP each column-parallel GEMM keeps only its input's shard for the backward, as Megatron-LM does (the
+# memory model counts it sharded): the backward all-gathers it again, a plain collective beside the GEMM's input
+# gradient, with or without tp_overlap: (pass, op, the GEMM whose input it is).
+SP_REGATHER_OPS = (("bwd", "all_gather", "qkv"), ("bwd", "all_gather", "mlp_in"))
 # Context parallelism, per layer and micro-batch (each of :func:`kv_bytes`): the all-gather of the sequence's K and
 # V before the attention, again in the backward, and the reduce-scatter of their gradients.
 CP_LAYER_OPS = (("fwd", "all_gather"), ("bwd", "all_gather"), ("bwd", "reduce_scatter"))
@@ -169,6 +173,9 @@ def layer_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, 
         beside = gemm[g][0] if ps == "fwd" else gemm[g][1] / 2
         plain = one[without] if without else 0.0
         tp[ps] = tp[ps] + np.where(sp, _overlap(one[with_sp], beside, t, ovl), plain)
+    for ps, op, g in SP_REGATHER_OPS:  # beside the input-gradient GEMM, less what tp_overlap's ring already hides
+        free = np.maximum(0.0, gemm[g][1] / 2 - np.where(ovl, one["reduce_scatter"], 0.0))
+        tp[ps] = tp[ps] + np.where(sp, np.maximum(0.0, one[op] - free), 0.0)
     kv = _collectives(comm, kv_bytes(model, eb, mbs, t), cp, t)  # over the cp group (stride t)
     cpc = {"fwd": 0.0, "bwd": 0.0}
     for ps, op in CP_LAYER_OPS:

@@ -20,7 +20,15 @@ import numpy as np
 
 from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
-from cost_models.layer import CP_LAYER_OPS, END_OPS, TP_LAYER_OPS, ce_stat_bytes, kv_bytes, tp_message_bytes
+from cost_models.layer import (
+    CP_LAYER_OPS,
+    END_OPS,
+    SP_REGATHER_OPS,
+    TP_LAYER_OPS,
+    ce_stat_bytes,
+    kv_bytes,
+    tp_message_bytes,
+)
 from cost_models.params import zero3_regather
 from cost_models.stages import layer_terms, stage_state
 from cost_models.tail import owned_share, step_reductions, tied_grad_bytes, tp_sum_buckets
@@ -84,6 +92,9 @@ def priced_ledger(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, g
             n, k = layers[j], redone[j]
             for ps, with_sp, without, _ in TP_LAYER_OPS:
                 tp_op(with_sp if sp else without, (n + (k if full and ps == "fwd" else 0)) * m, layer=True)
+            if sp:
+                for _, op, _ in SP_REGATHER_OPS:
+                    book.add(op, "tp", act, n * m, msg)
             if cp > 1:
                 for ps, op in CP_LAYER_OPS:
                     book.add(op, "cp", act, (n + (k if full and ps == "fwd" else 0)) * m, kv)

@@ -13,9 +13,11 @@ in flight (the "collective matmul" of Wang et al., ASPLOS 2023):
 
 The backward uses the conjugate pair (the gradient of a gathered input is reduce-scattered, the gradient of a
 scattered output is gathered), so forward and backward both overlap, as the cost model prices it
-(cost_models/layer.py). The sends are asynchronous point-to-point operations: on NCCL they run on NCCL's
-own stream beside the GEMM; on gloo the same decomposition runs, the GEMM beside the transfer thread. Results
-equal the non-overlapped path's (the same GEMM per output row; only the order of the tp-way sum can differ).
+(cost_models/layer.py). A column-parallel linear keeps only its input's shard: its backward all-gathers it
+again (one collective, beside the input-gradient pieces) for the weight gradient, as Megatron-LM does. The
+sends are asynchronous point-to-point operations: on NCCL they run on NCCL's own stream beside the GEMM; on
+gloo the same decomposition runs, the GEMM beside the transfer thread. Results equal the non-overlapped
+path's (the same GEMM per output row; only the order of the tp-way sum can differ).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from runtime.parallel.mappings import SEQ_DIM
+from runtime.parallel.mappings import SEQ_DIM, regather_seq
 
 # the functions themselves (P2POp accepts only these), even while runtime/comm_ledger.py wraps ``dist.isend``
 _ISEND, _IRECV = dist.distributed_c10d.isend, dist.distributed_c10d.irecv
@@ -97,15 +99,17 @@ class _GatherLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 group: dist.ProcessGroup) -> torch.Tensor:
-        y, full = gather_matmul(x, weight, group)
-        ctx.save_for_backward(full, weight)
+        y, _full = gather_matmul(x, weight, group)
+        ctx.save_for_backward(x, weight)  # the shard only: gathered again in the backward, as Megatron-LM does
         ctx.group, ctx.has_bias = group, bias is not None
         return y + bias if bias is not None else y
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
-        full, weight = ctx.saved_tensors
-        dx = matmul_reduce_scatter(g, weight.t(), ctx.group)
+        x, weight = ctx.saved_tensors
+        full, done = regather_seq(x, ctx.group)
+        dx = matmul_reduce_scatter(g, weight.t(), ctx.group)  # beside the gather
+        done()
         db = g.flatten(0, -2).sum(0) if ctx.has_bias else None
         return dx, _weight_grad(g, full), db, None
 

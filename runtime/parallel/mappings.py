@@ -7,6 +7,8 @@ function                    forward                    backward
 ``reduce_from_tp``          all-reduce                 identity
 ``gather_from_sp``          all-gather along seq       reduce-scatter along seq
 ``reduce_scatter_to_sp``    reduce-scatter along seq   all-gather along seq
+``sp_column_linear``        all-gather along seq,      all-gather again (beside
+                            linear                     dgrad), reduce-scatter
 ==========================  =========================  ===========================
 
 Activations are ``[batch, seq, hidden]``; sequence parallelism shards dim 1. The reductions work in place
@@ -15,10 +17,12 @@ on tensors the caller hands over (a matmul output, a fresh gradient), as Megatro
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 SEQ_DIM = 1
 
@@ -98,6 +102,41 @@ class _GatherFromSP(torch.autograd.Function):
         return _reduce_scatter_seq(g, ctx.group), None
 
 
+class _SPColumnLinear(torch.autograd.Function):
+    """A column-parallel linear on a sequence-sharded input that keeps only the shard for its backward (as
+    Megatron-LM does): the backward all-gathers it again, beside the input-gradient GEMM, for the weight gradient
+    (cost_models/layer.py ``SP_REGATHER_OPS``)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.group, ctx.has_bias = group, bias is not None
+        return F.linear(_gather_seq(x, group), weight, bias)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
+        x, weight = ctx.saved_tensors
+        full, done = regather_seq(x, ctx.group)
+        dx = _reduce_scatter_seq(g.matmul(weight), ctx.group)  # beside the gather
+        done()
+        dw = g.flatten(0, -2).t().matmul(full.flatten(0, -2))
+        db = g.flatten(0, -2).sum(0) if ctx.has_bias else None
+        return dx, dw, db, None
+
+
+def regather_seq(x: torch.Tensor, group: dist.ProcessGroup) -> tuple[torch.Tensor, Callable[[], None]]:
+    """Start all-gathering the sequence shards ``x`` again: (the full tensor, to read once the returned function
+    has waited for the gather)."""
+    n = dist.get_world_size(group)
+    if n == 1:
+        return x, lambda: None
+    local = x.movedim(SEQ_DIM, 0).contiguous()
+    out = local.new_empty((n * local.shape[0], *local.shape[1:]))
+    work = all_gather_into(out, local, group, async_op=True)
+    return out.movedim(0, SEQ_DIM), work.wait
+
+
 class _ReduceScatterToSP(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
@@ -122,6 +161,12 @@ def reduce_from_tp(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
 def gather_from_sp(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     """Sequence-sharded ``[b, s/tp, h]`` -> full ``[b, s, h]`` (entering a tensor-parallel region under SP)."""
     return _GatherFromSP.apply(x, group)
+
+
+def sp_column_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                     group: dist.ProcessGroup) -> torch.Tensor:
+    """``F.linear(gather_from_sp(x), weight, bias)`` keeping only the shard ``x`` for the backward."""
+    return _SPColumnLinear.apply(x, weight, bias, group)
 
 
 def reduce_scatter_to_sp(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:

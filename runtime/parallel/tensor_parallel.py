@@ -26,7 +26,13 @@ from torch import nn
 from runtime import kernels
 from runtime.models.common import LearnedPositions, OutputLayer, TokenEmbedding, Transformer
 from runtime.parallel.collective_matmul import gather_linear, linear_scatter
-from runtime.parallel.mappings import copy_to_tp, gather_from_sp, reduce_from_tp, reduce_scatter_to_sp
+from runtime.parallel.mappings import (
+    copy_to_tp,
+    gather_from_sp,
+    reduce_from_tp,
+    reduce_scatter_to_sp,
+    sp_column_linear,
+)
 from runtime.parallel.mesh import ParallelGroups
 from specs.errors import AutoparError
 
@@ -122,8 +128,9 @@ class ColumnParallelLinear(ShardedModule):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.overlap:
             return gather_linear(x, self.weight, self.bias, self.group)
-        x = gather_from_sp(x, self.group) if self.sp else copy_to_tp(x, self.group)
-        return F.linear(x, self.weight, self.bias)
+        if self.sp:
+            return sp_column_linear(x, self.weight, self.bias, self.group)
+        return F.linear(copy_to_tp(x, self.group), self.weight, self.bias)
 
 
 class RowParallelLinear(ShardedModule):
