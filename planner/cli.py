@@ -2,7 +2,7 @@
 
 Every bad input ends in one line on stderr (``autopar: error: ...``) and exit status 2; ``--format json``
 prints exactly one JSON object on stdout. ``estimate``, ``plan`` and ``whatif`` never import torch
-(``estimate --verify`` does: it replays the plan with the runtime).
+(``--verify`` does: it replays the plan with the runtime).
 """
 
 from __future__ import annotations
@@ -68,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "that the model and its precision can be trained (specs/capabilities.py)")
     pl.add_argument("--out", type=path_argument, help="write the best plan to this plan file (JSON)")
     pl.add_argument("--steps", type=int, default=None, help="training steps recorded in the plan file")
+    pl.add_argument("--verify", action="store_true",
+                    help="also replay the best plan's pipeline ranks with the runtime on the meta device and compare "
+                         "the bytes they keep alive with the memory model (needs torch)")
     _format(pl)
 
     wi = sub.add_parser("whatif", help="sweep bandwidth, GPU count or GPU type and re-plan at each point")

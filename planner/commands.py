@@ -157,6 +157,13 @@ def plan_command(args: argparse.Namespace) -> int:
         reason += (f" The next {tied} plan{'s are' if tied > 1 else ' is'} within {tie_margin():.1%} of it, inside "
                    "the model's ranking uncertainty: measure them with `autopar tune` (same options).")
     warning = memory_warning(res.plans[0].estimate.memory_GiB, cluster.gpu.memory_GiB)
+    checked = None
+    if args.verify:
+        from planner.verify import memory_check
+        from specs.planfile import make_plan
+
+        checked = memory_check(make_plan(model, cluster, args.global_batch, res.plans[0].config),
+                               res.plans[0].estimate)
     if args.out:
         from specs.planfile import TrainConfig, make_plan, save_plan
 
@@ -174,9 +181,10 @@ def plan_command(args: argparse.Namespace) -> int:
         print(json.dumps({"plans": rows, "search": search_info, "why": reason,
                           "uncertainty": {"ranking_sigma": ranking_sigma(), "tie_margin": tie_margin(),
                                           "tied_with_best": tied},
-                          "warnings": [warning] if warning else []}))
+                          "warnings": [warning] if warning else [],
+                          **({"memory_replay": checked} if checked is not None else {})}))
         return 0
-    from planner.report import console, estimate_tables, plans_table, print_inputs
+    from planner.report import console, estimate_tables, memory_check_table, plans_table, print_inputs
 
     con = console()
     print_inputs(con, model, cluster)
@@ -187,6 +195,8 @@ def plan_command(args: argparse.Namespace) -> int:
     con.print(f"[bold]why:[/bold] {escape(reason)}")
     for tab in estimate_tables(res.plans[0].estimate, "best plan")[1:]:
         con.print(tab)
+    if checked is not None:
+        con.print(memory_check_table(checked))
     con.print(f"best plan keys: {res.plans[0].config.as_keys()}")
     if warning:
         con.print(f"[yellow]memory:[/yellow] {escape(warning)}")

@@ -57,9 +57,10 @@ def test_replayed_state_is_the_priced_state(case):
         assert r.peak_bytes > r.state_bytes
 
 
-def test_estimate_verify_reports_every_pipeline_rank():
-    out = subprocess.run([sys.executable, "-m", "planner.cli", "estimate", "--model", "tiny", "--cluster", "cpu-gloo",
-                          "--gpus", "4", "--global-batch", "16", "--plan", "tp=2,pp=2", "--verify", "--format", "json"],
+@pytest.mark.parametrize("command", [["estimate", "--plan", "tp=2,pp=2"], ["plan", "--fix", "tp=2,pp=2"]])
+def test_verify_reports_every_pipeline_rank(command):
+    out = subprocess.run([sys.executable, "-m", "planner.cli", command[0], "--model", "tiny", "--cluster", "cpu-gloo",
+                          "--gpus", "4", "--global-batch", "16", *command[1:], "--verify", "--format", "json"],
                          capture_output=True, text=True, check=True)
     rows = json.loads(out.stdout)["memory_replay"]
     assert [r["pp_rank"] for r in rows] == [0, 1]
