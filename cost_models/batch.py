@@ -86,14 +86,14 @@ def estimate_batch(model: ModelSpec, cluster: ClusterSpec, c: Candidates, global
         grp = _group(model, state, c, terms, idx, global_batch)
         uneven[idx] = _chunks_differ(grp.vpp, grp.layers)
         memory[idx] = _memory(grp, state, cluster.backend)
-        rows = np.nonzero(memory[idx] <= fits_GiB)[0] if fits_GiB is not None else np.arange(len(idx))
-        if keep is not None and len(rows):  # the bound of those that fit
-            floor[idx[rows]] = makespan_floor(rank_work(model, comm, state, grp.c.take(rows), grp.lt.take(rows),
-                                                        grp.layers, grp.recomputed[rows], grp.pp),
-                                              grp.pp, grp.vpp, grp.m[rows])
         groups.append(grp)
-
     fits = memory <= fits_GiB if fits_GiB is not None else np.ones(len(c), dtype=bool)
+    for grp in groups if keep is not None else []:  # the bound of those that fit
+        rows = np.nonzero(fits[grp.idx])[0]
+        if len(rows):
+            floor[grp.idx[rows]] = makespan_floor(rank_work(model, comm, state, grp.c.take(rows), grp.lt.take(rows),
+                                                            grp.layers, grp.recomputed[rows], grp.pp),
+                                                  grp.pp, grp.vpp, grp.m[rows])
     if keep is None:
         _time(model, cm, comm, state, cluster.num_gpus, groups, fits, step, pipeline, progress=progress)
         return BatchResult(step_time=step, memory_GiB=memory)

@@ -173,7 +173,6 @@ def inflight_profiles(pp: int, vpp: int, m: int) -> np.ndarray:
     return _profiles(pp, vpp, min(m, repeating_from(pp)))
 
 
-
 @lru_cache(maxsize=256)
 def _profiles(pp: int, vpp: int, m: int) -> np.ndarray:
     if vpp == 1:  # 1F1B: rank r holds at most pp - r micro-batches (its warm-up forwards and one more)

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from runtime.parallel.mappings import SEQ_DIM, regather_seq
+from runtime.parallel.mappings import SEQ_DIM, start_gather_seq, weight_grad
 
 # the functions themselves (P2POp accepts only these), even while runtime/comm_ledger.py wraps ``dist.isend``
 _ISEND, _IRECV = dist.distributed_c10d.isend, dist.distributed_c10d.irecv
@@ -91,10 +91,6 @@ def matmul_reduce_scatter(x: torch.Tensor, weight: torch.Tensor, group: dist.Pro
     return acc.movedim(0, SEQ_DIM)
 
 
-def _weight_grad(g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    return g.flatten(0, -2).t().matmul(x.flatten(0, -2))
-
-
 class _GatherLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -107,11 +103,11 @@ class _GatherLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
         x, weight = ctx.saved_tensors
-        full, done = regather_seq(x, ctx.group)
+        full, done = start_gather_seq(x, ctx.group)
         dx = matmul_reduce_scatter(g, weight.t(), ctx.group)  # beside the gather
         done()
         db = g.flatten(0, -2).sum(0) if ctx.has_bias else None
-        return dx, _weight_grad(g, full), db, None
+        return dx, weight_grad(g, full), db, None
 
 
 class _LinearScatter(torch.autograd.Function):
@@ -125,7 +121,7 @@ class _LinearScatter(torch.autograd.Function):
     def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
         x, weight = ctx.saved_tensors
         dx, g_full = gather_matmul(g, weight.t(), ctx.group)
-        return dx, _weight_grad(g_full, x), None
+        return dx, weight_grad(g_full, x), None
 
 
 def gather_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

@@ -49,13 +49,9 @@ def _all_reduce(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
 
 
 def _gather_seq(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-    n = dist.get_world_size(group)
-    if n == 1:
-        return x
-    local = x.movedim(SEQ_DIM, 0).contiguous()
-    out = local.new_empty((n * local.shape[0], *local.shape[1:]))
-    all_gather_into(out, local, group)
-    return out.movedim(0, SEQ_DIM)
+    full, done = start_gather_seq(x, group)
+    done()
+    return full
 
 
 def _reduce_scatter_seq(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
@@ -117,17 +113,22 @@ class _SPColumnLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
         x, weight = ctx.saved_tensors
-        full, done = regather_seq(x, ctx.group)
+        full, done = start_gather_seq(x, ctx.group)
         dx = _reduce_scatter_seq(g.matmul(weight), ctx.group)  # beside the gather
         done()
-        dw = g.flatten(0, -2).t().matmul(full.flatten(0, -2))
         db = g.flatten(0, -2).sum(0) if ctx.has_bias else None
-        return dx, dw, db, None
+        return dx, weight_grad(g, full), db, None
 
 
-def regather_seq(x: torch.Tensor, group: dist.ProcessGroup) -> tuple[torch.Tensor, Callable[[], None]]:
-    """Start all-gathering the sequence shards ``x`` again: (the full tensor, to read once the returned function
-    has waited for the gather)."""
+def weight_grad(g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The gradient of a linear's weight from its output gradient ``g`` and its input ``x`` (``[..., n]``,
+    ``[..., k]``)."""
+    return g.flatten(0, -2).t().matmul(x.flatten(0, -2))
+
+
+def start_gather_seq(x: torch.Tensor, group: dist.ProcessGroup) -> tuple[torch.Tensor, Callable[[], None]]:
+    """Start all-gathering the sequence shards ``x``: (the full tensor, to read once the returned function has
+    waited for the gather)."""
     n = dist.get_world_size(group)
     if n == 1:
         return x, lambda: None
