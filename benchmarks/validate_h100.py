@@ -8,16 +8,19 @@ Three sets (sources in benchmarks/data/README.md), each mapped onto a plan witho
   GPU), so the compiled peer is the like-for-like comparison; the eager one shows what unfused kernels cost.
 - ``mosaicml``: llm-foundry's H100 80GB BF16 tables: MPT 760M-70B (GPT blocks, tied embeddings, flash
   attention) under PyTorch FSDP (FULL_SHARD = ZeRO-3, SHARD_GRAD_OP = ZeRO-2) with data parallelism only, on
-  8-512 GPUs at sequence lengths 512-65536, eager PyTorch 2.1 (2023). Each row is priced with its own micro-batch,
-  sharding and activation checkpointing (full recompute), overlapped data-parallel traffic.
+  8-512 GPUs at sequence lengths 512-65536, eager PyTorch 2.1 era (2023-24). Each row is priced with its own
+  micro-batch, sharding and activation checkpointing (full recompute), overlapped data-parallel traffic.
 - ``llama3``: Llama 3 405B on 8,192 and 16,384 H100s (Dubey et al. 2024, Table 4): tp=8, pp=16, 16M-token
   batches of 8,192-token sequences. The micro-batch, interleaving and recompute are not published: the
   planner searches them with tp, pp and cp fixed (as validate_published.py does for Narayanan et al.).
-  Compared as model TFLOP/s per GPU (6 x parameters x tokens plus causal attention).
+  Compared as model TFLOP/s per GPU in the Megatron/PaLM convention (``ModelSpec.model_flops_per_token``:
+  attention counted without causal savings); the paper does not state its convention, and at 8k tokens the
+  two differ by about 4%.
 
-Then ``autopar calibrate``'s fit (planner/calibrate.py: five scales on the profile) is run on CALIBRATION, a
-handful of the MosaicML runs chosen by a rule stated before looking at the errors (every 8-GPU run at sequence
-2048: one per model size), and every other run is predicted with the calibrated profile (held out).
+Then ``autopar calibrate``'s fit (planner/calibrate.py: five scales on the profile) is run on a handful of the
+MosaicML runs, chosen by a rule fixed before any calibrated result was seen (:func:`calibration_rows`: every
+8-GPU run at sequence 2048, one per model size), and every other run is predicted with the calibrated profile
+(held out).
 """
 
 from __future__ import annotations
