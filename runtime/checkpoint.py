@@ -5,12 +5,15 @@ Layout under the checkpoint directory::
     step_00000010/      one DCP checkpoint (.metadata + per-rank .distcp files) and meta.json
     latest              the name of the newest complete checkpoint
 
-Every rank writes its own shards in parallel: tensor-parallel shards, ZeRO optimizer slices and ZeRO-3
-parameter slices (by bucket) have keys of their own (``.tp<r>``, ``.dp<r>``); replicated tensors share a key and
-DCP writes them once. A checkpoint is written to ``step_N.partial`` and renamed when complete, then ``latest``
-is replaced atomically, so a rank killed mid-save leaves the previous checkpoint intact. The data position is
-the step count (the data order is a pure function of the step), kept in ``meta.json`` with the plan it belongs
-to; resuming under a different plan, model or batch is refused with a one-line error.
+The state is saved in a form no plan decides (:mod:`runtime.portable_state`): every parameter, its AdamW moments
+and its fp32 master as full tensors by model name, to which each rank writes its pieces in parallel and DCP
+reshards on load. So a checkpoint written under one plan (tp, pp, vpp, dp, cp, ZeRO stage, layer split, GPU
+count) resumes under any other plan of the same model, sequence length, global batch, seed and state precisions;
+a different one of those is refused with a one-line error. A checkpoint is written to ``step_N.partial`` and
+renamed when complete, then ``latest`` is replaced atomically, so a rank killed mid-save leaves the previous
+checkpoint intact. The data position is the step count (the data order is a pure function of the step), kept
+in ``meta.json`` with the plan that wrote it. Each rank's RNG state is saved too and restored when the same plan
+resumes (dropout then continues exactly); another plan draws its dropout masks afresh.
 """
 
 from __future__ import annotations
@@ -26,11 +29,22 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
+from runtime.portable_state import (
+    LoadPlanner,
+    SavePlanner,
+    empty_like_local,
+    local_state,
+    portable,
+    restore,
+    take_loaded,
+)
 from runtime.trainer import Trainer
 from specs.errors import AutoparError
 
 META = "meta.json"
 LATEST = "latest"
+FORMAT = 2  # 1: keys by plan (before resuming under other plans)
+SAME = ("model", "seq", "global_batch", "seed", "state")  # what a resuming plan must share with the checkpoint
 
 
 def fingerprint(tr: Trainer) -> dict[str, Any]:
@@ -48,9 +62,11 @@ def _rng_state(tr: Trainer) -> dict[str, torch.Tensor]:
     return out
 
 
-def state_dict(tr: Trainer) -> dict[str, torch.Tensor]:
+def state_dict(tr: Trainer) -> dict[str, object]:
+    """What this rank saves: its pieces of the plan-independent state, and its RNG."""
     tr.dp.wait_param_gather()  # ZeRO-1/2: parameters must be complete before they are read
-    return {**tr.model_state(), **tr.optimizer_state(), **_rng_state(tr)}
+    pieces, infos = local_state(tr)
+    return {**portable(pieces, infos), **_rng_state(tr)}
 
 
 def save_checkpoint(tr: Trainer, root: Path, keep: int = 2) -> Path:
@@ -62,9 +78,9 @@ def save_checkpoint(tr: Trainer, root: Path, keep: int = 2) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     dist.barrier(group=tr.g.world)
-    dcp.save(state_dict(tr), checkpoint_id=str(tmp), process_group=tr.g.world)
+    dcp.save(state_dict(tr), checkpoint_id=str(tmp), process_group=tr.g.world, planner=SavePlanner())
     if rank0:
-        meta = {"step": tr.step, "samples": tr.step * tr.plan.global_batch, "data": str(tr.data.path),
+        meta = {"format": FORMAT, "step": tr.step, "samples": tr.step * tr.plan.global_batch, "data": str(tr.data.path),
                 "total_steps": tr.steps, "plan": fingerprint(tr)}
         (tmp / META).write_text(json.dumps(meta, indent=1) + "\n")
         if final.exists():
@@ -113,19 +129,30 @@ def load_checkpoint(tr: Trainer, root: Path) -> int:
     except (OSError, ValueError, KeyError, TypeError):
         raise AutoparError(f"checkpoint {ck} is corrupt (unreadable {META}); delete it to resume from an "
                            "earlier one") from None
+    if meta.get("format") != FORMAT:
+        raise AutoparError(f"checkpoint {ck} has format {meta.get('format', 1)}, this autopar reads format {FORMAT}; "
+                           "resume it with the autopar that wrote it, or start without --resume")
     mine = fingerprint(tr)
-    if saved != mine:
-        raise AutoparError(f"checkpoint {ck} was written by another plan ({_first_difference(saved, mine)}); "
-                           "resume with the plan that wrote it")
-    state = state_dict(tr)
+    shared = {k: saved.get(k) for k in SAME}
+    if shared != {k: mine[k] for k in SAME}:
+        raise AutoparError(f"checkpoint {ck} is of another run ({_first_difference(shared, mine)}); a checkpoint "
+                           "resumes under any plan of the same model, sequence, global batch, seed and precisions")
+    same_plan = saved == mine
+    pieces, infos = empty_like_local(tr)
+    state = portable(pieces, infos)
+    if same_plan:
+        state.update(_rng_state(tr))
     try:
-        dcp.load(state, checkpoint_id=str(ck), process_group=tr.g.world)
+        dcp.load(state, checkpoint_id=str(ck), process_group=tr.g.world, planner=LoadPlanner())
     except (Exception, CheckpointException) as err:  # DCP raises on every rank when any rank fails
         first = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
         raise AutoparError(f"checkpoint {ck} is corrupt or incomplete ({first}); delete it to resume from an "
                            "earlier one") from None
-    torch.set_rng_state(state[f"rng.cpu.rank{tr.g.rank}"])
-    if tr.device.type == "cuda":
-        torch.cuda.set_rng_state(state[f"rng.cuda.rank{tr.g.rank}"], tr.device)
+    take_loaded(state, pieces, infos)
+    restore(tr, pieces)
+    if same_plan:
+        torch.set_rng_state(state[f"rng.cpu.rank{tr.g.rank}"])
+        if tr.device.type == "cuda":
+            torch.cuda.set_rng_state(state[f"rng.cuda.rank{tr.g.rank}"], tr.device)
     tr.step = tr.opt.step_count = step
     return step

@@ -123,20 +123,3 @@ class Trainer:
         dist.all_reduce(mem, op=dist.ReduceOp.MAX, group=self.g.world)
         return StepStats(float(loss) / (self.cfg.dp * self.cfg.cp * self.m), grad_norm, lr, float(mem[0]),
                          float(mem[1]))
-
-    # ---- checkpoint state ---------------------------------------------------------------------
-    def model_state(self) -> dict[str, torch.Tensor]:
-        """Parameters by full name; tensor-parallel shards get a ``.tp<rank>`` suffix. ZeRO-3 keeps only this
-        rank's slice of each bucket: those, by bucket."""
-        if self.dp.zero >= 3:
-            where = f"model.pp{self.g.pp_rank}.tp{self.g.tp_rank}.dp{self.g.dpcp_rank}"
-            return {f"{where}.b{i}": b.param_shard for i, b in enumerate(self.dp.buckets)}
-        out = {}
-        for c in self.chunks:
-            for p, info in self.params.named(c):
-                out[f"model.{info.name}" + (f".tp{self.g.tp_rank}" if info.shard is not None else "")] = p.data
-        return out
-
-    def optimizer_state(self) -> dict[str, torch.Tensor]:
-        where = f"optim.pp{self.g.pp_rank}.tp{self.g.tp_rank}" + (f".dp{self.g.dpcp_rank}" if self.dp.zero else "")
-        return self.opt.state(where)

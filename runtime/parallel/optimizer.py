@@ -134,13 +134,3 @@ class DistributedAdamW:
                 b.param_shard.copy_(m)
         if self.dp.zero:
             self.dp.start_param_gather()
-
-    def state(self, prefix: str) -> dict[str, torch.Tensor]:
-        """Tensors to checkpoint (keys unique to this rank's slice; the master where one is kept)."""
-        out = {}
-        for i, m in enumerate(self.master):
-            out[f"{prefix}.b{i}.exp_avg"] = self.exp_avg[i]
-            out[f"{prefix}.b{i}.exp_avg_sq"] = self.exp_avg_sq[i]
-            if m is not None:
-                out[f"{prefix}.b{i}.master"] = m
-        return out

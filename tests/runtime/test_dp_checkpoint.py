@@ -60,6 +60,35 @@ def test_resume_continues_exactly(pool, tokens64, tmp_path, case):
     assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["latest", "step_00000002", "step_00000003"]
 
 
+# A checkpoint written at step 4 of a tp=2 pp=2 run resumes under other plans (issue: checkpoints that move).
+RESUME_UNDER = {
+    "dp4": dict(dp=4),
+    "pp2-vpp2-dp2": dict(pp=2, dp=2, sched="interleaved"),
+    "tp2-dp2-zero1": dict(tp=2, dp=2, zero=1),
+    "cp2-dp2": dict(cp=2, dp=2),
+    "two-ranks-tp2": dict(tp=2),
+    "two-ranks-dp2-zero3": dict(dp=2, zero=3),
+}
+WRITER = dict(tp=2, pp=2, steps=6)
+
+
+@pytest.mark.parametrize("model", [dict(arch="llama"), dict(arch="gpt", tied=True)], ids=["llama", "gpt-tied"])
+def test_a_checkpoint_resumes_under_any_plan(pool, tokens64, tmp_path, model):
+    """Train 4 of 6 steps under tp=2 pp=2, save; resume under each plan of RESUME_UNDER: its steps 5-6 lose what
+    one uninterrupted single-process run loses (within 1e-5). Parameters, AdamW moments and the step move; the
+    tied model's head copy comes back as the embedding."""
+    run = lambda case, d, save, resume, stop=None: pool.run(  # noqa: E731
+        "rt_cases:train_with_checkpoints", {**model, **case, "steps": 6}, tokens64, str(d), save, resume, stop)[0]
+    whole = run({}, tmp_path / "single", [], False)
+    first = run(WRITER, tmp_path / "ck", [4], False, 4)
+    np.testing.assert_allclose(first, whole[:4], rtol=0, atol=1e-5)
+    targets = RESUME_UNDER if model["arch"] == "llama" else {k: RESUME_UNDER[k] for k in ("dp4", "pp2-vpp2-dp2")}
+    for name, plan in targets.items():
+        rest = run(plan, tmp_path / "ck", [], True)
+        assert isinstance(rest, list) and len(rest) == 2, (name, rest)
+        np.testing.assert_allclose(rest, whole[4:], rtol=0, atol=1e-5, err_msg=name)
+
+
 def test_a_longer_resumed_run_keeps_the_plans_learning_rates(pool, tokens64, tmp_path):
     """`autopar run --steps 2`, then `--steps 5 --resume`: the learning rate of every step is that of one
     uninterrupted run (the schedule is the plan's 4 steps, then min_lr), not a schedule redrawn over 5."""
@@ -82,8 +111,10 @@ def test_bad_checkpoints_are_one_line_errors(pool, tokens64, tmp_path):
     msg = run(case, tmp_path / "none", True)
     assert msg.startswith("AutoparError: no checkpoint to resume from")
     assert isinstance(run(case, tmp_path / "ck", False), list)
-    msg = run({**case, "tp": 1, "dp": 4}, tmp_path / "ck", True)
-    assert msg.startswith("AutoparError:") and "another plan" in msg and "tp" in msg
+    msg = run({**case, "arch": "gpt"}, tmp_path / "ck", True)  # another model: refused
+    assert msg.startswith("AutoparError:") and "another run" in msg and "model" in msg
+    msg = run({**case, "global_batch": 16}, tmp_path / "ck", True)  # the data position would not carry over
+    assert msg.startswith("AutoparError:") and "global_batch" in msg and "\n" not in msg
     shard = next((tmp_path / "ck" / "step_00000001").glob("*.distcp"))
     shard.write_bytes(shard.read_bytes()[:100])
     msg = run(case, tmp_path / "ck", True)
@@ -95,6 +126,9 @@ def test_bad_checkpoints_are_one_line_errors(pool, tokens64, tmp_path):
         meta.write_text(broken)
         msg = run(case, tmp_path / "ck", True)
         assert msg.startswith("AutoparError: checkpoint") and "corrupt (unreadable meta.json)" in msg, broken
+    meta.write_text(json.dumps({k: v for k, v in good.items() if k != "format"}))  # written before format 2
+    msg = run(case, tmp_path / "ck", True)
+    assert msg.startswith("AutoparError: checkpoint") and "format 1" in msg and "start without --resume" in msg
 
 
 def test_mesh_rank_order_puts_tp_innermost(pool):
