@@ -1,4 +1,4 @@
-"""The ``autopar`` command line: estimate, plan, whatif, run, tune, profile, calibrate.
+"""The ``autopar`` command line: estimate, plan, whatif, run, tune, profile, calibrate, import-hf, export-hf.
 
 Every bad input ends in one line on stderr (``autopar: error: ...``) and exit status 2; ``--format json``
 prints exactly one JSON object on stdout. ``estimate``, ``plan`` and ``whatif`` never import torch
@@ -117,6 +117,16 @@ def build_parser() -> argparse.ArgumentParser:
                      help="profile to calibrate (default: the cluster the plans embed)")
     cal.add_argument("--warmup", type=int, help="steps to leave out of each run (default: the first 10%%)")
     cal.add_argument("--fit", help="parameters to fit, from gemm,attention,memory,overhead,comm (default: all)")
+
+    imp = sub.add_parser("import-hf", help="a Hugging Face model's weights as a step-0 checkpoint of a plan")
+    imp.add_argument("hf_dir", type=path_argument, help="directory with config.json and safetensors weights")
+    imp.add_argument("--plan", required=True, type=path_argument, help="plan file of the same model")
+    imp.add_argument("--out", required=True, type=path_argument,
+                     help="checkpoint directory to write (then: autopar run PLAN --checkpoint-dir OUT --resume)")
+    exp = sub.add_parser("export-hf", help="a checkpoint's weights as a Hugging Face model directory")
+    exp.add_argument("checkpoint_dir", type=path_argument, help="a run's --checkpoint-dir (its newest checkpoint)")
+    exp.add_argument("--out", required=True, type=path_argument, help="directory to write config.json and "
+                     "model.safetensors into (new or empty)")
     return ap
 
 
@@ -146,7 +156,8 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"estimate": _run("estimate_command"), "plan": _run("plan_command"), "whatif": _run("whatif_command"),
-            "run": _run("run_command"), "tune": _run("tune_command"), "profile": _profile, "calibrate": _calibrate}
+            "run": _run("run_command"), "tune": _run("tune_command"), "profile": _profile, "calibrate": _calibrate,
+            "import-hf": _run("import_hf_command"), "export-hf": _run("export_hf_command")}
 
 
 def main(argv: list[str] | None = None) -> int:

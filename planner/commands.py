@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from rich.markup import escape
@@ -278,6 +279,32 @@ def run_command(args: argparse.Namespace) -> int:
                   checkpoint_dir=args.checkpoint_dir, resume=args.resume, dry_run=args.dry_run,
                   checkpoint_every=args.checkpoint_every, predicted_step_s=fresh and fresh.step_time_s,
                   predicted_memory_GiB=fresh and fresh.memory_GiB)
+
+
+def _hf_weights() -> Any:
+    try:
+        from runtime import hf_weights
+    except ImportError as err:
+        raise AutoparError(f"Hugging Face weights need PyTorch and safetensors: pip install torch safetensors "
+                           f"({err.name} is missing)") from None
+    return hf_weights
+
+
+def import_hf_command(args: argparse.Namespace) -> int:
+    from specs.planfile import load_plan
+
+    hf = _hf_weights()
+    plan = load_plan(args.plan)
+    ck = hf.import_hf(Path(args.hf_dir), plan, Path(args.out))
+    print(f"wrote {ck} (step 0 of {args.plan}); train from it: autopar run {args.plan} --checkpoint-dir "
+          f"{args.out} --resume")
+    return 0
+
+
+def export_hf_command(args: argparse.Namespace) -> int:
+    out = _hf_weights().export_hf(Path(args.checkpoint_dir), Path(args.out))
+    print(f"wrote {out / 'config.json'} and {out / 'model.safetensors'}")
+    return 0
 
 
 def _fresh_prediction(plan_path: str) -> Any:

@@ -40,6 +40,8 @@ from runtime.portable_state import (
 )
 from runtime.trainer import Trainer
 from specs.errors import AutoparError
+from specs.planfile import PlanFile
+from specs.state import StateSpec
 
 META = "meta.json"
 LATEST = "latest"
@@ -47,12 +49,11 @@ FORMAT = 2  # 1: keys by plan (before resuming under other plans)
 SAME = ("model", "seq", "global_batch", "seed", "state")  # what a resuming plan must share with the checkpoint
 
 
-def fingerprint(tr: Trainer) -> dict[str, Any]:
-    """What must match for a checkpoint to be resumable by this run."""
-    plan = tr.plan
+def fingerprint(plan: PlanFile, state: StateSpec) -> dict[str, Any]:
+    """The run a checkpoint belongs to (its ``SAME`` keys) and the plan that wrote it (the rest)."""
     return {"model": plan.model.model_dump(mode="json"), "parallel": plan.config.to_dict(),
             "global_batch": plan.global_batch, "seq": plan.seq, "seed": plan.train.seed,
-            "world_size": plan.world_size, "state": tr.state.model_dump(mode="json")}
+            "world_size": plan.world_size, "state": state.model_dump(mode="json")}
 
 
 def _rng_state(tr: Trainer) -> dict[str, torch.Tensor]:
@@ -80,17 +81,24 @@ def save_checkpoint(tr: Trainer, root: Path, keep: int = 2) -> Path:
     dist.barrier(group=tr.g.world)
     dcp.save(state_dict(tr), checkpoint_id=str(tmp), process_group=tr.g.world, planner=SavePlanner())
     if rank0:
-        meta = {"format": FORMAT, "step": tr.step, "samples": tr.step * tr.plan.global_batch, "data": str(tr.data.path),
-                "total_steps": tr.steps, "plan": fingerprint(tr)}
-        (tmp / META).write_text(json.dumps(meta, indent=1) + "\n")
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        (root / f"{LATEST}.tmp").write_text(name + "\n")
-        os.replace(root / f"{LATEST}.tmp", root / LATEST)
-        for old in sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".partial"))[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+        publish(root, tmp, {"step": tr.step, "samples": tr.step * tr.plan.global_batch, "data": str(tr.data.path),
+                            "total_steps": tr.steps, "plan": fingerprint(tr.plan, tr.state)}, keep)
     dist.barrier(group=tr.g.world)
+    return final
+
+
+def publish(root: Path, tmp: Path, meta: dict[str, Any], keep: int = 2) -> Path:
+    """Finish a checkpoint written to ``tmp`` (``step_N.partial``): its ``meta.json``, the rename to ``step_N``,
+    ``latest`` replaced atomically, all but the newest ``keep`` older ones removed."""
+    final = tmp.with_name(tmp.name.removesuffix(".partial"))
+    (tmp / META).write_text(json.dumps({"format": FORMAT, **meta}, indent=1) + "\n")
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    (root / f"{LATEST}.tmp").write_text(final.name + "\n")
+    os.replace(root / f"{LATEST}.tmp", root / LATEST)
+    for old in sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".partial"))[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
     return final
 
 
@@ -132,16 +140,17 @@ def load_checkpoint(tr: Trainer, root: Path) -> int:
     if meta.get("format") != FORMAT:
         raise AutoparError(f"checkpoint {ck} has format {meta.get('format', 1)}, this autopar reads format {FORMAT}; "
                            "resume it with the autopar that wrote it, or start without --resume")
-    mine = fingerprint(tr)
+    mine = fingerprint(tr.plan, tr.state)
     shared = {k: saved.get(k) for k in SAME}
     if shared != {k: mine[k] for k in SAME}:
         raise AutoparError(f"checkpoint {ck} is of another run ({_first_difference(shared, mine)}); a checkpoint "
                            "resumes under any plan of the same model, sequence, global batch, seed and precisions")
-    same_plan = saved == mine
     pieces, infos = empty_like_local(tr)
     state = portable(pieces, infos)
+    rng = _rng_state(tr)
+    same_plan = saved == mine and meta.get("rng", True)  # an imported checkpoint (import-hf) holds no RNG
     if same_plan:
-        state.update(_rng_state(tr))
+        state.update(rng)
     try:
         dcp.load(state, checkpoint_id=str(ck), process_group=tr.g.world, planner=LoadPlanner())
     except (Exception, CheckpointException) as err:  # DCP raises on every rank when any rank fails

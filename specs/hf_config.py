@@ -18,6 +18,12 @@ _UNPRICED = {"attn_logit_softcapping": "soft-capped attention scores",
              "sliding_window_pattern": "alternating local and global attention layers",
              "layer_types": "layers of different attention kinds"}
 _GPT2_LIKE = {"gpt2"}
+
+
+def _all_full_attention(key: str, value: Any) -> bool:
+    """``layer_types`` naming full attention for every layer (what transformers 5 writes for plain Qwen2 and Llama
+    configs): a plain model after all."""
+    return key == "layer_types" and isinstance(value, list) and all(v == "full_attention" for v in value)
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 
 
@@ -68,7 +74,7 @@ def hf_to_spec(cfg: dict[str, Any], source: str) -> dict[str, Any]:
     if any(cfg.get(k) for k in _MOE_KEYS):
         raise AutoparError(f"Hugging Face config {source}: model_type '{mtype}' is a mixture-of-experts model; "
                            "autopar plans dense transformers only")
-    unpriced = next((k for k in _UNPRICED if cfg.get(k) is not None), None)
+    unpriced = next((k for k in _UNPRICED if cfg.get(k) is not None and not _all_full_attention(k, cfg[k])), None)
     if unpriced:
         raise AutoparError(f"Hugging Face config {source}: {unpriced} ({_UNPRICED[unpriced]}) is not something "
                            "autopar's cost model prices; write an autopar spec to plan it as a plain model")

@@ -39,6 +39,7 @@ def case_spec(case: dict[str, Any]) -> ModelSpec:
         hidden_size=32, num_attention_heads=4, num_kv_heads=(2 if tp <= 2 else 4) if llama else None,
         ffn_hidden_size=64 if llama else 96, vocab_size=case.get("vocab", 64), seq_length=case.get("seq", 16),
         tie_embeddings=case.get("tied", False), dropout=case.get("dropout", 0.0), attention=case.get("attention"),
+        qkv_bias=case.get("qkv_bias", False),
     )
 
 

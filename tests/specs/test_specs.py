@@ -96,6 +96,15 @@ def test_configs_the_cost_model_cannot_price_are_refused_naming_the_field(tmp_pa
         _hf(tmp_path, cfg)
 
 
+def test_layer_types_of_full_attention_only_are_a_plain_model(tmp_path):
+    """transformers 5 writes ``layer_types`` into plain Qwen2/Llama configs; mixed kinds are still refused."""
+    cfg = {"model_type": "qwen2", "hidden_size": 896, "num_hidden_layers": 2, "num_attention_heads": 14,
+           "num_key_value_heads": 2, "intermediate_size": 4864, "vocab_size": 151936}
+    assert _hf(tmp_path, {**cfg, "layer_types": ["full_attention"] * 2}).num_layers == 2
+    with pytest.raises(AutoparError, match="layer_types .* is not something autopar's cost model prices"):
+        _hf(tmp_path, {**cfg, "layer_types": ["full_attention", "sliding_attention"]})
+
+
 def test_qwen2_hf_config_has_qkv_bias(tmp_path):
     cfg = {"model_type": "qwen2", "hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
            "num_key_value_heads": 2, "intermediate_size": 4864, "vocab_size": 151936,

@@ -1,0 +1,194 @@
+"""Hugging Face weights in and out of autopar checkpoints (Llama, Mistral and Qwen2 layouts: GQA, QKV biases,
+tied embeddings).
+
+* ``autopar import-hf HF_DIR --plan plan.json --out CKPT``: the directory's ``config.json`` must describe the
+  plan's model; its safetensors weights (``model.safetensors`` or the shards an index file lists) become a step-0
+  checkpoint of that plan (AdamW moments zero, the fp32 master copy where the plan keeps one), which
+  ``autopar run plan.json --checkpoint-dir CKPT --resume`` (or any other plan of the model) starts from.
+* ``autopar export-hf CKPT --out HF_DIR``: the newest checkpoint's parameters (its fp32 master copy where kept)
+  as ``config.json`` + ``model.safetensors`` that ``transformers`` loads with ``from_pretrained``.
+
+Checkpoints hold each parameter whole by model name (:mod:`runtime.portable_state`), so neither direction cares
+which plan wrote or reads them. autopar fuses q/k/v into ``attn.qkv`` and gate/up into ``mlp.gate_up`` (rows in
+that order); the rest is a renaming. Both run in one process, without a process group.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+
+from runtime.checkpoint import META, fingerprint, latest_checkpoint, publish
+from runtime.dtypes import TORCH_DTYPES
+from specs.errors import AutoparError
+from specs.hf_config import hf_to_spec
+from specs.model import ModelSpec
+from specs.planfile import PlanFile
+
+_LAYER = {  # autopar name in layer i -> Hugging Face name(s) in model.layers.i (several: fused, in row order)
+    "attn_norm.weight": ("input_layernorm.weight",),
+    "attn.qkv.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+    "attn.qkv.bias": ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"),
+    "attn.proj.weight": ("self_attn.o_proj.weight",),
+    "mlp_norm.weight": ("post_attention_layernorm.weight",),
+    "mlp.gate_up.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
+    "mlp.down.weight": ("mlp.down_proj.weight",),
+}
+_SHAPE = ("arch", "num_layers", "hidden_size", "num_attention_heads", "kv_heads", "hd", "ffn", "vocab_size",
+          "tie_embeddings", "qkv_bias", "norm_eps", "rope_theta")  # what a config must share with the plan's model
+_ENDS = {"embed.tok.weight": "model.embed_tokens.weight", "head.norm.weight": "model.norm.weight",
+         "head.out.weight": "lm_head.weight"}
+
+
+def names(spec: ModelSpec) -> dict[str, tuple[str, ...]]:
+    """Every autopar parameter of a Llama-family model with the Hugging Face tensors it is made of."""
+    if spec.arch != "llama":
+        raise AutoparError(f"model {spec.name} is a GPT (arch gpt): Hugging Face weights are supported for "
+                           "Llama-family models (Llama, Mistral, Qwen2)")
+    out: dict[str, tuple[str, ...]] = {"embed.tok.weight": (_ENDS["embed.tok.weight"],)}
+    for i in range(spec.num_layers):
+        for ours, theirs in _LAYER.items():
+            if ours == "attn.qkv.bias" and not spec.qkv_bias:
+                continue
+            out[f"layers.{i}.{ours}"] = tuple(f"model.layers.{i}.{t}" for t in theirs)
+    out["head.norm.weight"] = (_ENDS["head.norm.weight"],)
+    if not spec.tie_embeddings:
+        out["head.out.weight"] = (_ENDS["head.out.weight"],)
+    return out
+
+
+# ---- in ---------------------------------------------------------------------------------------------
+def _read_safetensors(hf_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    index = hf_dir / "model.safetensors.index.json"
+    if index.exists():
+        try:
+            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise AutoparError(f"{index} is not a safetensors index (no weight_map); re-download the model") from None
+    elif (hf_dir / "model.safetensors").exists():
+        files = ["model.safetensors"]
+    else:
+        raise AutoparError(f"{hf_dir} has no model.safetensors nor model.safetensors.index.json; autopar reads "
+                           "safetensors weights (convert .bin files with transformers' save_pretrained)")
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            out.update(load_file(str(hf_dir / f)))
+        except Exception as err:  # noqa: BLE001 - safetensors raises its own and OS errors
+            raise AutoparError(f"{hf_dir / f} cannot be read ({type(err).__name__}: "
+                               f"{str(err).splitlines()[0][:120] if str(err) else ''}); re-download it") from None
+    return out
+
+
+def import_hf(hf_dir: Path, plan: PlanFile, out: Path) -> Path:
+    """Write a step-0 checkpoint of ``plan`` from the Hugging Face model in ``hf_dir``; returns its directory."""
+    wanted = names(plan.model)  # refuses a GPT plan first
+    cfg = hf_dir / "config.json"
+    try:
+        theirs = hf_to_spec(json.loads(cfg.read_text()), str(cfg))
+    except OSError:
+        raise AutoparError(f"{hf_dir} has no config.json: give the directory of a Hugging Face model") from None
+    except ValueError as err:
+        raise AutoparError(f"{cfg}: {err}") from None
+    spec = plan.model
+    hf_spec = ModelSpec(**theirs)
+    for key in _SHAPE:
+        if getattr(hf_spec, key) != getattr(spec, key):
+            raise AutoparError(f"{cfg} has {key}={getattr(hf_spec, key)!r} but the plan's model has "
+                               f"{getattr(spec, key)!r}; plan for this model (autopar plan --model {cfg} ...)")
+    weights = _read_safetensors(hf_dir)
+    if spec.tie_embeddings:
+        weights.pop(_ENDS["head.out.weight"], None)  # some tied checkpoints store the copy too
+    params, used = {}, set()
+    for ours, parts in wanted.items():
+        missing = [p for p in parts if p not in weights]
+        if missing:
+            raise AutoparError(f"{hf_dir} has no weight {missing[0]}: not a complete {spec.arch} checkpoint of "
+                               f"{spec.num_layers} layers")
+        params[ours] = torch.cat([weights[p].float() for p in parts]) if len(parts) > 1 else weights[parts[0]].float()
+        used.update(parts)
+    extra = sorted(set(weights) - used - {k for k in weights if k.endswith("rotary_emb.inv_freq")})
+    if extra:
+        raise AutoparError(f"{hf_dir} has weights autopar's model does not have (e.g. {extra[0]}); autopar reads "
+                           "Llama, Mistral and Qwen2 layouts")
+    state = plan.state
+    sd: dict[str, torch.Tensor] = {}
+    for name, t in params.items():
+        sd[f"param/{name}"] = t.to(TORCH_DTYPES[state.params]).contiguous()
+        sd[f"exp_avg/{name}"] = torch.zeros_like(t)
+        sd[f"exp_avg_sq/{name}"] = torch.zeros_like(t)
+        if state.master_weights:
+            sd[f"master/{name}"] = t.contiguous()
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / "step_00000000.partial"
+    dcp.save(sd, checkpoint_id=str(tmp), no_dist=True)
+    return publish(out, tmp, {"step": 0, "samples": 0, "data": None, "total_steps": plan.train.steps,
+                              "plan": fingerprint(plan, state), "source": str(hf_dir), "rng": False})
+
+
+# ---- out --------------------------------------------------------------------------------------------
+def read_parameters(ckpt_dir: Path) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
+    """The model and its parameters (fp32 master copies where kept) of the newest checkpoint under ``ckpt_dir``."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    ck = latest_checkpoint(ckpt_dir)
+    if ck is None:
+        raise AutoparError(f"no checkpoint in {ckpt_dir}; give the --checkpoint-dir of a run")
+    try:
+        spec = ModelSpec(**json.loads((ck / META).read_text())["plan"]["model"])
+        stored = FileSystemReader(str(ck)).read_metadata().state_dict_metadata
+    except Exception:  # noqa: BLE001 - any unreadable meta.json or .metadata
+        raise AutoparError(f"checkpoint {ck} is corrupt (unreadable {META} or .metadata); delete it to use an "
+                           "earlier one") from None
+    kind = "master" if any(k.startswith("master/") for k in stored) else "param"
+    sd = {k: torch.empty(md.size, dtype=md.properties.dtype) for k, md in stored.items()
+          if k.startswith(kind + "/")}
+    try:
+        dcp.load(sd, checkpoint_id=str(ck), no_dist=True)
+    except Exception as err:  # noqa: BLE001 - DCP wraps the reader's errors
+        raise AutoparError(f"checkpoint {ck} is corrupt or incomplete ({type(err).__name__}); delete it to use an "
+                           "earlier one") from None
+    return spec, {k.split("/", 1)[1]: v for k, v in sd.items()}
+
+
+def hf_config(spec: ModelSpec) -> dict[str, object]:
+    """A ``config.json`` for the model: Qwen2 when it has QKV biases, else Llama."""
+    qwen = spec.qkv_bias
+    return {
+        "architectures": ["Qwen2ForCausalLM" if qwen else "LlamaForCausalLM"],
+        "model_type": "qwen2" if qwen else "llama",
+        "hidden_size": spec.hidden_size, "intermediate_size": spec.ffn, "num_hidden_layers": spec.num_layers,
+        "num_attention_heads": spec.num_attention_heads, "num_key_value_heads": spec.kv_heads, "head_dim": spec.hd,
+        "vocab_size": spec.vocab_size, "max_position_embeddings": spec.seq_length, "rms_norm_eps": spec.norm_eps,
+        "rope_theta": spec.rope_theta, "tie_word_embeddings": spec.tie_embeddings, "hidden_act": "silu",
+        "torch_dtype": "float32", **({} if qwen else {"attention_bias": False, "mlp_bias": False}),
+    }
+
+
+def export_hf(ckpt_dir: Path, out: Path) -> Path:
+    """Write ``config.json`` and ``model.safetensors`` of the newest checkpoint under ``ckpt_dir`` into ``out``."""
+    from safetensors.torch import save_file
+
+    spec, params = read_parameters(ckpt_dir)
+    tensors: dict[str, torch.Tensor] = {}
+    for ours, parts in names(spec).items():
+        if ours not in params:
+            raise AutoparError(f"the checkpoint in {ckpt_dir} has no parameter {ours}; it is incomplete")
+        t = params[ours].float()
+        if len(parts) == 1:
+            tensors[parts[0]] = t.contiguous()
+            continue
+        rows = (spec.q_width, spec.kv_width, spec.kv_width) if "qkv" in ours else (spec.ffn, spec.ffn)
+        for name, piece in zip(parts, t.split(rows)):
+            tensors[name] = piece.contiguous()
+    if (out / "model.safetensors").exists() or (out / "config.json").exists():
+        raise AutoparError(f"{out} already holds a model; give an empty or new directory")
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(hf_config(spec), indent=1) + "\n")
+    return out
