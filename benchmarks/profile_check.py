@@ -55,7 +55,7 @@ def autopar(*args: str, capture: bool = True) -> str:
 def measured_step(metrics: Path, warmup: int) -> tuple[float, float | None, int]:
     """(median step time after ``warmup`` steps, the prediction the runtime logged, steps used)."""
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    times = [r["step_time_s"] for r in rows if r["step"] > warmup]
+    times = [r["step_time_s"] for r in rows if r.get("step", 0) > warmup]
     if not times:
         raise SystemExit(f"{metrics}: no steps after warm-up {warmup}")
     return statistics.median(times), rows[0].get("predicted_step_time_s"), len(times)

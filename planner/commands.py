@@ -278,7 +278,8 @@ def run_command(args: argparse.Namespace) -> int:
     return launch(plan_path=plan_path, steps=args.steps, data=args.data, metrics_out=args.metrics_out,
                   checkpoint_dir=args.checkpoint_dir, resume=args.resume, dry_run=args.dry_run,
                   checkpoint_every=args.checkpoint_every, predicted_step_s=fresh and fresh.step_time_s,
-                  predicted_memory_GiB=fresh and fresh.memory_GiB)
+                  predicted_memory_GiB=fresh and fresh.memory_GiB, max_restarts=args.max_restarts,
+                  mtbf_hours=args.mtbf_hours)
 
 
 def _hf_weights() -> Any:

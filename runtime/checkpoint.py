@@ -19,6 +19,7 @@ resumes (dropout then continues exactly); another plan draws its dropout masks a
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 from pathlib import Path
@@ -100,6 +101,12 @@ def publish(root: Path, tmp: Path, meta: dict[str, Any], keep: int = 2) -> Path:
     for old in sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".partial"))[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def young_daly_interval_s(save_s: float, mtbf_s: float) -> float:
+    """Seconds of training between checkpoints that lose the least time to saving and to redoing work after a
+    failure (Young 1974; Daly 2006's first-order form): sqrt(2 x save time x mean time between failures)."""
+    return math.sqrt(2.0 * save_s * mtbf_s)
 
 
 def latest_checkpoint(root: Path) -> Path | None:

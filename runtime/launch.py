@@ -38,22 +38,24 @@ def _local_devices() -> int | None:
 
 def _worker_args(plan_path: str, steps: int | None, data: str | None, metrics_out: str | None,
                  checkpoint_dir: str | None, resume: bool, checkpoint_every: int | None, quiet: bool,
-                 predicted_step_s: float | None = None, predicted_memory_GiB: float | None = None) -> list[str]:
+                 predicted_step_s: float | None = None, predicted_memory_GiB: float | None = None,
+                 mtbf_hours: float | None = None) -> list[str]:
     args = ["-m", "runtime.train", plan_path]
     for flag, value in (("--steps", steps), ("--data", data), ("--metrics-out", metrics_out),
                         ("--checkpoint-dir", checkpoint_dir), ("--checkpoint-every", checkpoint_every),
-                        ("--predicted-step-time", predicted_step_s), ("--predicted-memory", predicted_memory_GiB)):
+                        ("--predicted-step-time", predicted_step_s), ("--predicted-memory", predicted_memory_GiB),
+                        ("--mtbf-hours", mtbf_hours)):
         if value is not None:
             args += [flag, str(value)]
     return args + (["--resume"] if resume else []) + (["--quiet"] if quiet else [])
 
 
-def multi_node_commands(plan: PlanFile, worker: list[str]) -> list[str]:
+def multi_node_commands(plan: PlanFile, worker: list[str], max_restarts: int = 0) -> list[str]:
     """The torchrun line to run on every node, and the equivalent srun line for Slurm."""
     nodes = -(-plan.world_size // plan.cluster.gpus_per_node)
     per_node = plan.world_size // nodes
     tail = " ".join(shlex.quote(a) for a in worker)
-    rdzv = "--rdzv-backend c10d --rdzv-id autopar"
+    rdzv = "--rdzv-backend c10d --rdzv-id autopar" + (f" --max-restarts {max_restarts}" if max_restarts else "")
     return [
         f"torchrun --nnodes {nodes} --nproc-per-node {per_node} {rdzv} --rdzv-endpoint $MASTER_ADDR:29500 {tail}",
         f"srun --nodes {nodes} --ntasks-per-node 1 bash -c 'torchrun --nnodes {nodes} --nproc-per-node {per_node} "
@@ -65,8 +67,11 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
            metrics_out: str | None = None, checkpoint_dir: str | None = None, resume: bool = False,
            nproc: int | None = None, checkpoint_every: int | None = None, dry_run: bool = False,
            quiet: bool = False, env: dict[str, str] | None = None, timeout_s: float | None = None,
-           predicted_step_s: float | None = None, predicted_memory_GiB: float | None = None) -> int:
+           predicted_step_s: float | None = None, predicted_memory_GiB: float | None = None,
+           max_restarts: int = 0, mtbf_hours: float | None = None) -> int:
     """Validate everything cheap to validate, then run the plan under torchrun; returns 0 on success.
+    ``max_restarts``: torchrun restarts every worker up to that many times after one dies; they resume from the
+    latest checkpoint (``runtime.train`` reads torchrun's restart count).
     ``predicted_step_s`` / ``predicted_memory_GiB``: the step time and peak memory the metrics carry as predicted
     (the planner's fresh estimate of a plan edited since its prediction; default: the plan's).
 
@@ -80,7 +85,7 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
     from runtime.trainer import check_supported
 
     check_supported(plan)
-    check_run_options(plan, steps, checkpoint_dir, checkpoint_every, metrics_out, resume)
+    check_run_options(plan, steps, checkpoint_dir, checkpoint_every, metrics_out, resume, max_restarts, mtbf_hours)
     TokenData(data or SAMPLE_TEXT, plan.seq, plan.model.vocab_size, plan.train.seed)  # one-line errors now
     if resume:
         from runtime.checkpoint import latest_checkpoint
@@ -88,16 +93,17 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
         if latest_checkpoint(Path(checkpoint_dir)) is None:
             raise AutoparError(f"no checkpoint to resume from in {checkpoint_dir}; run without --resume to start fresh")
     worker = _worker_args(plan_path, steps, data, metrics_out, checkpoint_dir, resume, checkpoint_every, quiet,
-                          predicted_step_s, predicted_memory_GiB)
+                          predicted_step_s, predicted_memory_GiB, mtbf_hours)
     gpus = _local_devices()
     if plan.cluster.num_nodes > 1 and world > plan.cluster.gpus_per_node:
         print("autopar: this plan spans several nodes; run on every node:\n  " +
-              "\n  ".join(multi_node_commands(plan, worker)), flush=True)
+              "\n  ".join(multi_node_commands(plan, worker, max_restarts)), flush=True)
         return 0
     if gpus is not None and world > gpus:
         raise AutoparError(f"the plan needs {world} GPUs but this machine has {gpus}; run it on its cluster "
                            f"({plan.cluster.name}) or re-plan with --gpus {gpus}")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world), *worker]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
+           *(["--max-restarts", str(max_restarts)] if max_restarts else []), *worker]
     if dry_run:
         print(" ".join(shlex.quote(c) for c in cmd), flush=True)
         return 0

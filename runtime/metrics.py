@@ -59,6 +59,12 @@ class MetricsLog:
                   f"mfu {100 * row['mfu']:.1f}%  mem {peak_memory_GiB:.2f} GiB{mem_pred}", flush=True)
         return row
 
+    def event(self, **fields: object) -> None:
+        """A line that is not a step (``{"event": ...}``): what a restart lost and redid."""
+        if self.file is not None:
+            self.file.write(json.dumps(fields) + "\n")
+            self.file.flush()
+
     def close(self) -> None:
         if self.file is not None:
             self.file.close()

@@ -23,10 +23,17 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint-dir", type=path_argument, help="save checkpoints here")
     p.add_argument("--checkpoint-every", type=int, help="steps between checkpoints (default: the plan's)")
     p.add_argument("--resume", action="store_true", help="resume from the latest checkpoint in --checkpoint-dir")
+    p.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                   help="when a worker dies, restart all workers up to N times, each resuming from the latest "
+                        "checkpoint in --checkpoint-dir (torchrun's elastic restart; default 0)")
+    p.add_argument("--mtbf-hours", type=float, metavar="H",
+                   help="the job's mean time between failures: after the first checkpoint, print the interval "
+                        "Young-Daly's rule gives from its measured save time (sqrt(2 x save time x MTBF))")
     p.add_argument("--dry-run", action="store_true", help="print the launch command and exit")
 
 def check_run_options(plan: PlanFile, steps: int | None, checkpoint_dir: str | None, checkpoint_every: int | None,
-                      metrics_out: str | None, resume: bool) -> int:
+                      metrics_out: str | None, resume: bool, max_restarts: int = 0,
+                      mtbf_hours: float | None = None) -> int:
     """Refuse options that would only fail later (after training, at the first checkpoint or metrics write);
     returns the number of steps to run."""
     total = steps if steps is not None else plan.train.steps
@@ -37,6 +44,12 @@ def check_run_options(plan: PlanFile, steps: int | None, checkpoint_dir: str | N
                            f"got {checkpoint_every}")
     if resume and not checkpoint_dir:
         raise AutoparError("--resume needs --checkpoint-dir (where the checkpoints are)")
+    if max_restarts < 0:
+        raise AutoparError(f"--max-restarts must be 0 or more, got {max_restarts}")
+    if mtbf_hours is not None and not mtbf_hours > 0:
+        raise AutoparError(f"--mtbf-hours must be a positive number of hours, got {mtbf_hours}")
+    if max_restarts and not checkpoint_dir:
+        raise AutoparError("--max-restarts needs --checkpoint-dir: a restarted run resumes from its checkpoints")
     if checkpoint_dir is not None:
         check_output_dir(checkpoint_dir, "checkpoint directory")
     if metrics_out is not None:

@@ -5,13 +5,21 @@ single process for a one-rank plan). NCCL when CUDA is available (one GPU per lo
 Errors are one line on stderr, ``autopar error: ...``: exit code 2 for bad inputs, 1 for anything else
 (``AUTOPAR_DEBUG=1`` adds the traceback).
 
+Restarts (``autopar run --max-restarts N``): torchrun starts every worker again after one dies, with
+``TORCHELASTIC_RESTART_COUNT`` set; a restarted run resumes from the latest checkpoint and writes a metrics line
+``{"event": "restart", "attempt", "resumed_after_step", "lost_steps"}`` (the steps done since that checkpoint,
+which it redoes). With ``--mtbf-hours`` the first checkpoint of a run is timed and Young-Daly's interval
+printed and written as ``{"event": "checkpoint_interval", "after_step", "save_s", "step_s", "mtbf_hours",
+"young_daly_s", "young_daly_steps", "checkpoint_every"}``.
+
 Testing hook: ``AUTOPAR_FAULT=STEP[:RANK]`` makes rank RANK (default 0) kill itself with SIGKILL just before
-step STEP (1-based), as a crashed node would.
+step STEP (1-based), as a crashed node would (on the first attempt only: a restarted run goes on).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -42,6 +50,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--checkpoint-every", type=int, help="steps between checkpoints (default: the plan's)")
     ap.add_argument("--resume", action="store_true", help="resume from the latest checkpoint in --checkpoint-dir")
     ap.add_argument("--quiet", action="store_true", help="no progress lines")
+    ap.add_argument("--mtbf-hours", type=float, metavar="H",
+                    help="the job's mean time between failures: print Young-Daly's checkpoint interval")
     ap.add_argument("--predicted-step-time", type=float, metavar="S",
                     help="the step time metrics carry as predicted (default: the plan's prediction)")
     ap.add_argument("--predicted-memory", type=float, metavar="GIB",
@@ -51,10 +61,51 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _fault_step(rank: int) -> int | None:
     spec = os.environ.get("AUTOPAR_FAULT")
-    if not spec:
+    if not spec or _attempt():
         return None
     step, _, who = spec.partition(":")
     return int(step) if int(who or 0) == rank else None
+
+
+def _attempt() -> int:
+    """How many times torchrun has restarted the workers (0: the first run)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+
+
+def _attempt_store(rank: int, world: int) -> dist.Store:
+    """The rendezvous store of a restarted attempt, under a prefix of its own: torchrun's agent keeps one store
+    across restarts, where the previous attempt's addresses would otherwise be read (and refused)."""
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # else rank 0 hosts it, fresh each attempt
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                          is_master=not agent and rank == 0)
+    return dist.PrefixStore(f"autopar/attempt_{_attempt()}", store)
+
+
+def _advise_interval(log: MetricsLog, step: int, save_s: float, step_s: float, mtbf_hours: float, every: int,
+                     quiet: bool) -> None:
+    """After the first checkpoint: Young-Daly's interval from its measured save time, as a metrics line and a note."""
+    from runtime.checkpoint import young_daly_interval_s
+
+    best_s = young_daly_interval_s(save_s, mtbf_hours * 3600.0)
+    best_steps = max(1, round(best_s / step_s))
+    log.event(event="checkpoint_interval", after_step=step, save_s=save_s, step_s=step_s, mtbf_hours=mtbf_hours,
+              young_daly_s=best_s, young_daly_steps=best_steps, checkpoint_every=every)
+    if not quiet:
+        print(f"autopar: a checkpoint took {save_s:.3g} s; with a failure every {mtbf_hours:g} h, Young-Daly's "
+              f"interval is {best_s:.3g} s = {best_steps} steps of {step_s:.3g} s (this run: every {every}; "
+              f"--checkpoint-every {best_steps})", flush=True)
+
+
+def _last_step(metrics_out: str | None) -> int:
+    """The last step a metrics file records (0 when none): where a failed attempt got to."""
+    last = 0
+    if metrics_out and Path(metrics_out).exists():
+        for line in Path(metrics_out).read_text().splitlines():
+            try:
+                last = int(json.loads(line)["step"])
+            except (ValueError, KeyError, TypeError):
+                continue  # an event line, or one cut off mid-write
+    return last
 
 
 def _test_delay(plan_keys: str) -> float:
@@ -75,30 +126,42 @@ def run(args: argparse.Namespace) -> int:
                            f"{world} were started; use `autopar run` or torchrun --nproc-per-node {plan.world_size}")
     check_supported(plan)
     steps = check_run_options(plan, args.steps, args.checkpoint_dir, args.checkpoint_every,
-                              args.metrics_out if rank == 0 else None, args.resume)  # rank 0 writes metrics
+                              args.metrics_out if rank == 0 else None, args.resume,
+                              mtbf_hours=args.mtbf_hours)  # rank 0 writes metrics
     data = TokenData(args.data or SAMPLE_TEXT, plan.seq, plan.model.vocab_size, plan.train.seed)
     cuda = torch.cuda.is_available() and plan.cluster.backend == "nccl"  # a gloo (CPU) plan stays on CPUs
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
     backend = "nccl" if cuda else "gloo"
     if cuda:
         torch.cuda.set_device(device)
-    if "MASTER_ADDR" in os.environ:
+    if "MASTER_ADDR" in os.environ and _attempt():
+        dist.init_process_group(backend, store=_attempt_store(rank, world), rank=rank, world_size=world)
+    elif "MASTER_ADDR" in os.environ:
         dist.init_process_group(backend)
     else:  # a one-rank plan started without torchrun
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     groups = build_groups(plan.config, device.type, tied_embeddings=plan.model.tie_embeddings)
     trainer = Trainer(plan, groups, device, data, steps)
     ckdir = Path(args.checkpoint_dir) if args.checkpoint_dir else None
+    attempt = _attempt()
+    reached = _last_step(args.metrics_out) if attempt and rank == 0 else 0
     if ckdir is not None:
-        from runtime.checkpoint import load_checkpoint, save_checkpoint
-    if args.resume:
+        from runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+    resume = args.resume or (attempt > 0 and ckdir is not None and latest_checkpoint(ckdir) is not None)
+    if resume:
         load_checkpoint(trainer, ckdir)
     every = args.checkpoint_every if args.checkpoint_every is not None else plan.train.checkpoint_every
-    log = MetricsLog(plan, args.metrics_out, steps, enabled=rank == 0, quiet=args.quiet, append=args.resume,
+    log = MetricsLog(plan, args.metrics_out, steps, enabled=rank == 0, quiet=args.quiet, append=resume or attempt > 0,
                      predicted_step_s=args.predicted_step_time, predicted_memory_GiB=args.predicted_memory,
                      plan_path=str(Path(args.plan).resolve()), gpu=cuda)
+    if attempt:
+        lost = max(0, reached - trainer.step)
+        log.event(event="restart", attempt=attempt, resumed_after_step=trainer.step, lost_steps=lost)
+        if rank == 0 and not args.quiet:
+            print(f"autopar: restart {attempt} after a worker failed: resuming after step {trainer.step}, "
+                  f"redoing {lost} step(s)", flush=True)
     if rank == 0 and not args.quiet:
-        where = f"resuming after step {trainer.step}" if args.resume else "from scratch"
+        where = f"resuming after step {trainer.step}" if resume else "from scratch"
         print(f"autopar: training {plan.model.name} on {world} {backend} ranks ({plan.config.short()}), "
               f"global batch {plan.global_batch} x {plan.seq} tokens, {steps} steps, {where}", flush=True)
         if steps > plan.train.steps:
@@ -109,16 +172,22 @@ def run(args: argparse.Namespace) -> int:
             print(f"autopar: note: no CUDA here; running the {plan.cluster.name} plan on CPU with gloo in fp32",
                   flush=True)
     fault, delay = _fault_step(rank), _test_delay(plan.config.short())
+    advise = args.mtbf_hours is not None
     while trainer.step < steps:
         if fault == trainer.step + 1:
             os.kill(os.getpid(), signal.SIGKILL)
         t0 = time.perf_counter()
         st = trainer.train_step()
         time.sleep(delay)
-        log.record(trainer.step, st.loss, st.grad_norm, st.lr, time.perf_counter() - t0, st.peak_memory_GiB,
-                   st.peak_reserved_GiB)
+        step_s = time.perf_counter() - t0
+        log.record(trainer.step, st.loss, st.grad_norm, st.lr, step_s, st.peak_memory_GiB, st.peak_reserved_GiB)
         if ckdir is not None and ((every and trainer.step % every == 0) or trainer.step == steps):
+            t_save = time.perf_counter()
             save_checkpoint(trainer, ckdir)
+            if advise:
+                advise = False
+                _advise_interval(log, trainer.step, time.perf_counter() - t_save, step_s, args.mtbf_hours, every,
+                                 quiet=args.quiet or rank != 0)
     log.close()
     dist.destroy_process_group()
     return 0

@@ -61,6 +61,35 @@ def test_killed_rank_resumes_from_last_checkpoint(tmp_path):
     assert (ck / "latest").read_text().strip() == "step_00000008"
 
 
+def test_young_daly_interval():
+    """sqrt(2 x save time x MTBF): a 10 s checkpoint and a failure a day -> 1,314.5 s between checkpoints."""
+    from runtime.checkpoint import young_daly_interval_s
+
+    assert young_daly_interval_s(10.0, 86400.0) == pytest.approx(1314.53, abs=0.01)
+
+
+def test_max_restarts_heals_a_killed_rank(tmp_path):
+    """`--max-restarts 2`: rank 1 killed (SIGKILL) before step 7; torchrun restarts the workers, which resume
+    from step 4's checkpoint, redo 5-6 and finish: exit 0, and the final loss is an uninterrupted run's."""
+    plan = str(default_plan(tmp_path / "default.json")[0])
+    clean, healed = tmp_path / "clean.jsonl", tmp_path / "healed.jsonl"
+    common = dict(steps=8, checkpoint_every=4, quiet=True)
+    assert launch(plan, metrics_out=str(clean), checkpoint_dir=str(tmp_path / "ck0"), **common) == 0
+    assert launch(plan, env={"AUTOPAR_FAULT": "7:1"}, max_restarts=2, metrics_out=str(healed),
+                  checkpoint_dir=str(tmp_path / "ck1"), mtbf_hours=2.0, **common) == 0
+    lines = [json.loads(line) for line in healed.read_text().splitlines()]
+    advice = [r for r in lines if r.get("event") == "checkpoint_interval"]
+    assert len(advice) == 2 and advice[0]["after_step"] == 4  # once per attempt, after its first checkpoint
+    a = advice[0]
+    assert a["young_daly_s"] == pytest.approx((2 * a["save_s"] * 2.0 * 3600) ** 0.5)
+    assert a["young_daly_steps"] == max(1, round(a["young_daly_s"] / a["step_s"])) and a["checkpoint_every"] == 4
+    events = [r for r in lines if r.get("event") == "restart"]
+    assert events == [{"event": "restart", "attempt": 1, "resumed_after_step": 4, "lost_steps": 2}]
+    steps = [r["step"] for r in lines if "step" in r]
+    assert steps == [1, 2, 3, 4, 5, 6, 5, 6, 7, 8]
+    assert [r["loss"] for r in lines if "step" in r][-1] == _rows(clean)[-1]["loss"]
+
+
 # ---- bad inputs: one line, before any worker starts ---------------------------------------------
 
 def _plan(tmp_path: Path, **keys) -> str:
@@ -99,6 +128,10 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
     cases.append((dict(plan_path=_plan(tmp_path), metrics_out=str(tmp_path)), "is a directory"))
     cases.append((dict(plan_path=_plan(tmp_path), steps=-1), "--steps must be positive"))
     cases.append((dict(plan_path=_plan(tmp_path), checkpoint_every=-1), "--checkpoint-every must be 0"))
+    cases.append((dict(plan_path=_plan(tmp_path), max_restarts=2), "--max-restarts needs --checkpoint-dir"))
+    cases.append((dict(plan_path=_plan(tmp_path), mtbf_hours=0.0), "--mtbf-hours must be a positive number"))
+    cases.append((dict(plan_path=_plan(tmp_path), max_restarts=-1, checkpoint_dir=str(tmp_path / "c")),
+                  "--max-restarts must be 0 or more"))
     # a hand-edited plan file: wrong JSON types and values in 'parallel' and 'train'
     base = json.loads(Path(_plan(tmp_path)).read_text())
     for section, key, value, expect in [
