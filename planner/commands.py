@@ -272,6 +272,10 @@ def run_command(args: argparse.Namespace) -> int:
     except ImportError as err:
         raise AutoparError(f"`autopar run` needs PyTorch: pip install torch ({err.name} is missing)") from None
     plan_path = args.plan
+    if args.replan:
+        plan_path = _replan(args)
+    elif args.gpus is not None:
+        raise AutoparError("--gpus is for --replan (a plan file fixes its own GPU count)")
     if plan_path is None:
         plan_path = str(_plan_default(cache_dir() / "default-plan.json"))
     fresh = _fresh_prediction(plan_path)
@@ -280,6 +284,35 @@ def run_command(args: argparse.Namespace) -> int:
                   checkpoint_every=args.checkpoint_every, predicted_step_s=fresh and fresh.step_time_s,
                   predicted_memory_GiB=fresh and fresh.memory_GiB, max_restarts=args.max_restarts,
                   mtbf_hours=args.mtbf_hours)
+
+
+def _replan(args: argparse.Namespace) -> str:
+    """``run --resume --replan --gpus N``: the fastest plan the runtime runs for the checkpoint's model and global
+    batch on N GPUs of its cluster, written beside the checkpoints; returns its path."""
+    from planner.search import search
+    from runtime.checkpoint import saved_plan
+    from specs.capabilities import runnable_keys
+    from specs.planfile import make_plan, save_plan
+
+    if not (args.resume and args.checkpoint_dir and args.gpus):
+        raise AutoparError("--replan needs --resume, --checkpoint-dir and --gpus N (the GPUs to plan for)")
+    if args.plan is not None:
+        raise AutoparError("--replan plans again from the checkpoint's own plan: leave out the plan file")
+    old = saved_plan(Path(args.checkpoint_dir))
+    cluster = old.cluster.resized(gpus=args.gpus)
+    res = search(old.model, cluster, old.global_batch, fixed=runnable_keys(), top=1,
+                 headroom_GiB=headroom_for(None, cluster.gpu.memory_GiB),
+                 flags={k: "--replan (autopar's runtime)" for k in runnable_keys()}, state=old.state)
+    if not res.plans:
+        raise AutoparError(f"no plan of {old.model.name} with global batch {old.global_batch} fits on {args.gpus} "
+                           f"GPUs of {cluster.name}; re-plan for more GPUs")
+    best = res.plans[0]
+    path = Path(args.checkpoint_dir) / f"replanned-{args.gpus}gpus.json"
+    save_plan(make_plan(old.model, cluster, old.global_batch, best.config, best.estimate.to_json(), old.train,
+                        old.state), path)
+    print(f"autopar: re-planned for {args.gpus} GPUs: {best.config.short()} (was {old.config.short()} on "
+          f"{old.world_size}), {best.estimate.step_time_s:.4g} s a step predicted; wrote {path}", flush=True)
+    return str(path)
 
 
 def _hf_weights() -> Any:

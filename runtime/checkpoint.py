@@ -83,7 +83,8 @@ def save_checkpoint(tr: Trainer, root: Path, keep: int = 2) -> Path:
     dcp.save(state_dict(tr), checkpoint_id=str(tmp), process_group=tr.g.world, planner=SavePlanner())
     if rank0:
         publish(root, tmp, {"step": tr.step, "samples": tr.step * tr.plan.global_batch, "data": str(tr.data.path),
-                            "total_steps": tr.steps, "plan": fingerprint(tr.plan, tr.state)}, keep)
+                            "total_steps": tr.steps, "plan": fingerprint(tr.plan, tr.state),
+                            "plan_file": tr.plan.model_dump(mode="json", by_alias=True)}, keep)
     dist.barrier(group=tr.g.world)
     return final
 
@@ -101,6 +102,21 @@ def publish(root: Path, tmp: Path, meta: dict[str, Any], keep: int = 2) -> Path:
     for old in sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".partial"))[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def saved_plan(root: Path) -> PlanFile:
+    """The plan that wrote the newest checkpoint under ``root`` (what ``autopar run --replan`` re-plans)."""
+    from specs.planfile import plan_from_data
+
+    ck = latest_checkpoint(root)
+    if ck is None:
+        raise AutoparError(f"no checkpoint to resume from in {root}; run without --resume to start fresh")
+    try:
+        data = json.loads((ck / META).read_text())["plan_file"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise AutoparError(f"checkpoint {ck} does not hold the plan that wrote it (written by an older autopar); "
+                           "give the plan file instead of --replan") from None
+    return plan_from_data(data, str(ck / META))
 
 
 def young_daly_interval_s(save_s: float, mtbf_s: float) -> float:

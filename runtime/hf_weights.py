@@ -128,7 +128,8 @@ def import_hf(hf_dir: Path, plan: PlanFile, out: Path) -> Path:
     tmp = out / "step_00000000.partial"
     dcp.save(sd, checkpoint_id=str(tmp), no_dist=True)
     return publish(out, tmp, {"step": 0, "samples": 0, "data": None, "total_steps": plan.train.steps,
-                              "plan": fingerprint(plan, state), "source": str(hf_dir), "rng": False})
+                              "plan": fingerprint(plan, state), "source": str(hf_dir), "rng": False,
+                              "plan_file": plan.model_dump(mode="json", by_alias=True)})
 
 
 # ---- out --------------------------------------------------------------------------------------------

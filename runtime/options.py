@@ -29,6 +29,10 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mtbf-hours", type=float, metavar="H",
                    help="the job's mean time between failures: after the first checkpoint, print the interval "
                         "Young-Daly's rule gives from its measured save time (sqrt(2 x save time x MTBF))")
+    p.add_argument("--replan", action="store_true",
+                   help="with --resume and --gpus: plan the checkpoint's run again for the GPUs there are now (same "
+                        "model and global batch), write that plan beside the checkpoints and continue under it")
+    p.add_argument("--gpus", type=int, help="with --replan: how many GPUs (ranks) to plan for")
     p.add_argument("--dry-run", action="store_true", help="print the launch command and exit")
 
 def check_run_options(plan: PlanFile, steps: int | None, checkpoint_dir: str | None, checkpoint_every: int | None,

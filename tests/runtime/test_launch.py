@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from planner.cli import main
 from planner.defaults import default_plan
 from runtime.launch import launch
 from specs.cluster import load_cluster
@@ -59,6 +60,25 @@ def test_killed_rank_resumes_from_last_checkpoint(tmp_path):
                 "peak_memory_GiB", "peak_reserved_GiB", "predicted_memory_GiB"):
         assert all(isinstance(r[key], float) and r[key] > 0 for r in rows), key
     assert (ck / "latest").read_text().strip() == "step_00000008"
+
+
+def test_resume_replans_for_the_gpus_there_are_now(tmp_path, capsys):
+    """`autopar run --resume --replan --gpus 2`: a run of the default plan on 4 ranks, stopped after step 4,
+    continues on 2 ranks under the plan made for them; its steps 5-6 lose what the uninterrupted run loses."""
+    plan = str(default_plan(tmp_path / "default.json")[0])
+    whole, m, ck = tmp_path / "whole.jsonl", tmp_path / "m.jsonl", str(tmp_path / "ck")
+    assert launch(plan, steps=6, metrics_out=str(whole), quiet=True) == 0
+    assert main(["run", plan, "--steps", "4", "--checkpoint-dir", ck, "--metrics-out", str(m)]) == 0
+    assert main(["run", "--resume", "--replan", "--gpus", "2", "--checkpoint-dir", ck, "--steps", "6",
+                 "--metrics-out", str(m)]) == 0
+    assert "re-planned for 2 GPUs" in capsys.readouterr().out
+    new = load_plan(Path(ck) / "replanned-2gpus.json")
+    assert new.world_size == 2 and new.global_batch == load_plan(plan).global_batch
+    rows = _rows(m)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    np.testing.assert_allclose([r["loss"] for r in rows[4:]], [r["loss"] for r in _rows(whole)[4:]], atol=1e-5)
+    assert main(["run", plan, "--replan", "--resume", "--gpus", "2", "--checkpoint-dir", ck]) == 2
+    assert "leave out the plan file" in capsys.readouterr().err
 
 
 def test_young_daly_interval():
