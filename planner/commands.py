@@ -283,7 +283,7 @@ def run_command(args: argparse.Namespace) -> int:
                   checkpoint_dir=args.checkpoint_dir, resume=args.resume, dry_run=args.dry_run,
                   checkpoint_every=args.checkpoint_every, predicted_step_s=fresh and fresh.step_time_s,
                   predicted_memory_GiB=fresh and fresh.memory_GiB, max_restarts=args.max_restarts,
-                  mtbf_hours=args.mtbf_hours)
+                  mtbf_hours=args.mtbf_hours, collective_timeout=args.collective_timeout)
 
 
 def _replan(args: argparse.Namespace) -> str:

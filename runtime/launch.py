@@ -39,12 +39,12 @@ def _local_devices() -> int | None:
 def _worker_args(plan_path: str, steps: int | None, data: str | None, metrics_out: str | None,
                  checkpoint_dir: str | None, resume: bool, checkpoint_every: int | None, quiet: bool,
                  predicted_step_s: float | None = None, predicted_memory_GiB: float | None = None,
-                 mtbf_hours: float | None = None) -> list[str]:
+                 mtbf_hours: float | None = None, collective_timeout: float = 1800.0) -> list[str]:
     args = ["-m", "runtime.train", plan_path]
     for flag, value in (("--steps", steps), ("--data", data), ("--metrics-out", metrics_out),
                         ("--checkpoint-dir", checkpoint_dir), ("--checkpoint-every", checkpoint_every),
                         ("--predicted-step-time", predicted_step_s), ("--predicted-memory", predicted_memory_GiB),
-                        ("--mtbf-hours", mtbf_hours)):
+                        ("--mtbf-hours", mtbf_hours), ("--collective-timeout", collective_timeout)):
         if value is not None:
             args += [flag, str(value)]
     return args + (["--resume"] if resume else []) + (["--quiet"] if quiet else [])
@@ -68,7 +68,7 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
            nproc: int | None = None, checkpoint_every: int | None = None, dry_run: bool = False,
            quiet: bool = False, env: dict[str, str] | None = None, timeout_s: float | None = None,
            predicted_step_s: float | None = None, predicted_memory_GiB: float | None = None,
-           max_restarts: int = 0, mtbf_hours: float | None = None) -> int:
+           max_restarts: int = 0, mtbf_hours: float | None = None, collective_timeout: float = 1800.0) -> int:
     """Validate everything cheap to validate, then run the plan under torchrun; returns 0 on success.
     ``max_restarts``: torchrun restarts every worker up to that many times after one dies; they resume from the
     latest checkpoint (``runtime.train`` reads torchrun's restart count).
@@ -85,7 +85,8 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
     from runtime.trainer import check_supported
 
     check_supported(plan)
-    check_run_options(plan, steps, checkpoint_dir, checkpoint_every, metrics_out, resume, max_restarts, mtbf_hours)
+    check_run_options(plan, steps, checkpoint_dir, checkpoint_every, metrics_out, resume, max_restarts, mtbf_hours,
+                      collective_timeout)
     TokenData(data or SAMPLE_TEXT, plan.seq, plan.model.vocab_size, plan.train.seed)  # one-line errors now
     if resume:
         from runtime.checkpoint import latest_checkpoint
@@ -93,7 +94,7 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
         if latest_checkpoint(Path(checkpoint_dir)) is None:
             raise AutoparError(f"no checkpoint to resume from in {checkpoint_dir}; run without --resume to start fresh")
     worker = _worker_args(plan_path, steps, data, metrics_out, checkpoint_dir, resume, checkpoint_every, quiet,
-                          predicted_step_s, predicted_memory_GiB, mtbf_hours)
+                          predicted_step_s, predicted_memory_GiB, mtbf_hours, collective_timeout)
     gpus = _local_devices()
     if plan.cluster.num_nodes > 1 and world > plan.cluster.gpus_per_node:
         print("autopar: this plan spans several nodes; run on every node:\n  " +
@@ -185,6 +186,9 @@ def _failure(log: str, errors: list[str], rc: int) -> str:
     if rank and code and int(code.group(1)) < 0:
         sig = (code.group(2) or f"signal {-int(code.group(1))}").strip("()")
         return f"training failed: worker rank {rank.group(1)} was killed by {sig}"
+    hang = [e for e in errors if "stopped making progress" in e]  # the watchdog's verdict: the cause, not a symptom
+    if hang:
+        return hang[0].removeprefix("autopar error:").strip()
     if errors:
         own = [e for e in errors if rank and f"rank {rank.group(1)}:" in e]
         return (own or errors)[0].removeprefix("autopar error:").strip()

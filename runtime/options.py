@@ -29,6 +29,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mtbf-hours", type=float, metavar="H",
                    help="the job's mean time between failures: after the first checkpoint, print the interval "
                         "Young-Daly's rule gives from its measured save time (sqrt(2 x save time x MTBF))")
+    p.add_argument("--collective-timeout", type=float, default=1800.0, metavar="S",
+                   help="end the run with one line naming the rank that stopped when no rank has made progress "
+                        "(a communication call or a step) for S seconds (default 1800)")
     p.add_argument("--replan", action="store_true",
                    help="with --resume and --gpus: plan the checkpoint's run again for the GPUs there are now (same "
                         "model and global batch), write that plan beside the checkpoints and continue under it")
@@ -37,7 +40,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
 
 def check_run_options(plan: PlanFile, steps: int | None, checkpoint_dir: str | None, checkpoint_every: int | None,
                       metrics_out: str | None, resume: bool, max_restarts: int = 0,
-                      mtbf_hours: float | None = None) -> int:
+                      mtbf_hours: float | None = None, collective_timeout: float = 1800.0) -> int:
     """Refuse options that would only fail later (after training, at the first checkpoint or metrics write);
     returns the number of steps to run."""
     total = steps if steps is not None else plan.train.steps
@@ -50,6 +53,8 @@ def check_run_options(plan: PlanFile, steps: int | None, checkpoint_dir: str | N
         raise AutoparError("--resume needs --checkpoint-dir (where the checkpoints are)")
     if max_restarts < 0:
         raise AutoparError(f"--max-restarts must be 0 or more, got {max_restarts}")
+    if not collective_timeout > 0:
+        raise AutoparError(f"--collective-timeout must be a positive number of seconds, got {collective_timeout}")
     if mtbf_hours is not None and not mtbf_hours > 0:
         raise AutoparError(f"--mtbf-hours must be a positive number of hours, got {mtbf_hours}")
     if max_restarts and not checkpoint_dir:

@@ -12,8 +12,12 @@ which it redoes). With ``--mtbf-hours`` the first checkpoint of a run is timed a
 printed and written as ``{"event": "checkpoint_interval", "after_step", "save_s", "step_s", "mtbf_hours",
 "young_daly_s", "young_daly_steps", "checkpoint_every"}``.
 
-Testing hook: ``AUTOPAR_FAULT=STEP[:RANK]`` makes rank RANK (default 0) kill itself with SIGKILL just before
-step STEP (1-based), as a crashed node would (on the first attempt only: a restarted run goes on).
+Hangs: a watchdog (:mod:`runtime.watchdog`) ends the run with one line naming the rank that stopped when no rank
+has made progress for ``--collective-timeout`` seconds.
+
+Testing hooks: ``AUTOPAR_FAULT=STEP[:RANK]`` makes rank RANK (default 0) kill itself with SIGKILL just before
+step STEP (1-based), as a crashed node would (on the first attempt only: a restarted run goes on);
+``AUTOPAR_HANG=STEP[:RANK]`` makes it sleep there instead, as a rank stuck in its own work would.
 """
 
 from __future__ import annotations
@@ -50,6 +54,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--checkpoint-every", type=int, help="steps between checkpoints (default: the plan's)")
     ap.add_argument("--resume", action="store_true", help="resume from the latest checkpoint in --checkpoint-dir")
     ap.add_argument("--quiet", action="store_true", help="no progress lines")
+    ap.add_argument("--collective-timeout", type=float, default=1800.0, metavar="S",
+                    help="end the run naming the rank that stopped after S seconds without progress")
     ap.add_argument("--mtbf-hours", type=float, metavar="H",
                     help="the job's mean time between failures: print Young-Daly's checkpoint interval")
     ap.add_argument("--predicted-step-time", type=float, metavar="S",
@@ -59,8 +65,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def _fault_step(rank: int) -> int | None:
-    spec = os.environ.get("AUTOPAR_FAULT")
+def _fault_step(rank: int, hook: str = "AUTOPAR_FAULT") -> int | None:
+    spec = os.environ.get(hook)
     if not spec or _attempt():
         return None
     step, _, who = spec.partition(":")
@@ -127,7 +133,8 @@ def run(args: argparse.Namespace) -> int:
     check_supported(plan)
     steps = check_run_options(plan, args.steps, args.checkpoint_dir, args.checkpoint_every,
                               args.metrics_out if rank == 0 else None, args.resume,
-                              mtbf_hours=args.mtbf_hours)  # rank 0 writes metrics
+                              mtbf_hours=args.mtbf_hours,
+                              collective_timeout=args.collective_timeout)  # rank 0 writes metrics
     data = TokenData(args.data or SAMPLE_TEXT, plan.seq, plan.model.vocab_size, plan.train.seed)
     cuda = torch.cuda.is_available() and plan.cluster.backend == "nccl"  # a gloo (CPU) plan stays on CPUs
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
@@ -141,6 +148,11 @@ def run(args: argparse.Namespace) -> int:
     else:  # a one-rank plan started without torchrun
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     groups = build_groups(plan.config, device.type, tied_embeddings=plan.model.tie_embeddings)
+    watch = None
+    if "MASTER_ADDR" in os.environ:  # under torchrun: a store every rank reaches
+        from runtime.watchdog import Watchdog, watch_store
+
+        watch = Watchdog(groups, watch_store(_attempt()), args.collective_timeout).__enter__()
     trainer = Trainer(plan, groups, device, data, steps)
     ckdir = Path(args.checkpoint_dir) if args.checkpoint_dir else None
     attempt = _attempt()
@@ -171,15 +183,19 @@ def run(args: argparse.Namespace) -> int:
         if plan.cluster.backend == "nccl" and not cuda:
             print(f"autopar: note: no CUDA here; running the {plan.cluster.name} plan on CPU with gloo in fp32",
                   flush=True)
-    fault, delay = _fault_step(rank), _test_delay(plan.config.short())
+    fault, hang, delay = _fault_step(rank), _fault_step(rank, "AUTOPAR_HANG"), _test_delay(plan.config.short())
     advise = args.mtbf_hours is not None
     while trainer.step < steps:
         if fault == trainer.step + 1:
             os.kill(os.getpid(), signal.SIGKILL)
+        if hang == trainer.step + 1:
+            time.sleep(1e9)
         t0 = time.perf_counter()
         st = trainer.train_step()
         time.sleep(delay)
         step_s = time.perf_counter() - t0
+        if watch is not None:
+            watch.stepped(trainer.step)
         log.record(trainer.step, st.loss, st.grad_norm, st.lr, step_s, st.peak_memory_GiB, st.peak_reserved_GiB)
         if ckdir is not None and ((every and trainer.step % every == 0) or trainer.step == steps):
             t_save = time.perf_counter()
@@ -189,6 +205,8 @@ def run(args: argparse.Namespace) -> int:
                 _advise_interval(log, trainer.step, time.perf_counter() - t_save, step_s, args.mtbf_hours, every,
                                  quiet=args.quiet or rank != 0)
     log.close()
+    if watch is not None:
+        watch.__exit__()
     dist.destroy_process_group()
     return 0
 

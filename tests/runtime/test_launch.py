@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -81,6 +82,28 @@ def test_resume_replans_for_the_gpus_there_are_now(tmp_path, capsys):
     assert "leave out the plan file" in capsys.readouterr().err
 
 
+def test_a_rank_that_stops_is_named_and_nothing_is_left_running(tmp_path):
+    """Rank 1 stops before step 3 without entering a collective (``AUTOPAR_HANG``): within the timeout the run
+    ends with one line naming rank 1 and the call it last made, and no worker is left behind."""
+    plan = str(default_plan(tmp_path / "default.json")[0])
+    t = time.monotonic()
+    with pytest.raises(AutoparError) as err:
+        launch(plan, steps=6, quiet=True, collective_timeout=5, env={"AUTOPAR_HANG": "3:1"}, timeout_s=120)
+    msg = str(err.value)
+    assert msg.startswith("rank 1 stopped making progress at step 3, outside any communication call") and "\n" not in msg
+    assert " on " in msg.split("(", 1)[1]  # the call (op on group) it made last
+    assert time.monotonic() - t < 60
+    left = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            args = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue  # gone meanwhile
+        if f"runtime.train {plan}" in args:
+            left.append(args)
+    assert not left, left
+
+
 def test_young_daly_interval():
     """sqrt(2 x save time x MTBF): a 10 s checkpoint and a failure a day -> 1,314.5 s between checkpoints."""
     from runtime.checkpoint import young_daly_interval_s
@@ -150,6 +173,7 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
     cases.append((dict(plan_path=_plan(tmp_path), checkpoint_every=-1), "--checkpoint-every must be 0"))
     cases.append((dict(plan_path=_plan(tmp_path), max_restarts=2), "--max-restarts needs --checkpoint-dir"))
     cases.append((dict(plan_path=_plan(tmp_path), mtbf_hours=0.0), "--mtbf-hours must be a positive number"))
+    cases.append((dict(plan_path=_plan(tmp_path), collective_timeout=0.0), "--collective-timeout must be a positive"))
     cases.append((dict(plan_path=_plan(tmp_path), max_restarts=-1, checkpoint_dir=str(tmp_path / "c")),
                   "--max-restarts must be 0 or more"))
     # a hand-edited plan file: wrong JSON types and values in 'parallel' and 'train'
