@@ -26,11 +26,6 @@ import torch.distributed as dist
 from runtime.parallel.mappings import ALL_GATHER_SINGLE, REDUCE_SCATTER_SINGLE
 from runtime.parallel.mesh import ParallelGroups
 
-# group attribute of ParallelGroups -> ledger name; the first match names a group object used for several
-_GROUP_NAMES = (("tp_group", "tp"), ("cp_group", "cp"), ("dpcp_group", "dp"), ("dp_group", "dp"),
-                ("act_group", "pp"), ("grad_group", "pp"), ("pp_group", "pp"), ("embed_group", "embed"),
-                ("mp_group", "mp"), ("world", "world"))
-
 
 @dataclass
 class Ledger:
@@ -55,11 +50,7 @@ def _bytes(t: torch.Tensor) -> int:
 @contextmanager
 def recording(groups: ParallelGroups) -> Iterator[Ledger]:
     """Book every collective and send issued inside the block (this process only)."""
-    names: dict[int, str] = {}
-    for attr, name in _GROUP_NAMES:
-        g = getattr(groups, attr)
-        if g is not None:
-            names.setdefault(id(g), name)
+    names = groups.group_names()
     ledger = Ledger()
 
     def group_of(g: Any) -> tuple[str, int]:

@@ -27,10 +27,7 @@ from runtime.parallel.mesh import ParallelGroups
 
 _WATCHED = ("all_reduce", "all_gather", ALL_GATHER_SINGLE, REDUCE_SCATTER_SINGLE, "broadcast", "send", "recv",
             "isend", "irecv", "batch_isend_irecv", "barrier")
-# group attribute of ParallelGroups -> the name the line uses (the first match names a group used for several)
-_GROUPS = (("tp_group", "tp"), ("cp_group", "cp"), ("dpcp_group", "dp"), ("dp_group", "dp"), ("act_group", "pp"),
-           ("grad_group", "pp"), ("pp_group", "pp"), ("embed_group", "embed"), ("mp_group", "mp"),
-           ("world", "world"))
+
 
 
 class Watchdog:
@@ -38,7 +35,7 @@ class Watchdog:
 
     def __init__(self, groups: ParallelGroups, store: dist.Store, timeout: float) -> None:
         self.rank, self.world, self.store, self.timeout = groups.rank, len(groups.ranks), store, timeout
-        self.names = {id(getattr(groups, a)): n for a, n in reversed(_GROUPS) if getattr(groups, a) is not None}
+        self.names = groups.group_names()
         self.step, self.calls, self.last, self.inside = 0, 0, "none yet", 0
         self._seen, self._since = (0, 0), time.monotonic()
         self._real: dict[str, Any] = {}

@@ -20,6 +20,10 @@ from torch.distributed.device_mesh import DeviceMesh
 from specs.parallel import ParallelConfig
 
 DIMS = ("pp", "dp", "cp", "tp")
+# group attribute -> short name (ParallelGroups.group_names); the first match names a group object used for several
+_GROUP_NAMES = (("tp_group", "tp"), ("cp_group", "cp"), ("dpcp_group", "dp"), ("dp_group", "dp"),
+                ("act_group", "pp"), ("grad_group", "pp"), ("pp_group", "pp"), ("embed_group", "embed"),
+                ("mp_group", "mp"), ("world", "world"))
 
 
 @dataclass
@@ -78,6 +82,16 @@ class ParallelGroups:
     def pp_peer(self, pp_rank: int) -> int:
         """Global rank of the same (dp, cp, tp) position on pipeline rank ``pp_rank`` (mod pp)."""
         return self.global_rank(pp_rank % self.pp, self.dp_rank, self.cp_rank, self.tp_rank)
+
+    def group_names(self) -> dict[int, str]:
+        """A short name for each of this rank's groups, by ``id`` (what the communication ledger and the hang
+        watchdog call them; a group object used for several is named by the first)."""
+        names: dict[int, str] = {}
+        for attr, name in _GROUP_NAMES:
+            g = getattr(self, attr)
+            if g is not None:
+                names.setdefault(id(g), name)
+        return names
 
     def destroy(self) -> None:
         """Free the groups this object created (the job's, the mesh's and the extra ones)."""
