@@ -137,6 +137,14 @@ def latest_checkpoint(root: Path) -> Path | None:
     return done[-1] if done else None
 
 
+def _run_of(fp: dict[str, Any]) -> dict[str, Any]:
+    """The ``SAME`` part of a fingerprint: the state's precisions, not its gradient bucket size (a plan's choice)."""
+    out = {k: fp.get(k) for k in SAME}
+    if isinstance(out["state"], dict):
+        out["state"] = {k: v for k, v in out["state"].items() if k != "bucket_params"}
+    return out
+
+
 def _first_difference(a: dict[str, Any], b: dict[str, Any]) -> str:
     for key in a:
         if a[key] != b.get(key):
@@ -164,9 +172,9 @@ def load_checkpoint(tr: Trainer, root: Path) -> int:
         raise AutoparError(f"checkpoint {ck} has format {meta.get('format', 1)}, this autopar reads format {FORMAT}; "
                            "resume it with the autopar that wrote it, or start without --resume")
     mine = fingerprint(tr.plan, tr.state)
-    shared = {k: saved.get(k) for k in SAME}
-    if shared != {k: mine[k] for k in SAME}:
-        raise AutoparError(f"checkpoint {ck} is of another run ({_first_difference(shared, mine)}); a checkpoint "
+    shared, ours = _run_of(saved), _run_of(mine)
+    if shared != ours:
+        raise AutoparError(f"checkpoint {ck} is of another run ({_first_difference(shared, ours)}); a checkpoint "
                            "resumes under any plan of the same model, sequence, global batch, seed and precisions")
     pieces, infos = empty_like_local(tr)
     state = portable(pieces, infos)

@@ -62,7 +62,7 @@ def test_resume_continues_exactly(pool, tokens64, tmp_path, case):
 
 # A checkpoint written at step 4 of a tp=2 pp=2 run resumes under other plans (issue: checkpoints that move).
 RESUME_UNDER = {
-    "dp4": dict(dp=4),
+    "dp4": dict(dp=4, bucket_params=500),  # another gradient bucket size too
     "pp2-vpp2-dp2": dict(pp=2, dp=2, sched="interleaved"),
     "tp2-dp2-zero1": dict(tp=2, dp=2, zero=1),
     "cp2-dp2": dict(cp=2, dp=2),
