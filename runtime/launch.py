@@ -8,7 +8,6 @@ their stderr goes to a log file, and a failure comes back as one :class:`Autopar
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -19,6 +18,7 @@ import threading
 from pathlib import Path
 
 from runtime.data import SAMPLE_TEXT, TokenData
+from runtime.metrics import last_step
 from runtime.options import add_run_arguments, check_run_options
 from specs.errors import AutoparError
 from specs.planfile import PlanFile, load_plan
@@ -121,13 +121,7 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
 def interrupted(plan_path: str, steps: int, metrics_out: str | None, checkpoint_dir: str | None) -> str:
     """One line after Ctrl-C: the step reached (from the metrics), the last complete checkpoint and the command
     that resumes from it."""
-    reached = None
-    if metrics_out:
-        for line in Path(metrics_out).read_text(errors="replace").splitlines() if Path(metrics_out).exists() else []:
-            try:
-                reached = int(json.loads(line)["step"])
-            except (ValueError, KeyError, TypeError):
-                continue  # the plan line, or a line cut off mid-write
+    reached = last_step(metrics_out)
     text = f"interrupted after step {reached} of {steps}" if reached is not None else "interrupted"
     if not checkpoint_dir:
         return text + "; no checkpoints were kept (give --checkpoint-dir to be able to resume)"

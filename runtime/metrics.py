@@ -17,6 +17,18 @@ from typing import IO, Any
 from specs.planfile import PlanFile
 
 
+def last_step(path: str | Path | None) -> int | None:
+    """The last step a metrics file records (None when it records none, or is absent): where a run got to."""
+    last = None
+    if path and Path(path).exists():
+        for line in Path(path).read_text(errors="replace").splitlines():
+            try:
+                last = int(json.loads(line)["step"])
+            except (ValueError, KeyError, TypeError):
+                continue  # an event line, or one cut off mid-write
+    return last
+
+
 class MetricsLog:
     def __init__(self, plan: PlanFile, path: str | Path | None, total_steps: int, enabled: bool,
                  quiet: bool = False, append: bool = False, plan_path: str | None = None,

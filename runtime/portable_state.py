@@ -25,6 +25,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, Def
 from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex, TensorProperties
 from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
 
+from runtime.dtypes import TORCH_DTYPES
 from runtime.parallel.mappings import all_gather_into
 from runtime.parallel.params import ParamInfo
 from runtime.parallel.tensor_parallel import ShardSpec
@@ -57,16 +58,24 @@ def _whole_buckets(tr: Trainer, i: int) -> dict[str, torch.Tensor]:
     return flats
 
 
+def _layout(tr: Trainer) -> tuple[dict[str, ParamInfo], dict[str, torch.Size]]:
+    """This rank's parameters by checkpoint name: their records and (tensor-parallel) shapes."""
+    infos: dict[str, ParamInfo] = {}
+    shapes: dict[str, torch.Size] = {}
+    for b in tr.dp.buckets:
+        for s in b.spans:
+            infos[s.info.init_key], shapes[s.info.init_key] = s.info, s.shape
+    return infos, shapes
+
+
 def local_state(tr: Trainer) -> tuple[Pieces, dict[str, ParamInfo]]:
     """This rank's parameters (tensor-parallel shards, ZeRO slices gathered) and their state, by checkpoint name."""
     parts: dict[str, dict[str, list[torch.Tensor]]] = {}
-    shapes: dict[str, torch.Size] = {}
-    infos: dict[str, ParamInfo] = {}
     for i, b in enumerate(tr.dp.buckets):
         for kind, flat in _whole_buckets(tr, i).items():
             for s in b.spans:  # a parameter may span two buckets: its pieces come in order
                 parts.setdefault(kind, {}).setdefault(s.info.init_key, []).append(flat[s.start:s.end])
-                shapes[s.info.init_key], infos[s.info.init_key] = s.shape, s.info
+    infos, shapes = _layout(tr)
     return {k: {n: torch.cat(v).view(shapes[n]) for n, v in by.items()} for k, by in parts.items()}, infos
 
 
@@ -121,18 +130,14 @@ class LoadPlanner(DefaultLoadPlanner):
 
 
 def _blocks(t: torch.Tensor, spec: ShardSpec) -> list[tuple[int, torch.Size, torch.Size]]:
-    """(offset in the local shard, offsets in the full tensor, block shape) of each segment's chunk held here
-    (padding and empty chunks left out)."""
-    out, off, start = [], 0, 0
-    for seg in spec.segments:
-        c = -(-seg // spec.size)
-        lo, hi = min(spec.rank * c, seg), min((spec.rank + 1) * c, seg)
-        if hi > lo:
-            at, shape = [0] * t.dim(), list(t.shape)
-            at[spec.dim], shape[spec.dim] = start + lo, hi - lo
-            out.append((off, torch.Size(at), torch.Size(shape)))
-        off += c
-        start += seg
+    """(offset in the local shard, offsets in the full tensor, block shape) of each segment's part held here
+    (:meth:`ShardSpec.held`; padding and empty parts left out)."""
+    out = []
+    for off, at, n in spec.held():
+        if n:
+            offsets, shape = [0] * t.dim(), list(t.shape)
+            offsets[spec.dim], shape[spec.dim] = at, n
+            out.append((off, torch.Size(offsets), torch.Size(shape)))
     return out
 
 
@@ -154,17 +159,11 @@ def portable(pieces: Pieces, infos: dict[str, ParamInfo]) -> dict[str, object]:
 
 def empty_like_local(tr: Trainer) -> tuple[Pieces, dict[str, ParamInfo]]:
     """Zero tensors shaped as this rank's pieces, to load into (padding stays zero)."""
-    infos: dict[str, ParamInfo] = {}
-    shapes: dict[str, torch.Size] = {}
-    dtypes: dict[str, torch.dtype] = {}
-    for b in tr.dp.buckets:
-        for s in b.spans:
-            infos[s.info.init_key], shapes[s.info.init_key] = s.info, s.shape
-            dtypes[s.info.init_key] = b.param_shard.dtype
+    infos, shapes = _layout(tr)
     pieces: Pieces = {}
     for kind in kinds(tr):
-        pieces[kind] = {n: torch.zeros(shapes[n], dtype=dtypes[n] if kind == "param" else torch.float32,
-                                       device=tr.device) for n in shapes}
+        dtype = TORCH_DTYPES[tr.state.params] if kind == "param" else torch.float32
+        pieces[kind] = {n: torch.zeros(shapes[n], dtype=dtype, device=tr.device) for n in shapes}
     return pieces, infos
 
 

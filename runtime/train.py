@@ -23,7 +23,6 @@ step STEP (1-based), as a crashed node would (on the first attempt only: a resta
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
@@ -35,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from runtime.data import SAMPLE_TEXT, TokenData
-from runtime.metrics import MetricsLog
+from runtime.metrics import MetricsLog, last_step
 from runtime.options import check_run_options
 from runtime.parallel.mesh import build_groups
 from runtime.trainer import Trainer, check_supported
@@ -78,13 +77,12 @@ def _attempt() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
 
 
-def _attempt_store(rank: int, world: int) -> dist.Store:
-    """The rendezvous store of a restarted attempt, under a prefix of its own: torchrun's agent keeps one store
-    across restarts, where the previous attempt's addresses would otherwise be read (and refused)."""
-    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # else rank 0 hosts it, fresh each attempt
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
-                          is_master=not agent and rank == 0)
-    return dist.PrefixStore(f"autopar/attempt_{_attempt()}", store)
+def _store(use: str, host: bool = False) -> dist.Store:
+    """The run's rendezvous store (torchrun's), under a prefix of this attempt's and ``use``'s own: torchrun's agent
+    keeps one store across restarts, where a restarted attempt would otherwise read the previous one's addresses
+    (and be refused). ``host``: this process serves it (rank 0, when torchrun's agent does not)."""
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=host)
+    return dist.PrefixStore(f"autopar/attempt_{_attempt()}/{use}", store)
 
 
 def _advise_interval(log: MetricsLog, step: int, save_s: float, step_s: float, mtbf_hours: float, every: int,
@@ -100,18 +98,6 @@ def _advise_interval(log: MetricsLog, step: int, save_s: float, step_s: float, m
         print(f"autopar: a checkpoint took {save_s:.3g} s; with a failure every {mtbf_hours:g} h, Young-Daly's "
               f"interval is {best_s:.3g} s = {best_steps} steps of {step_s:.3g} s (this run: every {every}; "
               f"--checkpoint-every {best_steps})", flush=True)
-
-
-def _last_step(metrics_out: str | None) -> int:
-    """The last step a metrics file records (0 when none): where a failed attempt got to."""
-    last = 0
-    if metrics_out and Path(metrics_out).exists():
-        for line in Path(metrics_out).read_text().splitlines():
-            try:
-                last = int(json.loads(line)["step"])
-            except (ValueError, KeyError, TypeError):
-                continue  # an event line, or one cut off mid-write
-    return last
 
 
 def _test_delay(plan_keys: str) -> float:
@@ -141,8 +127,11 @@ def run(args: argparse.Namespace) -> int:
     backend = "nccl" if cuda else "gloo"
     if cuda:
         torch.cuda.set_device(device)
-    if "MASTER_ADDR" in os.environ and _attempt():
-        dist.init_process_group(backend, store=_attempt_store(rank, world), rank=rank, world_size=world)
+    attempt = _attempt()
+    if "MASTER_ADDR" in os.environ and attempt:
+        agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+        dist.init_process_group(backend, store=_store("rendezvous", host=not agent and rank == 0), rank=rank,
+                                world_size=world)
     elif "MASTER_ADDR" in os.environ:
         dist.init_process_group(backend)
     else:  # a one-rank plan started without torchrun
@@ -150,13 +139,12 @@ def run(args: argparse.Namespace) -> int:
     groups = build_groups(plan.config, device.type, tied_embeddings=plan.model.tie_embeddings)
     watch = None
     if "MASTER_ADDR" in os.environ:  # under torchrun: a store every rank reaches
-        from runtime.watchdog import Watchdog, watch_store
+        from runtime.watchdog import Watchdog
 
-        watch = Watchdog(groups, watch_store(_attempt()), args.collective_timeout).__enter__()
+        watch = Watchdog(groups, _store("watchdog"), args.collective_timeout).start()
     trainer = Trainer(plan, groups, device, data, steps)
     ckdir = Path(args.checkpoint_dir) if args.checkpoint_dir else None
-    attempt = _attempt()
-    reached = _last_step(args.metrics_out) if attempt and rank == 0 else 0
+    reached = (last_step(args.metrics_out) or 0) if attempt and rank == 0 else 0
     if ckdir is not None:
         from runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
     resume = args.resume or (attempt > 0 and ckdir is not None and latest_checkpoint(ckdir) is not None)
@@ -206,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
                                  quiet=args.quiet or rank != 0)
     log.close()
     if watch is not None:
-        watch.__exit__()
+        watch.stop()
     dist.destroy_process_group()
     return 0
 

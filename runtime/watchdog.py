@@ -42,15 +42,9 @@ class Watchdog:
         self._stop = threading.Event()
 
     # ---- counting ------------------------------------------------------------------------------
-    def _wrap(self, name: str, fn: Any) -> Any:
+    def _blocking(self, fn: Any) -> Any:
+        """``fn``, with this rank counted as inside a communication call while it runs."""
         def call(*a: Any, **kw: Any) -> Any:
-            group = kw.get("group")
-            if group is None and name != "batch_isend_irecv":
-                group = next((x for x in a if isinstance(x, dist.ProcessGroup)), None)
-            if name == "batch_isend_irecv" and a:
-                group = a[0][0].group if a[0] else None
-            self.calls += 1
-            self.last = f"{name} on {self.names.get(id(group), 'world') if group is not None else 'world'}"
             self.inside += 1
             try:
                 return fn(*a, **kw)
@@ -58,30 +52,37 @@ class Watchdog:
                 self.inside -= 1
         return call
 
-    def _wrap_wait(self, fn: Any) -> Any:
-        def wait(work: Any, *a: Any, **kw: Any) -> Any:
-            self.inside += 1
-            try:
-                return fn(work, *a, **kw)
-            finally:
-                self.inside -= 1
-        return wait
+    def _wrap(self, name: str, fn: Any) -> Any:
+        """The torch.distributed function ``name``, counted and remembered as the last call (op on group)."""
+        blocking = self._blocking(fn)
+
+        def call(*a: Any, **kw: Any) -> Any:
+            if name == "batch_isend_irecv":
+                group = a[0][0].group if a and a[0] else None
+            else:
+                group = kw.get("group") or next((x for x in a if isinstance(x, dist.ProcessGroup)), None)
+            self.calls += 1
+            self.last = f"{name} on {self.names.get(id(group), 'world')}"
+            return blocking(*a, **kw)
+        return call
 
     def stepped(self, step: int) -> None:
         self.step = step
 
     # ---- the thread ----------------------------------------------------------------------------
-    def __enter__(self) -> Watchdog:
+    def start(self) -> Watchdog:
+        """Wrap the communication calls and start the watching thread."""
         for n in _WATCHED:
             if hasattr(dist, n):
                 self._real[n] = getattr(dist, n)
                 setattr(dist, n, self._wrap(n, self._real[n]))
         self._real_wait = dist.Work.wait
-        dist.Work.wait = self._wrap_wait(self._real_wait)
+        dist.Work.wait = self._blocking(self._real_wait)
         threading.Thread(target=self._watch, daemon=True, name="autopar-watchdog").start()
         return self
 
-    def __exit__(self, *_: object) -> None:
+    def stop(self) -> None:
+        """Stop watching; the communication calls are torch's own again."""
         self._stop.set()
         for n, fn in self._real.items():
             setattr(dist, n, fn)
@@ -121,9 +122,3 @@ class Watchdog:
               f"{rec['calls']} ({rec['last']}); the others waited {self.timeout:g} s ({others}); look at that rank "
               "(py-spy dump) or raise --collective-timeout", file=sys.stderr, flush=True)
         os._exit(3)
-
-
-def watch_store(attempt: int) -> dist.Store:
-    """A client of the run's rendezvous store, under a prefix of the watchdog's own (and the attempt's)."""
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
-    return dist.PrefixStore(f"autopar/watchdog/attempt_{attempt}", store)

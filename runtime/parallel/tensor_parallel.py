@@ -58,20 +58,28 @@ class ShardSpec:
     def local_len(self) -> int:
         return sum(self._chunk(s) for s in self.segments)
 
-    def take(self, full: torch.Tensor) -> torch.Tensor:
-        """This rank's shard of the full tensor."""
-        parts, off = [], 0
+    def held(self) -> list[tuple[int, int, int]]:
+        """Per segment, the part of it this rank holds: (offset in the shard, offset in the full tensor, length);
+        in the shard each takes a whole chunk, the rest zero padding (a length of 0 when the rank holds none)."""
+        out, local, full = [], 0, 0
         for seg in self.segments:
-            piece = full.narrow(self.dim, off, seg)
             c = self._chunk(seg)
             lo, hi = min(self.rank * c, seg), min((self.rank + 1) * c, seg)
-            part = piece.narrow(self.dim, lo, hi - lo)
-            if hi - lo < c:  # zero padding at the end of the last rank's chunk
+            out.append((local, full + lo, hi - lo))
+            local, full = local + c, full + seg
+        return out
+
+    def take(self, full: torch.Tensor) -> torch.Tensor:
+        """This rank's shard of the full tensor."""
+        parts = []
+        for (_, at, n), seg in zip(self.held(), self.segments):
+            part = full.narrow(self.dim, at, n)
+            c = self._chunk(seg)
+            if n < c:  # zero padding at the end of the last rank's chunk
                 pad = list(part.shape)
-                pad[self.dim] = c - (hi - lo)
+                pad[self.dim] = c - n
                 part = torch.cat((part, part.new_zeros(pad)), self.dim)
             parts.append(part)
-            off += seg
         return torch.cat(parts, self.dim) if len(parts) > 1 else parts[0].clone()
 
     def assemble(self, shards: list[torch.Tensor]) -> torch.Tensor:
