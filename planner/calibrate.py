@@ -108,11 +108,11 @@ def measured_median(rows: list[dict[str, Any]], warmup: int | None, source: str)
                            "run more steps or lower --warmup")
     if len(kept) < MIN_STEPS:
         print(f"warning: metrics file {source}: only {len(kept)} step(s) after the warm-up; a median of fewer than "
-              f"{MIN_STEPS} says little, so fit on longer runs (autopar run --steps)", file=sys.stderr)
+              f"{MIN_STEPS} says little; measure longer runs (autopar run --steps)", file=sys.stderr)
     return float(np.median(kept)), len(kept)
 
 
-def _resolve_plan(ref: Any, metrics: Path) -> PlanFile:
+def resolve_plan(ref: Any, metrics: Path) -> PlanFile:
     """The plan a metrics file names: an embedded plan object, or a path (relative to the file or here)."""
     if isinstance(ref, dict):
         return plan_from_data(ref, f"metrics file {metrics}: embedded plan")
@@ -134,7 +134,7 @@ def load_runs(metrics: list[str], plans: list[str] | None, warmup: int | None) -
         if plans:
             plan = load_plan(plans[i if len(plans) > 1 else 0])
         elif embedded is not None:
-            plan = _resolve_plan(embedded, Path(m))
+            plan = resolve_plan(embedded, Path(m))
         else:
             raise AutoparError(f"metrics file {m} does not say which plan it ran; pass --plan PLAN.json "
                                "(one per metrics file, in the same order)")

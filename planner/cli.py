@@ -1,4 +1,5 @@
-"""The ``autopar`` command line: estimate, plan, whatif, run, tune, profile, calibrate, import-hf, export-hf.
+"""The ``autopar`` command line: estimate, plan, whatif, run, tune, profile, calibrate, diagnose, import-hf,
+export-hf.
 
 Every bad input ends in one line on stderr (``autopar: error: ...``) and exit status 2; ``--format json``
 prints exactly one JSON object on stdout. ``estimate``, ``plan`` and ``whatif`` never import torch
@@ -118,6 +119,16 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--warmup", type=int, help="steps to leave out of each run (default: the first 10%%)")
     cal.add_argument("--fit", help="parameters to fit, from gemm,attention,memory,overhead,comm (default: all)")
 
+    dg = sub.add_parser("diagnose", help="where a run's steps went per phase, which ranks were slow, and the step "
+                                         "without them")
+    dg.add_argument("metrics", type=path_argument, help="metrics JSON lines written by `autopar run --metrics-out`")
+    dg.add_argument("--plan", type=path_argument, help="the plan file the run ran (default: the metrics file's)")
+    dg.add_argument("--steps", help="only these steps: steps and ranges, e.g. 11-20 or 3-10,12 or 11-")
+    dg.add_argument("--warmup", type=int, help="steps to leave out (default: the first 10%%; none with --steps)")
+    dg.add_argument("--threshold", type=float, default=1.25,
+                    help="name a rank whose compute or sends take this many times its peers' (default 1.25)")
+    _format(dg)
+
     imp = sub.add_parser("import-hf", help="a Hugging Face model's weights as a step-0 checkpoint of a plan")
     imp.add_argument("hf_dir", type=path_argument, help="directory with config.json and safetensors weights")
     imp.add_argument("--plan", required=True, type=path_argument, help="plan file of the same model")
@@ -149,6 +160,12 @@ def _profile(args: argparse.Namespace) -> int:
     return profile_command(args)
 
 
+def _diagnose(args: argparse.Namespace) -> int:
+    from planner.diagnose import diagnose_command
+
+    return diagnose_command(args)
+
+
 def _calibrate(args: argparse.Namespace) -> int:
     from planner.calibrate import calibrate_command
 
@@ -157,6 +174,7 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 COMMANDS = {"estimate": _run("estimate_command"), "plan": _run("plan_command"), "whatif": _run("whatif_command"),
             "run": _run("run_command"), "tune": _run("tune_command"), "profile": _profile, "calibrate": _calibrate,
+            "diagnose": _diagnose,
             "import-hf": _run("import_hf_command"), "export-hf": _run("export_hf_command")}
 
 

@@ -1,7 +1,8 @@
 """Per-step metrics: one JSON line per step (rank 0) and a progress line on stdout.
 
 Each line: ``step, loss, grad_norm, lr, step_time_s, predicted_step_time_s, tokens_per_s, mfu,
-peak_memory_GiB, peak_reserved_GiB, predicted_memory_GiB, plan`` (the plan file's absolute path). The peaks are
+peak_memory_GiB, peak_reserved_GiB, predicted_memory_GiB, plan`` (the plan file's absolute path) and
+``phases_s`` (every rank's phase times, runtime/phase_clock.py). The peaks are
 the fullest rank's (CUDA: allocated and reserved by the caching allocator; CPU: the process's peak RSS, both),
 beside the memory the plan predicted per GPU. MFU = model FLOPs
 (``ModelSpec.model_flops_per_token``, no recompute) x tokens / (step time x ranks x the cluster GPU's peak
@@ -49,7 +50,8 @@ class MetricsLog:
             self.file = open(path, "a" if append else "w")  # noqa: SIM115 - closed in close()
 
     def record(self, step: int, loss: float, grad_norm: float, lr: float, step_time_s: float,
-               peak_memory_GiB: float, peak_reserved_GiB: float | None = None) -> dict[str, Any]:
+               peak_memory_GiB: float, peak_reserved_GiB: float | None = None,
+               phases: dict[str, list[float]] | None = None) -> dict[str, Any]:
         row = {
             "step": step, "loss": loss, "grad_norm": grad_norm, "lr": lr, "step_time_s": step_time_s,
             "predicted_step_time_s": self.predicted, "tokens_per_s": self.tokens / step_time_s,
@@ -58,6 +60,8 @@ class MetricsLog:
         }
         if self.plan_path:
             row["plan"] = self.plan_path
+        if phases is not None:
+            row["phases_s"] = phases
         if not self.enabled:
             return row
         if self.file is not None:

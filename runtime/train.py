@@ -17,7 +17,13 @@ has made progress for ``--collective-timeout`` seconds.
 
 Testing hooks: ``AUTOPAR_FAULT=STEP[:RANK]`` makes rank RANK (default 0) kill itself with SIGKILL just before
 step STEP (1-based), as a crashed node would (on the first attempt only: a restarted run goes on);
-``AUTOPAR_HANG=STEP[:RANK]`` makes it sleep there instead, as a rank stuck in its own work would.
+``AUTOPAR_HANG=STEP[:RANK]`` makes it sleep there instead, as a rank stuck in its own work would;
+``AUTOPAR_STRAGGLER=RANK:compute:FACTOR[@FIRST[/EVERY]]`` makes rank RANK's forward and backward take FACTOR times
+as long on steps FIRST, FIRST + EVERY, ... (default: every step), and ``RANK:send:SECONDS[@FIRST[/EVERY]]`` delays
+each of its pipeline sends on those steps (a straggler for ``autopar diagnose``).
+
+Phase times: every rank times its step's phases (:mod:`runtime.phase_clock`); with ``--metrics-out`` each step's
+line carries every rank's, ``"phases_s": {phase: [seconds of rank 0, 1, ...]}`` (what ``autopar diagnose`` reads).
 """
 
 from __future__ import annotations
@@ -33,12 +39,16 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from runtime.comm_hooks import CommHooks
 from runtime.data import SAMPLE_TEXT, TokenData
 from runtime.metrics import MetricsLog, last_step
 from runtime.options import check_run_options
+from runtime.parallel.mappings import all_gather_into
 from runtime.parallel.mesh import build_groups
+from runtime.phase_clock import CudaMarks, PhaseClock
 from runtime.trainer import Trainer, check_supported
 from specs.errors import AutoparError
+from specs.phases import PHASES
 from specs.planfile import load_plan
 
 
@@ -70,6 +80,30 @@ def _fault_step(rank: int, hook: str = "AUTOPAR_FAULT") -> int | None:
         return None
     step, _, who = spec.partition(":")
     return int(step) if int(who or 0) == rank else None
+
+
+def _straggler(rank: int) -> tuple[dict[str, float], int, int]:
+    """The phase clock's testing hook for this rank, the first step it acts on and every how many steps, from
+    ``AUTOPAR_STRAGGLER=RANK:compute:FACTOR[@FIRST[/EVERY]]`` or ``RANK:send:SECONDS[@FIRST[/EVERY]]``."""
+    spec = os.environ.get("AUTOPAR_STRAGGLER")
+    if not spec:
+        return {}, 0, 1
+    spec, _, when = spec.partition("@")
+    who, kind, amount = spec.split(":")
+    if int(who) != rank:
+        return {}, 0, 1
+    first, _, every = when.partition("/")
+    return {"slow_compute" if kind == "compute" else "send_delay_s": float(amount)}, int(first or 1), int(every or 1)
+
+
+def _gather_phases(times: dict[str, float], group: dist.ProcessGroup, device: torch.device
+                   ) -> dict[str, list[float]]:
+    """Every rank's phase times (a collective over ``group``): ``{phase: [seconds of rank 0, 1, ...]}``."""
+    mine = torch.tensor([times[p] for p in PHASES], dtype=torch.float64, device=device)
+    every = torch.empty(dist.get_world_size(group) * len(PHASES), dtype=torch.float64, device=device)
+    all_gather_into(every, mine, group)
+    rows = every.view(-1, len(PHASES)).T.tolist()
+    return {p: [float(f"{x:.6g}") for x in rows[i]] for i, p in enumerate(PHASES)}
 
 
 def _attempt() -> int:
@@ -137,12 +171,17 @@ def run(args: argparse.Namespace) -> int:
     else:  # a one-rank plan started without torchrun
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     groups = build_groups(plan.config, device.type, tied_embeddings=plan.model.tie_embeddings)
+    clock = PhaseClock(CudaMarks() if cuda else None)
+    straggle, straggle_from, straggle_every = _straggler(rank)
+    hooks = CommHooks(groups.group_names(), [clock])
     watch = None
     if "MASTER_ADDR" in os.environ:  # under torchrun: a store every rank reaches
         from runtime.watchdog import Watchdog
 
         watch = Watchdog(groups, _store("watchdog"), args.collective_timeout).start()
-    trainer = Trainer(plan, groups, device, data, steps)
+        hooks.add(watch)
+    hooks.start()
+    trainer = Trainer(plan, groups, device, data, steps, clock)
     ckdir = Path(args.checkpoint_dir) if args.checkpoint_dir else None
     reached = (last_step(args.metrics_out) or 0) if attempt and rank == 0 else 0
     if ckdir is not None:
@@ -178,13 +217,20 @@ def run(args: argparse.Namespace) -> int:
             os.kill(os.getpid(), signal.SIGKILL)
         if hang == trainer.step + 1:
             time.sleep(1e9)
+        if straggle:
+            n = trainer.step + 1 - straggle_from
+            clock.inject(**(straggle if n >= 0 and n % straggle_every == 0 else {}))
         t0 = time.perf_counter()
+        clock.begin()
         st = trainer.train_step()
         time.sleep(delay)
         step_s = time.perf_counter() - t0
+        phases = clock.take()
         if watch is not None:
             watch.stepped(trainer.step)
-        log.record(trainer.step, st.loss, st.grad_norm, st.lr, step_s, st.peak_memory_GiB, st.peak_reserved_GiB)
+        every_rank = _gather_phases(phases, groups.world, device) if args.metrics_out else None
+        log.record(trainer.step, st.loss, st.grad_norm, st.lr, step_s, st.peak_memory_GiB, st.peak_reserved_GiB,
+                   every_rank)
         if ckdir is not None and ((every and trainer.step % every == 0) or trainer.step == steps):
             t_save = time.perf_counter()
             save_checkpoint(trainer, ckdir)
@@ -193,6 +239,7 @@ def run(args: argparse.Namespace) -> int:
                 _advise_interval(log, trainer.step, time.perf_counter() - t_save, step_s, args.mtbf_hours, every,
                                  quiet=args.quiet or rank != 0)
     log.close()
+    hooks.stop()
     if watch is not None:
         watch.stop()
     dist.destroy_process_group()

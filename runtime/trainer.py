@@ -27,6 +27,7 @@ from runtime.parallel.mesh import ParallelGroups
 from runtime.parallel.optimizer import DistributedAdamW
 from runtime.parallel.parallelize import materialize, parallelize
 from runtime.parallel.pipeline import PipelineRunner
+from runtime.phase_clock import PhaseClock
 from specs.capabilities import execution_problem
 from specs.errors import AutoparError
 from specs.planfile import PlanFile
@@ -69,8 +70,9 @@ def peak_memory_GiB(device: torch.device) -> tuple[float, float]:
 
 class Trainer:
     def __init__(self, plan: PlanFile, groups: ParallelGroups, device: torch.device, data: TokenData,
-                 steps: int) -> None:
+                 steps: int, clock: PhaseClock | None = None) -> None:
         check_supported(plan)
+        self.clock = clock or PhaseClock()  # where each step's time goes (runtime/phase_clock.py)
         self.plan, self.g, self.device, self.data, self.steps = plan, groups, device, data, steps
         cfg, spec = plan.config, plan.model
         self.cfg, self.m = cfg, cfg.microbatches(plan.global_batch)
@@ -89,7 +91,7 @@ class Trainer:
         seq = plan.seq // cfg.cp // (cfg.tp if cfg.sp and cfg.tp > 1 else 1)
         self.positions = local_positions(plan.seq, cfg.cp, groups.cp_rank) if cfg.cp > 1 else None
         self.runner = PipelineRunner(self.chunks, groups, cfg, self.m, (cfg.mbs, seq, spec.hidden_size),
-                                     dtype, dtype, device, on_backward=self.dp.arm)
+                                     dtype, dtype, device, on_backward=self.dp.arm, clock=self.clock)
         # Same stream on every tp rank (replicated dropout stays replicated), distinct per pp, dp and cp rank.
         cp_key = f"/cp{groups.cp_rank}" if cfg.cp > 1 else ""
         torch.manual_seed(param_seed(plan.train.seed, f"rng/pp{groups.pp_rank}/dp{groups.dp_rank}{cp_key}"))
@@ -102,12 +104,15 @@ class Trainer:
 
     def forward_backward(self) -> torch.Tensor:
         """Forward and backward of the current step with synchronised gradients; returns this rank's loss sum."""
-        inp, tgt = self.data.batch(self.step, self.plan.global_batch, self.g.dp_rank, self.cfg.dp, self.positions)
-        inp, tgt = inp.to(self.device), tgt.to(self.device)
+        with self.clock.phase("data"):
+            inp, tgt = self.data.batch(self.step, self.plan.global_batch, self.g.dp_rank, self.cfg.dp,
+                                       self.positions)
+            inp, tgt = inp.to(self.device), tgt.to(self.device)
         mbs = self.cfg.mbs
         self.dp.zero_grad()
         loss_sum = self.runner.step(inp.split(mbs), tgt.split(mbs))
-        self.dp.finish_grad_sync()
+        with self.clock.phase("dp_comm"):
+            self.dp.finish_grad_sync()
         return loss_sum
 
     def train_step(self) -> StepStats:
@@ -115,7 +120,8 @@ class Trainer:
 
     def finish_step(self, loss_sum: torch.Tensor) -> StepStats:
         """Optimizer update after :meth:`forward_backward`; the step's mean loss and its other metrics."""
-        grad_norm, lr = self.opt.step()
+        with self.clock.phase("optimizer"):
+            grad_norm, lr = self.opt.step()
         self.step += 1
         loss = loss_sum if self.is_loss_rank else torch.zeros_like(loss_sum)
         dist.all_reduce(loss, group=self.g.world)

@@ -1,8 +1,8 @@
 """A hang watchdog: a rank that stops making progress ends the run with one line naming the rank and the call.
 
-Every rank counts the communication calls it enters (the ``torch.distributed`` functions the runtime calls,
-wrapped for the run: collectives, sends, receives, barriers) and the steps it finishes, and knows whether it is
-blocked inside one (those calls, or waiting on one's ``Work``); a thread publishes that to the run's rendezvous
+Every rank counts the communication calls it enters (collectives, sends, receives, barriers, as
+:mod:`runtime.comm_hooks` reports them) and the steps it finishes, and knows whether it is blocked inside one
+(those calls, or waiting on one's ``Work``); a thread publishes that to the run's rendezvous
 store about once a second. When a rank has made no progress for ``timeout`` seconds (no call entered, no step
 finished), it reads every rank's record. The rank the others wait for is one that is not inside any call (stuck in
 its own work); among several, or when every rank is inside one (mismatched collectives), the one furthest behind.
@@ -22,71 +22,41 @@ from typing import Any
 
 import torch.distributed as dist
 
-from runtime.parallel.mappings import ALL_GATHER_SINGLE, REDUCE_SCATTER_SINGLE
 from runtime.parallel.mesh import ParallelGroups
-
-_WATCHED = ("all_reduce", "all_gather", ALL_GATHER_SINGLE, REDUCE_SCATTER_SINGLE, "broadcast", "send", "recv",
-            "isend", "irecv", "batch_isend_irecv", "barrier")
-
 
 
 class Watchdog:
-    """Counts this rank's communication calls and steps; ends the run when progress stops for ``timeout`` s."""
+    """Counts this rank's communication calls and steps; ends the run when progress stops for ``timeout`` s.
+
+    A :class:`~runtime.comm_hooks.CommHooks` observer: it hears every call begin and end."""
 
     def __init__(self, groups: ParallelGroups, store: dist.Store, timeout: float) -> None:
         self.rank, self.world, self.store, self.timeout = groups.rank, len(groups.ranks), store, timeout
-        self.names = groups.group_names()
         self.step, self.calls, self.last, self.inside = 0, 0, "none yet", 0
         self._seen, self._since = (0, 0), time.monotonic()
-        self._real: dict[str, Any] = {}
         self._stop = threading.Event()
 
     # ---- counting ------------------------------------------------------------------------------
-    def _blocking(self, fn: Any) -> Any:
-        """``fn``, with this rank counted as inside a communication call while it runs."""
-        def call(*a: Any, **kw: Any) -> Any:
-            self.inside += 1
-            try:
-                return fn(*a, **kw)
-            finally:
-                self.inside -= 1
-        return call
-
-    def _wrap(self, name: str, fn: Any) -> Any:
-        """The torch.distributed function ``name``, counted and remembered as the last call (op on group)."""
-        blocking = self._blocking(fn)
-
-        def call(*a: Any, **kw: Any) -> Any:
-            if name == "batch_isend_irecv":
-                group = a[0][0].group if a and a[0] else None
-            else:
-                group = kw.get("group") or next((x for x in a if isinstance(x, dist.ProcessGroup)), None)
+    def entered(self, op: str, group: str) -> None:
+        if op != "wait":  # waiting on an earlier call's Work is not a new call
             self.calls += 1
-            self.last = f"{name} on {self.names.get(id(group), 'world')}"
-            return blocking(*a, **kw)
-        return call
+            self.last = f"{op} on {group}"
+        self.inside += 1
+
+    def left(self, op: str, group: str) -> None:
+        self.inside -= 1
 
     def stepped(self, step: int) -> None:
         self.step = step
 
     # ---- the thread ----------------------------------------------------------------------------
     def start(self) -> Watchdog:
-        """Wrap the communication calls and start the watching thread."""
-        for n in _WATCHED:
-            if hasattr(dist, n):
-                self._real[n] = getattr(dist, n)
-                setattr(dist, n, self._wrap(n, self._real[n]))
-        self._real_wait = dist.Work.wait
-        dist.Work.wait = self._blocking(self._real_wait)
+        """Start the watching thread."""
         threading.Thread(target=self._watch, daemon=True, name="autopar-watchdog").start()
         return self
 
     def stop(self) -> None:
-        """Stop watching; the communication calls are torch's own again."""
         self._stop.set()
-        for n, fn in self._real.items():
-            setattr(dist, n, fn)
-        dist.Work.wait = self._real_wait
 
     def _record(self) -> dict[str, Any]:
         return {"step": self.step, "calls": self.calls, "last": self.last, "inside": self.inside > 0}

@@ -84,6 +84,13 @@ class ParallelConfig:
     def num_chunks(self) -> int:
         return self.pp * self.vpp
 
+    def rank_coords(self, rank: int) -> dict[str, int]:
+        """Rank ``rank``'s place on the mesh, ``{"pp", "dp", "cp", "tp"}`` (tp innermost, pp outermost)."""
+        rest, tp = divmod(rank, self.tp)
+        rest, cp = divmod(rest, self.cp)
+        pp, dp = divmod(rest, self.dp)
+        return {"pp": pp, "dp": dp, "cp": cp, "tp": tp}
+
     def microbatches(self, global_batch: int) -> int:
         return microbatches(global_batch, self.dp, self.mbs)
 

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from runtime.models.common import Transformer
 from runtime.parallel.mappings import all_gather_into
 from runtime.parallel.mesh import ParallelGroups
+from runtime.phase_clock import PhaseClock
 from specs.parallel import ParallelConfig
 from specs.schedules import Action, build_schedule
 
@@ -77,7 +78,7 @@ class PipelineRunner:
 
     def __init__(self, chunks: list[Transformer], groups: ParallelGroups, cfg: ParallelConfig, microbatches: int,
                  act_shape: tuple[int, ...], act_dtype: torch.dtype, param_dtype: torch.dtype, device: torch.device,
-                 on_backward: Callable[[int, bool], None] | None = None) -> None:
+                 on_backward: Callable[[int, bool], None] | None = None, clock: PhaseClock | None = None) -> None:
         self.chunks, self.g, self.cfg, self.m = chunks, groups, cfg, microbatches
         self.schedule = build_schedule(cfg.pp, cfg.vpp, microbatches)[groups.pp_rank]
         self.final_b = last_backward(self.schedule)
@@ -85,12 +86,14 @@ class PipelineRunner:
         self.act_shape, self.act_dtype, self.param_dtype, self.device = act_shape, act_dtype, param_dtype, device
         self.on_backward = on_backward  # (chunk, is_final) before each backward: DP hooks arm on the final one
         self.p2p = P2P(groups.tp_group, cfg.tp, groups.tp_rank, split=not cfg.sp)
+        self.clock = clock or PhaseClock()  # where the step's time goes (runtime/phase_clock.py)
 
     def step(self, inputs: Sequence[torch.Tensor], targets: Sequence[torch.Tensor]) -> torch.Tensor:
         """Run the table; returns the sum of the micro-batch losses on the last stage (0 elsewhere)."""
         g, pp, r = self.g, self.cfg.pp, self.g.pp_rank
         saved: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         loss_sum = torch.zeros((), device=self.device)
+        phase = self.clock.phase
         for i, a in enumerate(self.schedule):
             v = a.chunk * pp + r
             first, last = v == 0, v == self.nv - 1
@@ -98,25 +101,34 @@ class PipelineRunner:
                 if first:
                     x = inputs[a.microbatch]
                 else:
-                    buf = self.p2p.recv(self.act_shape, self.act_dtype, self.device, g.pp_peer(r - 1), g.act_group)
+                    with phase("p2p_wait"):
+                        buf = self.p2p.recv(self.act_shape, self.act_dtype, self.device, g.pp_peer(r - 1),
+                                            g.act_group)
                     x = buf.to(self.param_dtype).requires_grad_()
-                y = self.chunks[a.chunk](x, targets[a.microbatch] if last else None)
+                with phase("forward"):
+                    y = self.chunks[a.chunk](x, targets[a.microbatch] if last else None)
                 if last:
                     loss_sum += y.detach().float()
                     y = y / self.m  # the step's loss is the mean over micro-batches
                 else:
-                    self.p2p.send(y.detach().to(self.act_dtype), g.pp_peer(r + 1), g.act_group)
+                    with phase("p2p_send"):
+                        self.p2p.send(y.detach().to(self.act_dtype), g.pp_peer(r + 1), g.act_group)
                 saved[(a.microbatch, a.chunk)] = (x, y)
             else:
                 x, y = saved.pop((a.microbatch, a.chunk))
                 if self.on_backward is not None:
                     self.on_backward(a.chunk, i == self.final_b[a.chunk])
                 if last:
-                    y.backward()
+                    with phase("backward"):
+                        y.backward()
                 else:
-                    dy = self.p2p.recv(y.shape, self.act_dtype, self.device, g.pp_peer(r + 1), g.grad_group)
-                    y.backward(dy.to(y.dtype))
+                    with phase("p2p_wait"):
+                        dy = self.p2p.recv(y.shape, self.act_dtype, self.device, g.pp_peer(r + 1), g.grad_group)
+                    with phase("backward"):
+                        y.backward(dy.to(y.dtype))
                 if not first:
-                    self.p2p.send(x.grad.to(self.act_dtype), g.pp_peer(r - 1), g.grad_group)
-        self.p2p.finish()
+                    with phase("p2p_send"):
+                        self.p2p.send(x.grad.to(self.act_dtype), g.pp_peer(r - 1), g.grad_group)
+        with phase("p2p_wait"):  # the last sends complete when their receivers get to them
+            self.p2p.finish()
         return loss_sum

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 from rt_cases import case_plan
 
+from specs.parallel import ParallelConfig
+
 OVERLAP_CASES = [
     dict(tp=1, pp=2, dp=2, sched="interleaved", zero=0, arch="llama", steps=3),  # two chunks per rank
     dict(tp=2, pp=1, dp=2, sp=True, zero=1, arch="gpt", tied=True, steps=3),
@@ -142,6 +144,7 @@ def test_mesh_rank_order_puts_tp_innermost(pool):
         assert r["pp"] == [dp * 2 + tp, 4 + dp * 2 + tp]
         assert r["mp"] == sorted([dp * 2, dp * 2 + 1, 4 + dp * 2, 4 + dp * 2 + 1])
         assert r["cp"] == [rank] and r["dpcp"] == r["dp"] and r["dpcp_rank"] == dp
+        assert ParallelConfig(**cfg).rank_coords(rank) == dict(pp=pp, dp=dp, cp=cp, tp=tp)  # what diagnose reads
 
 
 def test_mesh_data_parallel_group_spans_dp_and_cp(pool):
@@ -154,6 +157,7 @@ def test_mesh_data_parallel_group_spans_dp_and_cp(pool):
         assert r["dpcp"] == [(d * 2 + c) * 2 + tp for d in range(2) for c in range(2)]
         assert r["dpcp"].index(rank) == r["dpcp_rank"] == dp * 2 + cp
         assert r["mp"] == r["tp"]  # the gradient norm's group: one replica of the dp x cp reduced gradients
+        assert ParallelConfig(tp=2, dp=2, cp=2).rank_coords(rank) == dict(pp=pp, dp=dp, cp=cp, tp=tp)
 
 
 def test_checkpoint_meta_records_the_data_position(pool, tokens64, tmp_path):

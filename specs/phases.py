@@ -1,0 +1,17 @@
+"""The phases a training step is timed in (runtime/phase_clock.py records them, ``autopar diagnose`` reads them).
+
+- ``data``: reading the step's tokens;
+- ``forward`` / ``backward``: the model chunks' own work (backward includes recomputation), less the
+  communication inside them;
+- ``tp_cp_comm``: tensor-, sequence- and context-parallel collectives inside forward and backward (waits for
+  slower peers included);
+- ``p2p_wait``: blocked on a pipeline receive (the transfer, and the bubble while the neighbour works), and at
+  the step's end until the last sends are received;
+- ``p2p_send``: starting the sends of activations and gradients;
+- ``dp_comm``: the data-parallel gradient reduction and ZeRO gathers the step waits for (exposed), and a tied
+  embedding's reduction;
+- ``optimizer``: the update, the gradient norm included;
+- ``other``: the rest (the step's loss and memory reductions, Python between phases).
+"""
+
+PHASES = ("data", "forward", "backward", "tp_cp_comm", "p2p_wait", "p2p_send", "dp_comm", "optimizer", "other")

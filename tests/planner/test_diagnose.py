@@ -1,0 +1,101 @@
+"""``autopar diagnose``'s analysis on phase times made up by hand: the schedule replay against pipelines worked
+out on paper, the straggler rule, and its one-line errors (the runs themselves: tests/runtime/test_diagnose_run.py)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from planner.cli import main
+from planner.diagnose import find_stragglers, replay_step, sends_per_rank
+from specs.cluster import load_cluster
+from specs.model_loading import load_model
+from specs.parallel import ParallelConfig
+from specs.phases import PHASES
+from specs.planfile import make_plan, save_plan
+
+
+def _plan(gpus: int, global_batch: int, **keys):
+    return make_plan(load_model("tiny"), load_cluster("cpu-gloo", gpus=gpus), global_batch, ParallelConfig(**keys))
+
+
+def _phases(world: int, **given) -> dict[str, np.ndarray]:
+    out = {p: np.zeros(world) for p in PHASES}
+    out.update({k: np.array(v, dtype=float) for k, v in given.items()})
+    return out
+
+
+def test_replay_of_one_f_one_b_on_paper():
+    """pp=2, two micro-batches, forward 1 s and backward 2 s each on both stages. On paper (1F1B):
+    r0 F0 0-1, r1 F0 1-2, r0 F1 1-2, r1 B0 2-4, r0 B0 4-6, r1 F1 4-5, r1 B1 5-7, r0 B1 7-9: rank 0 ends at 9.
+    Then its data (0.1), optimizer (0.2) and the least "other" of any rank (0.05)."""
+    plan = _plan(2, 2, pp=2)
+    ph = _phases(2, forward=[2, 2], backward=[4, 4], data=[0.1, 0.1], optimizer=[0.2, 0.2], other=[0.05, 0.3])
+    assert replay_step(plan, ph, np.ones(2)) == pytest.approx(9.35)
+    # sends cost the sender: 0.5 s per forward send of rank 0 delays everything after it:
+    # r0 F0 0-1.5, r1 F0 1.5-2.5, r0 F1 1.5-3, r1 B0 2.5-4.5, r0 B0 4.5-6.5, r1 F1 4.5-5.5, r1 B1 5.5-7.5,
+    # r0 B1 7.5-9.5
+    assert sends_per_rank(plan).tolist() == [2, 2]
+    ph["p2p_send"] = np.array([1.0, 0.0])
+    assert replay_step(plan, ph, np.ones(2)) == pytest.approx(9.85)
+
+
+def test_replay_waits_for_the_slowest_rank_in_lockstep():
+    """tp=2: a stage runs at its slower tensor-parallel rank. Rank 1 (stage 0) forwards in 2 s a micro-batch:
+    r0 F0 0-2, r1 F0 2-3, r0 F1 2-4, r1 B0 3-5, r0 B0 5-7, r1 F1 5-6, r1 B1 6-8, r0 B1 8-10."""
+    plan = _plan(4, 2, tp=2, pp=2)
+    ph = _phases(4, forward=[2, 4, 2, 2], backward=[4, 4, 4, 4])
+    assert replay_step(plan, ph, np.ones(2)) == pytest.approx(10.0)
+
+
+def test_a_rank_twice_as_slow_as_its_peers_is_named_and_noise_is_not():
+    plan = _plan(4, 8, dp=4)
+    work = np.ones(1)
+    ph = _phases(4, forward=[1.0, 1.1, 0.95, 2.0], backward=[2.0, 2.2, 1.9, 4.0])
+    (s,) = find_stragglers(plan, ph, work, step_s=6.0, threshold=1.25)
+    assert (s.rank, s.phase, s.coords) == (3, "compute", dict(pp=0, dp=3, cp=0, tp=0))
+    assert s.ratio == pytest.approx(2.0) and s.peers_seconds == pytest.approx(3.0)  # the others' median: 3.0 s
+    assert find_stragglers(plan, _phases(4, forward=[1.0, 1.1, 0.95, 1.2]), work, 6.0, 1.25) == []
+    # twice as slow, but it loses under 2% of the step: not worth naming
+    assert find_stragglers(plan, _phases(4, forward=[0.01, 0.01, 0.01, 0.02]), work, 6.0, 1.25) == []
+
+
+def test_stages_compare_by_their_expected_work():
+    """pp=2: stage 1 is expected to take 3x stage 0; rank 1 taking 3x rank 0 is no straggler, 6x is."""
+    plan = _plan(2, 4, pp=2)
+    work = np.array([1.0, 3.0])
+    assert find_stragglers(plan, _phases(2, forward=[1.0, 3.0]), work, 5.0, 1.25) == []
+    (s,) = find_stragglers(plan, _phases(2, forward=[1.0, 6.0]), work, 8.0, 1.25)
+    assert (s.rank, s.ratio, s.peers_seconds) == (1, pytest.approx(2.0), pytest.approx(3.0))
+
+
+def test_ranks_of_the_same_stage_compare_with_each_other_not_the_model():
+    """pp=2 dp=2: the model expects stage 1 to take 3x stage 0, it takes 1.5x: the ranks of each stage set the
+    measure, so no rank is a straggler; one of stage 1 twice as slow as its stage peer is."""
+    plan = _plan(4, 8, pp=2, dp=2)
+    work = np.array([1.0, 3.0])
+    assert find_stragglers(plan, _phases(4, forward=[1.0, 1.0, 1.5, 1.5]), work, 5.0, 1.25) == []
+    (s,) = find_stragglers(plan, _phases(4, forward=[1.0, 1.0, 1.5, 3.0]), work, 5.0, 1.25)
+    assert (s.rank, s.coords, s.peers_seconds) == (3, dict(pp=1, dp=1, cp=0, tp=0), pytest.approx(1.5))
+
+
+def test_bad_input_is_one_line(tmp_path, capsys):
+    plan = tmp_path / "p.json"
+    save_plan(_plan(2, 4, pp=2), plan)
+    old = tmp_path / "old.jsonl"  # written before phase times existed
+    old.write_text("".join(json.dumps({"step": i, "step_time_s": 0.1, "plan": str(plan)}) + "\n" for i in (1, 2, 3)))
+    no_plan = tmp_path / "noplan.jsonl"
+    no_plan.write_text(json.dumps({"step": 1, "step_time_s": 0.1}) + "\n")
+    cases = [([str(old)], "has no phase times for 2 ranks"),
+             ([str(no_plan)], "does not say which plan it ran"),
+             ([str(tmp_path / "missing.jsonl")], "does not exist"),
+             ([str(old), "--threshold", "1"], "--threshold must be above 1"),
+             ([str(old), "--steps", "1,5-2"], "a range must not end before it starts"),
+             ([str(old), "--steps", "x"], "expected steps and ranges"),
+             ([str(old), "--steps", "7-"], "has no steps in 7-")]
+    for argv, want in cases:
+        assert main(["diagnose", *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert want in err and err.count("\n") == 1 and "Traceback" not in err, (argv, err)
