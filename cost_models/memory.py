@@ -62,6 +62,10 @@ def layer_activation_bytes(model: ModelSpec, eb: int, t, cp, mbs, sp, recompute
         core = T * core
     ckpt = T * eb * h / shard  # layer input only
     work = T * eb * (2 * h / shard + 2 * f / t)  # gradient buffers alive during one layer's backward
+    # context parallelism's attention backward: K and V all-gathered again (the whole sequence), their gradients
+    # summed over the blocks in fp32 (the whole sequence) and the local queries' in fp32 (runtime/parallel/
+    # context_parallel.py)
+    work = work + np.where(cp > 1, (mbs * s * kw * (2 * eb + 2 * 4.0) + T * qw * 4.0) / t, 0.0)
     # while a layer runs backward: its gradient buffers, plus whatever recompute materialises again
     # (the whole layer under full recompute, the attention core under selective)
     return full, ckpt, work + np.where(rc == FULL, full, np.where(rc == SELECTIVE, core, 0.0))

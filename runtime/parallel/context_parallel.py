@@ -20,9 +20,11 @@ backward (``cost_models/layer.py``). A selectively recomputed core (``recompute=
 and V and recomputes the blocks' forward after that second all-gather: the core's forward again, no extra
 collective.
 
-Blocks run on torch's fused CPU flash-attention kernel (``aten._scaled_dot_product_flash_attention_for_cpu``
-and its backward, which return and take the log-sum-exp) on the CPU, and on :class:`MathBlocks` (the same
-blocks in plain torch, scores materialised per block; the reference the tests compare against) elsewhere.
+Blocks run on torch's fused flash-attention kernels, which return and take the log-sum-exp: the CPU's
+(``aten._scaled_dot_product_flash_attention_for_cpu`` and its backward) on the CPU, CUDA's
+(``aten._scaled_dot_product_flash_attention``; bf16/fp16, head dim <= 256) on GPUs and on the meta device of the
+memory replay, and otherwise :class:`MathBlocks` (the same blocks in plain torch, scores materialised per block;
+the reference the tests compare against).
 Attention dropout is not supported under context parallelism (a one-line error).
 
 :func:`apply_context_parallel` swaps a stage's modules: every layer's attention core for
@@ -108,6 +110,47 @@ class FlashCPUBlocks:
     def backward(do, q, k, v, o, lse, causal: bool, scale: float):
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             do, q, k, v, o, lse, 0.0, causal, scale=scale)
+
+
+class FlashCUDABlocks:
+    """torch's fused flash-attention kernel for CUDA (bf16 or fp16, head dim at most 256), which also runs on the
+    meta device (the memory replay). The kernel takes as many K/V heads as query heads: grouped K and V are
+    repeated for it and their gradients summed back over each group."""
+
+    @staticmethod
+    def _heads(x: torch.Tensor, g: int) -> torch.Tensor:
+        return x.repeat_interleave(g, dim=1) if g > 1 else x
+
+    @staticmethod
+    def forward(q, k, v, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        g = q.shape[1] // k.shape[1]
+        out = torch.ops.aten._scaled_dot_product_flash_attention(
+            q, FlashCUDABlocks._heads(k, g), FlashCUDABlocks._heads(v, g), 0.0, causal, scale=scale)
+        return out[0], out[1]
+
+    @staticmethod
+    def backward(do, q, k, v, o, lse, causal: bool, scale: float):
+        b, h, m, d = q.shape
+        kv, n = k.shape[1], k.shape[2]
+        g = h // kv
+        unused = torch.empty(2, dtype=torch.uint64, device=q.device), torch.empty((), dtype=torch.uint64,
+                                                                                  device=q.device)  # no dropout
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_backward(
+            do, q, FlashCUDABlocks._heads(k, g), FlashCUDABlocks._heads(v, g), o, lse, None, None, m, n, 0.0, causal,
+            *unused, scale=scale)
+        if g > 1:
+            dk, dv = dk.view(b, kv, g, n, d).sum(2), dv.view(b, kv, g, n, d).sum(2)
+        return dq, dk, dv
+
+
+def block_kernel(q: torch.Tensor) -> Any:
+    """The blocks' kernel for ``q``: the CPU's flash kernel, CUDA's (half precision, head dim <= 256; the meta
+    device too), or :class:`MathBlocks`."""
+    if q.device.type == "cpu":
+        return FlashCPUBlocks
+    if q.device.type in ("cuda", "meta") and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] <= 256:
+        return FlashCUDABlocks
+    return MathBlocks
 
 
 class MathBlocks:
@@ -240,7 +283,7 @@ class ContextParallelAttention(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         b, s, h, d = q.shape
-        impl = FlashCPUBlocks if q.device.type == "cpu" else MathBlocks
+        impl = block_kernel(q)
         o = _AllGatherAttention.apply(q, k, v, self.group, self.cp, self.chunks, self.recompute, impl)
         return o.reshape(b, s, h * d)
 

@@ -6,6 +6,8 @@
   weights; NCCL, one rank): first/last loss;
 * ``fp32_vs_cpu``: 3 steps of an fp32 plan on the GPU and on the CPU: largest relative loss difference;
 * ``resume``: torchrun + NCCL, checkpoint at step 2 of 4, resume, losses equal to an uninterrupted run;
+* ``cp_blocks``: context parallelism's attention blocks on CUDA's flash kernel (bf16, grouped K/V) against the
+  math blocks in fp32, forward and backward: largest difference relative to the largest value;
 * ``throughput``: the llama-1b preset (seq 4096, micro-batch 2, bf16), tokens/s, MFU and peak memory,
   the shape of the peer baselines in ``shared/bench``.
 """
@@ -56,6 +58,34 @@ def _train(args: list[str], torchrun: bool = False, cpu: bool = False) -> list[d
     return [json.loads(x) for x in out.read_text().splitlines()]
 
 
+def _cp_blocks() -> float:
+    """FlashCUDABlocks against MathBlocks (fp32) on rank 0 of cp=2: output, dq, dk, dv."""
+    import torch
+
+    from runtime.parallel.context_parallel import (
+        FlashCUDABlocks,
+        MathBlocks,
+        blocks_backward,
+        blocks_forward,
+        local_chunks,
+    )
+
+    torch.manual_seed(0)
+    b, s, heads, kv, d, scale = 2, 512, 8, 2, 64, 0.125
+    q = torch.randn(b, heads, s // 2, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(b, kv, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    do = torch.randn_like(q)
+    worst = 0.0
+    for impl, dt in ((FlashCUDABlocks, torch.bfloat16), (MathBlocks, torch.float32)):
+        o, lse = blocks_forward(impl, q.to(dt), k.to(dt), v.to(dt), local_chunks(2, 0), scale)
+        got = [o, *blocks_backward(impl, do.to(dt), q.to(dt), k.to(dt), v.to(dt), o, lse, local_chunks(2, 0), scale)]
+        if impl is FlashCUDABlocks:
+            flash = got
+    for a, ref in zip(flash, got):
+        worst = max(worst, float((a.float() - ref.float()).abs().max() / ref.float().abs().max()))
+    return worst
+
+
 def main() -> None:
     import torch
 
@@ -79,6 +109,7 @@ def main() -> None:
                      # flash attention's backward is not bit-deterministic on GPUs: compare with a tolerance
                      "max_rel_diff": max(abs(a["loss"] - b["loss"]) / abs(b["loss"])
                                          for a, b in zip(whole[2:], rest))}
+    res["cp_blocks"] = _cp_blocks()
     if "--skip-throughput" not in sys.argv:
         toks = tmp / "rand.npy"
         np.save(toks, np.random.default_rng(0).integers(0, 32000, 4_000_000).astype(np.uint16))

@@ -20,7 +20,9 @@ import torch.nn.functional as F
 from cost_models.memory import layer_activation_bytes
 from runtime.parallel.context_parallel import (
     FlashCPUBlocks,
+    FlashCUDABlocks,
     MathBlocks,
+    block_kernel,
     blocks_backward,
     blocks_forward,
     local_chunks,
@@ -72,6 +74,22 @@ def test_blocks_are_causal_attention_over_the_whole_sequence(impl, cp, heads, kv
         dv += c.double()
     for got, ref in ((dq, q.grad), (dk, k.grad), (dv, v.grad)):
         assert torch.allclose(got, ref, atol=1e-5)
+
+
+def test_cuda_flash_blocks_take_grouped_kv_and_run_where_they_should():
+    """CUDA's flash kernel (numerics: tests/runtime/gpu_smoke.py on a GPU) has meta kernels: on the meta device the
+    blocks give the shapes and dtypes the math blocks give, grouped K/V gradients summed back to their heads; the
+    kernel is chosen by device and dtype."""
+    b, s, cp, heads, kv, d = 1, 64, 2, 8, 2, 16
+    q = torch.empty(b, heads, s // cp, d, device="meta", dtype=torch.bfloat16)
+    k, v = (torch.empty(b, kv, s, d, device="meta", dtype=torch.bfloat16) for _ in range(2))
+    o, lse = blocks_forward(FlashCUDABlocks, q, k, v, local_chunks(cp, 0), 0.25)
+    assert (o.shape, o.dtype, lse.shape, lse.dtype) == (q.shape, q.dtype, (b, heads, s // cp), torch.float32)
+    grads = blocks_backward(FlashCUDABlocks, o, q, k, v, o, lse, local_chunks(cp, 0), 0.25)
+    assert [(g.shape, g.dtype) for g in grads] == [(t.shape, t.dtype) for t in (q, k, v)]
+    assert block_kernel(q) is FlashCUDABlocks and block_kernel(q.float()) is MathBlocks
+    assert block_kernel(torch.empty(1, 1, 1, 512, device="meta", dtype=torch.bfloat16)) is MathBlocks  # head dim
+    assert block_kernel(torch.empty(1, 1, 1, 8)) is FlashCPUBlocks
 
 
 def test_runtime_executes_context_parallel_plans():
