@@ -144,6 +144,8 @@ class Attention(nn.Module):
         q, k, v = q.view(b, s, nq, hd), k.view(b, s, nkv, hd), v.view(b, s, nkv, hd)
         if self.rope is not None:
             q, k = kernels.rope(q, k, *self.rope(s, q.device))
+            # q and k are new tensors now; a view v would keep the whole fused output alive for the backward
+            v = v.contiguous()
         return self.proj(self.core(q, k, v))
 
 
