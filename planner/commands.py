@@ -269,6 +269,7 @@ def run_command(args: argparse.Namespace) -> int:
     try:
         from runtime.data import cache_dir
         from runtime.launch import launch
+        from runtime.options import launch_options
     except ImportError as err:
         raise AutoparError(f"`autopar run` needs PyTorch: pip install torch ({err.name} is missing)") from None
     plan_path = args.plan
@@ -279,11 +280,8 @@ def run_command(args: argparse.Namespace) -> int:
     if plan_path is None:
         plan_path = str(_plan_default(cache_dir() / "default-plan.json"))
     fresh = _fresh_prediction(plan_path)
-    return launch(plan_path=plan_path, steps=args.steps, data=args.data, metrics_out=args.metrics_out,
-                  checkpoint_dir=args.checkpoint_dir, resume=args.resume, dry_run=args.dry_run,
-                  checkpoint_every=args.checkpoint_every, predicted_step_s=fresh and fresh.step_time_s,
-                  predicted_memory_GiB=fresh and fresh.memory_GiB, max_restarts=args.max_restarts,
-                  mtbf_hours=args.mtbf_hours, collective_timeout=args.collective_timeout)
+    return launch(plan_path=plan_path, predicted_step_s=fresh and fresh.step_time_s,
+                  predicted_memory_GiB=fresh and fresh.memory_GiB, **launch_options(args))
 
 
 def _replan(args: argparse.Namespace) -> str:

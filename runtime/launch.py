@@ -19,7 +19,7 @@ from pathlib import Path
 
 from runtime.data import SAMPLE_TEXT, TokenData
 from runtime.metrics import last_step
-from runtime.options import add_run_arguments, check_run_options
+from runtime.options import add_run_arguments, check_run_options, launch_options
 from specs.errors import AutoparError
 from specs.planfile import PlanFile, load_plan
 
@@ -201,8 +201,9 @@ def main(argv: list[str] | None = None) -> int:
         if a.plan is None:
             raise AutoparError("give a plan file (`autopar plan ... --out plan.json`); `autopar run` with no plan "
                                "plans and trains a tiny default model")
-        return launch(a.plan, a.steps, a.data, a.metrics_out, a.checkpoint_dir, a.resume,
-                      checkpoint_every=a.checkpoint_every, dry_run=a.dry_run)
+        if a.replan or a.gpus is not None:
+            raise AutoparError("--replan and --gpus plan again: use `autopar run --resume --replan --gpus N`")
+        return launch(a.plan, **launch_options(a))
     except AutoparError as err:
         print(f"autopar: error: {err}", file=sys.stderr)
         return err.exit_code

@@ -36,7 +36,15 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --resume and --gpus: plan the checkpoint's run again for the GPUs there are now (same "
                         "model and global batch), write that plan beside the checkpoints and continue under it")
     p.add_argument("--gpus", type=int, help="with --replan: how many GPUs (ranks) to plan for")
+    p.add_argument("--quiet", action="store_true", help="no progress lines (errors and the metrics file stay)")
     p.add_argument("--dry-run", action="store_true", help="print the launch command and exit")
+
+
+def launch_options(a: argparse.Namespace) -> dict[str, object]:
+    """The keyword arguments of ``runtime.launch.launch`` that the run arguments give (all but the plan)."""
+    return dict(steps=a.steps, data=a.data, metrics_out=a.metrics_out, checkpoint_dir=a.checkpoint_dir,
+                resume=a.resume, dry_run=a.dry_run, checkpoint_every=a.checkpoint_every, quiet=a.quiet,
+                max_restarts=a.max_restarts, mtbf_hours=a.mtbf_hours, collective_timeout=a.collective_timeout)
 
 def check_run_options(plan: PlanFile, steps: int | None, checkpoint_dir: str | None, checkpoint_every: int | None,
                       metrics_out: str | None, resume: bool, max_restarts: int = 0,

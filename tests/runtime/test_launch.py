@@ -218,6 +218,16 @@ def test_dry_run_prints_the_torchrun_command(tmp_path, capsys):
     assert not new.exists()
     out = capsys.readouterr().out
     assert "torch.distributed.run --standalone --nproc-per-node 4 -m runtime.train" in out
+    # both command lines pass every run option on to the workers (one reading of them, runtime.options)
+    from runtime.launch import main as launch_main
+
+    argv = [path, "--dry-run", "--quiet", "--max-restarts", "2", "--checkpoint-dir", str(tmp_path / "ck"),
+            "--collective-timeout", "77", "--mtbf-hours", "5"]
+    for command in (lambda: main(["run", *argv]), lambda: launch_main(argv)):
+        assert command() == 0
+        out = capsys.readouterr().out
+        assert "--max-restarts 2" in out and "--collective-timeout 77" in out and "--mtbf-hours 5" in out, out
+        assert out.rstrip().endswith("--quiet"), out
 
 
 def test_train_entry_point_errors_and_single_rank_run(tmp_path):
