@@ -4,7 +4,9 @@ The table comes from :func:`specs.schedules.build_schedule` — the very table t
 and is executed action by action: ``F(mb, chunk)`` receives the activation of virtual stage ``v - 1`` (or
 embeds the tokens), runs the chunk and sends its output on (or computes the loss on the last stage);
 ``B(mb, chunk)`` receives the output gradient (or starts from the loss), runs backward and sends the input
-gradient back. Sends are asynchronous and waited at the end of the step; receives block. Activations and
+gradient back. Sends are asynchronous (a completed one is let go at the next send, the rest waited at the end of
+the step); receives block. A sent output's values are freed at once (:func:`release`): its backward needs only
+its place in the autograd graph. Activations and
 gradients travel on separate process groups so each stays a FIFO in table order (NCCL matches p2p in
 order, not by tag).
 
@@ -49,6 +51,8 @@ class P2P:
         t = t.contiguous()
         if self._sliced(t.numel()):
             t = t.view(self.tp, -1)[self.tp_rank].contiguous()
+        # a completed send's Work lets go of its tensor: keep only those still in flight
+        self._sends = [w for w in self._sends if not w.is_completed()]
         self._sends.append(dist.isend(t, dst=dst, group=group))
 
     def recv(self, shape: Sequence[int], dtype: torch.dtype, device: torch.device, src: int,
@@ -66,6 +70,21 @@ class P2P:
         for w in self._sends:
             w.wait()
         self._sends.clear()
+
+
+def release(y: torch.Tensor) -> None:
+    """Free a sent stage output's values, keeping its place in the autograd graph (what its backward starts from):
+    nothing needs them (a stage ends in a residual add, which saves no output), and the send holds its own
+    reference until it completes. Megatron does the same (``deallocate_output_tensor``)."""
+    y.data = torch.empty((1,), dtype=y.dtype, device=y.device)
+
+
+def backward_from(y: torch.Tensor, dy: torch.Tensor) -> None:
+    """``y.backward(dy)`` for a released ``y`` (its shape is no longer ``dy``'s, which ``Tensor.backward`` checks):
+    the autograd engine run directly, as Megatron's ``custom_backward``."""
+    torch.autograd.Variable._execution_engine.run_backward(  # type: ignore[attr-defined]
+        tensors=(y,), grad_tensors=(dy,), keep_graph=False, create_graph=False, inputs=(), allow_unreachable=True,
+        accumulate_grad=True)
 
 
 def last_backward(schedule: Sequence[Action]) -> dict[int, int]:
@@ -91,7 +110,7 @@ class PipelineRunner:
     def step(self, inputs: Sequence[torch.Tensor], targets: Sequence[torch.Tensor]) -> torch.Tensor:
         """Run the table; returns the sum of the micro-batch losses on the last stage (0 elsewhere)."""
         g, pp, r = self.g, self.cfg.pp, self.g.pp_rank
-        saved: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        saved: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, torch.Size]] = {}
         loss_sum = torch.zeros((), device=self.device)
         phase = self.clock.phase
         for i, a in enumerate(self.schedule):
@@ -107,15 +126,17 @@ class PipelineRunner:
                     x = buf.to(self.param_dtype).requires_grad_()
                 with phase("forward"):
                     y = self.chunks[a.chunk](x, targets[a.microbatch] if last else None)
+                shape = y.shape
                 if last:
                     loss_sum += y.detach().float()
                     y = y / self.m  # the step's loss is the mean over micro-batches
                 else:
                     with phase("p2p_send"):
                         self.p2p.send(y.detach().to(self.act_dtype), g.pp_peer(r + 1), g.act_group)
-                saved[(a.microbatch, a.chunk)] = (x, y)
+                    release(y)
+                saved[(a.microbatch, a.chunk)] = (x, y, shape)
             else:
-                x, y = saved.pop((a.microbatch, a.chunk))
+                x, y, shape = saved.pop((a.microbatch, a.chunk))
                 if self.on_backward is not None:
                     self.on_backward(a.chunk, i == self.final_b[a.chunk])
                 if last:
@@ -123,9 +144,9 @@ class PipelineRunner:
                         y.backward()
                 else:
                     with phase("p2p_wait"):
-                        dy = self.p2p.recv(y.shape, self.act_dtype, self.device, g.pp_peer(r + 1), g.grad_group)
+                        dy = self.p2p.recv(shape, self.act_dtype, self.device, g.pp_peer(r + 1), g.grad_group)
                     with phase("backward"):
-                        y.backward(dy.to(y.dtype))
+                        backward_from(y, dy.to(self.param_dtype))
                 if not first:
                     with phase("p2p_send"):
                         self.p2p.send(x.grad.to(self.act_dtype), g.pp_peer(r - 1), g.grad_group)
