@@ -159,7 +159,7 @@ def _group(model: ModelSpec, state: StateSpec, c: Candidates, terms: LayerTerms,
     layers = np.array(split.stage_layers(model.num_layers), dtype=float)
     full = np.array([split.recomputed_layers(j, int(n)) for j, n in enumerate(layers)], dtype=float)
     recomputed = np.where(g.recompute[:, None] == FULL, full[None, :], 0.0)
-    one, each = distinct(g.tp, g.cp, g.dp, g.mbs, g.sp, g.recompute, g.zero >= 2)
+    one, each = distinct(g.tp, g.cp, g.dp, g.mbs, g.sp, g.recompute, g.zero >= 2, g.ep, g.etp)
     held = stage_state(model, state, g.take(one), lt.take(one), layers, recomputed[one])
     return _Group(idx, g, lt, layers, recomputed, microbatches(global_batch, g.dp, g.mbs), held, one, each)
 
@@ -169,7 +169,7 @@ def _memory(grp: _Group, state: StateSpec, backend: str) -> np.ndarray:
     its per-layer buckets) or the overlaps: it is worked out once for them all."""
     held = grp.held
     load = rank_load(grp.pp, grp.vpp, grp.m[grp.one], held.params, held.act_bytes, held.work_bytes,
-                     held.largest_bucket)
+                     held.largest_bucket, held.expert_params)
     one, each = distinct(grp.each, grp.c.zero)
     peak = rank_memory(grp.c.take(one), state, backend, load.take(grp.each[one])).total.max(axis=1) / GiB
     return peak[each]

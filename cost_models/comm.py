@@ -102,7 +102,23 @@ class CommModel:
         return nb * collective(np.asarray(nbytes, dtype=float) / nb, size, stride)
 
     def all_to_all(self, nbytes: ArrayLike, size: ArrayLike, stride: ArrayLike = 1) -> np.ndarray:
-        return self._collective("all_to_all", nbytes, size, stride, 1.0)
+        """All-to-all of ``nbytes`` sent by every member (1/n to each): not a ring, every member talks to every
+        other at once, so the (n - k)/n of its data bound for other nodes goes over its own NIC share while the
+        (k - 1)/n for its node's members goes over NVLink; one latency per peer node. A measured fit replaces it."""
+        nbytes = np.asarray(nbytes, dtype=float)
+        n = np.asarray(size, dtype=float)
+        k, nodes = self.placement(n, stride)
+        inside = nbytes * (k - 1) / np.maximum(n, 1) / self.bw_intra
+        across = nbytes * (n - k) / np.maximum(n, 1) / self.bw_nic
+        t = np.maximum(inside, across) + self.lat_intra + np.where(nodes > 1, (nodes - 1) * self.lat_inter, 0.0)
+        fit = self.fits.get("all_to_all") or {}
+        extra = np.maximum(n - 2.0, 0.0)
+        factor = (n - 1) / np.maximum(n, 1)
+        if fit.get("intra"):
+            t = np.where(nodes <= 1, self._fit_time(fit["intra"], nbytes, factor, extra), t)
+        if fit.get("inter"):
+            t = np.where(nodes > 1, self._fit_time(fit["inter"], nbytes, factor, extra), t)
+        return np.where(n > 1, t, 0.0)
 
     def p2p(self, nbytes: ArrayLike, cross_node: ArrayLike) -> np.ndarray:
         """One send/recv between neighbouring pipeline stages (every GPU of the node sending at once)."""

@@ -9,6 +9,8 @@ and the context-parallel all-gather of K/V. What overlaps:
   GEMM it feeds (or that feeds it), leaving max(one chunk, collective - GEMM) exposed.
 - CP (the runtime's runtime/parallel/context_parallel.py): the all-gather of the whole sequence's K and V is
   exposed in the forward; the backward gathers them again and reduce-scatters dK and dV, both exposed.
+A model with MoE layers is priced as its average layer: the MoE layers' share (``ModelSpec.moe_fraction``) of the
+routed part (cost_models/moe.py) and of the shared experts, the rest of the dense MLP (docs/cost_model.md).
 All quantities broadcast over numpy arrays of configurations.
 """
 
@@ -20,6 +22,7 @@ import numpy as np
 
 from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
+from cost_models.moe import mlp_mix, moe_cost
 from specs.model import ModelSpec
 
 
@@ -32,6 +35,7 @@ class LayerCost:
     core_fwd: np.ndarray  # the attention core's forward (what selective recompute repeats)
     comm_fwd: np.ndarray  # exposed TP + CP communication in forward
     comm_bwd: np.ndarray  # exposed TP + CP communication in backward
+    ep_comm: np.ndarray | float = 0.0  # of the two above, the MoE layers' all-to-all (and etp) communication
 
 
 # The tensor-parallel collectives of one layer per micro-batch, in order: (pass, op with sequence parallelism, op
@@ -90,8 +94,10 @@ def _overlap(comm: np.ndarray, gemm: np.ndarray, t: np.ndarray, on: np.ndarray) 
     return np.where(on, hidden, comm)
 
 
-def layer_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, sp, tp_overlap) -> LayerCost:
-    """Per-layer cost for tensor parallel ``t``, context parallel ``cp``, micro-batch ``mbs`` (arrays)."""
+def layer_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, sp, tp_overlap, ep=1, etp=1
+               ) -> LayerCost:
+    """Per-layer cost for tensor parallel ``t``, context parallel ``cp``, micro-batch ``mbs``, expert parallel
+    ``ep`` and ``etp`` (arrays)."""
     t, cp, mbs = (np.asarray(x, dtype=float) for x in (t, cp, mbs))
     sp = np.asarray(sp, dtype=bool) & (t > 1)
     ovl = np.asarray(tp_overlap, dtype=bool) & sp
@@ -109,12 +115,22 @@ def layer_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, 
         gemm = {"qkv": (g_fwd / 4, g_bwd / 4), "proj": (g_fwd / 4, g_bwd / 4),
                 "mlp_in": (g_fwd / 4, g_bwd / 4), "mlp_out": (g_fwd / 4, g_bwd / 4)}
     else:
-        mlp_in = 2 * f if model.arch == "llama" else f
+        dense_w, shared_w, fs = mlp_mix(model)
+        gated = 2 if model.arch == "llama" else 1
+
+        def mlp(width: int, name: str):  # the average layer's tensor-parallel MLP GEMM (dense and shared experts)
+            def one(w: int):
+                return (cm.gemm_fwd_bwd(T, gated * w / t, h) if name == "mlp_in" else cm.gemm_fwd_bwd(T, h, w / t))
+            d = one(width)
+            if not shared_w:
+                return tuple(dense_w * a for a in d)
+            return tuple(dense_w * a + shared_w * b for a, b in zip(d, one(fs)))
+
         gemm = {
             "qkv": cm.gemm_fwd_bwd(T, (qw + 2 * kw) / t, h),
             "proj": cm.gemm_fwd_bwd(T, h, qw / t),
-            "mlp_in": cm.gemm_fwd_bwd(T, mlp_in / t, h),
-            "mlp_out": cm.gemm_fwd_bwd(T, h, f / t),
+            "mlp_in": mlp(f, "mlp_in"),
+            "mlp_out": mlp(f, "mlp_out"),
         }
     gemm_fwd = sum(g[0] for g in gemm.values())
     gemm_bwd = sum(g[1] for g in gemm.values())
@@ -139,7 +155,8 @@ def layer_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, 
         core_b = qk_b + av_b + soft_b + drop_b
 
     # ---- memory-bound ops -------------------------------------------------------------------------
-    ffw = T * f / t  # activation-function elements
+    dense_w, shared_w, fs = mlp_mix(model)
+    ffw = T * (dense_w * f + shared_w * fs) / t  # activation-function elements (the tensor-parallel MLPs)
     if model.arch == "gpt":
         ew_f = cm.memory(2 * n_sp * 2 * eb, 2)  # two LayerNorms
         ew_b = cm.memory(2 * n_sp * 3 * eb, 4)  # their backward (dx, then dgamma/dbeta reduce)
@@ -169,13 +186,15 @@ def layer_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, 
     msg = tp_message_bytes(model, eb, mbs, cp)
     one = _collectives(comm, msg, t, 1)  # each op's time for one activation over tp
     tp = {"fwd": 0.0, "bwd": 0.0}
+    mlp_w = dense_w + shared_w  # the MoE layers without shared experts have no tensor-parallel MLP collectives
+    share = {"qkv": 1.0, "proj": 1.0, "mlp_in": mlp_w, "mlp_out": mlp_w}
     for ps, with_sp, without, g in TP_LAYER_OPS:  # tp_overlap: backward pieces pipeline with half the GEMM (dgrad)
-        beside = gemm[g][0] if ps == "fwd" else gemm[g][1] / 2
+        beside = (gemm[g][0] if ps == "fwd" else gemm[g][1] / 2) / max(share[g], 1e-12)
         plain = one[without] if without else 0.0
-        tp[ps] = tp[ps] + np.where(sp, _overlap(one[with_sp], beside, t, ovl), plain)
+        tp[ps] = tp[ps] + share[g] * np.where(sp, _overlap(one[with_sp], beside, t, ovl), plain)
     for ps, op, g in SP_REGATHER_OPS:  # beside the input-gradient GEMM, less what tp_overlap's ring already hides
-        free = np.maximum(0.0, gemm[g][1] / 2 - np.where(ovl, one["reduce_scatter"], 0.0))
-        tp[ps] = tp[ps] + np.where(sp, np.maximum(0.0, one[op] - free), 0.0)
+        free = np.maximum(0.0, gemm[g][1] / 2 / max(share[g], 1e-12) - np.where(ovl, one["reduce_scatter"], 0.0))
+        tp[ps] = tp[ps] + share[g] * np.where(sp, np.maximum(0.0, one[op] - free), 0.0)
     kv = _collectives(comm, kv_bytes(model, eb, mbs, t), cp, t)  # over the cp group (stride t)
     cpc = {"fwd": 0.0, "bwd": 0.0}
     for ps, op in CP_LAYER_OPS:
@@ -184,6 +203,12 @@ def layer_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, 
 
     fwd = gemm_fwd + core_f + ew_f
     bwd = gemm_bwd + core_b + ew_b
+    if model.moe is not None:  # the MoE layers' routed part
+        mc, phi = moe_cost(model, cm, comm, t, cp, mbs, ep, etp), model.moe_fraction
+        fwd, bwd = fwd + phi * mc.fwd, bwd + phi * mc.bwd
+        tp_f, tp_b = tp_f + phi * mc.comm_fwd, tp_b + phi * mc.comm_bwd
+        return LayerCost(fwd=fwd, bwd=bwd, core_fwd=core_f, comm_fwd=tp_f + cp_f, comm_bwd=tp_b + cp_b,
+                         ep_comm=phi * (mc.comm_fwd + mc.comm_bwd))
     return LayerCost(fwd=fwd, bwd=bwd, core_fwd=core_f, comm_fwd=tp_f + cp_f, comm_bwd=tp_b + cp_b)
 
 

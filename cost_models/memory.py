@@ -19,10 +19,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from cost_models.arrays import by_value
+from cost_models.moe import mlp_mix, moe_bytes
 from cost_models.params import per_rank
 from cost_models.pipeline import peak_inflight_bytes
 from specs.model import ModelSpec
-from specs.parallel import RECOMPUTE_CODE, Candidates
+from specs.parallel import RECOMPUTE_CODE, Candidates, edp
 from specs.schedules import repeating_from
 from specs.state import StateSpec
 
@@ -32,10 +33,11 @@ RESERVED_GIB = {"nccl": 1.0, "gloo": 0.1}
 FRAGMENTATION = 0.05
 
 
-def layer_activation_bytes(model: ModelSpec, eb: int, t, cp, mbs, sp, recompute
+def layer_activation_bytes(model: ModelSpec, eb: int, t, cp, mbs, sp, recompute, ep=1, etp=1
                            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per layer, per micro-batch: (bytes stored without full recompute, bytes stored with full
-    recompute, bytes materialised while the layer's backward runs). ``recompute`` 1 = selective, 2 = full."""
+    recompute, bytes materialised while the layer's backward runs). ``recompute`` 1 = selective, 2 = full.
+    A model with MoE layers: the average layer, the MoE layers' share of their routed part (cost_models/moe.py)."""
     t, cp, mbs = (np.asarray(x, dtype=float) for x in (t, cp, mbs))
     sp = np.asarray(sp, dtype=bool) & (t > 1)
     rc = np.asarray(recompute)
@@ -45,6 +47,8 @@ def layer_activation_bytes(model: ModelSpec, eb: int, t, cp, mbs, sp, recompute
     T = mbs * s / cp
     shard = np.where(sp, t, 1.0)
     mask = 1.0 if model.dropout_p > 0 else 0.0
+    dense_w, shared_w, fs = mlp_mix(model)
+    mlp_width = dense_w * f + shared_w * fs  # the tensor-parallel MLPs of the average layer
     if model.block is not None:
         full = T * model.block.act_bytes_per_token * (eb / 2.0) / t
         core = np.zeros_like(full)
@@ -57,11 +61,14 @@ def layer_activation_bytes(model: ModelSpec, eb: int, t, cp, mbs, sp, recompute
         else:
             attn = eb * (qw + kw + kw + qw) / t  # Q and K (for QK^T), V, context (input of the projection)
             core = (heads / t) * s * (eb + (1 + eb) * mask)  # softmax output, dropout mask and output
-        mlp = (2 if model.arch == "gpt" else 3) * eb * f / t  # GeLU in/out, or gate, up, SwiGLU out
+        mlp = (2 if model.arch == "gpt" else 3) * eb * mlp_width / t  # GeLU in/out, or gate, up, SwiGLU out
         full = T * (region + attn + mlp + np.where(rc == SELECTIVE, 0.0, core))
         core = T * core
     ckpt = T * eb * h / shard  # layer input only
-    work = T * eb * (2 * h / shard + 2 * f / t)  # gradient buffers alive during one layer's backward
+    work = T * eb * (2 * h / shard + 2 * mlp_width / t)  # gradient buffers alive during one layer's backward
+    if model.moe is not None:
+        routed_act, routed_work = moe_bytes(model, eb, t, cp, mbs, ep, etp)
+        full, work = full + model.moe_fraction * routed_act, work + model.moe_fraction * routed_work
     # context parallelism's attention backward: K and V all-gathered again (the whole sequence), their gradients
     # summed over the blocks in fp32 (the whole sequence) and the local queries' in fp32 (runtime/parallel/
     # context_parallel.py)
@@ -135,16 +142,18 @@ class RankLoad:
     activations: np.ndarray
     work: np.ndarray
     largest_bucket: np.ndarray
+    expert_params: np.ndarray  # of ``params``, the routed experts'
 
     def take(self, idx: np.ndarray) -> RankLoad:
-        return RankLoad(self.params[idx], self.activations[idx], self.work[idx], self.largest_bucket[idx])
+        return RankLoad(self.params[idx], self.activations[idx], self.work[idx], self.largest_bucket[idx],
+                        self.expert_params[idx])
 
 
 def rank_load(pp: int, vpp: int, m: np.ndarray, params: np.ndarray, act_bytes: np.ndarray, work_bytes: np.ndarray,
-              largest_bucket: np.ndarray) -> RankLoad:
+              largest_bucket: np.ndarray, expert_params: np.ndarray) -> RankLoad:
     """Each rank's load of candidates with one pp and vpp and ``m`` micro-batches each ([N]) from, per virtual
     stage ([N, pp * vpp]), the parameters, activation bytes per micro-batch in flight, the temporary bytes of a
-    backward and the largest per-layer bucket."""
+    backward, the largest per-layer bucket and the routed experts' parameters."""
     n = len(params)
     m = np.minimum(np.asarray(m), repeating_from(pp))  # more only repeat the peak
     peak = np.zeros((n, pp))
@@ -152,12 +161,15 @@ def rank_load(pp: int, vpp: int, m: np.ndarray, params: np.ndarray, act_bytes: n
         peak[rows] = peak_inflight_bytes(pp, vpp, int(mi), act_bytes[rows])
     return RankLoad(params=per_rank(params, pp, vpp).sum(axis=2), activations=peak,
                     work=per_rank(work_bytes, pp, vpp).max(axis=2),
-                    largest_bucket=per_rank(largest_bucket, pp, vpp).max(axis=2))
+                    largest_bucket=per_rank(largest_bucket, pp, vpp).max(axis=2),
+                    expert_params=per_rank(expert_params, pp, vpp).sum(axis=2))
 
 
 def rank_memory(c: Candidates, state: StateSpec, backend: str, load: RankLoad) -> RankMemory:
     """Every rank's peak memory for candidates ``c`` (one pp and vpp) holding ``load``."""
-    st = state_bytes(load.params, c.zero[:, None], (c.dp * c.cp)[:, None], state)
+    dense = state_bytes(load.params - load.expert_params, c.zero[:, None], (c.dp * c.cp)[:, None], state)
+    experts = state_bytes(load.expert_params, c.zero[:, None], edp(c.dp, c.cp, c.tp, c.ep, c.etp)[:, None], state)
+    st = StateBytes(*(a + b for a, b in zip(vars(dense).values(), vars(experts).values())))
     temp = load.work + zero3_gather_bytes(load.largest_bucket, c.zero[:, None], state)
     dynamic = load.activations + temp
     reserved = RESERVED_GIB.get(backend, 1.0) * GiB

@@ -24,20 +24,33 @@ def per_rank(x, pp: int, vpp: int) -> np.ndarray:
     return x.reshape(*x.shape[:-1], vpp, pp).swapaxes(-1, -2)
 
 
-def stage_params(model: ModelSpec, t, layers: np.ndarray) -> np.ndarray:
+def _last(x) -> np.ndarray:
+    """A per-candidate value ([...]) against per-stage arrays ([..., stages])."""
+    return np.asarray(x, dtype=float)[..., None]
+
+
+def stage_params(model: ModelSpec, t, layers: np.ndarray, ep=1, etp=1) -> np.ndarray:
     """Parameters of each virtual stage on one GPU: ``layers`` is [..., stages] layers per stage (broadcast
-    against ``t`` of shape [...]); the first stage holds the embedding, the last the head (with its own copy
-    of a tied embedding when the two are on different stages)."""
+    against ``t``, ``ep`` and ``etp`` of shape [...]); the first stage holds the embedding, the last the head (with
+    its own copy of a tied embedding when the two are on different stages)."""
     layers = np.asarray(layers, dtype=float)
     t = np.asarray(t, dtype=float)[..., None]
     nv = layers.shape[-1]
-    out = layers * model.layer_params_on(t)
+    out = layers * model.layer_params_on(t, _last(ep), _last(etp))
     first, last = end_stages(nv)
     own = (not model.tie_embeddings) or nv > 1
     return out + first * model.embedding_params_on(t) + last * model.head_params_on(t, own)
 
 
-def gradient_groups(model: ModelSpec, t, sp, layers: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def expert_params(model: ModelSpec, layers: np.ndarray, ep, etp) -> np.ndarray:
+    """Of :func:`stage_params`, the routed experts' parameters ([..., stages]): sharded over ep x etp, their gradients
+    reduced (and ZeRO-1's optimizer state sharded) over the expert-data-parallel group."""
+    layers = np.asarray(layers, dtype=float)
+    return layers * model.expert_params_on(_last(ep), _last(etp))
+
+
+def gradient_groups(model: ModelSpec, t, sp, layers: np.ndarray, ep=1, etp=1
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each virtual stage's parameters by how their gradients are reduced ([..., stages] like ``layers``):
     (over data parallelism only, also summed over tensor parallelism, also summed with the other end of the
     pipeline). With sequence parallelism every parameter held whole on the tensor-parallel ranks (norms,
@@ -46,7 +59,7 @@ def gradient_groups(model: ModelSpec, t, sp, layers: np.ndarray) -> tuple[np.nda
     :func:`stage_params`."""
     layers = np.asarray(layers, dtype=float)
     nv = layers.shape[-1]
-    total = stage_params(model, t, layers)
+    total = stage_params(model, t, layers, ep, etp)
     t = np.asarray(t, dtype=float)[..., None]
     first, last = end_stages(nv)
     whole = (layers * model.replicated_layer_params + last * model.head_params_on(1, False)  # + final norm

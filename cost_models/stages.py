@@ -27,7 +27,15 @@ from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
 from cost_models.layer import end_cost, layer_cost
 from cost_models.memory import FULL, SELECTIVE, end_activation_bytes, layer_activation_bytes
-from cost_models.params import end_stages, gradient_buckets, gradient_groups, per_rank, stage_params, zero3_regather
+from cost_models.params import (
+    end_stages,
+    expert_params,
+    gradient_buckets,
+    gradient_groups,
+    per_rank,
+    stage_params,
+    zero3_regather,
+)
 from specs.model import ModelSpec
 from specs.parallel import Candidates
 from specs.state import StateSpec
@@ -38,6 +46,7 @@ class StageState:
     """[N, stages] arrays: what each virtual stage holds on one GPU (all the memory model needs)."""
 
     params: np.ndarray  # parameters on one GPU
+    expert_params: np.ndarray  # of which the routed experts' (reduced over the expert-data-parallel group)
     buckets: np.ndarray  # data-parallel gradient buckets (ZeRO 0/1: by reduce group; ZeRO-2/3: per layer)
     tp_summed: np.ndarray  # parameters whose gradients are also summed over tp (sequence parallelism)
     largest_bucket: np.ndarray  # parameters of the largest per-layer bucket (what ZeRO-3 gathers at once)
@@ -61,6 +70,7 @@ class StageCosts(StageState):
     send_b: np.ndarray  # the blocking send of the input gradient to the previous stage
     zero_f: np.ndarray  # exposed ZeRO-3 parameter gather before the forward
     zero_b: np.ndarray  # exposed ZeRO-2/3 gradient reduce-scatter (+ ZeRO-3 gather) around the backward
+    ep_comm: np.ndarray  # of comm_f + comm_b, the MoE layers' all-to-all (and etp) communication
 
     @property
     def f(self) -> np.ndarray:
@@ -119,6 +129,7 @@ class LayerTerms:
     core_fwd: np.ndarray  # the attention core's forward (what selective recompute repeats)
     comm_f: np.ndarray
     comm_b: np.ndarray
+    ep_comm: np.ndarray  # of comm_f + comm_b, the MoE all-to-alls
     embed_f: np.ndarray
     embed_b: np.ndarray
     head_f: np.ndarray
@@ -137,17 +148,19 @@ def layer_terms(model: ModelSpec, cm: ComputeModel, comm: CommModel, c: Candidat
     """The layer-level terms of every candidate, evaluated once per distinct (tp, cp, mbs, sp, tp_overlap,
     recompute) and scattered back (the search prices hundreds of thousands of candidates)."""
     sp = (c.sp & (c.tp > 1)).astype(np.int64)
-    keys = np.stack([c.tp, c.cp, c.mbs, sp, c.tp_overlap.astype(np.int64), c.recompute], axis=1).astype(np.int64)
+    keys = np.stack([c.tp, c.cp, c.mbs, sp, c.tp_overlap.astype(np.int64), c.recompute, c.ep, c.etp],
+                    axis=1).astype(np.int64)
     first, inv = distinct(*keys.T)
     uniq = keys[first]
-    t, cp, b, s, o, rc = (uniq[:, i] for i in range(6))
-    t, cp, b = t.astype(float), cp.astype(float), b.astype(float)
+    t, cp, b, s, o, rc, ep, etp = (uniq[:, i] for i in range(8))
+    t, cp, b, ep, etp = t.astype(float), cp.astype(float), b.astype(float), ep.astype(float), etp.astype(float)
     s, o = s.astype(bool), o.astype(bool)
-    lc = layer_cost(model, cm, comm, t, cp, b, s, o)
+    lc = layer_cost(model, cm, comm, t, cp, b, s, o, ep, etp)
     ec = end_cost(model, cm, comm, t, cp, b, s)
-    full, ckpt, work = layer_activation_bytes(model, cm.eb, t, cp, b, s, rc)
+    full, ckpt, work = layer_activation_bytes(model, cm.eb, t, cp, b, s, rc, ep, etp)
     emb, head = end_activation_bytes(model, cm.eb, t, cp, b, s)
     parts = dict(fwd=lc.fwd, bwd=lc.bwd, core_fwd=lc.core_fwd, comm_f=lc.comm_fwd, comm_b=lc.comm_bwd,
+                 ep_comm=lc.ep_comm,
                  embed_f=ec.embed_f, embed_b=ec.embed_b, head_f=ec.head_f, head_b=ec.head_b, act_full=full,
                  act_ckpt=ckpt, act_work=work, act_embed=emb, act_head=head)
     return LayerTerms(**{k: np.broadcast_to(np.asarray(v, dtype=float), (len(uniq),))[inv] for k, v in parts.items()})
@@ -190,7 +203,7 @@ def rank_work(model: ModelSpec, comm: CommModel, state: StateSpec, c: Candidates
                                                    by_rank(first), by_rank(last))
     tied = (first + last) if model.tie_embeddings and nv > 1 else 0.0  # as stage_state's per-layer buckets
     buckets = by_rank(np.maximum(1.0, np.asarray(layers, dtype=float)) + tied)
-    rank_params = stage_params(model, c.tp, by_rank(layers))
+    rank_params = stage_params(model, c.tp, by_rank(layers), c.ep, c.etp)
     zero_f, zero_b = zero_traffic(comm, state, rank_params, buckets, fwd, bwd + recompute, _col(c.zero),
                                   _col(c.dp * c.cp), _col(c.tp), c.dp_overlap[:, None])
     return fwd + bwd + recompute + comm_f + comm_b + zero_f + zero_b
@@ -204,19 +217,19 @@ def stage_state(model: ModelSpec, state: StateSpec, c: Candidates, lt: LayerTerm
     t = c.tp.astype(float)
     first, last = end_stages(layers.shape[1])
     rc = _col(c.recompute)
-    plain, summed, tied = gradient_groups(model, t, c.sp & (c.tp > 1), layers)
+    plain, summed, tied = gradient_groups(model, t, c.sp & (c.tp > 1), layers, c.ep, c.etp)
     params = plain + summed + tied
     per_layer = (_col(c.zero) >= 2) & (_col(c.dp * c.cp) > 1)  # ZeRO-2/3: a bucket per layer (ends in the first
     # and last; a split tied embedding reduced on its own besides)
     buckets = np.where(per_layer, np.maximum(1.0, layers) + (tied > 0),
                        gradient_buckets((plain, summed, tied), state.bucket_params))
-    largest = params - np.maximum(layers - 1, 0.0) * model.layer_params_on(_col(t))
+    largest = params - np.maximum(layers - 1, 0.0) * model.layer_params_on(_col(t), _col(c.ep), _col(c.etp))
     act_bytes = (layers - recomputed) * _col(lt.act_full) + recomputed * _col(lt.act_ckpt) + first * _col(lt.act_embed)
     # a backward's temporaries; under full recompute they hold a rematerialised layer only where one is recomputed
     work = _col(lt.act_work) - np.where((rc == FULL) & (recomputed == 0), _col(lt.act_full), 0.0)
     work_bytes = np.maximum(np.where(layers > 0, work, 0.0), last * _col(lt.act_head))
-    return StageState(params=params, buckets=buckets, tp_summed=summed, largest_bucket=largest, act_bytes=act_bytes,
-                      work_bytes=work_bytes)
+    return StageState(params=params, expert_params=expert_params(model, layers, c.ep, c.etp), buckets=buckets,
+                      tp_summed=summed, largest_bucket=largest, act_bytes=act_bytes, work_bytes=work_bytes)
 
 
 def stage_costs(model: ModelSpec, comm: CommModel, state: StateSpec, c: Candidates, lt: LayerTerms,
@@ -243,4 +256,4 @@ def stage_costs(model: ModelSpec, comm: CommModel, state: StateSpec, c: Candidat
                                   _col(c.dp * c.cp), _col(t), c.dp_overlap[:, None], _col(zero3_regather(model, t, nv)))
     return StageCosts(**{f.name: getattr(held, f.name) for f in fields(StageState)}, fwd=fwd, bwd=bwd,
                       recompute=recompute, comm_f=comm_f, comm_b=comm_b, send_f=send_f, send_b=send_b, zero_f=zero_f,
-                      zero_b=zero_b)
+                      zero_b=zero_b, ep_comm=layers * _col(lt.ep_comm))

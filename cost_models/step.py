@@ -83,7 +83,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global
     ms = np.array([m])
     tail = rank_tail(model, cm, comm, state, c, costs, replayed(sim), ms, cluster.num_gpus)
     mem = rank_memory(c, state, cluster.backend,
-                      rank_load(pp, vpp, ms, costs.params, costs.act_bytes, costs.work_bytes, costs.largest_bucket))
+                      rank_load(pp, vpp, ms, costs.params, costs.act_bytes, costs.work_bytes, costs.largest_bucket,
+                                costs.expert_params))
     step = float(tail.step_time[0])
 
     crit = int(np.argmax(tail.finish[0]))  # the breakdown follows the rank that finishes last
@@ -92,7 +93,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global
         "forward_compute": mine(costs.fwd),
         "backward_compute": mine(costs.bwd),
         "recompute": mine(costs.recompute),
-        "tp_cp_comm": mine(costs.comm_f + costs.comm_b),
+        "tp_cp_comm": mine(costs.comm_f + costs.comm_b - costs.ep_comm),
+        "ep_comm": mine(costs.ep_comm),
         "pp_p2p": mine(costs.send_f + costs.send_b),
         "pipeline_bubble": sim.rank_end[crit] - sim.rank_busy[crit],
         "dp_comm_exposed": float(tail.dp_exposed[0, crit] + tail.gather[0, crit] + tail.tied[0])
@@ -107,7 +109,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global
     worst = int(np.argmax(stage_mem))
     tokens = global_batch * model.seq_length
     mflops = model.model_flops_per_token(model.seq_length) * tokens
-    exposed_comm = breakdown["tp_cp_comm"] + breakdown["pp_p2p"] + breakdown["dp_comm_exposed"]
+    exposed_comm = (breakdown["tp_cp_comm"] + breakdown["ep_comm"] + breakdown["pp_p2p"]
+                    + breakdown["dp_comm_exposed"])
     return Estimate(
         step_time_s=step,
         tokens_per_s=tokens / step,

@@ -16,6 +16,9 @@ the closed form). All arrays are [N, pp] per rank ([N, pp, vpp] per model chunk)
   clipping read the local gradients (8 bytes per local parameter, priced with it).
 - ZeRO-1/2 all-gather the updated parameters after it; with ``dp_overlap`` that hides behind the next step's
   first forwards, all but one bucket.
+- A MoE model's routed experts are replicated over the expert-data-parallel group (``specs.parallel.edp``), not the
+  data-parallel one: their gradients are reduced, their optimizer state sharded and their parameters gathered
+  there.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from cost_models.params import per_rank
 from cost_models.pipeline import Replay
 from cost_models.stages import StageCosts
 from specs.model import ModelSpec
-from specs.parallel import Candidates
+from specs.parallel import Candidates, edp
 from specs.state import StateSpec
 
 
@@ -95,15 +98,23 @@ def rank_tail(model: ModelSpec, cm: ComputeModel, comm: CommModel, state: StateS
     pp, vpp = int(c.pp[0]), int(c.vpp[0])
     t, d = _col(c.tp), _col(c.dp * c.cp)
     zero, overlap = _col(c.zero), c.dp_overlap[:, None]
+    e, e_stride = _col(edp(c.dp, c.cp, c.tp, c.ep, c.etp)), _col(c.ep * c.etp)  # the experts' replicas
     chunk_params = per_rank(costs.params, pp, vpp)  # [N, pp, vpp]
-    rank_params = chunk_params.sum(axis=2)
+    chunk_experts = per_rank(costs.expert_params, pp, vpp)
+    rank_params, rank_experts = chunk_params.sum(axis=2), chunk_experts.sum(axis=2)
+    rank_dense = rank_params - rank_experts
 
-    # gradient reduce of ZeRO 0/1: one bucketed collective per chunk, started by its last backward
+    # gradient reduce of ZeRO 0/1: one bucketed collective per chunk, started by its last backward; the routed
+    # experts' gradients over their own replicas after the rest
     nb = np.maximum(1.0, per_rank(costs.buckets, pp, vpp))
-    grads = chunk_params * state.grad_reduce_bytes
-    t3, d3 = t[..., None], d[..., None]
-    dur = np.where(zero[..., None] == 0, comm.bucketed(comm.all_reduce, grads, nb, d3, t3),
-                   comm.bucketed(comm.reduce_scatter, grads, nb, d3, t3))
+    t3, d3, e3, es3 = t[..., None], d[..., None], e[..., None], e_stride[..., None]
+
+    def reduce(grads, size, stride):
+        return np.where(zero[..., None] == 0, comm.bucketed(comm.all_reduce, grads, nb, size, stride),
+                        comm.bucketed(comm.reduce_scatter, grads, nb, size, stride))
+
+    dur = reduce((chunk_params - chunk_experts) * state.grad_reduce_bytes, d3, t3)
+    dur = dur + np.where(chunk_experts > 0, reduce(chunk_experts * state.grad_reduce_bytes, e3, es3), 0.0)
     start, end, dur_o, nb_o = replay.last_b_start, replay.last_b_end, dur, nb
     if vpp > 1:  # in the order the chunks' last backwards start
         order = np.argsort(start, axis=2, kind="stable")
@@ -113,17 +124,18 @@ def rank_tail(model: ModelSpec, cm: ComputeModel, comm: CommModel, state: StateS
         begin = np.maximum(engine, start[..., k] + (end[..., k] - start[..., k]) / nb_o[..., k])
         engine = np.maximum(begin + dur_o[..., k], end[..., k] + dur_o[..., k] / nb_o[..., k])
     exposed = np.where(overlap, np.maximum(0.0, engine - replay.rank_end), dur.sum(axis=2))
-    exposed = np.where((d > 1) & (zero < 2), exposed, 0.0)
+    exposed = np.where(((d > 1) | (e > 1)) & (zero < 2), exposed, 0.0)
     exposed = exposed + tp_sum(comm, state, costs, pp, vpp, t, d, zero)
 
-    shard = rank_params / np.where(zero >= 1, d, 1.0)
+    shard = rank_dense / np.where(zero >= 1, d, 1.0) + rank_experts / np.where(zero >= 1, e, 1.0)
     opt = cm.stream(shard * state.optimizer_traffic_bytes + rank_params * 8, 12)
 
     nb_rank = np.maximum(1.0, nb.sum(axis=2))
-    ag = comm.bucketed(comm.all_gather, rank_params * state.param_bytes, nb_rank, d, t)
+    ag = comm.bucketed(comm.all_gather, rank_dense * state.param_bytes, nb_rank, d, t) + np.where(
+        rank_experts > 0, comm.bucketed(comm.all_gather, rank_experts * state.param_bytes, nb_rank, e, e_stride), 0.0)
     first_f = (costs.f[:, :pp]) * np.minimum(_col(m), pp - np.arange(pp)[None, :])  # next step's first forwards
     gather = np.where(overlap, np.maximum(ag / nb_rank, ag - first_f), ag)
-    gather = np.where((d > 1) & ((zero == 1) | (zero == 2)), gather, 0.0)
+    gather = np.where(((d > 1) | (e > 1)) & ((zero == 1) | (zero == 2)), gather, 0.0)
 
     finish = replay.rank_end + exposed + opt + gather
     tied = np.zeros(len(c))

@@ -10,6 +10,7 @@ PART_NAMES = {
     "backward_compute": "backward compute",
     "recompute": "recomputation",
     "tp_cp_comm": "tensor/context-parallel communication",
+    "ep_comm": "expert-parallel all-to-all",
     "pp_p2p": "pipeline send/receive",
     "pipeline_bubble": "pipeline bubble",
     "dp_comm_exposed": "exposed data-parallel communication",

@@ -53,7 +53,8 @@ def stage_problem(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, g
                            for layers, rec in ((none, none), (one, none), (one, one)))
     u = lambda s: (s.f + s.b)[0]  # noqa: E731 - a stage's time per micro-batch
     d = cfg.dp * cfg.cp
-    per_param = float(sum(np.asarray(x).item() for x in vars(state_bytes(1.0, cfg.zero, d, state)).values()))
+    per_param, per_expert = (float(sum(np.asarray(x).item() for x in vars(state_bytes(1.0, cfg.zero, n, state))
+                                       .values())) for n in (d, cfg.edp))
     frag = 1 + FRAGMENTATION
     temporary = max(float(lt.act_work[0]), float(lt.act_head[0])) + float(
         zero3_gather_bytes(plain.largest_bucket.max(), cfg.zero, state))
@@ -62,7 +63,9 @@ def stage_problem(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, g
     return StageProblem(
         num_layers=model.num_layers, pp=cfg.pp, vpp=cfg.vpp, microbatches=m,
         layer_time=float((u(plain) - u(base)).max()), recompute_time=float((u(redone) - u(plain)).max()),
-        extra_time=u(base).tolist(), state_per_layer=float((plain.params - base.params)[0].max()) * per_param,
+        extra_time=u(base).tolist(),
+        state_per_layer=float(((plain.params - plain.expert_params - base.params) * per_param
+                               + plain.expert_params * per_expert)[0].max()),
         extra_state=(base.params[0] * per_param).tolist(),
         act_full=float((plain.act_bytes - base.act_bytes)[0].max()) * frag,
         act_ckpt=float((redone.act_bytes - base.act_bytes)[0].max()) * frag,

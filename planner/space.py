@@ -70,6 +70,17 @@ def domains(model: ModelSpec, cluster: ClusterSpec, global_batch: int, exhaustiv
     def mbs_values(d: int) -> list[int]:
         return divisors(global_batch // d, cap(PRUNED_MAX_MBS)) if d > 0 and global_batch % d == 0 else [1]
 
+    def ep_values(t: int, c: int, d: int) -> list[int]:
+        """Divisors of the expert count that divide the stage's dp*cp*tp ranks."""
+        return [1] if model.moe is None or d == 0 else divisors(math.gcd(model.moe.num_experts, t * c * d))
+
+    def etp_values(t: int) -> list[int]:
+        """No expert tensor parallelism, or the layer's own tp (Megatron-Core's two usual settings); exhaustive:
+        every etp inside a node."""
+        if model.moe is None:
+            return [1]
+        return divisors(cluster.gpus_per_node) if exhaustive else sorted({1, t})
+
     flash = model.attn_impl == "flash"
     out: dict[str, Domain] = {
         "tp": ((), lambda: divisors(math.gcd(model.num_attention_heads, model.kv_heads, G))),
@@ -77,6 +88,8 @@ def domains(model: ModelSpec, cluster: ClusterSpec, global_batch: int, exhaustiv
         "pp": (("tp", "cp"), pp_values),
         "vpp": (("pp",), vpp_values),
         "dp": (("tp", "cp", "pp"), dp_values),
+        "ep": (("tp", "cp", "dp"), ep_values),
+        "etp": (("tp",), etp_values),
         "mbs": (("dp",), mbs_values),
         "sp": ((), lambda: [0, 1]),
         "recompute": ((), lambda: list(range(len(RECOMPUTE)))),

@@ -129,7 +129,7 @@ def sweep(model: ModelSpec, cluster: ClusterSpec, global_batch: int, key: str, v
             best = res.plans[0]
             e = best.estimate
             pt.update(tokens_per_s=e.tokens_per_s, step_time_s=e.step_time_s, mfu=e.mfu, memory_GiB=e.memory_GiB,
-                      plan=best.config.short(), parallel=best.config.to_dict())
+                      plan=best.config.short(), parallel=best.config.to_dict(), breakdown=e.breakdown)
         elif res is not None:
             pt["error"] = "no plan fits"
         pts.append(pt)

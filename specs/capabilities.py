@@ -10,12 +10,12 @@ from specs.model import ModelSpec
 from specs.parallel import ParallelConfig, key_text
 from specs.state import StateSpec
 
-# Plan keys the runtime does not execute every value of: the values it does. None today: tp, pp (1F1B and
-# interleaved), dp, cp, sp, recompute, ZeRO 0-3, dp_overlap and tp_overlap all run (a key added to the search
-# before the runtime executes it goes here, with what it is in _NOT_YET).
-RUNTIME_EXECUTES: dict[str, tuple[Any, ...]] = {}
+# Plan keys the runtime does not execute every value of: the values it does. tp, pp (1F1B and interleaved), dp,
+# cp, sp, recompute, ZeRO 0-3, dp_overlap and tp_overlap all run; expert parallelism (ep, etp) is planned, not yet
+# run (a key added to the search before the runtime executes it goes here, with what it is in _NOT_YET).
+RUNTIME_EXECUTES: dict[str, tuple[Any, ...]] = {"ep": (1,), "etp": (1,)}
 
-_NOT_YET: dict[str, str] = {}
+_NOT_YET: dict[str, str] = {"ep": "expert parallelism", "etp": "expert tensor parallelism"}
 
 
 def runtime_problem(cfg: ParallelConfig) -> str | None:
@@ -51,6 +51,9 @@ def model_problem(model: ModelSpec) -> str | None:
     if model.block is not None:
         return (f"model {model.name} was traced from its own nn.Module; the runtime trains its GPT and Llama blocks "
                 "only: describe it as a model spec (arch gpt or llama) to train it")
+    if model.moe is not None:
+        return (f"model {model.name} has mixture-of-experts layers, which autopar plans but its runtime does not "
+                "train yet; train a dense model, or run the plan with Megatron-Core")
     return None
 
 

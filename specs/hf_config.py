@@ -9,7 +9,8 @@ from typing import Any
 
 from specs.errors import AutoparError
 
-_LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3", "gemma", "internlm2", "yi", "phi3"}  # phi3: fused qkv and
+_LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3", "gemma", "internlm2", "yi", "phi3", "mixtral", "qwen2_moe",
+               "olmoe"}  # phi3: fused qkv and
 # gate|up projections, the same shapes and counts
 _TIED_BY_DEFAULT = {"gemma"}  # tie_word_embeddings when the config leaves it out
 # fields that change what a layer computes in ways the cost model does not price
@@ -25,6 +26,10 @@ def _all_full_attention(key: str, value: Any) -> bool:
     configs): a plain model after all."""
     return key == "layer_types" and isinstance(value, list) and all(v == "full_attention" for v in value)
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+_MOE_TYPES = {"mixtral", "qwen2_moe", "olmoe"}  # the mixture-of-experts configs read (their fields: _moe_fields)
+# MoE fields of those configs that change what is computed in ways not modelled
+_MOE_UNPRICED = {"mlp_only_layers": "dense layers at chosen positions", "kv_lora_rank": "multi-head latent attention",
+                 "topk_method": "group-limited expert routing"}
 
 
 _NULL_IS_DEFAULT = ("num_key_value_heads", "head_dim", "n_inner")  # Hugging Face writes null for "the default"
@@ -71,9 +76,15 @@ def hf_to_spec(cfg: dict[str, Any], source: str) -> dict[str, Any]:
     """Translate a Hugging Face config.json (Llama/Mistral/Qwen2-style or GPT-2-style) to spec fields."""
     mtype = str(cfg.get("model_type", "")).lower()
     name = cfg.get("_name_or_path") or (Path(source).parent.name if source else "") or mtype or "hf-model"
-    if any(cfg.get(k) for k in _MOE_KEYS):
-        raise AutoparError(f"Hugging Face config {source}: model_type '{mtype}' is a mixture-of-experts model; "
-                           "autopar plans dense transformers only")
+    if any(cfg.get(k) for k in _MOE_KEYS) and mtype not in _MOE_TYPES:
+        hint = " (the deepseek-v2-lite preset plans it with standard attention)" if "deepseek" in mtype else ""
+        raise AutoparError(f"Hugging Face config {source}: model_type '{mtype}' is a mixture-of-experts model autopar "
+                           f"does not read; it reads {', '.join(sorted(_MOE_TYPES))} configs, or write an autopar spec "
+                           f"with a moe: section{hint}")
+    moe_unpriced = next((k for k in _MOE_UNPRICED if cfg.get(k)), None)
+    if moe_unpriced:
+        raise AutoparError(f"Hugging Face config {source}: {moe_unpriced} ({_MOE_UNPRICED[moe_unpriced]}) is not "
+                           "something autopar's cost model prices; write an autopar spec with a moe: section instead")
     unpriced = next((k for k in _UNPRICED if cfg.get(k) is not None and not _all_full_attention(k, cfg[k])), None)
     if unpriced:
         raise AutoparError(f"Hugging Face config {source}: {unpriced} ({_UNPRICED[unpriced]}) is not something "
@@ -114,10 +125,12 @@ def hf_to_spec(cfg: dict[str, Any], source: str) -> dict[str, Any]:
             "tie_embeddings": _bool(cfg, "tie_word_embeddings", mtype in _TIED_BY_DEFAULT),
             "norm_eps": _float(cfg, "rms_norm_eps", 1e-5),
             "rope_theta": _float(cfg, "rope_theta", 10000.0),
-            "qkv_bias": _bool(cfg, "attention_bias", mtype == "qwen2"),
+            "qkv_bias": _bool(cfg, "attention_bias", mtype in ("qwen2", "qwen2_moe")),
         }
         if "head_dim" in cfg:
             out["head_dim"] = _int(cfg, "head_dim")
+        if mtype in _MOE_TYPES:
+            out["moe"] = _moe_fields(cfg, mtype)
         return out
     except KeyError as err:
         raise AutoparError(
@@ -126,6 +139,28 @@ def hf_to_spec(cfg: dict[str, Any], source: str) -> dict[str, Any]:
         ) from None
     except ValueError as err:
         raise AutoparError(f"Hugging Face config {source}: {err}; fix that field") from None
+
+
+def _moe_fields(cfg: dict[str, Any], mtype: str) -> dict[str, Any]:
+    """The ``moe:`` section of a Mixtral, Qwen2-MoE or OLMoE config (every layer MoE unless Qwen's
+    ``decoder_sparse_step`` says every k-th: layers k-1, 2k-1, ...)."""
+    if mtype == "mixtral":
+        return {"num_experts": _int(cfg, "num_local_experts"), "experts_per_token": _int(cfg, "num_experts_per_tok"),
+                "moe_ffn_hidden_size": _int(cfg, "intermediate_size"),
+                "aux_loss_coef": _float(cfg, "router_aux_loss_coef", 0.001)}
+    out: dict[str, Any] = {
+        "num_experts": _int(cfg, "num_experts"), "experts_per_token": _int(cfg, "num_experts_per_tok"),
+        "norm_topk_prob": _bool(cfg, "norm_topk_prob", False),
+        "aux_loss_coef": _float(cfg, "router_aux_loss_coef", 0.001 if mtype == "qwen2_moe" else 0.01)}
+    if mtype == "olmoe":
+        return {**out, "moe_ffn_hidden_size": _int(cfg, "intermediate_size")}
+    step = _int(cfg, "decoder_sparse_step", 1)
+    out.update(moe_ffn_hidden_size=_int(cfg, "moe_intermediate_size"), layer_freq=step, first_dense_layers=step - 1)
+    shared = cfg.get("shared_expert_intermediate_size", 0)
+    if shared:
+        out.update(num_shared_experts=1, shared_ffn_hidden_size=_int(cfg, "shared_expert_intermediate_size"),
+                   shared_expert_gate=True)
+    return out
 
 
 def looks_like_hf(data: dict[str, Any]) -> bool:

@@ -14,6 +14,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from specs.errors import refuse_bool
+from specs.moe import MoESpec
 
 # Upper bounds far above any real model (the largest have ~100-200 layers, hidden ~25k, vocabularies ~256k):
 # they catch typos and absurd values before they reach the search and the solver.
@@ -68,6 +69,7 @@ class ModelSpec(BaseModel):
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     block: BlockCounts | None = None  # set for traced custom models
+    moe: MoESpec | None = None  # mixture-of-experts layers (specs/moe.py); None: every layer dense
 
     _numbers = field_validator(*LIMITS, "dropout", "norm_eps", "rope_theta", mode="before")(refuse_bool)
 
@@ -99,6 +101,12 @@ class ModelSpec(BaseModel):
             raise ValueError(f"norm_eps must be zero or positive, got {self.norm_eps}")
         if self.rope_theta <= 0:
             raise ValueError(f"rope_theta must be positive, got {self.rope_theta}")
+        if self.moe is not None:
+            if self.arch != "llama" or self.block is not None:
+                raise ValueError("moe needs arch llama (SwiGLU experts); a GPT or traced model has no MoE layers here")
+            if self.moe_layers == 0:
+                raise ValueError(f"moe.first_dense_layers {self.moe.first_dense_layers} leaves no MoE layer among the "
+                                 f"{self.num_layers} layers; lower it or drop moe")
         return self
 
     # ---- resolved fields -------------------------------------------------------------------
@@ -135,21 +143,62 @@ class ModelSpec(BaseModel):
     def kv_width(self) -> int:
         return self.kv_heads * self.hd
 
+    # ---- mixture of experts -----------------------------------------------------------------------
+    @cached_property
+    def moe_layers(self) -> int:
+        """How many layers are MoE layers (0 for a dense model)."""
+        return 0 if self.moe is None else int(self.moe.moe_layers_before(self.num_layers))
+
+    @property
+    def moe_fraction(self) -> float:
+        """The share of layers that are MoE layers: the cost model prices the average layer (docs/cost_model.md)."""
+        return self.moe_layers / self.num_layers
+
     # ---- parameter counts (per GPU under tensor parallelism t: what the runtime allocates) -----------
-    def layer_params_on(self, t: Any = 1) -> Any:
+    def _mlp_params_on(self, t: Any, f: int) -> Any:
+        """A tensor-parallel MLP of width ``f`` on one GPU (SwiGLU for Llama: gate | up, each padded to t)."""
+        rows = (2 if self.arch == "llama" else 1) * np.ceil(f / t)
+        return rows * self.hidden_size + self.hidden_size * np.ceil(f / t)
+
+    def layer_params_on(self, t: Any = 1, ep: Any = 1, etp: Any = 1) -> Any:
         """Parameters of one transformer layer on one GPU of ``t`` tensor-parallel ranks (numpy-broadcast over t):
         column- and row-parallel weights split t ways, each fused part (q | k | v, gate | up) padded to a
-        multiple of t; norms and row-parallel biases whole on every rank."""
+        multiple of t; norms and row-parallel biases whole on every rank. With MoE layers: the average layer
+        (:attr:`moe_fraction`), its routed experts split over ``ep`` x ``etp`` (:meth:`expert_params_on`)."""
         t = np.asarray(t, dtype=float)
         if self.block is not None:  # a traced custom block: its count, split evenly
             return self.block.params / t
-        h, f, qw, kw = self.hidden_size, self.ffn, self.q_width, self.kv_width
+        h, qw, kw = self.hidden_size, self.q_width, self.kv_width
         qkv_rows = np.ceil(qw / t) + 2 * np.ceil(kw / t)
-        mlp_rows = (2 if self.arch == "llama" else 1) * np.ceil(f / t)
-        sharded = qkv_rows * h + h * np.ceil(qw / t) + mlp_rows * h + h * np.ceil(f / t)
+        attn = qkv_rows * h + h * np.ceil(qw / t)
         if self.arch == "gpt":  # column-parallel biases split, the row-parallel ones (proj, MLP out) whole
-            return sharded + qkv_rows + mlp_rows + self.replicated_layer_params
-        return sharded + (qkv_rows if self.qkv_bias else 0) + self.replicated_layer_params
+            mlp = self._mlp_params_on(t, self.ffn) + np.ceil(self.ffn / t)
+            return attn + qkv_rows + mlp + self.replicated_layer_params
+        mlp = self._mlp_params_on(t, self.ffn)
+        if self.moe is not None:
+            phi = self.moe_fraction
+            shared = self._mlp_params_on(t, self.moe.shared_ffn) if self.moe.shared_ffn else 0.0
+            mlp = (1 - phi) * mlp + phi * shared + self.expert_params_on(ep, etp)
+        return attn + (qkv_rows if self.qkv_bias else 0) + mlp + self.replicated_layer_params
+
+    def expert_params_on(self, ep: Any = 1, etp: Any = 1) -> Any:
+        """The routed experts' parameters of the average layer on one GPU: ``num_experts / ep`` experts, each a
+        SwiGLU MLP split ``etp`` ways (0 for a dense model). Their gradients are reduced over the expert-data-parallel
+        group, not the data-parallel one."""
+        if self.moe is None:
+            return np.zeros_like(np.asarray(ep, dtype=float) * np.asarray(etp, dtype=float))
+        m = self.moe
+        per_expert = 3 * self.hidden_size * np.ceil(m.moe_ffn_hidden_size / np.asarray(etp, dtype=float))
+        return self.moe_fraction * m.num_experts / np.asarray(ep, dtype=float) * per_expert
+
+    def active_layer_params(self) -> float:
+        """Parameters of the average layer one token's matmuls use: all of a dense layer; in a MoE layer the
+        router, the shared experts and ``experts_per_token`` of the routed ones (the MFU numerator's count)."""
+        full = float(self.layer_params_on(1))
+        if self.moe is None:
+            return full
+        m = self.moe
+        return full - float(self.expert_params_on(1, 1)) * (1 - m.experts_per_token / m.num_experts)
 
     @property
     def replicated_layer_params(self) -> int:
@@ -157,7 +206,12 @@ class ModelSpec(BaseModel):
         if self.block is not None:
             return 0
         h = self.hidden_size
-        return 6 * h if self.arch == "gpt" else 2 * h  # GPT: two LayerNorms (weight, bias), two out biases
+        if self.arch == "gpt":
+            return 6 * h  # two LayerNorms (weight, bias), two out biases
+        if self.moe is None:
+            return 2 * h
+        # the router (and the shared experts' gate) of a MoE layer: whole on every rank, like the norms
+        return 2 * h + self.moe_fraction * h * (self.moe.num_experts + (1 if self.moe.shared_expert_gate else 0))
 
     @property
     def position_params(self) -> int:
@@ -177,8 +231,8 @@ class ModelSpec(BaseModel):
 
     @cached_property
     def layer_params(self) -> int:
-        """Parameters of one transformer layer."""
-        return int(self.layer_params_on(1))
+        """Parameters of one transformer layer (the average layer of a MoE model)."""
+        return int(round(float(self.layer_params_on(1))))
 
     @property
     def embedding_params(self) -> int:
@@ -192,16 +246,23 @@ class ModelSpec(BaseModel):
 
     @property
     def num_params(self) -> int:
-        return self.num_layers * self.layer_params + self.embedding_params + self.head_params
+        layers = self.num_layers * float(self.layer_params_on(1))  # exact: the average layer times the layers
+        return int(round(layers)) + self.embedding_params + self.head_params
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token uses (all of them for a dense model)."""
+        return int(round(self.num_layers * self.active_layer_params())) + self.embedding_params + self.head_params
 
     def model_flops_per_token(self, seq: int | None = None) -> float:
         """Model FLOPs per token for forward + backward, no recompute (the MFU numerator).
 
         6 x (parameters that do matmuls: every layer and the LM head) + 12 x layers x (heads x head_dim) x seq:
-        the Megatron / PaLM convention, attention counted without causal savings.
+        the Megatron / PaLM convention, attention counted without causal savings. MoE layers count their active
+        parameters only (:meth:`active_layer_params`).
         """
         s = seq or self.seq_length
-        matmul_params = self.num_layers * self.layer_params + self.vocab_size * self.hidden_size
+        matmul_params = self.num_layers * self.active_layer_params() + self.vocab_size * self.hidden_size
         if self.block is not None:
             per_layer = 3 * self.block.fwd_flops_per_token + 3 * self.block.attn_flops_per_token * s / self.seq_length
             return self.num_layers * per_layer + 6 * self.vocab_size * self.hidden_size
@@ -215,6 +276,7 @@ class ModelSpec(BaseModel):
             f"{self.name}: {self.arch}, {_count(self.num_params)} params, {self.num_layers} layers, "
             f"hidden {self.hidden_size}, {self.num_attention_heads} heads ({self.kv_heads} kv), "
             f"ffn {self.ffn}, vocab {self.vocab_size}, seq {self.seq_length}, attention {self.attn_impl}"
+            + (f"; {self.moe.summary()}, {_count(self.active_params)} active" if self.moe is not None else "")
         )
 
 

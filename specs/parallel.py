@@ -60,6 +60,10 @@ class ParallelConfig:
     dp: int = _key(1, kind="int", layout=True, always_shown=True,
                    doc="data-parallel replicas (default: gpus / (tp*pp*cp))")
     cp: int = _key(1, kind="int", layout=True, doc="context-parallel size: the sequence split cp ways")
+    ep: int = _key(1, kind="int", layout=True,
+                   doc="expert-parallel size: each MoE layer's experts split ep ways over the dp*cp*tp ranks of a "
+                       "stage (Megatron-Core's MoE parallel folding)")
+    etp: int = _key(1, kind="int", layout=True, doc="expert-tensor-parallel size: each expert's weights split etp ways")
     mbs: int = _key(1, kind="int", layout=True, always_shown=True, doc="micro-batch size in sequences")
     vpp: int = _key(1, kind="int", layout=True, doc="model chunks per pipeline rank (interleaved 1F1B when > 1)")
     sp: bool = _key(False, kind="bool", layout=True,
@@ -79,6 +83,11 @@ class ParallelConfig:
     @property
     def world(self) -> int:
         return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def edp(self) -> int:
+        """Expert-data-parallel size: the replicas of each expert, over which its gradients are reduced."""
+        return edp(self.dp, self.cp, self.tp, self.ep, self.etp)
 
     @property
     def num_chunks(self) -> int:
@@ -150,6 +159,13 @@ RECOMPUTE_CODE = {name: i for i, name in enumerate(RECOMPUTE)}
 def microbatches(global_batch: int, dp: Any, mbs: Any) -> Any:
     """Micro-batches per step on each data-parallel replica (numbers or arrays of candidates)."""
     return global_batch // (dp * mbs)
+
+
+def edp(dp: Any, cp: Any, tp: Any, ep: Any, etp: Any) -> Any:
+    """Expert-data-parallel size (numbers or arrays): a stage's dp*cp*tp ranks hold ep*etp-way shards of the experts,
+    the expert mesh (edp, ep, etp) laid over them with etp innermost (so an ep group's members are etp ranks apart,
+    an edp group's ep*etp)."""
+    return (dp * cp * tp) // (ep * etp)
 
 
 def default_split(num_layers: int, stages: int) -> tuple[int, ...]:

@@ -107,6 +107,17 @@ def _counts_match(counts: object, c: Candidates) -> np.ndarray:
     return _stages(c) == len(counts) if isinstance(counts, tuple) else np.ones(len(c), dtype=bool)
 
 
+def _experts(x: PlanContext) -> int:
+    """The model's routed experts (1 for a dense model, so only ep=1 divides them)."""
+    return x.model.moe.num_experts if x.model.moe is not None else 1
+
+
+def _ep_why(cfg: ParallelConfig, x: PlanContext) -> str:
+    n = _experts(x)
+    return f"ep={cfg.ep} does not divide the model's {n} experts; choose ep from " + ", ".join(
+        str(e) for e in range(1, n + 1) if n % e == 0)
+
+
 def _sp_on(c: Candidates) -> np.ndarray:
     return c.sp & (c.tp > 1)
 
@@ -141,6 +152,24 @@ RULES: tuple[Rule, ...] = (
          lambda cfg, x: f"recompute_layers has {len(cfg.recompute_layers)} entries but pp*vpp = "  # type: ignore
                         f"{cfg.num_chunks} stages need one each"),
     Rule(("tp", "pp", "cp", "dp"), lambda c, x: c.tp * c.pp * c.cp * c.dp == x.gpus, _world_why),
+    # mixture of experts (specs/moe.py): ep and etp split the experts over a stage's dp*cp*tp ranks
+    Rule(("ep", "etp"), lambda c, x: (x.model.moe is not None) | ((c.ep == 1) & (c.etp == 1)),
+         lambda cfg, x: f"ep={cfg.ep}, etp={cfg.etp}: expert parallelism needs a mixture-of-experts model (moe: in "
+                        f"the model spec); {x.model.name} is dense, use ep=1 and etp=1"),
+    Rule(("ep",), lambda c, x: _experts(x) % c.ep == 0, _ep_why),
+    Rule(("tp", "cp", "dp", "ep", "etp"), lambda c, x: (c.tp * c.cp * c.dp) % (c.ep * c.etp) == 0,
+         lambda cfg, x: f"ep*etp = {cfg.ep}*{cfg.etp} must divide dp*cp*tp = {cfg.dp}*{cfg.cp}*{cfg.tp} (the experts "
+                        "are split over a stage's data-, context- and tensor-parallel ranks)"),
+    Rule(("etp",), lambda c, x: (x.gpus_per_node is None) | (x.gpus <= (x.gpus_per_node or 0))
+         | ((x.gpus_per_node or 1) % c.etp == 0),
+         lambda cfg, x: f"etp={cfg.etp} would straddle nodes of {x.gpus_per_node} GPUs; use an etp that divides "
+                        f"{x.gpus_per_node}"),
+    Rule(("sp", "tp"), lambda c, x: (x.model.moe is None) | (c.tp == 1) | c.sp,
+         lambda cfg, x: f"tp={cfg.tp} with MoE layers needs sp=true (the experts take the sequence-parallel tokens, "
+                        "as Megatron-Core requires)"),
+    Rule(("zero",), lambda c, x: (x.model.moe is None) | (c.zero <= 1),
+         lambda cfg, x: f"zero={cfg.zero}: ZeRO-2/3 of a mixture-of-experts model is not modelled; use zero=1 "
+                        "(the distributed optimizer, as Megatron-Core's MoE runs) or zero=0"),
     Rule(("dp", "mbs"), lambda c, x: x.global_batch % (c.dp * c.mbs) == 0,
          lambda cfg, x: f"global batch {x.global_batch} is not divisible by dp*mbs = {cfg.dp}*{cfg.mbs}; "
                         "change --global-batch, dp or mbs"),

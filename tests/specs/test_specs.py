@@ -157,8 +157,10 @@ def test_bad_specs_give_one_line_errors(tmp_path, text, needle):
 
 
 @pytest.mark.parametrize("cfg,needle", [
+    ({"model_type": "deepseek_v2", "hidden_size": 2048, "num_hidden_layers": 27, "num_attention_heads": 16,
+      "intermediate_size": 10944, "vocab_size": 102400, "n_routed_experts": 64}, "mixture-of-experts model autopar"),
     ({"model_type": "mixtral", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
-      "intermediate_size": 14336, "vocab_size": 32000, "num_local_experts": 8}, "mixture-of-experts"),
+      "intermediate_size": 14336, "vocab_size": 32000, "num_local_experts": 8}, "missing field 'num_experts_per_tok'"),
     ({"model_type": "gpt_neox", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
       "intermediate_size": 16384, "vocab_size": 50432}, "model_type 'gpt_neox' is not supported"),
     ({"model_type": "llama", "hidden_size": 64.7, "num_hidden_layers": 2, "num_attention_heads": 4,

@@ -1,0 +1,124 @@
+"""A mixture-of-experts layer's routed part, per micro-batch on one GPU: router, token dispatch, experts, combine.
+
+The layer's input is the rank's sequence-parallel share of the tokens, ``T' = mbs x seq / (cp x t)`` (with tensor
+parallelism the MoE layer needs sequence parallelism, as in Megatron-Core). Each token goes to
+``experts_per_token`` (k) experts. The experts are split over an ``ep`` x ``etp`` block of a stage's dp*cp*tp ranks
+(``specs.parallel.edp``; etp innermost, so an ep group's members are etp ranks apart):
+
+- router: a [T', h] x [h, E] GEMM, then softmax/sigmoid and top-k over the E scores (fp32, memory bound);
+- dispatch: the tokens permuted by expert, then an all-to-all over the ep group (each rank sends k T' tokens of h
+  values); with etp > 1 the received tokens are all-gathered over etp; the combine is the reverse (all-to-all back,
+  then the weighted sum of each token's k outputs); the backward runs both again (:data:`MOE_LAYER_OPS`);
+- experts: each rank holds E / ep experts; balanced, each sees ``k T' etp ep / E`` tokens, as a grouped GEMM
+  (``ComputeModel.gemm`` with the experts as its batch: tile quantisation makes it slower per FLOP as the tokens
+  per expert fall) for the SwiGLU's gate|up and down projections, split etp ways;
+- load imbalance: the busiest rank receives ``MoESpec.token_time_factor()`` times the mean (the documented load
+  imbalance, or the capacity every buffer is padded to with a capacity factor); the step waits for it, so the
+  experts' GEMMs, their elementwise ops and the all-to-alls are priced at that rank's load.
+
+No communication is overlapped with compute (Megatron-Core's default all-to-all dispatcher).
+The shared experts are a dense tensor-parallel MLP, priced with the dense MLP's terms in layer.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from cost_models.comm import CommModel
+from cost_models.compute import ComputeModel
+from specs.model import ModelSpec
+
+# The routed part's collectives per MoE layer and micro-batch, in order: (pass, op, group, what). "a2a": the k T'
+# routed tokens over the ep group; "etp": the received tokens over the etp group (all-gather before the experts,
+# reduce-scatter after; the backward the conjugates).
+MOE_LAYER_OPS = (
+    ("fwd", "all_to_all", "ep", "dispatch"), ("fwd", "all_gather", "etp", "dispatch"),
+    ("fwd", "reduce_scatter", "etp", "combine"), ("fwd", "all_to_all", "ep", "combine"),
+    ("bwd", "all_to_all", "ep", "combine"), ("bwd", "all_gather", "etp", "combine"),
+    ("bwd", "reduce_scatter", "etp", "dispatch"), ("bwd", "all_to_all", "ep", "dispatch"),
+)
+ROUTER_STAT_BYTES = 4  # the router's scores and probabilities are fp32
+
+
+def mlp_mix(model: ModelSpec) -> tuple[float, float, int]:
+    """How the average layer's tensor-parallel MLP is made up: (weight of the dense MLP, weight of the shared
+    experts' MLP, the shared experts' width); (1, 0, 0) for a dense model."""
+    if model.moe is None:
+        return 1.0, 0.0, 0
+    phi, fs = model.moe_fraction, model.moe.shared_ffn
+    return 1.0 - phi, (phi if fs else 0.0), fs
+
+
+def routed_tokens(model: ModelSpec, t, cp, mbs):
+    """Token-expert pairs a rank sends per MoE layer and micro-batch: k x its sequence-parallel tokens."""
+    assert model.moe is not None
+    t, cp, mbs = (np.asarray(x, dtype=float) for x in (t, cp, mbs))
+    return mbs * model.seq_length / (cp * t) * model.moe.experts_per_token
+
+
+def a2a_bytes(model: ModelSpec, eb: float, t, cp, mbs):
+    """What each all-to-all of a MoE layer carries from one rank (balanced load): its routed tokens' activations."""
+    return routed_tokens(model, t, cp, mbs) * model.hidden_size * eb
+
+
+def moe_bytes(model: ModelSpec, eb: float, t, cp, mbs, ep, etp) -> tuple[np.ndarray, np.ndarray]:
+    """One MoE layer's routed part per micro-batch on the busiest rank: (bytes kept for the backward: the router's
+    fp32 probabilities and its choices, the experts' input (gathered over etp), their gate, up and SwiGLU output,
+    and their output before the weighted combine; the backward's gradient buffers)."""
+    moe = model.moe
+    assert moe is not None
+    t, cp, mbs, ep, etp = (np.asarray(x, dtype=float) for x in (t, cp, mbs, ep, etp))
+    h, E, fe, r = model.hidden_size, moe.num_experts, moe.moe_ffn_hidden_size, moe.token_time_factor()
+    tokens = mbs * model.seq_length / (cp * t)
+    pairs = tokens * moe.experts_per_token
+    got = r * pairs * etp
+    width = np.ceil(fe / etp)
+    act = tokens * E * ROUTER_STAT_BYTES + pairs * 8 + got * h * eb + got * width * 3 * eb + r * pairs * h * eb
+    return act, 2 * got * (h + width) * eb
+
+
+@dataclass
+class MoECost:
+    """One MoE layer's routed part per micro-batch on one GPU (arrays broadcast over configurations)."""
+
+    fwd: np.ndarray  # compute, forward
+    bwd: np.ndarray  # compute, backward
+    comm_fwd: np.ndarray  # exposed all-to-all (and etp) communication, forward
+    comm_bwd: np.ndarray
+
+
+def moe_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, ep, etp) -> MoECost:
+    """The routed part of a MoE layer for tensor parallel ``t`` (with SP), context parallel ``cp``, micro-batch
+    ``mbs``, expert parallel ``ep`` and expert-tensor parallel ``etp`` (arrays)."""
+    moe = model.moe
+    assert moe is not None
+    t, cp, mbs, ep, etp = (np.asarray(x, dtype=float) for x in (t, cp, mbs, ep, etp))
+    h, E, k, fe, eb = model.hidden_size, moe.num_experts, moe.experts_per_token, moe.moe_ffn_hidden_size, cm.eb
+    r = moe.token_time_factor()
+    tokens = mbs * model.seq_length / (cp * t)  # T': this rank's sequence-parallel tokens
+    pairs = tokens * k  # token-expert pairs it sends
+    got = r * pairs * etp  # pairs the busiest rank computes, after the etp all-gather
+    local = E / ep  # experts per rank
+    per_expert = got / local
+
+    router_f, router_b = cm.gemm_fwd_bwd(tokens, E, h)
+    scores = tokens * E * ROUTER_STAT_BYTES
+    router_f = router_f + cm.memory(scores * 3 + tokens * E * eb, 2)  # softmax/sigmoid, top-k
+    router_b = router_b + cm.memory(scores * 3, 2)
+    up_f, up_b = cm.gemm_fwd_bwd(per_expert, 2 * np.ceil(fe / etp), h, local)
+    down_f, down_b = cm.gemm_fwd_bwd(per_expert, h, np.ceil(fe / etp), local)
+    act = got * np.ceil(fe / etp)  # SwiGLU elements
+    perm = r * pairs * h * eb  # permute in, unpermute + weighted sum out
+    fwd = router_f + up_f + down_f + cm.memory(act * 3 * eb) + cm.memory(2 * perm * 2 + tokens * h * eb, 2)
+    bwd = router_b + up_b + down_b + cm.memory(act * 5 * eb) + cm.memory(2 * perm * 2 + tokens * h * eb, 2)
+
+    a2a = comm.all_to_all(r * a2a_bytes(model, eb, t, cp, mbs), ep, etp)
+    gathered = r * a2a_bytes(model, eb, t, cp, mbs) * etp
+    by_op = {("all_to_all", "ep"): a2a, ("all_gather", "etp"): comm.all_gather(gathered, etp, 1),
+             ("reduce_scatter", "etp"): comm.reduce_scatter(gathered, etp, 1)}
+    comm_t = {"fwd": 0.0, "bwd": 0.0}
+    for ps, op, group, _ in MOE_LAYER_OPS:
+        comm_t[ps] = comm_t[ps] + by_op[op, group]
+    return MoECost(fwd=fwd, bwd=bwd, comm_fwd=comm_t["fwd"], comm_bwd=comm_t["bwd"])

@@ -1,0 +1,174 @@
+"""Mixture-of-experts models from the spec to the plan: published counts, what the cost model prices, the search
+choosing expert parallelism, and bad input in one line."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+from test_bad_inputs import fails
+
+from cost_models.step import estimate
+from planner.cli import main
+from planner.search import search
+from specs.cluster import load_cluster
+from specs.model_loading import load_model
+from specs.moe import MoESpec
+from specs.parallel import ParallelConfig
+
+
+# ---- the spec -------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name,total,active", [
+    ("mixtral-8x7b", 46.7e9, 12.9e9),  # Jiang et al. 2024, "Mixtral of Experts"
+    ("mixtral-8x22b", 141e9, 39e9),  # Mistral AI's release notes
+    ("qwen2-moe-a2.7b", 14.3e9, 2.7e9),  # Qwen1.5-MoE-A2.7B model card
+    ("olmoe-1b-7b", 6.9e9, 1.3e9),  # Muennighoff et al. 2024 (QK-norm's 65k parameters not modelled)
+])
+def test_presets_have_the_published_parameter_counts(name, total, active):
+    m = load_model(name)
+    assert m.num_params == pytest.approx(total, rel=0.01)
+    assert m.active_params == pytest.approx(active, rel=0.02)
+
+
+@pytest.mark.parametrize("freq,dense", [(1, 0), (2, 0), (1, 1), (3, 2), (4, 7)])
+def test_moe_layer_counts_match_the_pattern(freq, dense):
+    moe = MoESpec(num_experts=4, experts_per_token=1, moe_ffn_hidden_size=8, layer_freq=freq, first_dense_layers=dense)
+    for n in range(0, 20):
+        assert moe.moe_layers_before(n) == sum(moe.is_moe_layer(i) for i in range(n))
+
+
+def test_one_expert_taking_every_token_is_the_dense_model():
+    """A MoE layer of one expert (top-1, the dense width, no imbalance) is the dense MLP plus a router: its parameters,
+    and on one GPU its time and memory, are the dense model's plus the router's small share."""
+    dense = load_model("llama3-8b").with_seq(4096)
+    moe = dense.model_copy(update={"moe": MoESpec(num_experts=1, experts_per_token=1,
+                                                  moe_ffn_hidden_size=dense.ffn, load_imbalance=1.0)})
+    assert moe.num_params - dense.num_params == dense.num_layers * dense.hidden_size  # the routers
+    assert moe.model_flops_per_token() == pytest.approx(dense.model_flops_per_token(), rel=1e-3)
+    cluster = load_cluster("dgx-h100").resized(8)
+    cfg = ParallelConfig(tp=1, pp=1, dp=8, mbs=1, zero=1)
+    a, b = (estimate(m, cluster, cfg, 64) for m in (dense, moe))
+    assert 1.0 < b.step_time_s / a.step_time_s < 1.06
+    assert 1.0 < b.memory_GiB / a.memory_GiB < 1.06
+
+
+def test_experts_split_over_ep_and_their_state_over_the_expert_replicas():
+    """Expert weights shrink with ep; ZeRO-1 shards their optimizer state over dp*cp*tp/(ep*etp) replicas."""
+    m = load_model("mixtral-8x7b")
+    cluster = load_cluster("dgx-h100").resized(64)
+    base = ParallelConfig(tp=2, pp=4, dp=8, mbs=1, sp=True, zero=1, ep=1)
+    w = {ep: estimate(m, cluster, replace(base, ep=ep), 256).memory_breakdown for ep in (1, 2, 4, 8)}
+    experts_per_layer = 3 * m.hidden_size * m.moe.moe_ffn_hidden_size * m.moe.num_experts
+    layers = m.num_layers // base.pp
+    for ep in (2, 4, 8):  # bf16 weights: the experts' 2 bytes per parameter go down by 1/ep
+        saved = (w[1]["weights"] - w[ep]["weights"]) * 2**30
+        assert saved == pytest.approx(2 * layers * experts_per_layer * (1 - 1 / ep), rel=1e-6)
+    # the expert replicas: ep=8 leaves 16/8 = 2 of them, so the optimizer's 12 bytes per expert parameter are halved
+    opt8 = w[8]["optimizer"] * 2**30
+    expert_params = layers * experts_per_layer / 8
+    dense_opt = opt8 - 12 * expert_params / 2
+    assert dense_opt > 0 and w[1]["optimizer"] * 2**30 == pytest.approx(dense_opt + 12 * expert_params * 8 / 16,
+                                                                        rel=1e-6)
+
+
+def test_all_to_all_is_priced_on_the_links_it_crosses():
+    """ep inside a node rides NVLink; the same ep across nodes (tp=1, ep=16 spans two nodes) pays the NICs, and
+    slower NICs cost more all-to-all."""
+    m = load_model("mixtral-8x7b")
+    cluster = load_cluster("dgx-h100").resized(64)
+    cfg = ParallelConfig(tp=1, pp=4, dp=16, mbs=1, ep=8, vpp=1, zero=1)
+    inside = estimate(m, cluster, cfg, 256).breakdown["ep_comm"]
+    across = estimate(m.model_copy(update={"moe": m.moe.model_copy(update={"num_experts": 16})}), cluster,
+                      replace(cfg, ep=16), 256).breakdown["ep_comm"]
+    assert across > 2 * inside > 0
+    slow = cluster.model_copy(update={"inter_node": cluster.inter_node.model_copy(
+        update={"nic_bandwidth_Gbps": cluster.inter_node.nic_bandwidth_Gbps / 4})})
+    m16 = m.model_copy(update={"moe": m.moe.model_copy(update={"num_experts": 16})})
+    assert estimate(m16, slow, replace(cfg, ep=16), 256).breakdown["ep_comm"] > 2 * across
+
+
+def test_imbalance_and_capacity_slow_the_experts():
+    m = load_model("mixtral-8x7b")
+    cluster = load_cluster("dgx-h100").resized(64)
+    cfg = ParallelConfig(tp=1, pp=4, dp=16, mbs=1, ep=8, zero=1)
+    t = {r: estimate(m.model_copy(update={"moe": m.moe.model_copy(update={"load_imbalance": r})}), cluster, cfg,
+                     256).step_time_s for r in (1.0, 1.5)}
+    capped = estimate(m.model_copy(update={"moe": m.moe.model_copy(update={"load_imbalance": 1.5,
+                                                                           "capacity_factor": 1.0})}),
+                      cluster, cfg, 256).step_time_s
+    assert t[1.5] > 1.1 * t[1.0]
+    assert capped == pytest.approx(t[1.0])  # padded to capacity 1.0: the balanced load
+
+
+# ---- the planner ----------------------------------------------------------------------------------------------
+def test_mixtral_on_64_h100s_uses_expert_parallelism():
+    res = search(load_model("mixtral-8x7b"), load_cluster("dgx-h100").resized(64), 512, top=3)
+    best = res.plans[0].config
+    assert best.ep > 1 and (best.tp * best.cp * best.dp) % (best.ep * best.etp) == 0
+    assert best.zero <= 1 and (best.tp == 1 or best.sp)
+
+
+def test_whatif_shows_the_all_to_all_share_growing_as_bandwidth_falls(capsys):
+    assert main(["whatif", "--model", "mixtral-8x7b", "--cluster", "dgx-h100", "--gpus", "64", "--global-batch", "512",
+                 "--vary", "inter_node_bw=400,100,25", "--fix", "tp=2,sp=true,pp=4,ep=8,etp=2,mbs=1,vpp=1,zero=1",
+                 "--format", "json"]) == 0
+    points = json.loads(capsys.readouterr().out)["curves"]["best"]
+    share = [p["breakdown"]["ep_comm"] / p["step_time_s"] for p in points]
+    assert share[0] < share[1] < share[2]
+
+
+def test_dense_models_search_no_expert_keys():
+    res = search(load_model("llama3-8b"), load_cluster("dgx-h100").resized(16), 64, top=1)
+    assert (res.plans[0].config.ep, res.plans[0].config.etp) == (1, 1)
+
+
+# ---- bad input: one line, exit 2 ------------------------------------------------------------------------------
+MOE = ("name: m\narch: llama\nnum_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\nffn_hidden_size: 128\n"
+       "vocab_size: 100\nseq_length: 64\nmoe: {num_experts: 6, experts_per_token: %d, moe_ffn_hidden_size: 32}\n")
+EST = ["estimate", "--cluster", "cpu-gloo", "--gpus", "4", "--global-batch", "8"]
+
+
+@pytest.mark.parametrize("spec,plan,needle", [
+    (MOE % 2, "tp=1,ep=4", "ep=4 does not divide the model's 6 experts; choose ep from 1, 2, 3, 6"),
+    (MOE % 7, "tp=1", "experts_per_token 7 is more than moe.num_experts 6"),
+    (MOE % 2, "tp=2,ep=2", "with MoE layers needs sp=true"),
+    (MOE % 2, "tp=1,ep=2,zero=2", "ZeRO-2/3 of a mixture-of-experts model is not modelled"),
+    (MOE % 2, "tp=1,ep=2,etp=4", "must divide dp*cp*tp"),
+    (None, "tp=1,ep=2", "expert parallelism needs a mixture-of-experts model"),
+])
+def test_bad_moe_input_is_one_line(tmp_path, capsys, spec, plan, needle):
+    model = "tiny"
+    if spec is not None:
+        (tmp_path / "m.yaml").write_text(spec)
+        model = str(tmp_path / "m.yaml")
+    assert needle in fails(capsys, *EST, "--model", model, "--plan", plan)
+
+
+def test_moe_hf_configs_read_and_refused(tmp_path, capsys):
+    qwen = {"model_type": "qwen2_moe", "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+            "intermediate_size": 128, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64,
+            "num_experts": 6, "num_experts_per_tok": 2, "decoder_sparse_step": 2, "vocab_size": 100,
+            "max_position_embeddings": 64}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(qwen))
+    m = load_model(str(p))
+    assert m.moe is not None and m.qkv_bias and m.moe.shared_expert_gate and not m.moe.norm_topk_prob
+    assert [m.moe.is_moe_layer(i) for i in range(4)] == [False, True, False, True]  # Qwen: (i + 1) % step == 0
+    p.write_text(json.dumps({**qwen, "mlp_only_layers": [0]}))
+    assert "dense layers at chosen positions" in fails(capsys, *EST, "--model", str(p), "--plan", "tp=1")
+    p.write_text(json.dumps({**qwen, "model_type": "deepseek_v2", "n_routed_experts": 6}))
+    assert "mixture-of-experts model autopar does not read" in fails(capsys, *EST, "--model", str(p), "--plan", "tp=1")
+
+
+def test_plan_files_of_moe_models_are_not_run_yet(tmp_path, capsys):
+    """A MoE plan is written, and `autopar run` refuses it in one line before any worker starts."""
+    out = tmp_path / "moe.json"
+    assert main(["plan", "--model", "tiny-moe", "--cluster", "cpu-gloo", "--gpus", "4", "--global-batch", "16",
+                 "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert "the runtime does not execute expert parallelism yet" in fails(capsys, "run", str(out))
+    assert main(["plan", "--model", "tiny-moe", "--cluster", "cpu-gloo", "--gpus", "4", "--global-batch", "16",
+                 "--fix", "ep=1", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert "plans but its runtime does not train yet" in fails(capsys, "run", str(out))
