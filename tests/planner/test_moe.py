@@ -172,3 +172,17 @@ def test_plan_files_of_moe_models_are_not_run_yet(tmp_path, capsys):
                  "--fix", "ep=1", "--out", str(out)]) == 0
     capsys.readouterr()
     assert "plans but its runtime does not train yet" in fails(capsys, "run", str(out))
+
+
+def test_published_moe_rows_map_onto_valid_plans():
+    """Every row of benchmarks/data/moe_h100_published.csv is a plan the rules accept for its model and GPUs, and
+    the benchmark prices it (its numbers are reported in RESULTS.md, not asserted)."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import validate_moe
+    rows = validate_moe.rows()
+    assert len(rows) >= 3
+    for row in rows:
+        out = validate_moe.predict(row)
+        assert out["predicted_tflops"] > 0 and out["measured_tflops"] > 0
