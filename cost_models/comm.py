@@ -74,13 +74,19 @@ class CommModel:
         k, nodes = self.placement(n, stride)
         factor = volume * (n - 1) / np.maximum(n, 1)
         t = volume * self._lat(k, nodes, ring) + nbytes * factor / self._bw(k, nodes)
+        return np.where(n > 1, self._measured(name, t, nbytes, n, nodes, factor), 0.0)
+
+    def _measured(self, name: str, t: np.ndarray, nbytes: np.ndarray, n: np.ndarray, nodes: np.ndarray,
+                  factor: np.ndarray) -> np.ndarray:
+        """The analytic time ``t`` of collective ``name``, replaced by the profile's measured fit where it has one for
+        the group's level (inside a node, across nodes)."""
         fit = self.fits.get(name) or {}
         extra = np.maximum(n - 2.0, 0.0)
         if fit.get("intra"):
             t = np.where(nodes <= 1, self._fit_time(fit["intra"], nbytes, factor, extra), t)
         if fit.get("inter"):
             t = np.where(nodes > 1, self._fit_time(fit["inter"], nbytes, factor, extra), t)
-        return np.where(n > 1, t, 0.0)
+        return t
 
     # ---- collectives -------------------------------------------------------------------------
     def all_reduce(self, nbytes: ArrayLike, size: ArrayLike, stride: ArrayLike = 1) -> np.ndarray:
@@ -111,14 +117,7 @@ class CommModel:
         inside = nbytes * (k - 1) / np.maximum(n, 1) / self.bw_intra
         across = nbytes * (n - k) / np.maximum(n, 1) / self.bw_nic
         t = np.maximum(inside, across) + self.lat_intra + np.where(nodes > 1, (nodes - 1) * self.lat_inter, 0.0)
-        fit = self.fits.get("all_to_all") or {}
-        extra = np.maximum(n - 2.0, 0.0)
-        factor = (n - 1) / np.maximum(n, 1)
-        if fit.get("intra"):
-            t = np.where(nodes <= 1, self._fit_time(fit["intra"], nbytes, factor, extra), t)
-        if fit.get("inter"):
-            t = np.where(nodes > 1, self._fit_time(fit["inter"], nbytes, factor, extra), t)
-        return np.where(n > 1, t, 0.0)
+        return np.where(n > 1, self._measured("all_to_all", t, nbytes, n, nodes, (n - 1) / np.maximum(n, 1)), 0.0)
 
     def p2p(self, nbytes: ArrayLike, cross_node: ArrayLike) -> np.ndarray:
         """One send/recv between neighbouring pipeline stages (every GPU of the node sending at once)."""

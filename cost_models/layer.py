@@ -107,6 +107,7 @@ def layer_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, 
     T = mbs * s / cp  # tokens per GPU per micro-batch
     n_sp = T * h / np.where(sp, t, 1.0)  # elements of the norm/dropout (sequence-parallel) region
     drop = model.dropout_p > 0
+    dense_w, shared_w, fs = mlp_mix(model)
 
     # ---- GEMMs ---------------------------------------------------------------------------------
     if model.block is not None:  # traced custom block: one GEMM-equivalent of its matmul FLOPs
@@ -115,22 +116,17 @@ def layer_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, 
         gemm = {"qkv": (g_fwd / 4, g_bwd / 4), "proj": (g_fwd / 4, g_bwd / 4),
                 "mlp_in": (g_fwd / 4, g_bwd / 4), "mlp_out": (g_fwd / 4, g_bwd / 4)}
     else:
-        dense_w, shared_w, fs = mlp_mix(model)
         gated = 2 if model.arch == "llama" else 1
 
-        def mlp(width: int, name: str):  # the average layer's tensor-parallel MLP GEMM (dense and shared experts)
-            def one(w: int):
-                return (cm.gemm_fwd_bwd(T, gated * w / t, h) if name == "mlp_in" else cm.gemm_fwd_bwd(T, h, w / t))
-            d = one(width)
-            if not shared_w:
-                return tuple(dense_w * a for a in d)
-            return tuple(dense_w * a + shared_w * b for a, b in zip(d, one(fs)))
+        def mlp(gemm_of):  # the average layer's tensor-parallel MLP GEMM: the dense MLP's and shared experts' share
+            shared = gemm_of(fs) if shared_w else (0.0, 0.0)
+            return tuple(dense_w * a + shared_w * b for a, b in zip(gemm_of(f), shared))
 
         gemm = {
             "qkv": cm.gemm_fwd_bwd(T, (qw + 2 * kw) / t, h),
             "proj": cm.gemm_fwd_bwd(T, h, qw / t),
-            "mlp_in": mlp(f, "mlp_in"),
-            "mlp_out": mlp(f, "mlp_out"),
+            "mlp_in": mlp(lambda w: cm.gemm_fwd_bwd(T, gated * w / t, h)),
+            "mlp_out": mlp(lambda w: cm.gemm_fwd_bwd(T, h, w / t)),
         }
     gemm_fwd = sum(g[0] for g in gemm.values())
     gemm_bwd = sum(g[1] for g in gemm.values())
@@ -155,7 +151,6 @@ def layer_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, 
         core_b = qk_b + av_b + soft_b + drop_b
 
     # ---- memory-bound ops -------------------------------------------------------------------------
-    dense_w, shared_w, fs = mlp_mix(model)
     ffw = T * (dense_w * f + shared_w * fs) / t  # activation-function elements (the tensor-parallel MLPs)
     if model.arch == "gpt":
         ew_f = cm.memory(2 * n_sp * 2 * eb, 2)  # two LayerNorms
@@ -203,13 +198,13 @@ def layer_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, 
 
     fwd = gemm_fwd + core_f + ew_f
     bwd = gemm_bwd + core_b + ew_b
+    ep_f = ep_b = 0.0
     if model.moe is not None:  # the MoE layers' routed part
         mc, phi = moe_cost(model, cm, comm, t, cp, mbs, ep, etp), model.moe_fraction
         fwd, bwd = fwd + phi * mc.fwd, bwd + phi * mc.bwd
-        tp_f, tp_b = tp_f + phi * mc.comm_fwd, tp_b + phi * mc.comm_bwd
-        return LayerCost(fwd=fwd, bwd=bwd, core_fwd=core_f, comm_fwd=tp_f + cp_f, comm_bwd=tp_b + cp_b,
-                         ep_comm=phi * (mc.comm_fwd + mc.comm_bwd))
-    return LayerCost(fwd=fwd, bwd=bwd, core_fwd=core_f, comm_fwd=tp_f + cp_f, comm_bwd=tp_b + cp_b)
+        ep_f, ep_b = phi * mc.comm_fwd, phi * mc.comm_bwd
+    return LayerCost(fwd=fwd, bwd=bwd, core_fwd=core_f, comm_fwd=tp_f + cp_f + ep_f, comm_bwd=tp_b + cp_b + ep_b,
+                     ep_comm=ep_f + ep_b)
 
 
 @dataclass

@@ -51,16 +51,19 @@ def mlp_mix(model: ModelSpec) -> tuple[float, float, int]:
     return 1.0 - phi, (phi if fs else 0.0), fs
 
 
-def routed_tokens(model: ModelSpec, t, cp, mbs):
-    """Token-expert pairs a rank sends per MoE layer and micro-batch: k x its sequence-parallel tokens."""
+def routed_load(model: ModelSpec, t, cp, mbs, etp) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per MoE layer and micro-batch: (T', the rank's sequence-parallel tokens; the k T' token-expert pairs it sends;
+    the pairs the busiest rank computes, ``token_time_factor`` x the mean, after the etp all-gather)."""
     assert model.moe is not None
-    t, cp, mbs = (np.asarray(x, dtype=float) for x in (t, cp, mbs))
-    return mbs * model.seq_length / (cp * t) * model.moe.experts_per_token
+    t, cp, mbs, etp = (np.asarray(x, dtype=float) for x in (t, cp, mbs, etp))
+    tokens = mbs * model.seq_length / (cp * t)
+    pairs = tokens * model.moe.experts_per_token
+    return tokens, pairs, model.moe.token_time_factor() * pairs * etp
 
 
 def a2a_bytes(model: ModelSpec, eb: float, t, cp, mbs):
     """What each all-to-all of a MoE layer carries from one rank (balanced load): its routed tokens' activations."""
-    return routed_tokens(model, t, cp, mbs) * model.hidden_size * eb
+    return routed_load(model, t, cp, mbs, 1)[1] * model.hidden_size * eb
 
 
 def moe_bytes(model: ModelSpec, eb: float, t, cp, mbs, ep, etp) -> tuple[np.ndarray, np.ndarray]:
@@ -69,12 +72,9 @@ def moe_bytes(model: ModelSpec, eb: float, t, cp, mbs, ep, etp) -> tuple[np.ndar
     and their output before the weighted combine; the backward's gradient buffers)."""
     moe = model.moe
     assert moe is not None
-    t, cp, mbs, ep, etp = (np.asarray(x, dtype=float) for x in (t, cp, mbs, ep, etp))
-    h, E, fe, r = model.hidden_size, moe.num_experts, moe.moe_ffn_hidden_size, moe.token_time_factor()
-    tokens = mbs * model.seq_length / (cp * t)
-    pairs = tokens * moe.experts_per_token
-    got = r * pairs * etp
-    width = np.ceil(fe / etp)
+    h, E, r = model.hidden_size, moe.num_experts, moe.token_time_factor()
+    tokens, pairs, got = routed_load(model, t, cp, mbs, etp)
+    width = np.ceil(moe.moe_ffn_hidden_size / np.asarray(etp, dtype=float))
     act = tokens * E * ROUTER_STAT_BYTES + pairs * 8 + got * h * eb + got * width * 3 * eb + r * pairs * h * eb
     return act, 2 * got * (h + width) * eb
 
@@ -95,11 +95,9 @@ def moe_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, ep
     moe = model.moe
     assert moe is not None
     t, cp, mbs, ep, etp = (np.asarray(x, dtype=float) for x in (t, cp, mbs, ep, etp))
-    h, E, k, fe, eb = model.hidden_size, moe.num_experts, moe.experts_per_token, moe.moe_ffn_hidden_size, cm.eb
+    h, E, fe, eb = model.hidden_size, moe.num_experts, moe.moe_ffn_hidden_size, cm.eb
     r = moe.token_time_factor()
-    tokens = mbs * model.seq_length / (cp * t)  # T': this rank's sequence-parallel tokens
-    pairs = tokens * k  # token-expert pairs it sends
-    got = r * pairs * etp  # pairs the busiest rank computes, after the etp all-gather
+    tokens, pairs, got = routed_load(model, t, cp, mbs, etp)
     local = E / ep  # experts per rank
     per_expert = got / local
 
@@ -114,9 +112,10 @@ def moe_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, ep
     fwd = router_f + up_f + down_f + cm.memory(act * 3 * eb) + cm.memory(2 * perm * 2 + tokens * h * eb, 2)
     bwd = router_b + up_b + down_b + cm.memory(act * 5 * eb) + cm.memory(2 * perm * 2 + tokens * h * eb, 2)
 
-    a2a = comm.all_to_all(r * a2a_bytes(model, eb, t, cp, mbs), ep, etp)
-    gathered = r * a2a_bytes(model, eb, t, cp, mbs) * etp
-    by_op = {("all_to_all", "ep"): a2a, ("all_gather", "etp"): comm.all_gather(gathered, etp, 1),
+    sent = r * a2a_bytes(model, eb, t, cp, mbs)  # from the busiest rank
+    gathered = sent * etp
+    by_op = {("all_to_all", "ep"): comm.all_to_all(sent, ep, etp),
+             ("all_gather", "etp"): comm.all_gather(gathered, etp, 1),
              ("reduce_scatter", "etp"): comm.reduce_scatter(gathered, etp, 1)}
     comm_t = {"fwd": 0.0, "bwd": 0.0}
     for ps, op, group, _ in MOE_LAYER_OPS:

@@ -187,9 +187,8 @@ class ModelSpec(BaseModel):
         group, not the data-parallel one."""
         if self.moe is None:
             return np.zeros_like(np.asarray(ep, dtype=float) * np.asarray(etp, dtype=float))
-        m = self.moe
-        per_expert = 3 * self.hidden_size * np.ceil(m.moe_ffn_hidden_size / np.asarray(etp, dtype=float))
-        return self.moe_fraction * m.num_experts / np.asarray(ep, dtype=float) * per_expert
+        per_expert = self._mlp_params_on(np.asarray(etp, dtype=float), self.moe.moe_ffn_hidden_size)
+        return self.moe_fraction * self.moe.num_experts / np.asarray(ep, dtype=float) * per_expert
 
     def active_layer_params(self) -> float:
         """Parameters of the average layer one token's matmuls use: all of a dense layer; in a MoE layer the
