@@ -13,6 +13,7 @@ from typing import Any
 
 from cost_models.memory import GiB
 from cost_models.step import Estimate
+from specs.errors import AutoparError
 from specs.planfile import PlanFile
 
 
@@ -20,6 +21,9 @@ def memory_check(plan: PlanFile, est: Estimate) -> list[dict[str, Any]]:
     """One row per pipeline rank: replayed and predicted state and peak (GiB) and the peak's relative error."""
     from runtime.memory_replay import replay_rank  # torch: only when asked
 
+    if plan.model.moe is not None:
+        raise AutoparError(f"--verify does not replay mixture-of-experts models yet ({plan.model.name}: routing needs "
+                           "real token values, which the meta device has none of); leave out --verify")
     rows = []
     for p, parts in enumerate(est.stage_memory_breakdown):
         if sys.stderr.isatty():

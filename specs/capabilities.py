@@ -40,9 +40,11 @@ def state_problem(state: StateSpec) -> str | None:
     return None
 
 
-def runnable_keys() -> dict[str, Any]:
-    """``--fix`` keys that keep a search to what the runtime executes (one value, or a list of them)."""
-    return {k: v[0] if len(v) == 1 else list(v) for k, v in RUNTIME_EXECUTES.items()}
+def runnable_keys(model: ModelSpec | None = None) -> dict[str, Any]:
+    """``--fix`` keys that keep a search to what the runtime executes (one value, or a list of them), for ``model``
+    (a MoE model also needs tp=1 and cp=1: :func:`moe_problem`)."""
+    keys = {k: v[0] if len(v) == 1 else list(v) for k, v in RUNTIME_EXECUTES.items()}
+    return {**keys, "tp": 1, "cp": 1} if model is not None and model.moe is not None else keys
 
 
 def model_problem(model: ModelSpec) -> str | None:
@@ -51,12 +53,19 @@ def model_problem(model: ModelSpec) -> str | None:
     if model.block is not None:
         return (f"model {model.name} was traced from its own nn.Module; the runtime trains its GPT and Llama blocks "
                 "only: describe it as a model spec (arch gpt or llama) to train it")
-    if model.moe is not None:
-        return (f"model {model.name} has mixture-of-experts layers, which autopar plans but its runtime does not "
-                "train yet; train a dense model, or run the plan with Megatron-Core")
     return None
+
+
+def moe_problem(cfg: ParallelConfig, model: ModelSpec) -> str | None:
+    """Why autopar's runtime cannot train ``model``'s MoE layers under ``cfg``, or None: it runs them whole on every
+    rank (no expert parallelism yet), with whole sequences (the aux loss is per sequence), under pp, dp, ZeRO-1,
+    interleaving and recompute."""
+    if model.moe is None or (cfg.tp == 1 and cfg.cp == 1):
+        return None
+    return (f"tp={cfg.tp}, cp={cfg.cp}: the runtime trains mixture-of-experts models with tp=1 and cp=1 only so far "
+            "(pipeline and data parallelism, ZeRO-1, recompute); plan with --fix tp=1,cp=1")
 
 
 def execution_problem(cfg: ParallelConfig, model: ModelSpec, state: StateSpec) -> str | None:
     """Why autopar's runtime cannot execute a plan (its keys, its model, its model state), or None."""
-    return runtime_problem(cfg) or model_problem(model) or state_problem(state)
+    return runtime_problem(cfg) or model_problem(model) or moe_problem(cfg, model) or state_problem(state)

@@ -55,6 +55,19 @@ def make_norm(spec: ModelSpec) -> nn.Module:
     return norm(spec.hidden_size, spec.norm_eps)
 
 
+class SwiGLU(nn.Module):
+    """``down(silu(gate) * up)`` of width ``ffn`` with a fused ``gate_up`` projection laid out ``[gate | up]``."""
+
+    def __init__(self, hidden: int, ffn: int) -> None:
+        super().__init__()
+        self.gate_up = nn.Linear(hidden, 2 * ffn, bias=False)
+        self.down = nn.Linear(ffn, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # one op over the fused projection: its backward writes d(gate_up) in one buffer (no cat)
+        return self.down(kernels.swiglu_packed(self.gate_up(x)))
+
+
 # ---- attention ----------------------------------------------------------------------------------
 
 _SDPA_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)  # enable_gqa: kv heads not copied
@@ -226,7 +239,7 @@ class Transformer(nn.Module):
         self.spec = spec
         ids = range(spec.num_layers) if layer_ids is None else layer_ids
         self.embed = Embedding(spec) if first else None
-        self.layers = nn.ModuleDict({str(i): block(spec) for i in ids})
+        self.layers = nn.ModuleDict({str(i): block(spec, i) for i in ids})
         self.head = Head(spec) if last else None
         if first and last and spec.tie_embeddings:
             self.head.out.weight = self.embed.tok.weight
@@ -273,7 +286,7 @@ class Transformer(nn.Module):
 
 # ---- deterministic initialisation ---------------------------------------------------------------
 
-_OUT_PROJ = ("attn.proj.weight", "mlp.down.weight", "mlp.proj.weight")
+_OUT_PROJ = ("attn.proj.weight", "mlp.down.weight", "mlp.proj.weight", "mlp.experts.down", "mlp.shared.down.weight")
 
 
 def init_std(name: str, spec: ModelSpec) -> float | None:

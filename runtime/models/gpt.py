@@ -21,7 +21,7 @@ class GeluMLP(nn.Module):
 
 
 class GPTBlock(nn.Module):
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, layer: int = 0) -> None:
         super().__init__()
         self.dropout_p = spec.dropout_p
         self.attn_norm = LayerNorm(spec.hidden_size, spec.norm_eps)

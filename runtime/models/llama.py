@@ -1,4 +1,5 @@
-"""Llama: pre-norm RMSNorm blocks with rotary attention (GQA) and a SwiGLU MLP; no biases."""
+"""Llama: pre-norm RMSNorm blocks with rotary attention (GQA) and a SwiGLU MLP (or, in a model's MoE layers, a
+mixture of SwiGLU experts: moe.py); no biases."""
 
 from __future__ import annotations
 
@@ -6,30 +7,19 @@ import torch
 from torch import nn
 
 from runtime import kernels
-from runtime.models.common import Attention, RMSNorm
+from runtime.models.common import Attention, RMSNorm, SwiGLU
+from runtime.models.moe import MoE
 from specs.model import ModelSpec
 
 
-class SwiGLU(nn.Module):
-    """``down(silu(gate) * up)`` with a fused ``gate_up`` projection laid out ``[gate | up]``."""
-
-    def __init__(self, spec: ModelSpec) -> None:
-        super().__init__()
-        self.gate_up = nn.Linear(spec.hidden_size, 2 * spec.ffn, bias=False)
-        self.down = nn.Linear(spec.ffn, spec.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # one op over the fused projection: its backward writes d(gate_up) in one buffer (no cat)
-        return self.down(kernels.swiglu_packed(self.gate_up(x)))
-
-
 class LlamaBlock(nn.Module):
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, layer: int = 0) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(spec.hidden_size, spec.norm_eps)
         self.attn = Attention(spec)
         self.mlp_norm = RMSNorm(spec.hidden_size, spec.norm_eps)
-        self.mlp = SwiGLU(spec)
+        moe = spec.moe is not None and spec.moe.is_moe_layer(layer)
+        self.mlp = MoE(spec) if moe else SwiGLU(spec.hidden_size, spec.ffn)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         a = self.attn(self.attn_norm(x))

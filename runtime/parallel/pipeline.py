@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from runtime.models.common import Transformer
+from runtime.models.moe import set_aux_scale
 from runtime.parallel.mappings import all_gather_into
 from runtime.parallel.mesh import ParallelGroups
 from runtime.phase_clock import PhaseClock
@@ -106,6 +107,8 @@ class PipelineRunner:
         self.on_backward = on_backward  # (chunk, is_final) before each backward: DP hooks arm on the final one
         self.p2p = P2P(groups.tp_group, cfg.tp, groups.tp_rank, split=not cfg.sp)
         self.clock = clock or PhaseClock()  # where the step's time goes (runtime/phase_clock.py)
+        for chunk in chunks:  # the step's loss is the mean over micro-batches: so is each MoE layer's aux loss
+            set_aux_scale(chunk, 1.0 / microbatches)
 
     def step(self, inputs: Sequence[torch.Tensor], targets: Sequence[torch.Tensor]) -> torch.Tensor:
         """Run the table; returns the sum of the micro-batch losses on the last stage (0 elsewhere)."""

@@ -161,17 +161,20 @@ def test_moe_hf_configs_read_and_refused(tmp_path, capsys):
     assert "mixture-of-experts model autopar does not read" in fails(capsys, *EST, "--model", str(p), "--plan", "tp=1")
 
 
-def test_plan_files_of_moe_models_are_not_run_yet(tmp_path, capsys):
-    """A MoE plan is written, and `autopar run` refuses it in one line before any worker starts."""
+def test_moe_plan_files_the_runtime_cannot_run_are_refused_in_one_line(tmp_path, capsys):
+    """Expert parallelism, and MoE layers under tp or cp, are planned but refused by `autopar run` before any
+    worker starts; `--runnable` keeps a MoE search to what the runtime trains."""
     out = tmp_path / "moe.json"
-    assert main(["plan", "--model", "tiny-moe", "--cluster", "cpu-gloo", "--gpus", "4", "--global-batch", "16",
-                 "--out", str(out)]) == 0
+    common = ["plan", "--model", "tiny-moe", "--cluster", "cpu-gloo", "--gpus", "4", "--global-batch", "16"]
+    assert main([*common, "--fix", "ep=2,tp=1", "--out", str(out)]) == 0
     capsys.readouterr()
     assert "the runtime does not execute expert parallelism yet" in fails(capsys, "run", str(out))
-    assert main(["plan", "--model", "tiny-moe", "--cluster", "cpu-gloo", "--gpus", "4", "--global-batch", "16",
-                 "--fix", "ep=1", "--out", str(out)]) == 0
+    assert main([*common, "--fix", "ep=1,tp=2,sp=true", "--out", str(out)]) == 0
     capsys.readouterr()
-    assert "plans but its runtime does not train yet" in fails(capsys, "run", str(out))
+    assert "with tp=1 and cp=1 only so far" in fails(capsys, "run", str(out))
+    assert main([*common, "--runnable", "--out", str(out), "--format", "json"]) == 0
+    best = json.loads(capsys.readouterr().out)["plans"][0]["parallel"]
+    assert (best["tp"], best["cp"], best["ep"], best["etp"]) == (1, 1, 1, 1)
 
 
 def test_published_moe_rows_map_onto_valid_plans():

@@ -91,6 +91,19 @@ def test_a_checkpoint_resumes_under_any_plan(pool, tokens64, tmp_path, model):
         np.testing.assert_allclose(rest, whole[4:], rtol=0, atol=1e-5, err_msg=name)
 
 
+def test_a_moe_checkpoint_resumes_under_another_plan(pool, tokens64, tmp_path):
+    """A MoE model (stacked expert weights, router, gated shared expert) saved at step 4 under pp=2 dp=2 ZeRO-1
+    resumes under dp=4 and under pp=2 interleaved: steps 5-6 are the uninterrupted single-process run's."""
+    model = {"moe": "gated", "tp": 1}
+    run = lambda case, d, save, resume, stop=None: pool.run(  # noqa: E731
+        "rt_cases:train_with_checkpoints", {**model, **case, "steps": 6}, tokens64, str(d), save, resume, stop)[0]
+    whole = run({}, tmp_path / "single", [], False)
+    first = run(dict(pp=2, dp=2, zero=1), tmp_path / "ck", [4], False, 4)
+    np.testing.assert_allclose(first, whole[:4], rtol=0, atol=1e-5)
+    for plan in (dict(dp=4), dict(pp=2, dp=2, sched="interleaved")):
+        np.testing.assert_allclose(run(plan, tmp_path / "ck", [], True), whole[4:], rtol=0, atol=1e-5, err_msg=str(plan))
+
+
 def test_a_longer_resumed_run_keeps_the_plans_learning_rates(pool, tokens64, tmp_path):
     """`autopar run --steps 2`, then `--steps 5 --resume`: the learning rate of every step is that of one
     uninterrupted run (the schedule is the plan's 4 steps, then min_lr), not a schedule redrawn over 5."""

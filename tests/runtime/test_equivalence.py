@@ -120,7 +120,19 @@ def _id(c: dict) -> str:
                     if k not in ("sched", "arch", "recompute") or v not in ("1f1b", "none")).replace(" ", "")
 
 
-@pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
+# Mixture of experts (layers 0 and 2: 8 experts, top-2, one shared expert), which the runtime trains with tp=1 and
+# cp=1 so far: every micro-batch count (the aux loss's gradient is scaled as the loss is), pp with 1F1B and
+# interleaving, dp with ZeRO-1 and overlap, full and selective recompute, the shared expert's gate, a sigmoid router.
+MOE_CASES = [
+    dict(moe="softmax", tp=1, pp=1, dp=1),
+    dict(moe="gated", tp=1, pp=2, dp=2, sched="interleaved", zero=1),
+    dict(moe="sigmoid", tp=1, pp=2, dp=1, recompute="full"),
+    dict(moe="softmax", tp=1, pp=1, dp=2, recompute="selective", zero=1, dp_overlap=True),
+    dict(moe="gated", tp=1, pp=2, dp=2, mbs=2),
+]
+
+
+@pytest.mark.parametrize("case", CASES + MOE_CASES, ids=[_id(c) for c in CASES + MOE_CASES])
 def test_plan_matches_single_process(pool, tokens64, case):
     plan = case_plan(case)
     results = pool.run("rt_cases:equivalence", case, tokens64)
