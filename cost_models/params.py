@@ -29,6 +29,24 @@ def _last(x) -> np.ndarray:
     return np.asarray(x, dtype=float)[..., None]
 
 
+def moe_layers(model: ModelSpec, layers: np.ndarray) -> np.ndarray:
+    """How many of each stage's layers are MoE layers ([..., stages] in pipeline order: stage j holds the layers
+    after those of stages 0..j-1); zeros for a dense model."""
+    layers = np.asarray(layers, dtype=float)
+    if model.moe is None:
+        return np.zeros_like(layers)
+    end = np.cumsum(layers, axis=-1)
+    return model.moe.moe_layers_before(end) - model.moe.moe_layers_before(end - layers)
+
+
+def _per_layer(model: ModelSpec, layers: np.ndarray, count) -> np.ndarray:
+    """``count(moe_share)`` summed over each stage's layers: its dense layers' (share 0) and its MoE layers' (1)
+    exactly, not the model's average layer."""
+    layers = np.asarray(layers, dtype=float)
+    moe = moe_layers(model, layers)
+    return (layers - moe) * count(0.0) + moe * count(1.0) if model.moe is not None else layers * count(None)
+
+
 def stage_params(model: ModelSpec, t, layers: np.ndarray, ep=1, etp=1) -> np.ndarray:
     """Parameters of each virtual stage on one GPU: ``layers`` is [..., stages] layers per stage (broadcast
     against ``t``, ``ep`` and ``etp`` of shape [...]); the first stage holds the embedding, the last the head (with
@@ -36,7 +54,7 @@ def stage_params(model: ModelSpec, t, layers: np.ndarray, ep=1, etp=1) -> np.nda
     layers = np.asarray(layers, dtype=float)
     t = np.asarray(t, dtype=float)[..., None]
     nv = layers.shape[-1]
-    out = layers * model.layer_params_on(t, _last(ep), _last(etp))
+    out = _per_layer(model, layers, lambda share: model.layer_params_on(t, _last(ep), _last(etp), share))
     first, last = end_stages(nv)
     own = (not model.tie_embeddings) or nv > 1
     return out + first * model.embedding_params_on(t) + last * model.head_params_on(t, own)
@@ -45,8 +63,7 @@ def stage_params(model: ModelSpec, t, layers: np.ndarray, ep=1, etp=1) -> np.nda
 def expert_params(model: ModelSpec, layers: np.ndarray, ep, etp) -> np.ndarray:
     """Of :func:`stage_params`, the routed experts' parameters ([..., stages]): sharded over ep x etp, their gradients
     reduced (and ZeRO-1's optimizer state sharded) over the expert-data-parallel group."""
-    layers = np.asarray(layers, dtype=float)
-    return layers * model.expert_params_on(_last(ep), _last(etp))
+    return _per_layer(model, layers, lambda share: model.expert_params_on(_last(ep), _last(etp), share))
 
 
 def gradient_groups(model: ModelSpec, t, sp, layers: np.ndarray, ep=1, etp=1
@@ -62,7 +79,7 @@ def gradient_groups(model: ModelSpec, t, sp, layers: np.ndarray, ep=1, etp=1
     total = stage_params(model, t, layers, ep, etp)
     t = np.asarray(t, dtype=float)[..., None]
     first, last = end_stages(nv)
-    whole = (layers * model.replicated_layer_params + last * model.head_params_on(1, False)  # + final norm
+    whole = (_per_layer(model, layers, model.replicated_params) + last * model.head_params_on(1, False)  # + final norm
              + first * model.position_params)
     summed = np.where(np.asarray(sp)[..., None] & (t > 1), whole, 0.0)
     tied = np.zeros_like(total)

@@ -203,7 +203,7 @@ def rank_work(model: ModelSpec, comm: CommModel, state: StateSpec, c: Candidates
                                                    by_rank(first), by_rank(last))
     tied = (first + last) if model.tie_embeddings and nv > 1 else 0.0  # as stage_state's per-layer buckets
     buckets = by_rank(np.maximum(1.0, np.asarray(layers, dtype=float)) + tied)
-    rank_params = stage_params(model, c.tp, by_rank(layers), c.ep, c.etp)
+    rank_params = by_rank(stage_params(model, c.tp, layers, c.ep, c.etp))
     zero_f, zero_b = zero_traffic(comm, state, rank_params, buckets, fwd, bwd + recompute, _col(c.zero),
                                   _col(c.dp * c.cp), _col(c.tp), c.dp_overlap[:, None])
     return fwd + bwd + recompute + comm_f + comm_b + zero_f + zero_b

@@ -160,11 +160,12 @@ class ModelSpec(BaseModel):
         rows = (2 if self.arch == "llama" else 1) * np.ceil(f / t)
         return rows * self.hidden_size + self.hidden_size * np.ceil(f / t)
 
-    def layer_params_on(self, t: Any = 1, ep: Any = 1, etp: Any = 1) -> Any:
+    def layer_params_on(self, t: Any = 1, ep: Any = 1, etp: Any = 1, moe_share: Any = None) -> Any:
         """Parameters of one transformer layer on one GPU of ``t`` tensor-parallel ranks (numpy-broadcast over t):
         column- and row-parallel weights split t ways, each fused part (q | k | v, gate | up) padded to a
-        multiple of t; norms and row-parallel biases whole on every rank. With MoE layers: the average layer
-        (:attr:`moe_fraction`), its routed experts split over ``ep`` x ``etp`` (:meth:`expert_params_on`)."""
+        multiple of t; norms and row-parallel biases whole on every rank. With MoE layers: the average of layers of
+        which ``moe_share`` are MoE layers (default :attr:`moe_fraction`: the model's average layer; 0 a dense one,
+        1 a MoE one), the routed experts split over ``ep`` x ``etp`` (:meth:`expert_params_on`)."""
         t = np.asarray(t, dtype=float)
         if self.block is not None:  # a traced custom block: its count, split evenly
             return self.block.params / t
@@ -176,19 +177,22 @@ class ModelSpec(BaseModel):
             return attn + qkv_rows + mlp + self.replicated_layer_params
         mlp = self._mlp_params_on(t, self.ffn)
         if self.moe is not None:
-            phi = self.moe_fraction
+            phi = self._share(moe_share)
             shared = self._mlp_params_on(t, self.moe.shared_ffn) if self.moe.shared_ffn else 0.0
-            mlp = (1 - phi) * mlp + phi * shared + self.expert_params_on(ep, etp)
-        return attn + (qkv_rows if self.qkv_bias else 0) + mlp + self.replicated_layer_params
+            mlp = (1 - phi) * mlp + phi * shared + self.expert_params_on(ep, etp, phi)
+        return attn + (qkv_rows if self.qkv_bias else 0) + mlp + self.replicated_params(moe_share)
 
-    def expert_params_on(self, ep: Any = 1, etp: Any = 1) -> Any:
-        """The routed experts' parameters of the average layer on one GPU: ``num_experts / ep`` experts, each a
-        SwiGLU MLP split ``etp`` ways (0 for a dense model). Their gradients are reduced over the expert-data-parallel
-        group, not the data-parallel one."""
+    def _share(self, moe_share: Any) -> Any:
+        return self.moe_fraction if moe_share is None else np.asarray(moe_share, dtype=float)
+
+    def expert_params_on(self, ep: Any = 1, etp: Any = 1, moe_share: Any = None) -> Any:
+        """The routed experts' parameters of a layer on one GPU (the average layer; ``moe_share`` as in
+        :meth:`layer_params_on`): ``num_experts / ep`` experts, each a SwiGLU MLP split ``etp`` ways (0 for a dense
+        model). Their gradients are reduced over the expert-data-parallel group, not the data-parallel one."""
         if self.moe is None:
             return np.zeros_like(np.asarray(ep, dtype=float) * np.asarray(etp, dtype=float))
         per_expert = self._mlp_params_on(np.asarray(etp, dtype=float), self.moe.moe_ffn_hidden_size)
-        return self.moe_fraction * self.moe.num_experts / np.asarray(ep, dtype=float) * per_expert
+        return self._share(moe_share) * self.moe.num_experts / np.asarray(ep, dtype=float) * per_expert
 
     def active_layer_params(self) -> float:
         """Parameters of the average layer one token's matmuls use: all of a dense layer; in a MoE layer the
@@ -200,8 +204,13 @@ class ModelSpec(BaseModel):
         return full - float(self.expert_params_on(1, 1)) * (1 - m.experts_per_token / m.num_experts)
 
     @property
-    def replicated_layer_params(self) -> int:
-        """Parameters of a layer every tensor-parallel rank holds whole: norms and row-parallel biases."""
+    def replicated_layer_params(self) -> Any:
+        """Parameters of the average layer every tensor-parallel rank holds whole (:meth:`replicated_params`)."""
+        return self.replicated_params()
+
+    def replicated_params(self, moe_share: Any = None) -> Any:
+        """Parameters of a layer every tensor-parallel rank holds whole: norms and row-parallel biases, and a MoE
+        layer's router and shared experts' gate (``moe_share`` as in :meth:`layer_params_on`)."""
         if self.block is not None:
             return 0
         h = self.hidden_size
@@ -209,8 +218,7 @@ class ModelSpec(BaseModel):
             return 6 * h  # two LayerNorms (weight, bias), two out biases
         if self.moe is None:
             return 2 * h
-        # the router (and the shared experts' gate) of a MoE layer: whole on every rank, like the norms
-        return 2 * h + self.moe_fraction * h * (self.moe.num_experts + (1 if self.moe.shared_expert_gate else 0))
+        return 2 * h + self._share(moe_share) * h * (self.moe.num_experts + (1 if self.moe.shared_expert_gate else 0))
 
     @property
     def position_params(self) -> int:

@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 from rt_cases import case_plan
 from rt_reference import reference_run
-from test_equivalence import CASES, _id
+from test_equivalence import CASES, MOE_CASES, _id
 
 from cost_models.ledger import priced_ledger
 from cost_models.params import gradient_buckets, gradient_groups
@@ -64,7 +64,7 @@ def priced_buckets(plan: PlanFile) -> np.ndarray:
     layers = np.array(cfg.stage_layers(plan.model.num_layers), dtype=float)
     if cfg.zero >= 2 and cfg.dp * cfg.cp > 1:
         return np.maximum(1.0, layers)
-    groups = gradient_groups(plan.model, cfg.tp, cfg.sp and cfg.tp > 1, layers)
+    groups = gradient_groups(plan.model, cfg.tp, cfg.sp and cfg.tp > 1, layers, cfg.ep, cfg.etp)
     return gradient_buckets(groups, plan.state.bucket_params)
 
 
@@ -124,6 +124,13 @@ def check_plan_run(pool, tokens64: str, case: dict) -> list[dict]:
 def test_buckets_and_state_bytes_are_priced(pool, tokens64, case):
     reports = check_plan_run(pool, tokens64, case)
     assert all(r["dtypes"] == ["torch.float32", "torch.float32"] for r in reports)
+
+
+@pytest.mark.parametrize("case", MOE_CASES, ids=[_id(c) for c in MOE_CASES])
+def test_moe_state_and_traffic_are_priced(pool, tokens64, case):
+    """MoE plans: each stage's experts, router and shared experts, counted per stage (its MoE layers, not the average
+    layer), are the runtime's buckets, state bytes and data-parallel traffic."""
+    check_plan_run(pool, tokens64, case)
 
 
 @pytest.mark.parametrize("case", BF16_CASES, ids=[_id(c) for c in BF16_CASES])
