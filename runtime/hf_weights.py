@@ -1,5 +1,5 @@
 """Hugging Face weights in and out of autopar checkpoints (Llama, Mistral and Qwen2 layouts: GQA, QKV biases,
-tied embeddings).
+tied embeddings; Mixtral's mixture of experts).
 
 * ``autopar import-hf HF_DIR --plan plan.json --out CKPT``: the directory's ``config.json`` must describe the
   plan's model; its safetensors weights (``model.safetensors`` or the shards an index file lists) become a step-0
@@ -10,7 +10,8 @@ tied embeddings).
 
 Checkpoints hold each parameter whole by model name (:mod:`runtime.portable_state`), so neither direction cares
 which plan wrote or reads them. autopar fuses q/k/v into ``attn.qkv`` and gate/up into ``mlp.gate_up`` (rows in
-that order); the rest is a renaming. Both run in one process, without a process group.
+that order), and stacks a MoE layer's experts (``mlp.experts.gate_up`` [E, 2f, h]: each expert's w1 then w3;
+``mlp.experts.down`` [E, h, f]: its w2); the rest is a renaming. Both run in one process, without a process group.
 """
 
 from __future__ import annotations
@@ -37,8 +38,10 @@ _LAYER = {  # autopar name in layer i -> Hugging Face name(s) in model.layers.i 
     "mlp.gate_up.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
     "mlp.down.weight": ("mlp.down_proj.weight",),
 }
+_MOE = "block_sparse_moe"  # Mixtral's MoE layer
+# what a config must share with the plan's model
 _SHAPE = ("arch", "num_layers", "hidden_size", "num_attention_heads", "kv_heads", "hd", "ffn", "vocab_size",
-          "tie_embeddings", "qkv_bias", "norm_eps", "rope_theta")  # what a config must share with the plan's model
+          "tie_embeddings", "qkv_bias", "norm_eps", "rope_theta", "moe")
 _ENDS = {"embed.tok.weight": "model.embed_tokens.weight", "head.norm.weight": "model.norm.weight",
          "head.out.weight": "lm_head.weight"}
 
@@ -48,16 +51,49 @@ def names(spec: ModelSpec) -> dict[str, tuple[str, ...]]:
     if spec.arch != "llama":
         raise AutoparError(f"model {spec.name} is a GPT (arch gpt): Hugging Face weights are supported for "
                            "Llama-family models (Llama, Mistral, Qwen2)")
+    moe = spec.moe
+    if moe is not None and not _mixtral_like(spec):
+        raise AutoparError(f"model {spec.name} has MoE layers other than Mixtral's (every layer MoE, softmax top-k "
+                           "renormalised, no shared experts): Hugging Face weights are supported for Mixtral's layout")
     out: dict[str, tuple[str, ...]] = {"embed.tok.weight": (_ENDS["embed.tok.weight"],)}
     for i in range(spec.num_layers):
         for ours, theirs in _LAYER.items():
-            if ours == "attn.qkv.bias" and not spec.qkv_bias:
+            if ours == "attn.qkv.bias" and not spec.qkv_bias or moe is not None and ours.startswith("mlp."):
                 continue
             out[f"layers.{i}.{ours}"] = tuple(f"model.layers.{i}.{t}" for t in theirs)
+        if moe is not None:
+            experts = range(moe.num_experts)
+            out[f"layers.{i}.mlp.router.weight"] = (f"model.layers.{i}.{_MOE}.gate.weight",)
+            out[f"layers.{i}.mlp.experts.gate_up"] = tuple(f"model.layers.{i}.{_MOE}.experts.{e}.{w}.weight"
+                                                           for e in experts for w in ("w1", "w3"))
+            out[f"layers.{i}.mlp.experts.down"] = tuple(f"model.layers.{i}.{_MOE}.experts.{e}.w2.weight"
+                                                        for e in experts)
     out["head.norm.weight"] = (_ENDS["head.norm.weight"],)
     if not spec.tie_embeddings:
         out["head.out.weight"] = (_ENDS["head.out.weight"],)
     return out
+
+
+def _mixtral_like(spec: ModelSpec) -> bool:
+    m = spec.moe
+    return m is not None and (m.layer_freq, m.first_dense_layers, m.num_shared_experts, m.router, m.norm_topk_prob,
+                              m.capacity_factor) == (1, 0, 0, "softmax", True, None)
+
+
+def _rows(spec: ModelSpec, ours: str) -> tuple[int, ...]:
+    """The rows of each Hugging Face tensor a fused or stacked parameter is made of (stacked: its leading dims
+    merged), in order."""
+    if "qkv" in ours:
+        return (spec.q_width, spec.kv_width, spec.kv_width)
+    if ours.endswith("experts.gate_up"):
+        return (spec.moe.moe_ffn_hidden_size,) * (2 * spec.moe.num_experts)  # type: ignore[union-attr]
+    if ours.endswith("experts.down"):
+        return (spec.hidden_size,) * spec.moe.num_experts  # type: ignore[union-attr]
+    return (spec.ffn, spec.ffn)
+
+
+def _stacked(ours: str) -> bool:
+    return ours.endswith(("experts.gate_up", "experts.down"))
 
 
 # ---- in ---------------------------------------------------------------------------------------------
@@ -111,11 +147,13 @@ def import_hf(hf_dir: Path, plan: PlanFile, out: Path) -> Path:
             raise AutoparError(f"{hf_dir} has no weight {missing[0]}: not a complete {spec.arch} checkpoint of "
                                f"{spec.num_layers} layers")
         params[ours] = torch.cat([weights[p].float() for p in parts]) if len(parts) > 1 else weights[parts[0]].float()
+        if _stacked(ours):  # [E * rows, cols] -> [E, rows, cols]
+            params[ours] = params[ours].view(spec.moe.num_experts, -1, params[ours].shape[-1])  # type: ignore[union-attr]
         used.update(parts)
     extra = sorted(set(weights) - used - {k for k in weights if k.endswith("rotary_emb.inv_freq")})
     if extra:
         raise AutoparError(f"{hf_dir} has weights autopar's model does not have (e.g. {extra[0]}); autopar reads "
-                           "Llama, Mistral and Qwen2 layouts")
+                           "Llama, Mistral, Qwen2 and Mixtral layouts")
     state = plan.state
     sd: dict[str, torch.Tensor] = {}
     for name, t in params.items():
@@ -158,8 +196,14 @@ def read_parameters(ckpt_dir: Path) -> tuple[ModelSpec, dict[str, torch.Tensor]]
 
 
 def hf_config(spec: ModelSpec) -> dict[str, object]:
-    """A ``config.json`` for the model: Qwen2 when it has QKV biases, else Llama."""
+    """A ``config.json`` for the model: Mixtral when it has MoE layers, Qwen2 when it has QKV biases, else Llama."""
     qwen = spec.qkv_bias
+    if spec.moe is not None:
+        moe = spec.moe
+        return {**hf_config(spec.model_copy(update={"moe": None, "ffn_hidden_size": moe.moe_ffn_hidden_size})),
+                "architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+                "num_local_experts": moe.num_experts, "num_experts_per_tok": moe.experts_per_token,
+                "router_aux_loss_coef": moe.aux_loss_coef, "output_router_logits": False}
     return {
         "architectures": ["Qwen2ForCausalLM" if qwen else "LlamaForCausalLM"],
         "model_type": "qwen2" if qwen else "llama",
@@ -184,8 +228,9 @@ def export_hf(ckpt_dir: Path, out: Path) -> Path:
         if len(parts) == 1:
             tensors[parts[0]] = t.contiguous()
             continue
-        rows = (spec.q_width, spec.kv_width, spec.kv_width) if "qkv" in ours else (spec.ffn, spec.ffn)
-        for name, piece in zip(parts, t.split(rows)):
+        if _stacked(ours):
+            t = t.reshape(-1, t.shape[-1])
+        for name, piece in zip(parts, t.split(_rows(spec, ours))):
             tensors[name] = piece.contiguous()
     if (out / "model.safetensors").exists() or (out / "config.json").exists():
         raise AutoparError(f"{out} already holds a model; give an empty or new directory")

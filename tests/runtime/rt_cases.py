@@ -34,7 +34,7 @@ TRAIN = TrainConfig(steps=3, lr=3e-3, min_lr=3e-4, warmup_steps=1, weight_decay=
 def case_spec(case: dict[str, Any]) -> ModelSpec:
     """A tiny model for a case: Llama (GQA where tp allows) or GPT, 4 layers, hidden 32, vocab 64, seq 16 (``seq``);
     ``moe``: its layers 0 and 2 a mixture of 8 experts, top-2, one shared expert ("gated": Qwen's sigmoid gate on it,
-    "sigmoid": a sigmoid router)."""
+    "sigmoid": a sigmoid router), or "mixtral": every layer 4 experts, top-2."""
     tp = case.get("tp", 1)
     llama = case.get("arch", "llama") == "llama"
     return ModelSpec(
@@ -43,10 +43,17 @@ def case_spec(case: dict[str, Any]) -> ModelSpec:
         ffn_hidden_size=64 if llama else 96, vocab_size=case.get("vocab", 64), seq_length=case.get("seq", 16),
         tie_embeddings=case.get("tied", False), dropout=case.get("dropout", 0.0), attention=case.get("attention"),
         qkv_bias=case.get("qkv_bias", False),
-        moe=MoESpec(num_experts=8, experts_per_token=2, moe_ffn_hidden_size=32, num_shared_experts=1, layer_freq=2,
-                    shared_expert_gate=case.get("moe") == "gated", router="sigmoid" if case.get("moe") == "sigmoid"
-                    else "softmax") if case.get("moe") else None,
+        moe=_case_moe(case.get("moe")),
     )
+
+
+def _case_moe(kind: str | None) -> MoESpec | None:
+    if kind is None:
+        return None
+    if kind == "mixtral":  # Mixtral's layout (transformers' MixtralConfig defaults): 4 experts of the MLP's width
+        return MoESpec(num_experts=4, experts_per_token=2, moe_ffn_hidden_size=64, aux_loss_coef=0.001)
+    return MoESpec(num_experts=8, experts_per_token=2, moe_ffn_hidden_size=32, num_shared_experts=1, layer_freq=2,
+                   shared_expert_gate=kind == "gated", router="sigmoid" if kind == "sigmoid" else "softmax")
 
 
 def case_plan(case: dict[str, Any]) -> PlanFile:
