@@ -1,14 +1,16 @@
 """The communication the cost model prices for one plan, rank by rank: the ledger runtime/comm_ledger.py records.
 
-Per pipeline rank (tensor-, context- and data-parallel ranks of one stage do the same) and per step, the calls
-and bytes of each (op, group, dtype), read off the same declarations and per-stage terms the pricing uses:
+Per pipeline rank (tensor-, context- and data-parallel ranks of one stage do the same) and per step, the calls and
+bytes of each (op, group, dtype), read off the same declarations and per-stage terms the pricing uses:
 ``layer.TP_LAYER_OPS`` / ``CP_LAYER_OPS`` / ``END_OPS`` and their message sizes, the pipeline sends of
-``stages.send_time``, ZeRO-2/3's per-micro-batch traffic of ``stages.zero_traffic`` (a bucket per layer),
-the data-parallel reduce and ZeRO-1/2 gather of ``tail.rank_tail`` (``stage_state``'s buckets), the tp-sum of
-sequence-parallel gradients (``tail.tp_sum``), a tied embedding's reduce and the step's three scalar
-reductions (``tail.step_reductions``). Bytes follow cost_models/comm.py's convention: the all-gather's output,
-the reduce-scatter's input, the all-reduce's buffer, the bytes sent. ZeRO's padding of buckets to a multiple of
-the data-parallel size is not priced (at most d - 1 elements per bucket).
+``stages.send_time``, ZeRO-2/3's per-micro-batch traffic of ``stages.zero_traffic`` (a bucket per layer), the
+data-parallel reduce and ZeRO-1/2 gather of ``tail.rank_tail`` (``stage_state``'s buckets), the tp-sum of
+sequence-parallel gradients (``tail.tp_sum``), a tied embedding's reduce and the step's three scalar reductions
+(``tail.step_reductions``); a MoE model's ``moe.MOE_LAYER_OPS`` per MoE layer (at balanced load: the all-to-alls carry
+each rank's own routed tokens, the combine's the rows it received, which sum to the same over the ep group) and its
+experts' reduce over the expert-data-parallel group. Bytes follow cost_models/comm.py's convention: the all-gather's
+output, the reduce-scatter's input, the all-reduce's buffer, the bytes sent. ZeRO's padding of buckets to a multiple
+of the data-parallel size is not priced (at most d - 1 elements per bucket).
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ from cost_models.layer import (
     kv_bytes,
     tp_message_bytes,
 )
+from cost_models.moe import MOE_LAYER_OPS, moe_messages
 from cost_models.params import zero3_regather
 from cost_models.stages import layer_terms, stage_state
-from cost_models.tail import owned_share, step_reductions, tied_grad_bytes, tp_sum_buckets
+from cost_models.tail import expert_buckets, owned_share, step_reductions, tied_grad_bytes, tp_sum_buckets
 from specs.cluster import ClusterSpec
 from specs.model import ModelSpec
 from specs.parallel import Candidates, ParallelConfig
@@ -60,7 +63,8 @@ def priced_ledger(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, g
     """For each pipeline rank: {(op, group, dtype): (calls, bytes)} of one training step, as priced.
 
     Groups: ``tp``, ``cp``, ``dp`` (data parallelism over dp x cp), ``pp`` (sends to a neighbouring stage),
-    ``embed`` (the first and last stage, for a tied embedding), ``mp`` (tp x pp: one replica), ``world``."""
+    ``embed`` (the first and last stage, for a tied embedding), ``mp`` (tp x pp: one replica), ``world``, and for
+    MoE models ``ep`` (expert parallel), ``etp`` and ``edp`` (expert data parallel)."""
     act = DTYPE_NAMES[cluster.precision]
     eb = DTYPE_BYTES[cluster.precision]
     t, cp, pp = cfg.tp, cfg.cp, cfg.pp
@@ -111,14 +115,21 @@ def priced_ledger(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, g
                     book.add("send", "pp", act, m, msg / t)
                     if t > 1 and not sp:  # the receiver gathers the tensor-parallel slices
                         tp_op("all_gather", m)
+            if model.moe is not None:
+                _moe_ops(book, model, cfg, eb, act, range(sum(layers[:j]), sum(layers[:j]) + n), k, m)
             nb, p = float(held.buckets[j]), float(held.params[j])
+            pe = float(held.expert_params[j])
+            if pe > 0:  # the routed experts: a reduce group of their own, over the expert-data-parallel ranks
+                nbe = float(expert_buckets(pe, state))
+                nb, p = nb - nbe, p - pe
+                if cfg.edp > 1:
+                    _dp_ops(book, "edp", cfg.zero, grads, params, nbe, pe, state)
             if d > 1:
                 if cfg.zero <= 1:
-                    book.add("all_reduce" if cfg.zero == 0 else "reduce_scatter", "dp", grads, nb,
-                             p * state.grad_reduce_bytes / nb)
+                    _dp_ops(book, "dp", cfg.zero, grads, params, nb, p, state)
                 else:
                     book.add("reduce_scatter", "dp", grads, nb * m, p * state.grad_reduce_bytes / nb)
-                if cfg.zero in (1, 2):
+                if cfg.zero == 2:
                     book.add("all_gather", "dp", params, nb, p * state.param_bytes / nb)
                 if cfg.zero == 3:
                     book.add("all_gather", "dp", params, 2 * nb * m, p * state.param_bytes / nb)
@@ -128,8 +139,33 @@ def priced_ledger(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, g
                 book.add("all_reduce", "tp", grads, snb, held.tp_summed[j] * state.grad_reduce_bytes / owned / snb)
         if model.tie_embeddings and nv > 1 and r in (0, pp - 1):
             book.add("all_reduce", "embed", grads, 1, float(tied_grad_bytes(model, state, t, cfg.zero, d)))
-        for group, size, nbytes in step_reductions(t, pp, cfg.zero, cfg.world):
+        for group, size, nbytes in step_reductions(t, pp, cfg.zero, cfg.world, model.moe is not None):
             if int(size) > 1:
                 book.add("all_reduce", str(group), "float32", 1, nbytes)
         out.append(book.as_dict())
     return out
+
+
+def _dp_ops(book: _Book, group: str, zero: int, grads: str, params: str, nb: float, p: float,
+            state: StateSpec) -> None:
+    """ZeRO-0/1's reduce of ``nb`` buckets holding ``p`` parameters over ``group`` (ZeRO-1: and their gather)."""
+    book.add("all_reduce" if zero == 0 else "reduce_scatter", group, grads, nb, p * state.grad_reduce_bytes / nb)
+    if zero == 1:
+        book.add("all_gather", group, params, nb, p * state.param_bytes / nb)
+
+
+def _moe_ops(book: _Book, model: ModelSpec, cfg: ParallelConfig, eb: float, act: str, layer_ids: range,
+             recomputed: int, m: int) -> None:
+    """The MoE layers' collectives of one virtual stage holding ``layer_ids``, the first ``recomputed`` of them
+    run forward again under full recompute, over ``m`` micro-batches."""
+    moe = model.moe
+    assert moe is not None
+    msgs = moe_messages(model, eb, cfg.tp, cfg.cp, cfg.mbs, cfg.etp)
+    sizes = {"ep": cfg.ep, "etp": cfg.etp, "tp": cfg.tp}
+    ids = [i for i in layer_ids if moe.is_moe_layer(i)]
+    again = sum(1 for i in ids if i - layer_ids.start < recomputed) if cfg.recompute == "full" else 0
+    for ps, op, group, what in MOE_LAYER_OPS:
+        nbytes, dtype = msgs[group, what]
+        if sizes[group] > 1:
+            book.add(op, group, act if dtype == "act" else dtype, (len(ids) + (again if ps == "fwd" else 0)) * m,
+                     float(nbytes))

@@ -30,16 +30,20 @@ from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
 from specs.model import ModelSpec
 
-# The routed part's collectives per MoE layer and micro-batch, in order: (pass, op, group, what). "a2a": the k T'
-# routed tokens over the ep group; "etp": the received tokens over the etp group (all-gather before the experts,
-# reduce-scatter after; the backward the conjugates).
+# The routed part's collectives per MoE layer and micro-batch, in order: (pass, op, group, what) (message sizes:
+# :func:`moe_messages`). "counts": how many rows each rank sends each expert (int64, over ep, before the tokens);
+# "dispatch"/"combine": the k T' routed tokens over the ep group, and with etp > 1 the received tokens over the etp
+# group (all-gather before the experts, reduce-scatter after; the backward the conjugates); "aux": the aux loss's
+# expert-choice counts of each sequence summed over the tp ranks that hold its shards (fp32; with SP and an aux loss).
 MOE_LAYER_OPS = (
+    ("fwd", "all_reduce", "tp", "aux"), ("fwd", "all_to_all", "ep", "counts"),
     ("fwd", "all_to_all", "ep", "dispatch"), ("fwd", "all_gather", "etp", "dispatch"),
     ("fwd", "reduce_scatter", "etp", "combine"), ("fwd", "all_to_all", "ep", "combine"),
     ("bwd", "all_to_all", "ep", "combine"), ("bwd", "all_gather", "etp", "combine"),
     ("bwd", "reduce_scatter", "etp", "dispatch"), ("bwd", "all_to_all", "ep", "dispatch"),
 )
 ROUTER_STAT_BYTES = 4  # the router's scores and probabilities are fp32
+COUNT_BYTES = 8  # the per-expert row counts (int64)
 
 
 def mlp_mix(model: ModelSpec) -> tuple[float, float, int]:
@@ -64,6 +68,22 @@ def routed_load(model: ModelSpec, t, cp, mbs, etp) -> tuple[np.ndarray, np.ndarr
 def a2a_bytes(model: ModelSpec, eb: float, t, cp, mbs):
     """What each all-to-all of a MoE layer carries from one rank (balanced load): its routed tokens' activations."""
     return routed_load(model, t, cp, mbs, 1)[1] * model.hidden_size * eb
+
+
+def moe_messages(model: ModelSpec, eb: float, t, cp, mbs, etp, r=1.0) -> dict[tuple[str, str], tuple[object, str]]:
+    """Each of :data:`MOE_LAYER_OPS`'s messages from one rank, by (group, what): (bytes in cost_models/comm.py's
+    convention, "act" for the activations' dtype or the dtype). ``r`` scales the routed tokens (1: balanced; the
+    busiest rank's ``token_time_factor``); a "what" not sent (no aux loss, or tp = 1) has 0 bytes."""
+    moe = model.moe
+    assert moe is not None
+    sent = r * a2a_bytes(model, eb, t, cp, mbs)
+    aux = np.where((np.asarray(t) > 1) & (moe.aux_loss_coef > 0), np.asarray(mbs, dtype=float) * moe.num_experts
+                   * ROUTER_STAT_BYTES, 0.0)
+    return {("ep", "counts"): (moe.num_experts * COUNT_BYTES, "int64"),
+            ("ep", "dispatch"): (sent, "act"), ("ep", "combine"): (sent, "act"),
+            ("etp", "dispatch"): (sent * np.asarray(etp, dtype=float), "act"),
+            ("etp", "combine"): (sent * np.asarray(etp, dtype=float), "act"),
+            ("tp", "aux"): (aux, "float32")}
 
 
 def moe_bytes(model: ModelSpec, eb: float, t, cp, mbs, ep, etp) -> tuple[np.ndarray, np.ndarray]:
@@ -112,12 +132,12 @@ def moe_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, ep
     fwd = router_f + up_f + down_f + cm.memory(act * 3 * eb) + cm.memory(2 * perm * 2 + tokens * h * eb, 2)
     bwd = router_b + up_b + down_b + cm.memory(act * 5 * eb) + cm.memory(2 * perm * 2 + tokens * h * eb, 2)
 
-    sent = r * a2a_bytes(model, eb, t, cp, mbs)  # from the busiest rank
-    gathered = sent * etp
-    by_op = {("all_to_all", "ep"): comm.all_to_all(sent, ep, etp),
-             ("all_gather", "etp"): comm.all_gather(gathered, etp, 1),
-             ("reduce_scatter", "etp"): comm.reduce_scatter(gathered, etp, 1)}
+    msgs = moe_messages(model, eb, t, cp, mbs, etp, r)  # from the busiest rank
+    by_op = {("all_to_all", "ep"): lambda n: comm.all_to_all(n, ep, etp),
+             ("all_gather", "etp"): lambda n: comm.all_gather(n, etp, 1),
+             ("reduce_scatter", "etp"): lambda n: comm.reduce_scatter(n, etp, 1),
+             ("all_reduce", "tp"): lambda n: np.where(n > 0, comm.all_reduce(n, t, 1), 0.0)}
     comm_t = {"fwd": 0.0, "bwd": 0.0}
-    for ps, op, group, _ in MOE_LAYER_OPS:
-        comm_t[ps] = comm_t[ps] + by_op[op, group]
+    for ps, op, group, what in MOE_LAYER_OPS:
+        comm_t[ps] = comm_t[ps] + by_op[op, group](msgs[group, what][0])
     return MoECost(fwd=fwd, bwd=bwd, comm_fwd=comm_t["fwd"], comm_bwd=comm_t["bwd"])

@@ -67,16 +67,18 @@ def expert_params(model: ModelSpec, layers: np.ndarray, ep, etp) -> np.ndarray:
 
 
 def gradient_groups(model: ModelSpec, t, sp, layers: np.ndarray, ep=1, etp=1
-                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Each virtual stage's parameters by how their gradients are reduced ([..., stages] like ``layers``):
     (over data parallelism only, also summed over tensor parallelism, also summed with the other end of the
-    pipeline). With sequence parallelism every parameter held whole on the tensor-parallel ranks (norms,
-    row-parallel biases, GPT's positions) sees only its sequence shard, so its gradient is summed over tp; a tied
-    embedding split over the first and the last stage sums its two gradients. The three add up to
-    :func:`stage_params`."""
+    pipeline, over the expert-data-parallel group instead). With sequence parallelism every parameter held whole
+    on the tensor-parallel ranks (norms, row-parallel biases, GPT's positions, a MoE layer's router) sees only its
+    sequence shard, so its gradient is summed over tp; a tied embedding split over the first and the last stage
+    sums its two gradients; a MoE model's routed experts are reduced over their own replicas (:func:`expert_params`).
+    The four add up to :func:`stage_params`."""
     layers = np.asarray(layers, dtype=float)
     nv = layers.shape[-1]
-    total = stage_params(model, t, layers, ep, etp)
+    experts = expert_params(model, layers, ep, etp)
+    total = stage_params(model, t, layers, ep, etp) - experts
     t = np.asarray(t, dtype=float)[..., None]
     first, last = end_stages(nv)
     whole = (_per_layer(model, layers, model.replicated_params) + last * model.head_params_on(1, False)  # + final norm
@@ -85,7 +87,7 @@ def gradient_groups(model: ModelSpec, t, sp, layers: np.ndarray, ep=1, etp=1
     tied = np.zeros_like(total)
     if model.tie_embeddings and nv > 1:
         tied = (first + last) * np.ceil(model.vocab_size / t) * model.hidden_size
-    return total - summed - tied, summed, tied
+    return total - summed - tied, summed, tied, experts
 
 
 def zero3_regather(model: ModelSpec, t, nv: int) -> np.ndarray:

@@ -29,7 +29,6 @@ from cost_models.layer import end_cost, layer_cost
 from cost_models.memory import FULL, SELECTIVE, end_activation_bytes, layer_activation_bytes
 from cost_models.params import (
     end_stages,
-    expert_params,
     gradient_buckets,
     gradient_groups,
     per_rank,
@@ -217,18 +216,18 @@ def stage_state(model: ModelSpec, state: StateSpec, c: Candidates, lt: LayerTerm
     t = c.tp.astype(float)
     first, last = end_stages(layers.shape[1])
     rc = _col(c.recompute)
-    plain, summed, tied = gradient_groups(model, t, c.sp & (c.tp > 1), layers, c.ep, c.etp)
-    params = plain + summed + tied
+    plain, summed, tied, experts = gradient_groups(model, t, c.sp & (c.tp > 1), layers, c.ep, c.etp)
+    params = plain + summed + tied + experts
     per_layer = (_col(c.zero) >= 2) & (_col(c.dp * c.cp) > 1)  # ZeRO-2/3: a bucket per layer (ends in the first
     # and last; a split tied embedding reduced on its own besides)
     buckets = np.where(per_layer, np.maximum(1.0, layers) + (tied > 0),
-                       gradient_buckets((plain, summed, tied), state.bucket_params))
+                       gradient_buckets((plain, summed, tied, experts), state.bucket_params))
     largest = params - np.maximum(layers - 1, 0.0) * model.layer_params_on(_col(t), _col(c.ep), _col(c.etp))
     act_bytes = (layers - recomputed) * _col(lt.act_full) + recomputed * _col(lt.act_ckpt) + first * _col(lt.act_embed)
     # a backward's temporaries; under full recompute they hold a rematerialised layer only where one is recomputed
     work = _col(lt.act_work) - np.where((rc == FULL) & (recomputed == 0), _col(lt.act_full), 0.0)
     work_bytes = np.maximum(np.where(layers > 0, work, 0.0), last * _col(lt.act_head))
-    return StageState(params=params, expert_params=expert_params(model, layers, c.ep, c.etp), buckets=buckets,
+    return StageState(params=params, expert_params=experts, buckets=buckets,
                       tp_summed=summed, largest_bucket=largest, act_bytes=act_bytes, work_bytes=work_bytes)
 
 

@@ -67,11 +67,11 @@ def tp_sum_buckets(buckets, summed, zero, state: StateSpec) -> np.ndarray:
     return np.where(np.asarray(zero) >= 2, buckets, np.ceil(np.asarray(summed) / state.bucket_params))
 
 
-def step_reductions(tp, pp, zero, gpus: int) -> list[tuple[np.ndarray, np.ndarray, int]]:
+def step_reductions(tp, pp, zero, gpus: int, experts: bool = False) -> list[tuple[np.ndarray, np.ndarray, int]]:
     """The step's small fp32 all-reduces as (group, ranks, bytes): the gradient norm's sum of squares (over one
-    replica's tp x pp ranks; over every rank when ZeRO shards the gradients), the loss, and the peak memory
-    (allocated and reserved)."""
-    sharded = np.asarray(zero) >= 1
+    replica's tp x pp ranks; over every rank when ZeRO shards the gradients or a MoE model's ``experts`` are split
+    over ranks of other replicas), the loss, and the peak memory (allocated and reserved)."""
+    sharded = (np.asarray(zero) >= 1) | experts
     return [(np.where(sharded, "world", "mp"), np.where(sharded, gpus, np.asarray(tp) * np.asarray(pp)), 4),
             (np.asarray("world"), np.asarray(gpus), 4), (np.asarray("world"), np.asarray(gpus), 8)]
 
@@ -86,6 +86,11 @@ def tp_sum(comm: CommModel, state: StateSpec, costs: StageCosts, pp: int, vpp: i
     nb = tp_sum_buckets(per_rank(costs.buckets, pp, vpp), summed, zero[..., None], state)
     time = comm.bucketed(comm.all_reduce, summed * state.grad_reduce_bytes / owned, nb, t[..., None], 1)
     return np.where(summed > 0, time, 0.0).sum(axis=2)
+
+
+def expert_buckets(experts, state: StateSpec) -> np.ndarray:
+    """Of a chunk's ZeRO-0/1 gradient buckets, the routed experts' (a reduce group of their own; 0 without)."""
+    return np.ceil(np.asarray(experts, dtype=float) / state.bucket_params)
 
 
 def _col(x) -> np.ndarray:
@@ -107,14 +112,16 @@ def rank_tail(model: ModelSpec, cm: ComputeModel, comm: CommModel, state: StateS
     # gradient reduce of ZeRO 0/1: one bucketed collective per chunk, started by its last backward; the routed
     # experts' gradients over their own replicas after the rest
     nb = np.maximum(1.0, per_rank(costs.buckets, pp, vpp))
+    nb_e = expert_buckets(chunk_experts, state)
     t3, d3, e3, es3 = t[..., None], d[..., None], e[..., None], e_stride[..., None]
 
-    def reduce(grads, size, stride):
-        return np.where(zero[..., None] == 0, comm.bucketed(comm.all_reduce, grads, nb, size, stride),
-                        comm.bucketed(comm.reduce_scatter, grads, nb, size, stride))
+    def reduce(grads, buckets, size, stride):
+        return np.where(zero[..., None] == 0, comm.bucketed(comm.all_reduce, grads, buckets, size, stride),
+                        comm.bucketed(comm.reduce_scatter, grads, buckets, size, stride))
 
-    dur = reduce((chunk_params - chunk_experts) * state.grad_reduce_bytes, d3, t3)
-    dur = dur + np.where(chunk_experts > 0, reduce(chunk_experts * state.grad_reduce_bytes, e3, es3), 0.0)
+    dur = reduce((chunk_params - chunk_experts) * state.grad_reduce_bytes, np.maximum(1.0, nb - nb_e), d3, t3)
+    dur = dur + np.where(chunk_experts > 0,
+                         reduce(chunk_experts * state.grad_reduce_bytes, np.maximum(1.0, nb_e), e3, es3), 0.0)
     start, end, dur_o, nb_o = replay.last_b_start, replay.last_b_end, dur, nb
     if vpp > 1:  # in the order the chunks' last backwards start
         order = np.argsort(start, axis=2, kind="stable")
@@ -142,7 +149,8 @@ def rank_tail(model: ModelSpec, cm: ComputeModel, comm: CommModel, state: StateS
     if model.tie_embeddings and pp * vpp > 1:
         stride = c.tp * c.cp * c.dp
         tied = comm.all_reduce(tied_grad_bytes(model, state, c.tp, c.zero, c.dp * c.cp), 2, stride * (pp - 1))
-    norm = sum(comm.all_reduce(nbytes, size, 1) for _, size, nbytes in step_reductions(c.tp, c.pp, c.zero, gpus))
+    norm = sum(comm.all_reduce(nbytes, size, 1) for _, size, nbytes in step_reductions(c.tp, c.pp, c.zero, gpus,
+                                                                                     model.moe is not None))
     norm = np.broadcast_to(norm, (len(c),))
     return RankTail(dp_exposed=exposed, optimizer=opt, gather=gather, finish=finish, tied=tied, norm=norm,
                     step_time=finish.max(axis=1) + tied + norm)

@@ -19,8 +19,8 @@ import torch.distributed as dist
 
 from runtime.parallel.mappings import ALL_GATHER_SINGLE, REDUCE_SCATTER_SINGLE
 
-CALLS = ("all_reduce", "all_gather", ALL_GATHER_SINGLE, REDUCE_SCATTER_SINGLE, "broadcast", "send", "recv",
-         "isend", "irecv", "batch_isend_irecv", "barrier")
+CALLS = ("all_reduce", "all_gather", ALL_GATHER_SINGLE, REDUCE_SCATTER_SINGLE, "all_to_all_single", "broadcast",
+         "send", "recv", "isend", "irecv", "batch_isend_irecv", "barrier")
 _MAX_PENDING = 100_000  # Works never waited on (fire and forget) are forgotten past this many
 
 

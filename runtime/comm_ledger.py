@@ -1,14 +1,14 @@
 """The communication ledger of a step: every collective and send this rank issues, by (op, group, dtype).
 
 Off by default: :func:`recording` wraps torch.distributed's collective and send functions for the duration of a
-``with`` block (the runtime calls them through the ``dist`` module, so every call site is seen: tensor, sequence
-and context parallelism, the pipeline, data parallelism and ZeRO, the optimizer's norm, the step's metrics).
-Each call is booked, once it has returned, under its op (``all_reduce``, ``all_gather``, ``reduce_scatter``,
-``send``, ``broadcast``), the plan group it runs on (named from :class:`~runtime.parallel.mesh.ParallelGroups`),
-its dtype, with the bytes as the cost model counts them (cost_models/comm.py: all-gather output, reduce-scatter
-input, all-reduce buffer, bytes sent). Receives mirror sends and are not booked; calls on one-rank groups move
-nothing and are not booked either. ``cost_models.ledger.priced_ledger`` is what the cost model priced for the
-same plan.
+``with`` block (the runtime calls them through the ``dist`` module, so every call site is seen: tensor, sequence and
+context parallelism, the pipeline, data parallelism and ZeRO, the optimizer's norm, the step's metrics). Each call is
+booked, once it has returned, under its op (``all_reduce``, ``all_gather``, ``reduce_scatter``, ``all_to_all``,
+``send``, ``broadcast``), the plan group it runs on (named from :class:`~runtime.parallel.mesh.ParallelGroups`), its
+dtype, with the bytes as the cost model counts them (cost_models/comm.py: all-gather output, reduce-scatter input,
+all-reduce buffer, bytes sent; an all-to-all's input). Receives mirror sends and are not booked; calls on one-rank
+groups move nothing and are not booked either. ``cost_models.ledger.priced_ledger`` is what the cost model priced for
+the same plan.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def recording(groups: ParallelGroups) -> Iterator[Ledger]:
         return out
 
     real = {n: getattr(dist, n) for n in ("all_reduce", "all_gather", ALL_GATHER_SINGLE, REDUCE_SCATTER_SINGLE,
-                                          "isend", "send", "broadcast", "batch_isend_irecv")}
+                                          "all_to_all_single", "isend", "send", "broadcast", "batch_isend_irecv")}
     in_name = "input_tensor" if "input_tensor" in inspect.signature(real[REDUCE_SCATTER_SINGLE]).parameters else "input"
     out_name = "output_tensor" if "output_tensor" in inspect.signature(real[ALL_GATHER_SINGLE]).parameters else "output"
     wrapped = {
@@ -90,6 +90,7 @@ def recording(groups: ParallelGroups) -> Iterator[Ledger]:
                              lambda a: _bytes(a["tensor"]) * len(a["tensor_list"])),
         ALL_GATHER_SINGLE: booked(real[ALL_GATHER_SINGLE], "all_gather", out_name),
         REDUCE_SCATTER_SINGLE: booked(real[REDUCE_SCATTER_SINGLE], "reduce_scatter", in_name),
+        "all_to_all_single": booked(real["all_to_all_single"], "all_to_all", "input"),
         "isend": booked(real["isend"], "send", "tensor"),
         "send": booked(real["send"], "send", "tensor"),
         "broadcast": booked(real["broadcast"], "broadcast", "tensor"),

@@ -198,7 +198,8 @@ def replay_rank(plan: PlanFile, pp_rank: int) -> RankReplay:
     m = min(cfg.microbatches(plan.global_batch), repeating_from(cfg.pp))  # more only repeat the same peak
     plan = plan.model_copy(update={"global_batch": m * cfg.mbs * cfg.dp})
     with _fake_world(plan, rank):
-        groups = build_groups(cfg, "meta", tied_embeddings=plan.model.tie_embeddings)
+        groups = build_groups(cfg, "meta", tied_embeddings=plan.model.tie_embeddings,
+                              experts=plan.model.moe is not None)
         with LiveBytes() as live, mock.patch.object(F, "scaled_dot_product_attention", _fused_attention), \
                 _kernels_as_on_gpu():
             trainer = Trainer(plan, groups, torch.device("meta"), _Tokens(plan.seq), steps=2)  # type: ignore[arg-type]

@@ -4,10 +4,12 @@ Each parameter is saved as the full tensor it is a piece of, under its model nam
 (``exp_avg``, ``exp_avg_sq``) and its fp32 master copy where the plan keeps one: keys ``<kind>/<name>``. A
 rank contributes the pieces it holds and torch.distributed.checkpoint (DCP) does the resharding:
 
-* ZeRO slices are first gathered over the data-parallel group (dp x cp) into whole buckets, and cut into the
+* ZeRO slices are first gathered over the bucket's group (dp x cp; a MoE model's experts: expert data parallel)
+  into whole buckets, and cut into the
   parameters the buckets hold (:func:`local_state`); the replicas then hold equal pieces, which DCP writes once.
-* A tensor-parallel shard (:class:`~runtime.parallel.tensor_parallel.ShardSpec`: chunk ``r`` of every segment
-  along one dimension, zero-padded) is several blocks of the full tensor, one per segment (:class:`Blocks`,
+* A tensor-parallel shard, or a slice of the routed experts over ep
+  (:class:`~runtime.parallel.tensor_parallel.ShardSpec`: chunk ``r`` of every segment along one dimension,
+  zero-padded), is several blocks of the full tensor, one per segment (:class:`Blocks`,
   in DCP's protocol for objects that hold chunks of a tensor). A plan with another tp, or none, asks DCP for
   other blocks of the same full tensor, which it reads from the stored ones that overlap them.
 * The copy of a tied embedding that a pipelined plan keeps at the head is saved (and loaded) as the embedding:
@@ -45,10 +47,10 @@ def _whole_buckets(tr: Trainer, i: int) -> dict[str, torch.Tensor]:
     dp, opt, b = tr.dp, tr.opt, tr.dp.buckets[i]
 
     def whole(owned: torch.Tensor) -> torch.Tensor:
-        if not dp.zero:
+        if not dp.zero or b.d == 1:
             return owned
         out = torch.empty(b.size, dtype=owned.dtype, device=owned.device)
-        all_gather_into(out, owned.contiguous(), tr.g.dpcp_group)
+        all_gather_into(out, owned.contiguous(), b.group)
         return out
 
     flats = {"param": whole(b.param_shard) if dp.zero >= 3 else b.param_data,

@@ -170,7 +170,8 @@ def run(args: argparse.Namespace) -> int:
         dist.init_process_group(backend)
     else:  # a one-rank plan started without torchrun
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-    groups = build_groups(plan.config, device.type, tied_embeddings=plan.model.tie_embeddings)
+    groups = build_groups(plan.config, device.type, tied_embeddings=plan.model.tie_embeddings,
+                          experts=plan.model.moe is not None)
     clock = PhaseClock(CudaMarks() if cuda else None)
     straggle, straggle_from, straggle_every = _straggler(rank)
     hooks = CommHooks(groups.group_names(), [clock])

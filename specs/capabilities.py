@@ -11,11 +11,12 @@ from specs.parallel import ParallelConfig, key_text
 from specs.state import StateSpec
 
 # Plan keys the runtime does not execute every value of: the values it does. tp, pp (1F1B and interleaved), dp,
-# cp, sp, recompute, ZeRO 0-3, dp_overlap and tp_overlap all run; expert parallelism (ep, etp) is planned, not yet
-# run (a key added to the search before the runtime executes it goes here, with what it is in _NOT_YET).
-RUNTIME_EXECUTES: dict[str, tuple[Any, ...]] = {"ep": (1,), "etp": (1,)}
+# cp, sp, recompute, ZeRO 0-3, dp_overlap, tp_overlap and expert parallelism (ep) all run; expert tensor
+# parallelism (etp) is planned, not yet run (a key added to the search before the runtime executes it goes here,
+# with what it is in _NOT_YET).
+RUNTIME_EXECUTES: dict[str, tuple[Any, ...]] = {"etp": (1,)}
 
-_NOT_YET: dict[str, str] = {"ep": "expert parallelism", "etp": "expert tensor parallelism"}
+_NOT_YET: dict[str, str] = {"etp": "expert tensor parallelism"}
 
 
 def runtime_problem(cfg: ParallelConfig) -> str | None:
@@ -42,9 +43,9 @@ def state_problem(state: StateSpec) -> str | None:
 
 def runnable_keys(model: ModelSpec | None = None) -> dict[str, Any]:
     """``--fix`` keys that keep a search to what the runtime executes (one value, or a list of them), for ``model``
-    (a MoE model also needs tp=1 and cp=1: :func:`moe_problem`)."""
+    (a MoE model also needs cp=1: :func:`moe_problem`)."""
     keys = {k: v[0] if len(v) == 1 else list(v) for k, v in RUNTIME_EXECUTES.items()}
-    return {**keys, "tp": 1, "cp": 1} if model is not None and model.moe is not None else keys
+    return {**keys, "cp": 1} if model is not None and model.moe is not None else keys
 
 
 def model_problem(model: ModelSpec) -> str | None:
@@ -57,13 +58,13 @@ def model_problem(model: ModelSpec) -> str | None:
 
 
 def moe_problem(cfg: ParallelConfig, model: ModelSpec) -> str | None:
-    """Why autopar's runtime cannot train ``model``'s MoE layers under ``cfg``, or None: it runs them whole on every
-    rank (no expert parallelism yet), with whole sequences (the aux loss is per sequence), under pp, dp, ZeRO-1,
-    interleaving and recompute."""
-    if model.moe is None or (cfg.tp == 1 and cfg.cp == 1):
+    """Why autopar's runtime cannot train ``model``'s MoE layers under ``cfg``, or None: it runs them under expert,
+    tensor (with sp), pipeline and data parallelism, ZeRO-1, interleaving and recompute; not yet under context
+    parallelism."""
+    if model.moe is None or cfg.cp == 1:
         return None
-    return (f"tp={cfg.tp}, cp={cfg.cp}: the runtime trains mixture-of-experts models with tp=1 and cp=1 only so far "
-            "(pipeline and data parallelism, ZeRO-1, recompute); plan with --fix tp=1,cp=1")
+    return (f"cp={cfg.cp}: the runtime does not train mixture-of-experts models under context parallelism yet; "
+            "plan with --fix cp=1")
 
 
 def execution_problem(cfg: ParallelConfig, model: ModelSpec, state: StateSpec) -> str | None:

@@ -21,14 +21,15 @@ from .cross_entropy_op import (
     vocab_parallel_linear_cross_entropy_reference,
     vocab_parallel_linear_cross_entropy_triton,
 )
+from .experts_op import experts_swiglu_grouped, experts_swiglu_reference, grouped_ok
 from .layer_norm_op import layer_norm_reference, layer_norm_triton
 from .rms_norm_op import add_rms_norm_reference, add_rms_norm_triton, rms_norm_reference, rms_norm_triton
 from .rope_op import rope_reference, rope_triton
 from .swiglu_op import swiglu_packed_reference, swiglu_packed_triton, swiglu_reference, swiglu_triton
 
 __all__ = [
-    "add_rms_norm", "get_backend", "layer_norm", "linear_cross_entropy", "rms_norm", "rope", "set_backend",
-    "swiglu", "swiglu_packed", "vocab_parallel_linear_cross_entropy",
+    "add_rms_norm", "experts_swiglu", "get_backend", "layer_norm", "linear_cross_entropy", "rms_norm", "rope",
+    "set_backend", "swiglu", "swiglu_packed", "vocab_parallel_linear_cross_entropy",
 ]
 
 
@@ -70,6 +71,16 @@ def swiglu_packed(gate_up: torch.Tensor) -> torch.Tensor:
     if use_triton(gate_up):
         return swiglu_packed_triton(gate_up)
     return swiglu_packed_reference(gate_up)
+
+
+def experts_swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Routed experts' SwiGLU MLPs on rows grouped by expert: ``counts[e]`` consecutive rows of ``x`` [N, h] for
+    expert ``e`` of ``gate_up`` [E, 2f, h] / ``down`` [E, h, f] -> [N, h] (experts_op.py). Grouped GEMMs where the
+    kernel path runs (CUDA, or backend "triton") and torch has them; a loop over the experts otherwise."""
+    if get_backend() != "torch" and (x.device.type == "cuda" or get_backend() == "triton") \
+            and grouped_ok(x, gate_up, down):
+        return experts_swiglu_grouped(x, gate_up, down, counts, swiglu_packed)
+    return experts_swiglu_reference(x, gate_up, down, counts, swiglu_packed)
 
 
 def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inplace: bool = False

@@ -16,6 +16,8 @@ whole batch, 1 / micro-batches when the pipeline averages micro-batch losses (:f
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -23,6 +25,10 @@ from torch import nn
 from runtime import kernels
 from runtime.models.common import SwiGLU
 from specs.model import ModelSpec
+
+
+def _same(x: torch.Tensor) -> torch.Tensor:
+    return x
 
 
 class AuxLoss(torch.autograd.Function):
@@ -40,6 +46,20 @@ class AuxLoss(torch.autograd.Function):
         return grad, torch.full(ctx.aux_shape, ctx.scale, dtype=torch.float32, device=grad.device), None
 
 
+def by_expert(choice: torch.Tensor, num: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The (token, choice) pairs of ``choice`` [N, k] sorted by expert, then token: (their flat indices, their
+    tokens, the pairs per expert [num])."""
+    flat = choice.reshape(-1)
+    order = torch.sort(flat, stable=True).indices
+    return order, order // choice.shape[1], torch.bincount(flat, minlength=num)
+
+
+def combine(x: torch.Tensor, token: torch.Tensor, order: torch.Tensor, y: torch.Tensor,
+            weight: torch.Tensor) -> torch.Tensor:
+    """Each token's expert outputs ``y`` (rows in :func:`by_expert`'s order) summed with its router ``weight``."""
+    return torch.zeros_like(x).index_add(0, token, y * weight.reshape(-1)[order].unsqueeze(1))
+
+
 class Experts(nn.Module):
     """``num_experts`` SwiGLU MLPs as stacked weights; ``forward`` runs each on the tokens routed to it."""
 
@@ -50,14 +70,9 @@ class Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, choice: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """``x`` [N, h] tokens, ``choice`` / ``weight`` [N, k] their experts and weights -> [N, h]."""
-        out = torch.zeros_like(x)
-        for e in range(self.gate_up.shape[0]):
-            token, slot = (choice == e).nonzero(as_tuple=True)
-            if token.numel() == 0:
-                continue
-            y = F.linear(kernels.swiglu_packed(F.linear(x[token], self.gate_up[e])), self.down[e])
-            out = out.index_add(0, token, y * weight[token, slot].unsqueeze(1))
-        return out
+        order, token, counts = by_expert(choice, self.gate_up.shape[0])
+        y = kernels.experts_swiglu(x[token], self.gate_up, self.down, counts)
+        return combine(x, token, order, y, weight)
 
 
 class MoE(nn.Module):
@@ -73,6 +88,9 @@ class MoE(nn.Module):
         self.shared = SwiGLU(spec.hidden_size, moe.shared_ffn) if moe.shared_ffn else None
         self.shared_gate = nn.Linear(spec.hidden_size, 1, bias=False) if moe.shared_expert_gate else None
         self.aux_scale = 1.0  # gradient scale of the aux loss (set_aux_scale)
+        # how the expert-choice counts of a sequence split over ranks are summed, and into how many shards
+        self.sequence_sum: Callable[[torch.Tensor], torch.Tensor] = _same
+        self.sequence_shards = 1
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(probabilities [b, s, E] in fp32, chosen experts [b, s, k], their weights [b, s, k]) of tokens ``x``."""
@@ -86,11 +104,18 @@ class MoE(nn.Module):
         return probs, choice, weight
 
     def aux_loss(self, probs: torch.Tensor, choice: torch.Tensor) -> torch.Tensor:
-        """The load-balancing loss, per sequence and averaged over the batch (see the module docstring)."""
+        """The load-balancing loss, per sequence and averaged over the batch (see the module docstring).
+
+        The counts of each sequence's expert choices go through :attr:`sequence_sum` (identity here: the layer sees
+        whole sequences), so a layer that sees a shard of each sequence can sum them over the shards; the
+        probabilities' part is then this shard's share of the sum, and the shards' gradients add up to the
+        whole sequence's."""
         E = probs.shape[-1]
-        share = F.one_hot(choice, E).sum(-2).float().mean(-2) / choice.shape[-1]  # [b, E] f_e (no gradient)
+        counts, tokens = self.sequence_sum(F.one_hot(choice, E).sum(-2).float().sum(-2)), probs.shape[-2]  # [b, E]
+        tokens = tokens * self.sequence_shards
+        share = counts / (tokens * choice.shape[-1])  # f_e (no gradient)
         p = probs / probs.sum(-1, keepdim=True)
-        return E * (share * p.mean(-2)).sum(-1).mean()
+        return E * (share * p.sum(-2) / tokens).sum(-1).mean()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         probs, choice, weight = self.route(x)

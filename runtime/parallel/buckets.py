@@ -7,7 +7,8 @@ slice ``r``.
 * ZeRO-0/1 (:func:`group_segments`): the chunk's parameters, in reverse order of ``parameters()`` (about the
   order backward produces them), grouped by reduce group (:mod:`runtime.parallel.params`), each group contiguous
   and cut into ``ceil(n / state.bucket_params)`` equal buckets at element granularity — a parameter may span two;
-  the count ``cost_models.params.gradient_buckets`` prices.
+  the count ``cost_models.params.gradient_buckets`` prices. A MoE model's routed experts are a reduce group of their
+  own, over the expert-data-parallel ranks: their buckets are multiples of that group's size.
 * ZeRO-2/3 (:func:`layer_segments`): one bucket per transformer layer, the embedding in the first layer's, the
   final norm and the LM head in the last's (a chunk without layers: one) — the ``layers`` buckets of the cost
   model's ZeRO-2/3 traffic (``cost_models.stages.zero_traffic``). Within one, the parameters also summed over tp
@@ -71,6 +72,8 @@ class Bucket:
     scatter: tuple[torch.Tensor, dist.Work | None] | None = None  # ZeRO-2/3: a reduce-scatter not yet added in
     gather_work: dist.Work | None = None
     gathered: bool = True  # ZeRO-3: its parameters are present
+    group: dist.ProcessGroup | None = None  # the ranks it is reduced (and under ZeRO sharded) over
+    d: int = 1  # their number
 
     def owned(self, keep: Callable[[Span], bool]) -> list[Range]:
         """Merged ranges, in owned-slice coordinates, of the spans ``keep`` accepts."""
@@ -103,12 +106,13 @@ def numel(members: Members) -> int:
     return sum(p.numel() for p, _ in members)
 
 
-def group_segments(params: Members, bucket_params: int, unit: int) -> list[Segment]:
-    """ZeRO-0/1: a segment per reduce group, cut into buckets of at most ``bucket_params``, multiples of ``unit``."""
+def group_segments(params: Members, bucket_params: int, unit: Callable[[Reduce], int]) -> list[Segment]:
+    """ZeRO-0/1: a segment per reduce group, cut into buckets of at most ``bucket_params``, multiples of
+    ``unit(reduce group)``."""
     groups: dict[Reduce, Members] = {}
     for p, info in params:
         groups.setdefault(info.reduce, []).append((p, info))
-    return [Segment(r, m, bucket_bounds(numel(m), bucket_params, unit), None) for r, m in groups.items()]
+    return [Segment(r, m, bucket_bounds(numel(m), bucket_params, unit(r)), None) for r, m in groups.items()]
 
 
 def layer_of(chunk: Transformer) -> dict[int, int]:

@@ -41,6 +41,12 @@ Parameters:
 A tied embedding's bucket (``("dp", "embed")``) is summed with the other end of the pipeline: before its dp
 reduce (ZeRO-0/1, never early) or, as its owned slice, after the step's reduce-scatters (ZeRO-2/3). A
 sequence-parallel parameter (``("dp", "tp")``) is summed over tp after the dp reduce, one all-reduce per bucket.
+A MoE model's routed experts (``("edp",)``, ZeRO-0/1 only) are reduced, sharded and gathered over the
+expert-data-parallel group instead of dp x cp (each bucket knows its group), and averaged over dp x cp like the rest.
+
+The gradient norm sums each bucket's squares where it is owned: under ZeRO (or with routed experts) over every
+rank, each bucket counted by its owner (a bucket no group shares by the group's first rank); otherwise over one
+replica (tp x pp), as before.
 """
 
 from __future__ import annotations
@@ -57,7 +63,7 @@ from runtime.models.common import Transformer
 from runtime.parallel.buckets import Bucket, Range, Segment, Span, bucket_bounds, group_segments, layer_segments, users
 from runtime.parallel.mappings import all_gather_into, reduce_scatter_into
 from runtime.parallel.mesh import ParallelGroups
-from runtime.parallel.params import ParamTable
+from runtime.parallel.params import EDP, ParamTable, Reduce
 
 __all__ = ["Bucket", "DataParallel", "Span", "bucket_bounds"]
 
@@ -73,7 +79,8 @@ class DataParallel:
                  overlap: bool, device: torch.device, grad_dtype: torch.dtype, bucket_params: int) -> None:
         self.g, self.overlap, self.device, self.grad_dtype = groups, overlap, device, grad_dtype
         self.d = groups.dpcp
-        self.zero = zero if self.d > 1 else 0  # one replica: nothing to shard
+        self.experts = groups.edp_group is not None
+        self.zero = zero if self.d > 1 or (self.experts and groups.edp > 1) else 0  # one replica: nothing to shard
         self.armed = [False] * len(chunks)
         self.buckets: list[Bucket] = []
         self.buffers: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -93,7 +100,7 @@ class DataParallel:
         if self.zero >= 2:
             segments = layer_segments(chunk, params, self.d)
         else:
-            segments = group_segments(params, bucket_params, self.d if self.zero else 1)
+            segments = group_segments(params, bucket_params, lambda r: self._over(r)[1] if self.zero else 1)
         total = sum(s.bounds[-1][1] for s in segments if s.bounds)
         dtype = params[0][0].dtype if params else torch.float32  # a stage may hold no layers (layers=0/...)
         self._empty = torch.empty(0, dtype=dtype, device=self.device)
@@ -139,7 +146,8 @@ class DataParallel:
                 gbuf: torch.Tensor) -> Bucket:
         """The bucket of ``size`` elements at ``at`` (whole-bucket coordinates; under ZeRO-2/3 its owned slice sits
         at ``at / d`` of the buffers that hold slices only)."""
-        lo, hi = self._owned(size)
+        group, d, rank = self._over(seg.reduce)
+        lo, hi = self._owned(size, d, rank)
         own = slice(at // self.d, at // self.d + hi - lo)
         unit = seg.unit if seg.unit is not None else sum(b.chunk == c for b in self.buckets)
         grad = gbuf[at:at + size] if self.zero < 2 else None
@@ -153,16 +161,22 @@ class DataParallel:
             pshard = pbuf[own]
             pshard.copy_(param[lo:hi])
         b = Bucket(c, unit, seg.reduce, spans, size, lo, hi, param, pshard, grad,
-                   grad[lo:hi] if grad is not None else gbuf[own])
+                   grad[lo:hi] if grad is not None else gbuf[own], group=group, d=d)
         self._release(b)
         return b
 
-    def _owned(self, size: int) -> Range:
+    def _over(self, reduce: Reduce) -> tuple[dist.ProcessGroup, int, int]:
+        """(group, size, this rank's index) a bucket of the reduce group ``reduce`` is reduced and sharded over."""
+        if reduce == EDP:
+            assert self.g.edp_group is not None and self.zero < 2, "routed experts run under ZeRO-0/1 only"
+            return self.g.edp_group, self.g.edp, self.g.edp_rank
+        return self.g.dpcp_group, self.d, self.g.dpcp_rank
+
+    def _owned(self, size: int, d: int, rank: int) -> Range:
         """The slice of a ``size``-element bucket this rank owns: its 1/d share under ZeRO, else all of it."""
         if not self.zero:
             return 0, size
-        r = self.g.dpcp_rank
-        return r * size // self.d, (r + 1) * size // self.d
+        return rank * size // d, (rank + 1) * size // d
 
     def _grad_hook(self, chunk: int, buckets: list[int]) -> Callable[[nn.Parameter], None]:
         # Tensor hooks live in C++, out of the garbage collector's sight: a strong reference back to this
@@ -229,12 +243,12 @@ class DataParallel:
         if b.launched:
             return
         b.launched = True
-        if self.d == 1 or b.size == 0:
+        if b.d == 1 or b.size == 0:
             return
         if self.zero:  # in place: the output is this rank's slice of the input
-            b.work = reduce_scatter_into(b.grad_shard, b.grad_data, self.g.dpcp_group, async_op=True)
+            b.work = reduce_scatter_into(b.grad_shard, b.grad_data, b.group, async_op=True)
         else:
-            b.work = dist.all_reduce(b.grad_data, group=self.g.dpcp_group, async_op=True)
+            b.work = dist.all_reduce(b.grad_data, group=b.group, async_op=True)
 
     def _scatter(self, b: Bucket) -> None:
         """ZeRO-2/3: reduce-scatter this backward's gradients of ``b`` (autograd's, freed here) over d."""
@@ -317,15 +331,19 @@ class DataParallel:
     def grad_norm_sq(self) -> torch.Tensor:
         """Sum of squares of this rank's share of the gradient (copies counted elsewhere left out), fp32."""
         total = torch.zeros((), dtype=torch.float32, device=self.device)
+        everyone = self.norm_group is self.g.world
         for b in self.buckets:
+            if everyone and not (self.zero and b.d > 1) and dist.get_rank(b.group) > 0:
+                continue  # a replica: counted by the group's first rank
             for a, e in b.owned(lambda s: s.info.in_norm):
                 total += b.grad_shard[a:e].float().pow(2).sum()
         return total
 
     @property
     def norm_group(self) -> dist.ProcessGroup:
-        """Where ``grad_norm_sq`` is summed: one replica's ranks, or everyone when the gradient is sharded."""
-        return self.g.world if self.zero else self.g.mp_group
+        """Where ``grad_norm_sq`` is summed: one replica's ranks, or everyone when the gradient is sharded or a MoE
+        model's experts are split over ranks of other replicas."""
+        return self.g.world if self.zero or self.experts else self.g.mp_group
 
     # ---- parameters (ZeRO-1/2: after the optimizer step; ZeRO-3: where they are used) --------
     def start_param_gather(self) -> None:
@@ -334,8 +352,8 @@ class DataParallel:
         if self.zero >= 3:
             return
         for b in reversed(self.buckets):  # forward order
-            if b.size:
-                b.gather_work = all_gather_into(b.param_data, b.param_shard, self.g.dpcp_group, async_op=True)
+            if b.size and b.d > 1:
+                b.gather_work = all_gather_into(b.param_data, b.param_shard, b.group, async_op=True)
         if not self.overlap:
             self.wait_param_gather()
 

@@ -9,6 +9,7 @@ function                    forward                    backward
 ``reduce_scatter_to_sp``    reduce-scatter along seq   all-gather along seq
 ``sp_column_linear``        all-gather along seq,      all-gather again (beside
                             linear                     dgrad), reduce-scatter
+``all_to_all``              all-to-all (uneven rows)   all-to-all back
 ==========================  =========================  ===========================
 
 Activations are ``[batch, seq, hidden]``; sequence parallelism shards dim 1. The reductions work in place
@@ -34,6 +35,15 @@ REDUCE_SCATTER_SINGLE = "reduce_scatter_single" if hasattr(dist, "reduce_scatter
 
 def all_gather_into(out: torch.Tensor, inp: torch.Tensor, group: dist.ProcessGroup, async_op: bool = False):
     return getattr(dist, ALL_GATHER_SINGLE)(out, inp, group=group, async_op=async_op)
+
+
+def all_to_all_rows(x: torch.Tensor, out_rows: list[int], in_rows: list[int], group: dist.ProcessGroup
+                    ) -> torch.Tensor:
+    """Send ``in_rows[j]`` consecutive rows of ``x`` to rank ``j`` of ``group`` and receive ``out_rows[j]`` from
+    it (no autograd)."""
+    out = x.new_empty((sum(out_rows), *x.shape[1:]))
+    dist.all_to_all_single(out, x.contiguous(), out_rows, in_rows, group=group)
+    return out
 
 
 def reduce_scatter_into(out: torch.Tensor, inp: torch.Tensor, group: dist.ProcessGroup, async_op: bool = False):
@@ -147,6 +157,24 @@ class _ReduceScatterToSP(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
         return _gather_seq(g, ctx.group), None
+
+
+class _AllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, out_rows: list[int], in_rows: list[int],
+                group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.rows, ctx.group = (out_rows, in_rows), group
+        return all_to_all_rows(x, out_rows, in_rows, group)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
+        out_rows, in_rows = ctx.rows
+        return all_to_all_rows(g, in_rows, out_rows, ctx.group), None, None, None
+
+
+def all_to_all(x: torch.Tensor, out_rows: list[int], in_rows: list[int], group: dist.ProcessGroup) -> torch.Tensor:
+    """:func:`all_to_all_rows` with autograd: the gradient goes back the way the rows came."""
+    return _AllToAll.apply(x, out_rows, in_rows, group)
 
 
 def copy_to_tp(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:

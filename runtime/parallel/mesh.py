@@ -4,6 +4,11 @@ Rank order on the mesh is ``(pp, dp, cp, tp)`` with **tp innermost**: global ran
 ``r = ((pp_rank * dp + dp_rank) * cp + cp_rank) * tp + tp_rank``. A tensor-parallel group is ``tp``
 consecutive ranks (inside one node); pipeline stages are the outermost blocks of ``dp*cp*tp`` ranks.
 
+A mixture-of-experts model's routed experts fold the ``dp*cp*tp`` ranks of each stage into ``(edp, ep, etp)`` (etp
+innermost, as Megatron-Core's MoE parallel folding and ``specs.parallel.edp``): the ``ep`` ranks of an expert-parallel
+group hold different experts and exchange tokens; the ``edp`` ranks of an expert-data-parallel group hold the same
+experts and reduce their gradients. The runtime runs etp = 1.
+
 Nothing is global: :func:`build_groups` returns a :class:`ParallelGroups` that is passed to whatever
 needs a group. It may be built over a subset of the world (the tests run several plans inside one pool
 of workers); every rank of the default group must call it, and ranks outside the subset get ``None``.
@@ -23,7 +28,7 @@ DIMS = ("pp", "dp", "cp", "tp")
 # group attribute -> short name (ParallelGroups.group_names); the first match names a group object used for several
 _GROUP_NAMES = (("tp_group", "tp"), ("cp_group", "cp"), ("dpcp_group", "dp"), ("dp_group", "dp"),
                 ("act_group", "pp"), ("grad_group", "pp"), ("pp_group", "pp"), ("embed_group", "embed"),
-                ("mp_group", "mp"), ("world", "world"))
+                ("mp_group", "mp"), ("ep_group", "ep"), ("edp_group", "edp"), ("world", "world"))
 
 
 @dataclass
@@ -48,6 +53,10 @@ class ParallelGroups:
     act_group: dist.ProcessGroup  # pipeline activations (forward direction)
     grad_group: dist.ProcessGroup  # pipeline gradients (backward direction); separate so each FIFO stays ordered
     embed_group: dist.ProcessGroup | None  # first + last pipeline stage, for a tied embedding (pp > 1)
+    ep_group: dist.ProcessGroup | None = None  # MoE: the ranks that split the experts and exchange tokens (ep > 1)
+    edp_group: dist.ProcessGroup | None = None  # MoE: the ranks that hold the same experts (expert data parallel)
+    ep_rank: int = 0
+    edp_rank: int = 0
 
     @property
     def tp(self) -> int:
@@ -69,6 +78,15 @@ class ParallelGroups:
     def dpcp(self) -> int:
         """Ranks of the data-parallel group (dp x cp): each holds a replica of the same parameters."""
         return self.cfg.dp * self.cfg.cp
+
+    @property
+    def ep(self) -> int:
+        return self.cfg.ep
+
+    @property
+    def edp(self) -> int:
+        """Ranks of the expert-data-parallel group: ``dp*cp*tp / (ep*etp)``."""
+        return self.cfg.edp
 
     @property
     def dpcp_rank(self) -> int:
@@ -96,7 +114,7 @@ class ParallelGroups:
     def destroy(self) -> None:
         """Free the groups this object created (the job's, the mesh's and the extra ones)."""
         mine = {self.world, self.mp_group, self.dpcp_group, self.act_group, self.grad_group, self.embed_group,
-                *self.mesh.get_all_groups()}
+                self.ep_group, self.edp_group, *self.mesh.get_all_groups()}
         for g in mine:
             if g is not None and g is not dist.group.WORLD:
                 dist.destroy_process_group(g)
@@ -116,10 +134,11 @@ def _new_groups(layout: torch.Tensor, keep: tuple[int, ...], me: int) -> dist.Pr
 
 
 def build_groups(cfg: ParallelConfig, device_type: str, ranks: list[int] | None = None,
-                 tied_embeddings: bool = False) -> ParallelGroups | None:
+                 tied_embeddings: bool = False, experts: bool = False) -> ParallelGroups | None:
     """Build the mesh and groups of a plan over ``ranks`` (default: the whole world).
 
-    ``tied_embeddings`` adds the first-and-last-stage groups that sum a tied embedding's gradient (pp > 1).
+    ``tied_embeddings`` adds the first-and-last-stage groups that sum a tied embedding's gradient (pp > 1);
+    ``experts`` (a mixture-of-experts model) the expert-parallel and expert-data-parallel groups.
     """
     world = dist.get_world_size()
     ranks = list(range(world)) if ranks is None else list(ranks)
@@ -136,14 +155,19 @@ def build_groups(cfg: ParallelConfig, device_type: str, ranks: list[int] | None 
     if cfg.pp > 1 and tied_embeddings:
         ends = layout[[0, cfg.pp - 1]]  # [2, dp, cp, tp]
         embed = _new_groups(ends, (0,), me)
+    folded = layout.reshape(cfg.pp, cfg.edp, cfg.ep, cfg.etp)
+    ep = _new_groups(folded, (2,), me) if experts and cfg.ep > 1 else None
+    edp = _new_groups(folded, (1,), me) if experts else None
     if me not in ranks:
         return None
     coord = mesh.get_coordinate()
     assert coord is not None
+    block = (coord[1] * cfg.cp + coord[2]) * cfg.tp + coord[3]  # this rank's index among its stage's ranks
     return ParallelGroups(
         cfg=cfg, mesh=mesh, ranks=ranks, rank=me,
         pp_rank=coord[0], dp_rank=coord[1], cp_rank=coord[2], tp_rank=coord[3],
         world=job, tp_group=mesh.get_group("tp"), dp_group=mesh.get_group("dp"), cp_group=mesh.get_group("cp"),
         dpcp_group=mesh.get_group("dp") if dpcp is None else dpcp, pp_group=mesh.get_group("pp"), mp_group=mp,
-        act_group=act, grad_group=grad, embed_group=embed,
+        act_group=act, grad_group=grad, embed_group=embed, ep_group=ep, edp_group=edp,
+        ep_rank=block // cfg.etp % cfg.ep, edp_rank=block // (cfg.etp * cfg.ep),
     )

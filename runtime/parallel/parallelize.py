@@ -13,8 +13,9 @@ from torch import nn
 
 from runtime.models.common import Transformer, init_parameters
 from runtime.parallel.context_parallel import apply_context_parallel
+from runtime.parallel.expert_parallel import apply_expert_parallel, routed_expert_params
 from runtime.parallel.mesh import ParallelGroups
-from runtime.parallel.params import DP, DP_EMBED, DP_TP, ParamInfo, ParamTable
+from runtime.parallel.params import DP, DP_EMBED, DP_TP, EDP, ParamInfo, ParamTable
 from runtime.parallel.recompute import apply_recompute
 from runtime.parallel.tensor_parallel import apply_tensor_parallel, param_shards
 from specs.model import ModelSpec
@@ -41,6 +42,7 @@ def parallelize(model: Transformer, cfg: ParallelConfig,
         v = c * cfg.pp + groups.pp_rank
         st = model.stage(stage_layer_ids(cfg, spec.num_layers, v), first=v == 0, last=v == nv - 1)
         apply_tensor_parallel(st, groups, cfg.sp and cfg.tp > 1, cfg.tp_overlap)
+        apply_expert_parallel(st, groups, cfg.sp and cfg.tp > 1)
         apply_recompute(st, cfg, v)
         apply_context_parallel(st, groups, cfg.sp and cfg.tp > 1)  # after recompute: see its docstring
         infos.update(param_infos(st, spec, cfg, groups.tp_rank))
@@ -54,14 +56,19 @@ def param_infos(st: Transformer, spec: ModelSpec, cfg: ParallelConfig, tp_rank: 
     Under sequence parallelism a parameter held whole on every tp rank sees one sequence shard: its gradient is
     also summed over tp. A tied embedding split over the two ends of the pipeline (pp > 1) sums its two
     gradients; the head's copy is drawn as the embedding and left out of the norm, as is every replica of a
-    whole parameter on tp rank > 0."""
+    whole parameter on tp rank > 0. A MoE layer's routed experts are sliced over ep and reduced over the
+    expert-data-parallel group (expert_parallel.py)."""
     shards = param_shards(st)
+    experts = routed_expert_params(st)
     sp = cfg.sp and cfg.tp > 1
     split_tied = spec.tie_embeddings and cfg.pp > 1
     out = {}
     for name, p in st.named_parameters():
         shard = shards.get(id(p))
         head_copy = split_tied and name == HEAD
+        if id(p) in experts:
+            out[name] = ParamInfo(name, shard, EDP, True, name, "ep")
+            continue
         if split_tied and name in (EMBED, HEAD):
             reduce = DP_EMBED
         else:

@@ -9,7 +9,10 @@ Reduce groups (``ParamInfo.reduce``), each a group of gradient buckets of its ow
 * ``("dp", "tp")`` — held whole on every tensor-parallel rank but fed by a sequence shard (sequence
   parallelism): after the data-parallel reduce, also summed over tp;
 * ``("dp", "embed")`` — a tied embedding split over the first and the last pipeline stage: first summed with
-  the other end of the pipeline, then over dp.
+  the other end of the pipeline, then over dp;
+* ``("edp",)`` — a mixture-of-experts layer's routed experts: summed over the expert-data-parallel ranks (those
+  of the stage that hold the same experts, :mod:`runtime.parallel.mesh`), which see every token of the
+  data-parallel and tensor-parallel ranks between them, then averaged over dp x cp like the others.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ Reduce = tuple[str, ...]
 DP: Reduce = ("dp",)
 DP_TP: Reduce = ("dp", "tp")
 DP_EMBED: Reduce = ("dp", "embed")
+EDP: Reduce = ("edp",)
 
 
 @dataclass(frozen=True)
@@ -32,10 +36,11 @@ class ParamInfo:
     """How one parameter (by its full model name) is sharded, reduced, counted and initialised."""
 
     name: str
-    shard: ShardSpec | None  # the tensor-parallel slice it holds; None: held whole
-    reduce: Reduce  # the groups its gradient is summed over, in order (DP, DP_TP or DP_EMBED)
+    shard: ShardSpec | None  # the slice it holds; None: held whole
+    reduce: Reduce  # the groups its gradient is summed over, in order (DP, DP_TP, DP_EMBED or EDP)
     in_norm: bool  # counted in the gradient norm (False for copies counted elsewhere)
     init_key: str  # the name whose (seed, name) draw initialises it
+    shard_over: str = "tp"  # the group whose ranks hold the other slices ("tp"; "ep" for routed experts)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from torch import nn
 
 from runtime import kernels
 from runtime.models.common import LearnedPositions, OutputLayer, TokenEmbedding, Transformer
+from runtime.models.moe import MoE
 from runtime.parallel.collective_matmul import gather_linear, linear_scatter
 from runtime.parallel.mappings import (
     copy_to_tp,
@@ -224,8 +225,13 @@ def apply_tensor_parallel(stage: Transformer, g: ParallelGroups, sp: bool, overl
         attn.n_heads //= g.tp
         attn.n_kv_heads //= g.tp
         mlp = layer.mlp
+        if isinstance(mlp, MoE):  # the shared experts split like a dense MLP; the rest: expert_parallel.py
+            mlp = mlp.shared
+        if mlp is None:
+            continue
         if hasattr(mlp, "gate_up"):
-            mlp.gate_up = ColumnParallelLinear(mlp.gate_up, (spec.ffn, spec.ffn), g, sp, overlap)
+            width = mlp.down.in_features
+            mlp.gate_up = ColumnParallelLinear(mlp.gate_up, (width, width), g, sp, overlap)
             mlp.down = RowParallelLinear(mlp.down, g, sp, overlap)
         else:
             mlp.fc = ColumnParallelLinear(mlp.fc, (spec.ffn,), g, sp, overlap)

@@ -57,7 +57,7 @@ def _case_moe(kind: str | None) -> MoESpec | None:
 
 
 def case_plan(case: dict[str, Any]) -> PlanFile:
-    keys = {k: case[k] for k in ("tp", "pp", "dp", "cp", "mbs", "sp", "recompute", "recompute_layers", "zero",
+    keys = {k: case[k] for k in ("tp", "pp", "dp", "cp", "ep", "mbs", "sp", "recompute", "recompute_layers", "zero",
                                   "dp_overlap", "tp_overlap", "layers") if k in case}
     if case.get("sched") == "interleaved":
         keys["vpp"] = 2
@@ -84,9 +84,9 @@ def full_grads(tr: Trainer) -> dict[str, np.ndarray] | None:
     shapes = {}  # from the spans: a ZeRO-3 parameter is an empty tensor between uses
     for b in dp.buckets:
         full = b.grad_data
-        if dp.zero:  # ZeRO-2/3 keep no whole-bucket gradient: gathered from the slices
+        if dp.zero and b.d > 1:  # ZeRO-2/3 keep no whole-bucket gradient: gathered from the slices
             full = torch.empty(b.size, dtype=b.grad_shard.dtype)
-            all_gather_into(full, b.grad_shard.contiguous(), g.dpcp_group)
+            all_gather_into(full, b.grad_shard.contiguous(), b.group)
         for s in b.spans:  # a parameter may span two buckets: its pieces in order
             flat.setdefault(s.info.name, []).append(full[s.start:s.end])
             shapes[s.info.name] = s.shape
@@ -94,7 +94,7 @@ def full_grads(tr: Trainer) -> dict[str, np.ndarray] | None:
     for c in tr.chunks:
         for _, info in tr.params.named(c):
             whole = torch.cat(flat[info.name]).view(shapes[info.name])
-            out[info.name] = gather_full(whole, info.shard, g.tp_group).float().numpy().copy()
+            out[info.name] = gather_full(whole, info.shard, getattr(g, f"{info.shard_over}_group")).float().numpy().copy()
     return out if g.tp_rank == 0 and g.dp_rank == 0 else None
 
 
@@ -103,7 +103,7 @@ def _trainer(rank: int, case: dict[str, Any], data_path: str, steps: int | None 
     """This rank's trainer for the case's plan, running ``steps`` steps (default: the plan's train.steps)."""
     plan = case_plan(case)
     groups = build_groups(plan.config, "cpu", ranks=list(range(plan.world_size)),
-                          tied_embeddings=plan.model.tie_embeddings)
+                          tied_embeddings=plan.model.tie_embeddings, experts=plan.model.moe is not None)
     if groups is None:
         return None, None
     data = TokenData(data_path, plan.seq, plan.model.vocab_size, plan.train.seed)
@@ -275,6 +275,10 @@ def _storage_bytes(tensors: list[torch.Tensor]) -> int:
     return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
 
 
+def _padding(b: Any) -> int:
+    return b.size - sum(s.end - s.start for s in b.spans)
+
+
 def model_state_report(rank: int, case: dict[str, Any], data_path: str) -> dict[str, Any] | None:
     """After one step, for every ZeRO stage: this rank's buckets per model chunk as the cost model counts them
     (ZeRO-2/3: one per layer) and as it pads them (a split tied embedding's is its own), its model state's bytes
@@ -302,8 +306,10 @@ def model_state_report(rank: int, case: dict[str, Any], data_path: str) -> dict[
             "segments": [sum(b.chunk == c for b in dp.buckets) for c in chunks],
             "bytes": {"weights": _storage_bytes(pbufs) + _storage_bytes(gathered), "gradients": _storage_bytes(gbufs),
                       "optimizer": _nbytes(opt.master + opt.exp_avg + opt.exp_avg_sq)},
-            "padding": sum(b.size - sum(s.end - s.start for s in b.spans) for b in dp.buckets),
-            "dtypes": [str(pbufs[0].dtype), str(gbufs[0].dtype)], "d": dp.d, "zero": dp.zero,
+            "padding": sum(_padding(b) for b in dp.buckets),
+            "padding_owned": sum(_padding(b) / (b.d if dp.zero else 1) for b in dp.buckets),
+            "dtypes": [str(pbufs[0].dtype), str(gbufs[0].dtype)], "zero": dp.zero,
+            "d": max([dp.d] + [b.d for b in dp.buckets]),
             "stray": len(stray), "loss": loss, "tp_rank": groups.tp_rank,
         }
         with recording(groups) as ledger:

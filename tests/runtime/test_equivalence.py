@@ -131,8 +131,23 @@ MOE_CASES = [
     dict(moe="gated", tp=1, pp=2, dp=2, mbs=2),
 ]
 
+# Expert parallelism (ep in {1, 2, 4}) with tensor (and sequence) parallelism in {1, 2}, pipelines of 1 and 2 stages
+# and data parallelism in {1, 2}: every pair of their values that fits 8 ranks (ep = 4 with dp = 1 needs tp = 4), under
+# ZeRO-1, overlap, interleaving and recompute besides.
+MOE_EP_CASES = [
+    dict(moe="softmax", ep=2, tp=1, pp=1, dp=2),
+    dict(moe="gated", ep=2, tp=2, sp=True, pp=2, dp=1),
+    dict(moe="softmax", ep=4, tp=2, sp=True, pp=1, dp=2, zero=1, dp_overlap=True, tp_overlap=True),
+    dict(moe="sigmoid", ep=4, tp=2, sp=True, pp=2, dp=2, zero=1),
+    dict(moe="softmax", ep=4, tp=1, pp=1, dp=4, recompute="full"),
+    dict(moe="gated", ep=1, tp=2, sp=True, pp=2, dp=2, sched="interleaved"),
+    dict(moe="softmax", ep=2, tp=2, sp=True, pp=1, dp=2, zero=1, recompute="selective"),
+    dict(moe="mixtral", ep=2, tp=1, pp=2, dp=2, sched="interleaved", zero=1),
+]
 
-@pytest.mark.parametrize("case", CASES + MOE_CASES, ids=[_id(c) for c in CASES + MOE_CASES])
+
+@pytest.mark.parametrize("case", CASES + MOE_CASES + MOE_EP_CASES,
+                         ids=[_id(c) for c in CASES + MOE_CASES + MOE_EP_CASES])
 def test_plan_matches_single_process(pool, tokens64, case):
     plan = case_plan(case)
     results = pool.run("rt_cases:equivalence", case, tokens64)

@@ -17,9 +17,10 @@ from runtime.data import TokenData, open_tokens
 from runtime.metrics import MetricsLog
 from runtime.models import build_model
 from runtime.parallel.data_parallel import bucket_bounds
+from runtime.parallel.expert_parallel import apply_expert_parallel
 from runtime.parallel.optimizer import lr_at
 from runtime.parallel.parallelize import param_infos, stage_layer_ids
-from runtime.parallel.params import DP, DP_EMBED, DP_TP
+from runtime.parallel.params import DP, DP_EMBED, DP_TP, EDP
 from runtime.parallel.tensor_parallel import ShardSpec, apply_tensor_parallel
 from runtime.trainer import check_supported, executed_state
 from specs.capabilities import state_problem
@@ -139,29 +140,38 @@ def test_bucket_bounds_cut_a_group_into_equal_buckets(n, size, unit):
         assert max(sizes) <= size
 
 
-@pytest.mark.parametrize("arch,tied,tp,sp,pp,vpp", [("llama", True, 2, True, 2, 2), ("gpt", True, 4, True, 2, 1),
-                                                    ("gpt", False, 2, False, 1, 1), ("llama", True, 1, False, 1, 1)])
-def test_param_records_group_parameters_as_the_cost_model_counts(arch, tied, tp, sp, pp, vpp):
-    spec = case_spec(dict(arch=arch, tied=tied, tp=tp))
-    cfg = ParallelConfig(tp=tp, sp=sp, pp=pp, vpp=vpp)
+@pytest.mark.parametrize("arch,tied,tp,sp,pp,vpp,moe,ep", [
+    ("llama", True, 2, True, 2, 2, None, 1), ("gpt", True, 4, True, 2, 1, None, 1),
+    ("gpt", False, 2, False, 1, 1, None, 1), ("llama", True, 1, False, 1, 1, None, 1),
+    ("llama", False, 2, True, 2, 1, "gated", 2), ("llama", True, 1, False, 1, 1, "softmax", 4)])
+def test_param_records_group_parameters_as_the_cost_model_counts(arch, tied, tp, sp, pp, vpp, moe, ep):
+    spec = case_spec(dict(arch=arch, tied=tied, tp=tp, moe=moe))
+    cfg = ParallelConfig(tp=tp, sp=sp, pp=pp, vpp=vpp, dp=ep, ep=ep)
     nv = pp * vpp
-    priced = gradient_groups(spec, tp, sp and tp > 1, np.array(cfg.stage_layers(spec.num_layers), dtype=float))
+    priced = gradient_groups(spec, tp, sp and tp > 1, np.array(cfg.stage_layers(spec.num_layers), dtype=float),
+                             ep)
+    replicated = ("norm.weight", "norm.bias", "pos.weight", "attn.proj.bias", "mlp.proj.bias", "router.weight",
+                  "shared_gate.weight")
     for tp_rank in range(tp):
         for v in range(nv):
             st = build_model(spec, "meta").stage(stage_layer_ids(cfg, spec.num_layers, v), first=v == 0,
                                                  last=v == nv - 1)
-            apply_tensor_parallel(st, SimpleNamespace(tp=tp, tp_rank=tp_rank, tp_group=None), sp and tp > 1)
+            g = SimpleNamespace(tp=tp, tp_rank=tp_rank, tp_group=None, ep=ep, ep_rank=ep - 1, ep_group=object())
+            apply_tensor_parallel(st, g, sp and tp > 1)
+            apply_expert_parallel(st, g, False)
             infos = param_infos(st, spec, cfg, tp_rank)
-            count = dict.fromkeys((DP, DP_TP, DP_EMBED), 0)
+            count = dict.fromkeys((DP, DP_TP, DP_EMBED, EDP), 0)
             for name, p in st.named_parameters():
                 info = infos[name]
                 count[info.reduce] += p.numel()
-                whole = name.endswith(("norm.weight", "norm.bias", "pos.weight", "attn.proj.bias", "mlp.proj.bias"))
-                assert info.name == name and (info.shard is not None) == (tp > 1 and not whole)
+                expert = ".experts." in name
+                assert (info.reduce == EDP) == expert and info.shard_over == ("ep" if expert else "tp")
+                sliced = ep > 1 if expert else tp > 1 and not name.endswith(replicated)
+                assert info.name == name and (info.shard is not None) == sliced, name
                 head_copy = tied and pp > 1 and name == "head.out.weight"
                 assert info.init_key == ("embed.tok.weight" if head_copy else name)
-                assert info.in_norm == (not head_copy and (info.shard is not None or tp_rank == 0))
-            assert [count[DP], count[DP_TP], count[DP_EMBED]] == [g[v] for g in priced], (tp_rank, v)
+                assert info.in_norm == (not head_copy and (info.shard is not None or tp_rank == 0 or expert))
+            assert [count[DP], count[DP_TP], count[DP_EMBED], count[EDP]] == [g[v] for g in priced], (tp_rank, v)
 
 
 def test_runtime_keeps_the_plans_state_or_refuses_it():

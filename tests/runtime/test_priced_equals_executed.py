@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 from rt_cases import case_plan
 from rt_reference import reference_run
-from test_equivalence import CASES, MOE_CASES, _id
+from test_equivalence import CASES, MOE_CASES, MOE_EP_CASES, _id
 
 from cost_models.ledger import priced_ledger
 from cost_models.params import gradient_buckets, gradient_groups
@@ -77,7 +77,7 @@ def check_rank(plan: PlanFile, r: dict, buckets: np.ndarray, priced: dict[str, f
     for kind, attr in KINDS.items():
         per_param = getattr(plan.state, attr)
         cost = priced[kind] * GiB
-        padded = pad * per_param / (d if r["zero"] >= SHARDED_FROM[kind] else 1)
+        padded = (r["padding_owned"] if r["zero"] >= SHARDED_FROM[kind] else pad) * per_param
         tolerance = (d - 1) * nb * per_param  # ZeRO: at most d - 1 padding elements per bucket
         assert abs(r["bytes"][kind] - cost) <= tolerance, (kind, r["bytes"][kind], cost)
         assert r["bytes"][kind] == pytest.approx(cost + padded, rel=1e-12, abs=1e-6), (kind, r["bytes"][kind], cost)
@@ -90,7 +90,9 @@ def check_ledger(plan: PlanFile, reports: list[dict]) -> None:
     d = cfg.dp * cfg.cp
     tp_sum = ("all_reduce", "tp", f"{'float32' if plan.state.grad_reduce == 'fp32' else 'bfloat16'}")
     sharded = cfg.zero >= 1 and d > 1 and cfg.sp and cfg.tp > 1
+    routed = ("all_to_all", "ep", "float32")  # the combine carries back the rows a rank received: routing decides
     totals: dict[tuple[int, int], int] = {}
+    stage: dict[int, int] = {}
     for r in reports:
         got, want = r["ledger"], priced[r["pp_rank"]]
         loose = {tp_sum} if sharded else set()  # a rank may own none of the partial gradients
@@ -102,10 +104,15 @@ def check_ledger(plan: PlanFile, reports: list[dict]) -> None:
                 totals[r["pp_rank"], r["tp_rank"]] = totals.get((r["pp_rank"], r["tp_rank"]), 0) + nbytes
                 continue
             assert calls == w_calls, (r["pp_rank"], key, calls, w_calls)
-            pad = r["padding"] * 4 * calls / max(1, sum(r["segments"])) if key[1] == "dp" else 0
+            if key == routed:
+                stage[r["pp_rank"]] = stage.get(r["pp_rank"], 0) + nbytes
+                continue
+            pad = r["padding"] * 4 * calls / max(1, sum(r["segments"])) if key[1] in ("dp", "edp") else 0
             assert w_bytes - 1e-6 <= nbytes <= w_bytes + pad + 1e-6, (r["pp_rank"], key, nbytes, w_bytes, pad)
     for (pp_rank, _), nbytes in totals.items():
         assert nbytes == pytest.approx(d * priced[pp_rank][tp_sum][1], rel=1e-12), (pp_rank, nbytes)
+    for pp_rank, nbytes in stage.items():  # over a stage's ranks, what was sent is what was received
+        assert nbytes == pytest.approx(d * cfg.tp * priced[pp_rank][routed][1], rel=1e-12), (pp_rank, nbytes)
 
 
 def check_plan_run(pool, tokens64: str, case: dict) -> list[dict]:
@@ -126,10 +133,12 @@ def test_buckets_and_state_bytes_are_priced(pool, tokens64, case):
     assert all(r["dtypes"] == ["torch.float32", "torch.float32"] for r in reports)
 
 
-@pytest.mark.parametrize("case", MOE_CASES, ids=[_id(c) for c in MOE_CASES])
+@pytest.mark.parametrize("case", MOE_CASES + MOE_EP_CASES, ids=[_id(c) for c in MOE_CASES + MOE_EP_CASES])
 def test_moe_state_and_traffic_are_priced(pool, tokens64, case):
-    """MoE plans: each stage's experts, router and shared experts, counted per stage (its MoE layers, not the average
-    layer), are the runtime's buckets, state bytes and data-parallel traffic."""
+    """MoE plans: each stage's experts (sliced over ep, reduced over expert data parallelism), router and shared
+    experts, counted per stage (its MoE layers, not the average layer), are the runtime's buckets, state bytes and
+    data-parallel traffic; its all-to-alls, count exchanges and aux-loss sums are the priced ones (the combine's
+    bytes, which routing decides per rank, summed over the stage's ranks)."""
     check_plan_run(pool, tokens64, case)
 
 
