@@ -64,7 +64,7 @@ def priced_ledger(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, g
 
     Groups: ``tp``, ``cp``, ``dp`` (data parallelism over dp x cp), ``pp`` (sends to a neighbouring stage),
     ``embed`` (the first and last stage, for a tied embedding), ``mp`` (tp x pp: one replica), ``world``, and for
-    MoE models ``ep`` (expert parallel), ``etp`` and ``edp`` (expert data parallel)."""
+    MoE models ``ep`` (expert parallel), ``etp``, ``edp`` (expert data parallel) and ``cptp`` (cp x tp)."""
     act = DTYPE_NAMES[cluster.precision]
     eb = DTYPE_BYTES[cluster.precision]
     t, cp, pp = cfg.tp, cfg.cp, cfg.pp
@@ -161,11 +161,12 @@ def _moe_ops(book: _Book, model: ModelSpec, cfg: ParallelConfig, eb: float, act:
     moe = model.moe
     assert moe is not None
     msgs = moe_messages(model, eb, cfg.tp, cfg.cp, cfg.mbs, cfg.etp)
-    sizes = {"ep": cfg.ep, "etp": cfg.etp, "tp": cfg.tp}
+    sizes = {"ep": cfg.ep, "etp": cfg.etp, "seq": cfg.tp * cfg.cp}
+    names = {"seq": "tp" if cfg.cp == 1 else "cp" if cfg.tp == 1 else "cptp"}  # the runtime's group for it
     ids = [i for i in layer_ids if moe.is_moe_layer(i)]
     again = sum(1 for i in ids if i - layer_ids.start < recomputed) if cfg.recompute == "full" else 0
     for ps, op, group, what in MOE_LAYER_OPS:
         nbytes, dtype = msgs[group, what]
         if sizes[group] > 1:
-            book.add(op, group, act if dtype == "act" else dtype, (len(ids) + (again if ps == "fwd" else 0)) * m,
-                     float(nbytes))
+            book.add(op, names.get(group, group), act if dtype == "act" else dtype,
+                     (len(ids) + (again if ps == "fwd" else 0)) * m, float(nbytes))

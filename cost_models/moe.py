@@ -34,9 +34,9 @@ from specs.model import ModelSpec
 # :func:`moe_messages`). "counts": how many rows each rank sends each expert (int64, over ep, before the tokens);
 # "dispatch"/"combine": the k T' routed tokens over the ep group, and with etp > 1 the received tokens over the etp
 # group (all-gather before the experts, reduce-scatter after; the backward the conjugates); "aux": the aux loss's
-# expert-choice counts of each sequence summed over the tp ranks that hold its shards (fp32; with SP and an aux loss).
+# expert-choice counts of each sequence summed over the "seq" ranks that hold its shards (tp with SP, x cp; fp32).
 MOE_LAYER_OPS = (
-    ("fwd", "all_reduce", "tp", "aux"), ("fwd", "all_to_all", "ep", "counts"),
+    ("fwd", "all_reduce", "seq", "aux"), ("fwd", "all_to_all", "ep", "counts"),
     ("fwd", "all_to_all", "ep", "dispatch"), ("fwd", "all_gather", "etp", "dispatch"),
     ("fwd", "reduce_scatter", "etp", "combine"), ("fwd", "all_to_all", "ep", "combine"),
     ("bwd", "all_to_all", "ep", "combine"), ("bwd", "all_gather", "etp", "combine"),
@@ -73,17 +73,17 @@ def a2a_bytes(model: ModelSpec, eb: float, t, cp, mbs):
 def moe_messages(model: ModelSpec, eb: float, t, cp, mbs, etp, r=1.0) -> dict[tuple[str, str], tuple[object, str]]:
     """Each of :data:`MOE_LAYER_OPS`'s messages from one rank, by (group, what): (bytes in cost_models/comm.py's
     convention, "act" for the activations' dtype or the dtype). ``r`` scales the routed tokens (1: balanced; the
-    busiest rank's ``token_time_factor``); a "what" not sent (no aux loss, or tp = 1) has 0 bytes."""
+    busiest rank's ``token_time_factor``); a "what" not sent (no aux loss, or whole sequences) has 0 bytes."""
     moe = model.moe
     assert moe is not None
     sent = r * a2a_bytes(model, eb, t, cp, mbs)
-    aux = np.where((np.asarray(t) > 1) & (moe.aux_loss_coef > 0), np.asarray(mbs, dtype=float) * moe.num_experts
-                   * ROUTER_STAT_BYTES, 0.0)
+    aux = np.where((np.asarray(t) * np.asarray(cp) > 1) & (moe.aux_loss_coef > 0),
+                   np.asarray(mbs, dtype=float) * moe.num_experts * ROUTER_STAT_BYTES, 0.0)
     return {("ep", "counts"): (moe.num_experts * COUNT_BYTES, "int64"),
             ("ep", "dispatch"): (sent, "act"), ("ep", "combine"): (sent, "act"),
             ("etp", "dispatch"): (sent * np.asarray(etp, dtype=float), "act"),
             ("etp", "combine"): (sent * np.asarray(etp, dtype=float), "act"),
-            ("tp", "aux"): (aux, "float32")}
+            ("seq", "aux"): (aux, "float32")}
 
 
 def moe_bytes(model: ModelSpec, eb: float, t, cp, mbs, ep, etp) -> tuple[np.ndarray, np.ndarray]:
@@ -136,7 +136,7 @@ def moe_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, ep
     by_op = {("all_to_all", "ep"): lambda n: comm.all_to_all(n, ep, etp),
              ("all_gather", "etp"): lambda n: comm.all_gather(n, etp, 1),
              ("reduce_scatter", "etp"): lambda n: comm.reduce_scatter(n, etp, 1),
-             ("all_reduce", "tp"): lambda n: np.where(n > 0, comm.all_reduce(n, t, 1), 0.0)}
+             ("all_reduce", "seq"): lambda n: np.where(n > 0, comm.all_reduce(n, t * cp, 1), 0.0)}
     comm_t = {"fwd": 0.0, "bwd": 0.0}
     for ps, op, group, what in MOE_LAYER_OPS:
         comm_t[ps] = comm_t[ps] + by_op[op, group](msgs[group, what][0])

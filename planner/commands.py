@@ -125,8 +125,8 @@ def plan_command(args: argparse.Namespace) -> int:
                 runs = " or ".join(f"{k}={key_text(v)}" for v in ok)
                 raise AutoparError(f"--fix {k}={key_text(fixed[k])} conflicts with --runnable: autopar's runtime "
                                    f"executes only {runs}; drop one of them")
-        flags = {k: "--runnable" for k in runnable_keys(model) if k not in fixed}
-        fixed = {**runnable_keys(model), **fixed}
+        flags = {k: "--runnable" for k in runnable_keys() if k not in fixed}
+        fixed = {**runnable_keys(), **fixed}
     if args.top < 1:
         raise AutoparError(f"--top must be at least 1, got {args.top}")
     if args.steps is not None and args.steps < 1:
@@ -298,7 +298,7 @@ def _replan(args: argparse.Namespace) -> str:
         raise AutoparError("--replan plans again from the checkpoint's own plan: leave out the plan file")
     old = saved_plan(Path(args.checkpoint_dir))
     cluster = old.cluster.resized(gpus=args.gpus)
-    runnable = runnable_keys(old.model)
+    runnable = runnable_keys()
     res = search(old.model, cluster, old.global_batch, fixed=runnable, top=1,
                  headroom_GiB=headroom_for(None, cluster.gpu.memory_GiB),
                  flags={k: "--replan (autopar's runtime)" for k in runnable}, state=old.state)

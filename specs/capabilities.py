@@ -41,11 +41,9 @@ def state_problem(state: StateSpec) -> str | None:
     return None
 
 
-def runnable_keys(model: ModelSpec | None = None) -> dict[str, Any]:
-    """``--fix`` keys that keep a search to what the runtime executes (one value, or a list of them), for ``model``
-    (a MoE model also needs cp=1: :func:`moe_problem`)."""
-    keys = {k: v[0] if len(v) == 1 else list(v) for k, v in RUNTIME_EXECUTES.items()}
-    return {**keys, "cp": 1} if model is not None and model.moe is not None else keys
+def runnable_keys() -> dict[str, Any]:
+    """``--fix`` keys that keep a search to what the runtime executes (one value, or a list of them)."""
+    return {k: v[0] if len(v) == 1 else list(v) for k, v in RUNTIME_EXECUTES.items()}
 
 
 def model_problem(model: ModelSpec) -> str | None:
@@ -57,16 +55,6 @@ def model_problem(model: ModelSpec) -> str | None:
     return None
 
 
-def moe_problem(cfg: ParallelConfig, model: ModelSpec) -> str | None:
-    """Why autopar's runtime cannot train ``model``'s MoE layers under ``cfg``, or None: it runs them under expert,
-    tensor (with sp), pipeline and data parallelism, ZeRO-1, interleaving and recompute; not yet under context
-    parallelism."""
-    if model.moe is None or cfg.cp == 1:
-        return None
-    return (f"cp={cfg.cp}: the runtime does not train mixture-of-experts models under context parallelism yet; "
-            "plan with --fix cp=1")
-
-
 def execution_problem(cfg: ParallelConfig, model: ModelSpec, state: StateSpec) -> str | None:
     """Why autopar's runtime cannot execute a plan (its keys, its model, its model state), or None."""
-    return runtime_problem(cfg) or model_problem(model) or moe_problem(cfg, model) or state_problem(state)
+    return runtime_problem(cfg) or model_problem(model) or state_problem(state)

@@ -88,9 +88,11 @@ class MoE(nn.Module):
         self.shared = SwiGLU(spec.hidden_size, moe.shared_ffn) if moe.shared_ffn else None
         self.shared_gate = nn.Linear(spec.hidden_size, 1, bias=False) if moe.shared_expert_gate else None
         self.aux_scale = 1.0  # gradient scale of the aux loss (set_aux_scale)
-        # how the expert-choice counts of a sequence split over ranks are summed, and into how many shards
+        # how the expert-choice counts of a sequence split over ranks are summed, and into how many shards; the
+        # weight of this shard's aux gradient (its number of shards whose gradients are averaged, not summed)
         self.sequence_sum: Callable[[torch.Tensor], torch.Tensor] = _same
         self.sequence_shards = 1
+        self.shard_weight = 1
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(probabilities [b, s, E] in fp32, chosen experts [b, s, k], their weights [b, s, k]) of tokens ``x``."""
@@ -107,15 +109,15 @@ class MoE(nn.Module):
         """The load-balancing loss, per sequence and averaged over the batch (see the module docstring).
 
         The counts of each sequence's expert choices go through :attr:`sequence_sum` (identity here: the layer sees
-        whole sequences), so a layer that sees a shard of each sequence can sum them over the shards; the
-        probabilities' part is then this shard's share of the sum, and the shards' gradients add up to the
-        whole sequence's."""
+        whole sequences), so a layer that sees one of :attr:`sequence_shards` shards of each sequence can sum them
+        over the shards; the probabilities' part is then this shard's share of the sum, so the shards' gradients add
+        up to the whole sequence's (times :attr:`shard_weight` where they are averaged instead)."""
         E = probs.shape[-1]
         counts, tokens = self.sequence_sum(F.one_hot(choice, E).sum(-2).float().sum(-2)), probs.shape[-2]  # [b, E]
         tokens = tokens * self.sequence_shards
         share = counts / (tokens * choice.shape[-1])  # f_e (no gradient)
         p = probs / probs.sum(-1, keepdim=True)
-        return E * (share * p.sum(-2) / tokens).sum(-1).mean()
+        return self.shard_weight * E * (share * p.sum(-2) / tokens).sum(-1).mean()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         probs, choice, weight = self.route(x)

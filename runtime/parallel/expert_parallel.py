@@ -12,9 +12,11 @@ tensor/sequence parallelism.
   group (``params.EDP``).
 * **Under sequence parallelism** (tp > 1 with sp, which a MoE plan needs) a MoE layer sees the sequence shard of
   its tensor-parallel rank: the router and the shared experts' gate are whole on every tp rank and sum their
-  gradients over tp (``params.DP_TP``); the shared experts are a column-/row-parallel MLP (tensor_parallel.py);
-  the aux loss's expert-choice counts are summed over the tp ranks (an all-reduce per layer and micro-batch) so
-  each sequence's loss is the whole sequence's.
+  gradients over tp (``params.DP_TP``); the shared experts are a column-/row-parallel MLP (tensor_parallel.py).
+  **Under context parallelism** it sees its cp rank's tokens. Either way the aux loss's expert-choice counts are
+  summed over the ranks holding shards of the same sequences (``ParallelGroups.seq_group``: an all-reduce per
+  layer and micro-batch), so each sequence's loss is the whole sequence's; a cp rank weighs its share cp times, as
+  its gradients are averaged over cp with the data-parallel ones.
 """
 
 from __future__ import annotations
@@ -72,8 +74,8 @@ def _sum_over(group: dist.ProcessGroup):  # noqa: ANN202
 
 
 def apply_expert_parallel(stage: Transformer, g: ParallelGroups, sp: bool) -> None:
-    """Give each MoE layer of a stage (on the meta device, before init) its experts' shard when ep > 1, and under
-    sequence parallelism the sum of its aux-loss counts over the tensor-parallel ranks."""
+    """Give each MoE layer of a stage (on the meta device, before init) its experts' shard when ep > 1, and where
+    sequence or context parallelism splits its sequences the sum of its aux-loss counts over their shards."""
     for layer in stage.layers.values():
         moe = layer.mlp
         if not isinstance(moe, MoE):
@@ -81,5 +83,7 @@ def apply_expert_parallel(stage: Transformer, g: ParallelGroups, sp: bool) -> No
         if g.ep > 1:
             gate_up = moe.experts.gate_up
             moe.experts = ExpertShard(gate_up.shape[0], gate_up.shape[2], gate_up.shape[1] // 2, g)
-        if sp:
-            moe.sequence_sum, moe.sequence_shards = _sum_over(g.tp_group), g.tp
+        shards = (g.tp if sp else 1) * g.cp
+        if shards > 1:
+            assert g.seq_group is not None
+            moe.sequence_sum, moe.sequence_shards, moe.shard_weight = _sum_over(g.seq_group), shards, g.cp

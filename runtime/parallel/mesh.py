@@ -28,7 +28,8 @@ DIMS = ("pp", "dp", "cp", "tp")
 # group attribute -> short name (ParallelGroups.group_names); the first match names a group object used for several
 _GROUP_NAMES = (("tp_group", "tp"), ("cp_group", "cp"), ("dpcp_group", "dp"), ("dp_group", "dp"),
                 ("act_group", "pp"), ("grad_group", "pp"), ("pp_group", "pp"), ("embed_group", "embed"),
-                ("mp_group", "mp"), ("ep_group", "ep"), ("edp_group", "edp"), ("world", "world"))
+                ("mp_group", "mp"), ("ep_group", "ep"), ("edp_group", "edp"), ("seq_group", "cptp"),
+                ("world", "world"))
 
 
 @dataclass
@@ -54,6 +55,7 @@ class ParallelGroups:
     grad_group: dist.ProcessGroup  # pipeline gradients (backward direction); separate so each FIFO stays ordered
     embed_group: dist.ProcessGroup | None  # first + last pipeline stage, for a tied embedding (pp > 1)
     ep_group: dist.ProcessGroup | None = None  # MoE: the ranks that split the experts and exchange tokens (ep > 1)
+    seq_group: dist.ProcessGroup | None = None  # MoE: the cp x tp ranks holding shards of the same sequences
     edp_group: dist.ProcessGroup | None = None  # MoE: the ranks that hold the same experts (expert data parallel)
     ep_rank: int = 0
     edp_rank: int = 0
@@ -114,7 +116,7 @@ class ParallelGroups:
     def destroy(self) -> None:
         """Free the groups this object created (the job's, the mesh's and the extra ones)."""
         mine = {self.world, self.mp_group, self.dpcp_group, self.act_group, self.grad_group, self.embed_group,
-                self.ep_group, self.edp_group, *self.mesh.get_all_groups()}
+                self.ep_group, self.edp_group, self.seq_group, *self.mesh.get_all_groups()}
         for g in mine:
             if g is not None and g is not dist.group.WORLD:
                 dist.destroy_process_group(g)
@@ -158,6 +160,7 @@ def build_groups(cfg: ParallelConfig, device_type: str, ranks: list[int] | None 
     folded = layout.reshape(cfg.pp, cfg.edp, cfg.ep, cfg.etp)
     ep = _new_groups(folded, (2,), me) if experts and cfg.ep > 1 else None
     edp = _new_groups(folded, (1,), me) if experts else None
+    seq = _new_groups(layout, (2, 3), me) if experts and cfg.cp > 1 and cfg.tp > 1 else None
     if me not in ranks:
         return None
     coord = mesh.get_coordinate()
@@ -169,5 +172,6 @@ def build_groups(cfg: ParallelConfig, device_type: str, ranks: list[int] | None 
         world=job, tp_group=mesh.get_group("tp"), dp_group=mesh.get_group("dp"), cp_group=mesh.get_group("cp"),
         dpcp_group=mesh.get_group("dp") if dpcp is None else dpcp, pp_group=mesh.get_group("pp"), mp_group=mp,
         act_group=act, grad_group=grad, embed_group=embed, ep_group=ep, edp_group=edp,
+        seq_group=seq if seq is not None else mesh.get_group("cp" if cfg.cp > 1 else "tp") if experts else None,
         ep_rank=block // cfg.etp % cfg.ep, edp_rank=block // (cfg.etp * cfg.ep),
     )

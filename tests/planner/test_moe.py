@@ -162,19 +162,18 @@ def test_moe_hf_configs_read_and_refused(tmp_path, capsys):
 
 
 def test_moe_plan_files_the_runtime_cannot_run_are_refused_in_one_line(tmp_path, capsys):
-    """Expert tensor parallelism, and MoE layers under cp, are planned but refused by `autopar run` before any
-    worker starts; `--runnable` keeps a MoE search to what the runtime trains (expert parallelism included)."""
+    """Expert tensor parallelism is planned but refused by `autopar run` before any worker starts; `--runnable` keeps
+    a MoE search to what the runtime trains (expert and context parallelism included)."""
     out = tmp_path / "moe.json"
     common = ["plan", "--model", "tiny-moe", "--cluster", "cpu-gloo", "--gpus", "4", "--global-batch", "16"]
     assert main([*common, "--fix", "ep=1,etp=2,tp=2,sp=true", "--out", str(out)]) == 0
     capsys.readouterr()
     assert "the runtime does not execute expert tensor parallelism yet" in fails(capsys, "run", str(out))
-    assert main([*common, "--fix", "ep=2,tp=1,cp=2", "--out", str(out)]) == 0
-    capsys.readouterr()
-    assert "not train mixture-of-experts models under context parallelism" in fails(capsys, "run", str(out))
-    assert main([*common, "--runnable", "--fix", "ep=2", "--out", str(out), "--format", "json"]) == 0
+    assert main([*common, "--runnable", "--fix", "ep=2,etp=2", "--out", str(out)]) == 2
+    assert "conflicts with --runnable" in capsys.readouterr().err
+    assert main([*common, "--runnable", "--fix", "ep=2,cp=2", "--out", str(out), "--format", "json"]) == 0
     best = json.loads(capsys.readouterr().out)["plans"][0]["parallel"]
-    assert (best["cp"], best["ep"], best["etp"]) == (1, 2, 1)
+    assert (best["cp"], best["ep"], best["etp"]) == (2, 2, 1)
 
 
 def test_published_moe_rows_map_onto_valid_plans():

@@ -132,8 +132,8 @@ MOE_CASES = [
 ]
 
 # Expert parallelism (ep in {1, 2, 4}) with tensor (and sequence) parallelism in {1, 2}, pipelines of 1 and 2 stages
-# and data parallelism in {1, 2}: every pair of their values that fits 8 ranks (ep = 4 with dp = 1 needs tp = 4), under
-# ZeRO-1, overlap, interleaving and recompute besides.
+# and data parallelism in {1, 2}: every pair of their values that fits 8 ranks (ep = 4 with dp = 1 needs tp = 4 or
+# cp), under ZeRO-1, overlap, interleaving, recompute and context parallelism besides.
 MOE_EP_CASES = [
     dict(moe="softmax", ep=2, tp=1, pp=1, dp=2),
     dict(moe="gated", ep=2, tp=2, sp=True, pp=2, dp=1),
@@ -143,6 +143,10 @@ MOE_EP_CASES = [
     dict(moe="gated", ep=1, tp=2, sp=True, pp=2, dp=2, sched="interleaved"),
     dict(moe="softmax", ep=2, tp=2, sp=True, pp=1, dp=2, zero=1, recompute="selective"),
     dict(moe="mixtral", ep=2, tp=1, pp=2, dp=2, sched="interleaved", zero=1),
+    # context parallelism: the aux loss's counts summed over cp (and tp) ranks, the cp ranks' gradients averaged
+    dict(moe="softmax", ep=2, cp=2, tp=1, pp=1, dp=1),
+    dict(moe="gated", ep=4, cp=2, tp=2, sp=True, pp=1, dp=1, zero=1),
+    dict(moe="sigmoid", ep=2, cp=2, tp=1, pp=2, dp=2, recompute="full"),
 ]
 
 
