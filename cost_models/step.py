@@ -19,6 +19,7 @@ from cost_models.compute import ComputeModel
 from cost_models.memory import GiB, rank_load, rank_memory
 from cost_models.params import per_rank
 from cost_models.pipeline import replayed, simulate_steps
+from cost_models.placement import price_placed
 from cost_models.stages import LayerTerms, layer_terms, stage_costs
 from cost_models.tail import rank_tail
 from specs.cluster import ClusterSpec
@@ -73,18 +74,25 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global
     if validate:
         check_plan(cfg, PlanContext.on(model, cluster, global_batch))
     state = state or StateSpec.default(cluster.precision)
-    cm, comm = ComputeModel(cluster.gpu, cluster.precision), CommModel(cluster)
-    c = Candidates.of(cfg)
     pp, vpp, m = cfg.pp, cfg.vpp, cfg.microbatches(global_batch)
-    layers = np.array(cfg.stage_layers(model.num_layers), dtype=float)
-    recomputed = np.array([cfg.recomputed_layers(j, int(n)) for j, n in enumerate(layers)], dtype=float)
-    costs = stage_costs(model, comm, state, c, terms or layer_terms(model, cm, comm, c), layers, recomputed, cm.eb)
-    sim = simulate_steps(pp, vpp, m, costs.f[0].tolist(), costs.b[0].tolist())
-    ms = np.array([m])
-    tail = rank_tail(model, cm, comm, state, c, costs, replayed(sim), ms, cluster.num_gpus)
-    mem = rank_memory(c, state, cluster.backend,
-                      rank_load(pp, vpp, ms, costs.params, costs.act_bytes, costs.work_bytes, costs.largest_bucket,
-                                costs.expert_params))
+    if cfg.placement is not None:  # on the cluster's node groups
+        placed = price_placed(model, cluster, cfg, global_batch, state)
+        costs, sim, tail, mem = placed.costs, placed.sim, placed.tail, placed.mem
+        capacity, peak_flops = placed.capacity_GiB, placed.peak_flops
+    else:
+        cm, comm = ComputeModel(cluster.gpu, cluster.precision), CommModel(cluster)
+        c = Candidates.of(cfg)
+        layers = np.array(cfg.stage_layers(model.num_layers), dtype=float)
+        recomputed = np.array([cfg.recomputed_layers(j, int(n)) for j, n in enumerate(layers)], dtype=float)
+        costs = stage_costs(model, comm, state, c, terms or layer_terms(model, cm, comm, c), layers, recomputed,
+                            cm.eb)
+        sim = simulate_steps(pp, vpp, m, costs.f[0].tolist(), costs.b[0].tolist())
+        ms = np.array([m])
+        tail = rank_tail(model, cm, comm, state, c, costs, replayed(sim), ms, cluster.num_gpus)
+        mem = rank_memory(c, state, cluster.backend,
+                          rank_load(pp, vpp, ms, costs.params, costs.act_bytes, costs.work_bytes,
+                                    costs.largest_bucket, costs.expert_params))
+        capacity, peak_flops = [cluster.gpu.memory_GiB] * pp, cluster.num_gpus * cluster.gpu.peak(cluster.precision)
     step = float(tail.step_time[0])
 
     crit = int(np.argmax(tail.finish[0]))  # the breakdown follows the rank that finishes last
@@ -115,9 +123,9 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global
         step_time_s=step,
         tokens_per_s=tokens / step,
         model_flops_per_step=mflops,
-        mfu=mflops / (step * cluster.num_gpus * cluster.gpu.peak(cluster.precision)),
+        mfu=mflops / (step * peak_flops),
         memory_GiB=stage_mem[worst],
-        fits=stage_mem[worst] <= cluster.gpu.memory_GiB - headroom_GiB,
+        fits=all(x <= cap - headroom_GiB for x, cap in zip(stage_mem, capacity)),
         breakdown=breakdown,
         memory_breakdown=stage_parts[worst],
         bubble_fraction=breakdown["pipeline_bubble"] / step,

@@ -13,6 +13,7 @@ from typing import Any
 from rich.markup import escape
 
 from planner.headroom import headroom_for
+from planner.refine import PlanResult
 from specs.errors import AutoparError
 
 MAX_GLOBAL_BATCH = 1 << 20  # sequences per step: hundreds of times the largest published training batches
@@ -153,6 +154,8 @@ def plan_command(args: argparse.Namespace) -> int:
         raise AutoparError(msg)
     other = runner_up(res.ranked)
     reason = why(res.plans[0], other) if other else "It is the only plan that fits."
+    if res.plans[0].config.placement is not None:
+        reason = f"{placement_reason(res.plans[0], res.homogeneous, model.num_layers)} {reason}"
     tied = tied_with_best([p.estimate.step_time_s for p in res.ranked])  # all refined plans, not only the top shown
     if tied:
         reason += (f" The next {tied} plan{'s are' if tied > 1 else ' is'} within {tie_margin():.1%} of it, inside "
@@ -179,7 +182,8 @@ def plan_command(args: argparse.Namespace) -> int:
             row = {"parallel": p.config.to_dict(), **row,
                    "step_time_band_s": list(step_band(p.config.pp, p.estimate.step_time_s))}
             rows.append(row)
-        print(json.dumps({"plans": rows, "search": search_info, "why": reason,
+        baseline = {"homogeneous_baseline": res.homogeneous.row()} if res.homogeneous is not None else {}
+        print(json.dumps({"plans": rows, "search": search_info, "why": reason, **baseline,
                           "uncertainty": {"ranking_sigma": ranking_sigma(), "tie_margin": tie_margin(),
                                           "tied_with_best": tied},
                           "warnings": [warning] if warning else [],
@@ -431,3 +435,16 @@ def tune_command(args: argparse.Namespace) -> int:
     if args.out:
         con.print(escape(f"wrote {args.out}  (train it with: autopar run {args.out})"))
     return 0
+
+
+def placement_reason(best: PlanResult, homogeneous: PlanResult | None, num_layers: int) -> str:
+    """Where a placed plan puts its stages, and what it gains over the cluster planned as homogeneous."""
+    from planner.placement import explain_placement
+
+    text = explain_placement(best.config, num_layers).rstrip(".") + "."
+    if homogeneous is not None:
+        gain = homogeneous.estimate.step_time_s / best.estimate.step_time_s - 1
+        text += (f" Planned as if homogeneous at its slowest GPU and link, the best plan "
+                 f"({homogeneous.config.short()}) takes {homogeneous.estimate.step_time_s:.3f} s a step: this one "
+                 f"is {gain:+.1%} in throughput.")
+    return text

@@ -8,12 +8,15 @@
    sure of replayed.
 3. The fastest that fit are re-priced with the exact model (schedule replay) after the ILP (planner/ilp.py,
    via planner/refine.py) has chosen their layer split and per-stage recompute; the result is sorted.
+4. On a cluster of node groups, steps 1-3 plan it as homogeneous at its slowest GPU and link; the best of those
+   plans are then placed on the groups (planner/placement.py) and the placed ones returned.
 ``exhaustive=True`` drops the pruning of the space (every micro-batch size, interleave degree and cp) and
 replays every candidate's schedule table as the exact model does.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +28,7 @@ from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
 from cost_models.stages import layer_terms
 from planner.ilp import TIME_LIMIT_S
+from planner.placement import place
 from planner.refine import PlanResult, refine
 from planner.space import enumerate_space
 from specs.cluster import ClusterSpec
@@ -57,14 +61,18 @@ class SearchResult:
     closest: PlanResult | None = None  # when nothing fits: the plan needing the least memory
     exhaustive: bool = False
     ranked: list[PlanResult] = field(default_factory=list)  # every exactly-priced plan that fits, best first
+    # a cluster of node groups: the best plan of it seen as homogeneous at its slowest GPU and link (what the
+    # placed plans above are compared with)
+    homogeneous: PlanResult | None = None
 
 
 def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dict[str, Any] | None = None,
            top: int = 5, exhaustive: bool = False, headroom_GiB: float = 0.0, refine_count: int | None = None,
-           progress: Any = None, flags: dict[str, str] | None = None, state: StateSpec | None = None
-           ) -> SearchResult:
+           progress: Any = None, flags: dict[str, str] | None = None, state: StateSpec | None = None,
+           place_groups: bool = True) -> SearchResult:
     """Find the fastest plans that fit; ``fixed`` holds plan keys constant (``flags``: the option each came
-    from, for error messages; default ``--fix``)."""
+    from, for error messages; default ``--fix``). On a cluster of node groups (``place_groups``) the plans placed
+    on the groups compete with those that treat it as homogeneous at its slowest link."""
     fixed = dict(fixed or {})
     state = state or StateSpec.default(cluster.precision)
     t0 = time.perf_counter()
@@ -94,12 +102,38 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
             results[r.config] = r
     plans = sorted((r for r in results.values() if r.estimate.fits),
                    key=lambda r: (r.estimate.step_time_s, r.estimate.memory_GiB))
+    homogeneous = None
+    if place_groups and cluster.node_groups and fixed.get("placement") is None:
+        homogeneous = plans[0] if plans else None
+        placed = place(model, cluster, _placeable(model, cluster, global_batch, fixed, headroom_GiB, state, plans),
+                       global_batch, headroom_GiB, state)
+        results.update({p.config: p for p in placed})
+        plans = sorted(plans + [p for p in placed if p.estimate.fits],
+                       key=lambda r: (r.estimate.step_time_s, r.estimate.memory_GiB))
     closest = None
     if not plans:
         allr = sorted(results.values(), key=lambda r: r.estimate.memory_GiB)
         closest = allr[0] if allr else None
     return SearchResult(plans=plans[:top], candidates=len(cands), seconds=time.perf_counter() - t0,
-                        closest=closest, exhaustive=exhaustive, ranked=plans)
+                        closest=closest, exhaustive=exhaustive, ranked=plans, homogeneous=homogeneous)
+
+
+def _placeable(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dict[str, Any],
+               headroom_GiB: float, state: StateSpec, plans: list[PlanResult]) -> list[PlanResult]:
+    """The fastest homogeneous plans whose pipeline ranks the node groups can hold whole: ``plans``' own, or (when
+    none of them is) a search over the pipeline depths that give every group whole ranks."""
+    sizes = list(cluster.groups.values())
+    whole = [p for p in plans if all(n % (p.config.tp * p.config.dp * p.config.cp) == 0 for n in sizes)
+             and p.config.pp > 1]
+    if whole or "pp" in fixed:
+        return whole
+    stage = math.gcd(*sizes)
+    depths = [cluster.num_gpus // n for n in range(1, stage + 1) if stage % n == 0 and cluster.num_gpus // n > 1]
+    try:
+        return search(model, cluster, global_batch, fixed={**fixed, "pp": depths}, headroom_GiB=headroom_GiB,
+                      state=state, place_groups=False).ranked
+    except AutoparError:  # no such depth fits the rules (say, more stages than layers)
+        return []
 
 
 def min_gpus_to_fit(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dict[str, Any],

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from specs.errors import AutoparError, did_you_mean, refuse_bool, validated
 from specs.files import read_mapping
+from specs.topology import DefaultLink, GroupLink, NodeGroup, Topology
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "hardware_profiles"
 MAX_GPUS = 1 << 24  # far beyond any real cluster; keeps the search's divisor enumeration cheap
@@ -189,6 +190,11 @@ class ClusterSpec(_Strict):
     # reduce_scatter, p2p, all_to_all
     collectives: dict[Literal["all_reduce", "all_gather", "reduce_scatter", "p2p", "all_to_all"],
                       dict[Literal["intra", "inter"], CollectiveFit]] = Field(default_factory=dict)
+    # Node groups (specs/topology.py): islands of nodes with their own GPUs and NICs. The fields above then
+    # describe the whole cluster as if it were homogeneous at its slowest GPU and link (``homogeneous_view``).
+    node_groups: tuple[NodeGroup, ...] = ()
+    between_groups: tuple[GroupLink, ...] = ()
+    default_between: DefaultLink | None = None
 
     @model_validator(mode="after")
     def _check(self) -> ClusterSpec:
@@ -207,6 +213,31 @@ class ClusterSpec(_Strict):
     @property
     def num_gpus(self) -> int:
         return self.gpus_per_node * self.num_nodes
+
+    @property
+    def groups(self) -> dict[str, int]:
+        """GPUs per node group, in profile order (empty for a homogeneous cluster)."""
+        return {g.name: g.num_gpus for g in self.node_groups}
+
+    def topology(self) -> Topology:
+        """The node groups and the links between them as a graph."""
+        return Topology(self.node_groups, self.between_groups, self.default_between)
+
+    def group_view(self, name: str) -> ClusterSpec:
+        """Node group ``name`` as a homogeneous cluster of its own (its GPUs, its nodes, its NICs)."""
+        g = next((x for x in self.node_groups if x.name == name), None)
+        if g is None:
+            hint = did_you_mean(name, list(self.groups))
+            raise AutoparError(f"cluster {self.name} has no node group '{name}'{hint}; its groups: "
+                               f"{', '.join(self.groups) or 'none'}")
+        net = g.inter_node
+        return ClusterSpec(
+            name=f"{self.name}:{g.name}", gpu=GPUSpec.model_validate(g.gpu), gpus_per_node=g.gpus_per_node,
+            num_nodes=g.num_nodes, intra_node=Link.model_validate(g.intra_node), backend=self.backend,
+            precision=self.precision, tp_across_nodes=self.tp_across_nodes,
+            inter_node=InterNode(nic_bandwidth_Gbps=net.nic_bandwidth_Gbps, nics_per_node=net.nics_per_node,
+                                 latency_us=net.latency_us, efficiency=net.efficiency,
+                                 oversubscription=net.oversubscription))
 
     def precision_problem(self) -> str | None:
         """Why this cluster's GPUs cannot compute in its ``precision`` (its profile lists the precisions it has a
@@ -239,6 +270,9 @@ class ClusterSpec(_Strict):
         """The same cluster with another size (``--gpus`` or ``--nodes``)."""
         if gpus is not None and nodes is not None:
             raise AutoparError("give --gpus or --nodes, not both")
+        if self.node_groups and (gpus, nodes) not in ((None, None), (self.num_gpus, None), (None, self.num_nodes)):
+            raise AutoparError(f"cluster {self.name} is made of node groups ({', '.join(self.groups)}): it is sized by "
+                               "each group's num_nodes in its profile, not by --gpus or --nodes")
         asked = gpus if gpus is not None else None if nodes is None else nodes * self.gpus_per_node
         if asked is not None and asked > MAX_GPUS:
             flag = f"--gpus {gpus}" if gpus is not None else f"--nodes {nodes}"
@@ -266,6 +300,18 @@ class ClusterSpec(_Strict):
         return self.model_copy(update={"num_nodes": gpus // self.gpus_per_node})
 
     def summary(self) -> str:
+        if self.node_groups:
+            topo = self.topology()
+            parts = []
+            for g in self.node_groups:
+                gpu, net = GPUSpec.model_validate(g.gpu), g.inter_node
+                parts.append(f"{g.name} ({g.num_nodes} x {g.gpus_per_node} {gpu.name}, {net.nics_per_node}x"
+                             f"{net.nic_bandwidth_Gbps:g} Gb/s {net.kind})")
+            names = list(self.groups)
+            links = [f"{a}-{b} {topo.between(a, b)[0]:g} Gb/s per node" for i, a in enumerate(names)
+                     for b in names[i + 1:]]
+            return (f"{self.name}: {self.num_gpus} GPUs in node groups {', '.join(parts)}; between groups "
+                    f"{', '.join(links)}")
         net = (f", {self.inter_node.nics_per_node}x{self.inter_node.nic_bandwidth_Gbps:g} Gb/s NICs per node"
                if self.inter_node else "")
         tp = ", tensor parallelism may span nodes" if self.tp_across_nodes and self.num_nodes > 1 else ""
@@ -306,6 +352,14 @@ def load_gpu(ref: str | dict[str, Any]) -> GPUSpec:
 
 def cluster_from_dict(data: dict[str, Any], source: str) -> ClusterSpec:
     data = dict(data)
+    if not data.get("node_groups"):  # written out by autopar for a homogeneous cluster: empty group fields
+        for key in ("node_groups", "between_groups", "default_between"):
+            if not data.get(key):
+                data.pop(key, None)
+    elif "gpu" in data and all(isinstance(g, dict) and isinstance(g.get("gpu"), dict) for g in data["node_groups"]):
+        return validated(ClusterSpec, data, f"cluster profile {source}")  # written out by autopar: complete
+    else:
+        data = _grouped(data, source)
     if "gpu" not in data:
         raise AutoparError(f"cluster profile {source}: missing required field 'gpu' (a GPU name or mapping)")
     gpu = data["gpu"]
@@ -327,3 +381,54 @@ def load_cluster(ref: str, gpus: int | None = None, nodes: int | None = None) ->
     """A cluster by bundled name or file path, optionally resized."""
     path = _profile_path(ref, "clusters", list_clusters(), ", or a path to a profile from `autopar profile`")
     return cluster_from_dict(read_mapping(path, "cluster profile"), str(ref)).resized(gpus, nodes)
+
+
+def _grouped(data: dict[str, Any], source: str) -> dict[str, Any]:
+    """A profile with ``node_groups``: each group's GPU resolved to its profile and its intra-node link filled in,
+    the links checked, and the top-level fields set to the cluster seen as homogeneous at its slowest GPU and
+    link (what plans that ignore the groups are priced on)."""
+    where = f"cluster profile {source}"
+    raw = data.get("node_groups")
+    if not isinstance(raw, list) or not raw:
+        raise AutoparError(f"{where}: node_groups must be a non-empty list of groups (name, gpu, num_nodes, "
+                           "gpus_per_node, inter_node)")
+    for key in ("gpu", "gpus_per_node", "num_nodes", "intra_node", "inter_node"):
+        if key in data:
+            raise AutoparError(f"{where}: with node_groups, give '{key}' per group, not at the top level")
+    groups = []
+    for i, g in enumerate(raw):
+        if not isinstance(g, dict) or not isinstance(g.get("gpu"), str):
+            raise AutoparError(f"{where}: node_groups[{i}] needs a 'gpu' (a GPU profile name) among its fields")
+        gpu = load_gpu(g["gpu"])
+        g = {**g, "gpu": gpu.model_dump()}
+        if g.get("intra_node") is None:
+            if gpu.node_link is None:
+                raise AutoparError(f"{where}: node group {g.get('name', i)} needs 'intra_node' ({{bandwidth_GBps: "
+                                   f"...}}): GPU {gpu.name} has no node_link to take it from")
+            g["intra_node"] = {"bandwidth_GBps": gpu.node_link.bandwidth_GBps, "latency_us": gpu.node_link.latency_us}
+        groups.append(validated(NodeGroup, g, f"{where}, node_groups[{i}]"))
+    names = [g.name for g in groups]
+    if len(set(names)) < len(names):
+        raise AutoparError(f"{where}: node group names must differ, got {', '.join(names)}")
+    if len({g.gpus_per_node for g in groups}) > 1:
+        raise AutoparError(f"{where}: node groups with different GPUs per node are not supported yet (got "
+                           f"{', '.join(f'{g.name}: {g.gpus_per_node}' for g in groups)})")
+    links = tuple(validated(GroupLink, x, f"{where}, between_groups") for x in data.get("between_groups") or [])
+    default = data.get("default_between")
+    default = validated(DefaultLink, default, f"{where}, default_between") if default is not None else None
+    topo = Topology(tuple(groups), links, default)
+    problem = topo.problem()
+    if problem:
+        raise AutoparError(f"{where}: {problem}")
+    precision = data.get("precision", "bf16")
+    gpus = [GPUSpec.model_validate(g.gpu) for g in groups]
+    slowest = min(gpus, key=lambda x: x.peak(precision))
+    slowest = slowest.model_copy(update={"memory_GiB": min(x.memory_GiB for x in gpus)})
+    intra = min((Link.model_validate(g.intra_node) for g in groups), key=lambda x: x.bandwidth_GBps)
+    pairs = [topo.between(a.name, b.name) for i, a in enumerate(groups) for b in groups[i:]]
+    per_node, latency = min(p[0] for p in pairs), max(p[1] for p in pairs)
+    return {**data, "node_groups": groups, "between_groups": links, "default_between": default,
+            "gpu": slowest, "gpus_per_node": groups[0].gpus_per_node, "num_nodes": sum(g.num_nodes for g in groups),
+            "intra_node": intra.model_dump(),
+            "inter_node": {"nic_bandwidth_Gbps": per_node, "nics_per_node": 1, "latency_us": latency,
+                           "efficiency": min(g.inter_node.efficiency for g in groups)}}

@@ -24,10 +24,11 @@ RECOMPUTE = ("none", "selective", "full")
 @dataclass(frozen=True)
 class Key:
     """What a plan key is: ``int`` (at least ``minimum``, one of ``choices`` when given), ``bool``, ``name`` (one
-    of ``choices``; held as its index in arrays of candidates) or ``counts`` (non-negative integers per
-    pipeline stage, written ``13/14/14/13``; ``one_count`` also takes one integer for every stage)."""
+    of ``choices``; held as its index in arrays of candidates), ``counts`` (non-negative integers per
+    pipeline stage, written ``13/14/14/13``; ``one_count`` also takes one integer for every stage) or ``groups``
+    (a node group's name per pipeline rank, written ``ib*4/roce*4`` or ``ib/ib/roce``)."""
 
-    kind: Literal["int", "bool", "name", "counts"]
+    kind: Literal["int", "bool", "name", "counts", "groups"]
     doc: str
     minimum: int = 1
     maximum: int = 1 << 30  # far beyond any real plan: keeps the arithmetic on them in 64-bit integers
@@ -39,7 +40,7 @@ class Key:
     @property
     def searched(self) -> bool:
         """Whether the search enumerates this key (per-stage counts come from the ILP or ``--fix``)."""
-        return self.kind != "counts"
+        return self.kind not in ("counts", "groups")
 
 
 def _key(default: Any, **kw: Any) -> Any:
@@ -79,6 +80,9 @@ class ParallelConfig:
     tp_overlap: bool = _key(False, kind="bool", doc="overlap TP collectives with the GEMMs they feed (needs sp)")
     layers: tuple[int, ...] | None = _key(None, kind="counts", minimum=0,
                                           doc="transformer layers per virtual stage (pp*vpp entries)")
+    placement: tuple[str, ...] | None = _key(None, kind="groups", layout=True,
+                                             doc="the node group of each pipeline rank (pp entries; clusters with "
+                                                 "node_groups)")
 
     @property
     def world(self) -> int:
@@ -138,6 +142,8 @@ class ParallelConfig:
                     parts.append("layers=" + _counts_text(v))
             elif info.kind == "bool":
                 parts.append(k)
+            elif k == "placement":
+                parts.append("placement=" + groups_text(v))
             elif k == "recompute" and v == "full" and self.recompute_layers is not None:
                 parts.append(f"recompute=full({_counts_text(self.recompute_layers)} layers)")
             else:
@@ -188,7 +194,32 @@ def key_text(value: Any) -> str:
     """A plan key's value as it is written in ``--plan`` / ``--fix`` (booleans as true/false, counts with /)."""
     if isinstance(value, bool):
         return str(value).lower()
+    if isinstance(value, (tuple, list)) and value and isinstance(value[0], str):
+        return groups_text(value)
     return _counts_text(value) if isinstance(value, (tuple, list)) else str(value)
+
+
+def groups_text(names: Iterable[str]) -> str:
+    """Group names per pipeline rank, runs written ``name*count``: ``ib*4/roce*4``."""
+    runs: list[list[Any]] = []
+    for n in names:
+        if runs and runs[-1][0] == n:
+            runs[-1][1] += 1
+        else:
+            runs.append([n, 1])
+    return "/".join(n if k == 1 else f"{n}*{k}" for n, k in runs)
+
+
+def _parse_groups(raw: str) -> tuple[str, ...]:
+    out: list[str] = []
+    for part in raw.strip().split("/"):
+        name, _, count = part.partition("*")
+        if not name or not name.replace("-", "").replace("_", "").replace(".", "").isalnum() \
+                or not (count == "" or count.isdigit() and int(count) > 0):
+            raise AutoparError(f"placement takes a node group per pipeline rank separated by '/', runs as name*count "
+                               f"(e.g. ib*4/roce*4), got '{raw}'")
+        out += [name] * (int(count) if count else 1)
+    return tuple(out)
 
 
 def _counts_text(v: int | Iterable[int]) -> str:
@@ -224,6 +255,12 @@ def _typed_value(key: str, v: Any) -> Any:
         raise AutoparError(f"plan key {key} must be an integer, got {json.dumps(v)}")
     if info.kind == "name" and v not in info.choices:
         raise AutoparError(f"plan key {key} must be one of {', '.join(info.choices)}, got {json.dumps(v)}")
+    if info.kind == "groups":
+        if isinstance(v, list) and v and all(isinstance(x, str) and x for x in v):
+            v = tuple(v)
+        elif v is not None:
+            raise AutoparError(f"plan key {key} must be a list of node group names (one per pipeline rank) or null, "
+                               f"got {json.dumps(v)}")
     if info.kind == "counts":
         if isinstance(v, list) and v and all(_is_int(x) for x in v):
             v = tuple(v)
@@ -254,6 +291,8 @@ def _parse_value(key: str, raw: str, flag: str) -> Any:
         if low not in info.choices:
             raise AutoparError(f"{key} takes {', '.join(info.choices)}, got '{raw}'")
         value = low
+    elif info.kind == "groups":
+        value = _parse_groups(raw)
     else:
         try:
             counts = tuple(int(x) for x in low.split("/"))

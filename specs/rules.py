@@ -40,12 +40,13 @@ class PlanContext:
     global_batch: int
     gpus_per_node: int | None = None
     tp_across_nodes: bool = False
+    groups: tuple[tuple[str, int], ...] = ()  # (name, GPUs) of the cluster's node groups, when it has them
 
     @classmethod
     def on(cls, model: ModelSpec, cluster: ClusterSpec, global_batch: int, gpus: int | None = None) -> PlanContext:
         """The context of ``cluster`` (or of ``gpus`` of its GPUs, for a plan needing fewer than it has)."""
         return cls(model, cluster.num_gpus if gpus is None else gpus, global_batch, cluster.gpus_per_node,
-                   cluster.tp_across_nodes)
+                   cluster.tp_across_nodes, tuple(cluster.groups.items()))
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,34 @@ def _sp_on(c: Candidates) -> np.ndarray:
     return c.sp & (c.tp > 1)
 
 
+def _placement_ok(c: Candidates, x: PlanContext) -> np.ndarray:
+    """Every node group's GPUs hold whole pipeline ranks: the ranks it is given x tp*dp*cp equal its GPUs."""
+    names = dict(x.groups)
+    if c.placement is None:
+        return np.ones(len(c), dtype=bool)
+    if not names or any(g not in names for g in c.placement):
+        return np.zeros(len(c), dtype=bool)
+    stage = c.tp * c.dp * c.cp
+    return (c.pp == len(c.placement)) & np.logical_and.reduce(
+        [c.placement.count(g) * stage == n for g, n in names.items()])
+
+
+def _placement_why(cfg: ParallelConfig, x: PlanContext) -> str:
+    names, given = dict(x.groups), cfg.placement or ()
+    text = f"placement={key_text(given)}"
+    if not names:
+        return f"{text}: the cluster has no node_groups; leave placement out"
+    unknown = sorted({g for g in given if g not in names})
+    if unknown:
+        return f"{text}: unknown node group {', '.join(unknown)}; the cluster's groups are {', '.join(names)}"
+    if len(given) != cfg.pp:
+        return f"{text} names {len(given)} pipeline ranks but pp={cfg.pp}; give one group per pipeline rank"
+    stage = cfg.tp * cfg.dp * cfg.cp
+    held = ", ".join(f"{g}: {given.count(g)} x {stage} = {given.count(g) * stage} of {n}" for g, n in names.items())
+    return (f"{text} does not cover the ranks: each group's GPUs must hold whole pipeline ranks of tp*dp*cp = "
+            f"{stage} GPUs ({held})")
+
+
 RULES: tuple[Rule, ...] = (
     Rule(("tp",), _heads_ok, _heads_why),
     Rule(("tp",), _tp_node_ok, lambda cfg, x: f"tp={cfg.tp} " + str(
@@ -189,6 +218,7 @@ RULES: tuple[Rule, ...] = (
          | (c.tp <= (x.gpus_per_node or 0)),
          lambda cfg, x: f"tp_overlap=true needs the tensor-parallel group inside a node (it overlaps over NVLink); "
                         f"tp={cfg.tp} spans nodes of {x.gpus_per_node} GPUs: set tp_overlap=false"),
+    Rule(("placement", "pp", "tp", "dp", "cp"), _placement_ok, _placement_why),
     # the same plan as another candidate: not errors, just not enumerated twice
     Rule(("sp", "tp"), lambda c, x: ~(c.sp & (c.tp == 1)), lambda cfg, x: "sp=true with tp=1 is sp=false",
          kind="same"),

@@ -1,0 +1,109 @@
+"""A plan placed on a cluster's node groups (``ParallelConfig.placement``: the group of each pipeline rank).
+
+Each pipeline rank's tensor-, context- and data-parallel ranks sit inside its group, so everything but the
+pipeline sends is priced on that group as a homogeneous cluster of its own (``ClusterSpec.group_view``: its GPU,
+its NVLink, its NICs): the stage's compute, its TP/CP/EP communication, its data-parallel reduce and optimizer
+(tail.py) and its memory against its GPU's memory. A send between two stages in different groups crosses the link
+between them (``Topology.between``: per node, shared by the node's GPUs, which all send at once), at the lower
+NIC efficiency of the two. The schedule is then replayed with these per-stage times as for any plan, so a slow
+group's stages set the pace unless the layer split (``layers``) gives them fewer layers.
+
+The step's small reductions (a tied embedding's sum, the norm) are priced on the slowest group's network.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from cost_models.comm import CommModel
+from cost_models.compute import ComputeModel
+from cost_models.memory import RankMemory, rank_load, rank_memory
+from cost_models.pipeline import SimResult, replayed, simulate_steps
+from cost_models.stages import StageCosts, layer_terms, stage_costs
+from cost_models.tail import RankTail, rank_tail
+from specs.cluster import ClusterSpec
+from specs.model import ModelSpec
+from specs.parallel import Candidates, ParallelConfig
+from specs.state import StateSpec
+
+
+@dataclass
+class Placed:
+    """A placed plan priced: per-stage costs, the replay, each rank's tail and memory ([1, pp] like a
+    homogeneous plan's), each rank's GPU memory (GiB) and the cluster's peak FLOP/s over the GPUs used."""
+
+    costs: StageCosts
+    sim: SimResult
+    tail: RankTail
+    mem: RankMemory
+    capacity_GiB: list[float]
+    peak_flops: float
+
+
+def _stitch(parts: dict[str, object], owner: list[str], cls: type) -> object:
+    """One [1, n] (or [1]) array per field, column ``j`` from ``parts[owner[j]]`` (per-candidate fields: the max)."""
+    out = {}
+    for f in fields(cls):
+        arrays = {g: np.asarray(getattr(p, f.name)) for g, p in parts.items()}
+        first = next(iter(arrays.values()))
+        if first.ndim == 2 and first.shape[1] == len(owner):
+            out[f.name] = np.stack([arrays[g][:, j] for j, g in enumerate(owner)], axis=1)
+        else:
+            out[f.name] = np.max(np.stack(list(arrays.values())), axis=0)
+    return cls(**out)
+
+
+def cross_send(cluster: ClusterSpec, a: str, b: str, act_bytes: float, t: int, sp: bool, comm_b: CommModel) -> float:
+    """One blocking send of a stage-boundary activation from a stage in group ``a`` to one in group ``b``: each
+    tensor-parallel rank sends 1/t of it over the link between the groups (without SP the receivers then
+    all-gather the slices, inside their node)."""
+    gbps, latency_us = cluster.topology().between(a, b)
+    eff = min(g.inter_node.efficiency for g in cluster.node_groups if g.name in (a, b))
+    per_gpu = gbps / 8 * 1e9 * eff / cluster.gpus_per_node
+    gather = 0.0 if sp and t > 1 else float(comm_b.all_gather(act_bytes, t, 1))
+    return latency_us * 1e-6 + act_bytes / t / per_gpu + gather
+
+
+def price_placed(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global_batch: int,
+                 state: StateSpec) -> Placed:
+    """Price ``cfg`` (with a placement) on ``cluster``'s node groups (module docstring)."""
+    assert cfg.placement is not None
+    c = Candidates.of(cfg)
+    pp, vpp, m = cfg.pp, cfg.vpp, cfg.microbatches(global_batch)
+    nv = pp * vpp
+    layers = np.array(cfg.stage_layers(model.num_layers), dtype=float)
+    recomputed = np.array([cfg.recomputed_layers(j, int(n)) for j, n in enumerate(layers)], dtype=float)
+    owner = [cfg.placement[j % pp] for j in range(nv)]  # virtual stage j runs on pipeline rank j % pp
+    views, models, costs = {}, {}, {}
+    for g in dict.fromkeys(cfg.placement):
+        views[g] = cluster.group_view(g)
+        cm, comm = ComputeModel(views[g].gpu, cluster.precision), CommModel(views[g])
+        models[g] = (cm, comm)
+        costs[g] = stage_costs(model, comm, state, c, layer_terms(model, cm, comm, c), layers, recomputed, cm.eb)
+    stitched = _stitch(costs, owner, StageCosts)
+    assert isinstance(stitched, StageCosts)
+    eb = next(iter(models.values()))[0].eb
+    act = cfg.mbs * model.seq_length / cfg.cp * model.hidden_size * eb
+    for j in range(nv - 1):
+        a, b = owner[j], owner[j + 1]
+        if a != b:
+            stitched.send_f[0, j] = cross_send(cluster, a, b, act, cfg.tp, cfg.sp, models[b][1])
+            stitched.send_b[0, j + 1] = cross_send(cluster, b, a, act, cfg.tp, cfg.sp, models[a][1])
+    sim = simulate_steps(pp, vpp, m, stitched.f[0].tolist(), stitched.b[0].tolist())
+    ms = np.array([m])
+    ranks = list(cfg.placement)
+    tails = {g: rank_tail(model, cm, comm, state, c, stitched, replayed(sim), ms, cluster.num_gpus)
+             for g, (cm, comm) in models.items()}
+    tail = _stitch(tails, ranks, RankTail)
+    assert isinstance(tail, RankTail)
+    tail.step_time = tail.finish.max(axis=1) + tail.tied + tail.norm
+    load = rank_load(pp, vpp, ms, stitched.params, stitched.act_bytes, stitched.work_bytes, stitched.largest_bucket,
+                     stitched.expert_params)
+    mem = _stitch({g: rank_memory(c, state, cluster.backend, load) for g in models}, ranks, RankMemory)
+    assert isinstance(mem, RankMemory)
+    stage = cfg.tp * cfg.dp * cfg.cp
+    peak = sum(stage * views[g].gpu.peak(cluster.precision) for g in ranks)
+    return Placed(costs=stitched, sim=sim, tail=tail, mem=mem,
+                  capacity_GiB=[views[g].gpu.memory_GiB for g in ranks], peak_flops=peak)

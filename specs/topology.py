@@ -1,0 +1,126 @@
+"""Clusters made of node groups: islands of nodes with their own GPUs and NICs, joined by links between groups.
+
+A cluster profile with ``node_groups`` (see docs/contract.md) describes, per group, its GPU, its nodes and their
+NICs (``kind``: ib, roce or ethernet), and ``between_groups`` the per-node bandwidth and latency of the links that
+join two groups (``default_between`` for every pair not listed). :class:`Topology` holds it as a networkx graph
+(a switch per group with its nodes on it, the group links between switches) and answers the one question the
+cost model asks of it: over what bandwidth and latency do the nodes of two groups talk (the widest path's
+narrowest link; its latencies summed)? Everything else about a group is an ordinary homogeneous cluster
+(``ClusterSpec.group_view``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import networkx as nx
+from pydantic import BaseModel, ConfigDict, Field
+
+NicKind = Literal["ib", "roce", "ethernet"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class GroupNetwork(_Strict):
+    """A group's NICs: what joins its nodes to each other (as ``InterNode`` of a homogeneous cluster)."""
+
+    nic_bandwidth_Gbps: float = Field(gt=0)
+    nics_per_node: int = Field(ge=1)
+    latency_us: float = Field(5.0, ge=0)
+    kind: NicKind = "ib"
+    efficiency: float = Field(0.80, gt=0, le=1)
+    oversubscription: float = Field(1.0, ge=1)
+
+    @property
+    def node_Gbps(self) -> float:
+        """What one node can send at once over its NICs."""
+        return self.nic_bandwidth_Gbps * self.nics_per_node / self.oversubscription
+
+
+class NodeGroup(_Strict):
+    """One island of identical nodes."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    gpu: dict[str, Any]  # its GPU profile (a profile file names it; loading puts the profile here)
+    num_nodes: int = Field(ge=1)
+    gpus_per_node: int = Field(ge=1)
+    intra_node: dict[str, float]  # {bandwidth_GBps, latency_us}; a profile file may leave it to the GPU's node link
+    inter_node: GroupNetwork
+
+    @property
+    def num_gpus(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+
+class GroupLink(_Strict):
+    """The link between the nodes of two groups: each node's share of it, and its latency."""
+
+    groups: tuple[str, str]
+    bandwidth_Gbps_per_node: float = Field(gt=0)
+    latency_us: float = Field(20.0, ge=0)
+
+
+class DefaultLink(_Strict):
+    bandwidth_Gbps_per_node: float = Field(gt=0)
+    latency_us: float = Field(20.0, ge=0)
+
+
+class Topology:
+    """The node groups and their links as a graph: ``group:<name>`` switches, ``<name>/<i>`` nodes."""
+
+    def __init__(self, groups: tuple[NodeGroup, ...], links: tuple[GroupLink, ...],
+                 default: DefaultLink | None) -> None:
+        self.groups = {g.name: g for g in groups}
+        self.graph = nx.Graph()
+        for g in groups:
+            self.graph.add_node(_switch(g.name), kind="switch")
+            for i in range(g.num_nodes):
+                self.graph.add_edge(f"{g.name}/{i}", _switch(g.name), Gbps=g.inter_node.node_Gbps,
+                                    latency_us=g.inter_node.latency_us / 2)  # node to node: one NIC hop
+        listed = set()
+        for link in links:
+            a, b = link.groups
+            listed.add(frozenset((a, b)))
+            self.graph.add_edge(_switch(a), _switch(b), Gbps=link.bandwidth_Gbps_per_node, latency_us=link.latency_us)
+        if default is not None:
+            names = list(self.groups)
+            for i, a in enumerate(names):
+                for b in names[i + 1:]:
+                    if frozenset((a, b)) not in listed:
+                        self.graph.add_edge(_switch(a), _switch(b), Gbps=default.bandwidth_Gbps_per_node,
+                                            latency_us=default.latency_us)
+
+    def problem(self) -> str | None:
+        """Why these groups and links do not make one cluster (an unknown group, a group no link reaches), or
+        None."""
+        for a, b in self.graph.edges:
+            for end in (a, b):
+                if end.startswith("group:") and end[6:] not in self.groups:
+                    return (f"between_groups names group '{end[6:]}', which is not one of the node_groups "
+                            f"({', '.join(self.groups)})")
+        switches = [_switch(n) for n in self.groups]
+        reached = nx.node_connected_component(self.graph, switches[0])
+        lost = [s[6:] for s in switches if s not in reached]
+        if lost:
+            return (f"no link reaches node group{'s' if len(lost) > 1 else ''} {', '.join(lost)} from "
+                    f"{switches[0][6:]}: add between_groups entries for it or a default_between link")
+        return None
+
+    def between(self, a: str, b: str) -> tuple[float, float]:
+        """(Gb/s per node, latency in us) between a node of group ``a`` and one of group ``b``: the path with the
+        widest narrowest link (ties: the lower latency), from node NIC to node NIC."""
+        src, dst = f"{a}/0", f"{b}/0" if a != b else f"{b}/{min(1, self.groups[b].num_nodes - 1)}"
+        best: tuple[float, float] | None = None
+        for path in nx.all_simple_paths(self.graph, src, dst):
+            edges = [self.graph.edges[u, v] for u, v in zip(path, path[1:])]
+            cand = (min(e["Gbps"] for e in edges), sum(e["latency_us"] for e in edges))
+            if best is None or (cand[0], -cand[1]) > (best[0], -best[1]):
+                best = cand
+        assert best is not None
+        return best
+
+
+def _switch(name: str) -> str:
+    return f"group:{name}"

@@ -1,0 +1,187 @@
+"""Clusters of node groups (specs/topology.py, cost_models/placement.py, planner/placement.py): profiles, the graph
+of links, the placement key, pricing a placed plan, and the search that places plans on the groups."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+import yaml
+from test_bad_inputs import fails
+
+from cost_models.step import estimate
+from planner.cli import main
+from planner.search import search
+from specs.cluster import load_cluster
+from specs.errors import AutoparError
+from specs.model_loading import load_model
+from specs.parallel import ParallelConfig, groups_text, parse_plan_keys
+from specs.planfile import load_plan, make_plan, save_plan
+
+GROUPED = ("ib-roce-a100", "a100-h100-ib", "ib-roce-eth-a100")
+
+
+def _group(name: str, gpu: str = "a100-sxm4-80gb", nodes: int = 2, gbps: float = 200, nics: int = 4,
+           latency: float = 5, **kw) -> dict:
+    return {"name": name, "gpu": gpu, "num_nodes": nodes, "gpus_per_node": 8,
+            "inter_node": {"nic_bandwidth_Gbps": gbps, "nics_per_node": nics, "latency_us": latency}, **kw}
+
+
+def _profile(tmp_path, groups: list[dict], **extra) -> str:
+    path = tmp_path / "groups.yaml"
+    path.write_text(yaml.safe_dump({"name": "grouped", "node_groups": groups, **extra}))
+    return str(path)
+
+
+@pytest.mark.parametrize("name", GROUPED)
+def test_bundled_group_profiles_load_as_their_slowest_homogeneous_view(name):
+    c = load_cluster(name)
+    assert len(c.groups) >= 2 and sum(c.groups.values()) == c.num_gpus
+    topo = c.topology()
+    names = list(c.groups)
+    slowest = min(topo.between(a, b)[0] for a in names for b in names)
+    assert c.inter_node.nic_bandwidth_Gbps * c.inter_node.nics_per_node == slowest
+    views = [c.group_view(g) for g in names]
+    assert c.gpu.memory_GiB == min(v.gpu.memory_GiB for v in views)
+    assert c.gpu.peak(c.precision) == min(v.gpu.peak(c.precision) for v in views)
+    assert all(g in c.summary() for g in names)
+
+
+def test_links_between_groups_follow_the_graph():
+    topo = load_cluster("ib-roce-eth-a100").topology()
+    assert topo.between("ib", "ib") == (800.0, 5.0)  # a node's 4 x 200 Gb/s NICs, one NIC hop
+    assert topo.between("ib", "roce") == (100.0, 2.5 + 20 + 4)  # the listed link, the NICs' hops on both ends
+    # no listed link to eth: the default one (25 Gb/s per node) rather than through roce (same width, longer)
+    assert topo.between("ib", "eth") == (25.0, 2.5 + 40 + 15)
+
+
+def test_bad_group_profiles_are_one_line_errors(tmp_path, capsys):
+    plan = ["plan", "--model", "llama-1b", "--global-batch", "64", "--cluster"]
+    cases = [
+        ([_group("a"), _group("b")], {}, "no link reaches node group b"),
+        ([_group("a"), _group("b")], {"between_groups": [{"groups": ["a", "c"], "bandwidth_Gbps_per_node": 100}]},
+         "names group 'c'"),
+        ([_group("a"), _group("a")], {"default_between": {"bandwidth_Gbps_per_node": 100}}, "names must differ"),
+        ([_group("a", gpu="a100-sxm9"), _group("b")], {"default_between": {"bandwidth_Gbps_per_node": 100}},
+         "unknown GPU 'a100-sxm9'"),
+        ([_group("a"), {**_group("b"), "gpus_per_node": 4}], {"default_between": {"bandwidth_Gbps_per_node": 100}},
+         "different GPUs per node"),
+        ([_group("a")], {"gpu": "a100-sxm4-80gb"}, "give 'gpu' per group"),
+    ]
+    for groups, extra, words in cases:
+        err = fails(capsys, *plan, _profile(tmp_path, groups, **extra))
+        assert words in err, err
+    err = fails(capsys, *plan, "ib-roce-a100", "--gpus", "64")
+    assert "sized by each group's num_nodes" in err
+
+
+def test_placement_is_a_plan_key_with_runs():
+    keys = parse_plan_keys("pp=4,placement=ib*3/roce")
+    assert keys["placement"] == ("ib", "ib", "ib", "roce")
+    assert groups_text(keys["placement"]) == "ib*3/roce"
+    cfg = ParallelConfig(pp=4, placement=keys["placement"])
+    assert ParallelConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    with pytest.raises(AutoparError, match="name\\*count"):
+        parse_plan_keys("placement=ib*0/roce")
+
+
+def test_placements_that_do_not_fit_the_groups_are_one_line_errors(capsys):
+    est = ["estimate", "--model", "llama-13b", "--global-batch", "512", "--cluster"]
+    err = fails(capsys, *est, "ib-roce-a100", "--plan", "tp=8,pp=4,dp=4,placement=ib*3/roce")
+    assert "does not cover the ranks" in err and "ib: 3 x 32 = 96 of 64" in err
+    err = fails(capsys, *est, "ib-roce-a100", "--plan", "tp=8,pp=4,dp=4,placement=ib*2/rc*2")
+    assert "unknown node group rc" in err
+    err = fails(capsys, *est, "ib-roce-a100", "--plan", "tp=8,pp=4,dp=4,placement=ib/roce")
+    assert "names 2 pipeline ranks but pp=4" in err
+    err = fails(capsys, *est, "dgx-a100", "--nodes", "4", "--plan", "tp=8,pp=4,placement=ib*4")
+    assert "has no node_groups" in err
+
+
+def test_one_group_placed_is_priced_as_that_group_alone(tmp_path):
+    """A placement on a one-group cluster is that group's homogeneous cluster: the same step, memory and MFU."""
+    c = load_cluster(_profile(tmp_path, [_group("only", nodes=4)]))
+    model = load_model("llama-13b")
+    cfg = ParallelConfig(tp=8, pp=4, dp=1, mbs=1, sp=True, zero=0)
+    placed = estimate(model, c, replace(cfg, placement=("only",) * 4), 64)
+    alone = estimate(model, c.group_view("only"), cfg, 64)
+    assert placed.step_time_s == pytest.approx(alone.step_time_s, rel=1e-12)
+    assert placed.stage_memory_GiB == pytest.approx(alone.stage_memory_GiB, rel=1e-12)
+    assert placed.mfu == pytest.approx(alone.mfu, rel=1e-12)
+
+
+def test_identical_groups_joined_at_nic_speed_price_as_one_cluster(tmp_path):
+    """Two groups of the same nodes joined by a link as fast as their NICs (no added latency): a placed plan is
+    priced exactly as the same plan on one homogeneous cluster of all the nodes."""
+    groups = [_group("a", nodes=2), _group("b", nodes=2)]
+    c = load_cluster(_profile(tmp_path, groups, between_groups=[
+        {"groups": ["a", "b"], "bandwidth_Gbps_per_node": 800, "latency_us": 0}]))
+    model = load_model("llama-13b")
+    for cfg in (ParallelConfig(tp=8, pp=4, dp=1, mbs=1, sp=True, zero=0),
+                ParallelConfig(tp=4, pp=2, dp=4, mbs=1, sp=False, zero=1, dp_overlap=True, vpp=2)):
+        placed = estimate(model, c, replace(cfg, placement=("a",) * (cfg.pp // 2) + ("b",) * (cfg.pp // 2)), 64)
+        whole = estimate(model, c, cfg, 64)  # the top-level view: one cluster of the four nodes
+        assert placed.step_time_s == pytest.approx(whole.step_time_s, rel=1e-9), cfg
+        assert placed.stage_memory_GiB == pytest.approx(whole.stage_memory_GiB, rel=1e-9)
+
+
+def test_sends_between_groups_cross_their_link():
+    """Alternating the groups makes three crossings of the slow link instead of one: more pipeline-send time."""
+    c, model = load_cluster("ib-roce-a100"), load_model("llama-13b")
+    cfg = ParallelConfig(tp=8, pp=4, dp=4, mbs=1, sp=True, zero=1, dp_overlap=True)
+    blocks = estimate(model, c, replace(cfg, placement=("ib", "ib", "roce", "roce")), 512)
+    mixed = estimate(model, c, replace(cfg, placement=("ib", "roce", "ib", "roce")), 512)
+    assert mixed.breakdown["pp_p2p"] > 1.5 * blocks.breakdown["pp_p2p"]
+    assert mixed.step_time_s > blocks.step_time_s
+
+
+@pytest.mark.parametrize("name", GROUPED)
+def test_placed_plans_beat_the_cluster_planned_at_its_slowest_link(name):
+    c, model = load_cluster(name), load_model("llama-13b")
+    res = search(model, c, 512, top=3)
+    best, homogeneous = res.plans[0], res.homogeneous
+    assert best.config.placement is not None and homogeneous is not None and homogeneous.config.placement is None
+    assert best.estimate.fits and best.estimate.step_time_s < 0.95 * homogeneous.estimate.step_time_s
+    ranks = best.config.placement
+    assert all(ranks.count(g) * best.config.tp * best.config.dp * best.config.cp == n for g, n in c.groups.items())
+
+
+def test_faster_gpus_get_more_layers():
+    c, model = load_cluster("a100-h100-ib"), load_model("llama-13b")
+    best = search(model, c, 512, top=1).plans[0]
+    cfg = best.config
+    layers = cfg.stage_layers(model.num_layers)
+    per = {g: [layers[j] for j in range(cfg.pp * cfg.vpp) if cfg.placement[j % cfg.pp] == g] for g in c.groups}
+    assert min(per["h100"]) > max(per["a100"])
+
+
+def test_the_plan_command_explains_the_placement_and_writes_it(tmp_path, capsys):
+    out = tmp_path / "placed.json"
+    assert main(["plan", "--model", "llama-13b", "--cluster", "ib-roce-a100", "--global-batch", "512",
+                 "--format", "json", "--out", str(out)]) == 0
+    d = json.loads(capsys.readouterr().out)
+    best = d["plans"][0]
+    assert best["parallel"]["placement"] and "homogeneous_baseline" in d
+    assert "on ib" in d["why"] and "on roce" in d["why"] and "homogeneous" in d["why"]
+    assert d["homogeneous_baseline"]["step_time_s"] > best["step_time_s"]
+    plan = load_plan(out)
+    assert plan.config.placement == tuple(best["parallel"]["placement"])
+    again = estimate(plan.model, plan.cluster, plan.config, plan.global_batch)
+    assert again.step_time_s == pytest.approx(best["step_time_s"], rel=1e-4)  # the JSON's rounding
+
+
+def test_a_placed_plan_file_round_trips(tmp_path):
+    c, model = load_cluster("a100-h100-ib"), load_model("llama-1b")
+    cfg = ParallelConfig(tp=2, pp=3, dp=16, placement=("a100", "a100", "h100"), layers=(4, 4, 8))
+    save_plan(make_plan(model, c, 256, cfg), tmp_path / "p.json")
+    plan = load_plan(tmp_path / "p.json")
+    assert plan.config == cfg and plan.cluster.groups == c.groups
+
+
+def test_a_grouped_profile_written_out_loads_back():
+    """What autopar writes (a plan's cluster, a calibrated profile) is the resolved profile: it loads as it was."""
+    from specs.cluster import cluster_from_dict
+    c = load_cluster("ib-roce-eth-a100")
+    assert cluster_from_dict(json.loads(json.dumps(c.model_dump(mode="json"))), "written") == c
+    plain = load_cluster("dgx-a100")
+    assert cluster_from_dict(json.loads(json.dumps(plain.model_dump(mode="json"))), "written") == plain
