@@ -59,7 +59,7 @@ def cross_send(cluster: ClusterSpec, a: str, b: str, act_bytes: float, t: int, s
     """One blocking send of a stage-boundary activation from a stage in group ``a`` to one in group ``b``: each
     tensor-parallel rank sends 1/t of it over the link between the groups (without SP the receivers then
     all-gather the slices, inside their node)."""
-    gbps, latency_us = cluster.topology().between(a, b)
+    gbps, latency_us = cluster.topology.between(a, b)
     eff = min(g.inter_node.efficiency for g in cluster.node_groups if g.name in (a, b))
     per_gpu = gbps / 8 * 1e9 * eff / cluster.gpus_per_node
     gather = 0.0 if sp and t > 1 else float(comm_b.all_gather(act_bytes, t, 1))

@@ -6,6 +6,7 @@ writes a cluster file of the same shape with measured tables filled in.
 
 from __future__ import annotations
 
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
@@ -219,8 +220,9 @@ class ClusterSpec(_Strict):
         """GPUs per node group, in profile order (empty for a homogeneous cluster)."""
         return {g.name: g.num_gpus for g in self.node_groups}
 
+    @cached_property
     def topology(self) -> Topology:
-        """The node groups and the links between them as a graph."""
+        """The node groups and the links between them as a graph (built once per profile)."""
         return Topology(self.node_groups, self.between_groups, self.default_between)
 
     def group_view(self, name: str) -> ClusterSpec:
@@ -301,7 +303,7 @@ class ClusterSpec(_Strict):
 
     def summary(self) -> str:
         if self.node_groups:
-            topo = self.topology()
+            topo = self.topology
             parts = []
             for g in self.node_groups:
                 gpu, net = GPUSpec.model_validate(g.gpu), g.inter_node

@@ -73,6 +73,7 @@ class Topology:
     def __init__(self, groups: tuple[NodeGroup, ...], links: tuple[GroupLink, ...],
                  default: DefaultLink | None) -> None:
         self.groups = {g.name: g for g in groups}
+        self._between: dict[tuple[str, str], tuple[float, float]] = {}
         self.graph = nx.Graph()
         for g in groups:
             self.graph.add_node(_switch(g.name), kind="switch")
@@ -109,17 +110,23 @@ class Topology:
         return None
 
     def between(self, a: str, b: str) -> tuple[float, float]:
-        """(Gb/s per node, latency in us) between a node of group ``a`` and one of group ``b``: the path with the
-        widest narrowest link (ties: the lower latency), from node NIC to node NIC."""
-        src, dst = f"{a}/0", f"{b}/0" if a != b else f"{b}/{min(1, self.groups[b].num_nodes - 1)}"
-        best: tuple[float, float] | None = None
-        for path in nx.all_simple_paths(self.graph, src, dst):
-            edges = [self.graph.edges[u, v] for u, v in zip(path, path[1:])]
-            cand = (min(e["Gbps"] for e in edges), sum(e["latency_us"] for e in edges))
-            if best is None or (cand[0], -cand[1]) > (best[0], -best[1]):
-                best = cand
-        assert best is not None
-        return best
+        """(Gb/s per node, latency in us) between a node of group ``a`` and one of group ``b`` (two nodes of ``a``
+        when ``b`` is ``a``): from a node's NICs through the switches to the other's, over the path of switches
+        with the widest narrowest link (ties: the lower latency)."""
+        if (a, b) not in self._between:
+            na, nb = self.groups[a].inter_node, self.groups[b].inter_node
+            ends = (min(na.node_Gbps, nb.node_Gbps), (na.latency_us + nb.latency_us) / 2)
+            best = (float("inf"), 0.0)
+            if a != b:
+                switches = self.graph.subgraph(_switch(n) for n in self.groups)
+                best = (0.0, float("inf"))
+                for path in nx.all_simple_paths(switches, _switch(a), _switch(b)):
+                    edges = [switches.edges[u, v] for u, v in zip(path, path[1:])]
+                    cand = (min(e["Gbps"] for e in edges), sum(e["latency_us"] for e in edges))
+                    if (cand[0], -cand[1]) > (best[0], -best[1]):
+                        best = cand
+            self._between[a, b] = (min(ends[0], best[0]), ends[1] + best[1])
+        return self._between[a, b]
 
 
 def _switch(name: str) -> str:

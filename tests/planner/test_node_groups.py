@@ -38,7 +38,7 @@ def _profile(tmp_path, groups: list[dict], **extra) -> str:
 def test_bundled_group_profiles_load_as_their_slowest_homogeneous_view(name):
     c = load_cluster(name)
     assert len(c.groups) >= 2 and sum(c.groups.values()) == c.num_gpus
-    topo = c.topology()
+    topo = c.topology
     names = list(c.groups)
     slowest = min(topo.between(a, b)[0] for a in names for b in names)
     assert c.inter_node.nic_bandwidth_Gbps * c.inter_node.nics_per_node == slowest
@@ -49,7 +49,7 @@ def test_bundled_group_profiles_load_as_their_slowest_homogeneous_view(name):
 
 
 def test_links_between_groups_follow_the_graph():
-    topo = load_cluster("ib-roce-eth-a100").topology()
+    topo = load_cluster("ib-roce-eth-a100").topology
     assert topo.between("ib", "ib") == (800.0, 5.0)  # a node's 4 x 200 Gb/s NICs, one NIC hop
     assert topo.between("ib", "roce") == (100.0, 2.5 + 20 + 4)  # the listed link, the NICs' hops on both ends
     # no listed link to eth: the default one (25 Gb/s per node) rather than through roce (same width, longer)
