@@ -51,7 +51,10 @@ def _worker_args(plan_path: str, steps: int | None, data: str | None, metrics_ou
 
 
 def multi_node_commands(plan: PlanFile, worker: list[str], max_restarts: int = 0) -> list[str]:
-    """The torchrun line to run on every node, and the equivalent srun line for Slurm."""
+    """The torchrun line to run on every node, and the equivalent srun line for Slurm; for a plan placed on node
+    groups, one line per group (:func:`group_commands`)."""
+    if plan.config.placement is not None:
+        return group_commands(plan, worker)
     nodes = -(-plan.world_size // plan.cluster.gpus_per_node)
     per_node = plan.world_size // nodes
     tail = " ".join(shlex.quote(a) for a in worker)
@@ -61,6 +64,37 @@ def multi_node_commands(plan: PlanFile, worker: list[str], max_restarts: int = 0
         f"srun --nodes {nodes} --ntasks-per-node 1 bash -c 'torchrun --nnodes {nodes} --nproc-per-node {per_node} "
         f"{rdzv} --rdzv-endpoint $(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1):29500 {tail}'",
     ]
+
+
+def group_nodes(plan: PlanFile) -> list[tuple[str, int, int]]:
+    """(group, first node rank, nodes) of each run of nodes a placed plan puts on one node group, in rank order:
+    pipeline rank r holds global ranks r*tp*dp*cp onwards (mesh order pp, dp, cp, tp), node k global ranks
+    k*gpus_per_node onwards (the rules keep a node's GPUs in one group)."""
+    cfg, per_node = plan.config, plan.cluster.gpus_per_node
+    assert cfg.placement is not None
+    stage = cfg.tp * cfg.dp * cfg.cp
+    out: list[tuple[str, int, int]] = []
+    for k in range(plan.world_size // per_node):
+        g = cfg.placement[k * per_node // stage]
+        if out and out[-1][0] == g:
+            out[-1] = (g, out[-1][1], out[-1][2] + 1)
+        else:
+            out.append((g, k, 1))
+    return out
+
+
+def group_commands(plan: PlanFile, worker: list[str]) -> list[str]:
+    """One torchrun line per run of a group's nodes, each node told its rank (static rendezvous: torchrun's c10d
+    rendezvous numbers nodes in the order they join, and the placement needs each group's nodes at its ranks)."""
+    nodes, per_node = plan.world_size // plan.cluster.gpus_per_node, plan.cluster.gpus_per_node
+    tail = " ".join(shlex.quote(a) for a in worker)
+    out = []
+    for g, first, count in group_nodes(plan):
+        ranks = f"{first}" if count == 1 else f"{first}-{first + count - 1}"
+        out.append(f"# group {g}, node ranks {ranks}: on its node i (i = 0..{count - 1})")
+        out.append(f"torchrun --nnodes {nodes} --nproc-per-node {per_node} --node-rank $(({first} + i)) "
+                   f"--master-addr $MASTER_ADDR --master-port 29500 {tail}")
+    return out
 
 
 def launch(plan_path: str, steps: int | None = None, data: str | None = None,

@@ -131,8 +131,21 @@ def _placement_ok(c: Candidates, x: PlanContext) -> np.ndarray:
     if not names or any(g not in names for g in c.placement):
         return np.zeros(len(c), dtype=bool)
     stage = c.tp * c.dp * c.cp
-    return (c.pp == len(c.placement)) & np.logical_and.reduce(
+    covered = (c.pp == len(c.placement)) & np.logical_and.reduce(
         [c.placement.count(g) * stage == n for g, n in names.items()])
+    return covered & _nodes_whole(c, x)
+
+
+def _nodes_whole(c: Candidates, x: PlanContext) -> np.ndarray:
+    """Every node's GPUs in one group: the pipeline ranks holding a node's global ranks are one run of a group."""
+    per_node = x.gpus_per_node or x.gpus
+    runs = np.cumsum([0] + [a != b for a, b in zip(c.placement, c.placement[1:])])
+    node = np.arange(max(1, x.gpus // per_node))[None, :]
+    stage = (c.tp * c.dp * c.cp)[:, None]
+    last = len(c.placement) - 1
+    lo = np.minimum(node * per_node // stage, last)
+    hi = np.minimum(((node + 1) * per_node - 1) // stage, last)
+    return (runs[lo] == runs[hi]).all(axis=1)
 
 
 def _placement_why(cfg: ParallelConfig, x: PlanContext) -> str:
@@ -147,6 +160,9 @@ def _placement_why(cfg: ParallelConfig, x: PlanContext) -> str:
         return f"{text} names {len(given)} pipeline ranks but pp={cfg.pp}; give one group per pipeline rank"
     stage = cfg.tp * cfg.dp * cfg.cp
     held = ", ".join(f"{g}: {given.count(g)} x {stage} = {given.count(g) * stage} of {n}" for g, n in names.items())
+    if all(given.count(g) * stage == n for g, n in names.items()):
+        return (f"{text} puts the GPUs of one node in two groups (a node holds {x.gpus_per_node} GPUs, a pipeline "
+                f"rank tp*dp*cp = {stage}): keep each node's pipeline ranks in one group")
     return (f"{text} does not cover the ranks: each group's GPUs must hold whole pipeline ranks of tp*dp*cp = "
             f"{stage} GPUs ({held})")
 

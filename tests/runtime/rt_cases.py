@@ -7,6 +7,7 @@ on ranks outside the plan.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from runtime.parallel.mappings import all_gather_into
 from runtime.parallel.mesh import build_groups
 from runtime.parallel.tensor_parallel import gather_full
 from runtime.trainer import Trainer
-from specs.cluster import load_cluster
+from specs.cluster import ClusterSpec, cluster_from_dict, load_cluster
 from specs.errors import AutoparError
 from specs.model import ModelSpec
 from specs.moe import MoESpec
@@ -64,14 +65,31 @@ def case_plan(case: dict[str, Any]) -> PlanFile:
     keys.setdefault("mbs", 2 if case.get("tp", 1) == 4 else 1)  # tp=4 collectives are the slow part on 2 cores
     cfg = ParallelConfig(**keys)
     spec = case_spec(case)
-    check_plan(cfg, PlanContext(spec, cfg.world, case.get("global_batch", 8)))
-    train = TRAIN.model_copy(update={"steps": case.get("steps", 3)})
-    # small gradient buckets (several per chunk); ``state`` picks the compute precision (default: cpu-gloo's fp32)
-    # and with it the model state's precisions (bf16 parameters on the CPU: gloo reduces bf16)
+    # ``state`` picks the compute precision (default: cpu-gloo's fp32) and with it the model state's precisions (bf16
+    # parameters on the CPU: gloo reduces bf16)
     precision = case.get("state", "fp32")
     cluster = load_cluster("cpu-gloo").model_copy(update={"precision": precision})
+    context = PlanContext(spec, cfg.world, case.get("global_batch", 8))
+    if "placement" in case:  # two simulated node groups of CPU ranks (specs/topology.py)
+        cluster = grouped_cpu_cluster(cfg.world // 2, precision)
+        cfg = replace(cfg, placement=case["placement"])
+        context = PlanContext.on(spec, cluster, case.get("global_batch", 8))
+    check_plan(cfg, context)
+    train = TRAIN.model_copy(update={"steps": case.get("steps", 3)})
+    # small gradient buckets (several per chunk)
     state = StateSpec.default(precision).model_copy(update={"bucket_params": case.get("bucket_params", 3000)})
     return make_plan(spec, cluster, case.get("global_batch", 8), cfg, train=train, state=state)
+
+
+def grouped_cpu_cluster(ranks_per_group: int, precision: str = "fp32") -> ClusterSpec:
+    """Two node groups, ``a`` and ``b``, of one node of ``ranks_per_group`` CPU ranks each (gloo), the second on
+    slower NICs, joined by a slower link."""
+    group = lambda name, gbps: {"name": name, "gpu": "cpu", "num_nodes": 1, "gpus_per_node": ranks_per_group,  # noqa: E731
+                                "intra_node": {"bandwidth_GBps": 2, "latency_us": 50},
+                                "inter_node": {"nic_bandwidth_Gbps": gbps, "nics_per_node": 1, "latency_us": 50}}
+    return cluster_from_dict({"name": "cpu-groups", "backend": "gloo", "precision": precision,
+                              "node_groups": [group("a", 10), group("b", 5)],
+                              "between_groups": [{"groups": ["a", "b"], "bandwidth_Gbps_per_node": 2}]}, "cpu-groups")
 
 
 def full_grads(tr: Trainer) -> dict[str, np.ndarray] | None:

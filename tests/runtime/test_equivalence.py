@@ -150,8 +150,17 @@ MOE_EP_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES + MOE_CASES + MOE_EP_CASES,
-                         ids=[_id(c) for c in CASES + MOE_CASES + MOE_EP_CASES])
+# Plans placed on two simulated node groups (rt_cases.grouped_cpu_cluster: ranks 0-1 / 0-3 group a, the rest b)
+# with uneven layers per group.
+GROUP_CASES = [
+    dict(tp=1, pp=2, dp=2, placement=("a", "b"), layers=(3, 1)),
+    dict(tp=2, pp=4, dp=1, sp=True, placement=("a", "a", "b", "b"), layers=(2, 1, 1, 0), zero=0),
+]
+
+ALL = CASES + MOE_CASES + MOE_EP_CASES + GROUP_CASES
+
+
+@pytest.mark.parametrize("case", ALL, ids=[_id(c) for c in ALL])
 def test_plan_matches_single_process(pool, tokens64, case):
     plan = case_plan(case)
     results = pool.run("rt_cases:equivalence", case, tokens64)

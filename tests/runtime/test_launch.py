@@ -328,3 +328,39 @@ def test_a_hand_edited_plan_is_re_estimated_at_load(tmp_path, capsys):
     assert all(r["predicted_memory_GiB"] == pytest.approx(est.memory_GiB) for r in rows)
     assert est.memory_GiB != pytest.approx(data["prediction"]["memory_GiB"])
     assert load_plan(default_plan(tmp_path / "fresh.json")[0]).prediction_is_current
+
+
+def test_a_placed_plan_runs_as_its_groups_nodes(tmp_path, capsys):
+    """A plan placed on two node groups (one 2-rank node each, uneven layers): `autopar run` prints one torchrun line
+    per group; run as two "nodes" on this machine they train to the losses of the same plan run as one node."""
+    import socket
+
+    from rt_cases import grouped_cpu_cluster
+
+    from specs.planfile import TrainConfig
+
+    cfg = ParallelConfig(tp=1, pp=2, dp=2, placement=("a", "b"), layers=(3, 1))
+    plan = make_plan(load_model("tiny"), grouped_cpu_cluster(2), 8, cfg, train=TrainConfig(steps=3, warmup_steps=1))
+    path = tmp_path / "placed.json"
+    save_plan(plan, path)
+    assert main(["run", str(path), "--steps", "3", "--metrics-out", str(tmp_path / "nodes.jsonl"), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    lines = [x.strip() for x in out.splitlines() if x.strip().startswith("torchrun")]
+    assert len(lines) == 2 and "# group a, node ranks 0" in out and "# group b, node ranks 1" in out
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "i": "0", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    nodes = [subprocess.Popen(["bash", "-c", line.replace("--master-port 29500", f"--master-port {port}")],
+                              cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for line in lines]
+    for p in nodes:
+        assert p.wait(timeout=300) == 0, p.stderr.read()[-2000:]
+    one = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+                          "-m", "runtime.train", str(path), "--steps", "3", "--metrics-out", str(tmp_path / "one.jsonl"),
+                          "--quiet"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-2000:]
+    got, want = (_rows(tmp_path / f"{n}.jsonl") for n in ("nodes", "one"))
+    assert [r["step"] for r in got] == [1, 2, 3]
+    np.testing.assert_allclose([r["loss"] for r in got], [r["loss"] for r in want], rtol=1e-6)
+    assert got[-1]["loss"] < got[0]["loss"]
