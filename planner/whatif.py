@@ -13,7 +13,7 @@ from typing import Any
 from planner.headroom import headroom_for
 from planner.search import search
 from planner.space import check_fixed_keys
-from specs.cluster import ClusterSpec, list_gpus, load_gpu
+from specs.cluster import ClusterSpec, cluster_from_dict, list_gpus, load_gpu
 from specs.errors import AutoparError, did_you_mean
 from specs.model import ModelSpec
 from specs.parallel import LAYOUT
@@ -25,7 +25,10 @@ VARY_KEYS = {
     "nodes": "nodes",
     "gpu": "GPU type",
     "nics_per_node": "NICs per node",
+    "group_bw": "Gb/s per NIC of one node group (group_bw:<group>=v1,v2,...)",
+    "group_nodes": "nodes of one node group (group_nodes:<group>=n1,n2,...)",
 }
+GROUP_KEYS = ("group_bw", "group_nodes")  # a cluster of node groups varies these (its other fields are derived)
 SWEPT_LAYOUT = tuple(k for k in LAYOUT if k != "dp")  # dp follows the GPU count
 
 
@@ -33,8 +36,12 @@ def parse_vary(text: str) -> tuple[str, list[Any]]:
     if "=" not in text:
         raise AutoparError(f"--vary takes key=v1,v2,...; keys: {', '.join(VARY_KEYS)}")
     key, raw = (s.strip() for s in text.split("=", 1))
-    if key not in VARY_KEYS:
+    base, _, group = key.partition(":")
+    if base not in VARY_KEYS:
         raise AutoparError(f"cannot vary '{key}'{did_you_mean(key, VARY_KEYS)}; keys: {', '.join(VARY_KEYS)}")
+    if (base in GROUP_KEYS) != bool(group):
+        raise AutoparError(f"--vary {key}: {base} names a node group (--vary {base}:<group>=...)" if not group
+                           else f"--vary {key}: only {' and '.join(GROUP_KEYS)} take a node group")
     items = [x.strip() for x in raw.split(",") if x.strip()]
     if not items:
         raise AutoparError(f"--vary {key}= needs at least one value")
@@ -45,10 +52,10 @@ def parse_vary(text: str) -> tuple[str, list[Any]]:
     vals: list[Any] = []
     for x in items:
         try:
-            v = float(x) if key.endswith("_bw") else int(x)
+            v = float(x) if base.endswith("_bw") else int(x)
         except ValueError:
             raise AutoparError(f"--vary {key} takes numbers ({VARY_KEYS[key]}), got '{x}'") from None
-        if not (v > 0 and math.isfinite(v)) or (key.endswith("_bw") and v < 0.01):
+        if not (v > 0 and math.isfinite(v)) or (base.endswith("_bw") and v < 0.01):
             raise AutoparError(f"--vary {key} values must be finite and positive (at least 0.01), got {x}")
         vals.append(v)
     return key, vals
@@ -56,6 +63,9 @@ def parse_vary(text: str) -> tuple[str, list[Any]]:
 
 def cluster_at(cluster: ClusterSpec, key: str, value: Any) -> tuple[ClusterSpec, str | None]:
     """The cluster with one property changed, and a one-line note on what else changed with it (or None)."""
+    base, _, group = key.partition(":")
+    if cluster.node_groups or group:
+        return with_group(cluster, base, group, value), None
     if key == "gpus":
         return cluster.resized(gpus=int(value)), None
     if key == "nodes":
@@ -69,6 +79,31 @@ def cluster_at(cluster: ClusterSpec, key: str, value: Any) -> tuple[ClusterSpec,
         raise AutoparError(f"cluster {cluster.name} has no inter-node network to vary; use --gpus to span nodes")
     field = "nic_bandwidth_Gbps" if key == "inter_node_bw" else "nics_per_node"
     return cluster.model_copy(update={"inter_node": cluster.inter_node.model_copy(update={field: value})}), None
+
+
+def with_group(cluster: ClusterSpec, key: str, group: str, value: Any) -> ClusterSpec:
+    """A cluster of node groups with one group's NIC bandwidth (``group_bw``) or nodes (``group_nodes``) changed;
+    its derived fields (the cluster at its slowest link) follow."""
+    if not cluster.node_groups:
+        raise AutoparError(f"--vary {key}:{group}: cluster {cluster.name} has no node groups; vary inter_node_bw or "
+                           "nodes instead")
+    if key not in GROUP_KEYS:
+        raise AutoparError(f"--vary {key}: cluster {cluster.name} is made of node groups "
+                           f"({', '.join(cluster.groups)}); vary one group's network or size: "
+                           f"{', '.join(f'{k}:<group>' for k in GROUP_KEYS)}")
+    if group not in cluster.groups:
+        raise AutoparError(f"--vary {key}:{group}: no node group '{group}'{did_you_mean(group, list(cluster.groups))}; "
+                           f"the cluster's groups are {', '.join(cluster.groups)}")
+    data = cluster.model_dump(mode="json")
+    for k in ("gpu", "gpus_per_node", "num_nodes", "intra_node", "inter_node"):
+        data.pop(k)
+    for g in data["node_groups"]:
+        if g["name"] == group:
+            if key == "group_bw":
+                g["inter_node"]["nic_bandwidth_Gbps"] = value
+            else:
+                g["num_nodes"] = value
+    return cluster_from_dict(data, cluster.name)
 
 
 def with_gpu(cluster: ClusterSpec, name: str) -> tuple[ClusterSpec, str | None]:
@@ -97,14 +132,19 @@ def sweep(model: ModelSpec, cluster: ClusterSpec, global_batch: int, key: str, v
     """Best plan at every value (a point with no fitting plan is {value, gpus, error}); ``headroom_GiB`` None:
     each point's default (planner/headroom.py: a share of that point's GPU memory).
 
-    ``compare`` holds the ``--compare`` keys, fixed on top of ``fixed`` (errors about them name --compare).
-    Errors that would fail every point (bad keys, a network the cluster does not have) are raised first.
+    ``compare`` holds the ``--compare`` keys, fixed on top of ``fixed`` (errors about them name --compare);
+    ``placement=none`` among them plans a cluster of node groups as homogeneous at its slowest link instead of
+    placing plans on its groups. Errors that would fail every point (bad keys, a network the cluster does not
+    have) are raised first.
     """
-    compare = compare or {}
+    compare = dict(compare or {})
+    homogeneous = compare.get("placement") == ("none",)
+    if homogeneous:
+        del compare["placement"]
     flags = {k: "--compare" for k in compare}
     check_fixed_keys(model, fixed, global_batch)
     check_fixed_keys(model, compare, global_batch, flags)
-    if key in ("inter_node_bw", "nics_per_node"):
+    if key in ("inter_node_bw", "nics_per_node") and not cluster.node_groups:
         if cluster.inter_node is None:
             raise AutoparError(f"--vary {key}: cluster {cluster.name} has no inter_node section (it is one node), "
                                "so there is no network between nodes to vary; use a multi-node cluster profile")
@@ -121,7 +161,7 @@ def sweep(model: ModelSpec, cluster: ClusterSpec, global_batch: int, key: str, v
             pt["gpus"] = c.num_gpus
             res = search(model, c, global_batch, fixed={**fixed, **compare}, top=1,
                          headroom_GiB=headroom_for(headroom_GiB, c.gpu.memory_GiB),
-                         refine_count=12, flags=flags)
+                         refine_count=12, flags=flags, place_groups=not homogeneous)
         except AutoparError as err:
             res, pt["error"] = None, str(err)
             pt.setdefault("gpus", v if key == "gpus" else None)

@@ -399,7 +399,7 @@ def _grouped(data: dict[str, Any], source: str) -> dict[str, Any]:
             raise AutoparError(f"{where}: with node_groups, give '{key}' per group, not at the top level")
     groups = []
     for i, g in enumerate(raw):
-        if not isinstance(g, dict) or not isinstance(g.get("gpu"), str):
+        if not isinstance(g, dict) or not isinstance(g.get("gpu"), (str, dict)):
             raise AutoparError(f"{where}: node_groups[{i}] needs a 'gpu' (a GPU profile name) among its fields")
         gpu = load_gpu(g["gpu"])
         g = {**g, "gpu": gpu.model_dump()}

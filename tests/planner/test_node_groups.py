@@ -185,3 +185,23 @@ def test_a_grouped_profile_written_out_loads_back():
     assert cluster_from_dict(json.loads(json.dumps(c.model_dump(mode="json"))), "written") == c
     plain = load_cluster("dgx-a100")
     assert cluster_from_dict(json.loads(json.dumps(plain.model_dump(mode="json"))), "written") == plain
+
+
+def test_whatif_varies_one_groups_network_and_compares_with_the_homogeneous_view(capsys):
+    common = ["whatif", "--model", "llama-13b", "--cluster", "ib-roce-eth-a100", "--global-batch", "512"]
+    assert main([*common, "--vary", "group_bw:eth=25,200", "--compare", "placement=none", "--format", "json"]) == 0
+    curves = json.loads(capsys.readouterr().out)["curves"]
+    best, flat = curves["best"], curves["placement=none"]
+    assert best[1]["tokens_per_s"] > best[0]["tokens_per_s"]  # a faster Ethernet island helps the placed plans
+    assert all(b["tokens_per_s"] > h["tokens_per_s"] for b, h in zip(best, flat))
+    assert all("placement" not in h["plan"] for h in flat) and all("placement" in b["plan"] for b in best)
+    assert main([*common, "--vary", "group_nodes:ib=8,16", "--format", "json"]) == 0
+    assert [p["gpus"] for p in json.loads(capsys.readouterr().out)["curves"]["best"]] == [192, 256]
+
+
+def test_whatif_on_groups_refuses_what_it_cannot_vary_in_one_line(capsys):
+    common = ["whatif", "--model", "llama-13b", "--global-batch", "512", "--cluster"]
+    assert "made of node groups" in fails(capsys, *common, "ib-roce-a100", "--vary", "inter_node_bw=100,200")
+    assert "no node group 'rocee'" in fails(capsys, *common, "ib-roce-a100", "--vary", "group_bw:rocee=100")
+    assert "names a node group" in fails(capsys, *common, "ib-roce-a100", "--vary", "group_bw=100")
+    assert "has no node groups" in fails(capsys, *common, "dgx-a100", "--nodes", "2", "--vary", "group_bw:ib=100")
