@@ -31,16 +31,19 @@ from cost_models.compute import ComputeModel
 from specs.model import ModelSpec
 
 # The routed part's collectives per MoE layer and micro-batch, in order: (pass, op, group, what) (message sizes:
-# :func:`moe_messages`). "counts": how many rows each rank sends each expert (int64, over ep, before the tokens);
-# "dispatch"/"combine": the k T' routed tokens over the ep group, and with etp > 1 the received tokens over the etp
-# group (all-gather before the experts, reduce-scatter after; the backward the conjugates); "aux": the aux loss's
-# expert-choice counts of each sequence summed over the "seq" ranks that hold its shards (tp with SP, x cp; fp32).
+# :func:`moe_messages`). "counts": how many rows each rank sends each expert (int64, over ep, before the tokens; with
+# etp > 1 also all-gathered over etp); "dispatch"/"combine": the k T' routed tokens over the ep group, and with
+# etp > 1 the received tokens over the etp group (gathered before the experts, their partial outputs reduced back
+# after: both as all-to-alls of uneven rows, which gloo and NCCL run alike; the backward the conjugates); "aux": the
+# aux loss's expert-choice counts of each sequence summed over the "seq" ranks that hold its shards (tp with SP,
+# x cp; fp32).
 MOE_LAYER_OPS = (
     ("fwd", "all_reduce", "seq", "aux"), ("fwd", "all_to_all", "ep", "counts"),
-    ("fwd", "all_to_all", "ep", "dispatch"), ("fwd", "all_gather", "etp", "dispatch"),
-    ("fwd", "reduce_scatter", "etp", "combine"), ("fwd", "all_to_all", "ep", "combine"),
-    ("bwd", "all_to_all", "ep", "combine"), ("bwd", "all_gather", "etp", "combine"),
-    ("bwd", "reduce_scatter", "etp", "dispatch"), ("bwd", "all_to_all", "ep", "dispatch"),
+    ("fwd", "all_to_all", "ep", "dispatch"), ("fwd", "all_gather", "etp", "counts"),
+    ("fwd", "all_to_all", "etp", "dispatch"), ("fwd", "all_to_all", "etp", "combine"),
+    ("fwd", "all_to_all", "ep", "combine"),
+    ("bwd", "all_to_all", "ep", "combine"), ("bwd", "all_to_all", "etp", "combine"),
+    ("bwd", "all_to_all", "etp", "dispatch"), ("bwd", "all_to_all", "ep", "dispatch"),
 )
 ROUTER_STAT_BYTES = 4  # the router's scores and probabilities are fp32
 COUNT_BYTES = 8  # the per-expert row counts (int64)
@@ -80,6 +83,7 @@ def moe_messages(model: ModelSpec, eb: float, t, cp, mbs, etp, r=1.0) -> dict[tu
     aux = np.where((np.asarray(t) * np.asarray(cp) > 1) & (moe.aux_loss_coef > 0),
                    np.asarray(mbs, dtype=float) * moe.num_experts * ROUTER_STAT_BYTES, 0.0)
     return {("ep", "counts"): (moe.num_experts * COUNT_BYTES, "int64"),
+            ("etp", "counts"): (moe.num_experts * COUNT_BYTES * np.asarray(etp, dtype=float), "int64"),
             ("ep", "dispatch"): (sent, "act"), ("ep", "combine"): (sent, "act"),
             ("etp", "dispatch"): (sent * np.asarray(etp, dtype=float), "act"),
             ("etp", "combine"): (sent * np.asarray(etp, dtype=float), "act"),
@@ -135,7 +139,7 @@ def moe_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, ep
     msgs = moe_messages(model, eb, t, cp, mbs, etp, r)  # from the busiest rank
     by_op = {("all_to_all", "ep"): lambda n: comm.all_to_all(n, ep, etp),
              ("all_gather", "etp"): lambda n: comm.all_gather(n, etp, 1),
-             ("reduce_scatter", "etp"): lambda n: comm.reduce_scatter(n, etp, 1),
+             ("all_to_all", "etp"): lambda n: comm.all_to_all(n, etp, 1),
              ("all_reduce", "seq"): lambda n: np.where(n > 0, comm.all_reduce(n, t * cp, 1), 0.0)}
     comm_t = {"fwd": 0.0, "bwd": 0.0}
     for ps, op, group, what in MOE_LAYER_OPS:

@@ -30,7 +30,6 @@ from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, Wri
 from runtime.dtypes import TORCH_DTYPES
 from runtime.parallel.mappings import all_gather_into
 from runtime.parallel.params import ParamInfo
-from runtime.parallel.tensor_parallel import ShardSpec
 from runtime.trainer import Trainer
 
 Pieces = dict[str, dict[str, torch.Tensor]]  # kind -> checkpoint name -> this rank's (tensor-parallel) tensor
@@ -131,18 +130,6 @@ class LoadPlanner(DefaultLoadPlanner):
         return obj.__get_tensor_shard__(index) if isinstance(obj, Blocks) else super().lookup_tensor(index)
 
 
-def _blocks(t: torch.Tensor, spec: ShardSpec) -> list[tuple[int, torch.Size, torch.Size]]:
-    """(offset in the local shard, offsets in the full tensor, block shape) of each segment's part held here
-    (:meth:`ShardSpec.held`; padding and empty parts left out)."""
-    out = []
-    for off, at, n in spec.held():
-        if n:
-            offsets, shape = [0] * t.dim(), list(t.shape)
-            offsets[spec.dim], shape[spec.dim] = at, n
-            out.append((off, torch.Size(offsets), torch.Size(shape)))
-    return out
-
-
 def portable(pieces: Pieces, infos: dict[str, ParamInfo]) -> dict[str, object]:
     """The DCP state dict of ``pieces``, keys ``<kind>/<name>``: whole tensors as they are, tensor-parallel shards as
     :class:`Blocks` (copies: after a load, :func:`take_loaded` brings them back into ``pieces``)."""
@@ -153,8 +140,7 @@ def portable(pieces: Pieces, infos: dict[str, ParamInfo]) -> dict[str, object]:
             if spec is None:
                 out[f"{kind}/{name}"] = t
                 continue
-            blocks = [(at, t.narrow(spec.dim, off, shape[spec.dim]).contiguous())
-                      for off, at, shape in _blocks(t, spec)]
+            blocks = [(torch.Size(b.full), b.of(t).contiguous()) for b in spec.blocks(t.shape)]
             out[f"{kind}/{name}"] = Blocks(spec.full_shape(t.shape), blocks)
     return out
 
@@ -205,5 +191,5 @@ def take_loaded(state: dict[str, object], pieces: Pieces, infos: dict[str, Param
                 continue
             blocks = state[f"{kind}/{name}"]
             assert isinstance(blocks, Blocks)
-            for (off, _, shape), (_, loaded) in zip(_blocks(t, spec), blocks.blocks):
-                t.narrow(spec.dim, off, shape[spec.dim]).copy_(loaded)
+            for b, (_, loaded) in zip(spec.blocks(t.shape), blocks.blocks):
+                b.of(t).copy_(loaded)

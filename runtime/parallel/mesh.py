@@ -7,7 +7,7 @@ consecutive ranks (inside one node); pipeline stages are the outermost blocks of
 A mixture-of-experts model's routed experts fold the ``dp*cp*tp`` ranks of each stage into ``(edp, ep, etp)`` (etp
 innermost, as Megatron-Core's MoE parallel folding and ``specs.parallel.edp``): the ``ep`` ranks of an expert-parallel
 group hold different experts and exchange tokens; the ``edp`` ranks of an expert-data-parallel group hold the same
-experts and reduce their gradients. The runtime runs etp = 1.
+experts and reduce their gradients; the ``etp`` ranks of an expert-tensor-parallel group split each expert's width.
 
 Nothing is global: :func:`build_groups` returns a :class:`ParallelGroups` that is passed to whatever
 needs a group. It may be built over a subset of the world (the tests run several plans inside one pool
@@ -28,7 +28,8 @@ DIMS = ("pp", "dp", "cp", "tp")
 # group attribute -> short name (ParallelGroups.group_names); the first match names a group object used for several
 _GROUP_NAMES = (("tp_group", "tp"), ("cp_group", "cp"), ("dpcp_group", "dp"), ("dp_group", "dp"),
                 ("act_group", "pp"), ("grad_group", "pp"), ("pp_group", "pp"), ("embed_group", "embed"),
-                ("mp_group", "mp"), ("ep_group", "ep"), ("edp_group", "edp"), ("seq_group", "cptp"),
+                ("mp_group", "mp"), ("ep_group", "ep"), ("edp_group", "edp"), ("etp_group", "etp"),
+                ("seq_group", "cptp"),
                 ("world", "world"))
 
 
@@ -56,6 +57,8 @@ class ParallelGroups:
     embed_group: dist.ProcessGroup | None  # first + last pipeline stage, for a tied embedding (pp > 1)
     ep_group: dist.ProcessGroup | None = None  # MoE: the ranks that split the experts and exchange tokens (ep > 1)
     seq_group: dist.ProcessGroup | None = None  # MoE: the cp x tp ranks holding shards of the same sequences
+    etp_group: dist.ProcessGroup | None = None  # MoE: the ranks that split each expert's width (etp > 1)
+    etp_rank: int = 0
     edp_group: dist.ProcessGroup | None = None  # MoE: the ranks that hold the same experts (expert data parallel)
     ep_rank: int = 0
     edp_rank: int = 0
@@ -84,6 +87,10 @@ class ParallelGroups:
     @property
     def ep(self) -> int:
         return self.cfg.ep
+
+    @property
+    def etp(self) -> int:
+        return self.cfg.etp
 
     @property
     def edp(self) -> int:
@@ -116,7 +123,7 @@ class ParallelGroups:
     def destroy(self) -> None:
         """Free the groups this object created (the job's, the mesh's and the extra ones)."""
         mine = {self.world, self.mp_group, self.dpcp_group, self.act_group, self.grad_group, self.embed_group,
-                self.ep_group, self.edp_group, self.seq_group, *self.mesh.get_all_groups()}
+                self.ep_group, self.edp_group, self.seq_group, self.etp_group, *self.mesh.get_all_groups()}
         for g in mine:
             if g is not None and g is not dist.group.WORLD:
                 dist.destroy_process_group(g)
@@ -159,6 +166,7 @@ def build_groups(cfg: ParallelConfig, device_type: str, ranks: list[int] | None 
         embed = _new_groups(ends, (0,), me)
     folded = layout.reshape(cfg.pp, cfg.edp, cfg.ep, cfg.etp)
     ep = _new_groups(folded, (2,), me) if experts and cfg.ep > 1 else None
+    etp = _new_groups(folded, (3,), me) if experts and cfg.etp > 1 else None
     edp = _new_groups(folded, (1,), me) if experts else None
     seq = _new_groups(layout, (2, 3), me) if experts and cfg.cp > 1 and cfg.tp > 1 else None
     if me not in ranks:
@@ -173,5 +181,6 @@ def build_groups(cfg: ParallelConfig, device_type: str, ranks: list[int] | None 
         dpcp_group=mesh.get_group("dp") if dpcp is None else dpcp, pp_group=mesh.get_group("pp"), mp_group=mp,
         act_group=act, grad_group=grad, embed_group=embed, ep_group=ep, edp_group=edp,
         seq_group=seq if seq is not None else mesh.get_group("cp" if cfg.cp > 1 else "tp") if experts else None,
-        ep_rank=block // cfg.etp % cfg.ep, edp_rank=block // (cfg.etp * cfg.ep),
+        ep_rank=block // cfg.etp % cfg.ep, edp_rank=block // (cfg.etp * cfg.ep), etp_group=etp,
+        etp_rank=block % cfg.etp,
     )

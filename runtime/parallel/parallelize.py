@@ -67,7 +67,7 @@ def param_infos(st: Transformer, spec: ModelSpec, cfg: ParallelConfig, tp_rank: 
         shard = shards.get(id(p))
         head_copy = split_tied and name == HEAD
         if id(p) in experts:
-            out[name] = ParamInfo(name, shard, EDP, True, name, "ep")
+            out[name] = ParamInfo(name, shard, EDP, True, name, experts[id(p)])
             continue
         if split_tied and name in (EMBED, HEAD):
             reduce = DP_EMBED

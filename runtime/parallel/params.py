@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from runtime.parallel.tensor_parallel import ShardSpec
+from runtime.parallel.tensor_parallel import Sharding
 
 Reduce = tuple[str, ...]
 DP: Reduce = ("dp",)
@@ -36,11 +36,12 @@ class ParamInfo:
     """How one parameter (by its full model name) is sharded, reduced, counted and initialised."""
 
     name: str
-    shard: ShardSpec | None  # the slice it holds; None: held whole
+    shard: Sharding | None  # the slice it holds; None: held whole
     reduce: Reduce  # the groups its gradient is summed over, in order (DP, DP_TP, DP_EMBED or EDP)
     in_norm: bool  # counted in the gradient norm (False for copies counted elsewhere)
     init_key: str  # the name whose (seed, name) draw initialises it
-    shard_over: str = "tp"  # the group whose ranks hold the other slices ("tp"; "ep" for routed experts)
+    # the group whose ranks hold the other slices: "tp"; for routed experts "ep", "etp", or "ep+etp" (Nested)
+    shard_over: str = "tp"
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ records them in each parameter's :class:`~runtime.parallel.params.ParamInfo`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -83,6 +84,17 @@ class ShardSpec:
             parts.append(part)
         return torch.cat(parts, self.dim) if len(parts) > 1 else parts[0].clone()
 
+    def blocks(self, local: torch.Size) -> list[Block]:
+        """The rectangular blocks of the full tensor a shard of shape ``local`` holds, one per segment part it
+        holds (:meth:`held`; padding and empty parts left out)."""
+        out = []
+        for off, at, n in self.held():
+            if n:
+                where, start, size = [0] * len(local), [0] * len(local), list(local)
+                where[self.dim], start[self.dim], size[self.dim] = off, at, n
+                out.append(Block(tuple(where), tuple(start), tuple(size)))
+        return out
+
     def assemble(self, shards: list[torch.Tensor]) -> torch.Tensor:
         """The full tensor from every rank's shard (in rank order)."""
         out, off = [], 0
@@ -91,6 +103,46 @@ class ShardSpec:
             out.append(torch.cat([s.narrow(self.dim, off, c) for s in shards], self.dim).narrow(self.dim, 0, seg))
             off += c
         return torch.cat(out, self.dim)
+
+
+class Block(NamedTuple):
+    """A rectangle of a shard: its offsets in the shard, its offsets in the full tensor, its sizes."""
+
+    local: tuple[int, ...]
+    full: tuple[int, ...]
+    size: tuple[int, ...]
+
+    def of(self, t: torch.Tensor) -> torch.Tensor:
+        """This block of the shard ``t`` (a view)."""
+        return t[tuple(slice(o, o + n) for o, n in zip(self.local, self.size))]
+
+
+@dataclass(frozen=True)
+class Nested:
+    """A slice of a slice: ``outer`` (over one group) cut from the full tensor, then ``inner`` (over another, along
+    another dimension) cut from that; e.g. a routed expert's weights over ep (experts) and etp (their width)."""
+
+    outer: ShardSpec
+    inner: ShardSpec
+
+    def full_shape(self, local: torch.Size) -> torch.Size:
+        return self.outer.full_shape(self.inner.full_shape(local))
+
+    def take(self, full: torch.Tensor) -> torch.Tensor:
+        return self.inner.take(self.outer.take(full))
+
+    def blocks(self, local: torch.Size) -> list[Block]:
+        out = []
+        for a in self.outer.blocks(self.inner.full_shape(local)):
+            for b in self.inner.blocks(local):
+                d = self.outer.dim
+                out.append(Block(tuple(a.local[i] if i == d else b.local[i] for i in range(len(local))),
+                                 tuple(a.full[i] if i == d else b.full[i] for i in range(len(local))),
+                                 tuple(a.size[i] if i == d else b.size[i] for i in range(len(local)))))
+        return out
+
+
+Sharding = ShardSpec | Nested
 
 
 def gather_full(t: torch.Tensor, spec: ShardSpec | None, group: dist.ProcessGroup) -> torch.Tensor:
@@ -111,7 +163,7 @@ def _sharded(shape: tuple[int, ...], spec: ShardSpec, like: torch.Tensor) -> nn.
 class ShardedModule(nn.Module):
     """A tensor-parallel module: ``shards`` names its sharded parameters and their slices."""
 
-    shards: dict[str, ShardSpec]
+    shards: dict[str, Sharding]
 
 
 def param_shards(module: nn.Module) -> dict[int, ShardSpec]:

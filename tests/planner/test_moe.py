@@ -161,19 +161,22 @@ def test_moe_hf_configs_read_and_refused(tmp_path, capsys):
     assert "mixture-of-experts model autopar does not read" in fails(capsys, *EST, "--model", str(p), "--plan", "tp=1")
 
 
-def test_moe_plan_files_the_runtime_cannot_run_are_refused_in_one_line(tmp_path, capsys):
-    """Expert tensor parallelism is planned but refused by `autopar run` before any worker starts; `--runnable` keeps
-    a MoE search to what the runtime trains (expert and context parallelism included)."""
+def test_every_moe_plan_the_planner_writes_is_one_the_runtime_executes(tmp_path, capsys):
+    """Expert, expert-tensor and context parallelism included: `--runnable` changes nothing, and `autopar run`'s
+    checks accept the plan files."""
+    from specs.capabilities import execution_problem
+    from specs.planfile import load_plan
+
     out = tmp_path / "moe.json"
-    common = ["plan", "--model", "tiny-moe", "--cluster", "cpu-gloo", "--gpus", "4", "--global-batch", "16"]
-    assert main([*common, "--fix", "ep=1,etp=2,tp=2,sp=true", "--out", str(out)]) == 0
-    capsys.readouterr()
-    assert "the runtime does not execute expert tensor parallelism yet" in fails(capsys, "run", str(out))
-    assert main([*common, "--runnable", "--fix", "ep=2,etp=2", "--out", str(out)]) == 2
-    assert "conflicts with --runnable" in capsys.readouterr().err
-    assert main([*common, "--runnable", "--fix", "ep=2,cp=2", "--out", str(out), "--format", "json"]) == 0
-    best = json.loads(capsys.readouterr().out)["plans"][0]["parallel"]
-    assert (best["cp"], best["ep"], best["etp"]) == (2, 2, 1)
+    common = ["plan", "--model", "tiny-moe", "--cluster", "cpu-gloo", "--gpus", "8", "--global-batch", "16",
+              "--format", "json"]
+    for fix in ("ep=2,etp=2,tp=2,sp=true", "ep=4,cp=2", "ep=8"):
+        assert main([*common, "--fix", fix, "--out", str(out)]) == 0
+        free = json.loads(capsys.readouterr().out)["plans"][0]["parallel"]
+        plan = load_plan(out)
+        assert execution_problem(plan.config, plan.model, plan.state) is None, fix
+        assert main([*common, "--fix", fix, "--runnable"]) == 0
+        assert json.loads(capsys.readouterr().out)["plans"][0]["parallel"] == free
 
 
 def test_published_moe_rows_map_onto_valid_plans():

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from runtime.data import TokenData
 from runtime.parallel.mappings import all_gather_into
 from runtime.parallel.mesh import build_groups
-from runtime.parallel.tensor_parallel import gather_full
+from runtime.parallel.tensor_parallel import Nested, gather_full
 from runtime.trainer import Trainer
 from specs.cluster import ClusterSpec, cluster_from_dict, load_cluster
 from specs.errors import AutoparError
@@ -58,7 +58,7 @@ def _case_moe(kind: str | None) -> MoESpec | None:
 
 
 def case_plan(case: dict[str, Any]) -> PlanFile:
-    keys = {k: case[k] for k in ("tp", "pp", "dp", "cp", "ep", "mbs", "sp", "recompute", "recompute_layers", "zero",
+    keys = {k: case[k] for k in ("tp", "pp", "dp", "cp", "ep", "etp", "mbs", "sp", "recompute", "recompute_layers", "zero",
                                   "dp_overlap", "tp_overlap", "layers") if k in case}
     if case.get("sched") == "interleaved":
         keys["vpp"] = 2
@@ -112,8 +112,16 @@ def full_grads(tr: Trainer) -> dict[str, np.ndarray] | None:
     for c in tr.chunks:
         for _, info in tr.params.named(c):
             whole = torch.cat(flat[info.name]).view(shapes[info.name])
-            out[info.name] = gather_full(whole, info.shard, getattr(g, f"{info.shard_over}_group")).float().numpy().copy()
+            out[info.name] = _unsharded(whole, info, g).float().numpy().copy()
     return out if g.tp_rank == 0 and g.dp_rank == 0 else None
+
+
+def _unsharded(t: torch.Tensor, info: Any, g: Any) -> torch.Tensor:
+    """A parameter's full tensor from every rank's slice (a Nested slice: the inner level first)."""
+    spec = info.shard
+    if isinstance(spec, Nested):
+        return gather_full(gather_full(t, spec.inner, g.etp_group), spec.outer, g.ep_group)
+    return gather_full(t, spec, getattr(g, f"{info.shard_over}_group"))
 
 
 def _trainer(rank: int, case: dict[str, Any], data_path: str, steps: int | None = None

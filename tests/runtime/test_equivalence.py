@@ -147,6 +147,11 @@ MOE_EP_CASES = [
     dict(moe="softmax", ep=2, cp=2, tp=1, pp=1, dp=1),
     dict(moe="gated", ep=4, cp=2, tp=2, sp=True, pp=1, dp=1, zero=1),
     dict(moe="sigmoid", ep=2, cp=2, tp=1, pp=2, dp=2, recompute="full"),
+    # expert tensor parallelism: each expert's width split etp ways (with and without ep, with and without tp)
+    dict(moe="softmax", ep=2, etp=2, tp=2, sp=True, pp=1, dp=2),
+    dict(moe="gated", ep=1, etp=2, tp=2, sp=True, pp=2, dp=1, recompute="full"),
+    dict(moe="sigmoid", ep=2, etp=2, tp=2, sp=True, pp=2, dp=2, zero=1),
+    dict(moe="softmax", ep=1, etp=2, tp=1, pp=1, dp=2, zero=1),
 ]
 
 

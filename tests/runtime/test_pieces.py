@@ -157,7 +157,7 @@ def test_param_records_group_parameters_as_the_cost_model_counts(arch, tied, tp,
             st = build_model(spec, "meta").stage(stage_layer_ids(cfg, spec.num_layers, v), first=v == 0,
                                                  last=v == nv - 1)
             g = SimpleNamespace(tp=tp, tp_rank=tp_rank, tp_group=None, cp=1, ep=ep, ep_rank=ep - 1, ep_group=object(),
-                                seq_group=object())
+                                seq_group=object(), etp=1, etp_rank=0, etp_group=None)
             apply_tensor_parallel(st, g, sp and tp > 1)
             apply_expert_parallel(st, g, False)
             infos = param_infos(st, spec, cfg, tp_rank)

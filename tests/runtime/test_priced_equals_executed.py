@@ -90,9 +90,10 @@ def check_ledger(plan: PlanFile, reports: list[dict]) -> None:
     d = cfg.dp * cfg.cp
     tp_sum = ("all_reduce", "tp", f"{'float32' if plan.state.grad_reduce == 'fp32' else 'bfloat16'}")
     sharded = cfg.zero >= 1 and d > 1 and cfg.sp and cfg.tp > 1
-    routed = ("all_to_all", "ep", "float32")  # the combine carries back the rows a rank received: routing decides
+    # the combine carries back the rows a rank received, and the etp exchanges the rows of the etp group: routing decides
+    routed = {("all_to_all", "ep", "float32"), ("all_to_all", "etp", "float32")}
     totals: dict[tuple[int, int], int] = {}
-    stage: dict[int, int] = {}
+    stage: dict[tuple[int, tuple], int] = {}
     for r in reports:
         got, want = r["ledger"], priced[r["pp_rank"]]
         loose = {tp_sum} if sharded else set()  # a rank may own none of the partial gradients
@@ -104,15 +105,15 @@ def check_ledger(plan: PlanFile, reports: list[dict]) -> None:
                 totals[r["pp_rank"], r["tp_rank"]] = totals.get((r["pp_rank"], r["tp_rank"]), 0) + nbytes
                 continue
             assert calls == w_calls, (r["pp_rank"], key, calls, w_calls)
-            if key == routed:
-                stage[r["pp_rank"]] = stage.get(r["pp_rank"], 0) + nbytes
+            if key in routed:
+                stage[r["pp_rank"], key] = stage.get((r["pp_rank"], key), 0) + nbytes
                 continue
             pad = r["padding"] * 4 * calls / max(1, sum(r["segments"])) if key[1] in ("dp", "edp") else 0
             assert w_bytes - 1e-6 <= nbytes <= w_bytes + pad + 1e-6, (r["pp_rank"], key, nbytes, w_bytes, pad)
     for (pp_rank, _), nbytes in totals.items():
         assert nbytes == pytest.approx(d * priced[pp_rank][tp_sum][1], rel=1e-12), (pp_rank, nbytes)
-    for pp_rank, nbytes in stage.items():  # over a stage's ranks, what was sent is what was received
-        assert nbytes == pytest.approx(d * cfg.tp * priced[pp_rank][routed][1], rel=1e-12), (pp_rank, nbytes)
+    for (pp_rank, key), nbytes in stage.items():  # over a stage's ranks, what was sent is what was received
+        assert nbytes == pytest.approx(d * cfg.tp * priced[pp_rank][key][1], rel=1e-12), (pp_rank, key, nbytes)
 
 
 def check_plan_run(pool, tokens64: str, case: dict) -> list[dict]:
