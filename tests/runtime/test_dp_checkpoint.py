@@ -105,17 +105,19 @@ def test_a_moe_checkpoint_resumes_under_another_plan(pool, tokens64, tmp_path):
 
 
 def test_an_expert_parallel_checkpoint_resumes_under_other_expert_layouts(pool, tokens64, tmp_path):
-    """Experts sliced over ep=2 (with tp=2 + sp, dp=2, ZeRO-1 over the expert-data-parallel ranks) saved at step 4
-    resume under ep=4 without tensor parallelism, and with the experts whole (ep=1) under a pipeline: steps 5-6 are
-    the uninterrupted single-process run's."""
+    """Experts sliced over ep=2 (with tp=2 + sp, dp=2, ZeRO-1 over the expert-data-parallel ranks), and over ep=2 x
+    etp=2 (each expert's width split too), saved at step 4 resume under ep=4 without tensor parallelism, and with the
+    experts whole (ep=1) under a pipeline: steps 5-6 are the uninterrupted single-process run's."""
     model = {"moe": "softmax"}
     run = lambda case, d, save, resume, stop=None: pool.run(  # noqa: E731
         "rt_cases:train_with_checkpoints", {**model, **case, "steps": 6}, tokens64, str(d), save, resume, stop)[0]
     whole = run({}, tmp_path / "single", [], False)
-    first = run(dict(ep=2, tp=2, sp=True, dp=2, zero=1), tmp_path / "ck", [4], False, 4)
-    np.testing.assert_allclose(first, whole[:4], rtol=0, atol=1e-5)
-    for plan in (dict(ep=4, dp=4, zero=1), dict(ep=1, pp=2, dp=2)):
-        np.testing.assert_allclose(run(plan, tmp_path / "ck", [], True), whole[4:], rtol=0, atol=1e-5, err_msg=str(plan))
+    for writer in (dict(ep=2, tp=2, sp=True, dp=2, zero=1), dict(ep=2, etp=2, tp=2, sp=True, dp=2, zero=1)):
+        ck = tmp_path / f"ck-etp{writer.get('etp', 1)}"
+        first = run(writer, ck, [4], False, 4)
+        np.testing.assert_allclose(first, whole[:4], rtol=0, atol=1e-5)
+        for plan in (dict(ep=4, dp=4, zero=1), dict(ep=1, pp=2, dp=2)):
+            np.testing.assert_allclose(run(plan, ck, [], True), whole[4:], rtol=0, atol=1e-5, err_msg=str(plan))
 
 
 def test_a_longer_resumed_run_keeps_the_plans_learning_rates(pool, tokens64, tmp_path):
