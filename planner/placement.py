@@ -14,6 +14,7 @@ faster. Every placed plan is priced exactly (cost_models/placement.py).
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -29,6 +30,7 @@ MAX_BASES = 8  # distinct homogeneous plans placed (fastest first)
 MAX_MOVES = 16  # single-layer moves tried per placed plan
 MOVED = 3  # placed plans balanced by single-layer moves (the fastest)
 ORDERS = 2  # orders of the groups kept per stage shape
+MAX_SPLITS = 2000  # layer splits an exhaustive placement tries per plan and order (beyond: the even split)
 
 
 def placements(cluster: ClusterSpec, cfg: ParallelConfig) -> list[tuple[str, ...]]:
@@ -78,6 +80,30 @@ def by_speed(model: ModelSpec, cfg: ParallelConfig, speeds: dict[str, float]) ->
     return replace(cfg, layers=proportional_layers(model.num_layers, [speeds[groups[j % cfg.pp]] for j in range(nv)]))
 
 
+def fitted(model: ModelSpec, a: PlanResult, b: PlanResult) -> tuple[int, ...] | None:
+    """The layer split that evens out the stages' times, from two priced splits of the same placed plan: each
+    stage's time is taken as linear in its layers (its two points; a stage whose layers did not change gets its
+    group's mean time per layer), and layers are handed out one at a time to the stage that stays fastest with
+    one more (which minimises the slowest stage for linear times). None when the two splits do not tell."""
+    la, lb = a.config.stage_layers(model.num_layers), b.config.stage_layers(model.num_layers)
+    ta, tb = a.estimate.stage_time_s, b.estimate.stage_time_s
+    groups = a.config.placement or ()
+    pp = a.config.pp
+    slope = [(y - x) / (m - n) if m != n else None for x, y, n, m in zip(ta, tb, la, lb)]
+    known = [s for s in slope if s is not None and s > 0]
+    if not known:
+        return None
+    mean = {g: np.mean([s for j, s in enumerate(slope) if s is not None and s > 0 and groups[j % pp] == g] or known)
+            for g in groups}
+    per = [s if s is not None and s > 0 else float(mean[groups[j % pp]]) for j, s in enumerate(slope)]
+    base = [t - p * n for t, p, n in zip(ta, per, la)]
+    out = [1] * len(per)
+    for _ in range(model.num_layers - len(per)):
+        j = min(range(len(per)), key=lambda k: base[k] + per[k] * (out[k] + 1))
+        out[j] += 1
+    return tuple(out) if len(per) <= model.num_layers else None
+
+
 def moved(model: ModelSpec, cluster: ClusterSpec, best: PlanResult, global_batch: int, headroom_GiB: float,
           state: StateSpec) -> PlanResult:
     """``best`` after single-layer moves to its fastest stage, from its slowest stage or from the pipeline rank
@@ -102,23 +128,22 @@ def moved(model: ModelSpec, cluster: ClusterSpec, best: PlanResult, global_batch
 
 
 def place(model: ModelSpec, cluster: ClusterSpec, ranked: list[PlanResult], global_batch: int,
-          headroom_GiB: float, state: StateSpec) -> list[PlanResult]:
+          headroom_GiB: float, state: StateSpec, exhaustive: bool = False) -> list[PlanResult]:
     """Placed versions of the homogeneous plans ``ranked`` (best first). For the first plan of each stage shape
-    (tp, dp, cp) every order of the groups is priced with the layers split evenly and by group speed; each plan
-    then takes its shape's :data:`ORDERS` best orders, split by speed; the best :data:`MOVED` placed plans are
-    balanced by single-layer moves. Best first, those that fit before those that do not."""
-    seen, out = set(), []
-    orders_of: dict[tuple[int, int, int], list[tuple[tuple[str, ...], dict[str, float]]]] = {}
-    for r in ranked:
-        base = replace(r.config, layers=None, recompute_layers=None, placement=None)
-        if base in seen:
-            continue
-        seen.add(base)
-        if len(seen) > MAX_BASES:
-            break
-        keep = r.config.recompute_layers if not isinstance(r.config.recompute_layers, tuple) else None
-        base = replace(base, recompute_layers=keep)
-        shape = (base.tp, base.dp, base.cp)
+    (tp, dp, cp, vpp) every order of the groups is priced with the layers split evenly, by group speed and as
+    :func:`fitted` evens the stages out; the shape's other plans take its :data:`ORDERS` best orders, split by
+    speed; the best :data:`MOVED` placed plans, and the best of each shape in each kept order, are then balanced by
+    single-layer moves. ``exhaustive``: every plan in every order with every layer split (one layer per stage at
+    least; :func:`splits`). Best first, those that fit before those that do not."""
+    if exhaustive:
+        out = [_price(model, cluster, replace(cfg, placement=where, layers=split), global_batch, headroom_GiB, state)
+               for cfg in _bases(ranked, len(ranked)) for where in placements(cluster, cfg)
+               for split in splits(model.num_layers, cfg.pp * cfg.vpp)]
+        return sorted(out, key=lambda p: (not p.estimate.fits, p.estimate.step_time_s))
+    out = []
+    orders_of: dict[tuple[int, int, int, int], list[tuple[tuple[str, ...], dict[str, float]]]] = {}
+    for base in _bases(ranked, MAX_BASES):
+        shape = (base.tp, base.dp, base.cp, base.vpp)
         if shape not in orders_of:
             tried = []
             for where in placements(cluster, base):
@@ -127,6 +152,11 @@ def place(model: ModelSpec, cluster: ClusterSpec, ranked: list[PlanResult], glob
                 split = _price(model, cluster, by_speed(model, even.config, speeds), global_batch, headroom_GiB,
                                state)
                 tried += [(even, speeds), (split, speeds)]
+                fit = fitted(model, even, split)
+                if fit is not None and fit not in (even.config.stage_layers(model.num_layers),
+                                                   split.config.stage_layers(model.num_layers)):
+                    tried.append((_price(model, cluster, replace(even.config, layers=fit), global_batch,
+                                         headroom_GiB, state), speeds))
             tried.sort(key=lambda t: (not t[0].estimate.fits, t[0].estimate.step_time_s))
             out += [t[0] for t in tried]
             best_orders = list(dict.fromkeys(t[0].config.placement for t in tried))[:ORDERS]
@@ -135,8 +165,38 @@ def place(model: ModelSpec, cluster: ClusterSpec, ranked: list[PlanResult], glob
         out += [_price(model, cluster, by_speed(model, replace(base, placement=w), speeds), global_batch,
                        headroom_GiB, state) for w, speeds in orders_of[shape]]
     out.sort(key=lambda p: (not p.estimate.fits, p.estimate.step_time_s))
-    out[:MOVED] = [moved(model, cluster, p, global_batch, headroom_GiB, state) for p in out[:MOVED]]
+    firsts = sorted({replace(p.config, layers=None): i for i, p in reversed(list(enumerate(out)))}.values())
+    kept = {(shape, w) for shape, orders in orders_of.items() for w, _ in orders}
+    per_order = sorted({_shape_order(out[i].config): i for i in reversed(firsts)
+                        if _shape_order(out[i].config) in kept}.values())
+    for i in sorted(set(firsts[:MOVED]) | set(per_order)):  # the best plans, and the best in each order
+        out[i] = moved(model, cluster, out[i], global_batch, headroom_GiB, state)
     return sorted(out, key=lambda p: (not p.estimate.fits, p.estimate.step_time_s))
+
+
+def _shape_order(cfg: ParallelConfig) -> tuple[tuple[int, int, int, int], tuple[str, ...] | None]:
+    return (cfg.tp, cfg.dp, cfg.cp, cfg.vpp), cfg.placement
+
+
+def _bases(ranked: list[PlanResult], limit: int) -> list[ParallelConfig]:
+    """The first ``limit`` distinct configurations of ``ranked`` without their layer split and placement (a plan's
+    per-stage recompute counts dropped: they belong to its split)."""
+    seen: dict[ParallelConfig, None] = {}
+    for r in ranked:
+        keep = r.config.recompute_layers if not isinstance(r.config.recompute_layers, tuple) else None
+        seen.setdefault(replace(r.config, layers=None, recompute_layers=keep, placement=None))
+        if len(seen) == limit:
+            break
+    return list(seen)
+
+
+def splits(num_layers: int, stages: int) -> list[tuple[int, ...] | None]:
+    """Every split of ``num_layers`` over ``stages`` with at least one layer each (None, the even split, when there
+    are more than :data:`MAX_SPLITS` of them)."""
+    if math.comb(num_layers - 1, stages - 1) > MAX_SPLITS:
+        return [None]
+    return [tuple(b - a for a, b in zip((0, *cuts), (*cuts, num_layers)))
+            for cuts in itertools.combinations(range(1, num_layers), stages - 1)]
 
 
 def explain_placement(cfg: ParallelConfig, num_layers: int) -> str:

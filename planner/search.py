@@ -51,6 +51,7 @@ CLOSED_FORM_SLACK = 1.25
 # plan with 0.75 s as with 4 s); the published validations (with --ranks) and the search tests give the same
 # plans and figures as with 4 s.
 ILP_BUDGET_S = 1.0
+EXHAUSTIVE_BASES = 32  # homogeneous plans an exhaustive search of a cluster of node groups places every way
 
 
 @dataclass
@@ -105,8 +106,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
     homogeneous = None
     if place_groups and cluster.node_groups and fixed.get("placement") is None:
         homogeneous = plans[0] if plans else None
-        placed = place(model, cluster, _placeable(model, cluster, global_batch, fixed, headroom_GiB, state, plans),
-                       global_batch, headroom_GiB, state)
+        bases = _placeable(model, cluster, global_batch, fixed, headroom_GiB, state, plans, exhaustive)
+        placed = place(model, cluster, bases, global_batch, headroom_GiB, state, exhaustive)
         results.update({p.config: p for p in placed})
         plans = sorted(plans + [p for p in placed if p.estimate.fits],
                        key=lambda r: (r.estimate.step_time_s, r.estimate.memory_GiB))
@@ -119,19 +120,22 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
 
 
 def _placeable(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dict[str, Any],
-               headroom_GiB: float, state: StateSpec, plans: list[PlanResult]) -> list[PlanResult]:
+               headroom_GiB: float, state: StateSpec, plans: list[PlanResult], exhaustive: bool = False
+               ) -> list[PlanResult]:
     """The fastest homogeneous plans whose pipeline ranks the node groups can hold whole: ``plans``' own, or (when
-    none of them is) a search over the pipeline depths that give every group whole ranks."""
+    none of them is, or ``exhaustive``: always) an exhaustive search over the pipeline depths that give every group
+    whole ranks, refining its :data:`EXHAUSTIVE_BASES` best."""
     sizes = list(cluster.groups.values())
     whole = [p for p in plans if all(n % (p.config.tp * p.config.dp * p.config.cp) == 0 for n in sizes)
              and p.config.pp > 1]
-    if whole or "pp" in fixed:
+    if (whole and not exhaustive) or "pp" in fixed:
         return whole
     stage = math.gcd(*sizes)
     depths = [cluster.num_gpus // n for n in range(1, stage + 1) if stage % n == 0 and cluster.num_gpus // n > 1]
     try:
         return search(model, cluster, global_batch, fixed={**fixed, "pp": depths}, headroom_GiB=headroom_GiB,
-                      state=state, place_groups=False).ranked
+                      state=state, place_groups=False, exhaustive=exhaustive,
+                      refine_count=EXHAUSTIVE_BASES if exhaustive else None).ranked
     except AutoparError:  # no such depth fits the rules (say, more stages than layers)
         return []
 

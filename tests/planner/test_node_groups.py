@@ -205,3 +205,16 @@ def test_whatif_on_groups_refuses_what_it_cannot_vary_in_one_line(capsys):
     assert "no node group 'rocee'" in fails(capsys, *common, "ib-roce-a100", "--vary", "group_bw:rocee=100")
     assert "names a node group" in fails(capsys, *common, "ib-roce-a100", "--vary", "group_bw=100")
     assert "has no node groups" in fails(capsys, *common, "dgx-a100", "--nodes", "2", "--vary", "group_bw:ib=100")
+
+
+@pytest.mark.parametrize("batch", [64, 256])
+def test_the_default_search_finds_the_exhaustive_best_on_a_small_two_group_cluster(tmp_path, batch):
+    """One A100 node and one H100 node, a Llama-1B shape cut to 8 layers: the default search's best placed plan is
+    the one found by pricing every placement and every layer split of the exhaustive search's plans."""
+    c = load_cluster(_profile(tmp_path, [_group("a100", nodes=1), _group("h100", gpu="h100-sxm5-80gb", nodes=1)],
+                              between_groups=[{"groups": ["a100", "h100"], "bandwidth_Gbps_per_node": 400}]))
+    model = load_model("llama-1b").model_copy(update={"num_layers": 8})
+    default = search(model, c, batch, top=1).plans[0]
+    exhaustive = search(model, c, batch, top=1, exhaustive=True).plans[0]
+    assert exhaustive.config.placement is not None
+    assert default.estimate.step_time_s == pytest.approx(exhaustive.estimate.step_time_s, rel=1e-9)
