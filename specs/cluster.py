@@ -236,7 +236,7 @@ class ClusterSpec(_Strict):
         return ClusterSpec(
             name=f"{self.name}:{g.name}", gpu=GPUSpec.model_validate(g.gpu), gpus_per_node=g.gpus_per_node,
             num_nodes=g.num_nodes, intra_node=Link.model_validate(g.intra_node), backend=self.backend,
-            precision=self.precision, tp_across_nodes=self.tp_across_nodes,
+            precision=self.precision, tp_across_nodes=self.tp_across_nodes, collectives=g.collectives,
             inter_node=InterNode(nic_bandwidth_Gbps=net.nic_bandwidth_Gbps, nics_per_node=net.nics_per_node,
                                  latency_us=net.latency_us, efficiency=net.efficiency,
                                  oversubscription=net.oversubscription))
@@ -399,8 +399,11 @@ def _grouped(data: dict[str, Any], source: str) -> dict[str, Any]:
             raise AutoparError(f"{where}: with node_groups, give '{key}' per group, not at the top level")
     groups = []
     for i, g in enumerate(raw):
+        if isinstance(g, dict) and "profile" in g:
+            g = _from_profile(g, where, i)
         if not isinstance(g, dict) or not isinstance(g.get("gpu"), (str, dict)):
-            raise AutoparError(f"{where}: node_groups[{i}] needs a 'gpu' (a GPU profile name) among its fields")
+            raise AutoparError(f"{where}: node_groups[{i}] needs a 'gpu' (a GPU profile name) among its fields, or "
+                               "'profile' (the group's own cluster profile, e.g. from `autopar profile`)")
         gpu = load_gpu(g["gpu"])
         g = {**g, "gpu": gpu.model_dump()}
         if g.get("intra_node") is None:
@@ -434,3 +437,25 @@ def _grouped(data: dict[str, Any], source: str) -> dict[str, Any]:
             "intra_node": intra.model_dump(),
             "inter_node": {"nic_bandwidth_Gbps": per_node, "nics_per_node": 1, "latency_us": latency,
                            "efficiency": min(g.inter_node.efficiency for g in groups)}}
+
+
+def _from_profile(group: dict[str, Any], where: str, i: int) -> dict[str, Any]:
+    """A node group given as ``{name, profile: path, num_nodes}``: its GPU (with any measured tables), links, NICs and
+    measured collective fits from that cluster profile (e.g. written by `autopar profile` on one of its nodes, or on
+    the group under torchrun); the entry's own fields (num_nodes, kind, ...) win."""
+    rest = {k: v for k, v in group.items() if k != "profile"}
+    ref = group["profile"]
+    if not isinstance(ref, str):
+        raise AutoparError(f"{where}: node_groups[{i}].profile must be a cluster profile name or path")
+    c = load_cluster(ref)
+    if c.node_groups:
+        raise AutoparError(f"{where}: node_groups[{i}].profile {ref} is itself made of node groups; give a profile of "
+                           "one group's nodes")
+    net = c.inter_node.model_dump() if c.inter_node is not None else {
+        "nic_bandwidth_Gbps": c.intra_node.bandwidth_GBps * 8, "nics_per_node": 1}
+    base = {"gpu": c.gpu.model_dump(), "num_nodes": c.num_nodes, "gpus_per_node": c.gpus_per_node,
+            "intra_node": {"bandwidth_GBps": c.intra_node.bandwidth_GBps, "latency_us": c.intra_node.latency_us},
+            "inter_node": {**net, **rest.pop("inter_node", {})},
+            "collectives": {op: {lv: f.model_dump(exclude_none=True) for lv, f in levels.items()}
+                            for op, levels in c.collectives.items()}}
+    return {**base, **rest}

@@ -48,6 +48,9 @@ class NodeGroup(_Strict):
     gpus_per_node: int = Field(ge=1)
     intra_node: dict[str, float]  # {bandwidth_GBps, latency_us}; a profile file may leave it to the GPU's node link
     inter_node: GroupNetwork
+    # measured collective fits of this group ({collective: {"intra"|"inter": fit}}), as a cluster profile's
+    # ``collectives``: taken from the group's own `autopar profile` output (``profile:`` in the file)
+    collectives: dict[str, dict[str, dict[str, float]]] = {}
 
     @property
     def num_gpus(self) -> int:

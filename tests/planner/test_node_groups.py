@@ -218,3 +218,28 @@ def test_the_default_search_finds_the_exhaustive_best_on_a_small_two_group_clust
     exhaustive = search(model, c, batch, top=1, exhaustive=True).plans[0]
     assert exhaustive.config.placement is not None
     assert default.estimate.step_time_s == pytest.approx(exhaustive.estimate.step_time_s, rel=1e-9)
+
+
+def test_a_group_can_come_from_its_own_measured_profile(tmp_path):
+    """`profile:` takes a group's GPU, links and measured collective fits from the cluster profile `autopar profile`
+    wrote on it; its placed stages are priced with those fits (a slow measured all-reduce slows the data-parallel
+    reduce of the stages on it)."""
+    measured = load_cluster("dgx-a100", nodes=2).model_dump(mode="json", exclude_none=True)
+    for key in ("node_groups", "between_groups", "default_between"):
+        measured.pop(key, None)
+    slow = {"all_reduce": {"intra": {"alpha_us": 50.0, "busbw_GBps": 5.0}}}
+    (tmp_path / "measured.yaml").write_text(yaml.safe_dump({**measured, "name": "measured", "collectives": slow}))
+    groups = [{"name": "ib", "profile": str(tmp_path / "measured.yaml"), "num_nodes": 1}, _group("eth", nodes=1)]
+    c = load_cluster(_profile(tmp_path, groups, default_between={"bandwidth_Gbps_per_node": 100}))
+    view = c.group_view("ib")
+    assert view.collectives["all_reduce"]["intra"].busbw_GBps == 5.0 and view.num_nodes == 1
+    assert c.group_view("eth").collectives == {}
+    unmeasured = load_cluster(_profile(tmp_path, [{**groups[0], "profile": "dgx-a100"}, groups[1]],
+                                       default_between={"bandwidth_Gbps_per_node": 100}))
+    model = load_model("llama-1b")
+    cfg = ParallelConfig(tp=1, pp=2, dp=8, zero=0, placement=("ib", "eth"))  # dp=8 inside each group's node
+    slow_reduce = estimate(model, c, cfg, 64).breakdown["dp_comm_exposed"]
+    assert slow_reduce > 2 * estimate(model, unmeasured, cfg, 64).breakdown["dp_comm_exposed"]
+    bad = [{"name": "x", "profile": "ib-roce-a100", "num_nodes": 1}, _group("eth", nodes=1)]
+    with pytest.raises(AutoparError, match="itself made of node groups"):
+        load_cluster(_profile(tmp_path, bad, default_between={"bandwidth_Gbps_per_node": 100}))
