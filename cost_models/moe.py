@@ -7,8 +7,9 @@ parallelism the MoE layer needs sequence parallelism, as in Megatron-Core). Each
 
 - router: a [T', h] x [h, E] GEMM, then softmax/sigmoid and top-k over the E scores (fp32, memory bound);
 - dispatch: the tokens permuted by expert, then an all-to-all over the ep group (each rank sends k T' tokens of h
-  values); with etp > 1 the received tokens are all-gathered over etp; the combine is the reverse (all-to-all back,
-  then the weighted sum of each token's k outputs); the backward runs both again (:data:`MOE_LAYER_OPS`);
+  values); with etp > 1 the received tokens are gathered over etp (an all-to-all of uneven rows); the combine is the
+  reverse (the partial outputs reduced back over etp, an all-to-all back over ep, then the weighted sum of each
+  token's k outputs); the backward runs both again (:data:`MOE_LAYER_OPS`);
 - experts: each rank holds E / ep experts; balanced, each sees ``k T' etp ep / E`` tokens, as a grouped GEMM
   (``ComputeModel.gemm`` with the experts as its batch: tile quantisation makes it slower per FLOP as the tokens
   per expert fall) for the SwiGLU's gate|up and down projections, split etp ways;
