@@ -130,7 +130,8 @@ def may_be_among(step: np.ndarray, uneven: np.ndarray, k: int) -> np.ndarray:
 @dataclass
 class _Group:
     """Candidates of one (pp, vpp) (rows ``idx`` of all), their layer split and what their stages hold, worked
-    out once per distinct (tp, cp, dp, mbs, sp, recompute, ZeRO >= 2) — rows ``each`` of ``held``."""
+    out once per distinct (tp, cp, dp, mbs, sp, recompute, ep, etp, ZeRO >= 2, and ZeRO >= 2 with dp_overlap: a
+    reduce-scatter in flight) — rows ``each`` of ``held``."""
 
     idx: np.ndarray
     c: Candidates
@@ -159,18 +160,19 @@ def _group(model: ModelSpec, state: StateSpec, c: Candidates, terms: LayerTerms,
     layers = np.array(split.stage_layers(model.num_layers), dtype=float)
     full = np.array([split.recomputed_layers(j, int(n)) for j, n in enumerate(layers)], dtype=float)
     recomputed = np.where(g.recompute[:, None] == FULL, full[None, :], 0.0)
-    one, each = distinct(g.tp, g.cp, g.dp, g.mbs, g.sp, g.recompute, g.zero >= 2, g.ep, g.etp)
+    one, each = distinct(g.tp, g.cp, g.dp, g.mbs, g.sp, g.recompute, g.zero >= 2, g.ep, g.etp,
+                         (g.zero >= 2) & g.dp_overlap)
     held = stage_state(model, state, g.take(one), lt.take(one), layers, recomputed[one])
     return _Group(idx, g, lt, layers, recomputed, microbatches(global_batch, g.dp, g.mbs), held, one, each)
 
 
 def _memory(grp: _Group, state: StateSpec, backend: str) -> np.ndarray:
-    """The peak GiB per GPU of a group's candidates. What a rank holds does not depend on the ZeRO stage (beyond
-    its per-layer buckets) or the overlaps: it is worked out once for them all."""
+    """The peak GiB per GPU of a group's candidates. What a rank holds depends on the ZeRO stage and dp_overlap
+    only through its buckets and ZeRO-2/3's buffers: it is worked out once for them all."""
     held = grp.held
     load = rank_load(grp.pp, grp.vpp, grp.m[grp.one], held.params, held.act_bytes, held.work_bytes,
                      held.largest_bucket, held.expert_params)
-    one, each = distinct(grp.each, grp.c.zero)
+    one, each = distinct(grp.each, grp.c.zero, grp.c.dp_overlap)
     peak = rank_memory(grp.c.take(one), state, backend, load.take(grp.each[one])).total.max(axis=1) / GiB
     return peak[each]
 

@@ -110,10 +110,21 @@ def state_bytes(params, zero, d, state: StateSpec) -> StateBytes:
     return StateBytes(weights=weights, grads=grads, optimizer=opt)
 
 
-def zero3_gather_bytes(largest_bucket, zero, state: StateSpec) -> np.ndarray:
-    """ZeRO-3's gathered parameters alive at once on one GPU: two of its largest per-layer buckets (the running
-    one, the next one prefetched)."""
-    return np.where(np.asarray(zero) == 3, 2 * np.asarray(largest_bucket) * state.param_bytes, 0.0)
+def zero3_gather_bytes(largest_bucket, zero, state: StateSpec, overlap=True) -> np.ndarray:
+    """ZeRO-3's gathered parameters alive at once on one GPU: with ``overlap`` (dp_overlap) two of its largest
+    per-layer buckets (the running one, the next one prefetched), without it one (runtime/parallel/data_parallel.py
+    gathers a module's buckets when it runs and frees them after)."""
+    return np.where(np.asarray(zero) == 3, np.where(overlap, 2, 1) * np.asarray(largest_bucket) * state.param_bytes,
+                    0.0)
+
+
+def zero_scatter_bytes(largest_bucket, zero, state: StateSpec, overlap) -> np.ndarray:
+    """ZeRO-2/3's gradient buffer in flight: with ``overlap`` a layer's reduce-scatter (its gradients copied into one
+    flat buffer of the reduce dtype) runs behind the next layer's backward, so one such buffer is alive at that
+    backward's peak (runtime/parallel/data_parallel.py ``_scatter``); without it the reduce-scatter finishes
+    before the next backward starts."""
+    return np.where((np.asarray(zero) >= 2) & np.asarray(overlap, dtype=bool),
+                    np.asarray(largest_bucket) * state.grad_reduce_bytes, 0.0)
 
 
 @dataclass
@@ -170,7 +181,7 @@ def rank_memory(c: Candidates, state: StateSpec, backend: str, load: RankLoad) -
     dense = state_bytes(load.params - load.expert_params, c.zero[:, None], (c.dp * c.cp)[:, None], state)
     experts = state_bytes(load.expert_params, c.zero[:, None], edp(c.dp, c.cp, c.tp, c.ep, c.etp)[:, None], state)
     st = StateBytes(*(a + b for a, b in zip(vars(dense).values(), vars(experts).values())))
-    temp = load.work + zero3_gather_bytes(load.largest_bucket, c.zero[:, None], state)
+    temp = load.work + zero3_gather_bytes(load.largest_bucket, c.zero[:, None], state, c.dp_overlap[:, None])
     dynamic = load.activations + temp
     reserved = RESERVED_GIB.get(backend, 1.0) * GiB
     return RankMemory(weights=st.weights, grads=st.grads, optimizer=st.optimizer, activations=load.activations,

@@ -26,7 +26,7 @@ from cost_models.arrays import distinct
 from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
 from cost_models.layer import end_cost, layer_cost
-from cost_models.memory import FULL, SELECTIVE, end_activation_bytes, layer_activation_bytes
+from cost_models.memory import FULL, SELECTIVE, end_activation_bytes, layer_activation_bytes, zero_scatter_bytes
 from cost_models.params import (
     end_stages,
     gradient_buckets,
@@ -226,7 +226,9 @@ def stage_state(model: ModelSpec, state: StateSpec, c: Candidates, lt: LayerTerm
     act_bytes = (layers - recomputed) * _col(lt.act_full) + recomputed * _col(lt.act_ckpt) + first * _col(lt.act_embed)
     # a backward's temporaries; under full recompute they hold a rematerialised layer only where one is recomputed
     work = _col(lt.act_work) - np.where((rc == FULL) & (recomputed == 0), _col(lt.act_full), 0.0)
-    work_bytes = np.maximum(np.where(layers > 0, work, 0.0), last * _col(lt.act_head))
+    # beside a layer's backward (not the head's, the first), ZeRO-2/3 with overlap keep one reduce-scatter in flight
+    scatter = np.where(_col(c.dp * c.cp) > 1, zero_scatter_bytes(largest, _col(c.zero), state, _col(c.dp_overlap)), 0.0)
+    work_bytes = np.maximum(np.where(layers > 0, work + scatter, 0.0), last * _col(lt.act_head))
     return StageState(params=params, expert_params=experts, buckets=buckets,
                       tp_summed=summed, largest_bucket=largest, act_bytes=act_bytes, work_bytes=work_bytes)
 

@@ -34,8 +34,9 @@ Parameters:
   output gathers them again before its backward (prefetching the module before it); they are freed when their
   last gradient lands. Freed, a parameter is an empty tensor and its bucket's storage has size 0: views
   autograd saved share that storage and see the values again when it is re-gathered for backward. So at most
-  two modules' buckets are gathered at once, one without ``overlap`` (the cost model's ``zero3_gather_bytes``:
-  two layers; the first and last bucket also hold the embedding and the head, and a tied embedding on a single
+  two modules' buckets are gathered at once, one without ``overlap`` (the cost model's ``zero3_gather_bytes``;
+  with ``overlap`` one reduce-scatter buffer is in flight too, ``zero_scatter_bytes``); the first and last bucket
+  also hold the embedding and the head, and a tied embedding on a single
   stage keeps the first bucket gathered from the head's backward to the embedding's).
 
 A tied embedding's bucket (``("dp", "embed")``) is summed with the other end of the pipeline: before its dp
