@@ -7,9 +7,9 @@ rank contributes the pieces it holds and torch.distributed.checkpoint (DCP) does
 * ZeRO slices are first gathered over the bucket's group (dp x cp; a MoE model's experts: expert data parallel)
   into whole buckets, and cut into the
   parameters the buckets hold (:func:`local_state`); the replicas then hold equal pieces, which DCP writes once.
-* A tensor-parallel shard, or a slice of the routed experts over ep
+* A tensor-parallel shard, or a slice of the routed experts over ep and/or etp
   (:class:`~runtime.parallel.tensor_parallel.ShardSpec`: chunk ``r`` of every segment along one dimension,
-  zero-padded), is several blocks of the full tensor, one per segment (:class:`Blocks`,
+  zero-padded; ``Nested``: a slice of such a slice), is several blocks of the full tensor (:class:`Blocks`,
   in DCP's protocol for objects that hold chunks of a tensor). A plan with another tp, or none, asks DCP for
   other blocks of the same full tensor, which it reads from the stored ones that overlap them.
 * The copy of a tied embedding that a pipelined plan keeps at the head is saved (and loaded) as the embedding:

@@ -25,14 +25,15 @@ tensor/sequence parallelism.
 
 from __future__ import annotations
 
+import functools
+
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from runtime import kernels
 from runtime.models.common import Transformer
 from runtime.models.moe import Experts, MoE, by_expert, combine
-from runtime.parallel.mappings import all_gather_into, all_to_all, all_to_all_rows
+from runtime.parallel.mappings import all_gather_into, all_reduce_sum, all_to_all, all_to_all_rows
 from runtime.parallel.mesh import ParallelGroups
 from runtime.parallel.tensor_parallel import Nested, ShardedModule, ShardSpec
 
@@ -100,14 +101,6 @@ def routed_expert_params(module: nn.Module) -> dict[int, str]:
             for m in module.modules() if isinstance(m, (Experts, ExpertShard)) for p in m.parameters()}
 
 
-def _sum_over(group: dist.ProcessGroup):  # noqa: ANN202
-    def total(counts: torch.Tensor) -> torch.Tensor:
-        counts = counts.contiguous()
-        dist.all_reduce(counts, group=group)
-        return counts
-    return total
-
-
 def apply_expert_parallel(stage: Transformer, g: ParallelGroups, sp: bool) -> None:
     """Give each MoE layer of a stage (on the meta device, before init) its experts' shard when ep > 1, and where
     sequence or context parallelism splits its sequences the sum of its aux-loss counts over their shards."""
@@ -121,4 +114,5 @@ def apply_expert_parallel(stage: Transformer, g: ParallelGroups, sp: bool) -> No
         shards = (g.tp if sp else 1) * g.cp
         if shards > 1:
             assert g.seq_group is not None
-            moe.sequence_sum, moe.sequence_shards, moe.shard_weight = _sum_over(g.seq_group), shards, g.cp
+            moe.sequence_sum = functools.partial(all_reduce_sum, group=g.seq_group)
+            moe.sequence_shards, moe.shard_weight = shards, g.cp

@@ -50,7 +50,8 @@ def reduce_scatter_into(out: torch.Tensor, inp: torch.Tensor, group: dist.Proces
     return getattr(dist, REDUCE_SCATTER_SINGLE)(out, inp, group=group, async_op=async_op)
 
 
-def _all_reduce(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+def all_reduce_sum(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """``x`` summed over ``group`` (in place on a contiguous ``x``; as it is on a one-rank group), no autograd."""
     if dist.get_world_size(group) == 1:
         return x
     x = x.contiguous()
@@ -84,13 +85,13 @@ class _CopyToTP(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return _all_reduce(g, ctx.group), None
+        return all_reduce_sum(g, ctx.group), None
 
 
 class _ReduceFromTP(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-        return _all_reduce(x, group)
+        return all_reduce_sum(x, group)
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
