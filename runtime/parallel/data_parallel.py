@@ -330,15 +330,17 @@ class DataParallel:
                 dist.all_reduce(b.grad_shard, group=self.g.embed_group)
 
     def grad_norm_sq(self) -> torch.Tensor:
-        """Sum of squares of this rank's share of the gradient (copies counted elsewhere left out), fp32."""
-        total = torch.zeros((), dtype=torch.float32, device=self.device)
+        """Sum of squares of this rank's share of the gradient (copies counted elsewhere left out), fp32: one
+        multi-tensor norm over every counted slice (a kernel or two, not three per slice)."""
         everyone = self.norm_group is self.g.world
+        pieces = []
         for b in self.buckets:
             if everyone and not (self.zero and b.d > 1) and dist.get_rank(b.group) > 0:
                 continue  # a replica: counted by the group's first rank
-            for a, e in b.owned(lambda s: s.info.in_norm):
-                total += b.grad_shard[a:e].float().pow(2).sum()
-        return total
+            pieces += [b.grad_shard[a:e] for a, e in b.owned(lambda s: s.info.in_norm) if e > a]
+        if not pieces:
+            return torch.zeros((), dtype=torch.float32, device=self.device)
+        return torch.stack(torch._foreach_norm(pieces, 2, dtype=torch.float32)).square().sum()
 
     @property
     def norm_group(self) -> dist.ProcessGroup:
