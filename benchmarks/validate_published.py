@@ -25,6 +25,7 @@ from cost_models.step import estimate  # noqa: E402
 from specs.cluster import load_cluster  # noqa: E402
 from specs.model import ModelSpec  # noqa: E402
 from specs.parallel import RECOMPUTE_CODE, ParallelConfig  # noqa: E402
+from specs.state import StateSpec  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "data"
 
@@ -39,6 +40,13 @@ def _gpt(name: str, row: dict[str, str]) -> ModelSpec:
                      num_attention_heads=int(row["heads"]), vocab_size=int(row["vocab"]), seq_length=int(row["seq"]))
 
 
+def megatron_state(cluster) -> StateSpec:
+    """The published runs' model state: Megatron-LM's mixed precision, its weight-gradient GEMMs adding into the
+    fp32 gradient buffer (``--gradient-accumulation-fusion``, Megatron-LM's default; Megatron-DeepSpeed, BLOOM's
+    trainer, inherits it), where autopar's runtime adds each micro-batch's gradients in a pass of its own."""
+    return StateSpec.default(cluster.precision).model_copy(update={"fused_accumulation": True})
+
+
 def korthikanti() -> list[dict]:
     """Every row of Korthikanti et al. 2022 with the paper's plan: predicted vs measured iteration time."""
     out = []
@@ -47,7 +55,7 @@ def korthikanti() -> list[dict]:
         cluster = load_cluster("selene", gpus=int(row["gpus"]))
         cfg = ParallelConfig(tp=int(row["tp"]), pp=int(row["pp"]), dp=int(row["dp"]), mbs=int(row["micro_batch"]),
                              vpp=int(row["vpp"]), recompute=row["recompute"], sp=row["sp"] == "true")
-        est = estimate(model, cluster, cfg, int(row["global_batch"]))
+        est = estimate(model, cluster, cfg, int(row["global_batch"]), state=megatron_state(cluster))
         meas = float(row["iteration_time_s"])
         out.append({"model": row["model"], "plan": cfg.short(), "measured_s": meas, "predicted_s": est.step_time_s,
                     "error": (est.step_time_s - meas) / meas, "memory_GiB": est.memory_GiB})
@@ -94,7 +102,7 @@ def narayanan() -> list[dict]:
         # the paper's setting: full recompute of every layer, even layer split, no SP / ZeRO / overlap
         fixed = {"tp": tp, "pp": pp, "dp": gpus // (tp * pp), "cp": 1, "recompute": "full", "recompute_layers": None,
                  "layers": None, "sp": False, "zero": 0, "dp_overlap": False, "tp_overlap": False}
-        res = search(model, cluster, B, fixed=fixed, top=1)
+        res = search(model, cluster, B, fixed=fixed, top=1, state=megatron_state(cluster))
         best = res.plans[0]
         out.append({"model": model.name, "plan": best.config.short(), "measured_s": meas,
                     "predicted_s": best.estimate.step_time_s,
@@ -122,8 +130,9 @@ def paired_rows() -> list[dict]:
                 float(n["tflops_per_gpu"]) * 1e12 * gpus)
             meas_k = float(k["iteration_time_s"])
             cfg = ParallelConfig(tp=tp, pp=pp, dp=1, mbs=int(k["micro_batch"]), vpp=int(k["vpp"]), recompute="full")
-            pred_k = estimate(model, load_cluster("selene", gpus=tp * pp), cfg, int(k["global_batch"])).step_time_s
-            pred_n = estimate(model, load_cluster("selene", gpus=gpus), replace(cfg, dp=dp), B).step_time_s
+            ck, cn = load_cluster("selene", gpus=tp * pp), load_cluster("selene", gpus=gpus)
+            pred_k = estimate(model, ck, cfg, int(k["global_batch"]), state=megatron_state(ck)).step_time_s
+            pred_n = estimate(model, cn, replace(cfg, dp=dp), B, state=megatron_state(cn)).step_time_s
             out.append({"model": k["model"], "plan": cfg.short(), "dp_2021": dp, "measured_2022_s": meas_k,
                         "measured_2021_s": meas_n, "predicted_dp1_s": pred_k, "predicted_dp_s": pred_n,
                         "measured_ratio": meas_n / meas_k, "predicted_ratio": pred_n / pred_k})
@@ -148,7 +157,7 @@ def bloom_topology() -> list[dict]:
         dp, tp, pp, mbs, B = (int(row[k]) for k in ("dp", "tp", "pp", "micro_batch", "global_batch"))
         fixed = {"tp": tp, "pp": pp, "dp": dp, "mbs": mbs, "vpp": 1, "cp": 1, "recompute": "full",
                  "recompute_layers": None, "sp": False, "zero": 1, "dp_overlap": False, "tp_overlap": False}
-        plans = search(BLOOM_SWEEP, cluster, B, fixed=fixed, top=1).plans
+        plans = search(BLOOM_SWEEP, cluster, B, fixed=fixed, top=1, state=megatron_state(cluster)).plans
         oom = row["sec_per_iteration"] == "oom"
         r = {"plan": f"tp={tp} pp={pp} dp={dp} mbs={mbs}", "tp": tp, "global_batch": B, "measured_oom": oom,
              "predicted_fits": bool(plans)}
@@ -218,11 +227,11 @@ def feasible_exact(model: ModelSpec, cluster, B: int, fixed: dict) -> list[tuple
     from planner.space import enumerate_space
 
     cands = enumerate_space(model, cluster, B, fixed)
-    res = estimate_batch(model, cluster, cands, B)
+    res = estimate_batch(model, cluster, cands, B, state=megatron_state(cluster))
     out = []
     for i in np.nonzero(res.memory_GiB <= cluster.gpu.memory_GiB * 1.1)[0]:  # the closed form is conservative
         cfg = cands.config(int(i))
-        e = estimate(model, cluster, cfg, B, validate=False)
+        e = estimate(model, cluster, cfg, B, validate=False, state=megatron_state(cluster))
         if e.fits:
             out.append((e.step_time_s, cfg))
     return out
@@ -310,7 +319,7 @@ def main() -> int:
     residuals = residual_rows({**timed, "bigscience_tr11_topology": sweep})
     from planner.uncertainty import coverage
 
-    print("\n+- bands (planner/uncertainty.py) cover the measured step of "
+    print("\n+- bands (planner/uncertainty.py), each row's from the other rows, cover the measured step of "
           + ", ".join(f"{c:.0%} of {name}" for name, c in coverage(residuals).items()))
     if args.write_residuals:
         Path(args.write_residuals).write_text(json.dumps(

@@ -138,6 +138,7 @@ class LayerTerms:
     act_work: np.ndarray  # temporary bytes of a layer's backward
     act_embed: np.ndarray
     act_head: np.ndarray
+    byte_s: np.ndarray  # seconds per byte of an unfused memory-bound op (the gradient accumulation's adds)
 
     def take(self, idx: np.ndarray) -> LayerTerms:
         return LayerTerms(**{f.name: getattr(self, f.name)[idx] for f in fields(self)})
@@ -161,7 +162,7 @@ def layer_terms(model: ModelSpec, cm: ComputeModel, comm: CommModel, c: Candidat
     parts = dict(fwd=lc.fwd, bwd=lc.bwd, core_fwd=lc.core_fwd, comm_f=lc.comm_fwd, comm_b=lc.comm_bwd,
                  ep_comm=lc.ep_comm,
                  embed_f=ec.embed_f, embed_b=ec.embed_b, head_f=ec.head_f, head_b=ec.head_b, act_full=full,
-                 act_ckpt=ckpt, act_work=work, act_embed=emb, act_head=head)
+                 act_ckpt=ckpt, act_work=work, act_embed=emb, act_head=head, byte_s=1.0 / cm.ew_bw)
     return LayerTerms(**{k: np.broadcast_to(np.asarray(v, dtype=float), (len(uniq),))[inv] for k, v in parts.items()})
 
 
@@ -181,6 +182,15 @@ def _compute(c: Candidates, lt: LayerTerms, layers: np.ndarray, recomputed: np.n
     recompute = np.where(rc == FULL, recomputed * _col(lt.fwd + lt.comm_f),
                          np.where(rc == SELECTIVE, layers * _col(lt.core_fwd), 0.0))
     return fwd, bwd, recompute, layers * _col(lt.comm_f), layers * _col(lt.comm_b)
+
+
+def accumulate_time(state: StateSpec, c: Candidates, lt: LayerTerms, params) -> np.ndarray:
+    """Seconds of one micro-batch's gradient accumulation over ``params`` ([N, stages]) in the runtime's own pass
+    (``StateSpec.accumulate_bytes``; under ZeRO-2/3 the backward's gradients are packed into a zeroed bucket
+    for the reduce-scatter, as many bytes, and its owned slice is then added into the shard: 3 x grad_bytes / d)."""
+    d = _col(c.dp * c.cp)
+    shard_add = np.where((_col(c.zero) >= 2) & (d > 1) & (state.accumulate_bytes > 0), 3.0 * state.grad_bytes / d, 0.0)
+    return np.asarray(params, dtype=float) * (state.accumulate_bytes + shard_add) * _col(lt.byte_s)
 
 
 def rank_work(model: ModelSpec, comm: CommModel, state: StateSpec, c: Candidates, lt: LayerTerms, layers: np.ndarray,
@@ -203,6 +213,7 @@ def rank_work(model: ModelSpec, comm: CommModel, state: StateSpec, c: Candidates
     tied = (first + last) if model.tie_embeddings and nv > 1 else 0.0  # as stage_state's per-layer buckets
     buckets = by_rank(np.maximum(1.0, np.asarray(layers, dtype=float)) + tied)
     rank_params = by_rank(stage_params(model, c.tp, layers, c.ep, c.etp))
+    bwd = bwd + accumulate_time(state, c, lt, rank_params)
     zero_f, zero_b = zero_traffic(comm, state, rank_params, buckets, fwd, bwd + recompute, _col(c.zero),
                                   _col(c.dp * c.cp), _col(c.tp), c.dp_overlap[:, None])
     return fwd + bwd + recompute + comm_f + comm_b + zero_f + zero_b
@@ -245,6 +256,7 @@ def stage_costs(model: ModelSpec, comm: CommModel, state: StateSpec, c: Candidat
     t = c.tp.astype(float)
     sp = c.sp & (c.tp > 1)
     fwd, bwd, recompute, comm_f, comm_b = _compute(c, lt, layers, recomputed, *end_stages(nv))
+    bwd = bwd + accumulate_time(state, c, lt, held.params)
 
     act = _col(c.mbs * model.seq_length / c.cp * model.hidden_size * act_elem_bytes)
     stride = (c.tp * c.cp * c.dp)[:, None]

@@ -135,7 +135,10 @@ def rank_tail(model: ModelSpec, cm: ComputeModel, comm: CommModel, state: StateS
     exposed = exposed + tp_sum(comm, state, costs, pp, vpp, t, d, zero)
 
     shard = rank_dense / np.where(zero >= 1, d, 1.0) + rank_experts / np.where(zero >= 1, e, 1.0)
-    opt = cm.stream(shard * state.optimizer_traffic_bytes + rank_params * 8, 12)
+    # the update, the gradient norm (a read of the shard) and the zeroing of the gradient buffer (all of it, or
+    # under ZeRO-2/3 the shard)
+    zeroed = np.where(zero >= 2, shard, rank_params)
+    opt = cm.stream(shard * (state.optimizer_traffic_bytes + state.grad_bytes) + zeroed * state.grad_bytes, 12)
 
     nb_rank = np.maximum(1.0, nb.sum(axis=2))
     ag = comm.bucketed(comm.all_gather, rank_dense * state.param_bytes, nb_rank, d, t) + np.where(

@@ -6,7 +6,8 @@ current): Megatron-LM on Selene (Korthikanti 2022, Narayanan 2021) and Megatron-
 (BigScience's BLOOM sweep). Nothing is fitted to them; they only say how far off the model has been.
 
 - **Band.** For plans of one kind (pipelined or not), the central 95% of measured / predicted (2.5th to 97.5th
-  percentile) over all rows of that kind: a plan predicted at T measured between T x low and T x high on those
+  percentile at the plotting positions k / (n + 1); with fewer than 39 rows, the range seen) over all rows of
+  that kind: a plan predicted at T measured between T x low and T x high on those
   stacks. The model leans optimistic (other stacks overlap less and add fixed costs it does not know), so bands
   reach further above the prediction than below.
 - **Ranking.** Errors of plans run on one stack move together; what can reorder two plans is how their errors
@@ -60,10 +61,13 @@ def _stored() -> dict[str, list[dict[str, Any]]]:
 
 def band(pipelined: bool, sets: dict[str, list[dict[str, Any]]] | None = None) -> Band:
     """The band of plans of this kind (from ``sets``, default the stored residuals)."""
-    ratios = [r["ratio"] for rows in _sets(sets).values() for r in rows if r["pipelined"] == pipelined]
-    lo, hi = np.interp(np.multiply(QUANTILES, len(ratios) - 1), np.arange(len(ratios)), np.sort(ratios))  # as
-    # np.quantile's default (linear), which would import numpy.ma: slow the first time
-    return Band(low=float(lo), high=float(hi), rows=len(ratios))
+    ratios = np.sort([r["ratio"] for rows in _sets(sets).values() for r in rows if r["pipelined"] == pipelined])
+    n = len(ratios)
+    # Quantiles at the plotting positions k / (n + 1) (Hyndman and Fan 1996, definition 6; np.quantile's
+    # "weibull", which would import numpy.ma: slow the first time): n rows say nothing of the tails beyond
+    # 1 / (n + 1), so with fewer than 39 rows the central 95% is the range seen, not a narrower interpolation.
+    lo, hi = np.interp(np.multiply(QUANTILES, n + 1), np.arange(1, n + 1), ratios)
+    return Band(low=float(lo), high=float(hi), rows=n)
 
 
 def ranking_sigma(sets: dict[str, list[dict[str, Any]]] | None = None) -> float:
@@ -94,7 +98,12 @@ def tied_with_best(steps: list[float]) -> int:
 
 
 def coverage(sets: dict[str, list[dict[str, Any]]]) -> dict[str, float]:
-    """Per set: the share of its rows whose measured step lies in the band of their kind (bands from ``sets``)."""
-    bands = {k: band(k, sets) for k in (True, False)}
-    return {name: sum(bands[r["pipelined"]].low <= r["ratio"] <= bands[r["pipelined"]].high for r in rows) / len(rows)
-            for name, rows in sets.items()}
+    """Per set: the share of its rows whose measured step lies in the band of their kind made from every *other*
+    row (leave one out: a row never widens its own band, so the share can fall short of 1)."""
+    def covered(name: str, i: int) -> bool:
+        rest = {n: [r for j, r in enumerate(rows) if (n, j) != (name, i)] for n, rows in sets.items()}
+        row = sets[name][i]
+        b = band(row["pipelined"], rest)
+        return b.low <= row["ratio"] <= b.high
+
+    return {name: sum(covered(name, i) for i in range(len(rows))) / len(rows) for name, rows in sets.items()}

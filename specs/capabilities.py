@@ -34,6 +34,9 @@ def state_problem(state: StateSpec) -> str | None:
     if state.params == "fp16":
         return ("state.params=fp16: the runtime has no loss scaling for fp16 parameters; "
                 "use bf16 (state.params=bf16) or fp32")
+    if state.fused_accumulation:
+        return ("state.fused_accumulation=true: the runtime adds each micro-batch's gradients in a pass of its own "
+                "(priced as such); set fused_accumulation=false")
     if state.grad_reduce != state.grads:
         return (f"state.grad_reduce={state.grad_reduce} with state.grads={state.grads}: the runtime reduces "
                 f"gradients in their own precision; set grad_reduce={state.grads}")

@@ -34,6 +34,9 @@ class StateSpec(BaseModel):
     grad_reduce: Dtype  # the precision of the data-parallel gradient reduce
     master_weights: StrictBool  # an fp32 copy the optimizer updates (needed when params are 16-bit)
     bucket_params: StrictInt = Field(BUCKET_PARAMS, ge=1)
+    # the weight-gradient GEMMs add into the gradient buffer themselves (Megatron-LM's
+    # --gradient-accumulation-fusion); autopar's runtime adds each micro-batch's gradients in a pass of its own
+    fused_accumulation: StrictBool = False
 
     @classmethod
     def default(cls, precision: str) -> StateSpec:
@@ -62,6 +65,14 @@ class StateSpec(BaseModel):
 
     @property
     def optimizer_traffic_bytes(self) -> int:
-        """Bytes per parameter one fused AdamW step moves: reads the gradient, the fp32 weights (master or
-        parameters) and both moments, writes those back, and writes the 16-bit parameters from a master copy."""
-        return self.grad_bytes + 2 * (4 + 8) + (self.param_bytes if self.master_weights else 0)
+        """Bytes per parameter one optimizer step moves: the fused AdamW reads the gradient, the fp32 weights (master
+        or parameters) and both moments and writes those back; with a master copy a second kernel reads it and
+        writes the 16-bit parameters."""
+        return self.grad_bytes + 2 * (4 + 8) + (4 + self.param_bytes if self.master_weights else 0)
+
+    @property
+    def accumulate_bytes(self) -> int:
+        """Bytes per parameter one micro-batch's gradient accumulation moves outside the GEMMs: the backward's
+        gradient (parameter precision) is read and added into the buffer (read and written), or nothing when the
+        GEMMs accumulate themselves (``fused_accumulation``)."""
+        return 0 if self.fused_accumulation else self.param_bytes + 2 * self.grad_bytes

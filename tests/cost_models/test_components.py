@@ -12,9 +12,11 @@ from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
 from cost_models.memory import layer_activation_bytes, state_bytes
 from cost_models.pipeline import closed_form, peak_inflight_bytes, replayed, simulate, simulate_steps, wave_replay
+from cost_models.step import estimate
 from specs.cluster import GemmPoint, load_cluster, load_gpu
 from specs.model import ModelSpec
 from specs.model_loading import load_model
+from specs.parallel import ParallelConfig
 from specs.schedules import build_schedule, virtual_stage
 from specs.state import StateSpec
 
@@ -316,3 +318,19 @@ def test_flash_attention_time_scales_quadratically():
     assert (float(f2) - o) / (float(f1) - o) == pytest.approx(4, rel=1e-6)
     assert float(b1) > 2 * float(f1)
     assert np.isfinite(float(b2))
+
+
+@pytest.mark.parametrize("gpus,cfg,shard_add", [(1, ParallelConfig(mbs=2), 0.0),
+                                                 (2, ParallelConfig(mbs=2, dp=2, zero=2), 3 * 4 / 2)])
+def test_gradient_accumulation_is_a_pass_per_micro_batch_unless_the_gemms_fuse_it(gpus, cfg, shard_add):
+    """autopar's runtime adds each micro-batch's gradient (parameter precision) into the fp32 buffer: 2 + 2 x 4
+    bytes per parameter at the elementwise bandwidth, plus under ZeRO-2 the owned slice's add (3 x 4 / d); a state
+    with Megatron-LM's fused accumulation has no such pass. Priced in the backward, once per micro-batch."""
+    model, cluster = load_model("llama-1b"), load_cluster("dgx-h100", gpus=gpus)
+    plain = StateSpec.default("bf16")
+    fused = plain.model_copy(update={"fused_accumulation": True})
+    a, b = (estimate(model, cluster, cfg, 16, state=s) for s in (plain, fused))
+    micro_batches = 16 // (cfg.mbs * cfg.dp)
+    expected = micro_batches * model.num_params * (2 + 2 * 4 + shard_add) / cluster.gpu.ew_bw
+    assert a.breakdown["backward_compute"] - b.breakdown["backward_compute"] == pytest.approx(expected, rel=1e-6)
+    assert a.step_time_s - b.step_time_s == pytest.approx(expected, rel=1e-6)

@@ -130,7 +130,7 @@ def test_cross_node_tp_flag_estimate_plan_and_plan_file(tmp_path, capsys):
 def test_plan_keeps_the_default_headroom_and_warns_only_without_it(capsys):
     """By default a plan leaves 10% of the GPU free (planner/headroom.py); --headroom 0 may choose a fuller plan,
     with a warning naming the margin that clears it."""
-    base = ("--model", "llama3-70b", "--cluster", "dgx-h100", "--nodes", "16", "--global-batch", "1024",
+    base = ("--model", "llama3-70b", "--cluster", "dgx-h100", "--nodes", "8", "--global-batch", "1024",
             "--format", "json")
     code, out, _ = run(capsys, "plan", *base)
     d = json.loads(out)

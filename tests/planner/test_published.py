@@ -70,7 +70,7 @@ def test_paper_config_ranks_top_ten_percent(row):
     gpus, B = int(row["gpus"]), int(row["global_batch"])
     cluster = load_cluster("selene", gpus=gpus)
     rank = vp.paper_rank(row)
-    free = search(model, cluster, B, top=1)
+    free = search(model, cluster, B, top=1, state=vp.megatron_state(cluster))
     assert free.plans[0].estimate.step_time_s <= rank["paper_s"] * (1 + 1e-9)
     assert rank["rank"] <= 0.10, rank
 
@@ -136,11 +136,18 @@ def test_residuals_behind_the_bands_are_current(bloom_sweep):
 
 
 def test_bands_cover_every_published_set():
-    """Each plan's 95% band covers the measured step of at least 80% of the rows of every published set; it is
-    wider above the prediction than below (the model is optimistic on stacks other than the one it follows)."""
+    """With fewer than 39 rows of a kind the 95% band is the range seen (a narrower one would claim tails the rows
+    cannot show): every published row lies in its kind's band. Held out (leave one out), only a kind's extreme
+    rows can fall outside; the band is wider above the prediction than below (the model is optimistic on stacks
+    other than the one it follows)."""
     stored = json.loads(uncertainty.RESIDUALS.read_text())["sets"]
+    for rows in stored.values():
+        for r in rows:
+            b = uncertainty.band(r["pipelined"])
+            assert b.low <= r["ratio"] <= b.high, r
     cov = uncertainty.coverage(stored)
-    assert len(cov) == 3 and all(c >= 0.8 for c in cov.values()), cov
+    missed = sum(round((1 - c) * len(stored[name])) for name, c in cov.items())
+    assert len(cov) == 3 and missed <= 4, cov  # at most the lowest and highest row of each of the two kinds
     piped = uncertainty.band(True)
     assert piped.low < 1 < piped.high and piped.high - 1 > 1 - piped.low and piped.rows >= 20
     assert 0.01 < uncertainty.ranking_sigma() < 0.2

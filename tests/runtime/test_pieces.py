@@ -181,6 +181,8 @@ def test_runtime_keeps_the_plans_state_or_refuses_it():
     assert "fp16" in fp16 and "loss scaling" in fp16 and "\n" not in fp16
     mixed = StateSpec(params="bf16", grads="fp32", grad_reduce="bf16", master_weights=True)
     assert "grad_reduce=fp32" in state_problem(mixed)
+    fused = state_problem(StateSpec.default("bf16").model_copy(update={"fused_accumulation": True}))
+    assert "fused_accumulation=false" in fused and "\n" not in fused
     model = load_model("tiny")
     gpu = make_plan(model, load_cluster("dgx-h100", gpus=1), 16, ParallelConfig(),
                     state=StateSpec.default("bf16").model_copy(update={"bucket_params": 123}))
