@@ -43,8 +43,10 @@ def _gpt(name: str, row: dict[str, str]) -> ModelSpec:
 def megatron_state(cluster) -> StateSpec:
     """The published runs' model state: Megatron-LM's mixed precision, its weight-gradient GEMMs adding into the
     fp32 gradient buffer (``--gradient-accumulation-fusion``, Megatron-LM's default; Megatron-DeepSpeed, BLOOM's
-    trainer, inherits it), where autopar's runtime adds each micro-batch's gradients in a pass of its own."""
-    return StateSpec.default(cluster.precision).model_copy(update={"fused_accumulation": True})
+    trainer, inherits it), where autopar's runtime adds each micro-batch's gradients in a pass of its own; and its
+    loss over the whole logits (vocab-parallel cross-entropy on the full [tokens, vocab shard] in fp32), where
+    autopar's fused loss computes them a chunk at a time."""
+    return StateSpec.default(cluster.precision).model_copy(update={"fused_accumulation": True, "full_logits": True})
 
 
 def korthikanti() -> list[dict]:

@@ -77,7 +77,7 @@ def estimate_batch(model: ModelSpec, cluster: ClusterSpec, c: Candidates, global
     replayed. ``progress`` is called with (candidates priced, all candidates) as the work goes."""
     state = state or StateSpec.default(cluster.precision)
     cm, comm = ComputeModel(cluster.gpu, cluster.precision), CommModel(cluster)
-    terms = layer_terms(model, cm, comm, c)
+    terms = layer_terms(model, cm, comm, c, state)
     floor = np.zeros(len(c))
     uneven = np.zeros(len(c), dtype=bool)  # interleaved chunks of unequal size: the closed form is not exact
     memory, step = np.full(len(c), np.inf), np.full(len(c), np.inf)

@@ -78,16 +78,25 @@ def layer_activation_bytes(model: ModelSpec, eb: int, t, cp, mbs, sp, recompute,
     return full, ckpt, work + np.where(rc == FULL, full, np.where(rc == SELECTIVE, core, 0.0))
 
 
-def end_activation_bytes(model: ModelSpec, eb: int, t, cp, mbs, sp) -> tuple[np.ndarray, np.ndarray]:
-    """(embedding bytes stored per in-flight micro-batch on the first stage,
-    LM-head + loss bytes on the last stage, which include the fp32 logits of the cross-entropy)."""
+def end_activation_bytes(model: ModelSpec, eb: int, t, cp, mbs, sp, state: StateSpec
+                         ) -> tuple[np.ndarray, np.ndarray]:
+    """(embedding bytes stored per in-flight micro-batch on the first stage, LM-head + loss bytes on the last stage).
+
+    The head's: its input and input gradient [tokens, h], and the logits over the vocabulary shard. With
+    ``state.full_logits`` (Megatron-LM) all of them, 16-bit and an fp32 copy; else autopar's fused loss: one chunk
+    of 16-bit logits (``StateSpec.logits_rows``), an fp32 loss per token, and the weight shard's gradient, which it
+    computes in the forward and keeps until the backward."""
     t, cp, mbs = (np.asarray(x, dtype=float) for x in (t, cp, mbs))
     sp = np.asarray(sp, dtype=bool) & (t > 1)
     T = mbs * model.seq_length / cp
     shard = np.where(sp, t, 1.0)
+    vocab = np.ceil(model.vocab_size / t)
     embed = T * model.hidden_size * (1.0 if model.dropout_p > 0 else 0.0) / shard
-    head = T * (2 * eb * model.hidden_size / shard + (eb + 4.0) * model.vocab_size / t)
-    return embed, head
+    x_bytes = T * 2 * eb * model.hidden_size / shard
+    if state.full_logits:
+        return embed, x_bytes + T * (eb + 4.0) * vocab
+    return embed, x_bytes + state.logits_rows(T, vocab) * vocab * eb + T * 4.0 + vocab * model.hidden_size * \
+        state.param_bytes
 
 
 @dataclass

@@ -81,7 +81,7 @@ def price_placed(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, gl
         views[g] = cluster.group_view(g)
         cm, comm = ComputeModel(views[g].gpu, cluster.precision), CommModel(views[g])
         models[g] = (cm, comm)
-        costs[g] = stage_costs(model, comm, state, c, layer_terms(model, cm, comm, c), layers, recomputed, cm.eb)
+        costs[g] = stage_costs(model, comm, state, c, layer_terms(model, cm, comm, c, state), layers, recomputed, cm.eb)
     stitched = _stitch(costs, owner, StageCosts)
     assert isinstance(stitched, StageCosts)
     eb = next(iter(models.values()))[0].eb

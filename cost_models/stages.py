@@ -144,7 +144,7 @@ class LayerTerms:
         return LayerTerms(**{f.name: getattr(self, f.name)[idx] for f in fields(self)})
 
 
-def layer_terms(model: ModelSpec, cm: ComputeModel, comm: CommModel, c: Candidates) -> LayerTerms:
+def layer_terms(model: ModelSpec, cm: ComputeModel, comm: CommModel, c: Candidates, state: StateSpec) -> LayerTerms:
     """The layer-level terms of every candidate, evaluated once per distinct (tp, cp, mbs, sp, tp_overlap,
     recompute) and scattered back (the search prices hundreds of thousands of candidates)."""
     sp = (c.sp & (c.tp > 1)).astype(np.int64)
@@ -158,7 +158,7 @@ def layer_terms(model: ModelSpec, cm: ComputeModel, comm: CommModel, c: Candidat
     lc = layer_cost(model, cm, comm, t, cp, b, s, o, ep, etp)
     ec = end_cost(model, cm, comm, t, cp, b, s)
     full, ckpt, work = layer_activation_bytes(model, cm.eb, t, cp, b, s, rc, ep, etp)
-    emb, head = end_activation_bytes(model, cm.eb, t, cp, b, s)
+    emb, head = end_activation_bytes(model, cm.eb, t, cp, b, s, state)
     parts = dict(fwd=lc.fwd, bwd=lc.bwd, core_fwd=lc.core_fwd, comm_f=lc.comm_fwd, comm_b=lc.comm_bwd,
                  ep_comm=lc.ep_comm,
                  embed_f=ec.embed_f, embed_b=ec.embed_b, head_f=ec.head_f, head_b=ec.head_b, act_full=full,

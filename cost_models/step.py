@@ -84,7 +84,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global
         c = Candidates.of(cfg)
         layers = np.array(cfg.stage_layers(model.num_layers), dtype=float)
         recomputed = np.array([cfg.recomputed_layers(j, int(n)) for j, n in enumerate(layers)], dtype=float)
-        costs = stage_costs(model, comm, state, c, terms or layer_terms(model, cm, comm, c), layers, recomputed,
+        costs = stage_costs(model, comm, state, c, terms or layer_terms(model, cm, comm, c, state), layers, recomputed,
                             cm.eb)
         sim = simulate_steps(pp, vpp, m, costs.f[0].tolist(), costs.b[0].tolist())
         ms = np.array([m])

@@ -53,7 +53,7 @@ def stage_problem(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, g
     costs with no layers (the embedding, head and sends), with one layer, and with one recomputed layer."""
     cm, comm = ComputeModel(cluster.gpu, cluster.precision), CommModel(cluster)
     c = Candidates.of(replace(cfg, layers=None, recompute_layers=None))
-    lt = terms or layer_terms(model, cm, comm, c)
+    lt = terms or layer_terms(model, cm, comm, c, state)
     nv, m = cfg.num_chunks, cfg.microbatches(global_batch)
     none, one = np.zeros(nv), np.ones(nv)
     base, plain, redone = (stage_costs(model, comm, state, c, lt, layers, rec, cm.eb)

@@ -16,13 +16,15 @@ fp32       fp32        fp32       in fp32    (the weights)    4 + 4 + 8 = 16
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 Dtype = Literal["fp32", "bf16", "fp16"]
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 BUCKET_PARAMS = 40_000_000  # gradient bucket of the data-parallel reduce, in parameters (Megatron's default)
+LOGITS_CHUNK_ELEMENTS = 1 << 26  # the fused loss's logits chunk (tokens x vocab shard): 128 MiB in bf16
 
 
 class StateSpec(BaseModel):
@@ -37,6 +39,9 @@ class StateSpec(BaseModel):
     # the weight-gradient GEMMs add into the gradient buffer themselves (Megatron-LM's
     # --gradient-accumulation-fusion); autopar's runtime adds each micro-batch's gradients in a pass of its own
     fused_accumulation: StrictBool = False
+    # the loss materialises the whole [tokens, vocab] logits and an fp32 copy (Megatron-LM); autopar's fused linear
+    # cross-entropy computes them LOGITS_CHUNK_ELEMENTS at a time, its gradients in the forward
+    full_logits: StrictBool = False
 
     @classmethod
     def default(cls, precision: str) -> StateSpec:
@@ -69,6 +74,18 @@ class StateSpec(BaseModel):
         or parameters) and both moments and writes those back; with a master copy a second kernel reads it and
         writes the 16-bit parameters."""
         return self.grad_bytes + 2 * (4 + 8) + (4 + self.param_bytes if self.master_weights else 0)
+
+    def logits_rows(self, tokens: Any, vocab_shard: Any) -> Any:
+        """Rows of logits alive at once for ``tokens`` tokens over a ``vocab_shard``-wide vocabulary (numpy-broadcast):
+        all of them with ``full_logits``, else the fused loss's balanced chunks (runtime/kernels/cross_entropy_op.py:
+        at most LOGITS_CHUNK_ELEMENTS / vocab_shard rows, split evenly, rounded up to 64)."""
+        tokens = np.asarray(tokens, dtype=float)
+        if self.full_logits:
+            return tokens
+        budget = np.maximum(1.0, np.floor(LOGITS_CHUNK_ELEMENTS / np.maximum(1.0, vocab_shard)))
+        chunks = np.ceil(tokens / budget)
+        rows = np.ceil(np.ceil(tokens / np.maximum(1.0, chunks)) / 64) * 64
+        return np.maximum(1.0, np.minimum(tokens, rows))
 
     @property
     def accumulate_bytes(self) -> int:

@@ -33,11 +33,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from specs.state import LOGITS_CHUNK_ELEMENTS  # the logits chunk (the cost model prices the same)
+
 from ._utils import LazyKernel, cdiv, next_pow2
 
 tl: Any = None  # triton.language, bound by LazyKernel.build on first launch (triton is imported lazily)
 
-LOGITS_CHUNK_ELEMENTS = 1 << 26  # logits chunk budget (tokens x vocab): 128 MiB in bf16
 MAX_BLOCK_V = 32768  # widest vocab block one program holds in registers
 
 

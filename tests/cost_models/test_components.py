@@ -10,7 +10,7 @@ import pytest
 from cost_models import pipeline
 from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
-from cost_models.memory import layer_activation_bytes, state_bytes
+from cost_models.memory import end_activation_bytes, layer_activation_bytes, state_bytes
 from cost_models.pipeline import closed_form, peak_inflight_bytes, replayed, simulate, simulate_steps, wave_replay
 from cost_models.step import estimate
 from specs.cluster import GemmPoint, load_cluster, load_gpu
@@ -334,3 +334,17 @@ def test_gradient_accumulation_is_a_pass_per_micro_batch_unless_the_gemms_fuse_i
     expected = micro_batches * model.num_params * (2 + 2 * 4 + shard_add) / cluster.gpu.ew_bw
     assert a.breakdown["backward_compute"] - b.breakdown["backward_compute"] == pytest.approx(expected, rel=1e-6)
     assert a.step_time_s - b.step_time_s == pytest.approx(expected, rel=1e-6)
+
+
+def test_the_heads_memory_is_one_logits_chunk_of_the_fused_loss_or_all_of_megatrons():
+    """autopar's fused loss holds one balanced chunk of at most 2^26 16-bit logits, an fp32 loss per token and the
+    head's weight gradient; a full-logits state (Megatron-LM) holds all the logits in 16 bits and fp32."""
+    model = load_model("llama-1b")  # V 32000, h 2048, seq 4096
+    T, h, V = 2 * 4096, 2048, 32000
+    plain = StateSpec.default("bf16")
+    full = plain.model_copy(update={"full_logits": True})
+    rows = 2048  # 2^26 // 32000 = 2097 rows at most: 4 chunks of 2048 (a multiple of 64)
+    _, head = end_activation_bytes(model, 2, 1, 1, 2, False, plain)
+    assert float(head) == 2 * 2 * T * h + rows * V * 2 + 4 * T + V * h * 2
+    _, head_full = end_activation_bytes(model, 2, 1, 1, 2, False, full)
+    assert float(head_full) == 2 * 2 * T * h + T * (2 + 4) * V

@@ -183,6 +183,8 @@ def test_runtime_keeps_the_plans_state_or_refuses_it():
     assert "grad_reduce=fp32" in state_problem(mixed)
     fused = state_problem(StateSpec.default("bf16").model_copy(update={"fused_accumulation": True}))
     assert "fused_accumulation=false" in fused and "\n" not in fused
+    full = state_problem(StateSpec.default("bf16").model_copy(update={"full_logits": True}))
+    assert "full_logits=false" in full and "\n" not in full
     model = load_model("tiny")
     gpu = make_plan(model, load_cluster("dgx-h100", gpus=1), 16, ParallelConfig(),
                     state=StateSpec.default("bf16").model_copy(update={"bucket_params": 123}))
@@ -192,3 +194,10 @@ def test_runtime_keeps_the_plans_state_or_refuses_it():
     assert (cpu.params, cpu.grads, cpu.master_weights, cpu.bucket_params) == ("fp32", "fp32", False, 123)
     with pytest.raises(AutoparError, match="state.params=fp16"):
         check_supported(gpu.model_copy(update={"state": StateSpec.default("fp16")}))
+
+
+@pytest.mark.parametrize("tokens,vocab", [(8192, 32000), (16384, 51200), (100, 50), (4096, 16000), (70000, 4000)])
+def test_the_fused_loss_chunks_its_logits_as_the_cost_model_prices_them(tokens, vocab):
+    from runtime.kernels.cross_entropy_op import _chunk_tokens
+
+    assert _chunk_tokens(tokens, vocab, None) == StateSpec.default("bf16").logits_rows(tokens, vocab)
