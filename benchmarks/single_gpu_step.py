@@ -138,7 +138,7 @@ def main() -> int:
             rows.append(peer(name, mbs, args.steps))
     dev = torch.cuda.get_device_name()
     print(f"\n{dev}, torch {torch.__version__}")
-    print(f"{'impl':16} {'mb':>3} {'tokens/s':>10} {'MFU':>7} {'peak GB':>8}  vs first peer")
+    print(f"{'impl':16} {'mb':>3} {'tokens/s':>10} {'MFU':>7} {'peak GiB':>8}  vs first peer")
     for mbs in args.mbs:
         group = [r for r in rows if r.get("mb") == mbs]
         base = next((r for r in group if r["impl"] != "autopar" and "tokens_s" in r), None)

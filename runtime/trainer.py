@@ -109,7 +109,8 @@ class Trainer:
                                        self.positions)
             inp, tgt = inp.to(self.device), tgt.to(self.device)
         mbs = self.cfg.mbs
-        self.dp.zero_grad()
+        with self.clock.phase("optimizer"):  # zeroing the gradient buffer: priced with the optimizer (tail.py)
+            self.dp.zero_grad()
         loss_sum = self.runner.step(inp.split(mbs), tgt.split(mbs))
         with self.clock.phase("dp_comm"):
             self.dp.finish_grad_sync()
