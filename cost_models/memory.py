@@ -82,7 +82,8 @@ def end_activation_bytes(model: ModelSpec, eb: int, t, cp, mbs, sp, state: State
                          ) -> tuple[np.ndarray, np.ndarray]:
     """(embedding bytes stored per in-flight micro-batch on the first stage, LM-head + loss bytes on the last stage).
 
-    The head's: its input and input gradient [tokens, h], and the logits over the vocabulary shard. With
+    The head's: its input and input gradient [tokens, h] (the whole sequence: under SP gathered), and the logits
+    over the vocabulary shard. With
     ``state.full_logits`` (Megatron-LM) all of them, 16-bit and an fp32 copy; else autopar's fused loss: one chunk
     of 16-bit logits (``StateSpec.logits_rows``), an fp32 loss per token, and the weight shard's gradient, which it
     computes in the forward and keeps until the backward."""
@@ -92,7 +93,9 @@ def end_activation_bytes(model: ModelSpec, eb: int, t, cp, mbs, sp, state: State
     shard = np.where(sp, t, 1.0)
     vocab = np.ceil(model.vocab_size / t)
     embed = T * model.hidden_size * (1.0 if model.dropout_p > 0 else 0.0) / shard
-    x_bytes = T * 2 * eb * model.hidden_size / shard
+    # the head's input and input gradient over all the tokens (under SP the all-gathered input, beside the final
+    # norm's local output it was gathered from)
+    x_bytes = T * eb * model.hidden_size * (2.0 + np.where(sp, 1.0 / t, 0.0))
     if state.full_logits:
         return embed, x_bytes + T * (eb + 4.0) * vocab
     return embed, x_bytes + state.logits_rows(T, vocab) * vocab * eb + T * 4.0 + vocab * model.hidden_size * \

@@ -56,8 +56,13 @@ def stage_params(model: ModelSpec, t, layers: np.ndarray, ep=1, etp=1) -> np.nda
     nv = layers.shape[-1]
     out = _per_layer(model, layers, lambda share: model.layer_params_on(t, _last(ep), _last(etp), share))
     first, last = end_stages(nv)
-    own = (not model.tie_embeddings) or nv > 1
-    return out + first * model.embedding_params_on(t) + last * model.head_params_on(t, own)
+    return out + first * model.embedding_params_on(t) + last * head_params(model, t, nv)
+
+
+def head_params(model: ModelSpec, t, nv: int) -> np.ndarray:
+    """The last of ``nv`` stages' final norm and LM head on one GPU (with its own copy of a tied embedding when
+    the two are on different stages)."""
+    return model.head_params_on(t, (not model.tie_embeddings) or nv > 1)
 
 
 def expert_params(model: ModelSpec, layers: np.ndarray, ep, etp) -> np.ndarray:

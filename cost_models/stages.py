@@ -31,6 +31,7 @@ from cost_models.params import (
     end_stages,
     gradient_buckets,
     gradient_groups,
+    head_params,
     per_rank,
     stage_params,
     zero3_regather,
@@ -239,7 +240,10 @@ def stage_state(model: ModelSpec, state: StateSpec, c: Candidates, lt: LayerTerm
     work = _col(lt.act_work) - np.where((rc == FULL) & (recomputed == 0), _col(lt.act_full), 0.0)
     # beside a layer's backward (not the head's, the first), ZeRO-2/3 with overlap keep one reduce-scatter in flight
     scatter = np.where(_col(c.dp * c.cp) > 1, zero_scatter_bytes(largest, _col(c.zero), state, _col(c.dp_overlap)), 0.0)
-    work_bytes = np.maximum(np.where(layers > 0, work + scatter, 0.0), last * _col(lt.act_head))
+    # the head's: under ZeRO-2/3 its bucket's reduce-scatter buffer is filled while its weight gradient is alive
+    head_scatter = np.where((_col(c.zero) >= 2) & (_col(c.dp * c.cp) > 1),
+                            head_params(model, _col(t), layers.shape[1]) * state.grad_reduce_bytes, 0.0)
+    work_bytes = np.maximum(np.where(layers > 0, work + scatter, 0.0), last * (_col(lt.act_head) + head_scatter))
     return StageState(params=params, expert_params=experts, buckets=buckets,
                       tp_summed=summed, largest_bucket=largest, act_bytes=act_bytes, work_bytes=work_bytes)
 

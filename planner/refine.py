@@ -20,7 +20,6 @@ from cost_models.memory import (
     GiB,
     state_bytes,
     zero3_gather_bytes,
-    zero_scatter_bytes,
 )
 from cost_models.pipeline import inflight_profiles
 from cost_models.stages import LayerTerms, layer_terms, stage_costs
@@ -63,8 +62,8 @@ def stage_problem(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, g
     per_param, per_expert = (float(sum(np.asarray(x).item() for x in vars(state_bytes(1.0, cfg.zero, n, state))
                                        .values())) for n in (d, cfg.edp))
     frag = 1 + FRAGMENTATION
-    scatter = float(zero_scatter_bytes(plain.largest_bucket.max(), cfg.zero, state, cfg.dp_overlap)) if d > 1 else 0.0
-    temporary = max(float(lt.act_work[0]) + scatter, float(lt.act_head[0])) + float(
+    # a stage's temporaries as stage_state counts them (a layer's backward with ZeRO's scatter buffer, or the head's)
+    temporary = float(plain.work_bytes[0].max()) + float(
         zero3_gather_bytes(plain.largest_bucket.max(), cfg.zero, state, cfg.dp_overlap))
     profiles = inflight_profiles(cfg.pp, cfg.vpp, m)
     inflight = [int(profiles[j % cfg.pp][:, j // cfg.pp].max()) for j in range(nv)]
