@@ -37,7 +37,7 @@ from cost_models.stages import layer_terms, stage_state
 from cost_models.tail import expert_buckets, owned_share, step_reductions, tied_grad_bytes, tp_sum_buckets
 from specs.cluster import ClusterSpec
 from specs.model import ModelSpec
-from specs.parallel import Candidates, ParallelConfig
+from specs.parallel import Candidates, ParallelConfig, seq_group_name
 from specs.state import DTYPE_BYTES, StateSpec
 
 Key = tuple[str, str, str]  # (op, group, dtype)
@@ -162,7 +162,7 @@ def _moe_ops(book: _Book, model: ModelSpec, cfg: ParallelConfig, eb: float, act:
     assert moe is not None
     msgs = moe_messages(model, eb, cfg.tp, cfg.cp, cfg.mbs, cfg.etp)
     sizes = {"ep": cfg.ep, "etp": cfg.etp, "seq": cfg.tp * cfg.cp}
-    names = {"seq": "tp" if cfg.cp == 1 else "cp" if cfg.tp == 1 else "cptp"}  # the runtime's group for it
+    names = {"seq": seq_group_name(cfg.tp, cfg.cp)}  # the runtime's group for it
     ids = [i for i in layer_ids if moe.is_moe_layer(i)]
     again = sum(1 for i in ids if i - layer_ids.start < recomputed) if cfg.recompute == "full" else 0
     for ps, op, group, what in MOE_LAYER_OPS:

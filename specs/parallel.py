@@ -174,6 +174,15 @@ def edp(dp: Any, cp: Any, tp: Any, ep: Any, etp: Any) -> Any:
     return (dp * cp * tp) // (ep * etp)
 
 
+SEQ_GROUP = "cptp"  # the group of a sequence's cp x tp shards (MoE aux counts), named so when both exceed 1
+
+
+def seq_group_name(tp: int, cp: int) -> str:
+    """The name the communication ledger gives the cp x tp group of a sequence's shards: with cp or tp of 1 it is
+    the same process group as tp's or cp's, and named so."""
+    return "tp" if cp == 1 else "cp" if tp == 1 else SEQ_GROUP
+
+
 def default_split(num_layers: int, stages: int) -> tuple[int, ...]:
     """Layers per virtual stage when none are given: even, the remainder spread over the middle stages (the
     first holds the embedding, the last the LM head)."""

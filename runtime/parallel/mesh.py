@@ -22,14 +22,14 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from specs.parallel import ParallelConfig
+from specs.parallel import SEQ_GROUP, ParallelConfig
 
 DIMS = ("pp", "dp", "cp", "tp")
 # group attribute -> short name (ParallelGroups.group_names); the first match names a group object used for several
 _GROUP_NAMES = (("tp_group", "tp"), ("cp_group", "cp"), ("dpcp_group", "dp"), ("dp_group", "dp"),
                 ("act_group", "pp"), ("grad_group", "pp"), ("pp_group", "pp"), ("embed_group", "embed"),
                 ("mp_group", "mp"), ("ep_group", "ep"), ("edp_group", "edp"), ("etp_group", "etp"),
-                ("seq_group", "cptp"),
+                ("seq_group", SEQ_GROUP),
                 ("world", "world"))
 
 
