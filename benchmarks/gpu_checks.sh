@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Every single-GPU check in one go, for a short GPU lease: logs and JSON land in OUT (default ./gpu-out).
+#
+#   bash benchmarks/gpu_checks.sh [OUT]
+#
+# Runs, each under its own time limit so one stuck step cannot eat the lease: the runtime smoke (NCCL/bf16,
+# resume, cp blocks, throughput), `autopar profile` of this GPU, the reference shape against torch.compile and
+# Liger, the kernel benchmark, predicted vs measured steps of three shapes on the measured profile (plan, run,
+# diagnose), `autopar tune` on GPT 1.3B and the MoE grouped-GEMM run. Takes about 15 minutes on one H100.
+# Needs, besides PyTorch and Triton: pydantic, pulp, highspy (and liger-kernel for the Liger peer).
+set -u
+OUT=${1:-gpu-out}
+mkdir -p "$OUT"
+cd "$(dirname "$0")/.."
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
+step() {  # step NAME SECONDS COMMAND...: run with a limit, log to OUT/NAME.log, report rc and time
+  local name=$1 limit=$2 t0
+  shift 2
+  t0=$(date +%s)
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  echo "$name: rc=$? $(( $(date +%s) - t0 ))s"
+}
+{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  python -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
+} > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+python -c "import json; from benchmarks.profile_check import GPU_MODELS as M; [json.dump(M[k], open('$OUT/' + k + '.json', 'w')) for k in ('gpt-350m', 'gpt-1.3b')]"
+step smoke 300 python tests/runtime/gpu_smoke.py
+step profile 300 python -m planner.cli profile --nproc 1 --out "$OUT/h100.yaml"
+step single_gpu_step 400 python benchmarks/single_gpu_step.py --mbs 2 4 --peers compiled,liger --json "$OUT/step.json"
+step kernels 300 python benchmarks/kernels.py --json "$OUT/kernels.json"
+for m in llama-1b "$OUT/gpt-1.3b.json" "$OUT/gpt-350m.json"; do
+  n=$(basename "$m" .json)
+  step "plan-$n" 200 bash -c "python -m planner.cli plan --model $m --cluster $OUT/h100.yaml --gpus 1 --global-batch 8 \
+--out $OUT/$n.plan.json && python -m planner.cli run $OUT/$n.plan.json --steps 20 --metrics-out $OUT/$n.jsonl && \
+python -m planner.cli diagnose $OUT/$n.jsonl --warmup 5"
+done
+step tune 300 python -m planner.cli tune --model "$OUT/gpt-1.3b.json" --cluster "$OUT/h100.yaml" --gpus 1 \
+  --global-batch 8 --trials 3 --steps 10 --warmup 3
+step moe 200 bash -c "python -m planner.cli plan --model tiny-moe --cluster dgx-h100 --gpus 1 --global-batch 8 \
+--out $OUT/moe.json && python -m planner.cli run $OUT/moe.json --steps 5 --metrics-out $OUT/moe.jsonl"
+echo "logs in $OUT"
