@@ -40,13 +40,20 @@ def _gpt(name: str, row: dict[str, str]) -> ModelSpec:
                      num_attention_heads=int(row["heads"]), vocab_size=int(row["vocab"]), seq_length=int(row["seq"]))
 
 
-def megatron_state(cluster) -> StateSpec:
-    """The published runs' model state: Megatron-LM's mixed precision, its weight-gradient GEMMs adding into the
-    fp32 gradient buffer (``--gradient-accumulation-fusion``, Megatron-LM's default; Megatron-DeepSpeed, BLOOM's
-    trainer, inherits it), where autopar's runtime adds each micro-batch's gradients in a pass of its own; and its
-    loss over the whole logits (vocab-parallel cross-entropy on the full [tokens, vocab shard] in fp32), where
-    autopar's fused loss computes them a chunk at a time."""
-    return StateSpec.default(cluster.precision).model_copy(update={"fused_accumulation": True, "full_logits": True})
+# Whether each published set's stack added the weight gradients into the fp32 buffer inside the GEMMs (Megatron-LM's
+# --gradient-accumulation-fusion) or in a pass of its own, as autopar's runtime does: Megatron-LM had the fusion
+# by 2022 (apex ported it from there in February 2022, NVIDIA/apex#1297), the Megatron-LM of Narayanan et al.'s
+# early-2021 runs added each micro-batch's gradients in a hook, and BigScience's Megatron-DeepSpeed fork has no
+# fusion (plain F.linear in its tensor-parallel layers; its 16-bit gradients move 6 bytes a parameter, priced as 10).
+FUSED_ACCUMULATION = {"korthikanti2022": True, "narayanan2021": False, "bigscience_tr11_topology": False}
+
+
+def published_state(cluster, name: str) -> StateSpec:
+    """The model state of published set ``name``: Megatron-LM's mixed precision, its gradient accumulation
+    (:data:`FUSED_ACCUMULATION`), and a loss over the whole logits (vocab-parallel cross-entropy on the full
+    [tokens, vocab shard] in fp32), where autopar's fused loss computes them a chunk at a time."""
+    return StateSpec.default(cluster.precision).model_copy(
+        update={"fused_accumulation": FUSED_ACCUMULATION[name], "full_logits": True})
 
 
 def korthikanti() -> list[dict]:
@@ -57,7 +64,7 @@ def korthikanti() -> list[dict]:
         cluster = load_cluster("selene", gpus=int(row["gpus"]))
         cfg = ParallelConfig(tp=int(row["tp"]), pp=int(row["pp"]), dp=int(row["dp"]), mbs=int(row["micro_batch"]),
                              vpp=int(row["vpp"]), recompute=row["recompute"], sp=row["sp"] == "true")
-        est = estimate(model, cluster, cfg, int(row["global_batch"]), state=megatron_state(cluster))
+        est = estimate(model, cluster, cfg, int(row["global_batch"]), state=published_state(cluster, "korthikanti2022"))
         meas = float(row["iteration_time_s"])
         out.append({"model": row["model"], "plan": cfg.short(), "measured_s": meas, "predicted_s": est.step_time_s,
                     "error": (est.step_time_s - meas) / meas, "memory_GiB": est.memory_GiB})
@@ -104,7 +111,7 @@ def narayanan() -> list[dict]:
         # the paper's setting: full recompute of every layer, even layer split, no SP / ZeRO / overlap
         fixed = {"tp": tp, "pp": pp, "dp": gpus // (tp * pp), "cp": 1, "recompute": "full", "recompute_layers": None,
                  "layers": None, "sp": False, "zero": 0, "dp_overlap": False, "tp_overlap": False}
-        res = search(model, cluster, B, fixed=fixed, top=1, state=megatron_state(cluster))
+        res = search(model, cluster, B, fixed=fixed, top=1, state=published_state(cluster, "narayanan2021"))
         best = res.plans[0]
         out.append({"model": model.name, "plan": best.config.short(), "measured_s": meas,
                     "predicted_s": best.estimate.step_time_s,
@@ -133,8 +140,9 @@ def paired_rows() -> list[dict]:
             meas_k = float(k["iteration_time_s"])
             cfg = ParallelConfig(tp=tp, pp=pp, dp=1, mbs=int(k["micro_batch"]), vpp=int(k["vpp"]), recompute="full")
             ck, cn = load_cluster("selene", gpus=tp * pp), load_cluster("selene", gpus=gpus)
-            pred_k = estimate(model, ck, cfg, int(k["global_batch"]), state=megatron_state(ck)).step_time_s
-            pred_n = estimate(model, cn, replace(cfg, dp=dp), B, state=megatron_state(cn)).step_time_s
+            pred_k = estimate(model, ck, cfg, int(k["global_batch"]),
+                              state=published_state(ck, "korthikanti2022")).step_time_s
+            pred_n = estimate(model, cn, replace(cfg, dp=dp), B, state=published_state(cn, "narayanan2021")).step_time_s
             out.append({"model": k["model"], "plan": cfg.short(), "dp_2021": dp, "measured_2022_s": meas_k,
                         "measured_2021_s": meas_n, "predicted_dp1_s": pred_k, "predicted_dp_s": pred_n,
                         "measured_ratio": meas_n / meas_k, "predicted_ratio": pred_n / pred_k})
@@ -159,7 +167,8 @@ def bloom_topology() -> list[dict]:
         dp, tp, pp, mbs, B = (int(row[k]) for k in ("dp", "tp", "pp", "micro_batch", "global_batch"))
         fixed = {"tp": tp, "pp": pp, "dp": dp, "mbs": mbs, "vpp": 1, "cp": 1, "recompute": "full",
                  "recompute_layers": None, "sp": False, "zero": 1, "dp_overlap": False, "tp_overlap": False}
-        plans = search(BLOOM_SWEEP, cluster, B, fixed=fixed, top=1, state=megatron_state(cluster)).plans
+        plans = search(BLOOM_SWEEP, cluster, B, fixed=fixed, top=1,
+                       state=published_state(cluster, "bigscience_tr11_topology")).plans
         oom = row["sec_per_iteration"] == "oom"
         r = {"plan": f"tp={tp} pp={pp} dp={dp} mbs={mbs}", "tp": tp, "global_batch": B, "measured_oom": oom,
              "predicted_fits": bool(plans)}
@@ -222,18 +231,19 @@ PAPER_FEATURES = {"cp": 1, "recompute": "full", "recompute_layers": None, "layer
 
 
 def feasible_exact(model: ModelSpec, cluster, B: int, fixed: dict) -> list[tuple[float, ParallelConfig]]:
-    """(step time, plan) for every plan in the space restricted by ``fixed`` that fits, priced exactly."""
+    """(step time, plan) for every plan in the space restricted by ``fixed`` that fits, priced exactly (with
+    Narayanan et al.'s stack, whose rows it ranks)."""
     import numpy as np
 
     from cost_models.batch import estimate_batch
     from planner.space import enumerate_space
 
     cands = enumerate_space(model, cluster, B, fixed)
-    res = estimate_batch(model, cluster, cands, B, state=megatron_state(cluster))
+    res = estimate_batch(model, cluster, cands, B, state=published_state(cluster, "narayanan2021"))
     out = []
     for i in np.nonzero(res.memory_GiB <= cluster.gpu.memory_GiB * 1.1)[0]:  # the closed form is conservative
         cfg = cands.config(int(i))
-        e = estimate(model, cluster, cfg, B, validate=False, state=megatron_state(cluster))
+        e = estimate(model, cluster, cfg, B, validate=False, state=published_state(cluster, "narayanan2021"))
         if e.fits:
             out.append((e.step_time_s, cfg))
     return out

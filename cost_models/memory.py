@@ -78,15 +78,15 @@ def layer_activation_bytes(model: ModelSpec, eb: int, t, cp, mbs, sp, recompute,
     return full, ckpt, work + np.where(rc == FULL, full, np.where(rc == SELECTIVE, core, 0.0))
 
 
-def end_activation_bytes(model: ModelSpec, eb: int, t, cp, mbs, sp, state: StateSpec
+def end_activation_bytes(model: ModelSpec, eb: int, t, cp, mbs, sp, state: StateSpec, whole_logits: bool
                          ) -> tuple[np.ndarray, np.ndarray]:
     """(embedding bytes stored per in-flight micro-batch on the first stage, LM-head + loss bytes on the last stage).
 
     The head's: its input and input gradient [tokens, h] (the whole sequence: under SP gathered), and the logits
-    over the vocabulary shard. With
-    ``state.full_logits`` (Megatron-LM) all of them, 16-bit and an fp32 copy; else autopar's fused loss: one chunk
-    of 16-bit logits (``StateSpec.logits_rows``), an fp32 loss per token, and the weight shard's gradient, which it
-    computes in the forward and keeps until the backward."""
+    over the vocabulary shard. With ``whole_logits`` (Megatron-LM's loss, and autopar's reference loss on CPUs)
+    all of them, 16-bit and an fp32 copy; else autopar's fused loss: one chunk of 16-bit logits
+    (``StateSpec.fused_loss_rows``), an fp32 loss per token, and the weight shard's gradient, which it computes in
+    the forward and keeps until the backward."""
     t, cp, mbs = (np.asarray(x, dtype=float) for x in (t, cp, mbs))
     sp = np.asarray(sp, dtype=bool) & (t > 1)
     T = mbs * model.seq_length / cp
@@ -96,9 +96,9 @@ def end_activation_bytes(model: ModelSpec, eb: int, t, cp, mbs, sp, state: State
     # the head's input and input gradient over all the tokens (under SP the all-gathered input, beside the final
     # norm's local output it was gathered from)
     x_bytes = T * eb * model.hidden_size * (2.0 + np.where(sp, 1.0 / t, 0.0))
-    if state.full_logits:
+    if whole_logits:
         return embed, x_bytes + T * (eb + 4.0) * vocab
-    return embed, x_bytes + state.logits_rows(T, vocab) * vocab * eb + T * 4.0 + vocab * model.hidden_size * \
+    return embed, x_bytes + state.fused_loss_rows(T, vocab) * vocab * eb + T * 4.0 + vocab * model.hidden_size * \
         state.param_bytes
 
 

@@ -159,7 +159,8 @@ def layer_terms(model: ModelSpec, cm: ComputeModel, comm: CommModel, c: Candidat
     lc = layer_cost(model, cm, comm, t, cp, b, s, o, ep, etp)
     ec = end_cost(model, cm, comm, t, cp, b, s)
     full, ckpt, work = layer_activation_bytes(model, cm.eb, t, cp, b, s, rc, ep, etp)
-    emb, head = end_activation_bytes(model, cm.eb, t, cp, b, s, state)
+    # the runtime's loss on CPUs (gloo) is its reference, over the whole logits; the fused kernel runs on GPUs
+    emb, head = end_activation_bytes(model, cm.eb, t, cp, b, s, state, state.full_logits or comm.c.backend == "gloo")
     parts = dict(fwd=lc.fwd, bwd=lc.bwd, core_fwd=lc.core_fwd, comm_f=lc.comm_fwd, comm_b=lc.comm_bwd,
                  ep_comm=lc.ep_comm,
                  embed_f=ec.embed_f, embed_b=ec.embed_b, head_f=ec.head_f, head_b=ec.head_b, act_full=full,
@@ -185,12 +186,17 @@ def _compute(c: Candidates, lt: LayerTerms, layers: np.ndarray, recomputed: np.n
     return fwd, bwd, recompute, layers * _col(lt.comm_f), layers * _col(lt.comm_b)
 
 
+def _scatters(c: Candidates) -> np.ndarray:
+    """[N, 1]: ZeRO-2/3 over more than one data-parallel rank (gradients reduce-scattered every micro-batch)."""
+    return (_col(c.zero) >= 2) & (_col(c.dp * c.cp) > 1)
+
+
 def accumulate_time(state: StateSpec, c: Candidates, lt: LayerTerms, params) -> np.ndarray:
     """Seconds of one micro-batch's gradient accumulation over ``params`` ([N, stages]) in the runtime's own pass
     (``StateSpec.accumulate_bytes``; under ZeRO-2/3 the backward's gradients are packed into a zeroed bucket
     for the reduce-scatter, as many bytes, and its owned slice is then added into the shard: 3 x grad_bytes / d)."""
     d = _col(c.dp * c.cp)
-    shard_add = np.where((_col(c.zero) >= 2) & (d > 1) & (state.accumulate_bytes > 0), 3.0 * state.grad_bytes / d, 0.0)
+    shard_add = np.where(_scatters(c) & (state.accumulate_bytes > 0), 3.0 * state.grad_bytes / d, 0.0)
     return np.asarray(params, dtype=float) * (state.accumulate_bytes + shard_add) * _col(lt.byte_s)
 
 
@@ -230,7 +236,7 @@ def stage_state(model: ModelSpec, state: StateSpec, c: Candidates, lt: LayerTerm
     rc = _col(c.recompute)
     plain, summed, tied, experts = gradient_groups(model, t, c.sp & (c.tp > 1), layers, c.ep, c.etp)
     params = plain + summed + tied + experts
-    per_layer = (_col(c.zero) >= 2) & (_col(c.dp * c.cp) > 1)  # ZeRO-2/3: a bucket per layer (ends in the first
+    per_layer = _scatters(c)  # ZeRO-2/3: a bucket per layer (ends in the first
     # and last; a split tied embedding reduced on its own besides)
     buckets = np.where(per_layer, np.maximum(1.0, layers) + (tied > 0),
                        gradient_buckets((plain, summed, tied, experts), state.bucket_params))
@@ -241,8 +247,7 @@ def stage_state(model: ModelSpec, state: StateSpec, c: Candidates, lt: LayerTerm
     # beside a layer's backward (not the head's, the first), ZeRO-2/3 with overlap keep one reduce-scatter in flight
     scatter = np.where(_col(c.dp * c.cp) > 1, zero_scatter_bytes(largest, _col(c.zero), state, _col(c.dp_overlap)), 0.0)
     # the head's: under ZeRO-2/3 its bucket's reduce-scatter buffer is filled while its weight gradient is alive
-    head_scatter = np.where((_col(c.zero) >= 2) & (_col(c.dp * c.cp) > 1),
-                            head_params(model, _col(t), layers.shape[1]) * state.grad_reduce_bytes, 0.0)
+    head_scatter = np.where(_scatters(c), head_params(model, _col(t), layers.shape[1]) * state.grad_reduce_bytes, 0.0)
     work_bytes = np.maximum(np.where(layers > 0, work + scatter, 0.0), last * (_col(lt.act_head) + head_scatter))
     return StageState(params=params, expert_params=experts, buckets=buckets,
                       tp_summed=summed, largest_bucket=largest, act_bytes=act_bytes, work_bytes=work_bytes)

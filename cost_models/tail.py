@@ -12,8 +12,9 @@ the closed form). All arrays are [N, pp] per rank ([N, pp, vpp] per model chunk)
   biases) are partial: they are summed over tp after the data-parallel reduce, exposed.
 - The step ends with three small all-reduces (:func:`step_reductions`): the gradient norm, the loss, the peak
   memory.
-- The optimizer (fused AdamW, memory bound) updates the rank's shard after the reduce; the gradient norm and
-  clipping read the local gradients (8 bytes per local parameter, priced with it).
+- The optimizer (fused AdamW, memory bound) updates the rank's shard after the reduce; the gradient's averaging
+  over d, its norm and its clipping pass over the shard, and the gradient buffer is zeroed for the next step, all
+  priced with it (``StateSpec.optimizer_traffic_bytes`` plus grad_bytes x (3, + 2 when d > 1) per parameter).
 - ZeRO-1/2 all-gather the updated parameters after it; with ``dp_overlap`` that hides behind the next step's
   first forwards, all but one bucket.
 - A MoE model's routed experts are replicated over the expert-data-parallel group (``specs.parallel.edp``), not the
@@ -135,10 +136,12 @@ def rank_tail(model: ModelSpec, cm: ComputeModel, comm: CommModel, state: StateS
     exposed = exposed + tp_sum(comm, state, costs, pp, vpp, t, d, zero)
 
     shard = rank_dense / np.where(zero >= 1, d, 1.0) + rank_experts / np.where(zero >= 1, e, 1.0)
-    # the update, the gradient norm (a read of the shard) and the zeroing of the gradient buffer (all of it, or
-    # under ZeRO-2/3 the shard)
+    # the update; over the shard the gradient's averaging over d (read and written, when d > 1), the norm (a read)
+    # and the clipping (read and written: the runtime's default grad_clip); the zeroing of the gradient buffer (all
+    # of it, or under ZeRO-2/3 the shard)
     zeroed = np.where(zero >= 2, shard, rank_params)
-    opt = cm.stream(shard * (state.optimizer_traffic_bytes + state.grad_bytes) + zeroed * state.grad_bytes, 12)
+    passes = state.optimizer_traffic_bytes + state.grad_bytes * (3 + 2 * (d > 1))
+    opt = cm.stream(shard * passes + zeroed * state.grad_bytes, 12)
 
     nb_rank = np.maximum(1.0, nb.sum(axis=2))
     ag = comm.bucketed(comm.all_gather, rank_dense * state.param_bytes, nb_rank, d, t) + np.where(

@@ -62,8 +62,9 @@ def stage_problem(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, g
     per_param, per_expert = (float(sum(np.asarray(x).item() for x in vars(state_bytes(1.0, cfg.zero, n, state))
                                        .values())) for n in (d, cfg.edp))
     frag = 1 + FRAGMENTATION
-    # a stage's temporaries as stage_state counts them (a layer's backward with ZeRO's scatter buffer, or the head's)
-    temporary = float(plain.work_bytes[0].max()) + float(
+    # a stage's temporaries as stage_state counts them (a layer's backward with ZeRO's scatter buffer, a fully
+    # recomputed layer's rebuilt activations, or the head's)
+    temporary = float(np.maximum(plain.work_bytes[0], redone.work_bytes[0]).max()) + float(
         zero3_gather_bytes(plain.largest_bucket.max(), cfg.zero, state, cfg.dp_overlap))
     profiles = inflight_profiles(cfg.pp, cfg.vpp, m)
     inflight = [int(profiles[j % cfg.pp][:, j // cfg.pp].max()) for j in range(nv)]

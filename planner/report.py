@@ -91,7 +91,7 @@ def plans_table(rows: list[dict[str, Any]], title: str) -> Table:
     """One row per plan; with a ``band`` (seconds, low and high) in every row, a column for it."""
     tab = Table(title=title, header_style="bold")
     banded = all("band" in r for r in rows)
-    for col, just in (("#", "right"), ("plan", "left"), ("step time", "right"), *([("95% band", "right")] if banded
+    for col, just in (("#", "right"), ("plan", "left"), ("step time", "right"), *([("band", "right")] if banded
                       else []), ("tokens/s", "right"), ("MFU", "right"), ("memory", "right"), ("bubble", "right"),
                       ("exp. comm", "right")):
         tab.add_column(col, justify=just)

@@ -103,6 +103,8 @@ def coverage(sets: dict[str, list[dict[str, Any]]]) -> dict[str, float]:
     def covered(name: str, i: int) -> bool:
         rest = {n: [r for j, r in enumerate(rows) if (n, j) != (name, i)] for n, rows in sets.items()}
         row = sets[name][i]
+        if sum(r["pipelined"] == row["pipelined"] for rows in rest.values() for r in rows) == 0:
+            return False  # the only row of its kind: no band without it
         b = band(row["pipelined"], rest)
         return b.low <= row["ratio"] <= b.high
 

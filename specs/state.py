@@ -75,13 +75,12 @@ class StateSpec(BaseModel):
         writes the 16-bit parameters."""
         return self.grad_bytes + 2 * (4 + 8) + (4 + self.param_bytes if self.master_weights else 0)
 
-    def logits_rows(self, tokens: Any, vocab_shard: Any) -> Any:
-        """Rows of logits alive at once for ``tokens`` tokens over a ``vocab_shard``-wide vocabulary (numpy-broadcast):
-        all of them with ``full_logits``, else the fused loss's balanced chunks (runtime/kernels/cross_entropy_op.py:
-        at most LOGITS_CHUNK_ELEMENTS / vocab_shard rows, split evenly, rounded up to 64)."""
+    @staticmethod
+    def fused_loss_rows(tokens: Any, vocab_shard: Any) -> Any:
+        """Rows of logits autopar's fused loss holds at once for ``tokens`` tokens over a ``vocab_shard``-wide
+        vocabulary (numpy-broadcast): its balanced chunks (runtime/kernels/cross_entropy_op.py: at most
+        LOGITS_CHUNK_ELEMENTS / vocab_shard rows, split evenly, rounded up to 64)."""
         tokens = np.asarray(tokens, dtype=float)
-        if self.full_logits:
-            return tokens
         budget = np.maximum(1.0, np.floor(LOGITS_CHUNK_ELEMENTS / np.maximum(1.0, vocab_shard)))
         chunks = np.ceil(tokens / budget)
         rows = np.ceil(np.ceil(tokens / np.maximum(1.0, chunks)) / 64) * 64

@@ -10,13 +10,13 @@ import pytest
 from cost_models import pipeline
 from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
-from cost_models.memory import end_activation_bytes, layer_activation_bytes, state_bytes
+from cost_models.memory import layer_activation_bytes, state_bytes
 from cost_models.pipeline import closed_form, peak_inflight_bytes, replayed, simulate, simulate_steps, wave_replay
 from cost_models.step import estimate
 from specs.cluster import GemmPoint, load_cluster, load_gpu
 from specs.model import ModelSpec
 from specs.model_loading import load_model
-from specs.parallel import ParallelConfig
+from specs.parallel import Candidates, ParallelConfig
 from specs.schedules import build_schedule, virtual_stage
 from specs.state import StateSpec
 
@@ -336,15 +336,23 @@ def test_gradient_accumulation_is_a_pass_per_micro_batch_unless_the_gemms_fuse_i
     assert a.step_time_s - b.step_time_s == pytest.approx(expected, rel=1e-6)
 
 
-def test_the_heads_memory_is_one_logits_chunk_of_the_fused_loss_or_all_of_megatrons():
-    """autopar's fused loss holds one balanced chunk of at most 2^26 16-bit logits, an fp32 loss per token and the
-    head's weight gradient; a full-logits state (Megatron-LM) holds all the logits in 16 bits and fp32."""
+def test_the_heads_memory_is_one_logits_chunk_of_the_fused_loss_or_the_whole_logits():
+    """On GPUs autopar's fused loss holds one balanced chunk of at most 2^26 16-bit logits, an fp32 loss per token and
+    the head's weight gradient; Megatron-LM's loss (a full-logits state) and autopar's reference loss on CPUs hold
+    all the logits, in 16 bits and fp32."""
+    from cost_models.stages import layer_terms
+
     model = load_model("llama-1b")  # V 32000, h 2048, seq 4096
     T, h, V = 2 * 4096, 2048, 32000
     plain = StateSpec.default("bf16")
     full = plain.model_copy(update={"full_logits": True})
     rows = 2048  # 2^26 // 32000 = 2097 rows at most: 4 chunks of 2048 (a multiple of 64)
-    _, head = end_activation_bytes(model, 2, 1, 1, 2, False, plain)
-    assert float(head) == 2 * 2 * T * h + rows * V * 2 + 4 * T + V * h * 2
-    _, head_full = end_activation_bytes(model, 2, 1, 1, 2, False, full)
-    assert float(head_full) == 2 * 2 * T * h + T * (2 + 4) * V
+    fused = 2 * 2 * T * h + rows * V * 2 + 4 * T + V * h * 2
+    whole = 2 * 2 * T * h + T * (2 + 4) * V
+    c = Candidates.of(ParallelConfig(mbs=2))
+    for cluster, state, expected in ((load_cluster("dgx-h100", gpus=1), plain, fused),
+                                     (load_cluster("dgx-h100", gpus=1), full, whole),
+                                     (load_cluster("cpu-gloo", gpus=1).model_copy(update={"precision": "bf16"}), plain,
+                                      whole)):
+        lt = layer_terms(model, ComputeModel(cluster.gpu, "bf16"), CommModel(cluster), c, state)
+        assert float(lt.act_head[0]) == expected, cluster.name

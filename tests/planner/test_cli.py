@@ -233,7 +233,7 @@ def test_runnable_is_kept_and_changes_nothing(capsys):
 
 
 def test_plan_rows_carry_a_band_and_ties_recommend_tune(capsys):
-    """Every plan in `plan --format json` has a 95% band around its step time from the model's validation
+    """Every plan in `plan --format json` has a band around its step time from the model's validation
     (planner/uncertainty.py); the number of plans tied with the best follows the stated margin, and when there
     are any, "why" says to measure them with `autopar tune`."""
     from planner import uncertainty

@@ -200,4 +200,4 @@ def test_runtime_keeps_the_plans_state_or_refuses_it():
 def test_the_fused_loss_chunks_its_logits_as_the_cost_model_prices_them(tokens, vocab):
     from runtime.kernels.cross_entropy_op import _chunk_tokens
 
-    assert _chunk_tokens(tokens, vocab, None) == StateSpec.default("bf16").logits_rows(tokens, vocab)
+    assert _chunk_tokens(tokens, vocab, None) == StateSpec.fused_loss_rows(tokens, vocab)
