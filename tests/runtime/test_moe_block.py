@@ -89,7 +89,9 @@ def test_aux_loss_reaches_the_router_as_the_explicit_loss():
 
 
 def test_aux_loss_is_per_sequence_so_micro_batches_add_up():
-    """Half-batches with losses and aux gradients scaled by 1/2 give the whole batch's gradients."""
+    """Half-batches with losses and aux gradients scaled by 1/2 give the whole batch's gradients (fp32 sums in
+    another order: 1e-6 absolute on gradients of order 0.1; seeded, as the test order moves the global generator)."""
+    torch.manual_seed(0)
     m = _moe(aux_loss_coef=0.5).train()
     x, g = torch.randn(4, 5, 16), torch.randn(4, 5, 16)
     (m(x) * g).sum().div(4).backward()
@@ -98,7 +100,7 @@ def test_aux_loss_is_per_sequence_so_micro_batches_add_up():
     m.aux_scale = 0.5
     for half in (slice(0, 2), slice(2, 4)):
         (m(x[half]) * g[half]).sum().div(2).mul(0.5).backward()
-    torch.testing.assert_close(m.router.weight.grad, whole, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(m.router.weight.grad, whole, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
