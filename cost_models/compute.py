@@ -38,6 +38,7 @@ class ComputeModel:
         self.overhead = self.e.kernel_overhead_us * 1e-6
         self.mem_bw = gpu.mem_bw
         self.ew_bw = gpu.ew_bw
+        self.reduce_bw = gpu.reduce_bw
         self._table = None
         if gpu.gemm_table:
             t = np.array([[p.m, p.n, p.k, p.tflops * 1e12] for p in gpu.gemm_table], dtype=float)
@@ -101,6 +102,11 @@ class ComputeModel:
         """Seconds of a layer's memory-bound ops moving ``nbytes`` in ``kernels`` launches (norms, activations,
         residuals: the profile's elementwise bandwidth where measured, which on CPUs covers unfused ops)."""
         return np.asarray(nbytes, dtype=float) / self.ew_bw + kernels * self.overhead
+
+    def reduce(self, nbytes: ArrayLike, kernels: float = 1.0) -> np.ndarray:
+        """Seconds of sums over tokens reading ``nbytes`` in ``kernels`` launches (bias gradients), at the profile's
+        measured reduction bandwidth where it has one."""
+        return np.asarray(nbytes, dtype=float) / self.reduce_bw + kernels * self.overhead
 
     def stream(self, nbytes: ArrayLike, kernels: float = 1.0) -> np.ndarray:
         """Seconds of fused streaming kernels (the optimizer's fused AdamW) moving ``nbytes`` through memory."""

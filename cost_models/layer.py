@@ -159,7 +159,7 @@ def layer_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, 
         ew_b += cm.memory(2 * n_sp * (3 * eb + (1 if drop else 0)), 2)
         ew_f += cm.memory(ffw * 2 * eb)  # bias + GeLU
         ew_b += cm.memory(ffw * 3 * eb)
-        ew_b += cm.memory((T * (qw + 2 * kw) / t + ffw + 2 * n_sp) * eb, 4)  # bias gradients (sum over tokens)
+        ew_b += cm.reduce((T * (qw + 2 * kw) / t + ffw + 2 * n_sp) * eb, 4)  # bias gradients (sum over tokens)
     else:
         ew_f = cm.memory(2 * n_sp * 2 * eb, 2)  # two RMSNorms
         ew_b = cm.memory(2 * n_sp * 3 * eb, 4)

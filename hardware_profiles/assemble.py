@@ -97,6 +97,7 @@ def gpu_profile(device: dict[str, Any], compute: dict[str, Any], precision: str,
         "efficiency": eff,
         "measured_memory_bandwidth_GBps": _sig(copy_GBps),
         **({"elementwise_bandwidth_GBps": _sig(ew_GBps)} if elementwise_Bps else {}),
+        **({"reduce_bandwidth_GBps": _sig(compute["column_sum_Bps"] / 1e9)} if compute.get("column_sum_Bps") else {}),
         "gemm_table": [{"m": m, "n": n, "k": k, "tflops": _sig(r / 1e12)} for m, n, k, r in gemm],
         "attention_table": [{"seq": a["seq"], "heads": a["heads"], "head_dim": a["head_dim"], "batch": a["batch"],
                              "fwd_tflops": _sig(f / a["fwd_s"] / 1e12), "bwd_tflops": _sig(2.5 * f / a["bwd_s"] / 1e12)}

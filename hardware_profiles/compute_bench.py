@@ -83,6 +83,13 @@ def attention_calls(device: torch.device, seq: int, heads: int, head_dim: int, b
     return fwd, fwd_bwd
 
 
+def time_column_sum(timer: Timer, tokens: int, width: int, dtype: torch.dtype) -> float:
+    """Achieved bandwidth (bytes read per second) of a sum over the tokens of a ``[tokens, width]`` tensor: how a
+    linear layer's bias gradient is reduced (``grad_output.sum(0)``), which on GPUs runs well below a copy."""
+    x = torch.randn(tokens, width, device=timer.device).to(dtype)
+    return tokens * width * x.element_size() / timer(lambda: x.sum(0))
+
+
 def time_copy(timer: Timer, nbytes: int) -> float:
     """Achieved bandwidth (bytes read + written per second) of a large device-to-device copy."""
     n = nbytes // 4
@@ -137,6 +144,8 @@ def run_all(device: torch.device, precision: str, quick: bool,
         out["attention"].append({"seq": s, "heads": h, "head_dim": d, "batch": b, "fwd_s": t_f,
                                  "bwd_s": max(t_fb - t_f, 0.25 * t_fb)})
     out["copy_Bps"] = time_copy(timer, g.copy_bytes)
+    if device.type == "cuda":  # the bias gradients' reduction (CPUs: inside layer_probe's elementwise fit)
+        out["column_sum_Bps"] = time_column_sum(timer, 16384, 4096 if quick else 8192, dtype)
     tick("memory", 1.0)
     out["tiny_op_s"] = time_tiny_op(timer)
     tick("overhead", 1.0)

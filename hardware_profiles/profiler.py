@@ -148,6 +148,8 @@ def combine(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
         "tiny_op_s": float(np.median([r["tiny_op_s"] for r in per_rank])),
         "probes": None,
     }
+    if "column_sum_Bps" in first:
+        out["column_sum_Bps"] = float(np.median([r["column_sum_Bps"] for r in per_rank]))
     if first.get("probes"):
         out["probes"] = [{**p, "seconds": med("probes", i, "seconds"), "compute_s": med("probes", i, "compute_s")}
                          for i, p in enumerate(first["probes"])]

@@ -115,6 +115,9 @@ class GPUSpec(_Strict):
     # measured (CPU profiles): bandwidth per *modelled* byte of the layers' memory-bound ops (norms, activations,
     # residuals, RoPE), which a CPU runs as several unfused ops; unset: the same as fused streaming kernels
     elementwise_bandwidth_GBps: float | None = Field(None, gt=0)
+    # measured (GPU profiles): bytes read per second by a sum over tokens (the bias gradients' reduction); unset:
+    # the elementwise bandwidth
+    reduce_bandwidth_GBps: float | None = Field(None, gt=0)
     node_link: NodeLink | None = None  # the intra-node link of its platform; None: not known (CPUs, custom GPUs)
 
     @model_validator(mode="after")
@@ -148,6 +151,11 @@ class GPUSpec(_Strict):
         if self.elementwise_bandwidth_GBps:
             return self.elementwise_bandwidth_GBps * 1e9
         return self.mem_bw
+
+    @property
+    def reduce_bw(self) -> float:
+        """Bytes/s read by a sum over tokens (measured on GPUs, else :attr:`ew_bw`)."""
+        return self.reduce_bandwidth_GBps * 1e9 if self.reduce_bandwidth_GBps else self.ew_bw
 
 
 class Link(_Strict):

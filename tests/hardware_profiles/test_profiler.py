@@ -191,7 +191,8 @@ def test_gpu_measurements_assemble_into_a_profile(tmp_path):
     colls["p2p"] = {"intra": [(2, b, 10e-6 + b / 300e9) for b in sizes]}
     meas = {"device": {"type": "cuda", "name": "NVIDIA H100 80GB HBM3", "memory_GiB": 79.1, "sm_count": 132},
             "precision": "bf16", "backend": "nccl", "world": 8, "local": 8,
-            "compute": {"gemm": gemm, "attention": attn, "copy_Bps": 2.9e12, "tiny_op_s": 2.5e-6}, "collectives": colls}
+            "compute": {"gemm": gemm, "attention": attn, "copy_Bps": 2.9e12, "tiny_op_s": 2.5e-6,
+                        "column_sum_Bps": 1.4e12}, "collectives": colls}
     prof = cluster_profile(meas, "h100-box")
     out = tmp_path / "h100-box.yaml"
     out.write_text(to_yaml(prof, meas, []))
@@ -200,9 +201,38 @@ def test_gpu_measurements_assemble_into_a_profile(tmp_path):
     # efficiency.gemm is what a well-shaped GEMM reaches: at least the measured 700 of 989 TFLOP/s
     assert 700 / 989 <= c.gpu.efficiency.gemm <= 0.85
     assert c.gpu.efficiency.kernel_overhead_us == pytest.approx(2.5)
+    assert c.gpu.reduce_bandwidth_GBps == pytest.approx(1400) and c.gpu.reduce_bw == pytest.approx(1.4e12)
     assert c.inter_node is not None  # from the bundled dgx-h100, so --nodes can grow the cluster
     fit = c.collectives["all_reduce"]["intra"]
     assert fit.alpha_us == pytest.approx(20, rel=1e-3) and fit.alpha_per_rank_us == pytest.approx(3, rel=1e-3)
     assert fit.busbw_GBps == pytest.approx(360, rel=1e-3) and fit.r2 == pytest.approx(1.0)
     est = estimate(load_model("llama-1b"), c.resized(nodes=2), ParallelConfig(tp=8, dp=2), 16)
     assert est.step_time_s > 0
+
+
+def test_bias_gradients_are_priced_at_the_measured_reduction_bandwidth():
+    """A GPU profile's measured sum-over-tokens bandwidth prices a GPT layer's bias gradients (read once each);
+    without one they stream at the elementwise bandwidth. The measurement itself runs anywhere."""
+    import torch
+
+    from cost_models.comm import CommModel
+    from cost_models.compute import ComputeModel
+    from cost_models.layer import layer_cost
+    from hardware_profiles.compute_bench import time_column_sum
+    from hardware_profiles.timing import Timer
+    from specs.model_loading import model_from_dict
+
+    assert time_column_sum(Timer(torch.device("cpu"), repeats=2), 256, 128, torch.float32) > 0
+    cluster = load_cluster("dgx-h100", gpus=1)
+    slow = cluster.gpu.model_copy(update={"reduce_bandwidth_GBps": cluster.gpu.ew_bw / 2e9})
+    spec = {"name": "g", "arch": "gpt", "num_layers": 2, "hidden_size": 1024, "num_attention_heads": 16,
+            "vocab_size": 1000, "seq_length": 512, "attention": "flash", "dropout": 0.0}
+    model = model_from_dict(spec, "g")
+    one = np.ones(1)
+    args = (one, one, 2 * one, np.zeros(1, dtype=bool), np.zeros(1, dtype=bool))
+    base = layer_cost(model, ComputeModel(cluster.gpu, "bf16"), CommModel(cluster), *args)
+    halved = layer_cost(model, ComputeModel(slow, "bf16"), CommModel(cluster), *args)
+    T, h = 2 * 512, 1024
+    bias_bytes = T * (3 * h + 4 * h + 2 * h) * 2  # qkv, fc1, and the two h-wide (proj, fc2) biases' gradients
+    assert float(halved.bwd[0] - base.bwd[0]) == pytest.approx(bias_bytes / cluster.gpu.ew_bw, rel=1e-9)
+    assert float(halved.fwd[0]) == float(base.fwd[0])
