@@ -25,7 +25,7 @@ from cost_models.pipeline import peak_inflight_bytes
 from specs.model import ModelSpec
 from specs.parallel import RECOMPUTE_CODE, Candidates, edp
 from specs.schedules import repeating_from
-from specs.state import StateSpec
+from specs.state import StateSpec, fused_loss_rows
 
 GiB = float(2**30)
 SELECTIVE, FULL = RECOMPUTE_CODE["selective"], RECOMPUTE_CODE["full"]
@@ -85,7 +85,7 @@ def end_activation_bytes(model: ModelSpec, eb: int, t, cp, mbs, sp, state: State
     The head's: its input and input gradient [tokens, h] (the whole sequence: under SP gathered), and the logits
     over the vocabulary shard. With ``whole_logits`` (Megatron-LM's loss, and autopar's reference loss on CPUs)
     all of them, 16-bit and an fp32 copy; else autopar's fused loss: one chunk of 16-bit logits
-    (``StateSpec.fused_loss_rows``), an fp32 loss per token, and the weight shard's gradient, which it computes in
+    (``specs.state.fused_loss_rows``), an fp32 loss per token, and the weight shard's gradient, which it computes in
     the forward and keeps until the backward."""
     t, cp, mbs = (np.asarray(x, dtype=float) for x in (t, cp, mbs))
     sp = np.asarray(sp, dtype=bool) & (t > 1)
@@ -98,7 +98,7 @@ def end_activation_bytes(model: ModelSpec, eb: int, t, cp, mbs, sp, state: State
     x_bytes = T * eb * model.hidden_size * (2.0 + np.where(sp, 1.0 / t, 0.0))
     if whole_logits:
         return embed, x_bytes + T * (eb + 4.0) * vocab
-    return embed, x_bytes + state.fused_loss_rows(T, vocab) * vocab * eb + T * 4.0 + vocab * model.hidden_size * \
+    return embed, x_bytes + fused_loss_rows(T, vocab) * vocab * eb + T * 4.0 + vocab * model.hidden_size * \
         state.param_bytes
 
 

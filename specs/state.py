@@ -27,6 +27,17 @@ BUCKET_PARAMS = 40_000_000  # gradient bucket of the data-parallel reduce, in pa
 LOGITS_CHUNK_ELEMENTS = 1 << 26  # the fused loss's logits chunk (tokens x vocab shard): 128 MiB in bf16
 
 
+def fused_loss_rows(tokens: Any, vocab_shard: Any, elements: int = LOGITS_CHUNK_ELEMENTS) -> Any:
+    """Rows of logits autopar's fused loss holds at once for ``tokens`` tokens over a ``vocab_shard``-wide vocabulary
+    (numpy-broadcast): balanced chunks of at most ``elements`` / vocab_shard rows, rounded up to 64 (cuBLAS-friendly).
+    The kernel (runtime/kernels/cross_entropy_op.py) chunks by it and the cost model prices it."""
+    tokens = np.asarray(tokens, dtype=float)
+    budget = np.maximum(1.0, np.floor(elements / np.maximum(1.0, vocab_shard)))
+    chunks = np.ceil(tokens / budget)
+    rows = np.ceil(np.ceil(tokens / np.maximum(1.0, chunks)) / 64) * 64
+    return np.maximum(1.0, np.minimum(tokens, rows))
+
+
 class StateSpec(BaseModel):
     """The model state's precisions and the data-parallel gradient bucket size (a plan file's ``state``)."""
 
@@ -74,17 +85,6 @@ class StateSpec(BaseModel):
         or parameters) and both moments and writes those back; with a master copy a second kernel reads it and
         writes the 16-bit parameters."""
         return self.grad_bytes + 2 * (4 + 8) + (4 + self.param_bytes if self.master_weights else 0)
-
-    @staticmethod
-    def fused_loss_rows(tokens: Any, vocab_shard: Any) -> Any:
-        """Rows of logits autopar's fused loss holds at once for ``tokens`` tokens over a ``vocab_shard``-wide
-        vocabulary (numpy-broadcast): its balanced chunks (runtime/kernels/cross_entropy_op.py: at most
-        LOGITS_CHUNK_ELEMENTS / vocab_shard rows, split evenly, rounded up to 64)."""
-        tokens = np.asarray(tokens, dtype=float)
-        budget = np.maximum(1.0, np.floor(LOGITS_CHUNK_ELEMENTS / np.maximum(1.0, vocab_shard)))
-        chunks = np.ceil(tokens / budget)
-        rows = np.ceil(np.ceil(tokens / np.maximum(1.0, chunks)) / 64) * 64
-        return np.maximum(1.0, np.minimum(tokens, rows))
 
     @property
     def accumulate_bytes(self) -> int:

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from specs.state import LOGITS_CHUNK_ELEMENTS  # the logits chunk (the cost model prices the same)
+from specs.state import LOGITS_CHUNK_ELEMENTS, fused_loss_rows  # the logits chunk (the cost model prices the same)
 
 from ._utils import LazyKernel, cdiv, next_pow2
 
@@ -183,10 +183,8 @@ def _compute_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
 
 
 def _chunk_tokens(tokens: int, vocab: int, chunk_tokens: int | None) -> int:
-    if chunk_tokens is None:
-        chunk_tokens = max(1, LOGITS_CHUNK_ELEMENTS // max(1, vocab))
-        n_chunks = cdiv(tokens, chunk_tokens)
-        chunk_tokens = cdiv(cdiv(tokens, max(1, n_chunks)), 64) * 64  # balanced chunks, cuBLAS-friendly
+    if chunk_tokens is None:  # this module's budget, which benchmarks/kernels.py --tune may change
+        return int(fused_loss_rows(tokens, vocab, LOGITS_CHUNK_ELEMENTS))
     return max(1, min(tokens, chunk_tokens))
 
 

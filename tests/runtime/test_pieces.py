@@ -199,5 +199,6 @@ def test_runtime_keeps_the_plans_state_or_refuses_it():
 @pytest.mark.parametrize("tokens,vocab", [(8192, 32000), (16384, 51200), (100, 50), (4096, 16000), (70000, 4000)])
 def test_the_fused_loss_chunks_its_logits_as_the_cost_model_prices_them(tokens, vocab):
     from runtime.kernels.cross_entropy_op import _chunk_tokens
+    from specs.state import fused_loss_rows
 
-    assert _chunk_tokens(tokens, vocab, None) == StateSpec.fused_loss_rows(tokens, vocab)
+    assert _chunk_tokens(tokens, vocab, None) == fused_loss_rows(tokens, vocab)
