@@ -1,6 +1,7 @@
 """Plans placed on clusters of node groups against the same clusters planned as homogeneous at their slowest link.
 
-For each bundled grouped profile (hardware_profiles/clusters: ib-roce-a100, a100-h100-ib, ib-roce-eth-a100) and
+For each bundled grouped profile (hardware_profiles/clusters: ib-roce-a100, a100-h100-ib, ib-roce-eth-a100,
+a100-l40s-mixed) and
 model, `autopar plan`'s best placed plan beside the best plan that treats the cluster as homogeneous at its slowest
 GPU and link, both priced by the cost model; then the planning time of a 3-group, 1,024-GPU cluster (the
 ib-roce-eth-a100 groups at 64 / 32 / 32 nodes), median of runs in this process.
@@ -24,9 +25,10 @@ from specs.cluster import cluster_from_dict, load_cluster  # noqa: E402
 from specs.files import read_mapping  # noqa: E402
 from specs.model_loading import load_model  # noqa: E402
 
-CASES = [("ib-roce-a100", "llama-13b", 512), ("ib-roce-a100", "llama3-70b", 1024),
+CASES = [("ib-roce-a100", "gpt-1.7b", 512), ("ib-roce-a100", "llama-13b", 512), ("ib-roce-a100", "llama3-70b", 1024),
          ("a100-h100-ib", "llama-13b", 512), ("a100-h100-ib", "llama3-70b", 1024),
-         ("ib-roce-eth-a100", "llama-13b", 512), ("ib-roce-eth-a100", "llama3-70b", 1024)]
+         ("ib-roce-eth-a100", "llama-13b", 512), ("ib-roce-eth-a100", "llama3-70b", 1024),
+         ("a100-l40s-mixed", "gpt-1.7b", 512), ("a100-l40s-mixed", "llama-13b", 512)]
 
 
 def big_three_groups():

@@ -131,3 +131,50 @@ class CommModel:
         if fit.get("inter"):
             t = np.where(cross, self._fit_time(fit["inter"], nbytes, 1.0, zero), t)
         return t
+
+
+class SpanningComm(CommModel):
+    """Collectives of a pipeline rank whose data-parallel replicas are split evenly over ``parts`` node groups, priced
+    on one of those groups (its view) and the link between them (``cross_bw`` bytes/s per GPU, every GPU of a node
+    sending at once; ``cross_lat`` seconds).
+
+    A group of the stage's ranks wider than one group's share of them (``size`` x ``stride`` beyond ``share`` ranks)
+    crosses the link, and runs hierarchically (as the runtime does, ``runtime.parallel.hierarchy``): reduce-scatter
+    inside each group over its ``size / parts`` members, the collective across the groups on that shard (a ring of
+    ``parts``, one member per group), all-gather inside. Only 1/(size/parts) of the data crosses the slow link, where
+    a flat ring would carry all of it across (a node's members sharing the node's part of the link). Groups inside a
+    share (tp, cp) and wider than the stage (the step's norm) are priced as on the group alone."""
+
+    def __init__(self, cluster: ClusterSpec, parts: int, share: int, cross_bw: float, cross_lat: float) -> None:
+        super().__init__(cluster)
+        self.parts, self.share, self.cross_bw, self.cross_lat = parts, share, cross_bw, cross_lat
+
+    def spans(self, size: ArrayLike, stride: ArrayLike) -> np.ndarray:
+        """Whether a group of ``size`` ranks ``stride`` apart crosses between the stage's node groups."""
+        n, span = np.asarray(size, dtype=float), np.asarray(size, dtype=float) * np.asarray(stride, dtype=float)
+        return (span > self.share) & (span <= self.share * self.parts) & (n % self.parts == 0)
+
+    def across(self, nbytes: ArrayLike, volume: float) -> np.ndarray:
+        """A ring over one member of each group, across the link between them."""
+        p = self.parts
+        return volume * ((p - 1) * self.cross_lat + (p - 1) / p * np.asarray(nbytes, dtype=float) / self.cross_bw)
+
+    def flat(self, nbytes: ArrayLike, size: ArrayLike, stride: ArrayLike, volume: float) -> np.ndarray:
+        """The same collective as one flat ring over every member (what the hierarchy saves; for comparisons)."""
+        nbytes, n = np.asarray(nbytes, dtype=float), np.asarray(size, dtype=float)
+        k, nodes = self.placement(n, stride)
+        return (volume * (self._lat(k, nodes, True) + self.parts * self.cross_lat)
+                + nbytes * volume * (n - 1) / n / np.minimum(self._bw(k, nodes), k * self.cross_bw))
+
+    def _collective(self, name: str, nbytes: ArrayLike, size: ArrayLike, stride: ArrayLike,
+                    volume: float, ring: bool = True) -> np.ndarray:
+        inside = super()._collective(name, nbytes, size, stride, volume, ring)
+        spans = self.spans(size, stride)
+        if name not in ("all_reduce", "reduce_scatter", "all_gather") or not spans.any():
+            return inside
+        nbytes, n = np.asarray(nbytes, dtype=float), np.asarray(size, dtype=float)
+        n_in = np.maximum(n // self.parts, 1)
+        scatter = super()._collective("reduce_scatter", nbytes, n_in, stride, 1.0)
+        gather = super()._collective("all_gather", nbytes, n_in, stride, 1.0)
+        inner = {"all_reduce": scatter + gather, "reduce_scatter": scatter, "all_gather": gather}[name]
+        return np.where(spans, inner + self.across(nbytes / n_in, volume), inside)

@@ -1,4 +1,5 @@
-"""A plan placed on a cluster's node groups (``ParallelConfig.placement``: the group of each pipeline rank).
+"""A plan placed on a cluster's node groups (``ParallelConfig.placement``: the group of each pipeline rank, or the
+groups its data-parallel replicas are split over evenly, ``a+b``).
 
 Each pipeline rank's tensor-, context- and data-parallel ranks sit inside its group, so everything but the
 pipeline sends is priced on that group as a homogeneous cluster of its own (``ClusterSpec.group_view``: its GPU,
@@ -7,6 +8,10 @@ its NVLink, its NICs): the stage's compute, its TP/CP/EP communication, its data
 between them (``Topology.between``: per node, shared by the node's GPUs, which all send at once), at the lower
 NIC efficiency of the two. The schedule is then replayed with these per-stage times as for any plan, so a slow
 group's stages set the pace unless the layer split (``layers``) gives them fewer layers.
+
+A pipeline rank split over groups (``a+b``) runs on each of them: its stage is priced on every one and the slowest
+sets its pace; its data-parallel collectives cross between the groups hierarchically (``comm.SpanningComm``), and a
+send between two stages crosses a link where a replica's groups differ.
 
 The step's small reductions (a tied embedding's sum, the norm) are priced on the slowest group's network.
 """
@@ -17,7 +22,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from cost_models.comm import CommModel
+from cost_models.comm import CommModel, SpanningComm
 from cost_models.compute import ComputeModel
 from cost_models.memory import RankMemory, rank_load, rank_memory
 from cost_models.pipeline import SimResult, replayed, simulate_steps
@@ -25,7 +30,7 @@ from cost_models.stages import StageCosts, layer_terms, stage_costs
 from cost_models.tail import RankTail, rank_tail
 from specs.cluster import ClusterSpec
 from specs.model import ModelSpec
-from specs.parallel import Candidates, ParallelConfig
+from specs.parallel import Candidates, ParallelConfig, entry_groups, replica_group
 from specs.state import StateSpec
 
 
@@ -59,11 +64,30 @@ def cross_send(cluster: ClusterSpec, a: str, b: str, act_bytes: float, t: int, s
     """One blocking send of a stage-boundary activation from a stage in group ``a`` to one in group ``b``: each
     tensor-parallel rank sends 1/t of it over the link between the groups (without SP the receivers then
     all-gather the slices, inside their node)."""
-    gbps, latency_us = cluster.topology.between(a, b)
+    latency_us = cluster.topology.between(a, b)[1]
     eff = min(g.inter_node.efficiency for g in cluster.node_groups if g.name in (a, b))
-    per_gpu = gbps / 8 * 1e9 * eff / cluster.gpus_per_node
+    per_gpu = cluster.topology.per_gpu_Gbps(a, b) / 8 * 1e9 * eff
     gather = 0.0 if sp and t > 1 else float(comm_b.all_gather(act_bytes, t, 1))
     return latency_us * 1e-6 + act_bytes / t / per_gpu + gather
+
+
+def _worst(parts: list[object], cls: type) -> object:
+    """Field by field, the largest of ``parts`` (the slowest of the groups a pipeline rank is split over)."""
+    return cls(**{f.name: np.max(np.stack([np.asarray(getattr(p, f.name)) for p in parts]), axis=0)
+                  for f in fields(cls)})
+
+
+def _comm(cluster: ClusterSpec, view: ClusterSpec, entry: str, c: Candidates) -> CommModel:
+    """The collectives of a pipeline rank placed on ``entry``, priced on the view of one of its groups."""
+    names = entry_groups(entry)
+    if len(names) == 1:
+        return CommModel(view)
+    pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
+    eff = min(g.inter_node.efficiency for g in cluster.node_groups if g.name in names)
+    per_gpu = min(cluster.topology.per_gpu_Gbps(a, b) for a, b in pairs) / 8 * 1e9 * eff
+    latency_us = max(cluster.topology.between(a, b)[1] for a, b in pairs)
+    share = int(c.tp[0] * c.dp[0] * c.cp[0]) // len(names)
+    return SpanningComm(view, len(names), share, per_gpu, latency_us * 1e-6)
 
 
 def price_placed(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global_batch: int,
@@ -76,34 +100,38 @@ def price_placed(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, gl
     layers = np.array(cfg.stage_layers(model.num_layers), dtype=float)
     recomputed = np.array([cfg.recomputed_layers(j, int(n)) for j, n in enumerate(layers)], dtype=float)
     owner = [cfg.placement[j % pp] for j in range(nv)]  # virtual stage j runs on pipeline rank j % pp
-    views, models, costs = {}, {}, {}
-    for g in dict.fromkeys(cfg.placement):
-        views[g] = cluster.group_view(g)
-        cm, comm = ComputeModel(views[g].gpu, cluster.precision), CommModel(views[g])
-        models[g] = (cm, comm)
-        costs[g] = stage_costs(model, comm, state, c, layer_terms(model, cm, comm, c, state), layers, recomputed, cm.eb)
+    views = {g: cluster.group_view(g) for e in dict.fromkeys(cfg.placement) for g in entry_groups(e)}
+    models, costs = {}, {}
+    for e in dict.fromkeys(cfg.placement):
+        models[e] = [(ComputeModel(views[g].gpu, cluster.precision), _comm(cluster, views[g], e, c))
+                     for g in entry_groups(e)]
+        costs[e] = _worst([stage_costs(model, comm, state, c, layer_terms(model, cm, comm, c, state), layers,
+                                       recomputed, cm.eb) for cm, comm in models[e]], StageCosts)
     stitched = _stitch(costs, owner, StageCosts)
     assert isinstance(stitched, StageCosts)
-    eb = next(iter(models.values()))[0].eb
+    eb = models[owner[0]][0][0].eb
     act = cfg.mbs * model.seq_length / cfg.cp * model.hidden_size * eb
     for j in range(nv - 1):
-        a, b = owner[j], owner[j + 1]
-        if a != b:
-            stitched.send_f[0, j] = cross_send(cluster, a, b, act, cfg.tp, cfg.sp, models[b][1])
-            stitched.send_b[0, j + 1] = cross_send(cluster, b, a, act, cfg.tp, cfg.sp, models[a][1])
+        pairs = {(replica_group(owner[j], r, cfg.dp), replica_group(owner[j + 1], r, cfg.dp)) for r in range(cfg.dp)}
+        for a, b in pairs - {(a, a) for a, _ in pairs}:
+            stitched.send_f[0, j] = max(stitched.send_f[0, j],
+                                        cross_send(cluster, a, b, act, cfg.tp, cfg.sp, CommModel(views[b])))
+            stitched.send_b[0, j + 1] = max(stitched.send_b[0, j + 1],
+                                            cross_send(cluster, b, a, act, cfg.tp, cfg.sp, CommModel(views[a])))
     sim = simulate_steps(pp, vpp, m, stitched.f[0].tolist(), stitched.b[0].tolist())
     ms = np.array([m])
     ranks = list(cfg.placement)
-    tails = {g: rank_tail(model, cm, comm, state, c, stitched, replayed(sim), ms, cluster.num_gpus)
-             for g, (cm, comm) in models.items()}
+    tails = {e: _worst([rank_tail(model, cm, comm, state, c, stitched, replayed(sim), ms, cluster.num_gpus)
+                        for cm, comm in pair], RankTail) for e, pair in models.items()}
     tail = _stitch(tails, ranks, RankTail)
     assert isinstance(tail, RankTail)
     tail.step_time = tail.finish.max(axis=1) + tail.tied + tail.norm
     load = rank_load(pp, vpp, ms, stitched.params, stitched.act_bytes, stitched.work_bytes, stitched.largest_bucket,
                      stitched.expert_params)
-    mem = _stitch({g: rank_memory(c, state, cluster.backend, load) for g in models}, ranks, RankMemory)
+    mem = _stitch({e: rank_memory(c, state, cluster.backend, load) for e in models}, ranks, RankMemory)
     assert isinstance(mem, RankMemory)
     stage = cfg.tp * cfg.dp * cfg.cp
-    peak = sum(stage * views[g].gpu.peak(cluster.precision) for g in ranks)
+    peak = sum(stage // len(entry_groups(e)) * views[g].gpu.peak(cluster.precision)
+               for e in ranks for g in entry_groups(e))
     return Placed(costs=stitched, sim=sim, tail=tail, mem=mem,
-                  capacity_GiB=[views[g].gpu.memory_GiB for g in ranks], peak_flops=peak)
+                  capacity_GiB=[min(views[g].gpu.memory_GiB for g in entry_groups(e)) for e in ranks], peak_flops=peak)

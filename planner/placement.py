@@ -23,10 +23,12 @@ from cost_models.step import estimate
 from planner.refine import PlanResult
 from specs.cluster import ClusterSpec
 from specs.model import ModelSpec
-from specs.parallel import ParallelConfig, groups_text
+from specs.parallel import ParallelConfig, default_split, entry_groups, groups_text
+from specs.rules import placement_problem
 from specs.state import StateSpec
 
-MAX_BASES = 8  # distinct homogeneous plans placed (fastest first)
+MAX_BASES = 8  # distinct homogeneous plans placed as whole pipeline ranks per group (fastest first)
+SPLIT_BASES = 16  # distinct homogeneous plans placed with every pipeline rank split over the groups
 MAX_MOVES = 16  # single-layer moves tried per placed plan
 MOVED = 3  # placed plans balanced by single-layer moves (the fastest)
 ORDERS = 2  # orders of the groups kept per stage shape
@@ -35,13 +37,20 @@ MAX_SPLITS = 2000  # layer splits an exhaustive placement tries per plan and ord
 
 def placements(cluster: ClusterSpec, cfg: ParallelConfig) -> list[tuple[str, ...]]:
     """Every placement of ``cfg``'s pipeline ranks as one contiguous block per node group (each group's GPUs
-    hold whole ranks of tp*dp*cp GPUs), in every order of the groups; none when a group's GPUs are not a whole
-    number of ranks."""
+    hold whole ranks of tp*dp*cp GPUs), in every order of the groups; and, when the groups are of one size, every
+    pipeline rank split over all of them (``a+b``: its dp replicas an equal share per group, each group running a
+    whole pipeline; dp crosses between groups, hierarchically). Only those that keep each node in one group."""
     stage = cfg.tp * cfg.dp * cfg.cp
     groups = cluster.groups
-    if any(n % stage for n in groups.values()) or sum(n // stage for n in groups.values()) != cfg.pp:
-        return []
-    return [tuple(g for g in order for _ in range(groups[g] // stage)) for order in itertools.permutations(groups)]
+    out = []
+    if not any(n % stage for n in groups.values()) and sum(n // stage for n in groups.values()) == cfg.pp:
+        out = [tuple(g for g in order for _ in range(groups[g] // stage)) for order in itertools.permutations(groups)]
+    if len(groups) > 1 and len(set(groups.values())) == 1 and cfg.dp % len(groups) == 0 \
+            and cfg.pp * stage == cluster.num_gpus:
+        out.append(("+".join(groups),) * cfg.pp)
+    node_gpus = {g.name: g.gpus_per_node for g in cluster.node_groups}
+    return [w for w in out if placement_problem(w, cfg.tp, cfg.dp, cfg.cp, cfg.pp, groups, cluster.num_gpus,
+                                                node_gpus) is None]
 
 
 def proportional_layers(num_layers: int, speed: list[float]) -> tuple[int, ...]:
@@ -142,7 +151,7 @@ def place(model: ModelSpec, cluster: ClusterSpec, ranked: list[PlanResult], glob
         return sorted(out, key=lambda p: (not p.estimate.fits, p.estimate.step_time_s))
     out = []
     orders_of: dict[tuple[int, int, int, int], list[tuple[tuple[str, ...], dict[str, float]]]] = {}
-    for base in _bases(ranked, MAX_BASES):
+    for base in _chosen(cluster, ranked):
         shape = (base.tp, base.dp, base.cp, base.vpp)
         if shape not in orders_of:
             tried = []
@@ -171,11 +180,31 @@ def place(model: ModelSpec, cluster: ClusterSpec, ranked: list[PlanResult], glob
                         if _shape_order(out[i].config) in kept}.values())
     for i in sorted(set(firsts[:MOVED]) | set(per_order)):  # the best plans, and the best in each order
         out[i] = moved(model, cluster, out[i], global_batch, headroom_GiB, state)
-    return sorted(out, key=lambda p: (not p.estimate.fits, p.estimate.step_time_s))
+    unique = {_plain(p.config): p for p in reversed(out)}  # a split equal to the even one is the even one
+    return sorted(unique.values(), key=lambda p: (not p.estimate.fits, p.estimate.step_time_s))
+
+
+def _plain(cfg: ParallelConfig) -> ParallelConfig:
+    return replace(cfg, layers=None) if cfg.layers == default_split(sum(cfg.layers or ()), cfg.num_chunks) else cfg
 
 
 def _shape_order(cfg: ParallelConfig) -> tuple[tuple[int, int, int, int], tuple[str, ...] | None]:
     return (cfg.tp, cfg.dp, cfg.cp, cfg.vpp), cfg.placement
+
+
+def _chosen(cluster: ClusterSpec, ranked: list[PlanResult]) -> list[ParallelConfig]:
+    """The first :data:`MAX_BASES` distinct configurations of ``ranked`` the groups hold as whole pipeline ranks, and
+    the first :data:`SPLIT_BASES` whose pipeline ranks can be split over the groups."""
+    out, blocks, split = [], 0, 0
+    for cfg in _bases(ranked, len(ranked)):
+        kinds = {"+" in w[0] for w in placements(cluster, cfg)}
+        take_block, take_split = False in kinds and blocks < MAX_BASES, True in kinds and split < SPLIT_BASES
+        if take_block or take_split:
+            out.append(cfg)
+            blocks, split = blocks + (False in kinds), split + (True in kinds)
+        if blocks >= MAX_BASES and split >= SPLIT_BASES:
+            break
+    return out
 
 
 def _bases(ranked: list[PlanResult], limit: int) -> list[ParallelConfig]:
@@ -203,13 +232,16 @@ def explain_placement(cfg: ParallelConfig, num_layers: int) -> str:
     """One sentence: which stages sit on which group with how many layers, and what crosses groups."""
     assert cfg.placement is not None
     layers = cfg.stage_layers(num_layers)
-    parts, start = [], 0
+    parts = []
     for g, run in itertools.groupby(range(cfg.pp), key=lambda r: cfg.placement[r]):  # type: ignore[index]
         ranks = list(run)
         held = "/".join(str(layers[j]) for r in ranks for j in range(r, cfg.pp * cfg.vpp, cfg.pp))
         span = f"{ranks[0]}" if len(ranks) == 1 else f"{ranks[0]}-{ranks[-1]}"
-        parts.append(f"pipeline ranks {span} on {g} ({held} layers)")
-        start += len(ranks)
-    inside = "tp" + (", cp" if cfg.cp > 1 else "") + (" and dp" if cfg.dp > 1 else "")
-    return (f"placement {groups_text(cfg.placement)}: {'; '.join(parts)}; {inside} inside each group, only "
-            "pipeline sends cross between groups")
+        names = entry_groups(g)
+        where = g if len(names) == 1 else f"{' and '.join(names)} ({cfg.dp // len(names)} dp replicas on each)"
+        parts.append(f"pipeline ranks {span} on {where} ({held} layers)")
+    split = any("+" in e for e in cfg.placement)
+    inside = "tp" + (", cp" if cfg.cp > 1 else "") + (" and dp" if cfg.dp > 1 and not split else "")
+    crossing = ("the data-parallel reduce crosses between groups hierarchically (reduce-scatter inside each group, "
+                "all-reduce across, all-gather inside)" if split else "only pipeline sends cross between groups")
+    return f"placement {groups_text(cfg.placement)}: {'; '.join(parts)}; {inside} inside each group, {crossing}"

@@ -28,7 +28,7 @@ from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
 from cost_models.stages import layer_terms
 from planner.ilp import TIME_LIMIT_S
-from planner.placement import place
+from planner.placement import place, placements
 from planner.refine import PlanResult, refine
 from planner.space import enumerate_space
 from specs.cluster import ClusterSpec
@@ -52,6 +52,7 @@ CLOSED_FORM_SLACK = 1.25
 # plans and figures as with 4 s.
 ILP_BUDGET_S = 1.0
 EXHAUSTIVE_BASES = 32  # homogeneous plans an exhaustive search of a cluster of node groups places every way
+SPLIT_SCAN = 64  # fastest homogeneous plans tried split over the node groups (a+b)
 
 
 @dataclass
@@ -123,22 +124,29 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
 def _placeable(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dict[str, Any],
                headroom_GiB: float, state: StateSpec, plans: list[PlanResult], exhaustive: bool = False
                ) -> list[PlanResult]:
-    """The fastest homogeneous plans whose pipeline ranks the node groups can hold whole: ``plans``' own, or (when
-    none of them is, or ``exhaustive``: always) an exhaustive search over the pipeline depths that give every group
-    whole ranks, refining its :data:`EXHAUSTIVE_BASES` best."""
+    """The fastest homogeneous plans the node groups can hold: those whose pipeline ranks they hold whole, from
+    ``plans``' own or (when none of them is, or ``exhaustive``: always) an exhaustive search over the pipeline depths
+    that give every group whole ranks, refining its :data:`EXHAUSTIVE_BASES` best; and the first of ``plans`` whose
+    every pipeline rank can be split over all the groups (``a+b``)."""
     sizes = list(cluster.groups.values())
     whole = [p for p in plans if all(n % (p.config.tp * p.config.dp * p.config.cp) == 0 for n in sizes)
              and p.config.pp > 1]
+    split = [p for p in plans[:SPLIT_SCAN] if any("+" in w[0] for w in placements(cluster, p.config))]
     if (whole and not exhaustive) or "pp" in fixed:
-        return whole
+        return _fastest(whole + split)
     stage = math.gcd(*sizes)
     depths = [cluster.num_gpus // n for n in range(1, stage + 1) if stage % n == 0 and cluster.num_gpus // n > 1]
     try:
-        return search(model, cluster, global_batch, fixed={**fixed, "pp": depths}, headroom_GiB=headroom_GiB,
+        return _fastest(search(model, cluster, global_batch, fixed={**fixed, "pp": depths}, headroom_GiB=headroom_GiB,
                       state=state, place_groups=False, exhaustive=exhaustive,
-                      refine_count=EXHAUSTIVE_BASES if exhaustive else None).ranked
+                      refine_count=EXHAUSTIVE_BASES if exhaustive else None).ranked + split)
     except AutoparError:  # no such depth fits the rules (say, more stages than layers)
-        return []
+        return split
+
+
+def _fastest(plans: list[PlanResult]) -> list[PlanResult]:
+    """``plans`` without repeats, fastest first."""
+    return sorted({r.config: r for r in plans}.values(), key=lambda r: (r.estimate.step_time_s, r.estimate.memory_GiB))
 
 
 def min_gpus_to_fit(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dict[str, Any],

@@ -21,6 +21,7 @@ from runtime.data import SAMPLE_TEXT, TokenData
 from runtime.metrics import last_step
 from runtime.options import add_run_arguments, check_run_options, launch_options
 from specs.errors import AutoparError
+from specs.parallel import rank_group
 from specs.planfile import PlanFile, load_plan
 
 REPO = Path(__file__).resolve().parent.parent
@@ -68,31 +69,36 @@ def multi_node_commands(plan: PlanFile, worker: list[str], max_restarts: int = 0
 
 def group_nodes(plan: PlanFile) -> list[tuple[str, int, int]]:
     """(group, first node rank, nodes) of each run of nodes a placed plan puts on one node group, in rank order:
-    pipeline rank r holds global ranks r*tp*dp*cp onwards (mesh order pp, dp, cp, tp), node k global ranks
-    k*gpus_per_node onwards (the rules keep a node's GPUs in one group)."""
-    cfg, per_node = plan.config, plan.cluster.gpus_per_node
+    from global rank 0, each node holds the next ``gpus_per_node`` ranks of its group (``specs.parallel.rank_group``
+    says which; the rules keep a node's GPUs in one group)."""
+    cfg = plan.config
     assert cfg.placement is not None
-    stage = cfg.tp * cfg.dp * cfg.cp
+    per_node = {g.name: g.gpus_per_node for g in plan.cluster.node_groups}
     out: list[tuple[str, int, int]] = []
-    for k in range(plan.world_size // per_node):
-        g = cfg.placement[k * per_node // stage]
+    rank = node = 0
+    while rank < plan.world_size:
+        g = rank_group(cfg.placement, cfg.tp, cfg.dp, cfg.cp, rank)
         if out and out[-1][0] == g:
             out[-1] = (g, out[-1][1], out[-1][2] + 1)
         else:
-            out.append((g, k, 1))
+            out.append((g, node, 1))
+        rank, node = rank + per_node[g], node + 1
     return out
 
 
 def group_commands(plan: PlanFile, worker: list[str]) -> list[str]:
-    """One torchrun line per run of a group's nodes, each node told its rank (static rendezvous: torchrun's c10d
-    rendezvous numbers nodes in the order they join, and the placement needs each group's nodes at its ranks)."""
-    nodes, per_node = plan.world_size // plan.cluster.gpus_per_node, plan.cluster.gpus_per_node
+    """One torchrun line per run of a group's nodes, each node told its rank and its GPUs (static rendezvous:
+    torchrun's c10d rendezvous numbers nodes in the order they join, and the placement needs each group's nodes at
+    its ranks; torchrun gives each node the ranks after those of the nodes before it)."""
+    runs = group_nodes(plan)
+    nodes = sum(count for _, _, count in runs)
+    per_node = {g.name: g.gpus_per_node for g in plan.cluster.node_groups}
     tail = " ".join(shlex.quote(a) for a in worker)
     out = []
-    for g, first, count in group_nodes(plan):
+    for g, first, count in runs:
         ranks = f"{first}" if count == 1 else f"{first}-{first + count - 1}"
         out.append(f"# group {g}, node ranks {ranks}: on its node i (i = 0..{count - 1})")
-        out.append(f"torchrun --nnodes {nodes} --nproc-per-node {per_node} --node-rank $(({first} + i)) "
+        out.append(f"torchrun --nnodes {nodes} --nproc-per-node {per_node[g]} --node-rank $(({first} + i)) "
                    f"--master-addr $MASTER_ADDR --master-port 29500 {tail}")
     return out
 

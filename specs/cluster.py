@@ -6,6 +6,7 @@ writes a cluster file of the same shape with measured tables filled in.
 
 from __future__ import annotations
 
+import math
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
@@ -396,7 +397,8 @@ def load_cluster(ref: str, gpus: int | None = None, nodes: int | None = None) ->
 def _grouped(data: dict[str, Any], source: str) -> dict[str, Any]:
     """A profile with ``node_groups``: each group's GPU resolved to its profile and its intra-node link filled in,
     the links checked, and the top-level fields set to the cluster seen as homogeneous at its slowest GPU and
-    link (what plans that ignore the groups are priced on)."""
+    link (what plans that ignore the groups are priced on), in nodes of the largest number of GPUs that divides
+    every group's nodes."""
     where = f"cluster profile {source}"
     raw = data.get("node_groups")
     if not isinstance(raw, list) or not raw:
@@ -423,9 +425,6 @@ def _grouped(data: dict[str, Any], source: str) -> dict[str, Any]:
     names = [g.name for g in groups]
     if len(set(names)) < len(names):
         raise AutoparError(f"{where}: node group names must differ, got {', '.join(names)}")
-    if len({g.gpus_per_node for g in groups}) > 1:
-        raise AutoparError(f"{where}: node groups with different GPUs per node are not supported yet (got "
-                           f"{', '.join(f'{g.name}: {g.gpus_per_node}' for g in groups)})")
     links = tuple(validated(GroupLink, x, f"{where}, between_groups") for x in data.get("between_groups") or [])
     default = data.get("default_between")
     default = validated(DefaultLink, default, f"{where}, default_between") if default is not None else None
@@ -436,12 +435,16 @@ def _grouped(data: dict[str, Any], source: str) -> dict[str, Any]:
     precision = data.get("precision", "bf16")
     gpus = [GPUSpec.model_validate(g.gpu) for g in groups]
     slowest = min(gpus, key=lambda x: x.peak(precision))
-    slowest = slowest.model_copy(update={"memory_GiB": min(x.memory_GiB for x in gpus)})
-    intra = min((Link.model_validate(g.intra_node) for g in groups), key=lambda x: x.bandwidth_GBps)
-    pairs = [topo.between(a.name, b.name) for i, a in enumerate(groups) for b in groups[i:]]
-    per_node, latency = min(p[0] for p in pairs), max(p[1] for p in pairs)
+    narrow = min(range(len(groups)), key=lambda i: groups[i].intra_node["bandwidth_GBps"])
+    intra = Link.model_validate(groups[narrow].intra_node)  # the slowest GPU gets the narrowest node's link
+    slowest = slowest.model_copy(update={"memory_GiB": min(x.memory_GiB for x in gpus),
+                                         "node_link": gpus[narrow].node_link})
+    pairs = [(a.name, b.name) for i, a in enumerate(groups) for b in groups[i:]]
+    node = math.gcd(*(g.gpus_per_node for g in groups))  # the view's node: what every group's nodes are made of
+    per_node = min(topo.per_gpu_Gbps(a, b) for a, b in pairs) * node
+    latency = max(topo.between(a, b)[1] for a, b in pairs)
     return {**data, "node_groups": groups, "between_groups": links, "default_between": default,
-            "gpu": slowest, "gpus_per_node": groups[0].gpus_per_node, "num_nodes": sum(g.num_nodes for g in groups),
+            "gpu": slowest, "gpus_per_node": node, "num_nodes": sum(g.num_gpus for g in groups) // node,
             "intra_node": intra.model_dump(),
             "inter_node": {"nic_bandwidth_Gbps": per_node, "nics_per_node": 1, "latency_us": latency,
                            "efficiency": min(g.inter_node.efficiency for g in groups)}}

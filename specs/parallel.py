@@ -82,7 +82,7 @@ class ParallelConfig:
                                           doc="transformer layers per virtual stage (pp*vpp entries)")
     placement: tuple[str, ...] | None = _key(None, kind="groups", layout=True,
                                              doc="the node group of each pipeline rank (pp entries; clusters with "
-                                                 "node_groups)")
+                                                 "node_groups); a+b splits its dp replicas evenly over groups a, b")
 
     @property
     def world(self) -> int:
@@ -219,14 +219,37 @@ def groups_text(names: Iterable[str]) -> str:
     return "/".join(n if k == 1 else f"{n}*{k}" for n, k in runs)
 
 
+def entry_groups(entry: str) -> tuple[str, ...]:
+    """The node groups of one pipeline rank's placement entry: ``ib`` or, its dp replicas split evenly, ``ib+roce``."""
+    return tuple(entry.split("+"))
+
+
+def replica_group(entry: str, dp_rank: int, dp: int) -> str:
+    """The node group holding data-parallel replica ``dp_rank`` (of ``dp``) of a pipeline rank placed on ``entry``:
+    the replicas in order, an equal run of them per group."""
+    names = entry_groups(entry)
+    return names[dp_rank * len(names) // dp]
+
+
+def rank_group(placement: tuple[str, ...], tp: int, dp: int, cp: int, rank: int) -> str:
+    """The node group of global rank ``rank`` (mesh order pp, dp, cp, tp) under ``placement``."""
+    stage = tp * dp * cp
+    return replica_group(placement[rank // stage], rank % stage // (tp * cp), dp)
+
+
+def _name_ok(name: str) -> bool:
+    return bool(name) and name.replace("-", "").replace("_", "").replace(".", "").isalnum()
+
+
 def _parse_groups(raw: str) -> tuple[str, ...]:
     out: list[str] = []
     for part in raw.strip().split("/"):
         name, _, count = part.partition("*")
-        if not name or not name.replace("-", "").replace("_", "").replace(".", "").isalnum() \
+        if not all(_name_ok(n) for n in entry_groups(name)) or len(set(entry_groups(name))) < len(entry_groups(name)) \
                 or not (count == "" or count.isdigit() and int(count) > 0):
-            raise AutoparError(f"placement takes a node group per pipeline rank separated by '/', runs as name*count "
-                               f"(e.g. ib*4/roce*4), got '{raw}'")
+            raise AutoparError(f"placement takes a node group per pipeline rank separated by '/', runs as name*count, "
+                               f"a rank's dp replicas split over groups as a+b (e.g. ib*4/roce*4 or ib+roce*8), "
+                               f"got '{raw}'")
         out += [name] * (int(count) if count else 1)
     return tuple(out)
 

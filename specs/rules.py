@@ -27,7 +27,17 @@ import numpy as np
 from specs.cluster import ClusterSpec
 from specs.errors import AutoparError
 from specs.model import ModelSpec
-from specs.parallel import KEYS, RECOMPUTE_CODE, Candidates, ParallelConfig, key_text, microbatches, range_problem
+from specs.parallel import (
+    KEYS,
+    RECOMPUTE_CODE,
+    Candidates,
+    ParallelConfig,
+    entry_groups,
+    key_text,
+    microbatches,
+    range_problem,
+    rank_group,
+)
 
 
 @dataclass(frozen=True)
@@ -41,12 +51,14 @@ class PlanContext:
     gpus_per_node: int | None = None
     tp_across_nodes: bool = False
     groups: tuple[tuple[str, int], ...] = ()  # (name, GPUs) of the cluster's node groups, when it has them
+    node_gpus: tuple[tuple[str, int], ...] = ()  # (name, GPUs per node) of the same groups
 
     @classmethod
     def on(cls, model: ModelSpec, cluster: ClusterSpec, global_batch: int, gpus: int | None = None) -> PlanContext:
         """The context of ``cluster`` (or of ``gpus`` of its GPUs, for a plan needing fewer than it has)."""
         return cls(model, cluster.num_gpus if gpus is None else gpus, global_batch, cluster.gpus_per_node,
-                   cluster.tp_across_nodes, tuple(cluster.groups.items()))
+                   cluster.tp_across_nodes, tuple(cluster.groups.items()),
+                   tuple((g.name, g.gpus_per_node) for g in cluster.node_groups))
 
 
 @dataclass(frozen=True)
@@ -124,47 +136,63 @@ def _sp_on(c: Candidates) -> np.ndarray:
 
 
 def _placement_ok(c: Candidates, x: PlanContext) -> np.ndarray:
-    """Every node group's GPUs hold whole pipeline ranks: the ranks it is given x tp*dp*cp equal its GPUs."""
-    names = dict(x.groups)
+    """Every node group's GPUs hold whole pipeline ranks or whole equal shares of their dp replicas, each node in one
+    group (:func:`placement_problem`, once per distinct stage shape)."""
     if c.placement is None:
         return np.ones(len(c), dtype=bool)
-    if not names or any(g not in names for g in c.placement):
-        return np.zeros(len(c), dtype=bool)
-    stage = c.tp * c.dp * c.cp
-    covered = (c.pp == len(c.placement)) & np.logical_and.reduce(
-        [c.placement.count(g) * stage == n for g, n in names.items()])
-    return covered & _nodes_whole(c, x)
+    shapes = np.stack([np.broadcast_to(c.tp, len(c)), np.broadcast_to(c.dp, len(c)), np.broadcast_to(c.cp, len(c)),
+                       np.broadcast_to(c.pp, len(c))], axis=1)
+    uniq, back = np.unique(shapes, axis=0, return_inverse=True)
+    ok = np.array([placement_problem(c.placement, *map(int, u), dict(x.groups), x.gpus, _node_gpus(x)) is None
+                   for u in uniq], dtype=bool)
+    return ok[np.asarray(back).reshape(-1)]
 
 
-def _nodes_whole(c: Candidates, x: PlanContext) -> np.ndarray:
-    """Every node's GPUs in one group: the pipeline ranks holding a node's global ranks are one run of a group."""
-    per_node = x.gpus_per_node or x.gpus
-    runs = np.cumsum([0] + [a != b for a, b in zip(c.placement, c.placement[1:])])
-    node = np.arange(max(1, x.gpus // per_node))[None, :]
-    stage = (c.tp * c.dp * c.cp)[:, None]
-    last = len(c.placement) - 1
-    lo = np.minimum(node * per_node // stage, last)
-    hi = np.minimum(((node + 1) * per_node - 1) // stage, last)
-    return (runs[lo] == runs[hi]).all(axis=1)
+def _node_gpus(x: PlanContext) -> dict[str, int]:
+    return dict(x.node_gpus) or {g: x.gpus_per_node or x.gpus for g, _ in x.groups}
+
+
+def placement_problem(placement: tuple[str, ...], tp: int, dp: int, cp: int, pp: int, names: dict[str, int],
+                      gpus: int, node_gpus: dict[str, int]) -> str | None:
+    """Why ``placement`` does not put this stage shape on node groups ``names`` (GPUs each; ``gpus`` in all, nodes of
+    ``node_gpus`` GPUs), or None: one entry per pipeline rank naming known groups, each entry's groups an equal share
+    of its dp replicas, every group's GPUs covered exactly, and every node's GPUs in one group (each run of
+    consecutive ranks on a group a whole number of its nodes)."""
+    text = f"placement={key_text(placement)}"
+    if not names:
+        return f"{text}: the cluster has no node_groups; leave placement out"
+    unknown = sorted({g for e in placement for g in entry_groups(e) if g not in names})
+    if unknown:
+        return f"{text}: unknown node group {', '.join(unknown)}; the cluster's groups are {', '.join(names)}"
+    if len(placement) != pp:
+        return f"{text} names {len(placement)} pipeline ranks but pp={pp}; give one group per pipeline rank"
+    split = next((e for e in placement if dp % len(entry_groups(e))), None)
+    if split is not None:
+        return f"{text}: {split} splits dp={dp} replicas over {len(entry_groups(split))} groups; dp must divide evenly"
+    stage = tp * dp * cp
+    held = {g: sum(stage // len(entry_groups(e)) for e in placement if g in entry_groups(e)) for g in names}
+    if held != names:
+        have = ", ".join(f"{g}: {held[g]} of {n}" for g, n in names.items())
+        return (f"{text} does not cover the ranks: each group's GPUs must hold whole pipeline ranks of tp*dp*cp = "
+                f"{stage} GPUs, or equal shares of their dp replicas ({have})")
+    runs: list[list] = []
+    for r in range(0, gpus, tp * cp):  # a tp x cp block sits in one group
+        g = rank_group(placement, tp, dp, cp, r)
+        if runs and runs[-1][0] == g:
+            runs[-1][1] += tp * cp
+        else:
+            runs.append([g, tp * cp])
+    bad = next(((g, n) for g, n in runs if n % node_gpus[g]), None)
+    if bad is not None:
+        return (f"{text} puts the GPUs of one node in two groups (a run of {bad[1]} ranks on {bad[0]}, whose nodes "
+                f"hold {node_gpus[bad[0]]} GPUs; a pipeline rank tp*dp*cp = {stage}): keep each node's ranks in one "
+                "group")
+    return None
 
 
 def _placement_why(cfg: ParallelConfig, x: PlanContext) -> str:
-    names, given = dict(x.groups), cfg.placement or ()
-    text = f"placement={key_text(given)}"
-    if not names:
-        return f"{text}: the cluster has no node_groups; leave placement out"
-    unknown = sorted({g for g in given if g not in names})
-    if unknown:
-        return f"{text}: unknown node group {', '.join(unknown)}; the cluster's groups are {', '.join(names)}"
-    if len(given) != cfg.pp:
-        return f"{text} names {len(given)} pipeline ranks but pp={cfg.pp}; give one group per pipeline rank"
-    stage = cfg.tp * cfg.dp * cfg.cp
-    held = ", ".join(f"{g}: {given.count(g)} x {stage} = {given.count(g) * stage} of {n}" for g, n in names.items())
-    if all(given.count(g) * stage == n for g, n in names.items()):
-        return (f"{text} puts the GPUs of one node in two groups (a node holds {x.gpus_per_node} GPUs, a pipeline "
-                f"rank tp*dp*cp = {stage}): keep each node's pipeline ranks in one group")
-    return (f"{text} does not cover the ranks: each group's GPUs must hold whole pipeline ranks of tp*dp*cp = "
-            f"{stage} GPUs ({held})")
+    return placement_problem(cfg.placement or (), cfg.tp, cfg.dp, cfg.cp, cfg.pp, dict(x.groups), x.gpus,
+                             _node_gpus(x)) or "placement is fine"
 
 
 RULES: tuple[Rule, ...] = (

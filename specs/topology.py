@@ -132,5 +132,14 @@ class Topology:
         return self._between[a, b]
 
 
+    def per_gpu_Gbps(self, a: str, b: str) -> float:
+        """Gb/s each GPU of a node of ``a`` gets to a node of ``b`` when every GPU of both sends at once: the path's
+        per-node bandwidth shared by the larger node's GPUs, and no more than either node's NICs give each of its
+        GPUs (groups may differ in GPUs per node)."""
+        ga, gb = self.groups[a], self.groups[b]
+        return min(self.between(a, b)[0] / max(ga.gpus_per_node, gb.gpus_per_node),
+                   ga.inter_node.node_Gbps / ga.gpus_per_node, gb.inter_node.node_Gbps / gb.gpus_per_node)
+
+
 def _switch(name: str) -> str:
     return f"group:{name}"

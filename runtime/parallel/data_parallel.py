@@ -62,7 +62,7 @@ from torch import nn
 
 from runtime.models.common import Transformer
 from runtime.parallel.buckets import Bucket, Range, Segment, Span, bucket_bounds, group_segments, layer_segments, users
-from runtime.parallel.mappings import all_gather_into, reduce_scatter_into
+from runtime.parallel.mappings import all_gather_into, member, reduce_scatter_into, sum_into
 from runtime.parallel.mesh import ParallelGroups
 from runtime.parallel.params import EDP, ParamTable, Reduce
 
@@ -171,7 +171,7 @@ class DataParallel:
         if reduce == EDP:
             assert self.g.edp_group is not None and self.zero < 2, "routed experts run under ZeRO-0/1 only"
             return self.g.edp_group, self.g.edp, self.g.edp_rank
-        return self.g.dpcp_group, self.d, self.g.dpcp_rank
+        return self.g.dp_reduce_group, self.d, self.g.dpcp_rank
 
     def _owned(self, size: int, d: int, rank: int) -> Range:
         """The slice of a ``size``-element bucket this rank owns: its 1/d share under ZeRO, else all of it."""
@@ -249,7 +249,7 @@ class DataParallel:
         if self.zero:  # in place: the output is this rank's slice of the input
             b.work = reduce_scatter_into(b.grad_shard, b.grad_data, b.group, async_op=True)
         else:
-            b.work = dist.all_reduce(b.grad_data, group=b.group, async_op=True)
+            b.work = sum_into(b.grad_data, b.group, async_op=True)
 
     def _scatter(self, b: Bucket) -> None:
         """ZeRO-2/3: reduce-scatter this backward's gradients of ``b`` (autograd's, freed here) over d."""
@@ -259,7 +259,7 @@ class DataParallel:
             if s.param.grad is not None:
                 flat[s.start:s.end].copy_(s.param.grad.reshape(-1))
                 s.param.grad = None
-        work = reduce_scatter_into(flat[b.lo:b.hi], flat, self.g.dpcp_group, async_op=self.overlap)
+        work = reduce_scatter_into(flat[b.lo:b.hi], flat, self.g.dp_reduce_group, async_op=self.overlap)
         b.scatter, b.launched, b.pending = (flat, work), True, {id(s.param) for s in b.spans}
         self._inflight.append(b)
         if self.zero >= 3:
@@ -335,7 +335,7 @@ class DataParallel:
         everyone = self.norm_group is self.g.world
         pieces = []
         for b in self.buckets:
-            if everyone and not (self.zero and b.d > 1) and dist.get_rank(b.group) > 0:
+            if everyone and not (self.zero and b.d > 1) and member(b.group) > 0:
                 continue  # a replica: counted by the group's first rank
             pieces += [b.grad_shard[a:e] for a, e in b.owned(lambda s: s.info.in_norm) if e > a]
         if not pieces:
@@ -397,7 +397,8 @@ class DataParallel:
         for b in buckets:
             if not b.gathered:
                 b.param_data.untyped_storage().resize_(b.size * b.param_data.element_size())
-                b.gather_work = all_gather_into(b.param_data, b.param_shard, self.g.dpcp_group, async_op=self.overlap)
+                b.gather_work = all_gather_into(b.param_data, b.param_shard, self.g.dp_reduce_group,
+                                                async_op=self.overlap)
                 for s in b.spans:
                     s.param.data = b.param_data[s.start:s.end].view(s.shape)
                 b.gathered = True

@@ -33,7 +33,11 @@ ALL_GATHER_SINGLE = "all_gather_single" if hasattr(dist, "all_gather_single") el
 REDUCE_SCATTER_SINGLE = "reduce_scatter_single" if hasattr(dist, "reduce_scatter_single") else "reduce_scatter_tensor"
 
 
-def all_gather_into(out: torch.Tensor, inp: torch.Tensor, group: dist.ProcessGroup, async_op: bool = False):
+def all_gather_into(out: torch.Tensor, inp: torch.Tensor, group: Any, async_op: bool = False):
+    """``out`` = every member's ``inp`` in order; ``group`` a process group or a data-parallel
+    :class:`~runtime.parallel.hierarchy.Hierarchy` (in its slice order)."""
+    if not isinstance(group, dist.ProcessGroup):
+        return group.all_gather_into(out, inp)
     return getattr(dist, ALL_GATHER_SINGLE)(out, inp, group=group, async_op=async_op)
 
 
@@ -46,8 +50,24 @@ def all_to_all_rows(x: torch.Tensor, out_rows: list[int], in_rows: list[int], gr
     return out
 
 
-def reduce_scatter_into(out: torch.Tensor, inp: torch.Tensor, group: dist.ProcessGroup, async_op: bool = False):
+def reduce_scatter_into(out: torch.Tensor, inp: torch.Tensor, group: Any, async_op: bool = False):
+    """``out`` = this member's slice of ``inp`` summed over ``group`` (a process group or a
+    :class:`~runtime.parallel.hierarchy.Hierarchy`)."""
+    if not isinstance(group, dist.ProcessGroup):
+        return group.reduce_scatter_into(out, inp)
     return getattr(dist, REDUCE_SCATTER_SINGLE)(out, inp, group=group, async_op=async_op)
+
+
+def sum_into(t: torch.Tensor, group: Any, async_op: bool = False):
+    """``t`` summed over ``group`` in place (a process group or a :class:`~runtime.parallel.hierarchy.Hierarchy`)."""
+    if not isinstance(group, dist.ProcessGroup):
+        return group.all_reduce(t)
+    return dist.all_reduce(t, group=group, async_op=async_op)
+
+
+def member(group: Any) -> int:
+    """This rank's index in ``group`` (a :class:`~runtime.parallel.hierarchy.Hierarchy`: the slice it owns)."""
+    return dist.get_rank(group) if isinstance(group, dist.ProcessGroup) else group.rank
 
 
 def all_reduce_sum(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:

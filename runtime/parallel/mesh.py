@@ -22,7 +22,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from specs.parallel import SEQ_GROUP, ParallelConfig
+from runtime.parallel.hierarchy import Hierarchy, hierarchies
+from specs.parallel import SEQ_GROUP, ParallelConfig, entry_groups
 
 DIMS = ("pp", "dp", "cp", "tp")
 # group attribute -> short name (ParallelGroups.group_names); the first match names a group object used for several
@@ -62,6 +63,8 @@ class ParallelGroups:
     edp_group: dist.ProcessGroup | None = None  # MoE: the ranks that hold the same experts (expert data parallel)
     ep_rank: int = 0
     edp_rank: int = 0
+    # a pipeline rank split over node groups (placement a+b): its dp x cp collectives, hierarchical over the groups
+    dp_hierarchy: Hierarchy | None = None
 
     @property
     def tp(self) -> int:
@@ -99,8 +102,16 @@ class ParallelGroups:
 
     @property
     def dpcp_rank(self) -> int:
-        """This rank's index in ``dpcp_group`` (dp major, cp minor, as on the mesh)."""
+        """This rank's index in ``dpcp_group`` (dp major, cp minor, as on the mesh), the ZeRO slice it owns; split
+        over node groups, the slice its :class:`Hierarchy` owns."""
+        if self.dp_hierarchy is not None:
+            return self.dp_hierarchy.rank
         return self.dp_rank * self.cfg.cp + self.cp_rank
+
+    @property
+    def dp_reduce_group(self) -> dist.ProcessGroup | Hierarchy:
+        """Where gradients are reduced and ZeRO state sharded and gathered: ``dpcp_group``, or its hierarchy."""
+        return self.dp_hierarchy if self.dp_hierarchy is not None else self.dpcp_group
 
     def global_rank(self, pp: int, dp: int, cp: int, tp: int) -> int:
         c = self.cfg
@@ -118,12 +129,16 @@ class ParallelGroups:
             g = getattr(self, attr)
             if g is not None:
                 names.setdefault(id(g), name)
+        if self.dp_hierarchy is not None:
+            names.setdefault(id(self.dp_hierarchy.inner), "dp")
+            names.setdefault(id(self.dp_hierarchy.outer), "dp")
         return names
 
     def destroy(self) -> None:
         """Free the groups this object created (the job's, the mesh's and the extra ones)."""
         mine = {self.world, self.mp_group, self.dpcp_group, self.act_group, self.grad_group, self.embed_group,
-                self.ep_group, self.edp_group, self.seq_group, self.etp_group, *self.mesh.get_all_groups()}
+                self.ep_group, self.edp_group, self.seq_group, self.etp_group, *self.mesh.get_all_groups(),
+                *((self.dp_hierarchy.inner, self.dp_hierarchy.outer) if self.dp_hierarchy is not None else ())}
         for g in mine:
             if g is not None and g is not dist.group.WORLD:
                 dist.destroy_process_group(g)
@@ -169,6 +184,8 @@ def build_groups(cfg: ParallelConfig, device_type: str, ranks: list[int] | None 
     etp = _new_groups(folded, (3,), me) if experts and cfg.etp > 1 else None
     edp = _new_groups(folded, (1,), me) if experts else None
     seq = _new_groups(layout, (2, 3), me) if experts and cfg.cp > 1 and cfg.tp > 1 else None
+    parts = [len(entry_groups(e)) for e in cfg.placement] if cfg.placement else [1] * cfg.pp
+    hier = hierarchies(layout, parts, me) if max(parts) > 1 else None
     if me not in ranks:
         return None
     coord = mesh.get_coordinate()
@@ -182,5 +199,5 @@ def build_groups(cfg: ParallelConfig, device_type: str, ranks: list[int] | None 
         act_group=act, grad_group=grad, embed_group=embed, ep_group=ep, edp_group=edp,
         seq_group=seq if seq is not None else mesh.get_group("cp" if cfg.cp > 1 else "tp") if experts else None,
         ep_rank=block // cfg.etp % cfg.ep, edp_rank=block // (cfg.etp * cfg.ep), etp_group=etp,
-        etp_rank=block % cfg.etp,
+        etp_rank=block % cfg.etp, dp_hierarchy=hier,
     )

@@ -81,14 +81,15 @@ def case_plan(case: dict[str, Any]) -> PlanFile:
     return make_plan(spec, cluster, case.get("global_batch", 8), cfg, train=train, state=state)
 
 
-def grouped_cpu_cluster(ranks_per_group: int, precision: str = "fp32") -> ClusterSpec:
-    """Two node groups, ``a`` and ``b``, of one node of ``ranks_per_group`` CPU ranks each (gloo), the second on
-    slower NICs, joined by a slower link."""
-    group = lambda name, gbps: {"name": name, "gpu": "cpu", "num_nodes": 1, "gpus_per_node": ranks_per_group,  # noqa: E731
-                                "intra_node": {"bandwidth_GBps": 2, "latency_us": 50},
-                                "inter_node": {"nic_bandwidth_Gbps": gbps, "nics_per_node": 1, "latency_us": 50}}
+def grouped_cpu_cluster(ranks_per_group: int, precision: str = "fp32", ranks_of_b: int | None = None) -> ClusterSpec:
+    """Two node groups, ``a`` and ``b``, of one node of ``ranks_per_group`` CPU ranks each (gloo; ``b``'s node of
+    ``ranks_of_b`` when given), the second on slower NICs, joined by a slower link."""
+    group = lambda name, gbps, n: {"name": name, "gpu": "cpu", "num_nodes": 1, "gpus_per_node": n,  # noqa: E731
+                                   "intra_node": {"bandwidth_GBps": 2, "latency_us": 50},
+                                   "inter_node": {"nic_bandwidth_Gbps": gbps, "nics_per_node": 1, "latency_us": 50}}
     return cluster_from_dict({"name": "cpu-groups", "backend": "gloo", "precision": precision,
-                              "node_groups": [group("a", 10), group("b", 5)],
+                              "node_groups": [group("a", 10, ranks_per_group),
+                                              group("b", 5, ranks_of_b or ranks_per_group)],
                               "between_groups": [{"groups": ["a", "b"], "bandwidth_Gbps_per_node": 2}]}, "cpu-groups")
 
 
@@ -149,7 +150,8 @@ def equivalence(rank: int, case: dict[str, Any], data_path: str) -> dict[str, An
         while tr.step < tr.steps:
             losses.append(tr.train_step().loss)
         params = {n: p.detach().float().numpy().copy() for c in tr.chunks for n, p in c.named_parameters()}
-        return {"grads": grads, "losses": losses, "params": params if groups.tp == 1 and groups.dp_rank == 0 else None}
+        return {"grads": grads, "losses": losses, "params": params if groups.tp == 1 and groups.dp_rank == 0 else None,
+                "hierarchical": groups.dp_hierarchy is not None}
     finally:
         dist.barrier(group=groups.world)
         groups.destroy()

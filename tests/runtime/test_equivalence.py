@@ -160,6 +160,12 @@ MOE_EP_CASES = [
 GROUP_CASES = [
     dict(tp=1, pp=2, dp=2, placement=("a", "b"), layers=(3, 1)),
     dict(tp=2, pp=4, dp=1, sp=True, placement=("a", "a", "b", "b"), layers=(2, 1, 1, 0), zero=0),
+    # every pipeline rank's dp replicas split over both groups: the dp x cp collectives hierarchical
+    # (runtime/parallel/hierarchy.py), under ZeRO-0 (padded all-reduce), ZeRO-1 (owned slices in hierarchy order)
+    # and ZeRO-3 (parameters gathered through it)
+    dict(tp=1, pp=1, dp=4, placement=("a+b",), bucket_params=2999),
+    dict(tp=1, pp=1, dp=4, placement=("a+b",), zero=1, dp_overlap=True),
+    dict(tp=2, pp=1, dp=2, sp=True, placement=("a+b",), zero=3),
 ]
 
 ALL = CASES + MOE_CASES + MOE_EP_CASES + GROUP_CASES
@@ -172,6 +178,8 @@ def test_plan_matches_single_process(pool, tokens64, case):
     ref = reference_run(plan, tokens64)
     losses = results[0]["losses"]
     assert len(losses) == len(ref["losses"]) == 3
+    split = any("+" in e for e in case.get("placement", ()))
+    assert all(r["hierarchical"] == split for r in results if r is not None)
     for got, want in zip(losses, ref["losses"]):
         assert abs(got - want) <= TOL * abs(want), (losses, ref["losses"])
     assert ref["losses"][2] < ref["losses"][0]  # the reference itself learns

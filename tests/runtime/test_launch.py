@@ -330,23 +330,29 @@ def test_a_hand_edited_plan_is_re_estimated_at_load(tmp_path, capsys):
     assert load_plan(default_plan(tmp_path / "fresh.json")[0]).prediction_is_current
 
 
-def test_a_placed_plan_runs_as_its_groups_nodes(tmp_path, capsys):
-    """A plan placed on two node groups (one 2-rank node each, uneven layers): `autopar run` prints one torchrun line
-    per group; run as two "nodes" on this machine they train to the losses of the same plan run as one node."""
+@pytest.mark.parametrize("sizes,cfg", [
+    ((2, 2), ParallelConfig(tp=1, pp=2, dp=2, placement=("a", "b"), layers=(3, 1))),
+    ((1, 3), ParallelConfig(tp=1, pp=4, dp=1, placement=("a", "b", "b", "b"), layers=(1, 1, 1, 1))),
+], ids=["2+2", "1+3"])
+def test_a_placed_plan_runs_as_its_groups_nodes(tmp_path, capsys, sizes, cfg):
+    """A plan placed on two node groups (one node each, of 2 and 2 ranks, or 1 and 3: nodes of different sizes;
+    uneven layers): `autopar run` prints one torchrun line per group, each with its node's ranks; run as two "nodes"
+    on this machine they train to the losses of the same plan run as one node."""
     import socket
 
     from rt_cases import grouped_cpu_cluster
 
     from specs.planfile import TrainConfig
 
-    cfg = ParallelConfig(tp=1, pp=2, dp=2, placement=("a", "b"), layers=(3, 1))
-    plan = make_plan(load_model("tiny"), grouped_cpu_cluster(2), 8, cfg, train=TrainConfig(steps=3, warmup_steps=1))
+    plan = make_plan(load_model("tiny"), grouped_cpu_cluster(sizes[0], ranks_of_b=sizes[1]), 8, cfg,
+                     train=TrainConfig(steps=3, warmup_steps=1))
     path = tmp_path / "placed.json"
     save_plan(plan, path)
     assert main(["run", str(path), "--steps", "3", "--metrics-out", str(tmp_path / "nodes.jsonl"), "--quiet"]) == 0
     out = capsys.readouterr().out
     lines = [x.strip() for x in out.splitlines() if x.strip().startswith("torchrun")]
     assert len(lines) == 2 and "# group a, node ranks 0" in out and "# group b, node ranks 1" in out
+    assert [f"--nproc-per-node {n} " in line for n, line in zip(sizes, lines)] == [True, True]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
