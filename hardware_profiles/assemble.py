@@ -123,8 +123,11 @@ def collective_fits(colls: dict[str, dict[str, list]]) -> dict[str, dict[str, di
 
 
 def cluster_profile(meas: dict[str, Any], name: str, kernel_overhead_s: float | None = None,
-                    elementwise_Bps: float | None = None) -> dict[str, Any]:
-    """The cluster profile mapping (valid for ``cluster_from_dict``) from the measurements of a run."""
+                    elementwise_Bps: float | None = None, as_run: bool = False) -> dict[str, Any]:
+    """The cluster profile mapping (valid for ``cluster_from_dict``) from the measurements of a run.
+
+    ``as_run`` (node groups) keeps the nodes as they ran: a one-node CPU run is not widened to the bundled
+    CPU profile's ranks per node."""
     dev, world, local = meas["device"], meas["world"], meas["local"]
     gpu = gpu_profile(dev, meas["compute"], meas["precision"], kernel_overhead_s, elementwise_Bps)
     fits = collective_fits(meas.get("collectives", {}))
@@ -136,8 +139,9 @@ def cluster_profile(meas: dict[str, Any], name: str, kernel_overhead_s: float | 
         intra = {"bandwidth_GBps": _sig(float(np.median(ring))), "efficiency": 1.0,
                  "latency_us": fits.get("p2p", {}).get("intra", {}).get("alpha_us", intra["latency_us"])}
     per_node = local
-    if meas["backend"] == "gloo" and base is not None and world == local:  # CPU ranks are processes: a node holds
-        per_node = max(local, base.gpus_per_node)  # as many as the bundled CPU profile, whatever ran the probe
+    # CPU ranks are processes: a node holds as many as the bundled CPU profile, whatever ran the probe
+    if meas["backend"] == "gloo" and base is not None and world == local and not as_run:
+        per_node = max(local, base.gpus_per_node)
     out: dict[str, Any] = {"name": name, "gpu": gpu, "gpus_per_node": per_node, "num_nodes": 1 if per_node != local
                            else world // local,
                            "backend": meas["backend"], "precision": meas["precision"], "intra_node": intra}
@@ -157,11 +161,18 @@ def to_yaml(profile: dict[str, Any], meas: dict[str, Any], notes: list[str]) -> 
     """The profile as YAML with a header saying what was measured, where and when."""
     dev = meas["device"]
     when = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    where = f"device: {dev['name']}"
+    if "groups" in meas:
+        where = "node groups: " + ", ".join(f"{g['name']} ({len(g['nodes'])} node(s), {g['device']['name']})"
+                                            for g in meas["groups"])
     head = [f"# Measured by `autopar profile` on {meas.get('host', '?')} at {when} (torch {meas.get('torch', '?')}).",
-            f"# {meas['world']} rank(s), {meas['local']} per node, {meas['backend']}; device: {dev['name']}, "
+            f"# {meas['world']} rank(s), {meas['local']} per node, {meas['backend']}; {where}, "
             f"{meas['precision']}{', quick' if meas.get('quick') else ''}.",
             "# gemm_table / attention_table: whole-kernel rates (FLOP/s, causal FLOPs for attention);",
             "# collectives: time = alpha + bytes x factor / busbw (nccl-tests bus bandwidth), fitted per level."]
+    if "groups" in meas:
+        head.append("# between_groups: point to point between a node of each group, every GPU at once; alpha-beta fit,"
+                    " per-GPU bandwidth x GPUs per node.")
     head += [f"# note: {n}" for n in notes]
     return "\n".join(head) + "\n" + yaml.safe_dump(profile, sort_keys=False, default_flow_style=None, width=120)
 

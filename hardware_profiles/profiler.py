@@ -14,6 +14,10 @@ whatif; the cost model interpolates its tables and falls back to datasheet defau
 How it runs: without torchrun it spawns ``--nproc`` ranks here (default: every local GPU, or 2 CPU
 ranks; one GPU means no peer, so no collectives); under ``torchrun`` (multi-node) every rank runs the
 command and rank 0 writes the file. torch is imported only inside the command.
+
+Node groups: under torchrun, ``--group NAME`` on every node (nodes of one name form a group) measures each
+group's compute and collectives over its own ranks and the links between groups (groups.py), and rank 0
+writes one profile with ``node_groups`` and ``between_groups``.
 """
 
 from __future__ import annotations
@@ -24,10 +28,12 @@ import os
 import socket
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hardware_profiles.groups import Layout, LinkPlan, grouped_profile, link_rounds, node_layout, rank_record
 from specs.errors import AutoparError
 from specs.files import check_output_file
 
@@ -80,8 +86,12 @@ class _Progress:
 
 
 def measure(rank: int, world: int, local: int, quick: bool, progress: bool,
-            names: tuple[str, ...] | None = None) -> dict[str, Any] | None:
-    """Every rank's part of a profile (the process group is initialised); rank 0 returns the measurements."""
+            names: tuple[str, ...] | None = None, layout: Layout | None = None, meta: Any = None
+            ) -> dict[str, Any] | None:
+    """Every rank's part of a profile (the process group is initialised); rank 0 returns the measurements.
+
+    With ``layout`` (node groups) each group's compute and collectives are its own ranks' and the links between
+    groups are measured too (:func:`_grouped`); ``meta``: a gloo group of every rank, if one exists already."""
     torch = _torch()
     import torch.distributed as dist
 
@@ -109,11 +119,14 @@ def measure(rank: int, world: int, local: int, quick: bool, progress: bool,
             mem = 16.0
         dev = {"type": "cpu", "name": f"{_cpu_model()} ({torch.get_num_threads()} thread(s) per rank)",
                "memory_GiB": mem}
+    members = layout.members if layout else [list(range(world))]
+    rounds = link_rounds(layout.groups) if layout else []
     total = compute_bench.total_ticks(device, quick) + 1
-    total += collectives.total_ticks(device, world, local, quick, names) if world > 1 else 0
+    total += collectives.total_ticks(device, local, quick, members, names, len(rounds)) if world > 1 else 0
     bar = _Progress(total, progress and rank == 0)
     try:
-        meta = dist.new_group(backend="gloo") if cuda else None  # for objects and barriers off the GPU
+        if meta is None and cuda:
+            meta = dist.new_group(backend="gloo")  # for objects and barriers off the GPU
         sync = (lambda: dist.barrier(group=meta)) if world > 1 else (lambda: None)
         comp = compute_bench.run_all(device, precision, quick, bar.tick, sync)
         comp["probes"] = None
@@ -123,15 +136,34 @@ def measure(rank: int, world: int, local: int, quick: bool, progress: bool,
             comp["probes"] = layer_probe.measure(timer, mine, precision, TORCH_DTYPES[precision])
         bar.tick("layer probes", 1.0)
         gathered: list[Any] = [None] * world
-        dist.all_gather_object(gathered, comp, group=meta)
-        colls = collectives.run_all(device, local, quick, bar.tick, names) if world > 1 else {}
+        dist.all_gather_object(gathered, {"device": dev, "compute": comp}, group=meta)
+        if layout is not None:
+            colls = collectives.run_groups(device, local, quick, members, bar.tick, names)
+            times = collectives.run_links(device, quick, [[list(p.pairs) for p in r] for r in rounds], bar.tick)
+            links = [(plan, pts) for plans, per_round in zip(rounds, times) for plan, pts in zip(plans, per_round)]
+        else:
+            colls = collectives.run_all(device, local, quick, bar.tick, names) if world > 1 else {}
     finally:
         bar.close()
     if rank != 0:
         return None
-    return {"device": dev, "precision": precision, "backend": "nccl" if cuda else "gloo", "world": world,
-            "local": local, "quick": quick, "compute": combine(gathered), "collectives": colls,
-            "torch": torch.__version__, "host": socket.gethostname()}
+    out = {"device": dev, "precision": precision, "backend": "nccl" if cuda else "gloo", "world": world,
+           "local": local, "quick": quick, "torch": torch.__version__, "host": socket.gethostname()}
+    if layout is not None:
+        return {**out, **_grouped(layout, gathered, colls, links)}
+    return {**out, "compute": combine([g["compute"] for g in gathered]), "collectives": colls}
+
+
+def _grouped(layout: Layout, gathered: list[dict[str, Any]], colls: list[dict[str, Any]],
+             links: list[tuple[LinkPlan, list[tuple[int, float]]]]) -> dict[str, Any]:
+    """Rank 0's measurements of a grouped run: per group its device, compute (medians over its ranks only) and
+    collectives; per link between groups, its (bytes, seconds) points."""
+    groups = []
+    for (name, nodes), ranks, pts in zip(layout.groups.items(), layout.members, colls):
+        groups.append({"name": name, "kind": layout.kinds[name], "nodes": nodes, "device": gathered[ranks[0]]["device"],
+                       "compute": combine([gathered[r]["compute"] for r in ranks]), "collectives": pts})
+    return {"groups": groups, "links": [{"groups": list(p.groups), "pairs": [list(x) for x in p.pairs], "points": pts}
+                                        for p, pts in links]}
 
 
 def combine(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
@@ -209,22 +241,41 @@ def run_local(nproc: int, quick: bool, progress: bool = True) -> dict[str, Any]:
         Path(result).unlink(missing_ok=True)
 
 
-def run_torchrun(quick: bool, progress: bool = True) -> dict[str, Any] | None:
-    """Measure as one rank of a torchrun job (env:// rendezvous); rank 0 returns the measurements."""
+def run_torchrun(quick: bool, progress: bool = True, group: str | None = None, nic_kind: str | None = None
+                 ) -> dict[str, Any] | None:
+    """Measure as one rank of a torchrun job (env:// rendezvous); rank 0 returns the measurements.
+
+    ``group``: this node's node group (``--group``); the ranks exchange theirs first and every rank checks them
+    alike (:func:`hardware_profiles.groups.node_layout`), so a bad job fails on every rank at once."""
     torch = _torch()
     import torch.distributed as dist
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    if world % local:
-        raise AutoparError(f"torchrun started {world} ranks, not a whole number of nodes of {local}")
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     try:
-        return measure(rank, world, local, quick, progress)
+        meta = dist.new_group(backend="gloo") if torch.cuda.is_available() else None
+        node = int(os.environ.get("GROUP_RANK", rank // local))
+        mine = rank_record(group, nic_kind, node, int(os.environ.get("LOCAL_RANK", rank % local)), local)
+        records: list[Any] = [None] * world
+        dist.all_gather_object(records, mine, group=meta)
+        layout = node_layout(records)
+        if layout is None and world % local:
+            raise AutoparError(f"torchrun started {world} ranks, not a whole number of nodes of {local}")
+        return measure(rank, world, local, quick, progress, layout=layout, meta=meta)
     finally:
         dist.destroy_process_group()
+
+
+def _probe_fit(compute: dict[str, Any]) -> tuple[float | None, float | None]:
+    """(seconds per modelled kernel, elementwise bytes/s) from the CPU layer probes, or (None, None) on GPUs."""
+    if not compute.get("probes"):
+        return None, None
+    from hardware_profiles.layer_probe import fit
+
+    return fit(compute["probes"], compute["copy_Bps"], compute["tiny_op_s"])
 
 
 def build(meas: dict[str, Any], name: str) -> tuple[dict[str, Any], list[str]]:
@@ -232,13 +283,10 @@ def build(meas: dict[str, Any], name: str) -> tuple[dict[str, Any], list[str]]:
     from hardware_profiles.assemble import cluster_profile
     from hardware_profiles.fit import COLLECTIVES
 
+    if "groups" in meas:
+        return grouped_profile(meas, name, {g["name"]: _probe_fit(g["compute"]) for g in meas["groups"]})
     notes = []
-    overhead = elementwise = None
-    if meas["compute"].get("probes"):
-        from hardware_profiles.layer_probe import fit
-
-        c = meas["compute"]
-        overhead, elementwise = fit(c["probes"], c["copy_Bps"], c["tiny_op_s"])
+    overhead, elementwise = _probe_fit(meas["compute"])
     if meas["world"] == 1:
         notes.append("one rank: no peer to measure collectives with; links use the bundled defaults")
     else:
@@ -252,6 +300,8 @@ def build(meas: dict[str, Any], name: str) -> tuple[dict[str, Any], list[str]]:
 
 def summary(profile: dict[str, Any], out: str) -> list[str]:
     """A few lines on what was measured."""
+    if profile.get("node_groups"):
+        return _grouped_summary(profile, out)
     gpu = profile["gpu"]
     best = max(gpu["gemm_table"], key=lambda g: g["tflops"])
     eff = gpu["efficiency"]
@@ -265,16 +315,42 @@ def summary(profile: dict[str, Any], out: str) -> list[str]:
              + (f", {gpu['elementwise_bandwidth_GBps']:.4g} GB/s per modelled byte of the layers' memory-bound ops"
                 if gpu.get("elementwise_bandwidth_GBps") else f" ({gpu['memory_bandwidth_GBps']:.4g} datasheet)")
              + f"; fixed cost per kernel {eff['kernel_overhead_us']:.3g} us"]
-    for c, levels in profile.get("collectives", {}).items():
+    return lines + _fit_lines(profile.get("collectives", {}), "  ")
+
+
+def _fit_lines(fits: dict[str, dict[str, dict[str, float]]], indent: str) -> list[str]:
+    """One line per measured collective and level."""
+    lines = []
+    for c, levels in fits.items():
         for lv, f in levels.items():
             per = f" (+{f['alpha_per_rank_us']:.3g} us per rank beyond 2)" if f.get("alpha_per_rank_us") else ""
-            lines.append(f"  {c:<15}{lv:<6} alpha {f['alpha_us']:.4g} us{per}, busbw {f['busbw_GBps']:.4g} GB/s, "
+            lines.append(f"{indent}{c:<15}{lv:<6} alpha {f['alpha_us']:.4g} us{per}, busbw {f['busbw_GBps']:.4g} GB/s, "
                          f"R^2 {f['r2']:.3f}")
     return lines
 
 
+def _grouped_summary(profile: dict[str, Any], out: str) -> list[str]:
+    """A line per node group (then its collective fits) and per link between groups."""
+    groups = profile["node_groups"]
+    lines = [f"wrote {out}: node groups " + ", ".join(f"{g['name']} ({g['num_nodes']} x {g['gpus_per_node']} "
+                                                      f"{g['gpu']['name']})" for g in groups)
+             + f" ({profile['backend']}, {profile['precision']})"]
+    for g in groups:
+        gpu, net = g["gpu"], g["inter_node"]
+        best = max(gpu["gemm_table"], key=lambda x: x["tflops"])
+        lines.append(f"  group {g['name']}: GEMM best {best['tflops']:.4g} TFLOP/s, memory "
+                     f"{gpu['measured_memory_bandwidth_GBps']:.4g} GB/s copy, intra-node "
+                     f"{g['intra_node']['bandwidth_GBps']:.4g} GB/s, NICs {net['nics_per_node']} x "
+                     f"{net['nic_bandwidth_Gbps']:.4g} Gb/s {net['kind']}")
+        lines += _fit_lines(g.get("collectives", {}), "    ")
+    for x in profile.get("between_groups", []):
+        lines.append(f"  link {'-'.join(x['groups'])}: {x['bandwidth_Gbps_per_node']:.4g} Gb/s per node, latency "
+                     f"{x['latency_us']:.4g} us (point to point, every GPU of a node at once)")
+    return lines
+
+
 def profile_command(args: argparse.Namespace, progress: Callable[[], bool] | None = None) -> int:
-    """The CLI entry point (args: out, quick, nproc, name)."""
+    """The CLI entry point (args: out, quick, nproc, name, group, nic_kind)."""
     from hardware_profiles.assemble import to_yaml, write_profile
 
     if os.environ.get("RANK", "0") == "0":  # rank 0 writes the profile
@@ -282,13 +358,24 @@ def profile_command(args: argparse.Namespace, progress: Callable[[], bool] | Non
     torch = _torch()
     show = sys.stderr.isatty() if progress is None else progress()
     under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
+    group, nic_kind = getattr(args, "group", None), getattr(args, "nic_kind", None)
     if under_torchrun:
         if args.nproc is not None:
             raise AutoparError("--nproc is for spawning ranks here; under torchrun use --nproc-per-node")
-        meas = run_torchrun(args.quick, show)
+        try:
+            meas = run_torchrun(args.quick, show, group, nic_kind)
+        except AutoparError as err:  # every rank failed alike: the first rank of each node says why
+            if os.environ.get("LOCAL_RANK", "0") != "0":
+                time.sleep(1.0)  # torchrun stops a node's ranks when one exits: let the first print first
+                raise SystemExit(err.exit_code) from None
+            raise
         if meas is None:
             return 0
     else:
+        if group is not None or nic_kind is not None:
+            flag = "--group" if group is not None else "--nic-kind"
+            raise AutoparError(f"{flag} is for the nodes of a torchrun job: run `torchrun ... autopar profile --group "
+                               "NAME` on every node (the nodes of one name form a node group)")
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         nproc = args.nproc if args.nproc is not None else (gpus or 2)
         if nproc < 1:

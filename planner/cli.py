@@ -106,6 +106,11 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--nproc", type=int, default=None,
                       help="ranks to measure collectives with (default: all GPUs, or 2 on CPU)")
     prof.add_argument("--name", default=None, help="cluster name in the profile")
+    prof.add_argument("--group", default=None, metavar="NAME",
+                      help="under torchrun, on every node: this node's node group (nodes with one name form a group); "
+                           "writes a profile with node_groups and the links between groups")
+    prof.add_argument("--nic-kind", default=None, metavar="{ib,roce,ethernet}",
+                      help="with --group: the kind of this group's NICs, recorded in the profile (default ib)")
 
     cal = sub.add_parser("calibrate", help="fit a profile's efficiency parameters to measured runs")
     cal.add_argument("metrics", nargs="+", type=path_argument,
