@@ -35,7 +35,7 @@ ORDERS = 2  # orders of the groups kept per stage shape
 MAX_SPLITS = 2000  # layer splits an exhaustive placement tries per plan and order (beyond: the even split)
 
 
-def placements(cluster: ClusterSpec, cfg: ParallelConfig) -> list[tuple[str, ...]]:
+def placements(cluster: ClusterSpec, cfg: ParallelConfig, moe: bool = False) -> list[tuple[str, ...]]:
     """Every placement of ``cfg``'s pipeline ranks as one contiguous block per node group (each group's GPUs
     hold whole ranks of tp*dp*cp GPUs), in every order of the groups; and, when the groups are of one size, every
     pipeline rank split over all of them (``a+b``: its dp replicas an equal share per group, each group running a
@@ -50,7 +50,7 @@ def placements(cluster: ClusterSpec, cfg: ParallelConfig) -> list[tuple[str, ...
         out.append(("+".join(groups),) * cfg.pp)
     node_gpus = {g.name: g.gpus_per_node for g in cluster.node_groups}
     return [w for w in out if placement_problem(w, cfg.tp, cfg.dp, cfg.cp, cfg.pp, groups, cluster.num_gpus,
-                                                node_gpus) is None]
+                                                node_gpus, moe) is None]
 
 
 def proportional_layers(num_layers: int, speed: list[float]) -> tuple[int, ...]:
@@ -146,16 +146,16 @@ def place(model: ModelSpec, cluster: ClusterSpec, ranked: list[PlanResult], glob
     least; :func:`splits`). Best first, those that fit before those that do not."""
     if exhaustive:
         out = [_price(model, cluster, replace(cfg, placement=where, layers=split), global_batch, headroom_GiB, state)
-               for cfg in _bases(ranked, len(ranked)) for where in placements(cluster, cfg)
+               for cfg in _bases(ranked, len(ranked)) for where in placements(cluster, cfg, model.moe is not None)
                for split in splits(model.num_layers, cfg.pp * cfg.vpp)]
         return sorted(out, key=lambda p: (not p.estimate.fits, p.estimate.step_time_s))
     out = []
     orders_of: dict[tuple[int, int, int, int], list[tuple[tuple[str, ...], dict[str, float]]]] = {}
-    for base in _chosen(cluster, ranked):
+    for base in _chosen(cluster, ranked, model.moe is not None):
         shape = (base.tp, base.dp, base.cp, base.vpp)
         if shape not in orders_of:
             tried = []
-            for where in placements(cluster, base):
+            for where in placements(cluster, base, model.moe is not None):
                 even = _price(model, cluster, replace(base, placement=where), global_batch, headroom_GiB, state)
                 speeds = _speeds(model, even.config, even)
                 split = _price(model, cluster, by_speed(model, even.config, speeds), global_batch, headroom_GiB,
@@ -192,12 +192,12 @@ def _shape_order(cfg: ParallelConfig) -> tuple[tuple[int, int, int, int], tuple[
     return (cfg.tp, cfg.dp, cfg.cp, cfg.vpp), cfg.placement
 
 
-def _chosen(cluster: ClusterSpec, ranked: list[PlanResult]) -> list[ParallelConfig]:
+def _chosen(cluster: ClusterSpec, ranked: list[PlanResult], moe: bool) -> list[ParallelConfig]:
     """The first :data:`MAX_BASES` distinct configurations of ``ranked`` the groups hold as whole pipeline ranks, and
     the first :data:`SPLIT_BASES` whose pipeline ranks can be split over the groups."""
     out, blocks, split = [], 0, 0
     for cfg in _bases(ranked, len(ranked)):
-        kinds = {"+" in w[0] for w in placements(cluster, cfg)}
+        kinds = {"+" in w[0] for w in placements(cluster, cfg, moe)}
         take_block, take_split = False in kinds and blocks < MAX_BASES, True in kinds and split < SPLIT_BASES
         if take_block or take_split:
             out.append(cfg)

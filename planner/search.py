@@ -131,7 +131,8 @@ def _placeable(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed:
     sizes = list(cluster.groups.values())
     whole = [p for p in plans if all(n % (p.config.tp * p.config.dp * p.config.cp) == 0 for n in sizes)
              and p.config.pp > 1]
-    split = [p for p in plans[:SPLIT_SCAN] if any("+" in w[0] for w in placements(cluster, p.config))]
+    moe = model.moe is not None
+    split = [p for p in plans[:SPLIT_SCAN] if any("+" in w[0] for w in placements(cluster, p.config, moe))]
     if (whole and not exhaustive) or "pp" in fixed:
         return _fastest(whole + split)
     stage = math.gcd(*sizes)

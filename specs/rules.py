@@ -143,7 +143,8 @@ def _placement_ok(c: Candidates, x: PlanContext) -> np.ndarray:
     shapes = np.stack([np.broadcast_to(c.tp, len(c)), np.broadcast_to(c.dp, len(c)), np.broadcast_to(c.cp, len(c)),
                        np.broadcast_to(c.pp, len(c))], axis=1)
     uniq, back = np.unique(shapes, axis=0, return_inverse=True)
-    ok = np.array([placement_problem(c.placement, *map(int, u), dict(x.groups), x.gpus, _node_gpus(x)) is None
+    moe = x.model.moe is not None
+    ok = np.array([placement_problem(c.placement, *map(int, u), dict(x.groups), x.gpus, _node_gpus(x), moe) is None
                    for u in uniq], dtype=bool)
     return ok[np.asarray(back).reshape(-1)]
 
@@ -153,11 +154,12 @@ def _node_gpus(x: PlanContext) -> dict[str, int]:
 
 
 def placement_problem(placement: tuple[str, ...], tp: int, dp: int, cp: int, pp: int, names: dict[str, int],
-                      gpus: int, node_gpus: dict[str, int]) -> str | None:
+                      gpus: int, node_gpus: dict[str, int], moe: bool = False) -> str | None:
     """Why ``placement`` does not put this stage shape on node groups ``names`` (GPUs each; ``gpus`` in all, nodes of
     ``node_gpus`` GPUs), or None: one entry per pipeline rank naming known groups, each entry's groups an equal share
-    of its dp replicas, every group's GPUs covered exactly, and every node's GPUs in one group (each run of
-    consecutive ranks on a group a whole number of its nodes)."""
+    of its dp replicas (not for a mixture-of-experts model, ``moe``: its experts' reduce runs over other groups than
+    dp x cp), every group's GPUs covered exactly, and every node's GPUs in one group (each run of consecutive ranks
+    on a group a whole number of its nodes)."""
     text = f"placement={key_text(placement)}"
     if not names:
         return f"{text}: the cluster has no node_groups; leave placement out"
@@ -166,6 +168,9 @@ def placement_problem(placement: tuple[str, ...], tp: int, dp: int, cp: int, pp:
         return f"{text}: unknown node group {', '.join(unknown)}; the cluster's groups are {', '.join(names)}"
     if len(placement) != pp:
         return f"{text} names {len(placement)} pipeline ranks but pp={pp}; give one group per pipeline rank"
+    if moe and any("+" in e for e in placement):
+        return (f"{text} splits the replicas of a mixture-of-experts model over groups, which autopar does not do yet "
+                "(the experts' reduce would cross them flat); give each group whole pipeline ranks")
     split = next((e for e in placement if dp % len(entry_groups(e))), None)
     if split is not None:
         return f"{text}: {split} splits dp={dp} replicas over {len(entry_groups(split))} groups; dp must divide evenly"
@@ -192,7 +197,7 @@ def placement_problem(placement: tuple[str, ...], tp: int, dp: int, cp: int, pp:
 
 def _placement_why(cfg: ParallelConfig, x: PlanContext) -> str:
     return placement_problem(cfg.placement or (), cfg.tp, cfg.dp, cfg.cp, cfg.pp, dict(x.groups), x.gpus,
-                             _node_gpus(x)) or "placement is fine"
+                             _node_gpus(x), x.model.moe is not None) or "placement is fine"
 
 
 RULES: tuple[Rule, ...] = (

@@ -271,6 +271,9 @@ def test_split_placements_that_do_not_fit_are_one_line_errors(capsys):
     # one of 8 split in two would put half a node in each group
     assert placement_problem(("ib+roce",) * 8, 8, 2, 1, 8, *x) is None
     assert "one node in two groups" in placement_problem(("ib+roce",) * 16, 4, 2, 1, 16, *x)
+    err = fails(capsys, "estimate", "--model", "mixtral-8x7b", "--global-batch", "512", "--cluster", "ib-roce-a100",
+                "--plan", "tp=8,sp=true,pp=1,dp=16,ep=8,placement=ib+roce")
+    assert "mixture-of-experts" in err
 
 
 def _spanning(c, cfg):
