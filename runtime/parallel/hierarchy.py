@@ -4,66 +4,154 @@ reduce-scatter inside each group, the collective across the groups on that shard
 exactly this).
 
 The dp x cp group of ``parts * n`` members (dp major, cp minor) holds ``n`` consecutive members per node group.
-Member ``q`` is member ``i = q % n`` of its group's *inner* group and member ``g = q // n`` of the *outer* group of
+Member ``q`` is member ``i = q % n`` of its group's *inner* groups and member ``g = q // n`` of the *outer* groups of
 the members with the same ``i`` (one per node group). Under ZeRO it owns slice ``i * parts + g`` of each bucket
 (:attr:`Hierarchy.rank`): then the inner reduce-scatter leaves member ``i`` the block of slices ``i * parts`` ..
-``i * parts + parts - 1``, contiguous, and the outer one its own slice of it; gathers run the other way round. The
-collectives run one after the other; the returned handle is already complete.
+``i * parts + parts - 1``, contiguous, and the outer one its own slice of it; gathers run the other way round.
+
+Asynchronous, as the flat collectives are (the gradient reduce overlaps the backward): each call is a
+:class:`Chain` of steps, each started when the one before it has finished. Chains of one direction (reductions;
+gathers) form a queue: a chain starts a step only after the chain before it has started that step, so every
+process group sees its collectives in the same order on every rank, whatever each rank's timing; every call
+advances the queue, and waiting for a chain first finishes the chains before it. Each kind of step has its own
+process group (reduce-scatter, the reduction across, the all-gather back; the gathers' two), so no group's order
+depends on when a rank advanced.
 """
 
 from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from runtime.parallel.mappings import all_gather_into, reduce_scatter_into
 
+Step = Callable[[], Any]  # starts one collective asynchronously, returns its work handle
 
-class Done:
-    """The handle of collectives that already ran (what ``async_op=True`` returns elsewhere)."""
+
+class Chain:
+    """Collectives that run one after another (a work handle: :meth:`wait`, :meth:`is_completed`)."""
+
+    def __init__(self, queue: Queue, steps: list[Step], after: Callable[[], None] | None = None) -> None:
+        self.queue, self.steps, self.after = queue, deque(steps), after
+        self.work: Any = None
+        self.started = 0
+
+    @property
+    def done(self) -> bool:
+        return self.work is None and not self.steps
+
+    def ready(self) -> bool:
+        """Whether the step in flight (if any) has finished."""
+        return self.work is None or self.work.is_completed()
+
+    def start_next(self) -> None:
+        if self.work is not None:
+            self.work.wait()
+        self.work = self.steps.popleft()() if self.steps else None
+        self.started += self.work is not None
+        if self.done and self.after is not None:
+            self.after()
+            self.after = None
+
+    def finish(self) -> None:
+        while not self.done:
+            self.start_next()
+
+    def is_completed(self) -> bool:
+        self.queue.pump()
+        return self.done
 
     def wait(self) -> bool:
+        self.queue.finish_through(self)
         return True
 
 
-class Hierarchy:
-    """This rank's inner (same node group) and outer (same place in every node group) data-parallel groups."""
+class Queue:
+    """The chains of one direction, oldest first (module docstring)."""
 
-    def __init__(self, inner: dist.ProcessGroup, outer: dist.ProcessGroup, parts: int, n: int, member: int) -> None:
+    def __init__(self) -> None:
+        self.chains: deque[Chain] = deque()
+
+    def add(self, steps: list[Step], after: Callable[[], None] | None = None) -> Chain:
+        self.pump()
+        chain = Chain(self, steps, after)
+        chain.start_next()  # the chains before it started their first step when they were added
+        self.chains.append(chain)
+        return chain
+
+    def pump(self) -> None:
+        """Start each chain's next step where its step in flight has finished and the chain before it has started
+        that step already; drop finished chains."""
+        ahead = None
+        for chain in self.chains:
+            if not chain.done and chain.ready() and (not chain.steps or ahead is None or ahead.done
+                                                     or ahead.started > chain.started):
+                chain.start_next()  # its next step, or (none left) it completes
+            ahead = chain
+        while self.chains and self.chains[0].done:
+            self.chains.popleft()
+
+    def finish_through(self, chain: Chain) -> None:
+        """Finish every chain up to and including ``chain``, oldest first."""
+        if chain.done:
+            return
+        while self.chains:
+            first = self.chains.popleft()
+            first.finish()
+            if first is chain:
+                return
+        chain.finish()
+
+
+class Hierarchy:
+    """This rank's inner (same node group) and outer (same place in every node group) data-parallel groups, one of
+    each per kind of step (module docstring)."""
+
+    def __init__(self, inner: dict[str, dist.ProcessGroup], outer: dict[str, dist.ProcessGroup], parts: int, n: int,
+                 member: int) -> None:
         self.inner, self.outer, self.parts, self.n = inner, outer, parts, n
         self.rank = member % n * parts + member // n  # the ZeRO slice this member owns
+        self.reductions, self.gathers = Queue(), Queue()
 
     @property
     def size(self) -> int:
         return self.parts * self.n
 
-    def all_reduce(self, t: torch.Tensor) -> Done:
+    @property
+    def groups(self) -> list[dist.ProcessGroup]:
+        return [*self.inner.values(), *self.outer.values()]
+
+    def all_reduce(self, t: torch.Tensor) -> Chain:
         """Sum ``t`` (contiguous) over every member, in place."""
         flat = t.view(-1)
         pad = -flat.numel() % self.n
         buf = torch.cat([flat, flat.new_zeros(pad)]) if pad else flat
         block = buf.new_empty(buf.numel() // self.n)
-        reduce_scatter_into(block, buf, self.inner)
-        dist.all_reduce(block, group=self.outer)
-        all_gather_into(buf, block, self.inner)
-        if pad:
-            flat.copy_(buf[:flat.numel()])
-        return Done()
+        steps = [lambda: reduce_scatter_into(block, buf, self.inner["scatter"], async_op=True),
+                 lambda: dist.all_reduce(block, group=self.outer["reduce"], async_op=True),
+                 lambda: all_gather_into(buf, block, self.inner["back"], async_op=True)]
+        return self.reductions.add(steps, (lambda: flat.copy_(buf[:flat.numel()])) if pad else None)
 
-    def reduce_scatter_into(self, out: torch.Tensor, inp: torch.Tensor) -> Done:
+    def reduce_scatter_into(self, out: torch.Tensor, inp: torch.Tensor) -> Chain:
         """``out`` = this member's slice (:attr:`rank`) of ``inp`` summed over every member (``inp``'s size a multiple
         of :attr:`size`)."""
         block = inp.new_empty(inp.numel() // self.n)
-        reduce_scatter_into(block, inp, self.inner)
-        reduce_scatter_into(out, block, self.outer)
-        return Done()
+        return self.reductions.add([lambda: reduce_scatter_into(block, inp, self.inner["scatter"], async_op=True),
+                                    lambda: reduce_scatter_into(out, block, self.outer["reduce"], async_op=True)])
 
-    def all_gather_into(self, out: torch.Tensor, inp: torch.Tensor) -> Done:
+    def all_gather_into(self, out: torch.Tensor, inp: torch.Tensor) -> Chain:
         """``out`` = every member's slice, in slice order."""
         block = out.new_empty(out.numel() // self.n)
-        all_gather_into(block, inp.contiguous(), self.outer)
-        all_gather_into(out, block, self.inner)
-        return Done()
+        shard = inp.contiguous()
+        return self.gathers.add([lambda: all_gather_into(block, shard, self.outer["gather"], async_op=True),
+                                 lambda: all_gather_into(out, block, self.inner["gather"], async_op=True)])
+
+
+INNER, OUTER = ("scatter", "back", "gather"), ("reduce", "gather")
 
 
 def hierarchies(layout: torch.Tensor, parts: list[int], me: int) -> Hierarchy | None:
@@ -78,9 +166,10 @@ def hierarchies(layout: torch.Tensor, parts: list[int], me: int) -> Hierarchy | 
         for t in range(tp):
             members = layout[p, :, :, t].reshape(-1).tolist()
             n = len(members) // parts[p]
-            inner = [dist.new_group(members[g * n:(g + 1) * n]) for g in range(parts[p])]
-            outer = [dist.new_group(members[i::n]) for i in range(n)]
+            inner = {k: [dist.new_group(members[g * n:(g + 1) * n]) for g in range(parts[p])] for k in INNER}
+            outer = {k: [dist.new_group(members[i::n]) for i in range(n)] for k in OUTER}
             if me in members:
                 q = members.index(me)
-                mine = Hierarchy(inner[q // n], outer[q % n], parts[p], n, q)
+                mine = Hierarchy({k: v[q // n] for k, v in inner.items()}, {k: v[q % n] for k, v in outer.items()},
+                                 parts[p], n, q)
     return mine

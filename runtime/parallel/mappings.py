@@ -37,7 +37,7 @@ def all_gather_into(out: torch.Tensor, inp: torch.Tensor, group: Any, async_op: 
     """``out`` = every member's ``inp`` in order; ``group`` a process group or a data-parallel
     :class:`~runtime.parallel.hierarchy.Hierarchy` (in its slice order)."""
     if not isinstance(group, dist.ProcessGroup):
-        return group.all_gather_into(out, inp)
+        return _waited(group.all_gather_into(out, inp), async_op)
     return getattr(dist, ALL_GATHER_SINGLE)(out, inp, group=group, async_op=async_op)
 
 
@@ -50,18 +50,26 @@ def all_to_all_rows(x: torch.Tensor, out_rows: list[int], in_rows: list[int], gr
     return out
 
 
+def _waited(work: Any, async_op: bool) -> Any:
+    """``work`` (a hierarchy's chain), waited for unless the caller asked for it asynchronously."""
+    if not async_op:
+        work.wait()
+        return None
+    return work
+
+
 def reduce_scatter_into(out: torch.Tensor, inp: torch.Tensor, group: Any, async_op: bool = False):
     """``out`` = this member's slice of ``inp`` summed over ``group`` (a process group or a
     :class:`~runtime.parallel.hierarchy.Hierarchy`)."""
     if not isinstance(group, dist.ProcessGroup):
-        return group.reduce_scatter_into(out, inp)
+        return _waited(group.reduce_scatter_into(out, inp), async_op)
     return getattr(dist, REDUCE_SCATTER_SINGLE)(out, inp, group=group, async_op=async_op)
 
 
 def sum_into(t: torch.Tensor, group: Any, async_op: bool = False):
     """``t`` summed over ``group`` in place (a process group or a :class:`~runtime.parallel.hierarchy.Hierarchy`)."""
     if not isinstance(group, dist.ProcessGroup):
-        return group.all_reduce(t)
+        return _waited(group.all_reduce(t), async_op)
     return dist.all_reduce(t, group=group, async_op=async_op)
 
 

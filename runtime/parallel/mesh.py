@@ -129,16 +129,15 @@ class ParallelGroups:
             g = getattr(self, attr)
             if g is not None:
                 names.setdefault(id(g), name)
-        if self.dp_hierarchy is not None:
-            names.setdefault(id(self.dp_hierarchy.inner), "dp")
-            names.setdefault(id(self.dp_hierarchy.outer), "dp")
+        for g in self.dp_hierarchy.groups if self.dp_hierarchy is not None else ():
+            names.setdefault(id(g), "dp")
         return names
 
     def destroy(self) -> None:
         """Free the groups this object created (the job's, the mesh's and the extra ones)."""
         mine = {self.world, self.mp_group, self.dpcp_group, self.act_group, self.grad_group, self.embed_group,
                 self.ep_group, self.edp_group, self.seq_group, self.etp_group, *self.mesh.get_all_groups(),
-                *((self.dp_hierarchy.inner, self.dp_hierarchy.outer) if self.dp_hierarchy is not None else ())}
+                *(self.dp_hierarchy.groups if self.dp_hierarchy is not None else ())}
         for g in mine:
             if g is not None and g is not dist.group.WORLD:
                 dist.destroy_process_group(g)

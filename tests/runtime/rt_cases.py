@@ -427,3 +427,36 @@ def tp_collectives(rank: int, case: dict[str, Any], data_path: str) -> dict[str,
         dist.barrier(group=groups.world)
         groups.destroy()
 
+
+
+def hierarchy_collectives(rank: int, parts: int) -> dict[str, float]:
+    """runtime/parallel/hierarchy.py on every pool rank as one dp group split over ``parts`` node groups: several
+    chains of each collective in flight at once, waited newest first, against the flat collectives; largest
+    differences."""
+    from runtime.parallel.hierarchy import hierarchies
+
+    world = dist.get_world_size()
+    h = hierarchies(torch.arange(world).view(1, world, 1, 1), [parts], rank)
+    assert h is not None
+    gen = torch.Generator().manual_seed(rank)
+    xs = [torch.randn(world * (3 + k), generator=gen) for k in range(5)]  # sizes a multiple of the group's
+    flat = [x.clone() for x in xs]
+    for f in flat:
+        dist.all_reduce(f)
+    own = [slice(h.rank * x.numel() // world, (h.rank + 1) * x.numel() // world) for x in xs]
+    odd = [x[:-1].clone() for x in xs]  # all-reduce pads what the inner groups cannot split evenly
+    reduced = [h.all_reduce(y) for y in odd]
+    scattered = [x.clone() for x in xs]
+    shards = [h.reduce_scatter_into(s[o], s) for s, o in zip(scattered, own)]  # in place, as ZeRO does
+    for w in reversed(reduced + shards):
+        w.wait()
+    gathered = [torch.zeros_like(x) for x in xs]
+    for g, f, o in zip(gathered, flat, own):
+        g[o] = f[o]
+    chains = [h.all_gather_into(g, g[o]) for g, o in zip(gathered, own)]
+    while not all(c.is_completed() for c in chains):
+        pass
+    err = lambda pairs: max(float((a - b).abs().max()) for a, b in pairs)  # noqa: E731
+    return {"all_reduce": err(zip(odd, (f[:-1] for f in flat))), "owned": float(h.rank),
+            "reduce_scatter": err((s[o], f[o]) for s, f, o in zip(scattered, flat, own)),
+            "all_gather": err(zip(gathered, flat))}

@@ -70,6 +70,8 @@ RESUME_UNDER = {
     "cp2-dp2": dict(cp=2, dp=2),
     "two-ranks-tp2": dict(tp=2),
     "two-ranks-dp2-zero3": dict(dp=2, zero=3),
+    # replicas split over two node groups: ZeRO slices owned in the hierarchy's order (runtime/parallel/hierarchy.py)
+    "dp4-zero1-split": dict(dp=4, zero=1, placement=("a+b",)),
 }
 WRITER = dict(tp=2, pp=2, steps=6)
 
