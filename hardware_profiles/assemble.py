@@ -150,8 +150,9 @@ def cluster_profile(meas: dict[str, Any], name: str, kernel_overhead_s: float | 
         out["inter_node"] = {"nic_bandwidth_Gbps": _sig(8 * float(np.median(inter_fits))), "nics_per_node": local,
                              "efficiency": 1.0,
                              "latency_us": fits.get("p2p", {}).get("inter", {}).get("alpha_us", 5.0)}
-    elif base is not None and base.inter_node is not None:
-        out["inter_node"] = base.inter_node.model_dump()
+    elif base is not None and base.inter_node is not None:  # the bundled NICs per GPU, on this node's GPUs
+        nics = max(1, round(base.inter_node.nics_per_node * per_node / base.gpus_per_node))
+        out["inter_node"] = {**base.inter_node.model_dump(), "nics_per_node": nics}
     if fits:
         out["collectives"] = fits
     return out
@@ -161,18 +162,19 @@ def to_yaml(profile: dict[str, Any], meas: dict[str, Any], notes: list[str]) -> 
     """The profile as YAML with a header saying what was measured, where and when."""
     dev = meas["device"]
     when = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    where = f"device: {dev['name']}"
+    where = f"{meas['world']} rank(s), {meas['local']} per node, {meas['backend']}; device: {dev['name']}"
     if "groups" in meas:
-        where = "node groups: " + ", ".join(f"{g['name']} ({len(g['nodes'])} node(s), {g['device']['name']})"
-                                            for g in meas["groups"])
+        where = f"{meas['world']} rank(s), {meas['backend']}; node groups: " + ", ".join(
+            f"{g['name']} ({len(g['nodes'])} node(s) x {len(g['nodes'][0])}, {g['device']['name']})"
+            for g in meas["groups"])
     head = [f"# Measured by `autopar profile` on {meas.get('host', '?')} at {when} (torch {meas.get('torch', '?')}).",
-            f"# {meas['world']} rank(s), {meas['local']} per node, {meas['backend']}; {where}, "
-            f"{meas['precision']}{', quick' if meas.get('quick') else ''}.",
+            f"# {where}, {meas['precision']}{', quick' if meas.get('quick') else ''}.",
             "# gemm_table / attention_table: whole-kernel rates (FLOP/s, causal FLOPs for attention);",
             "# collectives: time = alpha + bytes x factor / busbw (nccl-tests bus bandwidth), fitted per level."]
     if "groups" in meas:
-        head.append("# between_groups: point to point between a node of each group, every GPU at once; alpha-beta fit,"
-                    " per-GPU bandwidth x GPUs per node.")
+        head += ["# between_groups: point to point between a node of each group, local rank i with i for every i both"
+                 " have, at once;", "# alpha-beta fit: bandwidth per pair x pairs, latency = alpha less the groups' NIC"
+                 " hops (the model adds them back)."]
     head += [f"# note: {n}" for n in notes]
     return "\n".join(head) + "\n" + yaml.safe_dump(profile, sort_keys=False, default_flow_style=None, width=120)
 

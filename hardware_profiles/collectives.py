@@ -14,8 +14,9 @@ as pipeline stages do in steady state). A timing is the slowest rank's time per 
 nccl-tests; on CPUs each call follows a burst of compute, whose own time is subtracted (:func:`time_slots`).
 
 Node groups (``autopar profile --group``): the levels of every group are measured at once, each restricted to
-its group's ranks (``members``), and the links between groups as point-to-point exchanges between a node of
-each (:func:`run_links`); a timing is then the slowest rank of its own group or link (a *slot*).
+its group's ranks (``members``) and laid out on its own nodes (``per_node`` ranks each: groups may differ), and
+the links between groups as point-to-point exchanges between a node of each (:func:`run_links`); a timing is
+then the slowest rank of its own group or link (a *slot*).
 """
 
 from __future__ import annotations
@@ -200,13 +201,14 @@ def run_all(device: torch.device, local: int, quick: bool,
     """``{collective: {level: [(group size, bytes, seconds), ...]}}``; every rank calls it, rank 0 keeps it.
 
     Collectives the backend lacks are left out (the caller notes which)."""
-    return run_groups(device, local, quick, [list(range(dist.get_world_size()))], tick, names)[0]
+    return run_groups(device, [local], quick, [list(range(dist.get_world_size()))], tick, names)[0]
 
 
-def group_levels(local: int, members: list[list[int]]) -> list[tuple[str, list[Level | None], list[int]]]:
-    """Per level (intra, inter): each set of ``members``' :class:`Level` (None where it has none, e.g. the
-    inter-node level of a one-node group) and every group size any set measures, ascending."""
-    per_set = [{lv.name: lv for lv in levels(len(m), local, m)} for m in members]
+def group_levels(per_node: list[int], members: list[list[int]]) -> list[tuple[str, list[Level | None], list[int]]]:
+    """Per level (intra, inter): each set of ``members``' :class:`Level` on its nodes of ``per_node`` ranks (None
+    where it has none, e.g. the inter-node level of a one-node group, the intra-node level of one-rank nodes) and
+    every group size any set measures, ascending."""
+    per_set = [{lv.name: lv for lv in levels(len(m), local, m)} for m, local in zip(members, per_node)]
     out = []
     for name in ("intra", "inter"):
         lvs = [p.get(name) for p in per_set]
@@ -242,16 +244,17 @@ def _setup(device: torch.device, quick: bool) -> tuple[Timer, float, list[int], 
     return timer, window_s, message_sizes(device, quick), compute_gap(device) if device.type == "cpu" else None
 
 
-def run_groups(device: torch.device, local: int, quick: bool, members: list[list[int]],
+def run_groups(device: torch.device, per_node: list[int], quick: bool, members: list[list[int]],
                tick: Callable[[str, float], None] = lambda what, done: None,
                names: tuple[str, ...] = COLLECTIVES) -> list[Points]:
     """:func:`run_all` for each set of ranks in ``members`` (node groups: their ranks node after node, every rank
-    in one set), restricted to that set's ranks; all sets are measured at once, and every rank gets every set's."""
+    in one set) on its nodes of ``per_node`` ranks, restricted to that set's ranks; all sets are measured at once,
+    and every rank gets every set's."""
     rank = dist.get_rank()
     mine = next(i for i, m in enumerate(members) if rank in m)
     timer, window_s, sizes, gap = _setup(device, quick)
     out: list[Points] = [{} for _ in members]
-    for lv_name, lvs, group_sizes in group_levels(local, members):
+    for lv_name, lvs, group_sizes in group_levels(per_node, members):
         groups, pair_group = _new_groups(lvs, rank)
         peer = next((b if rank == a else a for a, b in lvs[mine].pairs if rank in (a, b)), None) if lvs[mine] else None
         for name in names:
@@ -279,9 +282,10 @@ def run_links(device: torch.device, quick: bool, rounds: list[list[list[tuple[in
               tick: Callable[[str, float], None] = lambda what, done: None) -> list[list[list[tuple[int, float]]]]:
     """Point-to-point between nodes of two groups: per round, per link (its pairs of ranks), ``[(bytes, seconds)]``.
 
-    Every pair of a link exchanges at once (rank i of one node with rank i of the other, so they share the
-    nodes' NICs as a pipeline's sends do), as do the links of a round (they share no node); every rank calls it
-    and gets every link's slowest pair's times."""
+    Every pair of a link exchanges at once (local rank i of one node with local rank i of the other, for every i
+    both nodes have, so they share the nodes' NICs as a pipeline's sends do), as do the links of a round (they
+    share no node); every rank calls it (a rank in no pair times nothing) and gets every link's slowest pair's
+    times."""
     rank = dist.get_rank()
     timer, window_s, sizes, gap = _setup(device, quick)
     out = []
@@ -300,9 +304,9 @@ def run_links(device: torch.device, quick: bool, rounds: list[list[list[tuple[in
     return out
 
 
-def total_ticks(device: torch.device, local: int, quick: bool, members: list[list[int]],
+def total_ticks(device: torch.device, per_node: list[int], quick: bool, members: list[list[int]],
                 names: tuple[str, ...] = COLLECTIVES, link_rounds: int = 0) -> int:
     """Progress units of :func:`run_groups` (and ``link_rounds`` rounds of :func:`run_links`): one per size timed."""
     p2p = "p2p" in names
-    per = sum(len(sizes) * (len(names) - p2p) + p2p for _, _, sizes in group_levels(local, members))
+    per = sum(len(sizes) * (len(names) - p2p) + p2p for _, _, sizes in group_levels(per_node, members))
     return (per + link_rounds) * len(message_sizes(device, quick))

@@ -2,11 +2,13 @@
 between groups, and the cluster profile with ``node_groups`` and ``between_groups`` built from the measurements.
 
 Every node of a torchrun job names its group (``--group``, the same on all its ranks); the ranks exchange
-their names (:func:`node_layout` checks them: all or none named, the same ranks per node, one name per node).
-Each group is measured as a cluster of its own, restricted to its ranks (collectives.run_groups), and each
-pair of groups over one node of each (:func:`link_rounds`, collectives.run_links): rank i of one node
-exchanges with rank i of the other, all at once, so the pairs share the nodes' NICs as pipeline sends do;
-the alpha-beta fit of those times per GPU, times the GPUs per node, is the link's bandwidth per node.
+their names (:func:`node_layout` checks them: all or none named, one name per node, the same ranks on every node
+of a group; groups may differ in ranks per node). Each group is measured as a cluster of its own, restricted to
+its ranks and nodes (collectives.run_groups), and each pair of groups over one node of each (:func:`link_rounds`,
+collectives.run_links): local rank i of one node exchanges with local rank i of the other for every i both nodes
+have, all at once, so the pairs share the nodes' NICs as pipeline sends do. A link's bandwidth per node is the
+alpha-beta fit's per-GPU bandwidth times the number of pairs (what the link carried); its latency is the fit's
+alpha less the two groups' NIC hops, which the cost model adds back (specs/topology.py ``Topology.between``).
 
 Pure Python + numpy (no torch), so it is testable on its own.
 """
@@ -28,9 +30,9 @@ NIC_KINDS = ("ib", "roce", "ethernet")
 @dataclass(frozen=True)
 class Layout:
     """The node groups of a torchrun job: each group's nodes (their global ranks by local rank), groups in the
-    order of their first node, and each group's NIC kind."""
+    order of their first node, and each group's NIC kind. Every node of a group runs the same number of ranks;
+    groups may differ."""
 
-    local: int  # ranks per node (every node the same)
     groups: dict[str, list[list[int]]]
     kinds: dict[str, str]
 
@@ -38,6 +40,11 @@ class Layout:
     def members(self) -> list[list[int]]:
         """Each group's ranks, node after node (what the collectives of a group run over)."""
         return [[r for node in nodes for r in node] for nodes in self.groups.values()]
+
+    @property
+    def per_node(self) -> list[int]:
+        """Each group's ranks per node (its GPUs per node), in the order of :attr:`members`."""
+        return [len(nodes[0]) for nodes in self.groups.values()]
 
 
 @dataclass(frozen=True)
@@ -62,26 +69,46 @@ def _nodes(records: list[dict[str, Any]]) -> dict[int, list[int]]:
     return out
 
 
-def _check_sizes(nodes: dict[int, list[int]], records: list[dict[str, Any]], grouped: bool) -> int:
-    """The ranks per node, the same on every node (one-line error otherwise)."""
-    sizes = {n: records[ranks[0]]["local_world"] for n, ranks in nodes.items()}
-    if len(set(sizes.values())) > 1 or any(len(nodes[n]) != s for n, s in sizes.items()):
-        per = ", ".join(f"node {n}: {len(r)}" for n, r in nodes.items())
-        why = " (the profiler measures node groups of equal GPUs per node, for now)" if grouped else ""
-        raise AutoparError(f"every node must run the same number of ranks{why}; got {per}: give every node the "
-                           "same --nproc-per-node")
-    return next(iter(sizes.values()))
+def _sizes(nodes: dict[int, list[int]], records: list[dict[str, Any]]) -> dict[int, int]:
+    """The ranks of each node, as its ranks counted themselves (one-line error where their LOCAL_WORLD_SIZE
+    says otherwise)."""
+    for n, ranks in nodes.items():
+        said = sorted({records[r]["local_world"] for r in ranks})
+        if said != [len(ranks)]:
+            raise AutoparError(f"node {n} runs {len(ranks)} rank(s) but its ranks say LOCAL_WORLD_SIZE "
+                               f"{', '.join(map(str, said))}: run every node under torchrun (it sets GROUP_RANK and "
+                               "LOCAL_WORLD_SIZE)")
+    return {n: len(ranks) for n, ranks in nodes.items()}
+
+
+def _check_equal(sizes: dict[int, int]) -> None:
+    """Every node the same number of ranks (a profile without node groups is homogeneous)."""
+    if len(set(sizes.values())) > 1:
+        per = ", ".join(f"node {n}: {s}" for n, s in sizes.items())
+        raise AutoparError(f"every node must run the same number of ranks; got {per}: give every node the same "
+                           "--nproc-per-node (or name node groups with --group: groups may differ in GPUs per node)")
+
+
+def _check_groups(groups: dict[str, list[int]], sizes: dict[int, int]) -> None:
+    """Every node of a group the same number of ranks (groups may differ)."""
+    for name, nodes in groups.items():
+        if len({sizes[n] for n in nodes}) > 1:
+            per = ", ".join(f"node {n}: {sizes[n]}" for n in nodes)
+            raise AutoparError(f"the nodes of group {name} run different numbers of ranks ({per}): give every node of "
+                               "a group the same --nproc-per-node (groups may differ)")
 
 
 def node_layout(records: list[dict[str, Any]]) -> Layout | None:
     """The node groups named by every rank's record (:func:`rank_record`), or None when no rank named one.
 
     One-line errors: some nodes named and others not, a bad name or NIC kind, a node whose ranks disagree, nodes
-    of different sizes. Every rank calls it on the same records, so every rank fails alike."""
+    of one group (or, without groups, any nodes) of different sizes. Every rank calls it on the same records, so
+    every rank fails alike."""
     nodes = _nodes(records)
+    sizes = _sizes(nodes, records)
     named = [n for n, ranks in nodes.items() if any(records[r]["group"] for r in ranks)]
     if not named:
-        _check_sizes(nodes, records, False)
+        _check_equal(sizes)
         kinds = sorted({r["nic_kind"] for r in records if r["nic_kind"]})
         if kinds:
             raise AutoparError(f"--nic-kind {kinds[0]} describes a node group's NICs: give it with --group NAME")
@@ -92,6 +119,7 @@ def node_layout(records: list[dict[str, Any]]) -> Layout | None:
         raise AutoparError(f"--group must be given on every node or on none: node{'s' if len(bare) > 1 else ''} "
                            f"{', '.join(map(str, bare))} gave none (node {named[0]}: --group {first})")
     groups: dict[str, list[list[int]]] = {}
+    node_ids: dict[str, list[int]] = {}
     kinds: dict[str, set[str]] = {}
     for n, ranks in nodes.items():
         names = sorted({records[r]["group"] or "(none)" for r in ranks})
@@ -101,6 +129,7 @@ def node_layout(records: list[dict[str, Any]]) -> Layout | None:
         if not NAME.match(names[0]):
             raise AutoparError(f"--group {names[0]!r}: a group name may hold only letters, digits, '_', '.' and '-'")
         groups.setdefault(names[0], []).append(ranks)
+        node_ids.setdefault(names[0], []).append(n)
         kinds.setdefault(names[0], set()).update(records[r]["nic_kind"] or "ib" for r in ranks)
     for name, ks in kinds.items():
         bad = sorted(ks - set(NIC_KINDS))
@@ -109,12 +138,13 @@ def node_layout(records: list[dict[str, Any]]) -> Layout | None:
         if len(ks) > 1:
             raise AutoparError(f"the nodes of group {name} gave different --nic-kind ({', '.join(sorted(ks))}): "
                                "give one per group")
-    local = _check_sizes(nodes, records, True)
-    return Layout(local, groups, {name: ks.pop() for name, ks in kinds.items()})
+    _check_groups(node_ids, sizes)
+    return Layout(groups, {name: ks.pop() for name, ks in kinds.items()})
 
 
 def link_rounds(groups: dict[str, list[list[int]]]) -> list[list[LinkPlan]]:
-    """Every pair of groups once, between a node of each, local rank i with local rank i. A node serves one
+    """Every pair of groups once, between a node of each, local rank i with local rank i for every i both nodes
+    have (the larger node's other ranks sit out). A node serves one
     link at a time; links that share no node are measured at once (one round), so a group with several nodes
     lends a different node to each of its links."""
     names = list(groups)
@@ -135,12 +165,21 @@ def link_rounds(groups: dict[str, list[list[int]]]) -> list[list[LinkPlan]]:
     return rounds
 
 
-def link_fit(points: list[tuple[int, float]], gpus_per_node: int) -> dict[str, float]:
-    """``{bandwidth_Gbps_per_node, latency_us, r2}`` from a link's (bytes each rank sent, seconds) points: the
-    alpha-beta fit per GPU, its bandwidth times the GPUs per node (all of them sent at once)."""
+def link_fit(points: list[tuple[int, float]], pairs: int) -> dict[str, float]:
+    """``{bandwidth_Gbps_per_node, alpha_us, r2}`` from a link's (bytes each rank sent, seconds) points: the
+    alpha-beta fit per pair, its bandwidth times the ``pairs`` that sent at once (what the link carried between
+    the two nodes), and its alpha end to end (NIC hops included)."""
     ab = fit_alpha_beta([b for b, _ in points], [t for _, t in points])
-    return {"bandwidth_Gbps_per_node": _sig(ab.bw_Bps * gpus_per_node * 8 / 1e9), "latency_us": _sig(ab.alpha_s * 1e6),
+    return {"bandwidth_Gbps_per_node": _sig(ab.bw_Bps * pairs * 8 / 1e9), "alpha_us": _sig(ab.alpha_s * 1e6),
             "r2": round(ab.r2, 4)}
+
+
+def link_latency(alpha_us: float, a: dict[str, Any], b: dict[str, Any]) -> float:
+    """A link's ``latency_us`` between node groups ``a`` and ``b`` (their ``node_groups`` entries) from its measured
+    end-to-end alpha: less the NIC hops ``Topology.between`` adds ((a's + b's NIC latency) / 2), so the model
+    prices the alpha once; 0 where the hops alone exceed it."""
+    hops = (a["inter_node"]["latency_us"] + b["inter_node"]["latency_us"]) / 2
+    return _sig(max(0.0, alpha_us - hops))
 
 
 def _network(g: dict[str, Any], profile: dict[str, Any], links: list[dict[str, Any]], notes: list[str]
@@ -163,7 +202,7 @@ def _network(g: dict[str, Any], profile: dict[str, Any], links: list[dict[str, A
         notes.append(f"group {name} has one node: its NICs are taken as its fastest measured link "
                      f"({'-'.join(best['groups'])}, one NIC of {best['bandwidth_Gbps_per_node']:.4g} Gb/s)")
         return {"nic_bandwidth_Gbps": best["bandwidth_Gbps_per_node"], "nics_per_node": 1,
-                "latency_us": best["latency_us"], "efficiency": 1.0}
+                "latency_us": best["alpha_us"], "efficiency": 1.0}
     intra = profile["intra_node"]
     notes.append(f"group {name} has one node and no link was measured: its NICs are taken as its intra-node "
                  "bandwidth")
@@ -176,15 +215,17 @@ def node_group(g: dict[str, Any], meas: dict[str, Any], links: list[dict[str, An
     """One ``node_groups`` entry from a group's measurements (``{name, kind, nodes, device, compute,
     collectives}``): its GPU with the measured tables, links, NICs and collective fits, as assemble.py builds a
     homogeneous profile."""
-    world = len(g["nodes"]) * meas["local"]
-    run = {**meas, "device": g["device"], "world": world, "compute": g["compute"], "collectives": g["collectives"]}
+    local = len(g["nodes"][0])  # its own GPUs per node
+    world = len(g["nodes"]) * local
+    run = {**meas, "device": g["device"], "world": world, "local": local, "compute": g["compute"],
+           "collectives": g["collectives"]}
     prof = cluster_profile(run, g["name"], kernel_overhead_s, elementwise_Bps, as_run=True)
     if world > 1:
         missing = [c for c in COLLECTIVES if c not in g["collectives"]]
         if missing:
             notes.append(f"group {g['name']}: {meas['backend']} does not implement {', '.join(missing)} here; the "
                          "model's defaults apply")
-    out = {"name": g["name"], "gpu": prof["gpu"], "num_nodes": len(g["nodes"]), "gpus_per_node": meas["local"],
+    out = {"name": g["name"], "gpu": prof["gpu"], "num_nodes": len(g["nodes"]), "gpus_per_node": local,
            "intra_node": prof["intra_node"], "inter_node": {**_network(g, prof, links, notes), "kind": g["kind"]}}
     if prof.get("collectives"):
         out["collectives"] = prof["collectives"]
@@ -198,12 +239,14 @@ def grouped_profile(meas: dict[str, Any], name: str,
     for the user, from rank 0's measurements of a grouped run. ``probe_fits``: per group, the CPU layer probes'
     (seconds per kernel, elementwise bytes/s)."""
     notes: list[str] = []
-    links = [{"groups": list(x["groups"]), **link_fit(x["points"], meas["local"])} for x in meas["links"]]
+    links = [{"groups": list(x["groups"]), **link_fit(x["points"], len(x["pairs"]))} for x in meas["links"]]
     if len(meas["groups"]) == 1:
         notes.append("one node group: no link between groups to measure (give other nodes another --group name)")
     fits = probe_fits or {}
     groups = [node_group(g, meas, links, notes, *fits.get(g["name"], (None, None))) for g in meas["groups"]]
-    between = [{k: x[k] for k in ("groups", "bandwidth_Gbps_per_node", "latency_us")} for x in links]
+    by_name = {g["name"]: g for g in groups}
+    between = [{"groups": x["groups"], "bandwidth_Gbps_per_node": x["bandwidth_Gbps_per_node"],
+                "latency_us": link_latency(x["alpha_us"], *(by_name[n] for n in x["groups"]))} for x in links]
     profile = {"name": name, "backend": meas["backend"], "precision": meas["precision"], "node_groups": groups}
     if between:
         profile["between_groups"] = between

@@ -16,8 +16,9 @@ ranks; one GPU means no peer, so no collectives); under ``torchrun`` (multi-node
 command and rank 0 writes the file. torch is imported only inside the command.
 
 Node groups: under torchrun, ``--group NAME`` on every node (nodes of one name form a group) measures each
-group's compute and collectives over its own ranks and the links between groups (groups.py), and rank 0
-writes one profile with ``node_groups`` and ``between_groups``.
+group's compute and collectives over its own ranks and nodes and the links between groups (groups.py), and rank
+0 writes one profile with ``node_groups`` and ``between_groups``. Groups may differ in ranks (GPUs) per node;
+the nodes of one group may not (nor, without groups, any nodes).
 """
 
 from __future__ import annotations
@@ -86,12 +87,14 @@ class _Progress:
 
 
 def measure(rank: int, world: int, local: int, quick: bool, progress: bool,
-            names: tuple[str, ...] | None = None, layout: Layout | None = None, meta: Any = None
-            ) -> dict[str, Any] | None:
+            names: tuple[str, ...] | None = None, layout: Layout | None = None, meta: Any = None,
+            local_rank: int | None = None) -> dict[str, Any] | None:
     """Every rank's part of a profile (the process group is initialised); rank 0 returns the measurements.
 
-    With ``layout`` (node groups) each group's compute and collectives are its own ranks' and the links between
-    groups are measured too (:func:`_grouped`); ``meta``: a gloo group of every rank, if one exists already."""
+    ``local``: the ranks on this rank's node, ``local_rank`` its place there (default ``rank % local``). With
+    ``layout`` (node groups, whose nodes may differ in size) each group's compute and collectives are its own
+    ranks' and the links between groups are measured too (:func:`_grouped`); ``meta``: a gloo group of every rank,
+    if one exists already."""
     torch = _torch()
     import torch.distributed as dist
 
@@ -104,7 +107,7 @@ def measure(rank: int, world: int, local: int, quick: bool, progress: bool,
 
     names = names or COLLECTIVES
     cuda = torch.cuda.is_available()
-    device = torch.device("cuda", rank % local) if cuda else torch.device("cpu")
+    device = torch.device("cuda", rank % local if local_rank is None else local_rank) if cuda else torch.device("cpu")
     precision = "bf16" if cuda else "fp32"
     if cuda:
         torch.cuda.set_device(device)
@@ -120,9 +123,10 @@ def measure(rank: int, world: int, local: int, quick: bool, progress: bool,
         dev = {"type": "cpu", "name": f"{_cpu_model()} ({torch.get_num_threads()} thread(s) per rank)",
                "memory_GiB": mem}
     members = layout.members if layout else [list(range(world))]
+    per_node = layout.per_node if layout else [local]
     rounds = link_rounds(layout.groups) if layout else []
     total = compute_bench.total_ticks(device, quick) + 1
-    total += collectives.total_ticks(device, local, quick, members, names, len(rounds)) if world > 1 else 0
+    total += collectives.total_ticks(device, per_node, quick, members, names, len(rounds)) if world > 1 else 0
     bar = _Progress(total, progress and rank == 0)
     try:
         if meta is None and cuda:
@@ -138,7 +142,7 @@ def measure(rank: int, world: int, local: int, quick: bool, progress: bool,
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, {"device": dev, "compute": comp}, group=meta)
         if layout is not None:
-            colls = collectives.run_groups(device, local, quick, members, bar.tick, names)
+            colls = collectives.run_groups(device, per_node, quick, members, bar.tick, names)
             times = collectives.run_links(device, quick, [[list(p.pairs) for p in r] for r in rounds], bar.tick)
             links = [(plan, pts) for plans, per_round in zip(rounds, times) for plan, pts in zip(plans, per_round)]
         else:
@@ -156,8 +160,9 @@ def measure(rank: int, world: int, local: int, quick: bool, progress: bool,
 
 def _grouped(layout: Layout, gathered: list[dict[str, Any]], colls: list[dict[str, Any]],
              links: list[tuple[LinkPlan, list[tuple[int, float]]]]) -> dict[str, Any]:
-    """Rank 0's measurements of a grouped run: per group its device, compute (medians over its ranks only) and
-    collectives; per link between groups, its (bytes, seconds) points."""
+    """Rank 0's measurements of a grouped run: per group its nodes (their ranks: its GPUs per node is their
+    length), device, compute (medians over its ranks only) and collectives; per link between groups, its pairs of
+    ranks and (bytes, seconds) points."""
     groups = []
     for (name, nodes), ranks, pts in zip(layout.groups.items(), layout.members, colls):
         groups.append({"name": name, "kind": layout.kinds[name], "nodes": nodes, "device": gathered[ranks[0]]["device"],
@@ -252,19 +257,20 @@ def run_torchrun(quick: bool, progress: bool = True, group: str | None = None, n
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    local_rank = int(os.environ.get("LOCAL_RANK", rank % local))
     if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(local_rank)
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     try:
         meta = dist.new_group(backend="gloo") if torch.cuda.is_available() else None
         node = int(os.environ.get("GROUP_RANK", rank // local))
-        mine = rank_record(group, nic_kind, node, int(os.environ.get("LOCAL_RANK", rank % local)), local)
+        mine = rank_record(group, nic_kind, node, local_rank, local)
         records: list[Any] = [None] * world
         dist.all_gather_object(records, mine, group=meta)
         layout = node_layout(records)
         if layout is None and world % local:
             raise AutoparError(f"torchrun started {world} ranks, not a whole number of nodes of {local}")
-        return measure(rank, world, local, quick, progress, layout=layout, meta=meta)
+        return measure(rank, world, local, quick, progress, layout=layout, meta=meta, local_rank=local_rank)
     finally:
         dist.destroy_process_group()
 
@@ -345,7 +351,7 @@ def _grouped_summary(profile: dict[str, Any], out: str) -> list[str]:
         lines += _fit_lines(g.get("collectives", {}), "    ")
     for x in profile.get("between_groups", []):
         lines.append(f"  link {'-'.join(x['groups'])}: {x['bandwidth_Gbps_per_node']:.4g} Gb/s per node, latency "
-                     f"{x['latency_us']:.4g} us (point to point, every GPU of a node at once)")
+                     f"{x['latency_us']:.4g} us beyond the NIC hops (point to point, local rank i with i, all at once)")
     return lines
 
 
