@@ -27,8 +27,9 @@ VARY_KEYS = {
     "nics_per_node": "NICs per node",
     "group_bw": "Gb/s per NIC of one node group (group_bw:<group>=v1,v2,...)",
     "group_nodes": "nodes of one node group (group_nodes:<group>=n1,n2,...)",
+    "group_net": "one node group's NICs, as another group's (group_net:<group>=<group>,...)",
 }
-GROUP_KEYS = ("group_bw", "group_nodes")  # a cluster of node groups varies these (its other fields are derived)
+GROUP_KEYS = ("group_bw", "group_nodes", "group_net")  # a cluster of node groups varies these (the rest follows)
 SWEPT_LAYOUT = tuple(k for k in LAYOUT if k != "dp")  # dp follows the GPU count
 
 
@@ -48,6 +49,8 @@ def parse_vary(text: str) -> tuple[str, list[Any]]:
     if key == "gpu":
         for g in items:
             load_gpu(g)
+        return key, items
+    if base == "group_net":  # group names, checked against the cluster's groups (with_group)
         return key, items
     vals: list[Any] = []
     for x in items:
@@ -82,8 +85,9 @@ def cluster_at(cluster: ClusterSpec, key: str, value: Any) -> tuple[ClusterSpec,
 
 
 def with_group(cluster: ClusterSpec, key: str, group: str, value: Any) -> ClusterSpec:
-    """A cluster of node groups with one group's NIC bandwidth (``group_bw``) or nodes (``group_nodes``) changed;
-    its derived fields (the cluster at its slowest link) follow."""
+    """A cluster of node groups with one group's NIC bandwidth (``group_bw``), nodes (``group_nodes``) or whole NIC
+    section (``group_net``: kind, NICs, latency and efficiency of group ``value``; "what if the Ethernet island got
+    the RoCE island's NICs") changed; its derived fields (the cluster at its slowest link) follow."""
     if not cluster.node_groups:
         raise AutoparError(f"--vary {key}:{group}: cluster {cluster.name} has no node groups; vary inter_node_bw or "
                            "nodes instead")
@@ -94,13 +98,20 @@ def with_group(cluster: ClusterSpec, key: str, group: str, value: Any) -> Cluste
     if group not in cluster.groups:
         raise AutoparError(f"--vary {key}:{group}: no node group '{group}'{did_you_mean(group, list(cluster.groups))}; "
                            f"the cluster's groups are {', '.join(cluster.groups)}")
+    if key == "group_net" and value not in cluster.groups:
+        raise AutoparError(f"--vary group_net:{group}={value}: no node group '{value}'"
+                           f"{did_you_mean(value, list(cluster.groups))}; give groups whose NICs to use "
+                           f"({', '.join(cluster.groups)})")
     data = cluster.model_dump(mode="json")
     for k in ("gpu", "gpus_per_node", "num_nodes", "intra_node", "inter_node"):
         data.pop(k)
+    nets = {g["name"]: g["inter_node"] for g in data["node_groups"]}
     for g in data["node_groups"]:
         if g["name"] == group:
             if key == "group_bw":
                 g["inter_node"]["nic_bandwidth_Gbps"] = value
+            elif key == "group_net":
+                g["inter_node"] = dict(nets[value])
             else:
                 g["num_nodes"] = value
     return cluster_from_dict(data, cluster.name)
@@ -151,6 +162,9 @@ def sweep(model: ModelSpec, cluster: ClusterSpec, global_batch: int, key: str, v
         if cluster.num_nodes == 1:
             raise AutoparError(f"--vary {key}: {cluster.name} is one node here, so the network between nodes "
                                "does not matter; give --gpus or --nodes to span several")
+    if key.startswith("group_net:"):  # a group name that is not one is bad input, not a point without a plan
+        for v in values:
+            cluster_at(cluster, key, v)
     pts: list[dict[str, Any]] = []
     for v in values:
         pt: dict[str, Any] = {"value": v}

@@ -199,6 +199,10 @@ def test_whatif_varies_one_groups_network_and_compares_with_the_homogeneous_view
     assert all("placement" not in h["plan"] for h in flat) and all("placement" in b["plan"] for b in best)
     assert main([*common, "--vary", "group_nodes:ib=8,16", "--format", "json"]) == 0
     assert [p["gpus"] for p in json.loads(capsys.readouterr().out)["curves"]["best"]] == [192, 256]
+    # "what if the Ethernet island got the RoCE island's NICs, or the InfiniBand one's"
+    assert main([*common, "--vary", "group_net:eth=eth,roce,ib", "--format", "json"]) == 0
+    speeds = [p["tokens_per_s"] for p in json.loads(capsys.readouterr().out)["curves"]["best"]]
+    assert speeds[0] < speeds[1] < speeds[2]
 
 
 def test_whatif_on_groups_refuses_what_it_cannot_vary_in_one_line(capsys):
@@ -207,6 +211,8 @@ def test_whatif_on_groups_refuses_what_it_cannot_vary_in_one_line(capsys):
     assert "no node group 'rocee'" in fails(capsys, *common, "ib-roce-a100", "--vary", "group_bw:rocee=100")
     assert "names a node group" in fails(capsys, *common, "ib-roce-a100", "--vary", "group_bw=100")
     assert "has no node groups" in fails(capsys, *common, "dgx-a100", "--nodes", "2", "--vary", "group_bw:ib=100")
+    err = fails(capsys, *common, "ib-roce-a100", "--vary", "group_net:roce=roce,ibb")
+    assert "no node group 'ibb' (did you mean 'ib'?)" in err and "no point" not in err
 
 
 @pytest.mark.parametrize("batch", [64, 256])
