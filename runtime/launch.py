@@ -54,7 +54,7 @@ def _worker_args(plan_path: str, steps: int | None, data: str | None, metrics_ou
 def multi_node_commands(plan: PlanFile, worker: list[str], max_restarts: int = 0) -> list[str]:
     """The torchrun line to run on every node, and the equivalent srun line for Slurm; for a plan placed on node
     groups, one line per group (:func:`group_commands`)."""
-    if plan.config.placement is not None:
+    if plan.config.placement is not None or len({g.gpus_per_node for g in plan.cluster.node_groups}) > 1:
         return group_commands(plan, worker)
     nodes = -(-plan.world_size // plan.cluster.gpus_per_node)
     per_node = plan.world_size // nodes
@@ -68,16 +68,17 @@ def multi_node_commands(plan: PlanFile, worker: list[str], max_restarts: int = 0
 
 
 def group_nodes(plan: PlanFile) -> list[tuple[str, int, int]]:
-    """(group, first node rank, nodes) of each run of nodes a placed plan puts on one node group, in rank order:
+    """(group, first node rank, nodes) of each run of nodes a plan on node groups puts on one group, in rank order:
     from global rank 0, each node holds the next ``gpus_per_node`` ranks of its group (``specs.parallel.rank_group``
-    says which; the rules keep a node's GPUs in one group)."""
+    says which for a placed plan; the rules keep a node's GPUs in one group; a plan without a placement, on groups
+    whose nodes differ in size, takes the groups' nodes in profile order)."""
     cfg = plan.config
-    assert cfg.placement is not None
     per_node = {g.name: g.gpus_per_node for g in plan.cluster.node_groups}
+    order = [g.name for g in plan.cluster.node_groups for _ in range(g.num_nodes * g.gpus_per_node)]
     out: list[tuple[str, int, int]] = []
     rank = node = 0
-    while rank < plan.world_size:
-        g = rank_group(cfg.placement, cfg.tp, cfg.dp, cfg.cp, rank)
+    while rank < plan.world_size:  # without a placement, the groups' nodes in profile order
+        g = order[rank] if cfg.placement is None else rank_group(cfg.placement, cfg.tp, cfg.dp, cfg.cp, rank)
         if out and out[-1][0] == g:
             out[-1] = (g, out[-1][1], out[-1][2] + 1)
         else:

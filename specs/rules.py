@@ -149,6 +149,13 @@ def _placement_ok(c: Candidates, x: PlanContext) -> np.ndarray:
     return ok[np.asarray(back).reshape(-1)]
 
 
+def _tied_ends_alike(c: Candidates, x: PlanContext) -> bool:
+    """A tied embedding's two ends own the same ZeRO-2/3 slices: both split over as many node groups (or no
+    placement, or no tie)."""
+    p = c.placement
+    return p is None or not x.model.tie_embeddings or len(entry_groups(p[0])) == len(entry_groups(p[-1]))
+
+
 def _node_gpus(x: PlanContext) -> dict[str, int]:
     return dict(x.node_gpus) or {g: x.gpus_per_node or x.gpus for g, _ in x.groups}
 
@@ -268,6 +275,10 @@ RULES: tuple[Rule, ...] = (
          lambda cfg, x: f"tp_overlap=true needs the tensor-parallel group inside a node (it overlaps over NVLink); "
                         f"tp={cfg.tp} spans nodes of {x.gpus_per_node} GPUs: set tp_overlap=false"),
     Rule(("placement", "pp", "tp", "dp", "cp"), _placement_ok, _placement_why),
+    Rule(("placement", "zero", "pp"), lambda c, x: ~((c.zero >= 2) & (c.pp > 1)) | _tied_ends_alike(c, x),
+         lambda cfg, x: f"placement={key_text(cfg.placement)} with zero={cfg.zero} and a tied embedding: the first and "
+                        "last pipeline ranks own different slices of it (one is split over more node groups than "
+                        "the other); split both ends alike, or use zero=1"),
     # the same plan as another candidate: not errors, just not enumerated twice
     Rule(("sp", "tp"), lambda c, x: ~(c.sp & (c.tp == 1)), lambda cfg, x: "sp=true with tp=1 is sp=false",
          kind="same"),

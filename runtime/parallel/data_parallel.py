@@ -62,6 +62,7 @@ from torch import nn
 
 from runtime.models.common import Transformer
 from runtime.parallel.buckets import Bucket, Range, Segment, Span, bucket_bounds, group_segments, layer_segments, users
+from runtime.parallel.hierarchy import Hierarchy
 from runtime.parallel.mappings import all_gather_into, member, reduce_scatter_into, sum_into
 from runtime.parallel.mesh import ParallelGroups
 from runtime.parallel.params import EDP, ParamTable, Reduce
@@ -101,7 +102,7 @@ class DataParallel:
         if self.zero >= 2:
             segments = layer_segments(chunk, params, self.d)
         else:
-            segments = group_segments(params, bucket_params, lambda r: self._over(r)[1] if self.zero else 1)
+            segments = group_segments(params, bucket_params, self._unit)
         total = sum(s.bounds[-1][1] for s in segments if s.bounds)
         dtype = params[0][0].dtype if params else torch.float32  # a stage may hold no layers (layers=0/...)
         self._empty = torch.empty(0, dtype=dtype, device=self.device)
@@ -172,6 +173,14 @@ class DataParallel:
             assert self.g.edp_group is not None and self.zero < 2, "routed experts run under ZeRO-0/1 only"
             return self.g.edp_group, self.g.edp, self.g.edp_rank
         return self.g.dp_reduce_group, self.d, self.g.dpcp_rank
+
+    def _unit(self, reduce: Reduce) -> int:
+        """ZeRO-0/1 buckets are multiples of this: ZeRO-1's ``d`` owners; ZeRO-0's 1, or (replicas split over node
+        groups) the members per group, so the hierarchy's reduce-scatter needs no padded copy."""
+        group, d, _ = self._over(reduce)
+        if self.zero:
+            return d
+        return group.n if isinstance(group, Hierarchy) else 1
 
     def _owned(self, size: int, d: int, rank: int) -> Range:
         """The slice of a ``size``-element bucket this rank owns: its 1/d share under ZeRO, else all of it."""

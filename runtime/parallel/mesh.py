@@ -184,7 +184,7 @@ def build_groups(cfg: ParallelConfig, device_type: str, ranks: list[int] | None 
     edp = _new_groups(folded, (1,), me) if experts else None
     seq = _new_groups(layout, (2, 3), me) if experts and cfg.cp > 1 and cfg.tp > 1 else None
     parts = [len(entry_groups(e)) for e in cfg.placement] if cfg.placement else [1] * cfg.pp
-    hier = hierarchies(layout, parts, me) if max(parts) > 1 else None
+    hier = hierarchies(layout, parts, me, eager=device_type == "cuda") if max(parts) > 1 else None
     if me not in ranks:
         return None
     coord = mesh.get_coordinate()

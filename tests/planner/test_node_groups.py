@@ -14,7 +14,7 @@ from cost_models.step import estimate
 from planner.cli import main
 from planner.placement import explain_placement
 from planner.search import search
-from runtime.launch import group_commands, group_nodes
+from runtime.launch import group_commands, group_nodes, multi_node_commands
 from specs.cluster import load_cluster
 from specs.errors import AutoparError
 from specs.model_loading import load_model
@@ -361,3 +361,23 @@ def test_groups_may_differ_in_gpus_per_node(tmp_path):
     lines = [x for x in group_commands(plan, ["-m", "runtime.train", "p.json"]) if x.startswith("torchrun")]
     assert "--nnodes 6 --nproc-per-node 8 --node-rank $((0 + i))" in lines[0]
     assert "--nnodes 6 --nproc-per-node 4 --node-rank $((2 + i))" in lines[1]
+    plain = make_plan(model, c, 64, ParallelConfig(tp=4, pp=2, dp=4))  # no placement: each node still gets its own
+    assert group_nodes(plain) == [("big", 0, 2), ("small", 2, 4)]
+    assert sum(x.startswith("torchrun") for x in multi_node_commands(plain, ["-m", "runtime.train", "p.json"])) == 2
+
+
+def test_a_tied_embedding_under_zero_2_needs_both_ends_split_alike(tmp_path):
+    """Under ZeRO-2/3 each end of a tied embedding sums its owned slice with the other end's; a pipeline rank split
+    over two groups owns other slices than a whole one, so such plans are refused (one line), ZeRO-1 and untied
+    models are not."""
+    from specs.rules import PlanContext, check_plan
+
+    c = load_cluster(_profile(tmp_path, [_group("a", nodes=3), _group("b", nodes=1)],
+                              default_between={"bandwidth_Gbps_per_node": 100}))
+    untied = load_model("tiny-gpt")
+    tied = untied.model_copy(update={"tie_embeddings": True})
+    cfg = ParallelConfig(tp=8, pp=2, dp=2, zero=2, placement=("a", "a+b"))
+    with pytest.raises(AutoparError, match="tied embedding"):
+        check_plan(cfg, PlanContext.on(tied, c, 8))
+    check_plan(replace(cfg, zero=1), PlanContext.on(tied, c, 8))
+    check_plan(cfg, PlanContext.on(untied, c, 8))

@@ -429,14 +429,14 @@ def tp_collectives(rank: int, case: dict[str, Any], data_path: str) -> dict[str,
 
 
 
-def hierarchy_collectives(rank: int, parts: int) -> dict[str, float]:
+def hierarchy_collectives(rank: int, parts: int, eager: bool = False) -> dict[str, float]:
     """runtime/parallel/hierarchy.py on every pool rank as one dp group split over ``parts`` node groups: several
     chains of each collective in flight at once, waited newest first, against the flat collectives; largest
-    differences."""
+    differences. ``eager``: the GPUs' way (every step issued at once), here without a side stream."""
     from runtime.parallel.hierarchy import hierarchies
 
     world = dist.get_world_size()
-    h = hierarchies(torch.arange(world).view(1, world, 1, 1), [parts], rank)
+    h = hierarchies(torch.arange(world).view(1, world, 1, 1), [parts], rank, eager)
     assert h is not None
     gen = torch.Generator().manual_seed(rank)
     xs = [torch.randn(world * (3 + k), generator=gen) for k in range(5)]  # sizes a multiple of the group's
@@ -448,7 +448,9 @@ def hierarchy_collectives(rank: int, parts: int) -> dict[str, float]:
     reduced = [h.all_reduce(y) for y in odd]
     scattered = [x.clone() for x in xs]
     shards = [h.reduce_scatter_into(s[o], s) for s, o in zip(scattered, own)]  # in place, as ZeRO does
-    for w in reversed(reduced + shards):
+    late = xs[0][:-1].clone()
+    mixed = h.all_reduce(late)  # a 3-step chain behind 2-step ones in one queue
+    for w in reversed([*reduced, *shards, mixed]):
         w.wait()
     gathered = [torch.zeros_like(x) for x in xs]
     for g, f, o in zip(gathered, flat, own):
@@ -457,6 +459,6 @@ def hierarchy_collectives(rank: int, parts: int) -> dict[str, float]:
     while not all(c.is_completed() for c in chains):
         pass
     err = lambda pairs: max(float((a - b).abs().max()) for a, b in pairs)  # noqa: E731
-    return {"all_reduce": err(zip(odd, (f[:-1] for f in flat))), "owned": float(h.rank),
+    return {"all_reduce": err(zip([*odd, late], [*(f[:-1] for f in flat), flat[0][:-1]])), "owned": float(h.rank),
             "reduce_scatter": err((s[o], f[o]) for s, f, o in zip(scattered, flat, own)),
             "all_gather": err(zip(gathered, flat))}

@@ -208,12 +208,13 @@ def test_tp_overlap_decomposes_every_layer_collective(pool, tokens64, tp):
     assert abs(ovl["loss"] - plain["loss"]) <= TOL * abs(plain["loss"])
 
 
-@pytest.mark.parametrize("parts", [2, 4])
-def test_hierarchical_collectives_equal_the_flat_ones(pool, parts):
+@pytest.mark.parametrize("parts,eager", [(2, False), (4, False), (2, True)], ids=["2", "4", "2-eager"])
+def test_hierarchical_collectives_equal_the_flat_ones(pool, parts, eager):
     """A dp group of 8 ranks split over 2 or 4 node groups: the hierarchical all-reduce (sizes the inner groups do
-    not divide), reduce-scatter (in place, each rank its owned slice) and all-gather, several in flight at once and
-    waited out of order, give the flat collectives' results; each rank owns a different slice."""
-    results = pool.run("rt_cases:hierarchy_collectives", parts)
+    not divide), reduce-scatter (in place, each rank its owned slice) and all-gather, several in flight at once
+    (chains of different lengths in one queue) and waited out of order, give the flat collectives' results; each rank
+    owns a different slice. ``eager``: every step issued at once, as on GPUs."""
+    results = pool.run("rt_cases:hierarchy_collectives", parts, eager)
     assert sorted(r["owned"] for r in results) == list(range(8))
     for r in results:
         assert max(r["all_reduce"], r["reduce_scatter"], r["all_gather"]) < 1e-5, r
