@@ -155,7 +155,7 @@ def plan_command(args: argparse.Namespace) -> int:
     other = runner_up(res.ranked)
     reason = why(res.plans[0], other) if other else "It is the only plan that fits."
     if res.plans[0].config.placement is not None:
-        reason = f"{placement_reason(res.plans[0], res.homogeneous, model.num_layers)} {reason}"
+        reason = f"{placement_reason(res.plans[0], res.homogeneous, model.num_layers, res.ranked)} {reason}"
     tied = tied_with_best([p.estimate.step_time_s for p in res.ranked])  # all refined plans, not only the top shown
     if tied:
         reason += (f" The next {tied} plan{'s are' if tied > 1 else ' is'} within {tie_margin():.1%} of it, inside "
@@ -437,8 +437,11 @@ def tune_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def placement_reason(best: PlanResult, homogeneous: PlanResult | None, num_layers: int) -> str:
-    """Where a placed plan puts its stages, and what it gains over the cluster planned as homogeneous."""
+def placement_reason(best: PlanResult, homogeneous: PlanResult | None, num_layers: int,
+                     ranked: list[PlanResult] | None = None) -> str:
+    """Where a placed plan puts its stages, what it gains over the cluster planned as homogeneous, and (when
+    ``ranked`` holds one) over the best plan of the other way of placing: whole pipeline ranks per group, or
+    replicas split over groups."""
     from planner.placement import explain_placement
 
     text = explain_placement(best.config, num_layers).rstrip(".") + "."
@@ -447,4 +450,15 @@ def placement_reason(best: PlanResult, homogeneous: PlanResult | None, num_layer
         text += (f" Planned as if homogeneous at its slowest GPU and link, the best plan "
                  f"({homogeneous.config.short()}) takes {homogeneous.estimate.step_time_s:.3f} s a step: this one "
                  f"is {gain:+.1%} in throughput.")
+    split = _is_split(best)
+    other = next((p for p in ranked or [] if p.config.placement is not None and _is_split(p) != split), None)
+    if other is not None:
+        kind = "holding whole pipeline ranks per group" if split else "splitting its replicas over the groups"
+        gain = other.estimate.step_time_s / best.estimate.step_time_s - 1
+        text += (f" The best plan {kind} ({other.config.short()}) takes {other.estimate.step_time_s:.3f} s: this "
+                 f"one is {gain:+.1%} in throughput.")
     return text
+
+
+def _is_split(p: PlanResult) -> bool:
+    return any("+" in e for e in p.config.placement or ())

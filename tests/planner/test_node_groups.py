@@ -12,6 +12,7 @@ from test_bad_inputs import fails
 
 from cost_models.step import estimate
 from planner.cli import main
+from planner.commands import placement_reason
 from planner.placement import explain_placement
 from planner.search import search
 from runtime.launch import group_commands, group_nodes, multi_node_commands
@@ -325,6 +326,8 @@ def test_small_models_split_their_replicas_over_groups_of_one_size():
     assert best.estimate.step_time_s < 0.8 * res.homogeneous.estimate.step_time_s
     text = explain_placement(best.config, model.num_layers)
     assert "ib and roce" in text and "hierarchically" in text
+    why = placement_reason(best, res.homogeneous, model.num_layers, res.ranked)
+    assert f"holding whole pipeline ranks per group ({blocks[0].config.short()})" in why
     mixed = load_cluster("a100-h100-ib")
     assert all("+" not in e for p in search(model, mixed, 512, top=20).plans for e in p.config.placement or ())
 
