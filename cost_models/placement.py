@@ -18,7 +18,7 @@ The step's small reductions (a tied embedding's sum, the norm) are priced on the
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
@@ -26,7 +26,7 @@ from cost_models.comm import CommModel, SpanningComm
 from cost_models.compute import ComputeModel
 from cost_models.memory import RankMemory, rank_load, rank_memory
 from cost_models.pipeline import SimResult, replayed, simulate_steps
-from cost_models.stages import StageCosts, layer_terms, stage_costs
+from cost_models.stages import LayerTerms, StageCosts, layer_terms, stage_costs
 from cost_models.tail import RankTail, rank_tail
 from specs.cluster import ClusterSpec
 from specs.model import ModelSpec
@@ -90,6 +90,26 @@ def _comm(cluster: ClusterSpec, view: ClusterSpec, entry: str, c: Candidates) ->
     return SpanningComm(view, len(names), share, per_gpu, latency_us * 1e-6)
 
 
+_TERMS: dict[tuple, tuple[object, object, object, LayerTerms]] = {}
+_TERMS_KEPT = 512
+
+
+def _terms(model: ModelSpec, view: ClusterSpec, entry: str, cfg: ParallelConfig, state: StateSpec,
+           cm: ComputeModel, comm: CommModel) -> LayerTerms:
+    """``layer_terms`` of a plan on one group, remembered across the placements and layer splits of the same plan
+    (they do not depend on either; the search prices a plan many ways): keyed by the objects' identity, checked on
+    every hit."""
+    key = (id(model), id(view), id(state), entry, replace(cfg, layers=None, placement=None, recompute_layers=None))
+    hit = _TERMS.get(key)
+    if hit is not None and hit[0] is model and hit[1] is view and hit[2] is state:
+        return hit[3]
+    if len(_TERMS) >= _TERMS_KEPT:
+        _TERMS.clear()
+    terms = layer_terms(model, cm, comm, Candidates.of(cfg), state)
+    _TERMS[key] = (model, view, state, terms)
+    return terms
+
+
 def price_placed(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global_batch: int,
                  state: StateSpec) -> Placed:
     """Price ``cfg`` (with a placement) on ``cluster``'s node groups (module docstring)."""
@@ -104,15 +124,17 @@ def price_placed(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, gl
     models, costs = {}, {}
     for e in dict.fromkeys(cfg.placement):
         models[e] = [(ComputeModel(views[g].gpu, cluster.precision), _comm(cluster, views[g], e, c))
-                     for g in entry_groups(e)]
-        costs[e] = _worst([stage_costs(model, comm, state, c, layer_terms(model, cm, comm, c, state), layers,
-                                       recomputed, cm.eb) for cm, comm in models[e]], StageCosts)
+                     for g in dict.fromkeys(entry_groups(e))]
+        costs[e] = _worst([stage_costs(model, comm, state, c, _terms(model, views[g], e, cfg, state, cm, comm),
+                                       layers, recomputed, cm.eb)
+                           for g, (cm, comm) in zip(dict.fromkeys(entry_groups(e)), models[e])], StageCosts)
     stitched = _stitch(costs, owner, StageCosts)
     assert isinstance(stitched, StageCosts)
     eb = models[owner[0]][0][0].eb
     act = cfg.mbs * model.seq_length / cfg.cp * model.hidden_size * eb
     for j in range(nv - 1):
-        pairs = {(replica_group(owner[j], r, cfg.dp), replica_group(owner[j + 1], r, cfg.dp)) for r in range(cfg.dp)}
+        firsts = {k * cfg.dp // len(entry_groups(e)) for e in owner[j:j + 2] for k in range(len(entry_groups(e)))}
+        pairs = {(replica_group(owner[j], r, cfg.dp), replica_group(owner[j + 1], r, cfg.dp)) for r in firsts}
         for a, b in pairs - {(a, a) for a, _ in pairs}:
             stitched.send_f[0, j] = max(stitched.send_f[0, j],
                                         cross_send(cluster, a, b, act, cfg.tp, cfg.sp, CommModel(views[b])))

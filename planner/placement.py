@@ -28,6 +28,7 @@ from specs.rules import placement_problem
 from specs.state import StateSpec
 
 MAX_BASES = 8  # distinct homogeneous plans placed as whole pipeline ranks per group (fastest first)
+MAX_SHARES = 8  # shares of the replicas a split placement may have (the groups' sizes over their gcd, summed)
 SPLIT_BASES = 16  # distinct homogeneous plans placed with every pipeline rank split over the groups
 MAX_MOVES = 16  # single-layer moves tried per placed plan
 MOVED = 3  # placed plans balanced by single-layer moves (the fastest)
@@ -37,17 +38,20 @@ MAX_SPLITS = 2000  # layer splits an exhaustive placement tries per plan and ord
 
 def placements(cluster: ClusterSpec, cfg: ParallelConfig, moe: bool = False) -> list[tuple[str, ...]]:
     """Every placement of ``cfg``'s pipeline ranks as one contiguous block per node group (each group's GPUs
-    hold whole ranks of tp*dp*cp GPUs), in every order of the groups; and, when the groups are of one size, every
-    pipeline rank split over all of them (``a+b``: its dp replicas an equal share per group, each group running a
-    whole pipeline; dp crosses between groups, hierarchically). Only those that keep each node in one group."""
+    hold whole ranks of tp*dp*cp GPUs), in every order of the groups; and every pipeline rank split over all of
+    them (``a+b``: its dp replicas in shares by the groups' sizes, ``a+a+b`` for a group twice the other's, each group
+    running a whole pipeline per share; dp crosses between groups, hierarchically; at most :data:`MAX_SHARES`
+    shares). Only those that keep each node in one group."""
     stage = cfg.tp * cfg.dp * cfg.cp
     groups = cluster.groups
     out = []
     if not any(n % stage for n in groups.values()) and sum(n // stage for n in groups.values()) == cfg.pp:
         out = [tuple(g for g in order for _ in range(groups[g] // stage)) for order in itertools.permutations(groups)]
-    if len(groups) > 1 and len(set(groups.values())) == 1 and cfg.dp % len(groups) == 0 \
+    unit = math.gcd(*groups.values())
+    shares = [g for g, n in groups.items() for _ in range(n // unit)]  # a share of the replicas per `unit` GPUs
+    if len(groups) > 1 and len(shares) <= MAX_SHARES and cfg.dp % len(shares) == 0 \
             and cfg.pp * stage == cluster.num_gpus:
-        out.append(("+".join(groups),) * cfg.pp)
+        out.append(("+".join(shares),) * cfg.pp)
     node_gpus = {g.name: g.gpus_per_node for g in cluster.node_groups}
     return [w for w in out if placement_problem(w, cfg.tp, cfg.dp, cfg.cp, cfg.pp, groups, cluster.num_gpus,
                                                 node_gpus, moe) is None]
@@ -136,6 +140,24 @@ def moved(model: ModelSpec, cluster: ClusterSpec, best: PlanResult, global_batch
     return best
 
 
+def _orders(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global_batch: int, headroom_GiB: float,
+            state: StateSpec) -> list[tuple[PlanResult, dict[str, float]]]:
+    """A placed plan priced with its layers split evenly, by its groups' speed and as :func:`fitted` evens the stages
+    out (only evenly when every stage is on the same groups), each with the groups' speeds."""
+    even = _price(model, cluster, cfg, global_batch, headroom_GiB, state)
+    speeds = _speeds(model, even.config, even)
+    if len(set(cfg.placement or ())) == 1:  # every stage on the same groups: no group is faster than another
+        return [(even, speeds)]
+    split = _price(model, cluster, by_speed(model, even.config, speeds), global_batch, headroom_GiB, state)
+    out = [(even, speeds), (split, speeds)]
+    fit = fitted(model, even, split)
+    if fit is not None and fit not in (even.config.stage_layers(model.num_layers),
+                                       split.config.stage_layers(model.num_layers)):
+        out.append((_price(model, cluster, replace(even.config, layers=fit), global_batch, headroom_GiB, state),
+                    speeds))
+    return out
+
+
 def place(model: ModelSpec, cluster: ClusterSpec, ranked: list[PlanResult], global_batch: int,
           headroom_GiB: float, state: StateSpec, exhaustive: bool = False) -> list[PlanResult]:
     """Placed versions of the homogeneous plans ``ranked`` (best first). For the first plan of each stage shape
@@ -150,32 +172,26 @@ def place(model: ModelSpec, cluster: ClusterSpec, ranked: list[PlanResult], glob
                for split in splits(model.num_layers, cfg.pp * cfg.vpp)]
         return sorted(out, key=lambda p: (not p.estimate.fits, p.estimate.step_time_s))
     out = []
-    orders_of: dict[tuple[int, int, int, int], list[tuple[tuple[str, ...], dict[str, float]]]] = {}
-    for base in _chosen(cluster, ranked, model.moe is not None):
+    orders_of: dict[tuple[tuple[int, int, int, int], bool], list[tuple[tuple[str, ...], dict[str, float]]]] = {}
+    for base, kinds in _chosen(cluster, ranked, model.moe is not None):
         shape = (base.tp, base.dp, base.cp, base.vpp)
-        if shape not in orders_of:
-            tried = []
-            for where in placements(cluster, base, model.moe is not None):
-                even = _price(model, cluster, replace(base, placement=where), global_batch, headroom_GiB, state)
-                speeds = _speeds(model, even.config, even)
-                split = _price(model, cluster, by_speed(model, even.config, speeds), global_batch, headroom_GiB,
-                               state)
-                tried += [(even, speeds), (split, speeds)]
-                fit = fitted(model, even, split)
-                if fit is not None and fit not in (even.config.stage_layers(model.num_layers),
-                                                   split.config.stage_layers(model.num_layers)):
-                    tried.append((_price(model, cluster, replace(even.config, layers=fit), global_batch,
-                                         headroom_GiB, state), speeds))
+        for split in kinds:  # True: the replicas split over the groups
+            if (shape, split) in orders_of:
+                out += [_price(model, cluster, replace(base, placement=w) if split else
+                               by_speed(model, replace(base, placement=w), speeds), global_batch, headroom_GiB, state)
+                        for w, speeds in orders_of[shape, split]]
+                continue
+            ways = [w for w in placements(cluster, base, model.moe is not None) if ("+" in w[0]) == split]
+            tried = [t for w in ways for t in _orders(model, cluster, replace(base, placement=w), global_batch,
+                                                       headroom_GiB, state)]
             tried.sort(key=lambda t: (not t[0].estimate.fits, t[0].estimate.step_time_s))
             out += [t[0] for t in tried]
             best_orders = list(dict.fromkeys(t[0].config.placement for t in tried))[:ORDERS]
-            orders_of[shape] = [(w, next(sp for p, sp in tried if p.config.placement == w)) for w in best_orders]
-            continue
-        out += [_price(model, cluster, by_speed(model, replace(base, placement=w), speeds), global_batch,
-                       headroom_GiB, state) for w, speeds in orders_of[shape]]
+            orders_of[shape, split] = [(w, next(sp for p, sp in tried if p.config.placement == w))
+                                       for w in best_orders]
     out.sort(key=lambda p: (not p.estimate.fits, p.estimate.step_time_s))
     firsts = sorted({replace(p.config, layers=None): i for i, p in reversed(list(enumerate(out)))}.values())
-    kept = {(shape, w) for shape, orders in orders_of.items() for w, _ in orders}
+    kept = {(shape, w) for (shape, split), orders in orders_of.items() if not split for w, _ in orders}
     per_order = sorted({_shape_order(out[i].config): i for i in reversed(firsts)
                         if _shape_order(out[i].config) in kept}.values())
     for i in sorted(set(firsts[:MOVED]) | set(per_order)):  # the best plans, and the best in each order
@@ -192,16 +208,17 @@ def _shape_order(cfg: ParallelConfig) -> tuple[tuple[int, int, int, int], tuple[
     return (cfg.tp, cfg.dp, cfg.cp, cfg.vpp), cfg.placement
 
 
-def _chosen(cluster: ClusterSpec, ranked: list[PlanResult], moe: bool) -> list[ParallelConfig]:
+def _chosen(cluster: ClusterSpec, ranked: list[PlanResult], moe: bool) -> list[tuple[ParallelConfig, set[bool]]]:
     """The first :data:`MAX_BASES` distinct configurations of ``ranked`` the groups hold as whole pipeline ranks, and
-    the first :data:`SPLIT_BASES` whose pipeline ranks can be split over the groups."""
+    the first :data:`SPLIT_BASES` whose pipeline ranks can be split over the groups; each with the kinds of
+    placement it was taken for (True: split)."""
     out, blocks, split = [], 0, 0
     for cfg in _bases(ranked, len(ranked)):
         kinds = {"+" in w[0] for w in placements(cluster, cfg, moe)}
-        take_block, take_split = False in kinds and blocks < MAX_BASES, True in kinds and split < SPLIT_BASES
-        if take_block or take_split:
-            out.append(cfg)
-            blocks, split = blocks + (False in kinds), split + (True in kinds)
+        take = {k for k in kinds if (split < SPLIT_BASES if k else blocks < MAX_BASES)}
+        if take:
+            out.append((cfg, take))
+            blocks, split = blocks + (False in take), split + (True in take)
         if blocks >= MAX_BASES and split >= SPLIT_BASES:
             break
     return out
@@ -238,7 +255,9 @@ def explain_placement(cfg: ParallelConfig, num_layers: int) -> str:
         held = "/".join(str(layers[j]) for r in ranks for j in range(r, cfg.pp * cfg.vpp, cfg.pp))
         span = f"{ranks[0]}" if len(ranks) == 1 else f"{ranks[0]}-{ranks[-1]}"
         names = entry_groups(g)
-        where = g if len(names) == 1 else f"{' and '.join(names)} ({cfg.dp // len(names)} dp replicas on each)"
+        share = cfg.dp // len(names)
+        where = g if len(names) == 1 else " and ".join(f"{n} ({names.count(n) * share} dp replicas)"
+                                                       for n in dict.fromkeys(names))
         parts.append(f"pipeline ranks {span} on {where} ({held} layers)")
     split = any("+" in e for e in cfg.placement)
     inside = "tp" + (", cp" if cfg.cp > 1 else "") + (" and dp" if cfg.dp > 1 and not split else "")

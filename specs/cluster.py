@@ -235,7 +235,19 @@ class ClusterSpec(_Strict):
         return Topology(self.node_groups, self.between_groups, self.default_between)
 
     def group_view(self, name: str) -> ClusterSpec:
-        """Node group ``name`` as a homogeneous cluster of its own (its GPUs, its nodes, its NICs)."""
+        """Node group ``name`` as a homogeneous cluster of its own (its GPUs, its nodes, its NICs); built once per
+        profile."""
+        if name in self._views:
+            return self._views[name]
+        view = self._group_view(name)
+        self._views[name] = view
+        return view
+
+    @cached_property
+    def _views(self) -> dict[str, ClusterSpec]:
+        return {}
+
+    def _group_view(self, name: str) -> ClusterSpec:
         g = next((x for x in self.node_groups if x.name == name), None)
         if g is None:
             hint = did_you_mean(name, list(self.groups))

@@ -220,7 +220,8 @@ def groups_text(names: Iterable[str]) -> str:
 
 
 def entry_groups(entry: str) -> tuple[str, ...]:
-    """The node groups of one pipeline rank's placement entry: ``ib`` or, its dp replicas split evenly, ``ib+roce``."""
+    """The node groups of one pipeline rank's placement entry: ``ib`` or, its dp replicas split in equal shares, one
+    per name, ``ib+roce`` (``ib+ib+roce``: two shares on ib)."""
     return tuple(entry.split("+"))
 
 
@@ -245,11 +246,12 @@ def _parse_groups(raw: str) -> tuple[str, ...]:
     out: list[str] = []
     for part in raw.strip().split("/"):
         name, _, count = part.partition("*")
-        if not all(_name_ok(n) for n in entry_groups(name)) or len(set(entry_groups(name))) < len(entry_groups(name)) \
+        names = entry_groups(name)
+        if not all(_name_ok(n) for n in names) or (len(names) > 1 and len(set(names)) < 2) \
                 or not (count == "" or count.isdigit() and int(count) > 0):
             raise AutoparError(f"placement takes a node group per pipeline rank separated by '/', runs as name*count, "
-                               f"a rank's dp replicas split over groups as a+b (e.g. ib*4/roce*4 or ib+roce*8), "
-                               f"got '{raw}'")
+                               f"a rank's dp replicas split over groups as a+b, a group named twice holding twice the "
+                               f"share (e.g. ib*4/roce*4, ib+roce*8 or ib+ib+roce), got '{raw}'")
         out += [name] * (int(count) if count else 1)
     return tuple(out)
 

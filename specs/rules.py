@@ -36,7 +36,6 @@ from specs.parallel import (
     key_text,
     microbatches,
     range_problem,
-    rank_group,
 )
 
 
@@ -182,18 +181,19 @@ def placement_problem(placement: tuple[str, ...], tp: int, dp: int, cp: int, pp:
     if split is not None:
         return f"{text}: {split} splits dp={dp} replicas over {len(entry_groups(split))} groups; dp must divide evenly"
     stage = tp * dp * cp
-    held = {g: sum(stage // len(entry_groups(e)) for e in placement if g in entry_groups(e)) for g in names}
+    held = {g: sum(stage // len(entry_groups(e)) * entry_groups(e).count(g) for e in placement) for g in names}
     if held != names:
         have = ", ".join(f"{g}: {held[g]} of {n}" for g, n in names.items())
         return (f"{text} does not cover the ranks: each group's GPUs must hold whole pipeline ranks of tp*dp*cp = "
                 f"{stage} GPUs, or equal shares of their dp replicas ({have})")
     runs: list[list] = []
-    for r in range(0, gpus, tp * cp):  # a tp x cp block sits in one group
-        g = rank_group(placement, tp, dp, cp, r)
-        if runs and runs[-1][0] == g:
-            runs[-1][1] += tp * cp
-        else:
-            runs.append([g, tp * cp])
+    for e in placement:  # in rank order: each pipeline rank's shares of its replicas, a run of ranks each
+        names = entry_groups(e)
+        for g in names:
+            if runs and runs[-1][0] == g:
+                runs[-1][1] += stage // len(names)
+            else:
+                runs.append([g, stage // len(names)])
     bad = next(((g, n) for g, n in runs if n % node_gpus[g]), None)
     if bad is not None:
         return (f"{text} puts the GPUs of one node in two groups (a run of {bad[1]} ranks on {bad[0]}, whose nodes "

@@ -13,7 +13,7 @@ from test_bad_inputs import fails
 from cost_models.step import estimate
 from planner.cli import main
 from planner.commands import placement_reason
-from planner.placement import explain_placement
+from planner.placement import explain_placement, placements
 from planner.search import search
 from runtime.launch import group_commands, group_nodes, multi_node_commands
 from specs.cluster import load_cluster
@@ -257,6 +257,7 @@ def test_a_group_can_come_from_its_own_measured_profile(tmp_path):
 def test_a_rank_split_over_groups_is_a_placement_entry():
     keys = parse_plan_keys("pp=2,placement=ib+roce*2")
     assert keys["placement"] == ("ib+roce", "ib+roce") and groups_text(keys["placement"]) == "ib+roce*2"
+    assert parse_plan_keys("placement=ib+ib+roce")["placement"] == ("ib+ib+roce",)  # two shares on ib
     for bad in ("ib+", "ib+ib", "+roce"):
         with pytest.raises(AutoparError, match="a\\+b"):
             parse_plan_keys(f"placement={bad}")
@@ -313,10 +314,10 @@ def test_a_reduce_across_groups_is_hierarchical():
         inside.reduce_scatter(nbytes, 8, 8) + lat + 0.5 * nbytes / 8 / per_gpu, rel=1e-12)
 
 
-def test_small_models_split_their_replicas_over_groups_of_one_size():
+def test_small_models_split_their_replicas_over_groups():
     """A 1.7B model on two equal islands: one pipeline of the whole model per island with a hierarchical dp reduce
     across beats both the homogeneous view and the best plan with whole pipeline ranks per island; groups of
-    different sizes are never split evenly."""
+    different sizes take shares of the replicas by their sizes."""
     c, model = load_cluster("ib-roce-a100"), load_model("gpt-1.7b")
     res = search(model, c, 512, top=50)
     best = res.plans[0]
@@ -325,11 +326,13 @@ def test_small_models_split_their_replicas_over_groups_of_one_size():
     assert blocks and best.estimate.step_time_s < 0.9 * blocks[0].estimate.step_time_s
     assert best.estimate.step_time_s < 0.8 * res.homogeneous.estimate.step_time_s
     text = explain_placement(best.config, model.num_layers)
-    assert "ib and roce" in text and "hierarchically" in text
+    assert "ib (64 dp replicas) and roce (64 dp replicas)" in text and "hierarchically" in text
     why = placement_reason(best, res.homogeneous, model.num_layers, res.ranked)
     assert f"holding whole pipeline ranks per group ({blocks[0].config.short()})" in why
+    # groups of different sizes share the replicas by size: 64 A100s and 32 H100s, two shares and one
     mixed = load_cluster("a100-h100-ib")
-    assert all("+" not in e for p in search(model, mixed, 512, top=20).plans for e in p.config.placement or ())
+    assert ("a100+a100+h100",) in placements(mixed, ParallelConfig(tp=1, pp=1, dp=96))
+    assert not [w for w in placements(mixed, ParallelConfig(tp=1, pp=1, dp=64)) if "+" in w[0]]  # 64 % 3
 
 
 def test_a_split_plan_prints_one_line_per_run_of_a_groups_nodes():

@@ -71,7 +71,8 @@ def case_plan(case: dict[str, Any]) -> PlanFile:
     cluster = load_cluster("cpu-gloo").model_copy(update={"precision": precision})
     context = PlanContext(spec, cfg.world, case.get("global_batch", 8))
     if "placement" in case:  # two simulated node groups of CPU ranks (specs/topology.py)
-        cluster = grouped_cpu_cluster(cfg.world // 2, precision)
+        a, b = case.get("groups", (cfg.world // 2, cfg.world // 2))  # ranks of group a's node and of b's
+        cluster = grouped_cpu_cluster(a, precision, ranks_of_b=b)
         cfg = replace(cfg, placement=case["placement"])
         context = PlanContext.on(spec, cluster, case.get("global_batch", 8))
     check_plan(cfg, context)

@@ -166,6 +166,8 @@ GROUP_CASES = [
     dict(tp=1, pp=1, dp=4, placement=("a+b",), bucket_params=2999),
     dict(tp=1, pp=1, dp=4, placement=("a+b",), zero=1, dp_overlap=True),
     dict(tp=2, pp=1, dp=2, sp=True, placement=("a+b",), zero=3),
+    # groups of 4 and 2 ranks: the replicas in three shares, two on a (a+a+b)
+    dict(tp=1, pp=1, dp=6, placement=("a+a+b",), groups=(4, 2), zero=1, global_batch=12),
 ]
 
 ALL = CASES + MOE_CASES + MOE_EP_CASES + GROUP_CASES
