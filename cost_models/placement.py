@@ -64,11 +64,18 @@ def cross_send(cluster: ClusterSpec, a: str, b: str, act_bytes: float, t: int, s
     """One blocking send of a stage-boundary activation from a stage in group ``a`` to one in group ``b``: each
     tensor-parallel rank sends 1/t of it over the link between the groups (without SP the receivers then
     all-gather the slices, inside their node)."""
-    latency_us = cluster.topology.between(a, b)[1]
-    eff = min(g.inter_node.efficiency for g in cluster.node_groups if g.name in (a, b))
-    per_gpu = cluster.topology.per_gpu_Gbps(a, b) / 8 * 1e9 * eff
+    per_gpu, latency = link(cluster, (a, b))
     gather = 0.0 if sp and t > 1 else float(comm_b.all_gather(act_bytes, t, 1))
-    return latency_us * 1e-6 + act_bytes / t / per_gpu + gather
+    return latency + act_bytes / t / per_gpu + gather
+
+
+def link(cluster: ClusterSpec, names: tuple[str, ...]) -> tuple[float, float]:
+    """(bytes/s per GPU, seconds) between the node groups ``names``: the narrowest per-GPU rate of any pair of them
+    (``Topology.per_gpu_Gbps``) at the lowest NIC efficiency among them, and the longest pair latency."""
+    pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
+    eff = min(g.inter_node.efficiency for g in cluster.node_groups if g.name in names)
+    per_gpu = min(cluster.topology.per_gpu_Gbps(a, b) for a, b in pairs) / 8 * 1e9 * eff
+    return per_gpu, max(cluster.topology.between(a, b)[1] for a, b in pairs) * 1e-6
 
 
 def _worst(parts: list[object], cls: type) -> object:
@@ -82,12 +89,8 @@ def _comm(cluster: ClusterSpec, view: ClusterSpec, entry: str, c: Candidates) ->
     names = entry_groups(entry)
     if len(names) == 1:
         return CommModel(view)
-    pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
-    eff = min(g.inter_node.efficiency for g in cluster.node_groups if g.name in names)
-    per_gpu = min(cluster.topology.per_gpu_Gbps(a, b) for a, b in pairs) / 8 * 1e9 * eff
-    latency_us = max(cluster.topology.between(a, b)[1] for a, b in pairs)
     share = int(c.tp[0] * c.dp[0] * c.cp[0]) // len(names)
-    return SpanningComm(view, len(names), share, per_gpu, latency_us * 1e-6)
+    return SpanningComm(view, len(names), share, *link(cluster, names))
 
 
 _TERMS: dict[tuple, tuple[object, object, object, LayerTerms]] = {}
@@ -122,15 +125,14 @@ def price_placed(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, gl
     owner = [cfg.placement[j % pp] for j in range(nv)]  # virtual stage j runs on pipeline rank j % pp
     views = {g: cluster.group_view(g) for e in dict.fromkeys(cfg.placement) for g in entry_groups(e)}
     models, costs = {}, {}
-    for e in dict.fromkeys(cfg.placement):
-        models[e] = [(ComputeModel(views[g].gpu, cluster.precision), _comm(cluster, views[g], e, c))
-                     for g in dict.fromkeys(entry_groups(e))]
+    for e in dict.fromkeys(cfg.placement):  # each group of the entry once
+        models[e] = {g: (ComputeModel(views[g].gpu, cluster.precision), _comm(cluster, views[g], e, c))
+                     for g in entry_groups(e)}
         costs[e] = _worst([stage_costs(model, comm, state, c, _terms(model, views[g], e, cfg, state, cm, comm),
-                                       layers, recomputed, cm.eb)
-                           for g, (cm, comm) in zip(dict.fromkeys(entry_groups(e)), models[e])], StageCosts)
+                                       layers, recomputed, cm.eb) for g, (cm, comm) in models[e].items()], StageCosts)
     stitched = _stitch(costs, owner, StageCosts)
     assert isinstance(stitched, StageCosts)
-    eb = models[owner[0]][0][0].eb
+    eb = next(iter(models[owner[0]].values()))[0].eb
     act = cfg.mbs * model.seq_length / cfg.cp * model.hidden_size * eb
     for j in range(nv - 1):
         firsts = {k * cfg.dp // len(entry_groups(e)) for e in owner[j:j + 2] for k in range(len(entry_groups(e)))}
@@ -144,7 +146,7 @@ def price_placed(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, gl
     ms = np.array([m])
     ranks = list(cfg.placement)
     tails = {e: _worst([rank_tail(model, cm, comm, state, c, stitched, replayed(sim), ms, cluster.num_gpus)
-                        for cm, comm in pair], RankTail) for e, pair in models.items()}
+                        for cm, comm in pair.values()], RankTail) for e, pair in models.items()}
     tail = _stitch(tails, ranks, RankTail)
     assert isinstance(tail, RankTail)
     tail.step_time = tail.finish.max(axis=1) + tail.tied + tail.norm

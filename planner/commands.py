@@ -15,6 +15,7 @@ from rich.markup import escape
 from planner.headroom import headroom_for
 from planner.refine import PlanResult
 from specs.errors import AutoparError
+from specs.parallel import splits_replicas
 
 MAX_GLOBAL_BATCH = 1 << 20  # sequences per step: hundreds of times the largest published training batches
 
@@ -450,15 +451,12 @@ def placement_reason(best: PlanResult, homogeneous: PlanResult | None, num_layer
         text += (f" Planned as if homogeneous at its slowest GPU and link, the best plan "
                  f"({homogeneous.config.short()}) takes {homogeneous.estimate.step_time_s:.3f} s a step: this one "
                  f"is {gain:+.1%} in throughput.")
-    split = _is_split(best)
-    other = next((p for p in ranked or [] if p.config.placement is not None and _is_split(p) != split), None)
+    split = splits_replicas(best.config.placement)
+    other = next((p for p in ranked or [] if p.config.placement is not None
+                  and splits_replicas(p.config.placement) != split), None)
     if other is not None:
         kind = "holding whole pipeline ranks per group" if split else "splitting its replicas over the groups"
         gain = other.estimate.step_time_s / best.estimate.step_time_s - 1
         text += (f" The best plan {kind} ({other.config.short()}) takes {other.estimate.step_time_s:.3f} s: this "
                  f"one is {gain:+.1%} in throughput.")
     return text
-
-
-def _is_split(p: PlanResult) -> bool:
-    return any("+" in e for e in p.config.placement or ())

@@ -23,7 +23,7 @@ from cost_models.step import estimate
 from planner.refine import PlanResult
 from specs.cluster import ClusterSpec
 from specs.model import ModelSpec
-from specs.parallel import ParallelConfig, default_split, entry_groups, groups_text
+from specs.parallel import ParallelConfig, default_split, entry_groups, groups_text, splits_replicas
 from specs.rules import placement_problem
 from specs.state import StateSpec
 
@@ -52,9 +52,8 @@ def placements(cluster: ClusterSpec, cfg: ParallelConfig, moe: bool = False) -> 
     if len(groups) > 1 and len(shares) <= MAX_SHARES and cfg.dp % len(shares) == 0 \
             and cfg.pp * stage == cluster.num_gpus:
         out.append(("+".join(shares),) * cfg.pp)
-    node_gpus = {g.name: g.gpus_per_node for g in cluster.node_groups}
     return [w for w in out if placement_problem(w, cfg.tp, cfg.dp, cfg.cp, cfg.pp, groups, cluster.num_gpus,
-                                                node_gpus, moe) is None]
+                                                cluster.node_gpus, moe) is None]
 
 
 def proportional_layers(num_layers: int, speed: list[float]) -> tuple[int, ...]:
@@ -181,7 +180,7 @@ def place(model: ModelSpec, cluster: ClusterSpec, ranked: list[PlanResult], glob
                                by_speed(model, replace(base, placement=w), speeds), global_batch, headroom_GiB, state)
                         for w, speeds in orders_of[shape, split]]
                 continue
-            ways = [w for w in placements(cluster, base, model.moe is not None) if ("+" in w[0]) == split]
+            ways = [w for w in placements(cluster, base, model.moe is not None) if splits_replicas(w) == split]
             tried = [t for w in ways for t in _orders(model, cluster, replace(base, placement=w), global_batch,
                                                        headroom_GiB, state)]
             tried.sort(key=lambda t: (not t[0].estimate.fits, t[0].estimate.step_time_s))
@@ -214,7 +213,7 @@ def _chosen(cluster: ClusterSpec, ranked: list[PlanResult], moe: bool) -> list[t
     placement it was taken for (True: split)."""
     out, blocks, split = [], 0, 0
     for cfg in _bases(ranked, len(ranked)):
-        kinds = {"+" in w[0] for w in placements(cluster, cfg, moe)}
+        kinds = {splits_replicas(w) for w in placements(cluster, cfg, moe)}
         take = {k for k in kinds if (split < SPLIT_BASES if k else blocks < MAX_BASES)}
         if take:
             out.append((cfg, take))
@@ -259,7 +258,7 @@ def explain_placement(cfg: ParallelConfig, num_layers: int) -> str:
         where = g if len(names) == 1 else " and ".join(f"{n} ({names.count(n) * share} dp replicas)"
                                                        for n in dict.fromkeys(names))
         parts.append(f"pipeline ranks {span} on {where} ({held} layers)")
-    split = any("+" in e for e in cfg.placement)
+    split = splits_replicas(cfg.placement)
     inside = "tp" + (", cp" if cfg.cp > 1 else "") + (" and dp" if cfg.dp > 1 and not split else "")
     crossing = ("the data-parallel reduce crosses between groups hierarchically (reduce-scatter inside each group, "
                 "all-reduce across, all-gather inside)" if split else "only pipeline sends cross between groups")

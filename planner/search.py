@@ -34,7 +34,7 @@ from planner.space import enumerate_space
 from specs.cluster import ClusterSpec
 from specs.errors import AutoparError
 from specs.model import ModelSpec
-from specs.parallel import ParallelConfig
+from specs.parallel import ParallelConfig, splits_replicas
 from specs.state import StateSpec
 
 __all__ = ["PlanResult", "SearchResult", "enumerate_space", "search", "min_gpus_to_fit"]
@@ -132,7 +132,7 @@ def _placeable(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed:
     whole = [p for p in plans if all(n % (p.config.tp * p.config.dp * p.config.cp) == 0 for n in sizes)
              and p.config.pp > 1]
     moe = model.moe is not None
-    split = [p for p in plans[:SPLIT_SCAN] if any("+" in w[0] for w in placements(cluster, p.config, moe))]
+    split = [p for p in plans[:SPLIT_SCAN] if any(splits_replicas(w) for w in placements(cluster, p.config, moe))]
     if (whole and not exhaustive) or "pp" in fixed:
         return _fastest(whole + split)
     stage = math.gcd(*sizes)

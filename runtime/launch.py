@@ -54,7 +54,7 @@ def _worker_args(plan_path: str, steps: int | None, data: str | None, metrics_ou
 def multi_node_commands(plan: PlanFile, worker: list[str], max_restarts: int = 0) -> list[str]:
     """The torchrun line to run on every node, and the equivalent srun line for Slurm; for a plan placed on node
     groups, one line per group (:func:`group_commands`)."""
-    if plan.config.placement is not None or len({g.gpus_per_node for g in plan.cluster.node_groups}) > 1:
+    if plan.config.placement is not None or len(set(plan.cluster.node_gpus.values())) > 1:
         return group_commands(plan, worker)
     nodes = -(-plan.world_size // plan.cluster.gpus_per_node)
     per_node = plan.world_size // nodes
@@ -73,7 +73,7 @@ def group_nodes(plan: PlanFile) -> list[tuple[str, int, int]]:
     says which for a placed plan; the rules keep a node's GPUs in one group; a plan without a placement, on groups
     whose nodes differ in size, takes the groups' nodes in profile order)."""
     cfg = plan.config
-    per_node = {g.name: g.gpus_per_node for g in plan.cluster.node_groups}
+    per_node = plan.cluster.node_gpus
     order = [g.name for g in plan.cluster.node_groups for _ in range(g.num_nodes * g.gpus_per_node)]
     out: list[tuple[str, int, int]] = []
     rank = node = 0
@@ -93,7 +93,7 @@ def group_commands(plan: PlanFile, worker: list[str]) -> list[str]:
     its ranks; torchrun gives each node the ranks after those of the nodes before it)."""
     runs = group_nodes(plan)
     nodes = sum(count for _, _, count in runs)
-    per_node = {g.name: g.gpus_per_node for g in plan.cluster.node_groups}
+    per_node = plan.cluster.node_gpus
     tail = " ".join(shlex.quote(a) for a in worker)
     out = []
     for g, first, count in runs:

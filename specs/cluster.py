@@ -229,6 +229,11 @@ class ClusterSpec(_Strict):
         """GPUs per node group, in profile order (empty for a homogeneous cluster)."""
         return {g.name: g.num_gpus for g in self.node_groups}
 
+    @property
+    def node_gpus(self) -> dict[str, int]:
+        """GPUs per node of each node group, in profile order (empty for a homogeneous cluster)."""
+        return {g.name: g.gpus_per_node for g in self.node_groups}
+
     @cached_property
     def topology(self) -> Topology:
         """The node groups and the links between them as a graph (built once per profile)."""
@@ -237,11 +242,9 @@ class ClusterSpec(_Strict):
     def group_view(self, name: str) -> ClusterSpec:
         """Node group ``name`` as a homogeneous cluster of its own (its GPUs, its nodes, its NICs); built once per
         profile."""
-        if name in self._views:
-            return self._views[name]
-        view = self._group_view(name)
-        self._views[name] = view
-        return view
+        if name not in self._views:
+            self._views[name] = self._group_view(name)
+        return self._views[name]
 
     @cached_property
     def _views(self) -> dict[str, ClusterSpec]:

@@ -225,6 +225,11 @@ def entry_groups(entry: str) -> tuple[str, ...]:
     return tuple(entry.split("+"))
 
 
+def splits_replicas(placement: tuple[str, ...] | None) -> bool:
+    """Whether a placement splits some pipeline rank's dp replicas over node groups (an ``a+b`` entry)."""
+    return any(len(entry_groups(e)) > 1 for e in placement or ())
+
+
 def replica_group(entry: str, dp_rank: int, dp: int) -> str:
     """The node group holding data-parallel replica ``dp_rank`` (of ``dp``) of a pipeline rank placed on ``entry``:
     the replicas in order, an equal run of them per group."""

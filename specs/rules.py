@@ -36,6 +36,7 @@ from specs.parallel import (
     key_text,
     microbatches,
     range_problem,
+    splits_replicas,
 )
 
 
@@ -57,7 +58,7 @@ class PlanContext:
         """The context of ``cluster`` (or of ``gpus`` of its GPUs, for a plan needing fewer than it has)."""
         return cls(model, cluster.num_gpus if gpus is None else gpus, global_batch, cluster.gpus_per_node,
                    cluster.tp_across_nodes, tuple(cluster.groups.items()),
-                   tuple((g.name, g.gpus_per_node) for g in cluster.node_groups))
+                   tuple(cluster.node_gpus.items()))
 
 
 @dataclass(frozen=True)
@@ -174,7 +175,7 @@ def placement_problem(placement: tuple[str, ...], tp: int, dp: int, cp: int, pp:
         return f"{text}: unknown node group {', '.join(unknown)}; the cluster's groups are {', '.join(names)}"
     if len(placement) != pp:
         return f"{text} names {len(placement)} pipeline ranks but pp={pp}; give one group per pipeline rank"
-    if moe and any("+" in e for e in placement):
+    if moe and splits_replicas(placement):
         return (f"{text} splits the replicas of a mixture-of-experts model over groups, which autopar does not do yet "
                 "(the experts' reduce would cross them flat); give each group whole pipeline ranks")
     split = next((e for e in placement if dp % len(entry_groups(e))), None)
