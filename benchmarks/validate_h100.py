@@ -1,11 +1,14 @@
 """H100 predictions against measured runs: the bundled dgx-h100 profile as it is, then calibrated on a few runs.
 
-    python benchmarks/validate_h100.py [--json out.json]
+    python benchmarks/validate_h100.py [--json out.json] [--gpu-profile h100.yaml]
 
-Three sets (sources in benchmarks/data/README.md), each mapped onto a plan without any per-row constant:
+Four sets (sources in benchmarks/data/README.md), each mapped onto a plan without any per-row constant:
 - ``peers``: our own single-H100 measurements of the reference shape (a plain Llama, eager and torch.compile).
   The cost model prices a fused stack (fused norms, activations and attention; what autopar's runtime runs on a
   GPU), so the compiled peer is the like-for-like comparison; the eager one shows what unfused kernels cost.
+- ``nvidia_dgxc``: NVIDIA's DGX Cloud benchmark recipes (NeMo 24.09/24.11: Megatron-Core with Transformer
+  Engine, the stack whose mechanisms the cost model follows): Llama 3.1 8B/70B/405B, Nemotron-4 15B/340B and GPT-3
+  175B on 8-2,304 H100s, every setting taken from the config that ran (:func:`nemo_case`).
 - ``mosaicml``: llm-foundry's H100 80GB BF16 tables: MPT 760M-70B (GPT blocks, tied embeddings, flash
   attention) under PyTorch FSDP (FULL_SHARD = ZeRO-3, SHARD_GRAD_OP = ZeRO-2) with data parallelism only, on
   8-512 GPUs at sequence lengths 512-65536, eager PyTorch 2.1 era (2023-24). Each row is priced with its own
@@ -34,11 +37,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from validate_published import published_state  # noqa: E402
 
 from cost_models.step import estimate  # noqa: E402
 from planner.calibrate import Run, fit_scales, predict  # noqa: E402
 from planner.search import search  # noqa: E402
-from specs.cluster import ClusterSpec, load_cluster  # noqa: E402
+from specs.cluster import ClusterSpec, GPUSpec, load_cluster  # noqa: E402
 from specs.model import ModelSpec  # noqa: E402
 from specs.parallel import ParallelConfig  # noqa: E402
 from specs.planfile import PlanFile  # noqa: E402
@@ -133,6 +139,48 @@ def llama3() -> list[dict]:
     return out
 
 
+def megatron_vocab(vocab: int, tp: int, divisible_by: int = 128) -> int:
+    """The vocabulary Megatron-LM builds: padded to a multiple of make_vocab_size_divisible_by x tp (its
+    ``_vocab_size_with_padding``; every NeMo config here sets make_vocab_size_divisible_by: 128)."""
+    m = divisible_by * tp
+    return -(-vocab // m) * m
+
+
+def nemo_case(r: dict[str, str]) -> tuple[ModelSpec, ClusterSpec, ParallelConfig, int]:
+    """One NeMo run of NVIDIA's DGX Cloud recipes as the cost model's inputs, from the config it ran: the model's
+    shape (its tokenizer's vocabulary padded as Megatron does), the published tp/pp/cp/vpp/micro-batch/global
+    batch, sequence parallelism and Transformer Engine's tp overlap where the config turns them on, its
+    recompute, and the distributed optimizer with overlapped gradient reduce-scatter and parameter all-gather
+    (distributed_fused_adam with overlap_grad_sync and overlap_param_sync: ZeRO-1, dp_overlap). Flash attention
+    (use_flash_attention / cuDNN through TE), no dropout (hidden_dropout 0 in every config)."""
+    tp, pp, cp, gpus = int(r["tp"]), int(r["pp"]), int(r["cp"]), int(r["gpus"])
+    model = ModelSpec(name=r["model"], arch=r["arch"], num_layers=int(r["layers"]), hidden_size=int(r["hidden"]),
+                      ffn_hidden_size=int(r["ffn"]), num_attention_heads=int(r["heads"]),
+                      num_kv_heads=int(r["kv_heads"]), vocab_size=megatron_vocab(int(r["vocab"]), tp),
+                      seq_length=int(r["seq"]), attention="flash", dropout=0.0)
+    cfg = ParallelConfig(tp=tp, pp=pp, cp=cp, dp=gpus // (tp * pp * cp), vpp=int(r["vpp"]), mbs=int(r["mbs"]),
+                         sp=r["sp"] == "true", tp_overlap=r["tp_overlap"] == "true", recompute=r["recompute"],
+                         zero=1, dp_overlap=True)
+    return model, load_cluster(CLUSTER, gpus=gpus), cfg, int(r["global_batch"])
+
+
+def nemo(gpu: GPUSpec | None = None) -> list[dict]:
+    """Every BF16 H100 run of the DGX Cloud recipes (benchmarks/data/nvidia_dgxc_h100_bf16.csv) priced on the
+    bundled profile (its GPU replaced by ``gpu``, e.g. one measured by `autopar profile`, if given) with the
+    stack's own state: fused gradient accumulation and a loss over the whole logits."""
+    out = []
+    for r in _rows("nvidia_dgxc_h100_bf16.csv"):
+        model, cluster, cfg, batch = nemo_case(r)
+        if gpu is not None:
+            cluster = cluster.model_copy(update={"gpu": gpu})
+        est = estimate(model, cluster, cfg, batch, state=published_state(cluster, "nvidia_dgxc_h100"))
+        meas = float(r["step_s"])
+        out.append({"model": r["model"], "container": r["container"], "gpus": int(r["gpus"]), "plan": cfg.short(),
+                    "measured_s": meas, "predicted_s": est.step_time_s, "error": _err(est.step_time_s, meas),
+                    "predicted_GiB": est.memory_GiB, "predicted_fits": bool(est.fits)})
+    return out
+
+
 def _summary(errors: list[float]) -> str:
     a = [abs(e) for e in errors]
     return (f"median |error| {statistics.median(a):.1%}, max {max(a):.1%}, within 10%: "
@@ -142,6 +190,9 @@ def _summary(errors: list[float]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="write every row here")
+    ap.add_argument("--gpu-profile", metavar="PROFILE",
+                    help="price the DGX Cloud runs on this profile's GPU (e.g. h100.yaml from `autopar profile` on "
+                         "an H100) in the bundled cluster, instead of the bundled GPU")
     args = ap.parse_args()
     base = load_cluster(CLUSTER)
 
@@ -156,6 +207,17 @@ def main() -> int:
     for r in l3:
         print(f"  {r['gpus']:6} GPUs {r['plan']:48} measured {r['measured_tflops']:.0f}, predicted "
               f"{r['predicted_tflops']:.0f} ({r['error']:+.1%})")
+
+    print("== NVIDIA DGX Cloud recipes, NeMo 24.09/24.11, H100 BF16 (step time; Megatron-Core + Transformer Engine)")
+    gpu = load_cluster(args.gpu_profile).gpu if args.gpu_profile else None
+    dgxc = nemo(gpu)
+    for r in dgxc:
+        fit = "" if r["predicted_fits"] else f"  (predicted {r['predicted_GiB']:.1f} GiB: not to fit, yet it ran)"
+        print(f"  {r['model']:30} {r['gpus']:5} {r['plan']:58} measured {r['measured_s']:6.2f} s, predicted "
+              f"{r['predicted_s']:6.2f} ({r['error']:+.1%}){fit}")
+    print("  all runs: " + _summary([r["error"] for r in dgxc]))
+    for name in dict.fromkeys(r["model"].split(" (")[0] for r in dgxc):
+        print(f"  {name:15} " + _summary([r["error"] for r in dgxc if r["model"].startswith(name)]))
 
     print("== MosaicML llm-foundry, H100 80GB BF16 (step time)")
     rows, scales = mosaic(base)
@@ -172,8 +234,8 @@ def main() -> int:
         sel = [r["calibrated_error"] for r in held if keep(r)]
         print(f"  calibrated, held out, {name}: " + _summary(sel))
     if args.json:
-        Path(args.json).write_text(json.dumps({"peers": peers, "llama3": l3, "mosaicml": rows, "scales": scales},
-                                              indent=1))
+        Path(args.json).write_text(json.dumps({"peers": peers, "llama3": l3, "nvidia_dgxc": dgxc, "mosaicml": rows,
+                                                "scales": scales}, indent=1))
     return 0
 
 

@@ -45,7 +45,10 @@ def _gpt(name: str, row: dict[str, str]) -> ModelSpec:
 # by 2022 (apex ported it from there in February 2022, NVIDIA/apex#1297), the Megatron-LM of Narayanan et al.'s
 # early-2021 runs added each micro-batch's gradients in a hook, and BigScience's Megatron-DeepSpeed fork has no
 # fusion (plain F.linear in its tensor-parallel layers; its 16-bit gradients move 6 bytes a parameter, priced as 10).
-FUSED_ACCUMULATION = {"korthikanti2022": True, "narayanan2021": False, "bigscience_tr11_topology": False}
+# NeMo 24.09/24.11 (NVIDIA's DGX Cloud benchmark recipes, benchmarks/validate_h100.py) sets
+# gradient_accumulation_fusion: true in every config it ran.
+FUSED_ACCUMULATION = {"korthikanti2022": True, "narayanan2021": False, "bigscience_tr11_topology": False,
+                      "nvidia_dgxc_h100": True}
 
 
 def published_state(cluster, name: str) -> StateSpec:
@@ -328,7 +331,9 @@ def main() -> int:
           f"time error mean {ts['mean_time_error']:+.1%}; memory |error| mean {ts['mean_abs_memory_error']:.1%} "
           f"max {ts['max_abs_memory_error']:.1%}; fits/OOM agree {ts['fit_agreement']:.0%}; measured peak above "
           f"the prediction by up to {ts['max_under_GiB']:.1f} GiB (the default --headroom covers it)")
-    residuals = residual_rows({**timed, "bigscience_tr11_topology": sweep})
+    from validate_h100 import nemo  # the H100 set (NVIDIA's DGX Cloud recipes), priced in benchmarks/validate_h100.py
+
+    residuals = residual_rows({**timed, "bigscience_tr11_topology": sweep, "nvidia_dgxc_h100": nemo()})
     from planner.uncertainty import coverage
 
     print("\n+- bands (planner/uncertainty.py), each row's from the other rows, cover the measured step of "
