@@ -151,13 +151,13 @@ def nemo_case(r: dict[str, str]) -> tuple[ModelSpec, ClusterSpec, ParallelConfig
     shape (its tokenizer's vocabulary padded as Megatron does), the published tp/pp/cp/vpp/micro-batch/global
     batch, sequence parallelism and Transformer Engine's tp overlap where the config turns them on, its
     recompute, and the distributed optimizer with overlapped gradient reduce-scatter and parameter all-gather
-    (distributed_fused_adam with overlap_grad_sync and overlap_param_sync: ZeRO-1, dp_overlap). Flash attention
-    (use_flash_attention / cuDNN through TE), no dropout (hidden_dropout 0 in every config)."""
+    (distributed_fused_adam with overlap_grad_sync and overlap_param_sync: ZeRO-1, dp_overlap), flash attention
+    (TE's flash / cuDNN kernels), and the config's dropout (0.1 for GPT-3 175B, none for the others)."""
     tp, pp, cp, gpus = int(r["tp"]), int(r["pp"]), int(r["cp"]), int(r["gpus"])
     model = ModelSpec(name=r["model"], arch=r["arch"], num_layers=int(r["layers"]), hidden_size=int(r["hidden"]),
                       ffn_hidden_size=int(r["ffn"]), num_attention_heads=int(r["heads"]),
                       num_kv_heads=int(r["kv_heads"]), vocab_size=megatron_vocab(int(r["vocab"]), tp),
-                      seq_length=int(r["seq"]), attention="flash", dropout=0.0)
+                      seq_length=int(r["seq"]), attention="flash", dropout=float(r["dropout"]))
     cfg = ParallelConfig(tp=tp, pp=pp, cp=cp, dp=gpus // (tp * pp * cp), vpp=int(r["vpp"]), mbs=int(r["mbs"]),
                          sp=r["sp"] == "true", tp_overlap=r["tp_overlap"] == "true", recompute=r["recompute"],
                          zero=1, dp_overlap=True)
