@@ -90,11 +90,14 @@ class ComputeModel:
         M, N, K, batch = (np.maximum(np.asarray(x, dtype=float), 1.0) for x in (M, N, K, batch))
         return self._gemm_model(M, N, K, batch) * self._correction(M, N, K)
 
-    def gemm_fwd_bwd(self, M: ArrayLike, N: ArrayLike, K: ArrayLike, batch: ArrayLike = 1
+    def gemm_fwd_bwd(self, M: ArrayLike, N: ArrayLike, K: ArrayLike, batch: ArrayLike = 1, chunks: ArrayLike = 1
                      ) -> tuple[np.ndarray, np.ndarray]:
-        """Forward, and backward (data gradient + weight gradient) of a linear layer y = x W^T."""
-        fwd = self.gemm(M, N, K, batch)
-        bwd = self.gemm(M, K, N, batch) + self.gemm(N, K, M, batch)
+        """Forward, and backward (data gradient + weight gradient) of a linear layer y = x W^T; ``chunks`` > 1 runs
+        the forward and the data gradient as that many GEMMs of M / chunks rows each (a collective matmul's
+        pieces), the weight gradient as one."""
+        chunks = np.asarray(chunks, dtype=float)
+        fwd = chunks * self.gemm(np.asarray(M, dtype=float) / chunks, N, K, batch)
+        bwd = chunks * self.gemm(np.asarray(M, dtype=float) / chunks, K, N, batch) + self.gemm(N, K, M, batch)
         return fwd, bwd
 
     # ---- memory-bound ops ----------------------------------------------------------------------

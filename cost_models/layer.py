@@ -122,11 +122,12 @@ def layer_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, 
             shared = gemm_of(fs) if shared_w else (0.0, 0.0)
             return tuple(dense_w * a + shared_w * b for a, b in zip(gemm_of(f), shared))
 
+        pieces = np.where(ovl, t, 1.0)  # tp_overlap: each GEMM beside a collective runs as t ring pieces
         gemm = {
-            "qkv": cm.gemm_fwd_bwd(T, (qw + 2 * kw) / t, h),
-            "proj": cm.gemm_fwd_bwd(T, h, qw / t),
-            "mlp_in": mlp(lambda w: cm.gemm_fwd_bwd(T, gated * w / t, h)),
-            "mlp_out": mlp(lambda w: cm.gemm_fwd_bwd(T, h, w / t)),
+            "qkv": cm.gemm_fwd_bwd(T, (qw + 2 * kw) / t, h, chunks=pieces),
+            "proj": cm.gemm_fwd_bwd(T, h, qw / t, chunks=pieces),
+            "mlp_in": mlp(lambda w: cm.gemm_fwd_bwd(T, gated * w / t, h, chunks=pieces)),
+            "mlp_out": mlp(lambda w: cm.gemm_fwd_bwd(T, h, w / t, chunks=pieces)),
         }
     gemm_fwd = sum(g[0] for g in gemm.values())
     gemm_bwd = sum(g[1] for g in gemm.values())

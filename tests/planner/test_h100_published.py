@@ -6,6 +6,8 @@ import importlib.util
 import statistics
 from pathlib import Path
 
+import pytest
+
 from specs.cluster import load_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,11 +89,28 @@ def test_dgxc_rows_map_to_the_runs_their_configs_describe():
 
 def test_bundled_h100_profile_on_nvidia_recipes():
     """The bundled profile prices NeMo's H100 runs (the stack the model follows) from the configs alone: every
-    run within 20%, the median within 12%, and never slower than measured by more than 5% (the model's misses
-    here are one-sided: it is optimistic; benchmarks/RESULTS.md). A regression guard: a change that moves these
-    shows in the numbers RESULTS.md reports."""
+    run within 15%, two thirds within 10%, the median within 10%, and never slower than measured by more than 5%
+    (the misses here are one-sided: the model is optimistic; benchmarks/RESULTS.md)."""
     rows = vh.nemo()
     errors = [r["error"] for r in rows]
-    assert max(abs(e) for e in errors) <= 0.20, rows
-    assert statistics.median(abs(e) for e in errors) <= 0.12, rows
+    assert max(abs(e) for e in errors) <= 0.15, rows
+    assert sum(abs(e) <= 0.10 for e in errors) >= 2 * len(errors) / 3, rows
+    assert statistics.median(abs(e) for e in errors) <= 0.10, rows
     assert max(errors) <= 0.05, rows
+
+
+def test_tp_overlap_prices_the_gemm_in_ring_pieces():
+    """With tp overlap a projection's forward and input-gradient GEMMs run as tp pieces of 1/tp of the tokens
+    (runtime/parallel/collective_matmul.py): priced as those pieces, never faster than the whole GEMM, slower
+    where the pieces leave output tiles idle, and equal when there is one piece."""
+    from cost_models.compute import ComputeModel
+
+    cm = ComputeModel(load_cluster("dgx-h100").gpu)
+    whole_f, whole_b = cm.gemm_fwd_bwd(4096, 2560, 16384)
+    piece_f, piece_b = cm.gemm_fwd_bwd(4096, 2560, 16384, chunks=8)
+    assert piece_f == pytest.approx(8 * cm.gemm(512, 2560, 16384))
+    wgrad = cm.gemm(16384, 2560, 4096)  # one GEMM on the re-gathered input, in pieces or not
+    assert piece_b == pytest.approx(8 * cm.gemm(512, 16384, 2560) + wgrad)
+    assert whole_b == pytest.approx(cm.gemm(4096, 16384, 2560) + wgrad)
+    assert piece_f > 1.2 * whole_f and piece_b > whole_b
+    assert cm.gemm_fwd_bwd(4096, 2560, 16384, chunks=1) == pytest.approx((whole_f, whole_b))
