@@ -67,9 +67,14 @@ def measure(out: int, inn: int, tokens: int, reps: int) -> dict[str, float]:
     x = torch.randn(tokens, inn, device="cuda", dtype=torch.bfloat16)
     acc = torch.zeros(out, inn, device="cuda", dtype=torch.float32)
     dyt = dy.t()
+    out = acc
+    try:  # C += A^T B in place, as Megatron's fused accumulation does
+        torch.addmm(acc, dyt, x, out_dtype=torch.float32, out=acc)
+    except RuntimeError:  # no aliased output here: write a second buffer (the same bytes read and written)
+        out = torch.empty_like(acc)
     return {
         "bf16": _time(lambda: torch.mm(dyt, x), reps),
-        "fused": _time(lambda: torch.addmm(acc, dyt, x, out_dtype=torch.float32, out=acc), reps),
+        "fused": _time(lambda: torch.addmm(acc, dyt, x, out_dtype=torch.float32, out=out), reps),
         "separate": _time(lambda: acc.add_(torch.mm(dyt, x)), reps),
     }
 

@@ -114,3 +114,17 @@ def test_tp_overlap_prices_the_gemm_in_ring_pieces():
     assert whole_b == pytest.approx(cm.gemm(4096, 16384, 2560) + wgrad)
     assert piece_f > 1.2 * whole_f and piece_b > whole_b
     assert cm.gemm_fwd_bwd(4096, 2560, 16384, chunks=1) == pytest.approx((whole_f, whole_b))
+
+
+def test_wgrad_benchmark_shapes_are_each_recipes_weight_gradients():
+    """benchmarks/wgrad_accumulation.py times, per recipe, one layer's four weight-gradient GEMMs on one GPU:
+    (out, in) of each tensor-parallel weight shard, K = one micro-batch's tokens on that GPU."""
+    spec = importlib.util.spec_from_file_location("wgrad_accumulation", ROOT / "benchmarks" / "wgrad_accumulation.py")
+    wa = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(wa)
+    rows = {r["model"]: r for r in vh._rows("nvidia_dgxc_h100_bf16.csv")}
+    model, _, cfg, _ = vh.nemo_case(rows["llama3.1-70b"])  # tp=4 cp=2, 8192-token sequences, GQA 8 groups
+    assert wa.wgrad_shapes(model, cfg) == {"qkv": (2560, 8192, 4096), "proj": (8192, 2048, 4096),
+                                           "mlp_in": (14336, 8192, 4096), "mlp_out": (8192, 7168, 4096)}
+    model, _, cfg, _ = vh.nemo_case(rows["nemotron4-15b"])  # tp=4, 4 sequences of 4096, non-gated MLP
+    assert wa.wgrad_shapes(model, cfg)["mlp_in"] == (6144, 6144, 16384)
