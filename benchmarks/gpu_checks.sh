@@ -6,7 +6,8 @@
 # Runs, each under its own time limit so one stuck step cannot eat the lease: the runtime smoke (NCCL/bf16,
 # resume, cp blocks, throughput), `autopar profile` of this GPU, the reference shape against torch.compile and
 # Liger, the kernel benchmark, predicted vs measured steps of three shapes on the measured profile (plan, run,
-# diagnose), `autopar tune` on GPT 1.3B, the fused fp32 gradient accumulation and sustained GEMM rate of NVIDIA's
+# diagnose), `autopar tune` on GPT 1.3B, the published H100 runs re-priced on the measured GPU, the fused fp32
+# gradient accumulation and sustained GEMM rate of NVIDIA's
 # H100 recipes (benchmarks/wgrad_accumulation.py) and the MoE grouped-GEMM run. About 17 minutes on one H100.
 # Needs, besides PyTorch and Triton: pydantic, pulp, highspy (and liger-kernel for the Liger peer).
 set -u
@@ -36,6 +37,7 @@ for m in llama-1b "$OUT/gpt-1.3b.json" "$OUT/gpt-350m.json"; do
 --out $OUT/$n.plan.json && python -m planner.cli run $OUT/$n.plan.json --steps 20 --metrics-out $OUT/$n.jsonl && \
 python -m planner.cli diagnose $OUT/$n.jsonl --warmup 5"
 done
+step validate_h100 120 python benchmarks/validate_h100.py --gpu-profile "$OUT/h100.yaml" --json "$OUT/validate_h100.json"
 step wgrad_accumulation 150 python benchmarks/wgrad_accumulation.py --sustain 60 --json "$OUT/wgrad.json"
 step tune 300 python -m planner.cli tune --model "$OUT/gpt-1.3b.json" --cluster "$OUT/h100.yaml" --gpus 1 \
   --global-batch 8 --trials 3 --steps 10 --warmup 3
