@@ -146,6 +146,25 @@ def megatron_vocab(vocab: int, tp: int, divisible_by: int = 128) -> int:
     return -(-vocab // m) * m
 
 
+# How Transformer Engine pieces each GEMM beside an overlapped collective, per recipe (`ub_tp_comm_overlap_cfg` in
+# its config; the Nemotron-4 configs give none: TE's default methods, with the 4 pipeline splits of every cfg NeMo
+# ships): "ring" = ring exchange in tp pieces ("ring/2": aggregate: 1, tp/2 pieces), an int = a pipelined
+# reduce-scatter in num_splits pieces, 1 = a bulk overlap beside the whole input-gradient GEMM.
+TE_DEFAULT = {"qkv_fprop": "ring", "fc1_fprop": "ring", "proj_dgrad": "ring", "fc2_dgrad": "ring",
+              "proj_fprop": 4, "fc2_fprop": 4, "qkv_dgrad": 1, "fc1_dgrad": 1}
+TE_OVERLAP = {
+    "llama3.1-405b": {**TE_DEFAULT, "qkv_fprop": "ring/2", "fc1_fprop": "ring/2", "proj_dgrad": "ring/2",
+                      "fc2_dgrad": "ring/2"},
+    "gpt3-175b": {**TE_DEFAULT, "fc2_dgrad": "ring/2"},
+}
+
+
+def te_pieces(model: str, tp: int) -> tuple[tuple[str, int], ...]:
+    """StateSpec.overlap_pieces of one recipe at tensor parallel ``tp``."""
+    ways = {"ring": tp, "ring/2": max(1, tp // 2)}
+    return tuple((g, ways.get(m, m)) for g, m in TE_OVERLAP.get(model.split(" (")[0], TE_DEFAULT).items())
+
+
 def nemo_case(r: dict[str, str]) -> tuple[ModelSpec, ClusterSpec, ParallelConfig, int]:
     """One NeMo run of NVIDIA's DGX Cloud recipes as the cost model's inputs, from the config it ran: the model's
     shape (its tokenizer's vocabulary padded as Megatron does), the published tp/pp/cp/vpp/micro-batch/global
@@ -167,13 +186,16 @@ def nemo_case(r: dict[str, str]) -> tuple[ModelSpec, ClusterSpec, ParallelConfig
 def nemo(gpu: GPUSpec | None = None) -> list[dict]:
     """Every BF16 H100 run of the DGX Cloud recipes (benchmarks/data/nvidia_dgxc_h100_bf16.csv) priced on the
     bundled profile (its GPU replaced by ``gpu``, e.g. one measured by `autopar profile`, if given) with the
-    stack's own state: fused gradient accumulation and a loss over the whole logits."""
+    stack's own state: fused gradient accumulation, a loss over the whole logits, and TE's pieces of the GEMMs
+    beside overlapped collectives (:data:`TE_OVERLAP`)."""
     out = []
     for r in _rows("nvidia_dgxc_h100_bf16.csv"):
         model, cluster, cfg, batch = nemo_case(r)
         if gpu is not None:
             cluster = cluster.model_copy(update={"gpu": gpu})
-        est = estimate(model, cluster, cfg, batch, state=published_state(cluster, "nvidia_dgxc_h100"))
+        state = published_state(cluster, "nvidia_dgxc_h100").model_copy(
+            update={"overlap_pieces": te_pieces(r["model"], cfg.tp)})
+        est = estimate(model, cluster, cfg, batch, state=state)
         meas = float(r["step_s"])
         out.append({"model": r["model"], "container": r["container"], "gpus": int(r["gpus"]), "plan": cfg.short(),
                     "measured_s": meas, "predicted_s": est.step_time_s, "error": _err(est.step_time_s, meas),

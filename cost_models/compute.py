@@ -90,15 +90,21 @@ class ComputeModel:
         M, N, K, batch = (np.maximum(np.asarray(x, dtype=float), 1.0) for x in (M, N, K, batch))
         return self._gemm_model(M, N, K, batch) * self._correction(M, N, K)
 
-    def gemm_fwd_bwd(self, M: ArrayLike, N: ArrayLike, K: ArrayLike, batch: ArrayLike = 1, chunks: ArrayLike = 1
+    def linear(self, M: ArrayLike, N: ArrayLike, K: ArrayLike, batch: ArrayLike = 1, pieces: ArrayLike = 1,
+               dgrad_pieces: ArrayLike | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Forward, data-gradient and weight-gradient GEMMs of a linear layer y = x W^T over M tokens; ``pieces`` /
+        ``dgrad_pieces`` > 1 run the forward / data gradient as that many GEMMs of M / pieces tokens each (a
+        collective matmul's ring steps), the weight gradient always as one."""
+        M = np.asarray(M, dtype=float)
+        pf = np.asarray(pieces, dtype=float)
+        pd = pf if dgrad_pieces is None else np.asarray(dgrad_pieces, dtype=float)
+        return pf * self.gemm(M / pf, N, K, batch), pd * self.gemm(M / pd, K, N, batch), self.gemm(N, K, M, batch)
+
+    def gemm_fwd_bwd(self, M: ArrayLike, N: ArrayLike, K: ArrayLike, batch: ArrayLike = 1
                      ) -> tuple[np.ndarray, np.ndarray]:
-        """Forward, and backward (data gradient + weight gradient) of a linear layer y = x W^T; ``chunks`` > 1 runs
-        the forward and the data gradient as that many GEMMs of M / chunks rows each (a collective matmul's
-        pieces), the weight gradient as one."""
-        chunks = np.asarray(chunks, dtype=float)
-        fwd = chunks * self.gemm(np.asarray(M, dtype=float) / chunks, N, K, batch)
-        bwd = chunks * self.gemm(np.asarray(M, dtype=float) / chunks, K, N, batch) + self.gemm(N, K, M, batch)
-        return fwd, bwd
+        """Forward, and backward (data gradient + weight gradient) of a linear layer y = x W^T."""
+        fwd, dgrad, wgrad = self.linear(M, N, K, batch)
+        return fwd, dgrad + wgrad
 
     # ---- memory-bound ops ----------------------------------------------------------------------
     def memory(self, nbytes: ArrayLike, kernels: float = 1.0) -> np.ndarray:

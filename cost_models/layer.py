@@ -16,6 +16,7 @@ All quantities broadcast over numpy arrays of configurations.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -94,10 +95,15 @@ def _overlap(comm: np.ndarray, gemm: np.ndarray, t: np.ndarray, on: np.ndarray) 
     return np.where(on, hidden, comm)
 
 
-def layer_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, sp, tp_overlap, ep=1, etp=1
-               ) -> LayerCost:
+# The projections' names in a stack's overlap settings (StateSpec.overlap_pieces: "<name>_fprop" / "_dgrad").
+OVERLAP_NAMES = {"qkv": "qkv", "proj": "proj", "mlp_in": "fc1", "mlp_out": "fc2"}
+
+
+def layer_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, sp, tp_overlap, ep=1, etp=1,
+               pieces: Mapping[str, int] | None = None) -> LayerCost:
     """Per-layer cost for tensor parallel ``t``, context parallel ``cp``, micro-batch ``mbs``, expert parallel
-    ``ep`` and ``etp`` (arrays)."""
+    ``ep`` and ``etp`` (arrays). With tp overlap each projection's forward and input-gradient GEMM runs in tp
+    pieces, or in as many as ``pieces`` names for it (a stack's own overlap settings: StateSpec.overlap_pieces)."""
     t, cp, mbs = (np.asarray(x, dtype=float) for x in (t, cp, mbs))
     sp = np.asarray(sp, dtype=bool) & (t > 1)
     ovl = np.asarray(tp_overlap, dtype=bool) & sp
@@ -110,27 +116,34 @@ def layer_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, 
     dense_w, shared_w, fs = mlp_mix(model)
 
     # ---- GEMMs ---------------------------------------------------------------------------------
+    # (forward, input-gradient, weight-gradient) GEMM seconds of each projection
     if model.block is not None:  # traced custom block: one GEMM-equivalent of its matmul FLOPs
         width = model.block.fwd_flops_per_token / (2.0 * h)
         g_fwd, g_bwd = cm.gemm_fwd_bwd(T, width / t, h)
-        gemm = {"qkv": (g_fwd / 4, g_bwd / 4), "proj": (g_fwd / 4, g_bwd / 4),
-                "mlp_in": (g_fwd / 4, g_bwd / 4), "mlp_out": (g_fwd / 4, g_bwd / 4)}
+        gemm = {g: (g_fwd / 4, g_bwd / 8, g_bwd / 8) for g in OVERLAP_NAMES}
     else:
         gated = 2 if model.arch == "llama" else 1
+        stack = dict(pieces or {})
+
+        def n(g: str, ps: str) -> np.ndarray:  # pieces of GEMM g's pass ps: t under tp_overlap unless the stack says
+            name = f"{OVERLAP_NAMES[g]}_{ps}"
+            return np.where(ovl, float(stack[name]) if name in stack else t, 1.0)
+
+        def lin(g: str, M, N, K):
+            return cm.linear(M, N, K, pieces=n(g, "fprop"), dgrad_pieces=n(g, "dgrad"))
 
         def mlp(gemm_of):  # the average layer's tensor-parallel MLP GEMM: the dense MLP's and shared experts' share
-            shared = gemm_of(fs) if shared_w else (0.0, 0.0)
+            shared = gemm_of(fs) if shared_w else (0.0, 0.0, 0.0)
             return tuple(dense_w * a + shared_w * b for a, b in zip(gemm_of(f), shared))
 
-        pieces = np.where(ovl, t, 1.0)  # tp_overlap: each GEMM beside a collective runs as t ring pieces
         gemm = {
-            "qkv": cm.gemm_fwd_bwd(T, (qw + 2 * kw) / t, h, chunks=pieces),
-            "proj": cm.gemm_fwd_bwd(T, h, qw / t, chunks=pieces),
-            "mlp_in": mlp(lambda w: cm.gemm_fwd_bwd(T, gated * w / t, h, chunks=pieces)),
-            "mlp_out": mlp(lambda w: cm.gemm_fwd_bwd(T, h, w / t, chunks=pieces)),
+            "qkv": lin("qkv", T, (qw + 2 * kw) / t, h),
+            "proj": lin("proj", T, h, qw / t),
+            "mlp_in": mlp(lambda w: lin("mlp_in", T, gated * w / t, h)),
+            "mlp_out": mlp(lambda w: lin("mlp_out", T, h, w / t)),
         }
     gemm_fwd = sum(g[0] for g in gemm.values())
-    gemm_bwd = sum(g[1] for g in gemm.values())
+    gemm_bwd = sum(g[1] + g[2] for g in gemm.values())
 
     # ---- attention core --------------------------------------------------------------------------
     heads = model.num_attention_heads / t
@@ -184,12 +197,12 @@ def layer_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, 
     tp = {"fwd": 0.0, "bwd": 0.0}
     mlp_w = dense_w + shared_w  # the MoE layers without shared experts have no tensor-parallel MLP collectives
     share = {"qkv": 1.0, "proj": 1.0, "mlp_in": mlp_w, "mlp_out": mlp_w}
-    for ps, with_sp, without, g in TP_LAYER_OPS:  # tp_overlap: backward pieces pipeline with half the GEMM (dgrad)
-        beside = (gemm[g][0] if ps == "fwd" else gemm[g][1] / 2) / max(share[g], 1e-12)
+    for ps, with_sp, without, g in TP_LAYER_OPS:  # tp_overlap: backward pieces pipeline with the input-gradient GEMM
+        beside = (gemm[g][0] if ps == "fwd" else gemm[g][1]) / max(share[g], 1e-12)
         plain = one[without] if without else 0.0
         tp[ps] = tp[ps] + share[g] * np.where(sp, _overlap(one[with_sp], beside, t, ovl), plain)
     for ps, op, g in SP_REGATHER_OPS:  # beside the input-gradient GEMM, less what tp_overlap's ring already hides
-        free = np.maximum(0.0, gemm[g][1] / 2 / max(share[g], 1e-12) - np.where(ovl, one["reduce_scatter"], 0.0))
+        free = np.maximum(0.0, gemm[g][1] / max(share[g], 1e-12) - np.where(ovl, one["reduce_scatter"], 0.0))
         tp[ps] = tp[ps] + share[g] * np.where(sp, np.maximum(0.0, one[op] - free), 0.0)
     kv = _collectives(comm, kv_bytes(model, eb, mbs, t), cp, t)  # over the cp group (stride t)
     cpc = {"fwd": 0.0, "bwd": 0.0}

@@ -37,6 +37,9 @@ def state_problem(state: StateSpec) -> str | None:
     if state.fused_accumulation:
         return ("state.fused_accumulation=true: the runtime adds each micro-batch's gradients in a pass of its own "
                 "(priced as such); set fused_accumulation=false")
+    if state.overlap_pieces:
+        return ("state.overlap_pieces: the runtime's collective matmul runs every overlapped GEMM in tp pieces "
+                "(priced as such); leave overlap_pieces out")
     if state.full_logits:
         return ("state.full_logits=true: the runtime's fused loss computes the logits a chunk at a time (priced as "
                 "such); set full_logits=false")

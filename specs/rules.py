@@ -288,11 +288,10 @@ RULES: tuple[Rule, ...] = (
     Rule(("dp_overlap", "dp", "cp"), lambda c, x: ~c.dp_overlap | (c.dp * c.cp > 1),
          lambda cfg, x: "dp_overlap with one data-parallel replica is dp_overlap=false", kind="same"),
     # never faster than another candidate and no less memory (the cost model hides overlapped communication
-    # behind compute, never adds to it): only priced when asked for with --fix
+    # behind compute, never adds to it): only priced when asked for with --fix. Not so tp_overlap: it runs each
+    # GEMM beside a collective in tp pieces, which can cost more than the communication it hides (both searched).
     Rule(("dp_overlap", "dp", "cp"), lambda c, x: c.dp_overlap | (c.dp * c.cp == 1),
          lambda cfg, x: "dp_overlap=false is never faster than dp_overlap=true", kind="dominated"),
-    Rule(("tp_overlap", "sp", "tp"), lambda c, x: c.tp_overlap | ~_sp_on(c) | (c.tp > (x.gpus_per_node or c.tp)),
-         lambda cfg, x: "tp_overlap=false is never faster than tp_overlap=true", kind="dominated"),
 )
 
 

@@ -16,12 +16,16 @@ fp32       fp32        fp32       in fp32    (the weights)    4 + 4 + 8 = 16
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 Dtype = Literal["fp32", "bf16", "fp16"]
+# The GEMMs a tensor-parallel overlap runs beside a collective, by pass (Transformer Engine's userbuffer names):
+# the forward (fprop) and input-gradient (dgrad) GEMMs of the QKV, attention-output and two MLP projections.
+OverlapGemm = Literal["qkv_fprop", "proj_fprop", "fc1_fprop", "fc2_fprop", "qkv_dgrad", "proj_dgrad", "fc1_dgrad",
+                      "fc2_dgrad"]
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 BUCKET_PARAMS = 40_000_000  # gradient bucket of the data-parallel reduce, in parameters (Megatron's default)
 LOGITS_CHUNK_ELEMENTS = 1 << 26  # the fused loss's logits chunk (tokens x vocab shard): 128 MiB in bf16
@@ -53,6 +57,10 @@ class StateSpec(BaseModel):
     # the loss materialises the whole [tokens, vocab] logits and an fp32 copy (Megatron-LM); autopar's fused linear
     # cross-entropy computes them LOGITS_CHUNK_ELEMENTS at a time, its gradients in the forward
     full_logits: StrictBool = False
+    # how many pieces a stack's tp overlap runs each of those GEMMs in (e.g. Transformer Engine: a pipelined
+    # reduce-scatter in num_splits pieces, a bulk overlap beside one whole GEMM); a GEMM not named runs in tp
+    # pieces, as autopar's collective matmul runs every one (runtime/parallel/collective_matmul.py)
+    overlap_pieces: tuple[tuple[OverlapGemm, Annotated[StrictInt, Field(ge=1)]], ...] = ()
 
     @classmethod
     def default(cls, precision: str) -> StateSpec:

@@ -223,7 +223,7 @@ def test_runnable_is_kept_and_changes_nothing(capsys):
     """Every plan the planner emits is one the runtime executes: --runnable (kept for old scripts) finds the same
     plans, tp_overlap included."""
     common = ["plan", "--model", "tiny", "--cluster", "cpu-gloo", "--gpus", "8", "--global-batch", "16",
-              "--fix", "tp=2,sp=true", "--format", "json"]
+              "--fix", "tp=2,sp=true,tp_overlap=true", "--format", "json"]
     assert main(common) == 0
     plain = json.loads(capsys.readouterr().out)["plans"]
     assert main([*common, "--runnable"]) == 0

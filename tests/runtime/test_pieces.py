@@ -185,6 +185,8 @@ def test_runtime_keeps_the_plans_state_or_refuses_it():
     assert "fused_accumulation=false" in fused and "\n" not in fused
     full = state_problem(StateSpec.default("bf16").model_copy(update={"full_logits": True}))
     assert "full_logits=false" in full and "\n" not in full
+    te = state_problem(StateSpec.default("bf16").model_copy(update={"overlap_pieces": (("proj_fprop", 4),)}))
+    assert "overlap_pieces" in te and "\n" not in te
     model = load_model("tiny")
     gpu = make_plan(model, load_cluster("dgx-h100", gpus=1), 16, ParallelConfig(),
                     state=StateSpec.default("bf16").model_copy(update={"bucket_params": 123}))
