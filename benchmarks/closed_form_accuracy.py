@@ -37,8 +37,8 @@ CASES = [  # (model, seq, cluster, gpus, global batch): GPT and Llama, A100 and 
 ]
 
 
-# overlapped and not overlapped communication both (the search leaves out the plans that could overlap but do
-# not, as never faster)
+# overlapped and not overlapped communication both (the search leaves out the plans that could overlap the
+# data-parallel reduce but do not, as never faster)
 BOTH_OVERLAPS = {"dp_overlap": [False, True], "tp_overlap": [False, True]}
 
 

@@ -6,7 +6,7 @@ Four sets (sources in benchmarks/data/README.md), each mapped onto a plan withou
 - ``peers``: our own single-H100 measurements of the reference shape (a plain Llama, eager and torch.compile).
   The cost model prices a fused stack (fused norms, activations and attention; what autopar's runtime runs on a
   GPU), so the compiled peer is the like-for-like comparison; the eager one shows what unfused kernels cost.
-- ``nvidia_dgxc``: NVIDIA's DGX Cloud benchmark recipes (NeMo 24.09/24.11: Megatron-Core with Transformer
+- ``nvidia_dgxc``: NVIDIA's DGX Cloud benchmark recipes (release 24.11, NeMo 24.09/24.05: Megatron-Core with Transformer
   Engine, the stack whose mechanisms the cost model follows): Llama 3.1 8B/70B/405B, Nemotron-4 15B/340B and GPT-3
   175B on 8-2,304 H100s, every setting taken from the config that ran (:func:`nemo_case`).
 - ``mosaicml``: llm-foundry's H100 80GB BF16 tables: MPT 760M-70B (GPT blocks, tied embeddings, flash
@@ -147,8 +147,8 @@ def megatron_vocab(vocab: int, tp: int, divisible_by: int = 128) -> int:
 
 
 # How Transformer Engine pieces each GEMM beside an overlapped collective, per recipe (`ub_tp_comm_overlap_cfg` in
-# its config; the Nemotron-4 configs give none: TE's default methods, with the 4 pipeline splits of every cfg NeMo
-# ships): "ring" = ring exchange in tp pieces ("ring/2": aggregate: 1, tp/2 pieces), an int = a pipelined
+# its config; the Nemotron-4 configs give none: TE's defaults, the same methods and TE's own 4 pipeline splits):
+# "ring" = ring exchange in tp pieces ("ring/2": aggregate: 1, tp/2 pieces), an int = a pipelined
 # reduce-scatter in num_splits pieces, 1 = a bulk overlap beside the whole input-gradient GEMM.
 TE_DEFAULT = {"qkv_fprop": "ring", "fc1_fprop": "ring", "proj_dgrad": "ring", "fc2_dgrad": "ring",
               "proj_fprop": 4, "fc2_fprop": 4, "qkv_dgrad": 1, "fc1_dgrad": 1}
@@ -230,7 +230,8 @@ def main() -> int:
         print(f"  {r['gpus']:6} GPUs {r['plan']:48} measured {r['measured_tflops']:.0f}, predicted "
               f"{r['predicted_tflops']:.0f} ({r['error']:+.1%})")
 
-    print("== NVIDIA DGX Cloud recipes, NeMo 24.09/24.11, H100 BF16 (step time; Megatron-Core + Transformer Engine)")
+    print("== NVIDIA DGX Cloud recipes 24.11 (NeMo 24.09/24.05), H100 BF16 (step time; Megatron-Core + Transformer "
+          "Engine)")
     gpu = load_cluster(args.gpu_profile).gpu if args.gpu_profile else None
     dgxc = nemo(gpu)
     for r in dgxc:

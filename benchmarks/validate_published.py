@@ -45,7 +45,7 @@ def _gpt(name: str, row: dict[str, str]) -> ModelSpec:
 # by 2022 (apex ported it from there in February 2022, NVIDIA/apex#1297), the Megatron-LM of Narayanan et al.'s
 # early-2021 runs added each micro-batch's gradients in a hook, and BigScience's Megatron-DeepSpeed fork has no
 # fusion (plain F.linear in its tensor-parallel layers; its 16-bit gradients move 6 bytes a parameter, priced as 10).
-# NeMo 24.09/24.11 (NVIDIA's DGX Cloud benchmark recipes, benchmarks/validate_h100.py) sets
+# NeMo 24.09/24.05 (NVIDIA's DGX Cloud benchmark recipes 24.11, benchmarks/validate_h100.py) sets
 # gradient_accumulation_fusion: true in every config it ran.
 FUSED_ACCUMULATION = {"korthikanti2022": True, "narayanan2021": False, "bigscience_tr11_topology": False,
                       "nvidia_dgxc_h100": True}

@@ -112,7 +112,7 @@ DGXC_HEADERS = {
 
 def test_dgxc_plan_columns_match_the_published_headers():
     """The CSV's tp/pp/cp/vpp/micro-batch/accumulation and overlap flags are the README headers' (the 405B proxy
-    rows override pp and vp as the README's own table says: pp 1/3/3, vp none/7/7 for 7/21/42 layers)."""
+    rows override pp and vp as llama3.1/configure.sh does: pp 1/3/3, vp none/7/7 for 7/21/42 layers)."""
     proxies = {7: (1, 1), 21: (3, 7), 42: (3, 7)}
     for r in vh._rows("nvidia_dgxc_h100_bf16.csv"):
         header, overlap = DGXC_HEADERS[r["model"].split(" (")[0]]
@@ -150,10 +150,15 @@ def test_tp_overlap_prices_the_gemm_in_ring_pieces():
         lc = layer_cost(m, cm, comm, tp, 1, 1, sp, overlap, pieces=pieces)
         return float(lc.fwd), float(lc.bwd)
 
-    assert cost(8, True, True) > cost(8, True, False)  # pieces of 512 tokens leave SMs idle
+    on, off = cost(8, True, True), cost(8, True, False)
+    assert on[0] > off[0] and on[1] > off[1]  # pieces of 1,024 of 8,192 tokens leave SMs idle
     assert cost(8, False, True) == cost(8, False, False) and cost(1, True, True) == cost(1, True, False)
     whole = {f"{g}_{ps}": 1 for g in ("qkv", "proj", "fc1", "fc2") for ps in ("fprop", "dgrad")}
-    assert cost(8, True, True, whole) == pytest.approx(cost(8, True, False))  # one piece each: the plain GEMMs
+    assert cost(8, True, True, whole) == pytest.approx(off)  # one piece each: the plain GEMMs
+    fc1_whole = cost(8, True, True, {"fc1_fprop": 1})  # one name moves one GEMM of one pass: the MLP-in forward
+    gated_in = cm.gemm(8192, 2 * m.ffn / 8, m.hidden_size)
+    assert fc1_whole[1] == pytest.approx(on[1]) and on[0] - fc1_whole[0] == pytest.approx(
+        8 * cm.gemm(1024, 2 * m.ffn / 8, m.hidden_size) - gated_in)
 
 
 def test_wgrad_benchmark_shapes_are_each_recipes_weight_gradients():

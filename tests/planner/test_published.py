@@ -160,7 +160,7 @@ def test_bands_cover_every_published_set():
     rows = [sum(r["pipelined"] == k for v in stored.values() for r in v) - 1 for k in (True, False)]
     floor = min((n - 1) / (n + 1) for n in rows)
     pooled = sum(cov[name] * len(stored[name]) for name in cov) / sum(len(v) for v in stored.values())
-    assert len(cov) == 4 and pooled >= floor, (cov, pooled, floor)
+    assert len(cov) == 4 and pooled >= floor and min(cov.values()) >= 0.75, (cov, pooled, floor)
     piped = uncertainty.band(True)
     assert piped.low < 1 < piped.high and piped.high - 1 > 1 - piped.low and piped.rows >= 20
     assert 0.01 < uncertainty.ranking_sigma() < 0.2
