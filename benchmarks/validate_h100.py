@@ -159,10 +159,15 @@ TE_OVERLAP = {
 }
 
 
+def recipe(row_model: str) -> str:
+    """The recipe a row of nvidia_dgxc_h100_bf16.csv belongs to ("llama3.1-405b (7-layer proxy)" -> "llama3.1-405b")."""
+    return row_model.split(" (")[0]
+
+
 def te_pieces(model: str, tp: int) -> tuple[tuple[str, int], ...]:
     """StateSpec.overlap_pieces of one recipe at tensor parallel ``tp``."""
     ways = {"ring": tp, "ring/2": max(1, tp // 2)}
-    return tuple((g, ways.get(m, m)) for g, m in TE_OVERLAP.get(model.split(" (")[0], TE_DEFAULT).items())
+    return tuple((g, ways.get(m, m)) for g, m in TE_OVERLAP.get(recipe(model), TE_DEFAULT).items())
 
 
 def nemo_case(r: dict[str, str]) -> tuple[ModelSpec, ClusterSpec, ParallelConfig, int]:
@@ -239,8 +244,8 @@ def main() -> int:
         print(f"  {r['model']:30} {r['gpus']:5} {r['plan']:58} measured {r['measured_s']:6.2f} s, predicted "
               f"{r['predicted_s']:6.2f} ({r['error']:+.1%}){fit}")
     print("  all runs: " + _summary([r["error"] for r in dgxc]))
-    for name in dict.fromkeys(r["model"].split(" (")[0] for r in dgxc):
-        print(f"  {name:15} " + _summary([r["error"] for r in dgxc if r["model"].startswith(name)]))
+    for name in dict.fromkeys(recipe(r["model"]) for r in dgxc):
+        print(f"  {name:15} " + _summary([r["error"] for r in dgxc if recipe(r["model"]) == name]))
 
     print("== MosaicML llm-foundry, H100 80GB BF16 (step time)")
     rows, scales = mosaic(base)

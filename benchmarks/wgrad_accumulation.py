@@ -31,16 +31,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from validate_h100 import _rows, nemo_case  # noqa: E402
+from validate_h100 import _rows, nemo_case, recipe  # noqa: E402
+
+from cost_models.layer import projection_shapes  # noqa: E402
 
 
 def wgrad_shapes(model, cfg) -> dict[str, tuple[int, int, int]]:
     """(out, in, tokens) of one layer's weight-gradient GEMMs on one GPU: dW[out, in] = dY[T, out]^T X[T, in]."""
-    t, h = cfg.tp, model.hidden_size
     tokens = cfg.mbs * model.seq_length // cfg.cp
-    gated = 2 if model.arch == "llama" else 1
-    return {"qkv": ((model.q_width + 2 * model.kv_width) // t, h, tokens), "proj": (h, model.q_width // t, tokens),
-            "mlp_in": (gated * model.ffn // t, h, tokens), "mlp_out": (h, model.ffn // t, tokens)}
+    return {g: (int(n), int(k), tokens) for g, (n, k) in projection_shapes(model, cfg.tp).items()}
 
 
 def _time(fn, reps: int) -> float:
@@ -115,9 +114,9 @@ def main() -> int:
     seen, result = set(), {"recipes": [], "sustain_tflops": []}
     for r in _rows("nvidia_dgxc_h100_bf16.csv"):
         model, _, cfg, batch = nemo_case(r)
-        if r["model"].split(" (")[0] in seen:  # one per recipe (the 405B proxies run its shapes)
+        if recipe(r["model"]) in seen:  # one per recipe (the 405B proxies run its shapes)
             continue
-        seen.add(r["model"].split(" (")[0])
+        seen.add(recipe(r["model"]))
         layers = model.num_layers // cfg.pp  # per pipeline rank
         extra = 0.0
         print(f"== {model.name}: {cfg.short()}, {layers} layers per pipeline rank, "

@@ -99,6 +99,16 @@ def _overlap(comm: np.ndarray, gemm: np.ndarray, t: np.ndarray, on: np.ndarray) 
 OVERLAP_NAMES = {"qkv": "qkv", "proj": "proj", "mlp_in": "fc1", "mlp_out": "fc2"}
 
 
+def projection_shapes(model: ModelSpec, t, ffn=None) -> dict[str, tuple]:
+    """(N, K) of each tensor-parallel projection's forward GEMM y[tokens, N] = x[tokens, K] W^T on one GPU at tensor
+    parallel ``t`` (the weight gradient is N x K); ``ffn``: the MLP's width (default the model's; a shared expert's
+    for MoE)."""
+    f = model.ffn if ffn is None else ffn
+    gated = 2 if model.arch == "llama" else 1
+    qw, kw, h = model.q_width, model.kv_width, model.hidden_size
+    return {"qkv": ((qw + 2 * kw) / t, h), "proj": (h, qw / t), "mlp_in": (gated * f / t, h), "mlp_out": (h, f / t)}
+
+
 def layer_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, sp, tp_overlap, ep=1, etp=1,
                pieces: Mapping[str, int] | None = None) -> LayerCost:
     """Per-layer cost for tensor parallel ``t``, context parallel ``cp``, micro-batch ``mbs``, expert parallel
@@ -122,26 +132,22 @@ def layer_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, 
         g_fwd, g_bwd = cm.gemm_fwd_bwd(T, width / t, h)
         gemm = {g: (g_fwd / 4, g_bwd / 8, g_bwd / 8) for g in OVERLAP_NAMES}
     else:
-        gated = 2 if model.arch == "llama" else 1
         stack = dict(pieces or {})
 
         def n(g: str, ps: str) -> np.ndarray:  # pieces of GEMM g's pass ps: t under tp_overlap unless the stack says
             name = f"{OVERLAP_NAMES[g]}_{ps}"
             return np.where(ovl, float(stack[name]) if name in stack else t, 1.0)
 
-        def lin(g: str, M, N, K):
-            return cm.linear(M, N, K, pieces=n(g, "fprop"), dgrad_pieces=n(g, "dgrad"))
+        def lin(g: str, ffn=None):
+            N, K = projection_shapes(model, t, ffn)[g]
+            return cm.linear(T, N, K, pieces=n(g, "fprop"), dgrad_pieces=n(g, "dgrad"))
 
         def mlp(gemm_of):  # the average layer's tensor-parallel MLP GEMM: the dense MLP's and shared experts' share
             shared = gemm_of(fs) if shared_w else (0.0, 0.0, 0.0)
             return tuple(dense_w * a + shared_w * b for a, b in zip(gemm_of(f), shared))
 
-        gemm = {
-            "qkv": lin("qkv", T, (qw + 2 * kw) / t, h),
-            "proj": lin("proj", T, h, qw / t),
-            "mlp_in": mlp(lambda w: lin("mlp_in", T, gated * w / t, h)),
-            "mlp_out": mlp(lambda w: lin("mlp_out", T, h, w / t)),
-        }
+        gemm = {"qkv": lin("qkv"), "proj": lin("proj"), "mlp_in": mlp(lambda w: lin("mlp_in", w)),
+                "mlp_out": mlp(lambda w: lin("mlp_out", w))}
     gemm_fwd = sum(g[0] for g in gemm.values())
     gemm_bwd = sum(g[1] + g[2] for g in gemm.values())
 

@@ -70,7 +70,7 @@ def test_dgxc_rows_map_to_the_runs_their_configs_describe():
         assert cfg.world == cluster.num_gpus == int(r["gpus"]), r
         assert cfg.microbatches(batch) == int(r["grad_accum"]), r
         assert model.vocab_size % (128 * cfg.tp) == 0 and model.vocab_size - int(r["vocab"]) < 128 * cfg.tp
-        name = r["model"].split(" (")[0]
+        name = vh.recipe(r["model"])
         if "proxy" in r["model"]:
             continue
         raw = model.model_copy(update={"vocab_size": 128256 if name == "llama3.1-405b" else int(r["vocab"])})
@@ -115,7 +115,7 @@ def test_dgxc_plan_columns_match_the_published_headers():
     rows override pp and vp as llama3.1/configure.sh does: pp 1/3/3, vp none/7/7 for 7/21/42 layers)."""
     proxies = {7: (1, 1), 21: (3, 7), 42: (3, 7)}
     for r in vh._rows("nvidia_dgxc_h100_bf16.csv"):
-        header, overlap = DGXC_HEADERS[r["model"].split(" (")[0]]
+        header, overlap = DGXC_HEADERS[vh.recipe(r["model"])]
         want = {k.strip().lower(): int(v) for k, v in (kv.split("=") for kv in header.split(","))}
         pp, vpp = proxies.get(int(r["layers"]), (want["pp"], want.get("vp", 1))) if "proxy" in r["model"] else (
             want["pp"], want.get("vp", 1))
