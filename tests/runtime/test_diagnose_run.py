@@ -1,8 +1,10 @@
 """``autopar diagnose`` on real runs (torchrun, 2 gloo ranks, one per core as one per GPU would be): a rank made
 slow by the test hook is named with its phase, the phases add up to the step, and the step without it is what
-the same run measures on its clean steps. The straggler acts on every other step (4, 6, ..., 24; 3, 5, ..., 23
+the same run measures on its clean steps. The straggler acts on every other step (4, 6, ..., 28; 3, 5, ..., 27
 are clean) and each slow step's "without" is set beside the clean steps next to it (a paired comparison: this
-shared 2-core machine's speed drifts by 10-30% within seconds, and separate runs differ by up to 20%)."""
+shared 2-core machine's speed drifts by 10-30% within seconds, and separate runs differ by up to 20%). Single
+pairs range 0.69-1.78 here, so the median is over 13 pairs and held within 15% (7 pairs once gave 0.896, a CI
+failure at 10%): a "without" that kept the straggler's cost would be the slow step, over 1.3x the clean ones."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from specs.parallel import ParallelConfig
 from specs.phases import PHASES
 from specs.planfile import make_plan, save_plan
 
-STEPS, BATCH = 16, 48  # about 0.4 s a clean step: long against the machine's jitter
+STEPS, BATCH = 28, 48  # about 0.4 s a clean step: long against the machine's jitter
 CLEAN, SLOW = ",".join(str(s) for s in range(3, STEPS, 2)), ",".join(str(s) for s in range(4, STEPS + 1, 2))
 
 
@@ -89,7 +91,7 @@ def test_a_slow_rank_is_named_with_its_phase_and_the_step_without_it(runs, kind,
         d = diagnose(plan, [by_step[step]], 0, THRESHOLD, str(runs[kind]), "")
         beside = [by_step[s]["step_time_s"] for s in (step - 1, step + 1) if s in by_step]
         ratios.append(d.without_stragglers_s / float(np.mean(beside)))
-    assert abs(float(np.median(ratios)) - 1) < 0.10, ratios
+    assert abs(float(np.median(ratios)) - 1) < 0.15, ratios
 
 
 def test_the_table_names_the_straggler(runs, capsys):
