@@ -8,7 +8,8 @@
 # Liger, the kernel benchmark, predicted vs measured steps of three shapes on the measured profile (plan, run,
 # diagnose), `autopar tune` on GPT 1.3B, the published H100 runs re-priced on the measured GPU, the fused fp32
 # gradient accumulation and sustained GEMM rate of NVIDIA's
-# H100 recipes (benchmarks/wgrad_accumulation.py) and the MoE grouped-GEMM run. About 17 minutes on one H100.
+# H100 recipes (benchmarks/wgrad_accumulation.py), their GEMMs cut into overlap pieces against the model
+# (benchmarks/gemm_pieces.py) and the MoE grouped-GEMM run. About 17 minutes on one H100.
 # Needs, besides PyTorch and Triton: pydantic, pulp, highspy (and liger-kernel for the Liger peer).
 set -u
 OUT=${1:-gpu-out}
@@ -39,6 +40,7 @@ python -m planner.cli diagnose $OUT/$n.jsonl --warmup 5"
 done
 step validate_h100 120 python benchmarks/validate_h100.py --gpu-profile "$OUT/h100.yaml" --json "$OUT/validate_h100.json"
 step wgrad_accumulation 150 python benchmarks/wgrad_accumulation.py --sustain 60 --json "$OUT/wgrad.json"
+step gemm_pieces 90 python benchmarks/gemm_pieces.py --profile "$OUT/h100.yaml" --json "$OUT/pieces.json"
 step tune 300 python -m planner.cli tune --model "$OUT/gpt-1.3b.json" --cluster "$OUT/h100.yaml" --gpus 1 \
   --global-batch 8 --trials 3 --steps 10 --warmup 3
 step moe 200 bash -c "python -m planner.cli plan --model tiny-moe --cluster dgx-h100 --gpus 1 --global-batch 8 \

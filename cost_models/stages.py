@@ -193,10 +193,12 @@ def _scatters(c: Candidates) -> np.ndarray:
 
 def accumulate_time(state: StateSpec, c: Candidates, lt: LayerTerms, params) -> np.ndarray:
     """Seconds of one micro-batch's gradient accumulation over ``params`` ([N, stages]) in the runtime's own pass
-    (``StateSpec.accumulate_bytes``; under ZeRO-2/3 the backward's gradients are packed into a zeroed bucket
-    for the reduce-scatter, as many bytes, and its owned slice is then added into the shard: 3 x grad_bytes / d)."""
+    or in the GEMMs' epilogue (``StateSpec.accumulate_bytes``, at the profile's memory bandwidth: the epilogue's extra
+    traffic is not hidden behind the GEMM's math); under ZeRO-2/3 the runtime packs the backward's gradients into
+    a zeroed bucket for the reduce-scatter, as many bytes, and then adds its owned slice into the shard:
+    3 x grad_bytes / d)."""
     d = _col(c.dp * c.cp)
-    shard_add = np.where(_scatters(c) & (state.accumulate_bytes > 0), 3.0 * state.grad_bytes / d, 0.0)
+    shard_add = np.where(_scatters(c) & (not state.fused_accumulation), 3.0 * state.grad_bytes / d, 0.0)
     return np.asarray(params, dtype=float) * (state.accumulate_bytes + shard_add) * _col(lt.byte_s)
 
 

@@ -104,7 +104,10 @@ class StateSpec(BaseModel):
 
     @property
     def accumulate_bytes(self) -> int:
-        """Bytes per parameter one micro-batch's gradient accumulation moves outside the GEMMs: the backward's
-        gradient (parameter precision) is read and added into the buffer (read and written), or nothing when the
-        GEMMs accumulate themselves (``fused_accumulation``)."""
-        return 0 if self.fused_accumulation else self.param_bytes + 2 * self.grad_bytes
+        """Bytes per parameter one micro-batch's gradient accumulation moves beyond a plain weight-gradient GEMM: the
+        backward's gradient (parameter precision) is read and added into the buffer (read and written) in a pass of
+        its own; or, when the GEMMs accumulate themselves (``fused_accumulation``: C += A^T B), their epilogue reads
+        the buffer and writes it back in its precision in place of a parameter-precision output."""
+        if self.fused_accumulation:
+            return 2 * self.grad_bytes - self.param_bytes
+        return self.param_bytes + 2 * self.grad_bytes
