@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -173,3 +175,14 @@ def test_wgrad_benchmark_shapes_are_each_recipes_weight_gradients():
                                            "mlp_in": (14336, 8192, 4096), "mlp_out": (8192, 7168, 4096)}
     model, _, cfg, _ = vh.nemo_case(rows["nemotron4-15b"])  # tp=4, 4 sequences of 4096, non-gated MLP
     assert wa.wgrad_shapes(model, cfg)["mlp_in"] == (6144, 6144, 16384)
+
+
+def test_gemm_pieces_benchmark_says_it_needs_a_gpu():
+    """benchmarks/gemm_pieces.py times cuBLAS GEMMs: without CUDA it exits 2 with a one-line reason, no traceback."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is present: the benchmark runs instead")
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gemm_pieces.py")], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 2 and "needs a CUDA GPU" in p.stderr and "Traceback" not in p.stderr, p.stderr
