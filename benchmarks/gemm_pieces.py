@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from validate_h100 import CLUSTER, _rows, nemo_case, recipe  # noqa: E402
-from wgrad_accumulation import _time  # noqa: E402
+from validate_h100 import CLUSTER, nemo_case  # noqa: E402
+from wgrad_accumulation import _time, has_cuda, recipe_rows  # noqa: E402
 
 from cost_models.compute import ComputeModel  # noqa: E402
 from cost_models.layer import projection_shapes  # noqa: E402
@@ -54,20 +54,16 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=20, help="timed repetitions per form (median reported)")
     ap.add_argument("--json", help="write the numbers here")
     args = ap.parse_args()
-    import torch
-
-    if not torch.cuda.is_available():
-        print("gemm_pieces.py needs a CUDA GPU (it times cuBLAS GEMMs); run it on an H100", file=sys.stderr)
+    if not has_cuda("gemm_pieces.py"):
         return 2
     cluster = load_cluster(args.profile)
     cm = ComputeModel(cluster.gpu, cluster.precision)
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; model: {args.profile}")
-    seen, rows = set(), []
-    for r in _rows("nvidia_dgxc_h100_bf16.csv"):
+    print(f"model: {args.profile}")
+    rows = []
+    for r in recipe_rows():
         model, _, cfg, _ = nemo_case(r)
-        if cfg.tp == 1 or recipe(r["model"]) in seen:
+        if cfg.tp == 1:
             continue
-        seen.add(recipe(r["model"]))
         m = cfg.mbs * model.seq_length // cfg.cp
         pieces = sorted({1, 2, 4, cfg.tp})
         print(f"== {model.name}: tp={cfg.tp}, {m} tokens a micro-batch; measured (model) time of p pieces / whole")

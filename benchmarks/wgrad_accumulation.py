@@ -44,6 +44,25 @@ def wgrad_shapes(model, cfg) -> dict[str, tuple[int, int, int]]:
     return {g: (int(n), int(k), tokens) for g, (n, k) in projection_shapes(model, cfg.tp).items()}
 
 
+def recipe_rows() -> list[dict[str, str]]:
+    """The first row of each NeMo recipe in nvidia_dgxc_h100_bf16.csv (the 405B proxies run its shapes)."""
+    first: dict[str, dict[str, str]] = {}
+    for r in _rows("nvidia_dgxc_h100_bf16.csv"):
+        first.setdefault(recipe(r["model"]), r)
+    return list(first.values())
+
+
+def has_cuda(script: str) -> bool:
+    """Print the GPU and torch version, or say on stderr why ``script`` cannot run here (it times cuBLAS GEMMs)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        print(f"{script} needs a CUDA GPU (it times cuBLAS GEMMs); run it on an H100", file=sys.stderr)
+        return False
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
+    return True
+
+
 def _time(fn, reps: int) -> float:
     import torch
 
@@ -86,7 +105,7 @@ def sustain(seconds: float, reps: int) -> tuple[float, list[float]]:
     back: whether a GPU under sustained load keeps the rate a short benchmark measures."""
     import torch
 
-    model, _, cfg, _ = nemo_case(_rows("nvidia_dgxc_h100_bf16.csv")[0])
+    model, _, cfg, _ = nemo_case(recipe_rows()[0])
     mats = []
     for out, inn, tokens in wgrad_shapes(model, cfg).values():
         mats.append((torch.randn(tokens, out, device="cuda", dtype=torch.bfloat16).t(),
@@ -110,18 +129,11 @@ def main() -> int:
     ap.add_argument("--sustain", type=float, default=0.0, help="seconds of back-to-back GEMMs (0: skip)")
     ap.add_argument("--json", help="write the numbers here")
     args = ap.parse_args()
-    import torch
-
-    if not torch.cuda.is_available():
-        print("wgrad_accumulation.py needs a CUDA GPU (it times cuBLAS GEMMs); run it on an H100", file=sys.stderr)
+    if not has_cuda("wgrad_accumulation.py"):
         return 2
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
-    seen, result = set(), {"recipes": [], "sustain_tflops": []}
-    for r in _rows("nvidia_dgxc_h100_bf16.csv"):
+    result = {"recipes": [], "sustain_tflops": []}
+    for r in recipe_rows():
         model, _, cfg, batch = nemo_case(r)
-        if recipe(r["model"]) in seen:  # one per recipe (the 405B proxies run its shapes)
-            continue
-        seen.add(recipe(r["model"]))
         layers = model.num_layers // cfg.pp  # per pipeline rank
         extra = 0.0
         print(f"== {model.name}: {cfg.short()}, {layers} layers per pipeline rank, "
