@@ -33,6 +33,15 @@ def test_korthikanti_iteration_times():
     assert s["max_abs_error"] <= 0.10, rows
 
 
+def test_korthikanti_alternatives_ranked_as_measured():
+    """Korthikanti 2022 timed two plans of each model on the same GPUs (full recompute; selective recompute with
+    sequence parallelism): the model orders every pair as measured, and predicts the speedup within 7%."""
+    alts = vp.alternative_pairs(vp.korthikanti())
+    assert [a["model"] for a in alts] == ["22B", "175B", "530B", "1T"]
+    assert all(a["same_order"] for a in alts), alts
+    assert all(abs(a["predicted_speedup"] / a["measured_speedup"] - 1) <= 0.07 for a in alts), alts
+
+
 def test_korthikanti_activation_memory():
     rows = vp.korthikanti_activation_check()
     assert rows and max(abs(r["error"]) for r in rows) <= 0.05
