@@ -39,6 +39,7 @@ class ComputeModel:
         self.mem_bw = gpu.mem_bw
         self.ew_bw = gpu.ew_bw
         self.reduce_bw = gpu.reduce_bw
+        self.opt_bw = gpu.opt_bw
         self._table = None
         if gpu.gemm_table:
             t = np.array([[p.m, p.n, p.k, p.tflops * 1e12] for p in gpu.gemm_table], dtype=float)
@@ -118,8 +119,13 @@ class ComputeModel:
         return np.asarray(nbytes, dtype=float) / self.reduce_bw + kernels * self.overhead
 
     def stream(self, nbytes: ArrayLike, kernels: float = 1.0) -> np.ndarray:
-        """Seconds of fused streaming kernels (the optimizer's fused AdamW) moving ``nbytes`` through memory."""
+        """Seconds of plain streaming kernels over flat buffers (copies, scaling, zeroing) moving ``nbytes``."""
         return np.asarray(nbytes, dtype=float) / self.mem_bw + kernels * self.overhead
+
+    def adamw(self, nbytes: ArrayLike, kernels: float = 1.0) -> np.ndarray:
+        """Seconds of the fused AdamW update moving ``nbytes`` (StateSpec.adamw_bytes per parameter), at the
+        profile's measured optimizer bandwidth where it has one."""
+        return np.asarray(nbytes, dtype=float) / self.opt_bw + kernels * self.overhead
 
     # ---- attention core ------------------------------------------------------------------------
     def flash_attention(self, batch_heads: ArrayLike, sq: ArrayLike, sk: ArrayLike, d: ArrayLike,

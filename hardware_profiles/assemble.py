@@ -5,7 +5,8 @@ matching bundled GPU (peak FLOP/s, memory), adds the measured tables (GEMM by sh
 length and head dimension, memory bandwidth, alpha-beta fits per collective and level) and re-fits the few
 efficiency parameters so the model's fallbacks agree with what was measured:
 ``gemm`` and ``attention_*`` are the median measured fraction of peak, ``memory`` the measured fraction
-of datasheet bandwidth, ``kernel_overhead_us`` the measured fixed cost per kernel. A CPU has no datasheet:
+of datasheet bandwidth, ``kernel_overhead_us`` the measured fixed cost per kernel; the fused AdamW update's
+bandwidth becomes ``optimizer_bandwidth_GBps``. A CPU has no datasheet:
 its best GEMM rate stands for peak and its copy bandwidth for the memory bandwidth, and the layers'
 memory-bound ops' bandwidth (``elementwise_bandwidth_GBps``) and the per-kernel cost come from the runtime's
 own layers (layer_probe.py).
@@ -98,6 +99,7 @@ def gpu_profile(device: dict[str, Any], compute: dict[str, Any], precision: str,
         "measured_memory_bandwidth_GBps": _sig(copy_GBps),
         **({"elementwise_bandwidth_GBps": _sig(ew_GBps)} if elementwise_Bps else {}),
         **({"reduce_bandwidth_GBps": _sig(compute["column_sum_Bps"] / 1e9)} if compute.get("column_sum_Bps") else {}),
+        **({"optimizer_bandwidth_GBps": _sig(compute["adamw_Bps"] / 1e9)} if compute.get("adamw_Bps") else {}),
         "gemm_table": [{"m": m, "n": n, "k": k, "tflops": _sig(r / 1e12)} for m, n, k, r in gemm],
         "attention_table": [{"seq": a["seq"], "heads": a["heads"], "head_dim": a["head_dim"], "batch": a["batch"],
                              "fwd_tflops": _sig(f / a["fwd_s"] / 1e12), "bwd_tflops": _sig(2.5 * f / a["bwd_s"] / 1e12)}

@@ -1,4 +1,5 @@
-"""Single-device measurements: GEMMs over a grid of shapes, fused (SDPA) attention, memory bandwidth.
+"""Single-device measurements: GEMMs over a grid of shapes, fused (SDPA) attention, memory bandwidth, the fused
+AdamW update's bandwidth.
 
 Every rank of ``autopar profile`` runs these at the same time, so a CPU shared by several ranks is
 measured as a run of that many ranks sees it. Times summarise several windows (:class:`Timer`).
@@ -98,6 +99,22 @@ def time_copy(timer: Timer, nbytes: int) -> float:
     return 2.0 * n * 4 / timer(lambda: y.copy_(x))
 
 
+def time_adamw(timer: Timer, nbytes: int, tensors: int = 4) -> float:
+    """Achieved bandwidth of torch's fused AdamW update (the runtime's optimizer kernel, ``torch._fused_adamw_``)
+    over ``tensors`` fp32 tensors of ``nbytes`` of weights in all: bytes per second counted as the cost model
+    counts them (StateSpec.adamw_bytes: gradient, weights and both moments read, the last three written)."""
+    n = max(1, nbytes // 4 // tensors)
+    w, g, m, v = ([torch.rand(n, device=timer.device) for _ in range(tensors)] for _ in range(4))
+    step = torch.zeros((), device=timer.device)
+
+    def update() -> None:
+        step.add_(1.0)
+        torch._fused_adamw_(w, g, m, v, [], [step] * tensors, lr=1e-4, beta1=0.9, beta2=0.95, weight_decay=0.1,
+                            eps=1e-8, amsgrad=False, maximize=False)
+
+    return 7 * 4 * n * tensors / timer(update)
+
+
 def time_tiny_op(timer: Timer) -> float:
     """Seconds of the smallest kernel: an in-place add on 16 numbers.
 
@@ -144,6 +161,7 @@ def run_all(device: torch.device, precision: str, quick: bool,
         out["attention"].append({"seq": s, "heads": h, "head_dim": d, "batch": b, "fwd_s": t_f,
                                  "bwd_s": max(t_fb - t_f, 0.25 * t_fb)})
     out["copy_Bps"] = time_copy(timer, g.copy_bytes)
+    out["adamw_Bps"] = time_adamw(timer, g.copy_bytes // 4)
     if device.type == "cuda":  # the bias gradients' reduction (CPUs: inside layer_probe's elementwise fit)
         out["column_sum_Bps"] = time_column_sum(timer, 16384, 4096 if quick else 8192, dtype)
     tick("memory", 1.0)

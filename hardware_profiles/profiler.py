@@ -185,8 +185,9 @@ def combine(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
         "tiny_op_s": float(np.median([r["tiny_op_s"] for r in per_rank])),
         "probes": None,
     }
-    if "column_sum_Bps" in first:
-        out["column_sum_Bps"] = float(np.median([r["column_sum_Bps"] for r in per_rank]))
+    for key in ("column_sum_Bps", "adamw_Bps"):
+        if key in first:
+            out[key] = float(np.median([r[key] for r in per_rank]))
     if first.get("probes"):
         out["probes"] = [{**p, "seconds": med("probes", i, "seconds"), "compute_s": med("probes", i, "compute_s")}
                          for i, p in enumerate(first["probes"])]
@@ -320,6 +321,8 @@ def summary(profile: dict[str, Any], out: str) -> list[str]:
              f"  memory    {gpu['measured_memory_bandwidth_GBps']:.4g} GB/s copy"
              + (f", {gpu['elementwise_bandwidth_GBps']:.4g} GB/s per modelled byte of the layers' memory-bound ops"
                 if gpu.get("elementwise_bandwidth_GBps") else f" ({gpu['memory_bandwidth_GBps']:.4g} datasheet)")
+             + (f"; AdamW update {gpu['optimizer_bandwidth_GBps']:.4g} GB/s" if gpu.get("optimizer_bandwidth_GBps")
+                else "")
              + f"; fixed cost per kernel {eff['kernel_overhead_us']:.3g} us"]
     return lines + _fit_lines(profile.get("collectives", {}), "  ")
 

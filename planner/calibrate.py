@@ -157,6 +157,8 @@ def scaled(cluster: ClusterSpec, s: dict[str, float]) -> ClusterSpec:
         "efficiency": eff,
         "measured_memory_bandwidth_GBps": gpu.mem_bw / 1e9 * m,
         "elementwise_bandwidth_GBps": gpu.elementwise_bandwidth_GBps and gpu.elementwise_bandwidth_GBps * m,
+        "reduce_bandwidth_GBps": gpu.reduce_bandwidth_GBps and gpu.reduce_bandwidth_GBps * m,
+        "optimizer_bandwidth_GBps": gpu.optimizer_bandwidth_GBps and gpu.optimizer_bandwidth_GBps * m,
         "gemm_table": [p.model_copy(update={"tflops": p.tflops * c}) for p in gpu.gemm_table],
         "attention_table": [p.model_copy(update={"fwd_tflops": p.fwd_tflops * a, "bwd_tflops": p.bwd_tflops * a})
                             for p in gpu.attention_table],

@@ -119,6 +119,10 @@ class GPUSpec(_Strict):
     # measured (GPU profiles): bytes read per second by a sum over tokens (the bias gradients' reduction); unset:
     # the elementwise bandwidth
     reduce_bandwidth_GBps: float | None = Field(None, gt=0)
+    # measured (`autopar profile`): the fused AdamW update's bytes (StateSpec.adamw_bytes) per second over large
+    # fp32 tensors, which reaches less than a copy (it computes per element: two moments, a square root, a
+    # division); unset: the copy bandwidth (:attr:`mem_bw`)
+    optimizer_bandwidth_GBps: float | None = Field(None, gt=0)
     node_link: NodeLink | None = None  # the intra-node link of its platform; None: not known (CPUs, custom GPUs)
 
     @model_validator(mode="after")
@@ -157,6 +161,11 @@ class GPUSpec(_Strict):
     def reduce_bw(self) -> float:
         """Bytes/s read by a sum over tokens (measured on GPUs, else :attr:`ew_bw`)."""
         return self.reduce_bandwidth_GBps * 1e9 if self.reduce_bandwidth_GBps else self.ew_bw
+
+    @property
+    def opt_bw(self) -> float:
+        """Bytes/s of the fused AdamW update (measured, else :attr:`mem_bw`)."""
+        return self.optimizer_bandwidth_GBps * 1e9 if self.optimizer_bandwidth_GBps else self.mem_bw
 
 
 class Link(_Strict):

@@ -96,11 +96,16 @@ class StateSpec(BaseModel):
         return 8 + (4 if self.master_weights else 0)
 
     @property
+    def adamw_bytes(self) -> int:
+        """Bytes per parameter the fused AdamW kernel moves: it reads the gradient, the fp32 weights (master or
+        parameters) and both moments, and writes those three back (28 with fp32 gradients)."""
+        return self.grad_bytes + 2 * (4 + 8)
+
+    @property
     def optimizer_traffic_bytes(self) -> int:
-        """Bytes per parameter one optimizer step moves: the fused AdamW reads the gradient, the fp32 weights (master
-        or parameters) and both moments and writes those back; with a master copy a second kernel reads it and
-        writes the 16-bit parameters."""
-        return self.grad_bytes + 2 * (4 + 8) + (4 + self.param_bytes if self.master_weights else 0)
+        """Bytes per parameter one optimizer step moves: the fused AdamW's (:attr:`adamw_bytes`), and with a master
+        copy a second kernel that reads it and writes the 16-bit parameters."""
+        return self.adamw_bytes + (4 + self.param_bytes if self.master_weights else 0)
 
     @property
     def accumulate_bytes(self) -> int:

@@ -55,6 +55,7 @@ def test_profile_loads_with_sane_tables(profile_path):
     assert {a.head_dim for a in g.attention_table} == {16, 64}
     assert g.measured_memory_bandwidth_GBps and g.measured_memory_bandwidth_GBps > 0
     assert g.elementwise_bandwidth_GBps and g.elementwise_bandwidth_GBps > 0
+    assert g.optimizer_bandwidth_GBps and g.optimizer_bandwidth_GBps > 0 and g.opt_bw == g.optimizer_bandwidth_GBps * 1e9
     assert g.efficiency.kernel_overhead_us > 0
     assert 0 < g.efficiency.gemm <= 1 and 0 < g.efficiency.memory <= 1
     # the CPU's "peak" is its best measured GEMM rate
@@ -192,7 +193,7 @@ def test_gpu_measurements_assemble_into_a_profile(tmp_path):
     meas = {"device": {"type": "cuda", "name": "NVIDIA H100 80GB HBM3", "memory_GiB": 79.1, "sm_count": 132},
             "precision": "bf16", "backend": "nccl", "world": 8, "local": 8,
             "compute": {"gemm": gemm, "attention": attn, "copy_Bps": 2.9e12, "tiny_op_s": 2.5e-6,
-                        "column_sum_Bps": 1.4e12}, "collectives": colls}
+                        "column_sum_Bps": 1.4e12, "adamw_Bps": 1.9e12}, "collectives": colls}
     prof = cluster_profile(meas, "h100-box")
     out = tmp_path / "h100-box.yaml"
     out.write_text(to_yaml(prof, meas, []))
@@ -202,6 +203,7 @@ def test_gpu_measurements_assemble_into_a_profile(tmp_path):
     assert 700 / 989 <= c.gpu.efficiency.gemm <= 0.85
     assert c.gpu.efficiency.kernel_overhead_us == pytest.approx(2.5)
     assert c.gpu.reduce_bandwidth_GBps == pytest.approx(1400) and c.gpu.reduce_bw == pytest.approx(1.4e12)
+    assert c.gpu.optimizer_bandwidth_GBps == pytest.approx(1900) and c.gpu.opt_bw == pytest.approx(1.9e12)
     assert c.inter_node is not None  # from the bundled dgx-h100, so --nodes can grow the cluster
     fit = c.collectives["all_reduce"]["intra"]
     assert fit.alpha_us == pytest.approx(20, rel=1e-3) and fit.alpha_per_rank_us == pytest.approx(3, rel=1e-3)
@@ -236,3 +238,31 @@ def test_bias_gradients_are_priced_at_the_measured_reduction_bandwidth():
     bias_bytes = T * (3 * h + 4 * h + 2 * h) * 2  # qkv, fc1, and the two h-wide (proj, fc2) biases' gradients
     assert float(halved.bwd[0] - base.bwd[0]) == pytest.approx(bias_bytes / cluster.gpu.ew_bw, rel=1e-9)
     assert float(halved.fwd[0]) == float(base.fwd[0])
+
+
+def test_the_optimizer_update_is_priced_at_the_measured_adamw_bandwidth():
+    """A profile's measured fused-AdamW bandwidth prices the update's bytes (StateSpec.adamw_bytes per parameter of
+    the rank's shard); the other passes of the step's tail (averaging, norm, clipping, zeroing, the master copy)
+    stay at the copy bandwidth; without one the update streams at the copy bandwidth too. The measurement (torch's
+    own fused kernel, as the runtime runs it) gives a positive rate anywhere."""
+    import torch
+
+    from cost_models.step import estimate
+    from hardware_profiles.compute_bench import time_adamw
+    from hardware_profiles.timing import Timer
+    from specs.model_loading import load_model
+    from specs.parallel import ParallelConfig
+    from specs.state import StateSpec
+
+    assert time_adamw(Timer(torch.device("cpu"), repeats=2), 1 << 16) > 0
+    cluster = load_cluster("dgx-h100", gpus=1)
+    assert cluster.gpu.optimizer_bandwidth_GBps is None and cluster.gpu.opt_bw == cluster.gpu.mem_bw
+    slow = cluster.model_copy(update={"gpu": cluster.gpu.model_copy(
+        update={"optimizer_bandwidth_GBps": cluster.gpu.mem_bw / 2e9})})
+    model, cfg = load_model("llama-1b"), ParallelConfig(mbs=1)
+    base, halved = (estimate(model, c, cfg, 1).breakdown for c in (cluster, slow))
+    state = StateSpec.default(cluster.precision)
+    assert state.adamw_bytes == 28 and state.optimizer_traffic_bytes == 28 + 4 + 2
+    update = model.num_params * state.adamw_bytes / cluster.gpu.mem_bw
+    assert halved["optimizer"] - base["optimizer"] == pytest.approx(update, rel=1e-3)
+    assert halved["forward_compute"] == base["forward_compute"]
