@@ -44,6 +44,7 @@ from validate_published import published_state  # noqa: E402
 from cost_models.step import estimate  # noqa: E402
 from planner.calibrate import Run, fit_scales, predict  # noqa: E402
 from planner.search import search  # noqa: E402
+from planner.uncertainty import in_band  # noqa: E402
 from specs.cluster import ClusterSpec, GPUSpec, load_cluster  # noqa: E402
 from specs.model import ModelSpec  # noqa: E402
 from specs.parallel import ParallelConfig  # noqa: E402
@@ -261,6 +262,10 @@ def main() -> int:
     for name, keep in (("seq <= 4096", lambda r: r["seq"] <= 4096), ("seq >= 8192", lambda r: r["seq"] >= 8192)):
         sel = [r["calibrated_error"] for r in held if keep(r)]
         print(f"  calibrated, held out, {name}: " + _summary(sel))
+    for name, sel, key in (("bundled, all runs", rows, "bundled_error"), ("calibrated, held out", held,
+                                                                             "calibrated_error")):
+        n = sum(in_band(False, 1.0, 1.0 + r[key]) for r in sel)  # FSDP: data parallel only, no pipeline
+        print(f"  +- bands (planner/uncertainty.py) cover {n} of {len(sel)} runs, {name}")
     if args.json:
         Path(args.json).write_text(json.dumps({"peers": peers, "llama3": l3, "nvidia_dgxc": dgxc, "mosaicml": rows,
                                                 "scales": scales}, indent=1))

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from cost_models.step import estimate  # noqa: E402
+from planner.uncertainty import in_band  # noqa: E402
 from specs.cluster import load_cluster  # noqa: E402
 from specs.model_loading import load_model  # noqa: E402
 from specs.parallel import ParallelConfig  # noqa: E402
@@ -55,7 +56,7 @@ def predict(row: dict) -> dict:
             "predicted_tflops": per_gpu(flops), "predicted_tflops_causal": per_gpu(flops - attn),
             "error": per_gpu(flops) / measured - 1, "error_causal": per_gpu(flops - attn) / measured - 1,
             "ep_comm_share": est.breakdown["ep_comm"] / est.step_time_s, "memory_GiB": est.memory_GiB,
-            "fits": est.fits, "stack": row["stack"]}
+            "fits": est.fits, "stack": row["stack"], "pipelined": pp > 1}
 
 
 def main() -> None:
@@ -69,6 +70,10 @@ def main() -> None:
         print(f"{r['model']:16} {r['gpus']:>5} {r['plan']:42} {r['measured_tflops']:>9.1f} "
               f"{r['predicted_tflops']:>10.1f} {r['error']:>+7.1%} {r['predicted_tflops_causal']:>8.1f} "
               f"{r['error_causal']:>+7.1%} {r['ep_comm_share']:>6.1%} {r['memory_GiB']:>6.1f}")
+    for conv, key in (("measured TFLOP/s counting the whole attention", "error"),
+                      ("counting its causal half", "error_causal")):
+        n = sum(in_band(r["pipelined"], 1.0 + r[key], 1.0) for r in out)  # measured / predicted step time
+        print(f"+- bands (planner/uncertainty.py) cover {n} of {len(out)} runs, {conv}")
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
 

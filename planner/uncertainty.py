@@ -86,6 +86,12 @@ def step_band(pp: int, step_s: float) -> tuple[float, float]:
     return step_s * b.low, step_s * b.high
 
 
+def in_band(pipelined: bool, measured_s: float, predicted_s: float) -> bool:
+    """Whether a measured step lies in the band of its plan's kind around its prediction (the stored residuals)."""
+    b = band(pipelined)
+    return b.low <= measured_s / predicted_s <= b.high
+
+
 def tie_margin() -> float:
     """Relative difference below which two predicted step times are a tie (sigma x sqrt 2)."""
     return math.sqrt(2) * ranking_sigma()
