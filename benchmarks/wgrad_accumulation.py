@@ -3,8 +3,9 @@
     python benchmarks/wgrad_accumulation.py [--reps 20] [--sustain 60] [--json out.json]
 
 The cost model prices Megatron-LM's gradient_accumulation_fusion (the weight-gradient GEMM adds into the fp32
-main gradient, C += A^T B with an fp32 C) as free: the GEMM's time, no pass of its own. NeMo's H100 runs
-(benchmarks/data/nvidia_dgxc_h100_bf16.csv) all use it and are still predicted 0-14% fast (benchmarks/RESULTS.md).
+main gradient, C += A^T B with an fp32 C) as its epilogue's extra bytes at the memory bandwidth
+(StateSpec.accumulate_bytes, since session 15, from this script's H200 run; it was free before). NeMo's H100 runs
+(benchmarks/data/nvidia_dgxc_h100_bf16.csv) all use it (benchmarks/RESULTS.md).
 This measures, for each recipe's four weight-gradient GEMMs per layer (QKV, attention output, MLP in, MLP out;
 K = the tokens of one micro-batch on one GPU, shapes from `validate_h100.nemo_case`), the median time of:
 

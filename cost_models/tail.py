@@ -15,8 +15,8 @@ the closed form). All arrays are [N, pp] per rank ([N, pp, vpp] per model chunk)
 - The optimizer (fused AdamW, memory bound) updates the rank's shard after the reduce, its ``StateSpec.adamw_bytes``
   at the profile's measured optimizer bandwidth (the copy bandwidth where none was measured); the master copy's
   write-back, the gradient's averaging over d, its norm and its clipping pass over the shard, and the gradient
-  buffer is zeroed for the next step: plain streaming passes at the copy bandwidth (the rest of
-  ``StateSpec.optimizer_traffic_bytes`` plus grad_bytes x (3, + 2 when d > 1) per parameter).
+  buffer is zeroed for the next step: plain streaming passes at the copy bandwidth (``StateSpec.master_copy_bytes``
+  plus grad_bytes x (3, + 2 when d > 1) per parameter).
 - ZeRO-1/2 all-gather the updated parameters after it; with ``dp_overlap`` that hides behind the next step's
   first forwards, all but one bucket.
 - A MoE model's routed experts are replicated over the expert-data-parallel group (``specs.parallel.edp``), not the
@@ -142,7 +142,7 @@ def rank_tail(model: ModelSpec, cm: ComputeModel, comm: CommModel, state: StateS
     # and the clipping (read and written: the runtime's default grad_clip); the zeroing of the gradient buffer (all
     # of it, or under ZeRO-2/3 the shard)
     zeroed = np.where(zero >= 2, shard, rank_params)
-    passes = state.optimizer_traffic_bytes - state.adamw_bytes + state.grad_bytes * (3 + 2 * (d > 1))
+    passes = state.master_copy_bytes + state.grad_bytes * (3 + 2 * (d > 1))
     opt = cm.adamw(shard * state.adamw_bytes, 2) + cm.stream(shard * passes + zeroed * state.grad_bytes, 10)
 
     nb_rank = np.maximum(1.0, nb.sum(axis=2))

@@ -106,10 +106,11 @@ def time_adamw(timer: Timer, nbytes: int, tensors: int = 4) -> float:
     n = max(1, nbytes // 4 // tensors)
     w, g, m, v = ([torch.rand(n, device=timer.device) for _ in range(tensors)] for _ in range(4))
     step = torch.zeros((), device=timer.device)
+    steps = [step] * tensors
 
     def update() -> None:
         step.add_(1.0)
-        torch._fused_adamw_(w, g, m, v, [], [step] * tensors, lr=1e-4, beta1=0.9, beta2=0.95, weight_decay=0.1,
+        torch._fused_adamw_(w, g, m, v, [], steps, lr=1e-4, beta1=0.9, beta2=0.95, weight_decay=0.1,
                             eps=1e-8, amsgrad=False, maximize=False)
 
     return 7 * 4 * n * tensors / timer(update)

@@ -86,9 +86,11 @@ def step_band(pp: int, step_s: float) -> tuple[float, float]:
     return step_s * b.low, step_s * b.high
 
 
-def in_band(pipelined: bool, measured_s: float, predicted_s: float) -> bool:
-    """Whether a measured step lies in the band of its plan's kind around its prediction (the stored residuals)."""
-    b = band(pipelined)
+def in_band(pipelined: bool, measured_s: float, predicted_s: float,
+            sets: dict[str, list[dict[str, Any]]] | None = None) -> bool:
+    """Whether a measured step lies in the band of its plan's kind around its prediction (bands from ``sets``,
+    default the stored residuals)."""
+    b = band(pipelined, sets)
     return b.low <= measured_s / predicted_s <= b.high
 
 
@@ -111,7 +113,6 @@ def coverage(sets: dict[str, list[dict[str, Any]]]) -> dict[str, float]:
         row = sets[name][i]
         if sum(r["pipelined"] == row["pipelined"] for rows in rest.values() for r in rows) == 0:
             return False  # the only row of its kind: no band without it
-        b = band(row["pipelined"], rest)
-        return b.low <= row["ratio"] <= b.high
+        return in_band(row["pipelined"], row["ratio"], 1.0, rest)
 
     return {name: sum(covered(name, i) for i in range(len(rows))) / len(rows) for name, rows in sets.items()}

@@ -102,10 +102,16 @@ class StateSpec(BaseModel):
         return self.grad_bytes + 2 * (4 + 8)
 
     @property
+    def master_copy_bytes(self) -> int:
+        """Bytes per parameter of the step's write-back from an fp32 master copy (read it, write the parameters);
+        none without one."""
+        return 4 + self.param_bytes if self.master_weights else 0
+
+    @property
     def optimizer_traffic_bytes(self) -> int:
-        """Bytes per parameter one optimizer step moves: the fused AdamW's (:attr:`adamw_bytes`), and with a master
-        copy a second kernel that reads it and writes the 16-bit parameters."""
-        return self.adamw_bytes + (4 + self.param_bytes if self.master_weights else 0)
+        """Bytes per parameter one optimizer step moves: the fused AdamW's (:attr:`adamw_bytes`) and the master
+        copy's write-back (:attr:`master_copy_bytes`)."""
+        return self.adamw_bytes + self.master_copy_bytes
 
     @property
     def accumulate_bytes(self) -> int:
