@@ -5,11 +5,12 @@
 #
 # Runs, each under its own time limit so one stuck step cannot eat the lease: the runtime smoke (NCCL/bf16,
 # resume, cp blocks, throughput), `autopar profile` of this GPU, the reference shape against torch.compile and
-# Liger, the kernel benchmark, predicted vs measured steps of three shapes on the measured profile (plan, run,
-# diagnose), `autopar tune` on GPT 1.3B, the published H100 runs re-priced on the measured GPU, the fused fp32
-# gradient accumulation and sustained GEMM rate of NVIDIA's
-# H100 recipes (benchmarks/wgrad_accumulation.py), their GEMMs cut into overlap pieces against the model
-# (benchmarks/gemm_pieces.py) and the MoE grouped-GEMM run. About 17 minutes on one H100.
+# Liger, the kernel benchmark, the optimizer step piece by piece (benchmarks/optimizer_step.py), predicted vs
+# measured steps of three shapes on the measured profile (plan, run, diagnose), `autopar tune` on GPT 1.3B, the
+# published H100 runs re-priced on the measured GPU, the fused fp32 gradient accumulation and sustained GEMM rate
+# of NVIDIA's H100 recipes (benchmarks/wgrad_accumulation.py), their GEMMs cut into overlap pieces against the
+# model (benchmarks/gemm_pieces.py) and the MoE grouped-GEMM run. About 18 minutes on one H100: more than one
+# 15-minute lease, so run it in two halves (the steps are independent but for the profile they share).
 # Needs, besides PyTorch and Triton: pydantic, pulp, highspy (and liger-kernel for the Liger peer).
 set -u
 OUT=${1:-gpu-out}
@@ -32,6 +33,7 @@ step smoke 300 python tests/runtime/gpu_smoke.py
 step profile 300 python -m planner.cli profile --nproc 1 --out "$OUT/h100.yaml"
 step single_gpu_step 400 python benchmarks/single_gpu_step.py --mbs 2 4 --peers compiled,liger --json "$OUT/step.json"
 step kernels 300 python benchmarks/kernels.py --json "$OUT/kernels.json"
+step optimizer_step 150 python benchmarks/optimizer_step.py --profile "$OUT/h100.yaml" --json "$OUT/optimizer_step.json"
 for m in llama-1b "$OUT/gpt-1.3b.json" "$OUT/gpt-350m.json"; do
   n=$(basename "$m" .json)
   step "plan-$n" 200 bash -c "python -m planner.cli plan --model $m --cluster $OUT/h100.yaml --gpus 1 --global-batch 8 \

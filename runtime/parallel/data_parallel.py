@@ -61,7 +61,17 @@ import torch.distributed as dist
 from torch import nn
 
 from runtime.models.common import Transformer
-from runtime.parallel.buckets import Bucket, Range, Segment, Span, bucket_bounds, group_segments, layer_segments, users
+from runtime.parallel.buckets import (
+    ALIGN,
+    Bucket,
+    Range,
+    Segment,
+    Span,
+    bucket_bounds,
+    group_segments,
+    layer_segments,
+    users,
+)
 from runtime.parallel.hierarchy import Hierarchy
 from runtime.parallel.mappings import all_gather_into, member, reduce_scatter_into, sum_into
 from runtime.parallel.mesh import ParallelGroups
@@ -175,12 +185,12 @@ class DataParallel:
         return self.g.dp_reduce_group, self.d, self.g.dpcp_rank
 
     def _unit(self, reduce: Reduce) -> int:
-        """ZeRO-0/1 buckets are multiples of this: ZeRO-1's ``d`` owners; ZeRO-0's 1, or (replicas split over node
-        groups) the members per group, so the hierarchy's reduce-scatter needs no padded copy."""
+        """ZeRO-0/1 buckets are multiples of this: ``ALIGN`` times ZeRO-1's ``d`` owners, or ZeRO-0's 1, or (replicas
+        split over node groups) the members per group, so the hierarchy's reduce-scatter needs no padded copy."""
         group, d, _ = self._over(reduce)
         if self.zero:
-            return d
-        return group.n if isinstance(group, Hierarchy) else 1
+            return d * ALIGN
+        return ALIGN * (group.n if isinstance(group, Hierarchy) else 1)
 
     def _owned(self, size: int, d: int, rank: int) -> Range:
         """The slice of a ``size``-element bucket this rank owns: its 1/d share under ZeRO, else all of it."""

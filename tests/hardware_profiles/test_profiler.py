@@ -266,3 +266,30 @@ def test_the_optimizer_update_is_priced_at_the_measured_adamw_bandwidth():
     update = model.num_params * state.adamw_bytes / cluster.gpu.mem_bw
     assert halved["optimizer"] - base["optimizer"] == pytest.approx(update, rel=1e-3)
     assert halved["forward_compute"] == base["forward_compute"]
+
+
+def test_optimizer_step_benchmark_times_the_runtimes_own_update(tmp_path):
+    """benchmarks/optimizer_step.py builds the runtime's Trainer and times its optimizer step piece by piece beside
+    the cost model's price: on CPU for the tiny model every piece is timed, the AdamW operands are the runtime's
+    (views split where weight decay changes), and without CUDA ``--device cuda`` exits 2 with one line."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    root = Path(__file__).resolve().parents[2]
+    script = str(root / "benchmarks" / "optimizer_step.py")
+    out = tmp_path / "opt.json"
+    env = {"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(root)}
+    p = subprocess.run([sys.executable, script, "--device", "cpu", "--models", "tiny", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stderr
+    (row,) = json.loads(out.read_text())
+    t = row["measured_s"]
+    assert set(t) >= {"step", "norm", "publish", "adamw", "adamw_flat", "adamw_profile", "adamw_16", "adamw_4096"}
+    assert all(v > 0 for v in t.values())
+    assert 2 <= row["tensors"] < row["params"] and row["copied_back"] == 0 and row["predicted_s"] > 0
+    if not torch.cuda.is_available():
+        q = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=120, env=env)
+        assert q.returncode == 2 and "no CUDA GPU" in q.stderr and "Traceback" not in q.stderr, q.stderr

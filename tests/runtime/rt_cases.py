@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from runtime.data import TokenData
+from runtime.parallel.buckets import ALIGN
 from runtime.parallel.mappings import all_gather_into
 from runtime.parallel.mesh import build_groups
 from runtime.parallel.tensor_parallel import Nested, gather_full
@@ -335,8 +336,9 @@ def model_state_report(rank: int, case: dict[str, Any], data_path: str) -> dict[
             "segments": [sum(b.chunk == c for b in dp.buckets) for c in chunks],
             "bytes": {"weights": _storage_bytes(pbufs) + _storage_bytes(gathered), "gradients": _storage_bytes(gbufs),
                       "optimizer": _nbytes(opt.master + opt.exp_avg + opt.exp_avg_sq)},
-            "padding": sum(_padding(b) for b in dp.buckets),
+            "padding": sum(_padding(b) for b in dp.buckets), "padding_max": max(map(_padding, dp.buckets), default=0),
             "padding_owned": sum(_padding(b) / (b.d if dp.zero else 1) for b in dp.buckets),
+            "misaligned": sum(t.storage_offset() % ALIGN != 0 for b in dp.buckets for t in (b.param_shard, b.grad_shard)),
             "dtypes": [str(pbufs[0].dtype), str(gbufs[0].dtype)], "zero": dp.zero,
             "d": max([dp.d] + [b.d for b in dp.buckets]),
             "stray": len(stray), "loss": loss, "tp_rank": groups.tp_rank,

@@ -36,6 +36,7 @@ from test_equivalence import CASES, MOE_CASES, MOE_EP_CASES, _id
 from cost_models.ledger import priced_ledger
 from cost_models.params import gradient_buckets, gradient_groups
 from cost_models.step import estimate
+from runtime.parallel.buckets import ALIGN
 from specs.planfile import PlanFile
 
 GiB = 2**30
@@ -73,12 +74,13 @@ def check_rank(plan: PlanFile, r: dict, buckets: np.ndarray, priced: dict[str, f
     assert r["buckets"] == [int(buckets[v]) for v in r["vstages"]], (r["vstages"], r["buckets"], buckets)
     assert r["stray"] == 0  # every parameter and gradient tensor lives in the buffers (ZeRO-3: or is empty)
     d, pad, nb = r["d"], r["padding"], sum(r["segments"])
-    assert 0 <= pad <= (d - 1) * nb if r["zero"] else pad == 0
+    unit = ALIGN * (d if r["zero"] else 1)  # buckets (and ZeRO slices) start aligned: runtime/parallel/buckets.py
+    assert 0 <= pad <= (unit - 1) * nb and r["misaligned"] == 0
     for kind, attr in KINDS.items():
         per_param = getattr(plan.state, attr)
         cost = priced[kind] * GiB
         padded = (r["padding_owned"] if r["zero"] >= SHARDED_FROM[kind] else pad) * per_param
-        tolerance = (d - 1) * nb * per_param  # ZeRO: at most d - 1 padding elements per bucket
+        tolerance = (unit - 1) * nb * per_param  # at most unit - 1 padding elements per bucket
         assert abs(r["bytes"][kind] - cost) <= tolerance, (kind, r["bytes"][kind], cost)
         assert r["bytes"][kind] == pytest.approx(cost + padded, rel=1e-12, abs=1e-6), (kind, r["bytes"][kind], cost)
 
@@ -108,7 +110,7 @@ def check_ledger(plan: PlanFile, reports: list[dict]) -> None:
             if key in routed:
                 stage[r["pp_rank"], key] = stage.get((r["pp_rank"], key), 0) + nbytes
                 continue
-            pad = r["padding"] * 4 * calls / max(1, sum(r["segments"])) if key[1] in ("dp", "edp") else 0
+            pad = r["padding_max"] * 4 * calls if key[1] in ("dp", "edp") else 0
             assert w_bytes - 1e-6 <= nbytes <= w_bytes + pad + 1e-6, (r["pp_rank"], key, nbytes, w_bytes, pad)
     for (pp_rank, _), nbytes in totals.items():
         assert nbytes == pytest.approx(d * priced[pp_rank][tp_sum][1], rel=1e-12), (pp_rank, nbytes)
