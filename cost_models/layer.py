@@ -26,6 +26,10 @@ from cost_models.compute import ComputeModel
 from cost_models.moe import mlp_mix, moe_cost
 from specs.model import ModelSpec
 
+# Tensors of the squared ReLU's elements its backward reads or writes, as autograd runs torch.pow(relu(x), 2):
+# x.pow(1) (a copy: 2), times 2 (2), times the gradient (3), then relu's threshold_backward (3).
+SQUARED_RELU_BWD_PASSES = 10
+
 
 @dataclass
 class LayerCost:
@@ -175,11 +179,16 @@ def layer_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, 
     if model.arch == "gpt":
         ew_f = cm.memory(2 * n_sp * 2 * eb, 2)  # two LayerNorms
         ew_b = cm.memory(2 * n_sp * 3 * eb, 4)  # their backward (dx, then dgamma/dbeta reduce)
-        ew_f += cm.memory(2 * n_sp * (3 * eb + (1 if drop else 0)), 2)  # bias + dropout + residual
+        ew_f += cm.memory(2 * n_sp * (3 * eb + (1 if drop else 0)), 2)  # (bias +) dropout + residual
         ew_b += cm.memory(2 * n_sp * (3 * eb + (1 if drop else 0)), 2)
-        ew_f += cm.memory(ffw * 2 * eb)  # bias + GeLU
-        ew_b += cm.memory(ffw * 3 * eb)
-        ew_b += cm.reduce((T * (qw + 2 * kw) / t + ffw + 2 * n_sp) * eb, 4)  # bias gradients (sum over tokens)
+        if model.act == "gelu":
+            ew_f += cm.memory(ffw * 2 * eb)  # (bias +) GeLU: one kernel each way
+            ew_b += cm.memory(ffw * 3 * eb)
+        else:  # torch.pow(relu(x), 2) as torch runs it, unfused: relu, pow; the pow's and the relu's backward
+            ew_f += cm.memory(ffw * 4 * eb, 2)
+            ew_b += cm.memory(ffw * SQUARED_RELU_BWD_PASSES * eb, 4)
+        if model.has_bias:
+            ew_b += cm.reduce((T * (qw + 2 * kw) / t + ffw + 2 * n_sp) * eb, 4)  # bias gradients (sum over tokens)
     else:
         ew_f = cm.memory(2 * n_sp * 2 * eb, 2)  # two RMSNorms
         ew_b = cm.memory(2 * n_sp * 3 * eb, 4)

@@ -66,6 +66,11 @@ class ModelSpec(BaseModel):
     attention: Literal["flash", "unfused"] | None = None
     dropout: float | None = None
     qkv_bias: bool = False
+    # The MLP's activation: GPT's "gelu" (the default) or "squared_relu" (relu(x)^2, as Primer and Nemotron-4 use);
+    # Llama's gated "swiglu". linear_bias: biases on the QKV, attention-output and MLP projections (GPT's default;
+    # False for a GPT-style model without them, e.g. Nemotron-4); Llama has none (qkv_bias adds QKV's).
+    activation: Literal["gelu", "squared_relu", "swiglu"] | None = None
+    linear_bias: bool | None = None
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     block: BlockCounts | None = None  # set for traced custom models
@@ -101,6 +106,14 @@ class ModelSpec(BaseModel):
             raise ValueError(f"norm_eps must be zero or positive, got {self.norm_eps}")
         if self.rope_theta <= 0:
             raise ValueError(f"rope_theta must be positive, got {self.rope_theta}")
+        if self.arch == "llama" and self.activation not in (None, "swiglu"):
+            raise ValueError(f"activation {self.activation!r} needs arch 'gpt' (a non-gated MLP); arch 'llama' is "
+                             "SwiGLU: drop activation or use arch gpt")
+        if self.arch == "gpt" and self.activation == "swiglu":
+            raise ValueError("activation 'swiglu' (a gated MLP) is arch 'llama'; use arch llama, or gelu / "
+                             "squared_relu for arch gpt")
+        if self.arch == "llama" and self.linear_bias:
+            raise ValueError("arch 'llama' has no linear biases; drop linear_bias (qkv_bias adds QKV's)")
         if self.moe is not None:
             if self.arch != "llama" or self.block is not None:
                 raise ValueError("moe needs arch llama (SwiGLU experts); a GPT or traced model has no MoE layers here")
@@ -128,6 +141,16 @@ class ModelSpec(BaseModel):
         if self.attention is not None:
             return self.attention
         return "unfused" if self.arch == "gpt" else "flash"
+
+    @property
+    def act(self) -> str:
+        """The MLP's activation: ``activation``, else GeLU for GPT and SwiGLU for Llama."""
+        return self.activation or ("gelu" if self.arch == "gpt" else "swiglu")
+
+    @property
+    def has_bias(self) -> bool:
+        """Whether the QKV, attention-output and MLP projections have biases (GPT's default)."""
+        return self.linear_bias if self.linear_bias is not None else self.arch == "gpt"
 
     @property
     def dropout_p(self) -> float:
@@ -173,8 +196,8 @@ class ModelSpec(BaseModel):
         qkv_rows = np.ceil(qw / t) + 2 * np.ceil(kw / t)
         attn = qkv_rows * h + h * np.ceil(qw / t)
         if self.arch == "gpt":  # column-parallel biases split, the row-parallel ones (proj, MLP out) whole
-            mlp = self._mlp_params_on(t, self.ffn) + np.ceil(self.ffn / t)
-            return attn + qkv_rows + mlp + self.replicated_layer_params
+            bias = qkv_rows + np.ceil(self.ffn / t) if self.has_bias else 0.0
+            return attn + self._mlp_params_on(t, self.ffn) + bias + self.replicated_layer_params
         mlp = self._mlp_params_on(t, self.ffn)
         if self.moe is not None:
             phi = self._share(moe_share)
@@ -215,7 +238,7 @@ class ModelSpec(BaseModel):
             return 0
         h = self.hidden_size
         if self.arch == "gpt":
-            return 6 * h  # two LayerNorms (weight, bias), two out biases
+            return (6 if self.has_bias else 4) * h  # two LayerNorms (weight, bias), two out biases
         if self.moe is None:
             return 2 * h
         return 2 * h + self._share(moe_share) * h * (self.moe.num_experts + (1 if self.moe.shared_expert_gate else 0))
@@ -283,6 +306,8 @@ class ModelSpec(BaseModel):
             f"{self.name}: {self.arch}, {_count(self.num_params)} params, {self.num_layers} layers, "
             f"hidden {self.hidden_size}, {self.num_attention_heads} heads ({self.kv_heads} kv), "
             f"ffn {self.ffn}, vocab {self.vocab_size}, seq {self.seq_length}, attention {self.attn_impl}"
+            + (f", {self.act.replace('_', ' ')} MLP" if self.act == "squared_relu" else "")
+            + (", no linear biases" if self.arch == "gpt" and not self.has_bias else "")
             + (f"; {self.moe.summary()}, {_count(self.active_params)} active" if self.moe is not None else "")
         )
 

@@ -145,8 +145,8 @@ class Attention(nn.Module):
         gpt = spec.arch == "gpt"
         self.n_heads, self.n_kv_heads, self.hd = spec.num_attention_heads, spec.kv_heads, spec.hd
         self.rope = Rotary(spec.hd, spec.rope_theta) if not gpt else None
-        self.qkv = nn.Linear(spec.hidden_size, spec.q_width + 2 * spec.kv_width, bias=gpt or spec.qkv_bias)
-        self.proj = nn.Linear(spec.q_width, spec.hidden_size, bias=gpt)
+        self.qkv = nn.Linear(spec.hidden_size, spec.q_width + 2 * spec.kv_width, bias=spec.has_bias or spec.qkv_bias)
+        self.proj = nn.Linear(spec.q_width, spec.hidden_size, bias=spec.has_bias)
         self.core = CoreAttention(spec.attn_impl, spec.dropout_p)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""GPT: pre-norm LayerNorm blocks, learned positions, a GeLU MLP, biases everywhere and dropout."""
+"""GPT: pre-norm LayerNorm blocks, learned positions, a GeLU (or squared-ReLU) MLP, biases (unless the spec drops
+them) and dropout."""
 
 from __future__ import annotations
 
@@ -10,14 +11,23 @@ from runtime.models.common import Attention, LayerNorm
 from specs.model import ModelSpec
 
 
-class GeluMLP(nn.Module):
+def squared_relu(x: torch.Tensor) -> torch.Tensor:
+    """relu(x)^2 as Megatron-LM and NeMo compute it unfused (what cost_models/layer.py prices)."""
+    return torch.pow(F.relu(x), 2)
+
+
+class MLP(nn.Module):
+    """fc -> activation (``spec.act``: tanh-GeLU or squared ReLU) -> proj."""
+
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
-        self.fc = nn.Linear(spec.hidden_size, spec.ffn)
-        self.proj = nn.Linear(spec.ffn, spec.hidden_size)
+        self.fc = nn.Linear(spec.hidden_size, spec.ffn, bias=spec.has_bias)
+        self.proj = nn.Linear(spec.ffn, spec.hidden_size, bias=spec.has_bias)
+        self.squared_relu = spec.act == "squared_relu"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(F.gelu(self.fc(x), approximate="tanh"))
+        h = self.fc(x)
+        return self.proj(squared_relu(h) if self.squared_relu else F.gelu(h, approximate="tanh"))
 
 
 class GPTBlock(nn.Module):
@@ -27,7 +37,7 @@ class GPTBlock(nn.Module):
         self.attn_norm = LayerNorm(spec.hidden_size, spec.norm_eps)
         self.attn = Attention(spec)
         self.mlp_norm = LayerNorm(spec.hidden_size, spec.norm_eps)
-        self.mlp = GeluMLP(spec)
+        self.mlp = MLP(spec)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + F.dropout(self.attn(self.attn_norm(x)), self.dropout_p, self.training)

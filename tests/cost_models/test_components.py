@@ -357,3 +357,54 @@ def test_the_heads_memory_is_one_logits_chunk_of_the_fused_loss_or_the_whole_log
                                       whole)):
         lt = layer_terms(model, ComputeModel(cluster.gpu, "bf16"), CommModel(cluster), c, state)
         assert float(lt.act_head[0]) == expected, cluster.name
+
+
+def test_squared_relu_is_priced_as_the_passes_torch_runs():
+    """The squared ReLU (Nemotron-4's MLP, run unfused as torch.pow(relu(x), 2) by Megatron-LM and the runtime) is
+    priced at the element passes autograd really makes: counted here from the aten ops it dispatches (2 forward
+    kernels, 4 passes; backward SQUARED_RELU_BWD_PASSES), and a GPT layer with it costs that much more memory time
+    than with GeLU's one fused kernel each way (2 and 3 passes)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from cost_models.layer import SQUARED_RELU_BWD_PASSES, layer_cost
+
+    n = 4096
+
+    class Passes(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.kernels = self.passes = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            full = [a for a in (*args, out) if isinstance(a, torch.Tensor) and a.numel() == n]
+            if full and func.__name__.split(".")[0] not in ("detach", "view", "alias", "empty_like", "ones_like"):
+                self.kernels += 1
+                self.passes += len(full)
+            return out
+
+    x = torch.randn(n, requires_grad=True)
+    fwd = Passes()
+    with fwd:
+        y = torch.pow(F.relu(x), 2)
+    bwd = Passes()
+    g = torch.randn(n)
+    with bwd:
+        y.backward(g)
+    assert (fwd.kernels, fwd.passes) == (2, 4)
+    assert (bwd.kernels, bwd.passes) == (4, SQUARED_RELU_BWD_PASSES)
+
+    gpu = load_gpu("h100-sxm5-80gb")
+    cm, comm = ComputeModel(gpu, "bf16"), CommModel(load_cluster("dgx-h100", gpus=8))
+    spec = dict(name="g", arch="gpt", num_layers=2, hidden_size=1024, num_attention_heads=16, vocab_size=1000,
+                seq_length=2048, attention="flash", dropout=0.0)
+    gelu = layer_cost(ModelSpec(**spec), cm, comm, 2, 1, 1, True, False)
+    sq = layer_cost(ModelSpec(**spec, activation="squared_relu"), cm, comm, 2, 1, 1, True, False)
+    ffw = 2048 * 4096 / 2
+    eb = cm.eb
+    np.testing.assert_allclose(sq.fwd - gelu.fwd, cm.memory(ffw * 4 * eb, 2) - cm.memory(ffw * 2 * eb))
+    np.testing.assert_allclose(sq.bwd - gelu.bwd, cm.memory(ffw * 10 * eb, 4) - cm.memory(ffw * 3 * eb))
+    nobias = layer_cost(ModelSpec(**spec, linear_bias=False), cm, comm, 2, 1, 1, True, False)
+    assert np.all(nobias.bwd < gelu.bwd) and np.allclose(nobias.fwd, gelu.fwd)  # only the bias-gradient sums go

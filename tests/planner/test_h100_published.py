@@ -91,15 +91,16 @@ def test_dgxc_rows_map_to_the_runs_their_configs_describe():
 
 def test_bundled_h100_profile_on_nvidia_recipes():
     """The bundled profile prices NeMo's H100 runs (the stack the model follows) from the configs alone. A
-    regression guard on what benchmarks/RESULTS.md reports: every run within 15%, 28 of the 35 within 10% (22
-    before the fused accumulation's epilogue was priced), the median within 5%, and never slower than measured by
-    more than 5% (the misses are one-sided: the model is optimistic on Nemotron-4 15B)."""
+    regression guard on what benchmarks/RESULTS.md reports: every run within 11%, 33 of the 35 within 10% (22
+    before the fused accumulation's epilogue was priced, 28 before Nemotron-4's squared ReLU and missing biases
+    were), the median within 5%, and never slower than measured by more than 6% (the two misses are Nemotron-4
+    15B's, optimistic)."""
     rows = vh.nemo()
     errors = [r["error"] for r in rows]
-    assert max(abs(e) for e in errors) <= 0.15, rows
-    assert sum(abs(e) <= 0.10 for e in errors) >= 28, rows
+    assert max(abs(e) for e in errors) <= 0.11, rows
+    assert sum(abs(e) <= 0.10 for e in errors) >= 33, rows
     assert statistics.median(abs(e) for e in errors) <= 0.05, rows
-    assert max(errors) <= 0.05, rows
+    assert max(errors) <= 0.06, rows
 
 
 # Each recipe's layout as its README table's header gives it (NVIDIA/dgxc-benchmarking 35a9aec), an independent

@@ -59,22 +59,29 @@ def _gpt_loss(P, spec, tok, tgt):
     b, s = tok.shape
     nh, hd = spec.num_attention_heads, spec.hd
     h = P["embed.tok.weight"][tok] + P["embed.pos.weight"][:s]
+    bias = lambda n: P.get(n, 0.0)  # noqa: E731 - a model without linear biases has none
     for i in range(spec.num_layers):
         n = f"layers.{i}."
-        qkv = ln(h, n + "attn_norm") @ P[n + "attn.qkv.weight"].T + P[n + "attn.qkv.bias"]
+        qkv = ln(h, n + "attn_norm") @ P[n + "attn.qkv.weight"].T + bias(n + "attn.qkv.bias")
         q, k, v = (t.reshape(b, s, nh, hd) for t in qkv.chunk(3, -1))
-        h = h + _attention(q, k, v) @ P[n + "attn.proj.weight"].T + P[n + "attn.proj.bias"]
-        x = ln(h, n + "mlp_norm") @ P[n + "mlp.fc.weight"].T + P[n + "mlp.fc.bias"]
-        x = 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
-        h = h + x @ P[n + "mlp.proj.weight"].T + P[n + "mlp.proj.bias"]
+        h = h + _attention(q, k, v) @ P[n + "attn.proj.weight"].T + bias(n + "attn.proj.bias")
+        x = ln(h, n + "mlp_norm") @ P[n + "mlp.fc.weight"].T + bias(n + "mlp.fc.bias")
+        if spec.act == "squared_relu":
+            x = x.clamp(min=0) ** 2
+        else:
+            x = 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+        h = h + x @ P[n + "mlp.proj.weight"].T + bias(n + "mlp.proj.bias")
     logits = ln(h, "head.norm") @ P["head.out.weight" if "head.out.weight" in P else "embed.tok.weight"].T
     return F.cross_entropy(logits.flatten(0, 1), tgt.flatten())
 
 
-@pytest.mark.parametrize("arch,attention,tied", [("llama", "flash", False), ("llama", "unfused", True),
-                                                 ("gpt", "unfused", False), ("gpt", "flash", True)])
-def test_model_matches_from_scratch_formulas(arch, attention, tied):
-    spec = _spec(arch, attention=attention, tie_embeddings=tied)
+@pytest.mark.parametrize("arch,attention,tied,extra", [
+    ("llama", "flash", False, {}), ("llama", "unfused", True, {}), ("gpt", "unfused", False, {}),
+    ("gpt", "flash", True, {}), ("gpt", "flash", False, {"activation": "squared_relu", "linear_bias": False})])
+def test_model_matches_from_scratch_formulas(arch, attention, tied, extra):
+    spec = _spec(arch, attention=attention, tie_embeddings=tied, **extra)
+    if extra:  # Nemotron-4's block: no bias on any projection (the norms keep theirs)
+        assert not any(n.endswith(".bias") and "norm" not in n for n, _ in build_model(spec, "meta").named_parameters())
     model = build_model(spec, seed=3)
     tok = torch.randint(0, spec.vocab_size, (2, spec.seq_length), generator=torch.Generator().manual_seed(0))
     tgt = tok.roll(-1, 1)
@@ -90,8 +97,11 @@ def test_model_matches_from_scratch_formulas(arch, attention, tied):
 @pytest.mark.parametrize("name", ["tiny", "tiny-gpt", "llama-1b", "gpt-1.7b"])
 def test_parameter_count_matches_the_planners(name):
     spec = load_model(name)
-    for tied in (False, True):
-        s = spec.model_copy(update={"tie_embeddings": tied})
+    variants = [{"tie_embeddings": t} for t in (False, True)]
+    if spec.arch == "gpt":
+        variants.append({"linear_bias": False, "activation": "squared_relu"})
+    for update in variants:
+        s = ModelSpec(**{**spec.model_dump(), **update})
         assert sum(p.numel() for p in build_model(s, "meta").parameters()) == s.num_params
 
 

@@ -143,6 +143,14 @@ def test_yaml_spec_and_seq_override(tmp_path):
      "not divisible by num_attention_heads"),
     ("name: x\narch: bert\nnum_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\nvocab_size: 10\n", "arch"),
     ("name: x\narch: gpt\nnum_layers: two\nhidden_size: 64\nnum_attention_heads: 4\nvocab_size: 10\n", "num_layers"),
+    ("name: x\narch: llama\nnum_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\nvocab_size: 10\n"
+     "ffn_hidden_size: 128\nactivation: squared_relu\n", "needs arch 'gpt'"),
+    ("name: x\narch: gpt\nnum_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\nvocab_size: 10\n"
+     "activation: swiglu\n", "is arch 'llama'"),
+    ("name: x\narch: llama\nnum_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\nvocab_size: 10\n"
+     "ffn_hidden_size: 128\nlinear_bias: true\n", "no linear biases"),
+    ("name: x\narch: gpt\nnum_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\nvocab_size: 10\n"
+     "activation: relu\n", "activation"),
     ("name: [x\n", "not valid YAML at line"),
     ("- 1\n- 2\n", "must hold a mapping"),
     ("name: x\narch: gpt\nhidden_size: 64\nnum_attention_heads: 4\nvocab_size: 10\n", "missing required field 'num_layers'"),
