@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every single-GPU check in one go, for a short GPU lease: logs and JSON land in OUT (default ./gpu-out).
 #
-#   bash benchmarks/gpu_checks.sh [OUT]
+#   bash benchmarks/gpu_checks.sh [OUT] [first|second|all]
 #
 # Runs, each under its own time limit so one stuck step cannot eat the lease: the runtime smoke (NCCL/bf16,
 # resume, cp blocks, throughput), `autopar profile` of this GPU, the reference shape against torch.compile and
@@ -10,10 +10,13 @@
 # published H100 runs re-priced on the measured GPU, the fused fp32 gradient accumulation and sustained GEMM rate
 # of NVIDIA's H100 recipes (benchmarks/wgrad_accumulation.py), their GEMMs cut into overlap pieces against the
 # model (benchmarks/gemm_pieces.py) and the MoE grouped-GEMM run. About 18 minutes on one H100: more than one
-# 15-minute lease, so run it in two halves (the steps are independent but for the profile they share).
+# 15-minute lease, so PART runs half of them: `first` (profile, optimizer, the three plans, validate_h100, wgrad,
+# pieces, smoke: about 8 minutes) or `second` (profile again, peers, kernels, tune, MoE: about 10); default all.
 # Needs, besides PyTorch and Triton: pydantic, pulp, highspy (and liger-kernel for the Liger peer).
 set -u
 OUT=${1:-gpu-out}
+PART=${2:-all}
+case $PART in first|second|all) ;; *) echo "gpu_checks.sh: PART must be first, second or all, not '$PART'" >&2; exit 2;; esac
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
@@ -24,27 +27,32 @@ step() {  # step NAME SECONDS COMMAND...: run with a limit, log to OUT/NAME.log,
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
   echo "$name: rc=$? $(( $(date +%s) - t0 ))s"
 }
+part() { [ "$PART" = all ] || [ "$PART" = "$1" ]; }  # part first|second: whether this run does that half
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 python -c "import json; from benchmarks.profile_check import GPU_MODELS as M; [json.dump(M[k], open('$OUT/' + k + '.json', 'w')) for k in ('gpt-350m', 'gpt-1.3b')]"
-step smoke 300 python tests/runtime/gpu_smoke.py
 step profile 300 python -m planner.cli profile --nproc 1 --out "$OUT/h100.yaml"
-step single_gpu_step 400 python benchmarks/single_gpu_step.py --mbs 2 4 --peers compiled,liger --json "$OUT/step.json"
-step kernels 300 python benchmarks/kernels.py --json "$OUT/kernels.json"
-step optimizer_step 150 python benchmarks/optimizer_step.py --profile "$OUT/h100.yaml" --json "$OUT/optimizer_step.json"
-for m in llama-1b "$OUT/gpt-1.3b.json" "$OUT/gpt-350m.json"; do
-  n=$(basename "$m" .json)
-  step "plan-$n" 200 bash -c "python -m planner.cli plan --model $m --cluster $OUT/h100.yaml --gpus 1 --global-batch 8 \
+if part first; then
+  step optimizer_step 150 python benchmarks/optimizer_step.py --profile "$OUT/h100.yaml" --json "$OUT/optimizer_step.json"
+  for m in llama-1b "$OUT/gpt-1.3b.json" "$OUT/gpt-350m.json"; do
+    n=$(basename "$m" .json)
+    step "plan-$n" 200 bash -c "python -m planner.cli plan --model $m --cluster $OUT/h100.yaml --gpus 1 --global-batch 8 \
 --out $OUT/$n.plan.json && python -m planner.cli run $OUT/$n.plan.json --steps 20 --metrics-out $OUT/$n.jsonl && \
 python -m planner.cli diagnose $OUT/$n.jsonl --warmup 5"
-done
-step validate_h100 120 python benchmarks/validate_h100.py --gpu-profile "$OUT/h100.yaml" --json "$OUT/validate_h100.json"
-step wgrad_accumulation 150 python benchmarks/wgrad_accumulation.py --sustain 60 --json "$OUT/wgrad.json"
-step gemm_pieces 90 python benchmarks/gemm_pieces.py --profile "$OUT/h100.yaml" --json "$OUT/pieces.json"
-step tune 300 python -m planner.cli tune --model "$OUT/gpt-1.3b.json" --cluster "$OUT/h100.yaml" --gpus 1 \
-  --global-batch 8 --trials 3 --steps 10 --warmup 3
-step moe 200 bash -c "python -m planner.cli plan --model tiny-moe --cluster dgx-h100 --gpus 1 --global-batch 8 \
+  done
+  step validate_h100 120 python benchmarks/validate_h100.py --gpu-profile "$OUT/h100.yaml" --json "$OUT/validate_h100.json"
+  step wgrad_accumulation 150 python benchmarks/wgrad_accumulation.py --sustain 20 --json "$OUT/wgrad.json"
+  step gemm_pieces 90 python benchmarks/gemm_pieces.py --profile "$OUT/h100.yaml" --json "$OUT/pieces.json"
+  step smoke 300 python tests/runtime/gpu_smoke.py
+fi
+if part second; then
+  step single_gpu_step 400 python benchmarks/single_gpu_step.py --mbs 2 4 --peers compiled,liger --json "$OUT/step.json"
+  step kernels 300 python benchmarks/kernels.py --json "$OUT/kernels.json"
+  step tune 300 python -m planner.cli tune --model "$OUT/gpt-1.3b.json" --cluster "$OUT/h100.yaml" --gpus 1 \
+    --global-batch 8 --trials 3 --steps 10 --warmup 3
+  step moe 200 bash -c "python -m planner.cli plan --model tiny-moe --cluster dgx-h100 --gpus 1 --global-batch 8 \
 --out $OUT/moe.json && python -m planner.cli run $OUT/moe.json --steps 5 --metrics-out $OUT/moe.jsonl"
+fi
 echo "logs in $OUT"
