@@ -160,6 +160,15 @@ TE_OVERLAP = {
 }
 
 
+# The SMs TE's pipelined reduce-scatter takes from the GEMM beside it (num_sm where the config sets set_sm_margin: 1;
+# TE's default, which the Nemotron-4 configs leave as it is, reserves none), per recipe, from the same configs.
+TE_SM_MARGIN = {
+    "llama3.1-70b": {"proj_fprop": 24, "fc2_fprop": 16},
+    "llama3.1-405b": {"proj_fprop": 24, "fc2_fprop": 8},
+    "gpt3-175b": {"proj_fprop": 24, "fc2_fprop": 20},
+}
+
+
 def recipe(row_model: str) -> str:
     """The recipe a row of nvidia_dgxc_h100_bf16.csv belongs to ("llama3.1-405b (7-layer proxy)" -> "llama3.1-405b")."""
     return row_model.split(" (")[0]
@@ -196,14 +205,15 @@ def nemo(gpu: GPUSpec | None = None) -> list[dict]:
     """Every BF16 H100 run of the DGX Cloud recipes (benchmarks/data/nvidia_dgxc_h100_bf16.csv) priced on the
     bundled profile (its GPU replaced by ``gpu``, e.g. one measured by `autopar profile`, if given) with the
     stack's own state: fused gradient accumulation, a loss over the whole logits, and TE's pieces of the GEMMs
-    beside overlapped collectives (:data:`TE_OVERLAP`)."""
+    beside overlapped collectives (:data:`TE_OVERLAP`) and the SMs it keeps from them (:data:`TE_SM_MARGIN`)."""
     out = []
     for r in _rows("nvidia_dgxc_h100_bf16.csv"):
         model, cluster, cfg, batch = nemo_case(r)
         if gpu is not None:
             cluster = cluster.model_copy(update={"gpu": gpu})
         state = published_state(cluster, "nvidia_dgxc_h100").model_copy(
-            update={"overlap_pieces": te_pieces(r["model"], cfg.tp)})
+            update={"overlap_pieces": te_pieces(r["model"], cfg.tp),
+                    "sm_margin": tuple(TE_SM_MARGIN.get(recipe(r["model"]), {}).items())})
         est = estimate(model, cluster, cfg, batch, state=state)
         meas = float(r["step_s"])
         out.append({"model": r["model"], "container": r["container"], "gpus": int(r["gpus"]), "plan": cfg.short(),

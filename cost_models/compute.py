@@ -55,19 +55,24 @@ class ComputeModel:
                 self._attn[float(d)] = rows[np.argsort(rows[:, 0])]
 
     # ---- GEMM ---------------------------------------------------------------------------------
-    def _shape_eff(self, M: np.ndarray, N: np.ndarray, K: np.ndarray, batch: np.ndarray) -> np.ndarray:
+    def _shape_eff(self, M: np.ndarray, N: np.ndarray, K: np.ndarray, batch: np.ndarray,
+                   sms: ArrayLike | None = None) -> np.ndarray:
+        """The share of the GPU's SMs the best tile keeps busy over its waves; on ``sms`` SMs (some kept for a
+        collective beside it) the waves are of that many tiles and the rest of the GPU idles."""
         sm = self.gpu.sm_count
-        best = np.zeros(np.broadcast(M, N, K, batch).shape)
+        used = sm if sms is None else np.asarray(sms, dtype=float)
+        best = np.zeros(np.broadcast(M, N, K, batch, used).shape)
         for tm, tn, q in _TILES:
             tiles = np.ceil(M / tm) * np.ceil(N / tn) * batch
-            waves = np.ceil(tiles / sm)
+            waves = np.ceil(tiles / used)
             best = np.maximum(best, q * tiles / (waves * sm))
         return best * K / (K + self.e.gemm_k_half)
 
-    def _gemm_rate(self, M: ArrayLike, N: ArrayLike, K: ArrayLike, batch: ArrayLike = 1) -> np.ndarray:
-        """Modelled FLOP/s of a GEMM before any measured correction."""
+    def _gemm_rate(self, M: ArrayLike, N: ArrayLike, K: ArrayLike, batch: ArrayLike = 1,
+                   sms: ArrayLike | None = None) -> np.ndarray:
+        """Modelled FLOP/s of a GEMM before any measured correction (on ``sms`` of the SMs, default all)."""
         M, N, K, batch = (np.asarray(x, dtype=float) for x in (M, N, K, batch))
-        return self.peak * self.e.gemm * self._shape_eff(M, N, K, batch)
+        return self.peak * self.e.gemm * self._shape_eff(M, N, K, batch, sms)
 
     def _correction(self, M: np.ndarray, N: np.ndarray, K: np.ndarray) -> np.ndarray | float:
         if self._table is None:
@@ -80,26 +85,32 @@ class ComputeModel:
         w = 1.0 / (dn + 1e-3) ** 2
         return (w * ratio[nearest]).sum(-1) / w.sum(-1)
 
-    def _gemm_model(self, M: np.ndarray, N: np.ndarray, K: np.ndarray, batch: np.ndarray | float) -> np.ndarray:
+    def _gemm_model(self, M: np.ndarray, N: np.ndarray, K: np.ndarray, batch: np.ndarray | float,
+                    sms: ArrayLike | None = None) -> np.ndarray:
         """Modelled seconds (compute or memory bound, plus the fixed cost) before any measured correction."""
         flops = 2.0 * M * N * K * batch
         nbytes = self.eb * (M * K + K * N + M * N) * batch
-        return np.maximum(flops / self._gemm_rate(M, N, K, batch), nbytes / self.mem_bw) + self.overhead
+        return np.maximum(flops / self._gemm_rate(M, N, K, batch, sms), nbytes / self.mem_bw) + self.overhead
 
-    def gemm(self, M: ArrayLike, N: ArrayLike, K: ArrayLike, batch: ArrayLike = 1) -> np.ndarray:
-        """Seconds for ``batch`` GEMMs of (M x K) @ (K x N)."""
+    def gemm(self, M: ArrayLike, N: ArrayLike, K: ArrayLike, batch: ArrayLike = 1,
+             sms: ArrayLike | None = None) -> np.ndarray:
+        """Seconds for ``batch`` GEMMs of (M x K) @ (K x N), on ``sms`` of the GPU's SMs (default all of them;
+        a measured table's correction, taken on the whole GPU, applies either way)."""
         M, N, K, batch = (np.maximum(np.asarray(x, dtype=float), 1.0) for x in (M, N, K, batch))
-        return self._gemm_model(M, N, K, batch) * self._correction(M, N, K)
+        return self._gemm_model(M, N, K, batch, sms) * self._correction(M, N, K)
 
     def linear(self, M: ArrayLike, N: ArrayLike, K: ArrayLike, batch: ArrayLike = 1, pieces: ArrayLike = 1,
-               dgrad_pieces: ArrayLike | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+               dgrad_pieces: ArrayLike | None = None, fprop_sms: ArrayLike | None = None
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Forward, data-gradient and weight-gradient GEMMs of a linear layer y = x W^T over M tokens; ``pieces`` /
         ``dgrad_pieces`` > 1 run the forward / data gradient as that many GEMMs of M / pieces tokens each (a
-        collective matmul's ring steps), the weight gradient always as one."""
+        collective matmul's ring steps), the weight gradient always as one; ``fprop_sms``: the SMs the forward
+        runs on (default all)."""
         M = np.asarray(M, dtype=float)
         pf = np.asarray(pieces, dtype=float)
         pd = pf if dgrad_pieces is None else np.asarray(dgrad_pieces, dtype=float)
-        return pf * self.gemm(M / pf, N, K, batch), pd * self.gemm(M / pd, K, N, batch), self.gemm(N, K, M, batch)
+        return (pf * self.gemm(M / pf, N, K, batch, fprop_sms), pd * self.gemm(M / pd, K, N, batch),
+                self.gemm(N, K, M, batch))
 
     def gemm_fwd_bwd(self, M: ArrayLike, N: ArrayLike, K: ArrayLike, batch: ArrayLike = 1
                      ) -> tuple[np.ndarray, np.ndarray]:

@@ -99,7 +99,7 @@ def _overlap(comm: np.ndarray, gemm: np.ndarray, t: np.ndarray, on: np.ndarray) 
     return np.where(on, hidden, comm)
 
 
-# The projections' names in a stack's overlap settings (StateSpec.overlap_pieces: "<name>_fprop" / "_dgrad").
+# The projections' names in a stack's overlap settings (StateSpec.overlap_pieces, sm_margin: "<name>_fprop" / ...).
 OVERLAP_NAMES = {"qkv": "qkv", "proj": "proj", "mlp_in": "fc1", "mlp_out": "fc2"}
 
 
@@ -114,10 +114,11 @@ def projection_shapes(model: ModelSpec, t, ffn=None) -> dict[str, tuple]:
 
 
 def layer_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, sp, tp_overlap, ep=1, etp=1,
-               pieces: Mapping[str, int] | None = None) -> LayerCost:
+               pieces: Mapping[str, int] | None = None, sm_margin: Mapping[str, int] | None = None) -> LayerCost:
     """Per-layer cost for tensor parallel ``t``, context parallel ``cp``, micro-batch ``mbs``, expert parallel
     ``ep`` and ``etp`` (arrays). With tp overlap each projection's forward and input-gradient GEMM runs in tp
-    pieces, or in as many as ``pieces`` names for it (a stack's own overlap settings: StateSpec.overlap_pieces)."""
+    pieces, or in as many as ``pieces`` names for it, and a forward GEMM ``sm_margin`` names on that many SMs
+    fewer (a stack's own overlap settings: StateSpec.overlap_pieces, StateSpec.sm_margin)."""
     t, cp, mbs = (np.asarray(x, dtype=float) for x in (t, cp, mbs))
     sp = np.asarray(sp, dtype=bool) & (t > 1)
     ovl = np.asarray(tp_overlap, dtype=bool) & sp
@@ -142,9 +143,13 @@ def layer_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, 
             name = f"{OVERLAP_NAMES[g]}_{ps}"
             return np.where(ovl, float(stack[name]) if name in stack else t, 1.0)
 
+        margin = dict(sm_margin or {})
+
         def lin(g: str, ffn=None):
             N, K = projection_shapes(model, t, ffn)[g]
-            return cm.linear(T, N, K, pieces=n(g, "fprop"), dgrad_pieces=n(g, "dgrad"))
+            kept = margin.get(f"{OVERLAP_NAMES[g]}_fprop", 0)
+            sms = np.where(ovl, cm.gpu.sm_count - kept, cm.gpu.sm_count) if kept else None
+            return cm.linear(T, N, K, pieces=n(g, "fprop"), dgrad_pieces=n(g, "dgrad"), fprop_sms=sms)
 
         def mlp(gemm_of):  # the average layer's tensor-parallel MLP GEMM: the dense MLP's and shared experts' share
             shared = gemm_of(fs) if shared_w else (0.0, 0.0, 0.0)

@@ -156,7 +156,8 @@ def layer_terms(model: ModelSpec, cm: ComputeModel, comm: CommModel, c: Candidat
     t, cp, b, s, o, rc, ep, etp = (uniq[:, i] for i in range(8))
     t, cp, b, ep, etp = t.astype(float), cp.astype(float), b.astype(float), ep.astype(float), etp.astype(float)
     s, o = s.astype(bool), o.astype(bool)
-    lc = layer_cost(model, cm, comm, t, cp, b, s, o, ep, etp, pieces=dict(state.overlap_pieces))
+    lc = layer_cost(model, cm, comm, t, cp, b, s, o, ep, etp, pieces=dict(state.overlap_pieces),
+                    sm_margin=dict(state.sm_margin))
     ec = end_cost(model, cm, comm, t, cp, b, s)
     full, ckpt, work = layer_activation_bytes(model, cm.eb, t, cp, b, s, rc, ep, etp)
     # the runtime's loss on CPUs (gloo) is its reference, over the whole logits; the fused kernel runs on GPUs

@@ -40,6 +40,9 @@ def state_problem(state: StateSpec) -> str | None:
     if state.overlap_pieces:
         return ("state.overlap_pieces: the runtime's collective matmul runs every overlapped GEMM in tp pieces "
                 "(priced as such); leave overlap_pieces out")
+    if state.sm_margin:
+        return ("state.sm_margin: the runtime's collective matmul leaves every SM to the GEMM (priced as such); "
+                "leave sm_margin out")
     if state.full_logits:
         return ("state.full_logits=true: the runtime's fused loss computes the logits a chunk at a time (priced as "
                 "such); set full_logits=false")

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationInfo, field_validator
 
 Dtype = Literal["fp32", "bf16", "fp16"]
 # The GEMMs a tensor-parallel overlap runs beside a collective, by pass (Transformer Engine's userbuffer names):
@@ -61,13 +61,17 @@ class StateSpec(BaseModel):
     # reduce-scatter in num_splits pieces, a bulk overlap beside one whole GEMM); a GEMM not named runs in tp
     # pieces, as autopar's collective matmul runs every one (runtime/parallel/collective_matmul.py)
     overlap_pieces: tuple[tuple[OverlapGemm, Annotated[StrictInt, Field(ge=1)]], ...] = ()
+    # how many SMs a stack's tp overlap takes from the GEMM it hides a collective behind, which then runs on the
+    # rest (Transformer Engine's num_sm with set_sm_margin, its pipelined reduce-scatter's setting); autopar's
+    # collective matmul reserves none
+    sm_margin: tuple[tuple[OverlapGemm, Annotated[StrictInt, Field(ge=1)]], ...] = ()
 
-    @field_validator("overlap_pieces")
+    @field_validator("overlap_pieces", "sm_margin")
     @classmethod
-    def _once_each(cls, v: tuple[tuple[str, int], ...]) -> tuple[tuple[str, int], ...]:
+    def _once_each(cls, v: tuple[tuple[str, int], ...], info: ValidationInfo) -> tuple[tuple[str, int], ...]:
         names = [g for g, _ in v]
         if len(set(names)) != len(names):
-            raise ValueError(f"overlap_pieces names a GEMM twice: {names}; give each at most once")
+            raise ValueError(f"{info.field_name} names a GEMM twice: {names}; give each at most once")
         return v
 
     @classmethod

@@ -164,6 +164,46 @@ def test_tp_overlap_prices_the_gemm_in_ring_pieces():
         8 * cm.gemm(1024, 2 * m.ffn / 8, m.hidden_size) - gated_in)
 
 
+def test_sm_margin_runs_the_named_forward_gemm_on_fewer_sms():
+    """A stack's tp overlap that keeps SMs from the GEMM beside its collective (TE's set_sm_margin,
+    StateSpec.sm_margin) runs that forward GEMM on the rest: waves of that many tiles, the other SMs idle. A GEMM of
+    many waves takes up to sm_count / (sm_count - margin) as long (its waves' count), one that fits in a wave on the
+    rest no longer;
+    only the named forward moves, and only under tp overlap with sp."""
+    from pydantic import ValidationError
+
+    from cost_models.comm import CommModel
+    from cost_models.compute import ComputeModel
+    from cost_models.layer import layer_cost
+    from specs.model_loading import load_model
+    from specs.state import StateSpec
+
+    cluster = load_cluster("dgx-h100", gpus=8)
+    cm, comm = ComputeModel(cluster.gpu), CommModel(cluster)
+    sm = cluster.gpu.sm_count
+    big = (16384, 8192, 8192)
+    assert cm.gemm(*big, sms=sm) == pytest.approx(cm.gemm(*big))
+    ratio = cm.gemm(*big, sms=sm - 24) / cm.gemm(*big)  # 4,096 tiles: 32 waves of 132, 38 of 108
+    assert 1.15 < ratio <= sm / (sm - 24)
+    small = (128, 128, 8192)  # one tile: the same time on any number of SMs
+    assert cm.gemm(*small, sms=sm - 24) == pytest.approx(cm.gemm(*small))
+    m = load_model("llama3-70b")
+
+    def cost(overlap, margin=None, sp=True):
+        lc = layer_cost(m, cm, comm, 4, 1, 1, sp, overlap, sm_margin=margin)
+        return float(lc.fwd), float(lc.bwd)
+
+    fc2 = {"fc2_fprop": 16}
+    on, kept = cost(True), cost(True, fc2)
+    assert kept[1] == on[1] and kept[0] > on[0]  # the forward only
+    piece, n, k = m.seq_length / 4, m.hidden_size, m.ffn / 4  # the MLP-out forward in tp = 4 pieces of the tokens
+    assert kept[0] - on[0] == pytest.approx(4 * (cm.gemm(piece, n, k, sms=sm - 16) - cm.gemm(piece, n, k)))
+    assert cost(False, fc2) == cost(False) and cost(True, fc2, sp=False) == cost(True, sp=False)
+    with pytest.raises(ValidationError, match="sm_margin names a GEMM twice"):
+        StateSpec.default("bf16").model_validate({**StateSpec.default("bf16").model_dump(),
+                                                  "sm_margin": (("fc2_fprop", 8), ("fc2_fprop", 16))})
+
+
 def test_wgrad_benchmark_shapes_are_each_recipes_weight_gradients():
     """benchmarks/wgrad_accumulation.py times, per recipe, one layer's four weight-gradient GEMMs on one GPU:
     (out, in) of each tensor-parallel weight shard, K = one micro-batch's tokens on that GPU."""

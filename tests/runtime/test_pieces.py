@@ -187,6 +187,8 @@ def test_runtime_keeps_the_plans_state_or_refuses_it():
     assert "full_logits=false" in full and "\n" not in full
     te = state_problem(StateSpec.default("bf16").model_copy(update={"overlap_pieces": (("proj_fprop", 4),)}))
     assert "overlap_pieces" in te and "\n" not in te
+    margin = state_problem(StateSpec.default("bf16").model_copy(update={"sm_margin": (("fc2_fprop", 16),)}))
+    assert "sm_margin" in margin and "\n" not in margin
     model = load_model("tiny")
     gpu = make_plan(model, load_cluster("dgx-h100", gpus=1), 16, ParallelConfig(),
                     state=StateSpec.default("bf16").model_copy(update={"bucket_params": 123}))
