@@ -14,6 +14,7 @@
 # pieces, smoke: about 8 minutes) or `second` (profile again, peers, kernels, tune, MoE: about 10); default all.
 # Needs, besides PyTorch and Triton: pydantic, pulp, highspy (and liger-kernel for the Liger peer).
 set -u
+case ${1:-} in first|second|all) set -- gpu-out "$1";; esac  # `gpu_checks.sh first` means the first half into gpu-out
 OUT=${1:-gpu-out}
 PART=${2:-all}
 case $PART in first|second|all) ;; *) echo "gpu_checks.sh: PART must be first, second or all, not '$PART'" >&2; exit 2;; esac

@@ -148,7 +148,7 @@ def layer_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, 
         def lin(g: str, ffn=None):
             N, K = projection_shapes(model, t, ffn)[g]
             kept = margin.get(f"{OVERLAP_NAMES[g]}_fprop", 0)
-            sms = np.where(ovl, cm.gpu.sm_count - kept, cm.gpu.sm_count) if kept else None
+            sms = np.where(ovl, max(1, cm.gpu.sm_count - kept), cm.gpu.sm_count) if kept else None
             return cm.linear(T, N, K, pieces=n(g, "fprop"), dgrad_pieces=n(g, "dgrad"), fprop_sms=sms)
 
         def mlp(gemm_of):  # the average layer's tensor-parallel MLP GEMM: the dense MLP's and shared experts' share
@@ -194,6 +194,8 @@ def layer_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, 
             ew_b += cm.memory(ffw * SQUARED_RELU_BWD_PASSES * eb, 4)
         if model.has_bias:
             ew_b += cm.reduce((T * (qw + 2 * kw) / t + ffw + 2 * n_sp) * eb, 4)  # bias gradients (sum over tokens)
+        elif model.qkv_bias:
+            ew_b += cm.reduce(T * (qw + 2 * kw) / t * eb)
     else:
         ew_f = cm.memory(2 * n_sp * 2 * eb, 2)  # two RMSNorms
         ew_b = cm.memory(2 * n_sp * 3 * eb, 4)

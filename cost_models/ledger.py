@@ -9,8 +9,8 @@ sequence-parallel gradients (``tail.tp_sum``), a tied embedding's reduce and the
 (``tail.step_reductions``); a MoE model's ``moe.MOE_LAYER_OPS`` per MoE layer (at balanced load: the all-to-alls carry
 each rank's own routed tokens, the combine's the rows it received, which sum to the same over the ep group) and its
 experts' reduce over the expert-data-parallel group. Bytes follow cost_models/comm.py's convention: the all-gather's
-output, the reduce-scatter's input, the all-reduce's buffer, the bytes sent. ZeRO's padding of buckets to a multiple
-of the data-parallel size is not priced (at most d - 1 elements per bucket).
+output, the reduce-scatter's input, the all-reduce's buffer, the bytes sent. The runtime's padding of buckets to a
+multiple of 64 elements (ZeRO: of 64 x the data-parallel size) is not priced (fewer than that per bucket).
 """
 
 from __future__ import annotations

@@ -52,8 +52,8 @@ class _Part(ComputeModel):
         super().__init__(gpu, precision)
         self.part = part
 
-    def gemm(self, M, N, K, batch=1):  # type: ignore[override]
-        t = super().gemm(M, N, K, batch)
+    def gemm(self, M, N, K, batch=1, sms=None):  # type: ignore[override]
+        t = super().gemm(M, N, K, batch, sms)
         return t if self.part == "compute" else 0.0 * t
 
     def flash_attention(self, batch_heads, sq, sk, d, causal_frac):  # type: ignore[override]

@@ -18,6 +18,7 @@ resumes (dropout then continues exactly); another plan draws its dropout masks a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -41,6 +42,7 @@ from runtime.portable_state import (
 )
 from runtime.trainer import Trainer
 from specs.errors import AutoparError
+from specs.model import ModelSpec
 from specs.planfile import PlanFile
 from specs.state import StateSpec
 
@@ -137,8 +139,21 @@ def latest_checkpoint(root: Path) -> Path | None:
     return done[-1] if done else None
 
 
+def _normal(fp: dict[str, Any]) -> dict[str, Any]:
+    """A fingerprint with its model and state as the specs resolve them: fields added since a checkpoint was written
+    take their defaults, and a default left out equals the same value written out (a corrupt entry stays as it
+    is and compares unequal)."""
+    out = dict(fp)
+    with contextlib.suppress(KeyError, TypeError, ValueError):
+        out["model"] = ModelSpec.model_validate(fp["model"]).resolved().model_dump(mode="json")
+    with contextlib.suppress(KeyError, TypeError, ValueError):
+        out["state"] = StateSpec.model_validate(fp["state"]).model_dump(mode="json")
+    return out
+
+
 def _run_of(fp: dict[str, Any]) -> dict[str, Any]:
-    """The ``SAME`` part of a fingerprint: the state's precisions, not its gradient bucket size (a plan's choice)."""
+    """The ``SAME`` part of a (normalised) fingerprint: the state's precisions, not its gradient bucket size (a
+    plan's choice)."""
     out = {k: fp.get(k) for k in SAME}
     if isinstance(out["state"], dict):
         out["state"] = {k: v for k, v in out["state"].items() if k != "bucket_params"}
@@ -171,7 +186,7 @@ def load_checkpoint(tr: Trainer, root: Path) -> int:
     if meta.get("format") != FORMAT:
         raise AutoparError(f"checkpoint {ck} has format {meta.get('format', 1)}, this autopar reads format {FORMAT}; "
                            "resume it with the autopar that wrote it, or start without --resume")
-    mine = fingerprint(tr.plan, tr.state)
+    saved, mine = _normal(saved), _normal(fingerprint(tr.plan, tr.state))
     shared, ours = _run_of(saved), _run_of(mine)
     if shared != ours:
         raise AutoparError(f"checkpoint {ck} is of another run ({_first_difference(shared, ours)}); a checkpoint "

@@ -142,6 +142,13 @@ class ModelSpec(BaseModel):
             return self.attention
         return "unfused" if self.arch == "gpt" else "flash"
 
+    def resolved(self) -> ModelSpec:
+        """This spec with every default its arch decides written out (attention, dropout, activation, biases, kv
+        heads, MLP width): two specs of one model compare equal whether or not they spelled those out."""
+        return self.model_copy(update={"attention": self.attn_impl, "dropout": self.dropout_p, "activation": self.act,
+                                       "linear_bias": self.has_bias, "num_kv_heads": self.kv_heads,
+                                       "ffn_hidden_size": self.ffn})
+
     @property
     def act(self) -> str:
         """The MLP's activation: ``activation``, else GeLU for GPT and SwiGLU for Llama."""
@@ -196,7 +203,8 @@ class ModelSpec(BaseModel):
         qkv_rows = np.ceil(qw / t) + 2 * np.ceil(kw / t)
         attn = qkv_rows * h + h * np.ceil(qw / t)
         if self.arch == "gpt":  # column-parallel biases split, the row-parallel ones (proj, MLP out) whole
-            bias = qkv_rows + np.ceil(self.ffn / t) if self.has_bias else 0.0
+            bias = (qkv_rows if self.has_bias or self.qkv_bias else 0.0) + (np.ceil(self.ffn / t) if self.has_bias
+                                                                           else 0.0)
             return attn + self._mlp_params_on(t, self.ffn) + bias + self.replicated_layer_params
         mlp = self._mlp_params_on(t, self.ffn)
         if self.moe is not None:

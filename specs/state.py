@@ -26,6 +26,7 @@ Dtype = Literal["fp32", "bf16", "fp16"]
 # the forward (fprop) and input-gradient (dgrad) GEMMs of the QKV, attention-output and two MLP projections.
 OverlapGemm = Literal["qkv_fprop", "proj_fprop", "fc1_fprop", "fc2_fprop", "qkv_dgrad", "proj_dgrad", "fc1_dgrad",
                       "fc2_dgrad"]
+ForwardGemm = Literal["qkv_fprop", "proj_fprop", "fc1_fprop", "fc2_fprop"]
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 BUCKET_PARAMS = 40_000_000  # gradient bucket of the data-parallel reduce, in parameters (Megatron's default)
 LOGITS_CHUNK_ELEMENTS = 1 << 26  # the fused loss's logits chunk (tokens x vocab shard): 128 MiB in bf16
@@ -61,10 +62,10 @@ class StateSpec(BaseModel):
     # reduce-scatter in num_splits pieces, a bulk overlap beside one whole GEMM); a GEMM not named runs in tp
     # pieces, as autopar's collective matmul runs every one (runtime/parallel/collective_matmul.py)
     overlap_pieces: tuple[tuple[OverlapGemm, Annotated[StrictInt, Field(ge=1)]], ...] = ()
-    # how many SMs a stack's tp overlap takes from the GEMM it hides a collective behind, which then runs on the
-    # rest (Transformer Engine's num_sm with set_sm_margin, its pipelined reduce-scatter's setting); autopar's
-    # collective matmul reserves none
-    sm_margin: tuple[tuple[OverlapGemm, Annotated[StrictInt, Field(ge=1)]], ...] = ()
+    # how many SMs a stack's tp overlap takes from the forward GEMM it hides a collective behind, which then runs on
+    # the rest, at least one (Transformer Engine's num_sm with set_sm_margin, its pipelined reduce-scatter's
+    # setting); autopar's collective matmul reserves none
+    sm_margin: tuple[tuple[ForwardGemm, Annotated[StrictInt, Field(ge=1)]], ...] = ()
 
     @field_validator("overlap_pieces", "sm_margin")
     @classmethod

@@ -8,9 +8,9 @@ AdamW 31% and its gradient norm 2x slower on buckets cut at arbitrary elements; 
 
 * ZeRO-0/1 (:func:`group_segments`): the chunk's parameters, in reverse order of ``parameters()`` (about the
   order backward produces them), grouped by reduce group (:mod:`runtime.parallel.params`), each group contiguous
-  and cut into ``ceil(n / state.bucket_params)`` equal buckets at element granularity — a parameter may span two;
-  the count ``cost_models.params.gradient_buckets`` prices. A MoE model's routed experts are a reduce group of their
-  own, over the expert-data-parallel ranks: their buckets are multiples of that group's size.
+  and cut into ``ceil(n / state.bucket_params)`` equal buckets of ``ALIGN``-element granularity — a parameter may
+  span two; the count ``cost_models.params.gradient_buckets`` prices. A MoE model's routed experts are a reduce group
+  of their own, over the expert-data-parallel ranks: their buckets are multiples of that group's size x ``ALIGN``.
 * ZeRO-2/3 (:func:`layer_segments`): one bucket per transformer layer, the embedding in the first layer's, the
   final norm and the LM head in the last's (a chunk without layers: one) — the ``layers`` buckets of the cost
   model's ZeRO-2/3 traffic (``cost_models.stages.zero_traffic``). Within one, the parameters also summed over tp
@@ -92,10 +92,13 @@ class Bucket:
         return out
 
 
-def bucket_bounds(n: int, bucket_params: int, unit: int = 1) -> list[Range]:
+def bucket_bounds(n: int, bucket_params: int, unit: int = 1, align: int = 1) -> list[Range]:
     """``[start, end)`` of each bucket of an ``n``-element reduce group: ``ceil(n / bucket_params)`` buckets of
-    equal size (within ``unit``), each a multiple of ``unit`` elements (the last one padded)."""
+    equal size (within ``unit``), each a multiple of ``unit x align`` elements (the last one padded), or of ``unit``
+    alone where buckets that coarse would leave some empty (a ``bucket_params`` below ``unit x align``)."""
     k = -(-n // bucket_params)
+    if -(-n // (unit * align)) >= k:
+        unit *= align
     units = -(-n // unit)
     return [(i * units // k * unit, (i + 1) * units // k * unit) for i in range(k)]
 
@@ -110,12 +113,12 @@ def numel(members: Members) -> int:
 
 
 def group_segments(params: Members, bucket_params: int, unit: Callable[[Reduce], int]) -> list[Segment]:
-    """ZeRO-0/1: a segment per reduce group, cut into buckets of at most ``bucket_params``, multiples of
-    ``unit(reduce group)``."""
+    """ZeRO-0/1: a segment per reduce group, cut into ``ceil(n / bucket_params)`` buckets, multiples of
+    ``unit(reduce group) x ALIGN`` (:func:`bucket_bounds`)."""
     groups: dict[Reduce, Members] = {}
     for p, info in params:
         groups.setdefault(info.reduce, []).append((p, info))
-    return [Segment(r, m, bucket_bounds(numel(m), bucket_params, unit(r)), None) for r, m in groups.items()]
+    return [Segment(r, m, bucket_bounds(numel(m), bucket_params, unit(r), ALIGN), None) for r, m in groups.items()]
 
 
 def layer_of(chunk: Transformer) -> dict[int, int]:
@@ -139,5 +142,5 @@ def layer_segments(chunk: Transformer, params: Members, d: int) -> list[Segment]
     for (unit, _), members in parts.items():
         members.sort(key=lambda m: m[1].reduce)  # stable: the ones summed over tp too form one range
         reduce = tuple(dict.fromkeys(g for _, info in members for g in info.reduce))
-        out.append(Segment(reduce, members, bucket_bounds(numel(members), numel(members), d * ALIGN), unit))
+        out.append(Segment(reduce, members, bucket_bounds(numel(members), numel(members), d, ALIGN), unit))
     return out

@@ -7,8 +7,8 @@ gradient buffer, under ZeRO-3 both, hold only this rank's slices (1/d), as the c
 (``cost_models.memory.state_bytes``).
 
 The buckets (:mod:`runtime.parallel.buckets`): under ZeRO-0/1 each reduce group cut by ``state.bucket_params``,
-under ZeRO-2/3 one per transformer layer — what the cost model counts; under ZeRO each is a multiple of ``d``
-elements and rank ``r`` owns slice ``r``.
+under ZeRO-2/3 one per transformer layer — what the cost model counts; each a multiple of ``ALIGN`` elements,
+under ZeRO of ``d x ALIGN``, and rank ``r`` owns slice ``r``.
 
 Gradients:
 
@@ -62,7 +62,6 @@ from torch import nn
 
 from runtime.models.common import Transformer
 from runtime.parallel.buckets import (
-    ALIGN,
     Bucket,
     Range,
     Segment,
@@ -185,12 +184,12 @@ class DataParallel:
         return self.g.dp_reduce_group, self.d, self.g.dpcp_rank
 
     def _unit(self, reduce: Reduce) -> int:
-        """ZeRO-0/1 buckets are multiples of this: ``ALIGN`` times ZeRO-1's ``d`` owners, or ZeRO-0's 1, or (replicas
+        """ZeRO-0/1 buckets are multiples of this (times ``ALIGN``): ZeRO-1's ``d`` owners; ZeRO-0's 1, or (replicas
         split over node groups) the members per group, so the hierarchy's reduce-scatter needs no padded copy."""
         group, d, _ = self._over(reduce)
         if self.zero:
-            return d * ALIGN
-        return ALIGN * (group.n if isinstance(group, Hierarchy) else 1)
+            return d
+        return group.n if isinstance(group, Hierarchy) else 1
 
     def _owned(self, size: int, d: int, rank: int) -> Range:
         """The slice of a ``size``-element bucket this rank owns: its 1/d share under ZeRO, else all of it."""

@@ -293,3 +293,22 @@ def test_optimizer_step_benchmark_times_the_runtimes_own_update(tmp_path):
     if not torch.cuda.is_available():
         q = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=120, env=env)
         assert q.returncode == 2 and "no CUDA GPU" in q.stderr and "Traceback" not in q.stderr, q.stderr
+
+
+def test_layer_probe_splits_a_layers_price_into_its_parts():
+    """The CPU profile's layer probe prices one layer with only one part of the cost model on at a time: the parts
+    are positive and the compute part is the GEMMs and attention the full model prices (a ComputeModel subclass
+    that must keep the GEMM model's signature: a change to it broke `autopar profile` on CPUs once)."""
+    from cost_models.comm import CommModel
+    from cost_models.compute import ComputeModel
+    from cost_models.layer import layer_cost
+    from hardware_profiles.layer_probe import layer_parts, probe_specs
+    from specs.cluster import load_gpu
+
+    gpu = load_gpu("h100-sxm5-80gb")
+    for spec, batch in probe_specs()[:2]:
+        compute, nbytes, kernels = layer_parts(spec, batch, gpu, "bf16")
+        assert compute > 0 and nbytes > 0 and kernels > 0
+        cluster = load_cluster("dgx-h100", gpus=1)
+        whole = layer_cost(spec, ComputeModel(gpu, "bf16"), CommModel(cluster), 1, 1, batch, False, False)
+        assert compute < float(whole.fwd + whole.bwd)  # the memory-bound part is left out

@@ -199,9 +199,12 @@ def test_sm_margin_runs_the_named_forward_gemm_on_fewer_sms():
     piece, n, k = m.seq_length / 4, m.hidden_size, m.ffn / 4  # the MLP-out forward in tp = 4 pieces of the tokens
     assert kept[0] - on[0] == pytest.approx(4 * (cm.gemm(piece, n, k, sms=sm - 16) - cm.gemm(piece, n, k)))
     assert cost(False, fc2) == cost(False) and cost(True, fc2, sp=False) == cost(True, sp=False)
+    assert cost(True, {"fc2_fprop": 500})[0] < float("inf")  # a margin past the GPU's SMs leaves it one
+    base = StateSpec.default("bf16").model_dump()
     with pytest.raises(ValidationError, match="sm_margin names a GEMM twice"):
-        StateSpec.default("bf16").model_validate({**StateSpec.default("bf16").model_dump(),
-                                                  "sm_margin": (("fc2_fprop", 8), ("fc2_fprop", 16))})
+        StateSpec.model_validate({**base, "sm_margin": (("fc2_fprop", 8), ("fc2_fprop", 16))})
+    with pytest.raises(ValidationError):  # a margin is the forward GEMM's: TE sets none on the others
+        StateSpec.model_validate({**base, "sm_margin": (("fc2_dgrad", 8),)})
 
 
 def test_wgrad_benchmark_shapes_are_each_recipes_weight_gradients():

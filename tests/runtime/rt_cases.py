@@ -154,7 +154,7 @@ def equivalence(rank: int, case: dict[str, Any], data_path: str) -> dict[str, An
             losses.append(tr.train_step().loss)
         params = {n: p.detach().float().numpy().copy() for c in tr.chunks for n, p in c.named_parameters()}
         return {"grads": grads, "losses": losses, "params": params if groups.tp == 1 and groups.dp_rank == 0 else None,
-                "hierarchical": groups.dp_hierarchy is not None}
+                "hierarchical": groups.dp_hierarchy is not None, "misaligned": _misaligned(tr.dp)}
     finally:
         dist.barrier(group=groups.world)
         groups.destroy()
@@ -306,6 +306,11 @@ def _storage_bytes(tensors: list[torch.Tensor]) -> int:
     return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
 
 
+def _misaligned(dp: Any) -> int:
+    """Buckets, and their owned slices, that start off an ``ALIGN``-element boundary of their buffers."""
+    return sum(t.storage_offset() % ALIGN != 0 for b in dp.buckets for t in (b.param_shard, b.grad_shard))
+
+
 def _padding(b: Any) -> int:
     return b.size - sum(s.end - s.start for s in b.spans)
 
@@ -339,7 +344,7 @@ def model_state_report(rank: int, case: dict[str, Any], data_path: str) -> dict[
                       "optimizer": _nbytes(opt.master + opt.exp_avg + opt.exp_avg_sq)},
             "padding": sum(_padding(b) for b in dp.buckets), "padding_max": max(map(_padding, dp.buckets), default=0),
             "padding_owned": sum(_padding(b) / (b.d if dp.zero else 1) for b in dp.buckets),
-            "misaligned": sum(t.storage_offset() % ALIGN != 0 for b in dp.buckets for t in (b.param_shard, b.grad_shard)),
+            "misaligned": _misaligned(dp),
             "dtypes": [str(pbufs[0].dtype), str(gbufs[0].dtype)], "zero": dp.zero,
             "d": max([dp.d] + [b.d for b in dp.buckets]),
             "stray": len(stray), "loss": loss, "tp_rank": groups.tp_rank,

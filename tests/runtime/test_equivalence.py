@@ -184,6 +184,7 @@ def test_plan_matches_single_process(pool, tokens64, case):
     assert len(losses) == len(ref["losses"]) == 3
     split = any("+" in e for e in case.get("placement", ()))
     assert all(r["hierarchical"] == split for r in results if r is not None)
+    assert all(r["misaligned"] == 0 for r in results if r is not None)  # runtime/parallel/buckets.py, ALIGN
     for got, want in zip(losses, ref["losses"]):
         assert abs(got - want) <= TOL * abs(want), (losses, ref["losses"])
     assert ref["losses"][2] < ref["losses"][0]  # the reference itself learns

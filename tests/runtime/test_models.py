@@ -99,7 +99,7 @@ def test_parameter_count_matches_the_planners(name):
     spec = load_model(name)
     variants = [{"tie_embeddings": t} for t in (False, True)]
     if spec.arch == "gpt":
-        variants.append({"linear_bias": False, "activation": "squared_relu"})
+        variants += [{"linear_bias": False, "activation": "squared_relu"}, {"linear_bias": False, "qkv_bias": True}]
     for update in variants:
         s = ModelSpec(**{**spec.model_dump(), **update})
         assert sum(p.numel() for p in build_model(s, "meta").parameters()) == s.num_params

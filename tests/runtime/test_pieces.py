@@ -128,15 +128,24 @@ def test_metrics_lines(tmp_path, capsys):
     assert capsys.readouterr().out == ""
 
 
-@pytest.mark.parametrize("n,size,unit", [(10, 4, 1), (10, 4, 4), (9280, 3000, 2), (9280, 3000, 8), (5, 1, 2), (1, 100, 8)])
-def test_bucket_bounds_cut_a_group_into_equal_buckets(n, size, unit):
-    bounds = bucket_bounds(n, size, unit)
-    assert len(bounds) == math.ceil(n / size)  # what cost_models.params.gradient_buckets counts
+@pytest.mark.parametrize("n,size,unit,align", [
+    (10, 4, 1, 1), (10, 4, 4, 1), (9280, 3000, 2, 1), (9280, 3000, 8, 1), (5, 1, 2, 1), (1, 100, 8, 1),
+    (9280, 3000, 2, 64), (10**6, 40_000, 4, 64), (1000, 100, 2, 64), (1, 100, 8, 64)])
+def test_bucket_bounds_cut_a_group_into_equal_buckets(n, size, unit, align):
+    """ceil(n / size) buckets, contiguous, of equal size within their granularity: unit x align elements (every
+    bucket starts aligned), or unit alone where buckets that coarse would leave some empty (1000 elements in 10
+    buckets of 2 x 64); padding only at the end."""
+    bounds = bucket_bounds(n, size, unit, align)
+    k = math.ceil(n / size)
+    assert len(bounds) == k  # what cost_models.params.gradient_buckets counts
     assert bounds[0][0] == 0 and all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+    g = unit * align if math.ceil(n / (unit * align)) >= k else unit
     sizes = [e - a for a, e in bounds]
-    assert all(x % unit == 0 for x in sizes) and max(sizes) - min(sizes) <= unit
-    assert 0 <= bounds[-1][1] - n < unit  # padding only at the group's end, fewer than unit elements
-    if unit == 1:
+    assert all(x % g == 0 for x in sizes) and max(sizes) - min(sizes) <= g
+    assert 0 <= bounds[-1][1] - n < g  # padding only at the group's end, fewer than g elements
+    if math.ceil(n / unit) >= k:
+        assert min(sizes) > 0
+    if g == 1:
         assert max(sizes) <= size
 
 
@@ -206,3 +215,31 @@ def test_the_fused_loss_chunks_its_logits_as_the_cost_model_prices_them(tokens, 
     from specs.state import fused_loss_rows
 
     assert _chunk_tokens(tokens, vocab, None) == fused_loss_rows(tokens, vocab)
+
+
+def test_a_checkpoint_written_before_new_spec_fields_still_belongs_to_its_run():
+    """A checkpoint's plan fingerprint from before a field was added to the model spec or the state (activation,
+    linear_bias, sm_margin) is the same run as today's plan of that model; writing a default out (activation: gelu)
+    or leaving it unset is the same run too, while a real difference (another activation) is not."""
+    from runtime.checkpoint import _normal, _run_of, fingerprint
+    from specs.cluster import load_cluster
+    from specs.parallel import ParallelConfig
+    from specs.planfile import make_plan
+    from specs.state import StateSpec
+
+    model = case_spec({"arch": "gpt"})
+    plan = make_plan(model, load_cluster("cpu-gloo", gpus=1), 4, ParallelConfig())
+    state = StateSpec.default("fp32")
+    today = fingerprint(plan, state)
+    old = json.loads(json.dumps(today))
+    for key in ("activation", "linear_bias"):
+        del old["model"][key]
+    del old["state"]["sm_margin"]
+    assert _run_of(_normal(old)) == _run_of(_normal(today)) and _normal(old) == _normal(today)
+    spelled = fingerprint(plan.model_copy(update={"model": model.model_copy(update={"activation": "gelu"})}), state)
+    assert _normal(spelled) == _normal(today)
+    other = fingerprint(plan.model_copy(update={"model": model.model_copy(update={"activation": "squared_relu"})}),
+                        state)
+    assert _run_of(_normal(other)) != _run_of(_normal(today))
+    broken = {**old, "model": {"name": "x"}}  # corrupt: stays as it is, another run
+    assert _run_of(_normal(broken)) != _run_of(_normal(today))
