@@ -183,8 +183,8 @@ def te_pieces(model: str, tp: int) -> tuple[tuple[str, int], ...]:
 def nemo_case(r: dict[str, str]) -> tuple[ModelSpec, ClusterSpec, ParallelConfig, int]:
     """One NeMo run of NVIDIA's DGX Cloud recipes as the cost model's inputs, from the config it ran: the model's
     shape (its tokenizer's vocabulary padded as Megatron does; its activation and whether its projections have
-    biases: Nemotron-4's squared ReLU, computed unfused as its config's bias_activation_fusion: false asks, and
-    no biases), the published tp/pp/cp/vpp/micro-batch/global
+    biases: Nemotron-4's squared ReLU, computed unfused as its config's bias_activation_fusion: false asks, no
+    biases and RoPE on half of each head), the published tp/pp/cp/vpp/micro-batch/global
     batch, sequence parallelism and Transformer Engine's tp overlap where the config turns them on, its
     recompute, and the distributed optimizer with overlapped gradient reduce-scatter and parameter all-gather
     (distributed_fused_adam with overlap_grad_sync and overlap_param_sync: ZeRO-1, dp_overlap), flash attention
@@ -194,7 +194,8 @@ def nemo_case(r: dict[str, str]) -> tuple[ModelSpec, ClusterSpec, ParallelConfig
                       ffn_hidden_size=int(r["ffn"]), num_attention_heads=int(r["heads"]),
                       num_kv_heads=int(r["kv_heads"]), vocab_size=megatron_vocab(int(r["vocab"]), tp),
                       seq_length=int(r["seq"]), attention="flash", dropout=float(r["dropout"]),
-                      activation=r["activation"], linear_bias=r["bias"] == "true")
+                      activation=r["activation"], linear_bias=r["bias"] == "true",
+                      rotary_fraction=float(r["rotary_fraction"]) if r["rotary_fraction"] else None)
     cfg = ParallelConfig(tp=tp, pp=pp, cp=cp, dp=gpus // (tp * pp * cp), vpp=int(r["vpp"]), mbs=int(r["mbs"]),
                          sp=r["sp"] == "true", tp_overlap=r["tp_overlap"] == "true", recompute=r["recompute"],
                          zero=1, dp_overlap=True)

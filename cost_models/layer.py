@@ -201,14 +201,14 @@ def layer_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, 
         ew_b = cm.memory(2 * n_sp * 3 * eb, 4)
         ew_f += cm.memory(2 * n_sp * 3 * eb, 2)  # residual adds
         ew_b += cm.memory(2 * n_sp * 3 * eb, 2)  # residual-gradient adds
-        rope = T * (qw + kw) / t
-        ew_f += cm.memory(rope * 2 * eb)
-        ew_b += cm.memory(rope * 2 * eb)
         ew_f += cm.memory(ffw * 3 * eb)  # SwiGLU
         ew_b += cm.memory(ffw * 5 * eb)
         if drop:
             ew_f += cm.memory(2 * n_sp * (2 * eb + 1), 2)
             ew_b += cm.memory(2 * n_sp * (2 * eb + 1), 2)
+    if model.rope_dims:  # RoPE (Llama's, or a GPT's instead of learned positions): a pass over q and k each way,
+        rope = cm.memory(T * (qw + kw) / t * 2 * eb)  # the dimensions it leaves alone copied alongside
+        ew_f, ew_b = ew_f + rope, ew_b + rope
     if model.block is not None and model.block.elementwise_bytes_per_token:
         ew_f = cm.memory(T * model.block.elementwise_bytes_per_token / t, 6)
         ew_b = 1.5 * ew_f
@@ -269,7 +269,7 @@ def end_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, sp
             plain = one[what][without] if without else 0.0
             comm_t[end, ps] = comm_t[end, ps] + np.where(sp, one[what][with_sp], plain)
     # embedding: vocab-parallel lookup, then all-reduce (reduce-scatter with SP) of the partial sums
-    pos = 3 * eb if model.arch == "gpt" else 0
+    pos = 3 * eb if model.learned_positions else 0
     embed_f = cm.memory(T * h * 2 * eb + n_sp * (pos + (2 * eb + 1 if drop else 0)), 3) + comm_t["embed", "fwd"]
     embed_b = cm.memory(T * h * 3 * eb + n_sp * (2 * eb + 1 if drop else 0), 2) + comm_t["embed", "bwd"]
     # head: final norm, (SP all-gather), LM head GEMM over the vocab shard, vocab-parallel cross-entropy

@@ -41,7 +41,7 @@ _LAYER = {  # autopar name in layer i -> Hugging Face name(s) in model.layers.i 
 _MOE = "block_sparse_moe"  # Mixtral's MoE layer
 # what a config must share with the plan's model
 _SHAPE = ("arch", "num_layers", "hidden_size", "num_attention_heads", "kv_heads", "hd", "ffn", "vocab_size",
-          "tie_embeddings", "qkv_bias", "norm_eps", "rope_theta", "moe")
+          "tie_embeddings", "qkv_bias", "norm_eps", "rope_theta", "rope_dims", "moe")
 _ENDS = {"embed.tok.weight": "model.embed_tokens.weight", "head.norm.weight": "model.norm.weight",
          "head.out.weight": "lm_head.weight"}
 

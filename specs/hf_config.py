@@ -72,8 +72,33 @@ def _bool(cfg: dict[str, Any], key: str, default: bool) -> bool:
     return v
 
 
+def _nemotron(cfg: dict[str, Any], name: str) -> dict[str, Any]:
+    """NVIDIA's Nemotron (model_type nemotron): a GPT block (LayerNorm, non-gated MLP) with squared ReLU, no linear
+    biases and RoPE on ``partial_rotary_factor`` of each head (its LayerNorm's zero-centred scale is the same cost)."""
+    if cfg.get("hidden_act", "relu2") != "relu2":
+        raise ValueError(f"hidden_act must be relu2 in a nemotron config, got {_show(cfg['hidden_act'])}")
+    bias = _bool(cfg, "attention_bias", False)
+    if _bool(cfg, "mlp_bias", False) != bias:
+        raise ValueError("attention_bias and mlp_bias differ; autopar's GPT block has biases on every projection or on "
+                         "none")
+    heads = _int(cfg, "num_attention_heads")
+    out: dict[str, Any] = {
+        "name": name, "arch": "gpt", "activation": "squared_relu", "linear_bias": bias,
+        "num_layers": _int(cfg, "num_hidden_layers"), "hidden_size": _int(cfg, "hidden_size"),
+        "num_attention_heads": heads, "num_kv_heads": _int(cfg, "num_key_value_heads", heads),
+        "ffn_hidden_size": _int(cfg, "intermediate_size"), "vocab_size": _int(cfg, "vocab_size"),
+        "seq_length": min(_int(cfg, "max_position_embeddings", 4096), 8192),
+        "tie_embeddings": _bool(cfg, "tie_word_embeddings", False), "dropout": 0.0,
+        "norm_eps": _float(cfg, "norm_eps", 1e-5), "rope_theta": _float(cfg, "rope_theta", 10000.0),
+        "rotary_fraction": _float(cfg, "partial_rotary_factor", 0.5),
+    }
+    if "head_dim" in cfg:
+        out["head_dim"] = _int(cfg, "head_dim")
+    return out
+
+
 def hf_to_spec(cfg: dict[str, Any], source: str) -> dict[str, Any]:
-    """Translate a Hugging Face config.json (Llama/Mistral/Qwen2-style or GPT-2-style) to spec fields."""
+    """Translate a Hugging Face config.json (Llama/Mistral/Qwen2-style, GPT-2-style or Nemotron) to spec fields."""
     mtype = str(cfg.get("model_type", "")).lower()
     name = cfg.get("_name_or_path") or (Path(source).parent.name if source else "") or mtype or "hf-model"
     if any(cfg.get(k) for k in _MOE_KEYS) and mtype not in _MOE_TYPES:
@@ -90,10 +115,11 @@ def hf_to_spec(cfg: dict[str, Any], source: str) -> dict[str, Any]:
         raise AutoparError(f"Hugging Face config {source}: {unpriced} ({_UNPRICED[unpriced]}) is not something "
                            "autopar's cost model prices; write an autopar spec to plan it as a plain model")
     gpt2_keys = "n_embd" in cfg
-    if mtype and mtype not in _LLAMA_LIKE | _GPT2_LIKE and not gpt2_keys:
+    if mtype and mtype not in _LLAMA_LIKE | _GPT2_LIKE | {"nemotron"} and not gpt2_keys:
         raise AutoparError(
             f"Hugging Face config {source}: model_type '{mtype}' is not supported; autopar reads "
-            f"Llama-style ({', '.join(sorted(_LLAMA_LIKE))}) and GPT-2-style configs, or write an autopar spec")
+            f"Llama-style ({', '.join(sorted(_LLAMA_LIKE))}), GPT-2-style and Nemotron configs, or write an autopar "
+            "spec")
     cfg = {k: v for k, v in cfg.items() if not (v is None and k in _NULL_IS_DEFAULT)}
     try:
         if mtype in ("gpt2", "gpt_neo", "gptj") or "n_embd" in cfg:
@@ -111,6 +137,8 @@ def hf_to_spec(cfg: dict[str, Any], source: str) -> dict[str, Any]:
                 "dropout": _float(cfg, "resid_pdrop", 0.1),
                 "norm_eps": _float(cfg, "layer_norm_epsilon", 1e-5),
             }
+        if mtype == "nemotron":
+            return _nemotron(cfg, str(name))
         heads = _int(cfg, "num_attention_heads")
         out: dict[str, Any] = {
             "name": str(name),
@@ -129,6 +157,8 @@ def hf_to_spec(cfg: dict[str, Any], source: str) -> dict[str, Any]:
         }
         if "head_dim" in cfg:
             out["head_dim"] = _int(cfg, "head_dim")
+        if _float(cfg, "partial_rotary_factor", 1.0) != 1.0:
+            out["rotary_fraction"] = _float(cfg, "partial_rotary_factor", 1.0)
         if mtype in _MOE_TYPES:
             out["moe"] = _moe_fields(cfg, mtype)
         return out

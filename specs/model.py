@@ -71,12 +71,17 @@ class ModelSpec(BaseModel):
     # False for a GPT-style model without them, e.g. Nemotron-4); Llama has none (qkv_bias adds QKV's).
     activation: Literal["gelu", "squared_relu", "swiglu"] | None = None
     linear_bias: bool | None = None
+    # rotary position embeddings on this share of each head's dimensions (Nemotron-4: 0.5, StableLM: 0.25; the rest
+    # pass through); default: Llama all of them, GPT none (learned absolute positions). A GPT with it set uses RoPE
+    # instead of learned positions.
+    rotary_fraction: float | None = None
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     block: BlockCounts | None = None  # set for traced custom models
     moe: MoESpec | None = None  # mixture-of-experts layers (specs/moe.py); None: every layer dense
 
-    _numbers = field_validator(*LIMITS, "dropout", "norm_eps", "rope_theta", mode="before")(refuse_bool)
+    _numbers = field_validator(*LIMITS, "dropout", "norm_eps", "rope_theta", "rotary_fraction",
+                               mode="before")(refuse_bool)
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
@@ -97,8 +102,11 @@ class ModelSpec(BaseModel):
                 f"num_attention_heads {self.num_attention_heads} must be a multiple of num_kv_heads "
                 f"{self.num_kv_heads}"
             )
-        if self.arch == "llama" and self.block is None and self.hd % 2:
-            raise ValueError(f"head_dim {self.hd} is odd, but rotary position embeddings (arch llama) rotate pairs "
+        if self.rotary_fraction is not None and not 0.0 < self.rotary_fraction <= 1.0:
+            raise ValueError(f"rotary_fraction must be in (0, 1] (the share of each head's dimensions RoPE rotates), "
+                             f"got {self.rotary_fraction}")
+        if self.block is None and self.rope_dims == self.hd and self.hd % 2:
+            raise ValueError(f"head_dim {self.hd} is odd, but rotary position embeddings rotate pairs "
                              "of dimensions; use an even head_dim (hidden_size / num_attention_heads)")
         if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
@@ -147,7 +155,24 @@ class ModelSpec(BaseModel):
         heads, MLP width): two specs of one model compare equal whether or not they spelled those out."""
         return self.model_copy(update={"attention": self.attn_impl, "dropout": self.dropout_p, "activation": self.act,
                                        "linear_bias": self.has_bias, "num_kv_heads": self.kv_heads,
-                                       "ffn_hidden_size": self.ffn})
+                                       "ffn_hidden_size": self.ffn,
+                                       "rotary_fraction": None if self.learned_positions else
+                                       self.rotary_fraction or 1.0})
+
+    @property
+    def learned_positions(self) -> bool:
+        """GPT's learned absolute position embedding (unless ``rotary_fraction`` gives it RoPE)."""
+        return self.arch == "gpt" and self.rotary_fraction is None
+
+    @property
+    def rope_dims(self) -> int:
+        """Dimensions of each head RoPE rotates: all of them, ``rotary_fraction`` of them rounded down to an even
+        number (at least 2), or 0 with learned positions."""
+        if self.learned_positions:
+            return 0
+        if self.rotary_fraction is None or self.rotary_fraction == 1.0:
+            return self.hd
+        return max(2, int(self.hd * self.rotary_fraction) // 2 * 2)
 
     @property
     def act(self) -> str:
@@ -253,8 +278,8 @@ class ModelSpec(BaseModel):
 
     @property
     def position_params(self) -> int:
-        """GPT's learned position embedding (every tensor-parallel rank holds it whole); Llama has none (RoPE)."""
-        return self.seq_length * self.hidden_size if self.arch == "gpt" else 0
+        """GPT's learned position embedding (every tensor-parallel rank holds it whole); none with RoPE."""
+        return self.seq_length * self.hidden_size if self.learned_positions else 0
 
     def embedding_params_on(self, t: Any = 1) -> Any:
         """The input embedding on one GPU: a vocabulary shard (padded to a multiple of t), GPT's positions whole."""
@@ -316,6 +341,8 @@ class ModelSpec(BaseModel):
             f"ffn {self.ffn}, vocab {self.vocab_size}, seq {self.seq_length}, attention {self.attn_impl}"
             + (f", {self.act.replace('_', ' ')} MLP" if self.act == "squared_relu" else "")
             + (", no linear biases" if self.arch == "gpt" and not self.has_bias else "")
+            + (f", RoPE on {self.rope_dims} of {self.hd} head dims" if 0 < self.rope_dims < self.hd
+               or self.arch == "gpt" and self.rope_dims else "")
             + (f"; {self.moe.summary()}, {_count(self.active_params)} active" if self.moe is not None else "")
         )
 

@@ -142,9 +142,8 @@ class Attention(nn.Module):
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
-        gpt = spec.arch == "gpt"
         self.n_heads, self.n_kv_heads, self.hd = spec.num_attention_heads, spec.kv_heads, spec.hd
-        self.rope = Rotary(spec.hd, spec.rope_theta) if not gpt else None
+        self.rope = Rotary(spec.rope_dims, spec.rope_theta) if spec.rope_dims else None
         self.qkv = nn.Linear(spec.hidden_size, spec.q_width + 2 * spec.kv_width, bias=spec.has_bias or spec.qkv_bias)
         self.proj = nn.Linear(spec.q_width, spec.hidden_size, bias=spec.has_bias)
         self.core = CoreAttention(spec.attn_impl, spec.dropout_p)
@@ -156,10 +155,20 @@ class Attention(nn.Module):
         q, k, v = qkv.split((nq * hd, nkv * hd, nkv * hd), dim=-1)
         q, k, v = q.view(b, s, nq, hd), k.view(b, s, nkv, hd), v.view(b, s, nkv, hd)
         if self.rope is not None:
-            q, k = kernels.rope(q, k, *self.rope(s, q.device))
+            q, k = self._rotate(q, k, s)
             # q and k are new tensors now; a view v would keep the whole fused output alive for the backward
             v = v.contiguous()
         return self.proj(self.core(q, k, v))
+
+
+    def _rotate(self, q: torch.Tensor, k: torch.Tensor, s: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE on each head's first ``rope.head_dim`` dimensions (all of them, or a ``rotary_fraction``); the rest
+        pass through."""
+        rd = self.rope.head_dim
+        if rd == self.hd:
+            return kernels.rope(q, k, *self.rope(s, q.device))
+        qr, kr = kernels.rope(q[..., :rd].contiguous(), k[..., :rd].contiguous(), *self.rope(s, q.device))
+        return torch.cat((qr, q[..., rd:]), -1), torch.cat((kr, k[..., rd:]), -1)
 
 
 # ---- embeddings and head ------------------------------------------------------------------------
@@ -191,7 +200,7 @@ class Embedding(nn.Module):
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         self.tok = TokenEmbedding(spec.vocab_size, spec.hidden_size)
-        self.pos = LearnedPositions(spec.seq_length, spec.hidden_size) if spec.arch == "gpt" else None
+        self.pos = LearnedPositions(spec.seq_length, spec.hidden_size) if spec.learned_positions else None
         self.dropout_p = spec.dropout_p if spec.arch == "gpt" else 0.0
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:

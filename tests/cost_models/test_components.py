@@ -408,3 +408,26 @@ def test_squared_relu_is_priced_as_the_passes_torch_runs():
     np.testing.assert_allclose(sq.bwd - gelu.bwd, cm.memory(ffw * 10 * eb, 4) - cm.memory(ffw * 3 * eb))
     nobias = layer_cost(ModelSpec(**spec, linear_bias=False), cm, comm, 2, 1, 1, True, False)
     assert np.all(nobias.bwd < gelu.bwd) and np.allclose(nobias.fwd, gelu.fwd)  # only the bias-gradient sums go
+
+
+def test_a_gpt_with_rope_prices_the_rotation_and_no_learned_positions():
+    """A GPT block given rotary_fraction runs RoPE (a pass over q and k each way, as Llama's, whatever share of the
+    dimensions it rotates) and has no learned position embedding: no position parameters, no position add in the
+    embedding's forward."""
+    from cost_models.layer import end_cost, layer_cost
+
+    gpu = load_gpu("h100-sxm5-80gb")
+    cm, comm = ComputeModel(gpu, "bf16"), CommModel(load_cluster("dgx-h100", gpus=8))
+    spec = dict(name="g", arch="gpt", num_layers=2, hidden_size=1024, num_attention_heads=8, vocab_size=1000,
+                seq_length=2048, attention="flash", dropout=0.0)
+    learned, half, full = (ModelSpec(**spec, **kw) for kw in ({}, {"rotary_fraction": 0.5}, {"rotary_fraction": 1.0}))
+    assert (learned.rope_dims, half.rope_dims, full.rope_dims) == (0, 64, 128)
+    assert learned.position_params == 2048 * 1024 and half.position_params == full.position_params == 0
+    a, b = (layer_cost(m, cm, comm, 2, 1, 1, True, False) for m in (learned, half))
+    T, qk = 2048, 1024 + 1024
+    rope = cm.memory(T * qk / 2 * 2 * cm.eb)
+    np.testing.assert_allclose(b.fwd - a.fwd, rope)
+    np.testing.assert_allclose(b.bwd - a.bwd, rope)
+    np.testing.assert_allclose(layer_cost(full, cm, comm, 2, 1, 1, True, False).fwd, b.fwd)
+    e_learned, e_rope = (end_cost(m, cm, comm, 2, 1, 1, True) for m in (learned, half))
+    assert float(e_rope.embed_f) < float(e_learned.embed_f)

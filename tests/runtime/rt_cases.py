@@ -34,7 +34,8 @@ TRAIN = TrainConfig(steps=3, lr=3e-3, min_lr=3e-4, warmup_steps=1, weight_decay=
 
 
 def case_spec(case: dict[str, Any]) -> ModelSpec:
-    """A tiny model for a case: Llama (GQA where tp allows) or GPT (``activation``, ``linear_bias`` as given), 4
+    """A tiny model for a case: Llama (GQA where tp allows) or GPT (``activation``, ``linear_bias``,
+    ``rotary_fraction`` as given), 4
     layers, hidden 32, vocab 64, seq 16 (``seq``);
     ``moe``: its layers 0 and 2 a mixture of 8 experts, top-2, one shared expert ("gated": Qwen's sigmoid gate on it,
     "sigmoid": a sigmoid router), or "mixtral": every layer 4 experts, top-2."""
@@ -46,6 +47,7 @@ def case_spec(case: dict[str, Any]) -> ModelSpec:
         ffn_hidden_size=64 if llama else 96, vocab_size=case.get("vocab", 64), seq_length=case.get("seq", 16),
         tie_embeddings=case.get("tied", False), dropout=case.get("dropout", 0.0), attention=case.get("attention"),
         qkv_bias=case.get("qkv_bias", False), activation=case.get("activation"), linear_bias=case.get("linear_bias"),
+        rotary_fraction=case.get("rotary_fraction"),
         moe=_case_moe(case.get("moe")),
     )
 

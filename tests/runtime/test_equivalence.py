@@ -41,7 +41,8 @@ CASES = [dict(zip(_C, v)) for v in [
 ]]
 # Extras: 1F1B over 2 stages with dp and mbs 2, uneven stages with partial recompute, a first stage holding
 # nothing but the embedding, a vocabulary that tp does not divide (padded shards), GPT with flash attention
-# and overlapped DP, and a GPT without biases whose MLP is a squared ReLU (Nemotron-4's) under tp overlap.
+# and overlapped DP, and Nemotron-4's block (a GPT without biases, squared-ReLU MLP, RoPE on half of each head) under
+# tp overlap.
 CASES += [
     dict(tp=2, pp=2, dp=2, sp=False, sched="1f1b", recompute="none", zero=0, arch="gpt", mbs=2, dp_overlap=True),
     dict(tp=2, pp=2, dp=1, sp=True, sched="1f1b", recompute="full", recompute_layers=1, arch="llama",
@@ -52,7 +53,8 @@ CASES += [
     dict(tp=2, pp=1, dp=2, sp=False, sched="1f1b", recompute="selective", zero=1, arch="gpt", attention="flash",
          dp_overlap=True),
     dict(tp=2, pp=2, dp=2, sp=True, sched="interleaved", recompute="selective", zero=1, arch="gpt",
-         activation="squared_relu", linear_bias=False, tp_overlap=True, dp_overlap=True),  # Nemotron-4's MLP
+         activation="squared_relu", linear_bias=False, rotary_fraction=0.5, tp_overlap=True,
+         dp_overlap=True),  # Nemotron-4's block
 ]
 
 
@@ -82,7 +84,7 @@ CP_CASES = [
     dict(cp=2, tp=1, pp=2, dp=2, sp=False, sched="interleaved", recompute="none", zero=1, arch="llama", tied=True,
          dp_overlap=True),
     dict(cp=4, tp=1, pp=1, dp=2, sp=False, sched="1f1b", recompute="selective", zero=1, arch="gpt",
-         attention="flash"),
+         attention="flash", rotary_fraction=0.5),  # partial RoPE at each cp rank's global positions
     dict(cp=4, tp=1, pp=2, dp=1, sp=False, sched="1f1b", recompute="full", zero=0, arch="llama", tied=True,
          recompute_layers=1),
     dict(cp=2, tp=2, pp=1, dp=2, sp=True, sched="1f1b", recompute="none", zero=0, arch="gpt", attention="flash",

@@ -31,16 +31,25 @@ def _attention(q, k, v):  # [b, s, h, d], causal, kv heads repeated by group
     return torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1), v).flatten(2)
 
 
+def _rope(spec, s):
+    """Rotate-half RoPE on each head's first ``spec.rope_dims`` dimensions over ``s`` positions, the rest as they
+    are (no rotation with learned positions)."""
+    rd = spec.rope_dims
+    ang = torch.arange(s)[:, None] * spec.rope_theta ** (-torch.arange(0, rd, 2) / max(rd, 1))[None]
+    cos, sin = ang.cos()[None, :, None], ang.sin()[None, :, None]
+
+    def rot(x):
+        a, c, rest = x[..., : rd // 2], x[..., rd // 2: rd], x[..., rd:]
+        return torch.cat([a * cos - c * sin, c * cos + a * sin, rest], -1) if rd else x
+
+    return rot
+
+
 def _llama_loss(P, spec, tok, tgt):
     rms = lambda x, w: x / torch.sqrt((x * x).mean(-1, keepdim=True) + spec.norm_eps) * w  # noqa: E731
     b, s = tok.shape
     hd, nh, nkv = spec.hd, spec.num_attention_heads, spec.kv_heads
-    ang = torch.arange(s)[:, None] * spec.rope_theta ** (-torch.arange(0, hd, 2) / hd)[None]
-    cos, sin = ang.cos()[None, :, None], ang.sin()[None, :, None]
-
-    def rot(x):
-        a, c = x[..., : hd // 2], x[..., hd // 2:]
-        return torch.cat([a * cos - c * sin, c * cos + a * sin], -1)
+    rot = _rope(spec, s)
 
     h = P["embed.tok.weight"][tok]
     for i in range(spec.num_layers):
@@ -58,13 +67,15 @@ def _gpt_loss(P, spec, tok, tgt):
     ln = lambda x, n: F.layer_norm(x, (x.shape[-1],), P[n + ".weight"], P[n + ".bias"], spec.norm_eps)  # noqa: E731
     b, s = tok.shape
     nh, hd = spec.num_attention_heads, spec.hd
-    h = P["embed.tok.weight"][tok] + P["embed.pos.weight"][:s]
+    rot = _rope(spec, s)
+
+    h = P["embed.tok.weight"][tok] + (P["embed.pos.weight"][:s] if "embed.pos.weight" in P else 0.0)
     bias = lambda n: P.get(n, 0.0)  # noqa: E731 - a model without linear biases has none
     for i in range(spec.num_layers):
         n = f"layers.{i}."
         qkv = ln(h, n + "attn_norm") @ P[n + "attn.qkv.weight"].T + bias(n + "attn.qkv.bias")
         q, k, v = (t.reshape(b, s, nh, hd) for t in qkv.chunk(3, -1))
-        h = h + _attention(q, k, v) @ P[n + "attn.proj.weight"].T + bias(n + "attn.proj.bias")
+        h = h + _attention(rot(q), rot(k), v) @ P[n + "attn.proj.weight"].T + bias(n + "attn.proj.bias")
         x = ln(h, n + "mlp_norm") @ P[n + "mlp.fc.weight"].T + bias(n + "mlp.fc.bias")
         if spec.act == "squared_relu":
             x = x.clamp(min=0) ** 2
@@ -77,10 +88,12 @@ def _gpt_loss(P, spec, tok, tgt):
 
 @pytest.mark.parametrize("arch,attention,tied,extra", [
     ("llama", "flash", False, {}), ("llama", "unfused", True, {}), ("gpt", "unfused", False, {}),
-    ("gpt", "flash", True, {}), ("gpt", "flash", False, {"activation": "squared_relu", "linear_bias": False})])
+    ("gpt", "flash", True, {}), ("gpt", "flash", False, {"activation": "squared_relu", "linear_bias": False}),
+    ("gpt", "flash", False, {"activation": "squared_relu", "linear_bias": False, "rotary_fraction": 0.5}),
+    ("gpt", "unfused", True, {"rotary_fraction": 1.0}), ("llama", "flash", False, {"rotary_fraction": 0.25})])
 def test_model_matches_from_scratch_formulas(arch, attention, tied, extra):
     spec = _spec(arch, attention=attention, tie_embeddings=tied, **extra)
-    if extra:  # Nemotron-4's block: no bias on any projection (the norms keep theirs)
+    if extra.get("linear_bias") is False:  # Nemotron-4's block: no bias on any projection (the norms keep theirs)
         assert not any(n.endswith(".bias") and "norm" not in n for n, _ in build_model(spec, "meta").named_parameters())
     model = build_model(spec, seed=3)
     tok = torch.randint(0, spec.vocab_size, (2, spec.seq_length), generator=torch.Generator().manual_seed(0))
@@ -99,7 +112,8 @@ def test_parameter_count_matches_the_planners(name):
     spec = load_model(name)
     variants = [{"tie_embeddings": t} for t in (False, True)]
     if spec.arch == "gpt":
-        variants += [{"linear_bias": False, "activation": "squared_relu"}, {"linear_bias": False, "qkv_bias": True}]
+        variants += [{"linear_bias": False, "activation": "squared_relu", "rotary_fraction": 0.5},
+                     {"linear_bias": False, "qkv_bias": True}]
     for update in variants:
         s = ModelSpec(**{**spec.model_dump(), **update})
         assert sum(p.numel() for p in build_model(s, "meta").parameters()) == s.num_params

@@ -151,6 +151,10 @@ def test_yaml_spec_and_seq_override(tmp_path):
      "ffn_hidden_size: 128\nlinear_bias: true\n", "no linear biases"),
     ("name: x\narch: gpt\nnum_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\nvocab_size: 10\n"
      "activation: relu\n", "activation"),
+    ("name: x\narch: gpt\nnum_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\nvocab_size: 10\n"
+     "rotary_fraction: 1.5\n", "rotary_fraction must be in (0, 1]"),
+    ("name: x\narch: gpt\nnum_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\nvocab_size: 10\n"
+     "rotary_fraction: true\n", "rotary_fraction"),
     ("name: [x\n", "not valid YAML at line"),
     ("- 1\n- 2\n", "must hold a mapping"),
     ("name: x\narch: gpt\nhidden_size: 64\nnum_attention_heads: 4\nvocab_size: 10\n", "missing required field 'num_layers'"),
@@ -292,3 +296,26 @@ def test_gpu_profiles_carry_their_node_link_and_clusters_respect_it(tmp_path):
         load_cluster(str(p))
     p.write_text("name: c\ngpu: h100-sxm5-80gb\ngpus_per_node: 8\nintra_node: {bandwidth_GBps: 480}\n")
     assert load_cluster(str(p)).intra_node.bandwidth_GBps == 480  # measured NVLink SHARP all-reduces read above
+
+
+def test_nemotron_hf_config(tmp_path):
+    """A Hugging Face Nemotron config (model_type nemotron) plans as a GPT block with squared ReLU, no linear biases
+    and RoPE on its partial_rotary_factor of each head (no learned positions); a config it cannot describe is one
+    line naming the field."""
+    cfg = {"model_type": "nemotron", "hidden_size": 6144, "num_hidden_layers": 32, "num_attention_heads": 48,
+           "num_key_value_heads": 8, "intermediate_size": 24576, "vocab_size": 256000, "max_position_embeddings": 4096,
+           "hidden_act": "relu2", "partial_rotary_factor": 0.5, "attention_bias": False, "mlp_bias": False,
+           "tie_word_embeddings": False, "norm_eps": 1e-5}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    m = load_model(str(p))
+    assert (m.arch, m.act, m.has_bias, m.kv_heads, m.rope_dims, m.hd, m.position_params) == (
+        "gpt", "squared_relu", False, 8, 64, 128, 0)
+    emb = 2 * 256000 * 6144  # Parmar et al. 2024: 3.2B embedding and 12.5B non-embedding parameters
+    assert abs(emb / 1e9 - 3.2) < 0.1 and abs((m.num_params - emb) / 1e9 - 12.5) < 0.05
+    for bad, needle in (({"hidden_act": "gelu"}, "hidden_act must be relu2"),
+                        ({"mlp_bias": True}, "attention_bias and mlp_bias differ")):
+        p.write_text(json.dumps({**cfg, **bad}))
+        with pytest.raises(AutoparError) as err:
+            load_model(str(p))
+        assert needle in str(err.value) and "\n" not in str(err.value)
