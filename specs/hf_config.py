@@ -74,7 +74,8 @@ def _bool(cfg: dict[str, Any], key: str, default: bool) -> bool:
 
 def _nemotron(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     """NVIDIA's Nemotron (model_type nemotron): a GPT block (LayerNorm, non-gated MLP) with squared ReLU, no linear
-    biases and RoPE on ``partial_rotary_factor`` of each head (its LayerNorm's zero-centred scale is the same cost)."""
+    biases, RoPE on ``partial_rotary_factor`` of each head and fused (flash) attention, as NeMo trains it (its
+    LayerNorm's zero-centred scale is the same cost)."""
     if cfg.get("hidden_act", "relu2") != "relu2":
         raise ValueError(f"hidden_act must be relu2 in a nemotron config, got {_show(cfg['hidden_act'])}")
     bias = _bool(cfg, "attention_bias", False)
@@ -83,7 +84,7 @@ def _nemotron(cfg: dict[str, Any], name: str) -> dict[str, Any]:
                          "none")
     heads = _int(cfg, "num_attention_heads")
     out: dict[str, Any] = {
-        "name": name, "arch": "gpt", "activation": "squared_relu", "linear_bias": bias,
+        "name": name, "arch": "gpt", "activation": "squared_relu", "linear_bias": bias, "attention": "flash",
         "num_layers": _int(cfg, "num_hidden_layers"), "hidden_size": _int(cfg, "hidden_size"),
         "num_attention_heads": heads, "num_kv_heads": _int(cfg, "num_key_value_heads", heads),
         "ffn_hidden_size": _int(cfg, "intermediate_size"), "vocab_size": _int(cfg, "vocab_size"),

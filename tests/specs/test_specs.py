@@ -309,8 +309,8 @@ def test_nemotron_hf_config(tmp_path):
     p = tmp_path / "config.json"
     p.write_text(json.dumps(cfg))
     m = load_model(str(p))
-    assert (m.arch, m.act, m.has_bias, m.kv_heads, m.rope_dims, m.hd, m.position_params) == (
-        "gpt", "squared_relu", False, 8, 64, 128, 0)
+    assert (m.arch, m.act, m.has_bias, m.kv_heads, m.rope_dims, m.hd, m.position_params, m.attn_impl) == (
+        "gpt", "squared_relu", False, 8, 64, 128, 0, "flash")
     emb = 2 * 256000 * 6144  # Parmar et al. 2024: 3.2B embedding and 12.5B non-embedding parameters
     assert abs(emb / 1e9 - 3.2) < 0.1 and abs((m.num_params - emb) / 1e9 - 12.5) < 0.05
     for bad, needle in (({"hidden_act": "gelu"}, "hidden_act must be relu2"),
