@@ -220,8 +220,8 @@ def test_the_fused_loss_chunks_its_logits_as_the_cost_model_prices_them(tokens, 
 def test_a_checkpoint_written_before_new_spec_fields_still_belongs_to_its_run():
     """A checkpoint's plan fingerprint from before a field was added to the model spec or the state (activation,
     linear_bias, rotary_fraction, sm_margin) is the same run as today's plan of that model; writing a default out
-    (activation: gelu)
-    or leaving it unset is the same run too, while a real difference (another activation) is not."""
+    (activation: gelu) or leaving it unset is the same run too, while a real difference (another activation) is
+    not."""
     from runtime.checkpoint import _normal, _run_of, fingerprint
     from specs.cluster import load_cluster
     from specs.parallel import ParallelConfig
