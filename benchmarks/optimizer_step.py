@@ -30,36 +30,18 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.profile_check import GPU_MODELS  # noqa: E402
+from benchmarks.single_gpu_step import one_rank_trainer  # noqa: E402
 
 SPLITS = (16, 64, 256, 1024, 4096)
 
 
 def _trainer(model: str, device: str, profile: str):
     """A one-rank Trainer for ``model`` (a GPU_MODELS key or a preset) after one trained step, its plan."""
-    import torch
-    import torch.distributed as dist
-
-    from runtime.data import SAMPLE_TEXT, TokenData
-    from runtime.parallel.mesh import build_groups
-    from runtime.trainer import Trainer
-    from specs.cluster import load_cluster
     from specs.model_loading import load_model, model_from_dict
-    from specs.parallel import ParallelConfig
-    from specs.planfile import TrainConfig, make_plan
 
     spec = GPU_MODELS.get(model, model)
     spec = load_model(spec) if isinstance(spec, str) else model_from_dict(spec, model)
-    cluster = load_cluster(profile, gpus=1)
-    cfg = ParallelConfig(mbs=1)
-    plan = make_plan(spec, cluster, 1, cfg, train=TrainConfig(steps=1000, lr=1e-4, min_lr=1e-5, warmup_steps=1))
-    dev = torch.device(device, 0) if device == "cuda" else torch.device("cpu")
-    if dev.type == "cuda":
-        torch.cuda.set_device(dev)
-    dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", store=dist.HashStore(), rank=0,
-                            world_size=1)
-    groups = build_groups(cfg, dev.type, tied_embeddings=spec.tie_embeddings)
-    data = TokenData(SAMPLE_TEXT, spec.seq_length, spec.vocab_size, 0)
-    tr = Trainer(plan, groups, dev, data, 1000)
+    tr, plan, dev = one_rank_trainer(spec, profile, 1, 1000, device)
     tr.train_step()
     return tr, plan, dev
 

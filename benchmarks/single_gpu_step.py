@@ -35,7 +35,10 @@ PEERS = {
 }
 
 
-def ours(mbs: int, steps: int, warmup: int, profile: bool, model: str = "llama-1b", device: str = "cuda") -> dict:
+def one_rank_trainer(spec, cluster_name: str, mbs: int, steps: int, device: str, **train):
+    """The runtime's Trainer for ``spec`` (a ModelSpec) on one rank, as `autopar run` builds it (NCCL on a GPU, gloo
+    on the CPU; the plan's state from ``cluster_name``'s precision; ``train``: TrainConfig fields over a short
+    schedule's), with its plan and device. The caller destroys the process group."""
     import torch
     import torch.distributed as dist
 
@@ -43,25 +46,32 @@ def ours(mbs: int, steps: int, warmup: int, profile: bool, model: str = "llama-1
     from runtime.parallel.mesh import build_groups
     from runtime.trainer import Trainer
     from specs.cluster import load_cluster
-    from specs.model_loading import load_model
     from specs.parallel import ParallelConfig
     from specs.planfile import TrainConfig, make_plan
 
-    spec = load_model(model)
-    cluster = load_cluster("dgx-h100", gpus=1)
     cfg = ParallelConfig(mbs=mbs)
-    total = warmup + steps
-    plan = make_plan(spec, cluster, mbs, cfg, train=TrainConfig(steps=total, lr=1e-4, min_lr=1e-5, warmup_steps=1,
-                                                               grad_clip=0.0))
-    cuda = device == "cuda"
-    dev = torch.device("cuda", 0) if cuda else torch.device("cpu")
-    if cuda:
+    plan = make_plan(spec, load_cluster(cluster_name, gpus=1), mbs, cfg,
+                     train=TrainConfig(**{"steps": steps, "lr": 1e-4, "min_lr": 1e-5, "warmup_steps": 1, **train}))
+    dev = torch.device("cuda", 0) if device == "cuda" else torch.device("cpu")
+    if dev.type == "cuda":
         torch.cuda.set_device(dev)
-    dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1)
+    dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", store=dist.HashStore(), rank=0, world_size=1)
     groups = build_groups(cfg, dev.type, tied_embeddings=spec.tie_embeddings)
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
     data = TokenData(SAMPLE_TEXT, spec.seq_length, spec.vocab_size, 0)
-    tr = Trainer(plan, groups, dev, data, total)
+    return Trainer(plan, groups, dev, data, steps), plan, dev
+
+
+def ours(mbs: int, steps: int, warmup: int, profile: bool, model: str = "llama-1b", device: str = "cuda") -> dict:
+    import torch
+    import torch.distributed as dist
+
+    from specs.model_loading import load_model
+
+    spec = load_model(model)
+    total = warmup + steps
+    tr, _, dev = one_rank_trainer(spec, "dgx-h100", mbs, total, device, grad_clip=0.0)
+    cuda = dev.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     for _ in range(warmup):
         st = tr.train_step()
     sync()

@@ -158,8 +158,9 @@ def hf_to_spec(cfg: dict[str, Any], source: str) -> dict[str, Any]:
         }
         if "head_dim" in cfg:
             out["head_dim"] = _int(cfg, "head_dim")
-        if _float(cfg, "partial_rotary_factor", 1.0) != 1.0:
-            out["rotary_fraction"] = _float(cfg, "partial_rotary_factor", 1.0)
+        rotary = _float(cfg, "partial_rotary_factor", 1.0)
+        if rotary != 1.0:
+            out["rotary_fraction"] = rotary
         if mtype in _MOE_TYPES:
             out["moe"] = _moe_fields(cfg, mtype)
         return out
