@@ -205,7 +205,8 @@ def nemo_case(r: dict[str, str]) -> tuple[ModelSpec, ClusterSpec, ParallelConfig
 def nemo(gpu: GPUSpec | None = None) -> list[dict]:
     """Every BF16 H100 run of the DGX Cloud recipes (benchmarks/data/nvidia_dgxc_h100_bf16.csv) priced on the
     bundled profile (its GPU replaced by ``gpu``, e.g. one measured by `autopar profile`, if given) with the
-    stack's own state: fused gradient accumulation, a loss over the whole logits, gradients reduced in bf16, and
+    stack's own state: fused gradient accumulation, a loss over the whole logits (compiled where the config fuses
+    it), gradients reduced in bf16, and
     TE's pieces of the GEMMs beside overlapped collectives (:data:`TE_OVERLAP`) and the SMs it keeps from them
     (:data:`TE_SM_MARGIN`)."""
     out = []
@@ -216,7 +217,8 @@ def nemo(gpu: GPUSpec | None = None) -> list[dict]:
         state = published_state(cluster, "nvidia_dgxc_h100").model_copy(
             update={"overlap_pieces": te_pieces(r["model"], cfg.tp),
                     "sm_margin": tuple(TE_SM_MARGIN.get(recipe(r["model"]), {}).items()),
-                    "grad_reduce": "bf16"})  # every config's optim.grad_sync_dtype
+                    "grad_reduce": "bf16",  # every config's optim.grad_sync_dtype
+                    "loss_fusion": r["loss_fusion"] == "true"})  # its cross_entropy_loss_fusion
         est = estimate(model, cluster, cfg, batch, state=state)
         meas = float(r["step_s"])
         out.append({"model": r["model"], "container": r["container"], "gpus": int(r["gpus"]), "plan": cfg.short(),

@@ -22,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 from cost_models.memory import layer_activation_bytes  # noqa: E402
 from cost_models.step import estimate  # noqa: E402
+from planner.headroom import default_headroom_GiB  # noqa: E402
 from specs.cluster import load_cluster  # noqa: E402
 from specs.model import ModelSpec  # noqa: E402
 from specs.parallel import RECOMPUTE_CODE, ParallelConfig  # noqa: E402
@@ -174,8 +175,10 @@ BLOOM_SWEEP = ModelSpec(name="bloom-181b", arch="gpt", num_layers=72, hidden_siz
 def bloom_topology() -> list[dict]:
     """Every plan of the BLOOM sweep, measured vs predicted: time per sample and peak memory, or whether it fits.
 
-    The sweep's setting (Megatron-DeepSpeed): fp16, ZeRO-1, full recompute, plain 1F1B, no SP or overlap; the
-    layer split is the planner's (DeepSpeed balanced stages by parameter count)."""
+    The sweep's setting (Megatron-DeepSpeed): fp16, ZeRO-1, full recompute, plain 1F1B, no SP or overlap, and the
+    72 transformer layers split evenly over the stages (its GPTModelPipe's partition_method 'type:transformer'; the
+    chronicle switched to 'type:transformer|embedding' only after these tables), the embedding on the first and last
+    stage besides."""
     from planner.search import search
 
     cluster = load_cluster(str(DATA / "jean-zay-a100.yaml"))
@@ -183,7 +186,8 @@ def bloom_topology() -> list[dict]:
     for row in _rows("bigscience_tr11_topology.csv"):
         dp, tp, pp, mbs, B = (int(row[k]) for k in ("dp", "tp", "pp", "micro_batch", "global_batch"))
         fixed = {"tp": tp, "pp": pp, "dp": dp, "mbs": mbs, "vpp": 1, "cp": 1, "recompute": "full",
-                 "recompute_layers": None, "sp": False, "zero": 1, "dp_overlap": False, "tp_overlap": False}
+                 "recompute_layers": None, "sp": False, "zero": 1, "dp_overlap": False, "tp_overlap": False,
+                 "layers": (BLOOM_SWEEP.num_layers // pp,) * pp}
         plans = search(BLOOM_SWEEP, cluster, B, fixed=fixed, top=1,
                        state=published_state(cluster, "bigscience_tr11_topology")).plans
         oom = row["sec_per_iteration"] == "oom"
@@ -353,7 +357,9 @@ def main() -> int:
           f"of runs faster); "
           f"time error mean {ts['mean_time_error']:+.1%}; memory |error| mean {ts['mean_abs_memory_error']:.1%} "
           f"max {ts['max_abs_memory_error']:.1%}; fits/OOM agree {ts['fit_agreement']:.0%}; measured peak above "
-          f"the prediction by up to {ts['max_under_GiB']:.1f} GiB (the default --headroom covers it)")
+          f"the prediction by up to {ts['max_under_GiB']:.1f} GiB (the default --headroom, "
+          f"{default_headroom_GiB(80.0):.0f} GiB of these 80 GiB GPUs, "
+          f"{'covers it' if ts['max_under_GiB'] <= default_headroom_GiB(80.0) else 'does not cover it'})")
     from validate_h100 import nemo  # the H100 set (NVIDIA's DGX Cloud recipes), priced in benchmarks/validate_h100.py
 
     residuals = residual_rows({**timed, "bigscience_tr11_topology": sweep, "nvidia_dgxc_h100": nemo()})

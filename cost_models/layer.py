@@ -25,10 +25,41 @@ from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
 from cost_models.moe import mlp_mix, moe_cost
 from specs.model import ModelSpec
+from specs.state import LOSS_BLOCK_V, fused_loss_rows
 
 # Tensors of the squared ReLU's elements its backward reads or writes, as autograd runs torch.pow(relu(x), 2):
 # x.pow(1) (a copy: 2), times 2 (2), times the gradient (3), then relu's threshold_backward (3).
 SQUARED_RELU_BWD_PASSES = 10
+
+
+def loss_traffic(eb: int, whole_logits: bool, fused: bool, t, vocab_shard) -> tuple[np.ndarray, ...]:
+    """The cross-entropy's elementwise work per logit of the vocabulary shard as each stack runs it, ``eb`` bytes per
+    logit as the LM head writes them: (bytes forward, kernels forward, bytes backward, kernels backward), the
+    kernels per chunk of logits for autopar's fused loss, per micro-batch otherwise (arrays over ``t``).
+
+    - autopar's fused loss (runtime/kernels/cross_entropy_op.py): on one rank one kernel per chunk reads each row
+      once when it fits one block (``specs.state.LOSS_BLOCK_V``), else twice (its max and sum of exponentials, then
+      its gradient), and writes the gradient over it; vocab-parallel, a statistics kernel reads the row and a
+      gradient kernel reads and overwrites it. The backward only scales what the forward made.
+    - ``whole_logits``, one kernel per torch op (Megatron-LM's and Megatron-DeepSpeed's vocab-parallel
+      cross-entropy; Megatron-Core's ``vocab_parallel_cross_entropy`` at v0.9): an fp32 copy of the logits
+      (eb + 4), their max (4), the max subtracted in place (8), exponentiated in place (8), summed (4) and divided by
+      the sum in place (8) -- the softmax kept for the backward; backward: the softmax scaled by the incoming
+      gradient in place (8) and cast back to the logits' precision (4 + eb). autopar's reference loss on CPUs
+      (torch's cross-entropy on the fp32 logits) is priced so too.
+    - ``whole_logits`` and ``fused`` (Megatron-Core's ``cross_entropy_loss_fusion``, v0.9
+      ``fusions/fused_cross_entropy.py``: the same steps as three compiled functions forward, one backward): the
+      fp32 copy with its max (eb + 4), subtract, exponentiate and sum (8), divide (8); backward the scale and the
+      cast in one kernel, its in-place result written too (4 + 4 + eb).
+    """
+    one = np.ones_like(np.asarray(t, dtype=float))
+    if not whole_logits:
+        single = np.asarray(t) == 1
+        reads = np.where(single & (np.asarray(vocab_shard) <= LOSS_BLOCK_V), 1.0, 2.0)
+        return (reads + 1.0) * eb * one, np.where(single, 1.0, 2.0) * one, 0.0 * one, 0.0 * one
+    if fused:
+        return (eb + 4.0 + 8.0 + 8.0) * one, 3.0 * one, (8.0 + eb) * one, one
+    return (eb + 4.0 + 4.0 + 8.0 + 8.0 + 4.0 + 8.0) * one, 6.0 * one, (8.0 + 4.0 + eb) * one, 2.0 * one
 
 
 @dataclass
@@ -253,7 +284,10 @@ class EndCost:
     head_b: np.ndarray
 
 
-def end_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, sp) -> EndCost:
+def end_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, sp, whole_logits: bool = False,
+             loss_fusion: bool = False) -> EndCost:
+    """The embedding's and the head's work per micro-batch, the loss as :func:`loss_traffic` says the stack runs it
+    (``whole_logits``/``loss_fusion``: ``StateSpec.full_logits``/``loss_fusion``)."""
     t, cp, mbs = (np.asarray(x, dtype=float) for x in (t, cp, mbs))
     sp = np.asarray(sp, dtype=bool) & (t > 1)
     s, h, V = model.seq_length, model.hidden_size, model.vocab_size
@@ -276,8 +310,13 @@ def end_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, sp
     norm_f, norm_b = cm.memory(n_sp * 2 * eb), cm.memory(n_sp * 3 * eb, 2)
     lm_f, lm_b = cm.gemm_fwd_bwd(T, V / t, h)
     logits = T * V / t
-    ce_f = cm.memory(logits * (eb + 4 + 4), 3)
-    ce_b = cm.memory(logits * (4 + eb), 1)
+    shard = np.ceil(V / t)
+    fb, fk, bb, bk = loss_traffic(eb, whole_logits, loss_fusion, t, shard)
+    # autopar's fused loss runs chunk by chunk: each chunk's kernels, and from the second chunk on its weight-gradient
+    # GEMM reads the sum so far and writes it back
+    chunks = 1.0 if whole_logits else np.ceil(T / fused_loss_rows(T, shard))
+    ce_f = cm.memory(logits * fb + (chunks - 1) * shard * h * 2 * eb, chunks * fk)
+    ce_b = cm.memory(logits * bb, bk)
     head_f = norm_f + lm_f + ce_f + comm_t["head", "fwd"]
     head_b = norm_b + lm_b + ce_b + comm_t["head", "bwd"]
     return EndCost(embed_f=embed_f, embed_b=embed_b, head_f=head_f, head_b=head_b)

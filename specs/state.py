@@ -19,7 +19,16 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 Dtype = Literal["fp32", "bf16", "fp16"]
 # The GEMMs a tensor-parallel overlap runs beside a collective, by pass (Transformer Engine's userbuffer names):
@@ -30,6 +39,7 @@ ForwardGemm = Literal["qkv_fprop", "proj_fprop", "fc1_fprop", "fc2_fprop"]
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 BUCKET_PARAMS = 40_000_000  # gradient bucket of the data-parallel reduce, in parameters (Megatron's default)
 LOGITS_CHUNK_ELEMENTS = 1 << 26  # the fused loss's logits chunk (tokens x vocab shard): 128 MiB in bf16
+LOSS_BLOCK_V = 32768  # the widest vocab row the fused loss holds in registers at once: a wider row is read twice
 
 
 def fused_loss_rows(tokens: Any, vocab_shard: Any, elements: int = LOGITS_CHUNK_ELEMENTS) -> Any:
@@ -58,6 +68,9 @@ class StateSpec(BaseModel):
     # the loss materialises the whole [tokens, vocab] logits and an fp32 copy (Megatron-LM); autopar's fused linear
     # cross-entropy computes them LOGITS_CHUNK_ELEMENTS at a time, its gradients in the forward
     full_logits: StrictBool = False
+    # with full_logits: Megatron-Core's cross_entropy_loss_fusion, the loss's elementwise steps compiled into three
+    # kernels forward and one backward instead of a kernel per torch op (cost_models/layer.py ``loss_traffic``)
+    loss_fusion: StrictBool = False
     # how many pieces a stack's tp overlap runs each of those GEMMs in (e.g. Transformer Engine: a pipelined
     # reduce-scatter in num_splits pieces, a bulk overlap beside one whole GEMM); a GEMM not named runs in tp
     # pieces, as autopar's collective matmul runs every one (runtime/parallel/collective_matmul.py)
@@ -74,6 +87,13 @@ class StateSpec(BaseModel):
         if len(set(names)) != len(names):
             raise ValueError(f"{info.field_name} names a GEMM twice: {names}; give each at most once")
         return v
+
+    @model_validator(mode="after")
+    def _fusion_needs_logits(self) -> StateSpec:
+        if self.loss_fusion and not self.full_logits:
+            raise ValueError("loss_fusion=true describes a loss over the whole logits; set full_logits=true with it, "
+                             "or leave loss_fusion out (autopar's fused loss is chunked)")
+        return self
 
     @classmethod
     def default(cls, precision: str) -> StateSpec:

@@ -33,13 +33,13 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from specs.state import LOGITS_CHUNK_ELEMENTS, fused_loss_rows  # the logits chunk (the cost model prices the same)
+from specs.state import LOGITS_CHUNK_ELEMENTS, LOSS_BLOCK_V, fused_loss_rows  # chunk and row block, as priced
 
 from ._utils import LazyKernel, cdiv, next_pow2
 
 tl: Any = None  # triton.language, bound by LazyKernel.build on first launch (triton is imported lazily)
 
-MAX_BLOCK_V = 32768  # widest vocab block one program holds in registers
+MAX_BLOCK_V = LOSS_BLOCK_V  # widest vocab block one program holds in registers
 
 
 # ----------------------------------------------------------------------------------------------- kernels

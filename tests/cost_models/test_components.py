@@ -431,3 +431,88 @@ def test_a_gpt_with_rope_prices_the_rotation_and_no_learned_positions():
     np.testing.assert_allclose(layer_cost(full, cm, comm, 2, 1, 1, True, False).fwd, b.fwd)
     e_learned, e_rope = (end_cost(m, cm, comm, 2, 1, 1, True) for m in (learned, half))
     assert float(e_rope.embed_f) < float(e_learned.embed_f)
+
+
+def test_the_loss_is_priced_as_each_stack_runs_it():
+    """Megatron's vocab-parallel cross-entropy over the whole logits (one kernel per torch op) is priced at the bytes
+    its ops move, counted here from the aten ops a transcription of Megatron-Core v0.9's
+    ``VocabParallelCrossEntropy`` steps dispatches on 16-bit logits (38 bytes a logit forward, 14 backward);
+    Megatron-Core's compiled fusion moves fewer, autopar's fused loss fewest; and the head's time follows."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from cost_models.layer import end_cost, loss_traffic
+
+    tokens, vocab = 64, 1000
+    n = tokens * vocab
+
+    class Bytes(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.kernels = self.bytes = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            given = (*args, *(v for k, v in kwargs.items() if k != "out"))  # out= is written, not read
+            reads = [a for a in given if isinstance(a, torch.Tensor) and a.numel() == n]
+            writes = [o for o in (out if isinstance(out, (tuple, list)) else (out,))
+                      if isinstance(o, torch.Tensor) and o.numel() == n]
+            # views move nothing; the targets' gather and update touch one logit a token
+            small = ("view", "_unsafe_view", "detach", "alias", "index", "index_put_")
+            if (reads or writes) and func.__name__.split(".")[0] not in small:
+                self.kernels += 1
+                self.bytes += sum(t.element_size() * t.numel() for t in (*reads, *writes))
+            return out
+
+    logits = torch.randn(tokens, vocab).to(torch.bfloat16)
+    target = torch.randint(0, vocab, (tokens,))
+    fwd = Bytes()
+    with fwd:  # calculate_logits_max, calculate_predicted_logits, calculate_cross_entropy_loss
+        x = logits.float()
+        x_max = torch.max(x, dim=-1)[0]
+        x -= x_max.unsqueeze(-1)
+        predicted = x[torch.arange(tokens), target].clone()
+        torch.exp(x, out=x)
+        sum_exp = x.sum(dim=-1)
+        loss = torch.log(sum_exp) - predicted
+        x.div_(sum_exp.unsqueeze(-1))
+    bwd = Bytes()
+    with bwd:  # calculate_gradients, then autograd's cast of the fp32 gradient to the logits' dtype
+        x[torch.arange(tokens), target] -= 1.0
+        x.mul_(torch.ones(tokens).unsqueeze(-1))
+        x.to(torch.bfloat16)
+    assert loss.shape == (tokens,)
+    fb, fk, bb, bk = loss_traffic(2, True, False, 8, vocab)
+    assert (fwd.kernels, fwd.bytes) == (int(fk), int(fb) * n)
+    assert (bwd.kernels, bwd.bytes) == (int(bk), int(bb) * n)
+
+    cm = ComputeModel(load_gpu("h100-sxm5-80gb"), "bf16")
+    comm = CommModel(load_cluster("dgx-h100", gpus=8))
+    model = load_model("llama-1b")
+    heads = [end_cost(model, cm, comm, 2, 1, 1, True, whole, fused)
+             for whole, fused in ((False, False), (True, True), (True, False))]
+    times = [float(e.head_f + e.head_b) for e in heads]
+    assert times[0] < times[1] < times[2]
+    unfused, fused = loss_traffic(2, True, False, 2, 16000), loss_traffic(2, True, True, 2, 16000)
+    logits_per_rank = 4096 * 16000
+    np.testing.assert_allclose(times[2] - times[1], cm.memory(logits_per_rank * (unfused[0] + unfused[2]),
+                                                              unfused[1] + unfused[3])
+                               - cm.memory(logits_per_rank * (fused[0] + fused[2]), fused[1] + fused[3]))
+    one_block, two_reads = loss_traffic(2, False, False, 1, 32000), loss_traffic(2, False, False, 1, 50000)
+    assert float(one_block[0]) == 4 and float(two_reads[0]) == 6  # read once or twice, write the gradient
+    assert float(loss_traffic(2, False, False, 2, 16000)[1]) == 2  # vocab-parallel: statistics, then gradient
+
+
+def test_loss_fusion_describes_a_loss_over_the_whole_logits():
+    """``loss_fusion`` (Megatron-Core's compiled loss) says how a whole-logits loss runs: without ``full_logits`` it is
+    refused with a message naming both; the runtime refuses a whole-logits state (its loss is chunked)."""
+    from pydantic import ValidationError
+
+    from specs.capabilities import state_problem
+
+    base = StateSpec.default("bf16").model_dump()
+    with pytest.raises(ValidationError, match="set full_logits=true with it"):
+        StateSpec.model_validate({**base, "loss_fusion": True})
+    both = StateSpec.model_validate({**base, "loss_fusion": True, "full_logits": True})
+    assert both.loss_fusion and "full_logits=false" in state_problem(both)
