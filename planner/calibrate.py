@@ -133,6 +133,7 @@ def load_runs(metrics: list[str], plans: list[str] | None, warmup: int | None) -
         rows, embedded = read_metrics(m)
         if plans:
             plan = load_plan(plans[i if len(plans) > 1 else 0])
+            _same_run(m, rows, embedded, plan, plans[i if len(plans) > 1 else 0])
         elif embedded is not None:
             plan = resolve_plan(embedded, Path(m))
         else:
@@ -142,6 +143,25 @@ def load_runs(metrics: list[str], plans: list[str] | None, warmup: int | None) -
         logged = next((r.get("predicted_step_time_s") for r in rows if r.get("predicted_step_time_s")), None)
         runs.append(Run(m, plan, med, n, logged))
     return runs
+
+
+def _same_run(metrics: str, rows: list[dict[str, Any]], embedded: Any, plan: PlanFile, plan_path: str) -> None:
+    """Refuse a --plan the metrics file was not written by: its ranks (per-rank phases) or, where the file names
+    its plan and that plan can still be read, its model and parallel layout."""
+    ranks = next((len(v) for r in rows for v in (r.get("phases_s") or {}).values() if isinstance(v, list)), None)
+    if ranks is not None and ranks != plan.world_size:
+        raise AutoparError(f"metrics file {metrics} has {ranks} ranks' phases, but --plan {plan_path} runs "
+                           f"{plan.world_size}; pass the plan that run used")
+    if embedded is None:
+        return
+    try:
+        ran = resolve_plan(embedded, Path(metrics))
+    except AutoparError:
+        return  # the plan it names was moved or removed: the rank count above is all there is to check
+    if ran.config != plan.config or ran.model.resolved() != plan.model.resolved():
+        raise AutoparError(f"metrics file {metrics} was written by a run of {ran.model.name} "
+                           f"{ran.config.short()}, but --plan {plan_path} is {plan.model.name} {plan.config.short()}; "
+                           "pass the plan that run used, or leave --plan out (the file names it)")
 
 
 # ---- the scaled profile ---------------------------------------------------------------------------
@@ -222,6 +242,16 @@ def fit_scales(runs: list[Run], base: ClusterSpec, params: tuple[str, ...] = PAR
     return {p: float(np.exp(v)) for p, v in zip(params, x)}
 
 
+def bound_warning(scales: dict[str, float]) -> str | None:
+    """A one-line caution when a fitted scale sits at its limit (x1/8 or x8): the runs are far from the profile's
+    hardware (timed on another machine, or on CPUs for a GPU profile), not a correction to trust."""
+    stuck = [f"{k} x{v:.3g}" for k, v in scales.items() if abs(math.log(v)) >= BOUND - 1e-6]
+    if not stuck:
+        return None
+    return (f"warning: {', '.join(stuck)} at the fit's limit (x1/8 .. x8): these runs did not run on the hardware "
+            "the profile describes; calibrate the profile of the machine they ran on (--cluster)")
+
+
 def _errors(pred: np.ndarray, runs: list[Run]) -> np.ndarray:
     return pred / np.array([r.measured_s for r in runs]) - 1.0
 
@@ -262,6 +292,8 @@ def calibrate_command(args: argparse.Namespace) -> int:
     fitted = ", ".join(f"{p} x{v:.3g}" for p, v in scales.items())
     mean0, mean1 = float(np.mean(np.abs(e0))), float(np.mean(np.abs(e1)))
     print(f"fitted scales: {fitted}")
+    if bound_warning(scales):
+        print(bound_warning(scales), file=sys.stderr)
     print(f"mean |error| {100 * mean0:.1f}% before, {100 * mean1:.1f}% after calibration ({len(runs)} run(s))")
     when = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     header = [f"Calibrated by `autopar calibrate` at {when} from {len(runs)} run(s): {fitted}.",

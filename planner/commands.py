@@ -383,39 +383,76 @@ def _plan_default(path) -> str:
 def tune_command(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from planner.tune import default_out_dir, tune
+    from planner.calibrate import bound_warning
+    from planner.tune import check_trial_options, default_out_dir, tune
+    from specs.files import check_output_dir, check_output_file
     from specs.parallel import parse_plan_keys
-    from specs.planfile import load_plan, save_plan
+    from specs.planfile import TrainConfig, load_plan, save_plan
 
     model, cluster = load_inputs(args)
-    if cluster.num_nodes > 1:
-        raise AutoparError(f"autopar tune runs its trials on this machine, and {cluster.num_gpus} GPUs span "
-                           f"{cluster.num_nodes} nodes; plan with `autopar plan --top 3`, run each with "
-                           "`autopar run` on the cluster and fit with `autopar calibrate`")
+    check_trial_options(args.trials, args.steps, args.warmup, args.time_limit)
     if args.out:
-        from specs.files import check_output_file
-
         check_output_file(args.out, "plan file")
+    if args.dir:
+        check_output_dir(args.dir, "trial folder")
     out_dir = Path(args.dir) if args.dir else default_out_dir()
+    fixed = parse_plan_keys(args.fix, "--fix")
+    headroom = headroom_for(args.headroom, cluster.gpu.memory_GiB)
+    if cluster.num_nodes > 1:
+        return _tune_commands(args, model, cluster, out_dir, fixed, headroom)
+    _check_tune_hardware(cluster)
     live = args.format != "json" and sys.stderr.isatty()
 
     def report(i: int, n: int, t) -> None:
-        if args.format != "json":
-            got = f"{t.measured_step_s:.4g} s" if t.measured_step_s else t.status
-            print(f"  trial {i}/{n}: {t.short}: {got}", file=sys.stderr if live else sys.stdout, flush=True)
+        got = f"{t.measured_step_s:.4g} s" if t.measured_step_s else t.status
+        text = f"  trial {i}/{n}: {t.short}: {got}"
+        if args.format == "json":
+            print(text, file=sys.stderr, flush=True)  # stdout holds the one JSON object
+        else:
+            print(text, file=sys.stderr if live else sys.stdout, flush=True)
 
-    res = tune(model, cluster, args.global_batch, out_dir, parse_plan_keys(args.fix, "--fix"), args.trials,
-               args.steps, args.warmup, args.time_limit, args.data,
-               headroom_for(args.headroom, cluster.gpu.memory_GiB), report)
-    if args.out:
-        plan = load_plan(res.chosen.plan_path)
-        pred = {**plan.prediction, "measured_step_time_s": res.chosen.measured_step_s,
-                "calibrated_step_time_s": res.chosen.calibrated_step_s}
-        save_plan(plan.model_copy(update={"prediction": pred}), args.out)
+    res = tune(model, cluster, args.global_batch, out_dir, fixed, args.trials, args.steps, args.warmup,
+               args.time_limit, args.data, headroom, report)
+    chosen = res.chosen
+    if args.out and chosen is not None:
+        plan = load_plan(chosen.plan_path)
+        pred = {**plan.prediction, "measured_step_time_s": chosen.measured_step_s,
+                "calibrated_step_time_s": chosen.calibrated_step_s}
+        # the trials' short schedule stays with the trials: the plan written trains as `autopar plan --out` would
+        save_plan(plan.model_copy(update={"prediction": pred, "train": TrainConfig()}), args.out)
+    problem = None
+    if res.interrupted:
+        problem = f"interrupted by Ctrl-C; the trials' plans and metrics are in {out_dir}"
+    elif chosen is None:
+        first = next((t for t in res.trials if t.error), None)
+        problem = (f"every trial failed (the first: {first.error if first else 'no error recorded'}); their plans and "
+                   f"logs are in {out_dir}")
+    warning = bound_warning(res.scales)
     if args.format == "json":
-        print(json.dumps({"trials": [t.row() for t in res.trials], "chosen": res.chosen.row(),
-                          "profile": res.profile_path, "plan_file": args.out, "dir": str(out_dir)}))
-        return 0
+        print(json.dumps({"trials": [t.row() for t in res.trials], "chosen": chosen.row() if chosen else None,
+                          "profile": res.profile_path, "plan_file": args.out if chosen else None, "dir": str(out_dir),
+                          **({"error": problem} if problem else {}), **({"warning": warning} if warning else {})}))
+    else:
+        _print_trials(args, model, cluster, res, warning)
+    if problem:
+        print(f"autopar error: {problem}", file=sys.stderr)
+        return 130 if res.interrupted else 2
+    return 0
+
+
+def _check_tune_hardware(cluster) -> None:
+    """Refuse to calibrate a GPU profile with trials that would run here on CPUs."""
+    if cluster.gpu.name == "cpu":
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise AutoparError(f"--cluster {cluster.name} describes {cluster.gpu.name} GPUs, but this machine has no CUDA "
+                           "GPU: tune measures its trials here; run it on that cluster, or tune for this machine with "
+                           "--cluster cpu-gloo")
+
+
+def _print_trials(args: argparse.Namespace, model, cluster, res, warning: str | None) -> None:
     from rich.table import Table
 
     from planner.report import console
@@ -431,10 +468,42 @@ def tune_command(args: argparse.Namespace) -> int:
                     t.status if not t.error else f"{t.status}: {t.error}")
     con = console()
     con.print(tab)
+    if res.chosen is None:
+        return
     con.print(escape(f"chosen: {res.chosen.short} (measured {res.chosen.measured_step_s:.4g} s, predicted "
                      f"{res.chosen.predicted_step_s:.4g} s); calibrated profile: {res.profile_path}"))
+    if warning:
+        con.print(escape(warning))
     if args.out:
         con.print(escape(f"wrote {args.out}  (train it with: autopar run {args.out})"))
+
+
+def _tune_commands(args: argparse.Namespace, model, cluster, out_dir, fixed, headroom: float) -> int:
+    """A multi-node cluster: tune cannot start the trials from here, so it writes the finalists' plan files and
+    prints what to run on the cluster, as `autopar run` does: each trial's per-node commands, then the fit."""
+    import shlex
+
+    from planner.tune import metrics_path, prepare
+    from runtime.launch import worker_command
+
+    found = prepare(model, cluster, args.global_batch, out_dir, fixed, args.trials, args.steps, headroom)
+    q = shlex.quote
+    fit = (f"autopar calibrate {' '.join(q(str(metrics_path(t))) for t in found)} --warmup {args.warmup} "
+           f"--out {q(str(out_dir / 'calibrated.yaml'))}")
+    trials = [{"plan_file": t.plan_path, "parallel": t.parallel, "predicted_step_s": t.predicted_step_s,
+               "metrics": str(metrics_path(t)), "commands": worker_command(t.plan_path, args.steps,
+                                                                             str(metrics_path(t)), args.data)}
+              for t in found]
+    if args.format == "json":
+        print(json.dumps({"trials": trials, "chosen": None, "calibrate": fit, "dir": str(out_dir)}))
+        return 0
+    print(f"autopar tune: {cluster.num_gpus} GPUs span {cluster.num_nodes} nodes, so the {len(found)} trial(s) run "
+          f"on the cluster, one after another; on every node:")
+    for i, t in enumerate(trials, 1):
+        print(f"trial {i}: {found[i - 1].short} (predicted {t['predicted_step_s']:.4g} s)")
+        for line in t["commands"]:
+            print(f"  {line}")
+    print(f"then fit the profile to them and compare their medians (the fastest is the one to keep):\n  {fit}")
     return 0
 
 

@@ -5,8 +5,9 @@ uncertainty, planner/uncertainty.py; at most ``--trials``, default 3) each run a
 launcher as ``autopar run`` (``--steps``, the first ``--warmup`` discarded, the median of the rest), each under
 a time limit. A trial that fails (out of memory, an error, the time limit) is recorded and skipped. The profile is then
 fitted to the measured steps (``autopar calibrate``'s fit), the trials re-predicted with it, and the plan with
-the smallest measured median written out, with its measured and predicted step times and the calibrated
-profile beside it.
+the smallest measured median written out, with its measured and predicted step times; the calibrated profile goes
+to the trials' folder. On a cluster of several nodes the trials cannot start from here: their plan files are
+written and the commands to run them on every node printed, as `autopar run` prints them.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ class Trial:
     parallel: dict[str, Any]
     short: str
     predicted_step_s: float
-    status: str = "not run"  # ok, failed, timeout
+    status: str = "not run"  # running, ok, failed, timeout, interrupted
     measured_step_s: float | None = None
     calibrated_step_s: float | None = None
     error: str | None = None
@@ -46,31 +47,35 @@ class Trial:
     def row(self) -> dict[str, Any]:
         return {"parallel": self.parallel, "plan": self.short, "predicted_step_s": self.predicted_step_s,
                 "measured_step_s": self.measured_step_s, "calibrated_step_s": self.calibrated_step_s,
-                "status": self.status, "error": self.error}
+                "status": self.status, "error": self.error, "plan_file": self.plan_path}
 
 
 @dataclass
 class TuneResult:
     trials: list[Trial]
-    chosen: Trial
+    chosen: Trial | None  # None when no trial ran to the end
     profile_path: str | None
     scales: dict[str, float]
+    interrupted: bool = False  # Ctrl-C stopped a trial; the trials after it did not run
 
 
-def tune(model: ModelSpec, cluster: ClusterSpec, global_batch: int, out_dir: Path, fixed: dict[str, Any] | None = None,
-         trials: int = 3, steps: int = 8, warmup: int = 2, time_limit_s: float = 600.0, data: str | None = None,
-         headroom_GiB: float = 0.0, progress: Callable[[int, int, Trial], None] | None = None,
-         env: dict[str, str] | None = None) -> TuneResult:
-    """Measure the best plan and those tied with it (:func:`finalists`, at most ``trials``) for ``steps`` steps
-    each (plan files and metrics in ``out_dir``) and return them with the measured-best chosen;
-    ``progress(i, n, trial)`` after each trial."""
-    from runtime.launch import launch  # the trials run through autopar run's launcher
-
+def check_trial_options(trials: int, steps: int, warmup: int, time_limit_s: float) -> None:
+    """One-line errors for trial settings that cannot give a measurement."""
     if trials < 1:
         raise AutoparError(f"--trials must be at least 1, got {trials}")
+    if warmup < 0:
+        raise AutoparError(f"--warmup must be 0 or more, got {warmup}")
     if steps <= warmup:
         raise AutoparError(f"--steps ({steps}) must be more than --warmup ({warmup}): the median is over the steps "
                            "after the warm-up")
+    if not time_limit_s > 0:
+        raise AutoparError(f"--time-limit must be more than 0 seconds, got {time_limit_s:g}")
+
+
+def prepare(model: ModelSpec, cluster: ClusterSpec, global_batch: int, out_dir: Path, fixed: dict[str, Any] | None,
+            trials: int, steps: int, headroom_GiB: float) -> list[Trial]:
+    """The finalists (:func:`finalists`, at most ``trials``), each written to ``out_dir`` as a plan file that trains
+    ``steps`` steps."""
     res = search(model, cluster, global_batch, fixed=fixed, top=trials, headroom_GiB=headroom_GiB)
     if not res.plans:
         raise AutoparError(f"no plan fits in {cluster.gpu.memory_GiB - headroom_GiB:g} GiB per GPU on "
@@ -82,36 +87,62 @@ def tune(model: ModelSpec, cluster: ClusterSpec, global_batch: int, out_dir: Pat
         plan = make_plan(model, cluster, global_batch, p.config, p.estimate.to_json(), TrainConfig(steps=steps))
         save_plan(plan, path)
         found.append(Trial(str(path), p.config.to_dict(), p.config.short(), p.estimate.step_time_s))
+    return found
+
+
+def metrics_path(t: Trial) -> Path:
+    """Where a trial's metrics go: beside its plan file."""
+    return Path(t.plan_path).with_suffix(".jsonl")
+
+
+def tune(model: ModelSpec, cluster: ClusterSpec, global_batch: int, out_dir: Path, fixed: dict[str, Any] | None = None,
+         trials: int = 3, steps: int = 8, warmup: int = 2, time_limit_s: float = 600.0, data: str | None = None,
+         headroom_GiB: float = 0.0, progress: Callable[[int, int, Trial], None] | None = None,
+         env: dict[str, str] | None = None) -> TuneResult:
+    """Measure the best plan and those tied with it (:func:`finalists`, at most ``trials``) for ``steps`` steps
+    each (plan files and metrics in ``out_dir``) and return them with the measured-best chosen;
+    ``progress(i, n, trial)`` as each trial starts (status "running") and after it."""
+    from runtime.launch import launch  # the trials run through autopar run's launcher
+
+    check_trial_options(trials, steps, warmup, time_limit_s)
+    found = prepare(model, cluster, global_batch, out_dir, fixed, trials, steps, headroom_GiB)
     runs: list[Run] = []
+    stopped = False
     for i, t in enumerate(found):
-        metrics = Path(t.plan_path).with_suffix(".jsonl")
+        metrics = metrics_path(t)
         metrics.unlink(missing_ok=True)
+        if progress:
+            t.status = "running"
+            progress(i + 1, len(found), t)
         try:
-            launch(t.plan_path, steps=steps, data=data, metrics_out=str(metrics), quiet=True, env=env,
-                   timeout_s=time_limit_s)
-            run, = load_runs([str(metrics)], [t.plan_path], warmup)
-            runs.append(run)
-            t.status, t.measured_step_s = "ok", run.measured_s
+            rc = launch(t.plan_path, steps=steps, data=data, metrics_out=str(metrics), quiet=True, env=env,
+                        timeout_s=time_limit_s)
+            if rc == 130:  # Ctrl-C: the trial is cut short, and the user wants the tuning to stop
+                t.status, t.error, stopped = "interrupted", "stopped by Ctrl-C", True
+            else:
+                run, = load_runs([str(metrics)], [t.plan_path], warmup)
+                runs.append(run)
+                t.status, t.measured_step_s = "ok", run.measured_s
         except AutoparError as err:
             t.status = "timeout" if "time limit" in str(err) else "failed"
             t.error = str(err)
         if progress:
             progress(i + 1, len(found), t)
+        if stopped:
+            break
     done = [t for t in found if t.status == "ok"]
     if not done:
-        raise AutoparError(f"every trial failed; the first: {found[0].error}")
-    scales = fit_scales(runs, cluster) if runs else {}
+        return TuneResult(trials=found, chosen=None, profile_path=None, scales={}, interrupted=stopped)
+    scales = fit_scales(runs, cluster)
     for t, pred in zip(done, predict(runs, cluster, scales)):
         t.calibrated_step_s = float(pred)
     chosen = min(done, key=lambda t: t.measured_step_s or np.inf)
-    profile = None
-    if runs:
-        profile = out_dir / "calibrated.yaml"
-        when = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-        fitted = ", ".join(f"{k} x{v:.3g}" for k, v in scales.items())
-        header = f"Calibrated by `autopar tune` at {when} from {len(runs)} trial(s): {fitted}."
-        profile.write_text(profile_yaml(scaled(cluster, scales), [header]))
-    return TuneResult(trials=found, chosen=chosen, profile_path=str(profile) if profile else None, scales=scales)
+    profile = out_dir / "calibrated.yaml"
+    when = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    fitted = ", ".join(f"{k} x{v:.3g}" for k, v in scales.items())
+    header = f"Calibrated by `autopar tune` at {when} from {len(runs)} trial(s): {fitted}."
+    profile.write_text(profile_yaml(scaled(cluster, scales), [header]))
+    return TuneResult(trials=found, chosen=chosen, profile_path=str(profile), scales=scales, interrupted=stopped)
 
 
 def finalists(plans: list[PlanResult], k: int) -> list[PlanResult]:

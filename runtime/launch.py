@@ -67,6 +67,13 @@ def multi_node_commands(plan: PlanFile, worker: list[str], max_restarts: int = 0
     ]
 
 
+def worker_command(plan_path: str, steps: int, metrics_out: str, data: str | None = None) -> list[str]:
+    """What to run on every node of a multi-node plan for ``steps`` steps with metrics (:func:`multi_node_commands`,
+    as `autopar run` prints them)."""
+    return multi_node_commands(load_plan(plan_path), _worker_args(plan_path, steps, data, metrics_out, None, False,
+                                                                  None, False))
+
+
 def group_nodes(plan: PlanFile) -> list[tuple[str, int, int]]:
     """(group, first node rank, nodes) of each run of nodes a plan on node groups puts on one group, in rank order:
     from global rank 0, each node holds the next ``gpus_per_node`` ranks of its group (``specs.parallel.rank_group``

@@ -106,9 +106,10 @@ def make_plan(model: ModelSpec, cluster: ClusterSpec, global_batch: int, cfg: Pa
 def save_plan(plan: PlanFile, path: str | Path) -> None:
     text = json.dumps(plan.model_dump(mode="json", by_alias=True), indent=2)
     try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)  # a folder --out names but that is not there yet
         Path(path).write_text(text + "\n")
     except OSError as err:
-        raise AutoparError(f"cannot write plan file {path}: {err.strerror}; check the directory exists") from None
+        raise AutoparError(f"cannot write plan file {path}: {err.strerror}; check the folder is writable") from None
 
 
 def load_plan(path: str | Path) -> PlanFile:

@@ -201,3 +201,32 @@ def test_a_run_with_few_measured_steps_is_warned_about(capsys):
     many = [{"step": i, "step_time_s": 0.5} for i in range(1, 12)]
     measured_median(many, 1, "m.jsonl")
     assert capsys.readouterr().err == ""
+
+
+def test_a_plan_the_metrics_were_not_written_by_is_refused(tmp_path, capsys):
+    """--plan must be the plan that wrote the metrics: a file naming another plan, or holding another rank count's
+    phases, is a one-line error rather than a fit of the wrong model."""
+    base = load_cluster("dgx-h100")
+    (m0, p0), (m1, p1) = _write_runs(tmp_path, base, {"gemm": 0.9}, embed="path")[:2]
+    out = str(tmp_path / "c.yaml")
+    assert main(["calibrate", str(m0), "--plan", str(p1), "--out", out]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "was written by a run of" in err[0] and "leave --plan out" in err[0], err
+    assert main(["calibrate", str(m0), "--plan", str(p0), "--out", out, "--fit", "gemm"]) == 0  # its own plan
+    capsys.readouterr()
+    rows = [json.loads(line) for line in m1.read_text().splitlines()]
+    for r in rows:
+        r.pop("plan", None)
+        r["phases_s"] = {"forward": [0.1, 0.1]}  # two ranks' phases; the plan runs one
+    m1.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert main(["calibrate", str(m1), "--plan", str(p1), "--out", out]) == 2
+    assert "has 2 ranks' phases, but --plan" in capsys.readouterr().err
+
+
+def test_scales_at_the_fits_limit_are_warned_about():
+    """A scale the fit pushed to its bound says the runs were not timed on the profile's hardware."""
+    from planner.calibrate import bound_warning
+
+    assert bound_warning({"gemm": 0.9, "memory": 1.3}) is None
+    warning = bound_warning({"gemm": 0.125, "memory": 1.3, "overhead": 8.0})
+    assert "gemm x0.125" in warning and "overhead x8" in warning and "memory" not in warning

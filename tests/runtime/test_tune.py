@@ -10,7 +10,7 @@ from planner.cli import main
 from planner.search import search
 from specs.cluster import load_cluster
 from specs.model_loading import load_model
-from specs.planfile import load_plan
+from specs.planfile import TrainConfig, load_plan
 
 ARGS = ["--model", "tiny", "--cluster", "cpu-gloo", "--gpus", "4", "--global-batch", "16"]
 
@@ -36,15 +36,64 @@ def test_tune_keeps_the_fastest_measured_trial_and_skips_one_past_its_limit(tmp_
     assert chosen.prediction["measured_step_time_s"] == trials[2]["measured_step_s"]
     assert load_cluster(res["profile"]).gpu.name == load_cluster("cpu-gloo").gpu.name
     assert all(t["calibrated_step_s"] > 0 for t in trials if t["status"] == "ok")
+    assert chosen.train.steps == TrainConfig().steps  # the plan written trains as `plan --out` would, not 5 steps
+    assert load_plan(trials[0]["plan_file"]).train.steps == 5  # the trials' own plans keep their short runs
+
+
+def test_tune_with_every_trial_failing_still_reports_them(tmp_path, capsys, monkeypatch):
+    """No trial finishing is an error (exit 2), but the trials are still reported, each with its status."""
+    monkeypatch.setenv("AUTOPAR_SLOW", ";".join(f"120:{p.config.short()}" for p in search(
+        load_model("tiny"), load_cluster("cpu-gloo", gpus=4), 16, top=3).plans))
+    out = tmp_path / "best.json"
+    code = main(["tune", *ARGS, "--steps", "3", "--warmup", "1", "--time-limit", "1", "--dir", str(tmp_path / "t"),
+                 "--out", str(out), "--format", "json"])
+    assert code == 2
+    captured = capsys.readouterr()
+    res = json.loads(captured.out)
+    assert res["chosen"] is None and res["plan_file"] is None and not out.exists()
+    assert res["trials"] and all(t["status"] == "timeout" for t in res["trials"]), res["trials"]
+    assert "every trial failed" in res["error"] and captured.err.strip().splitlines()[-1].startswith("autopar error:")
+
+
+def test_ctrl_c_stops_the_tuning(tmp_path, capsys, monkeypatch):
+    """Ctrl-C during a trial (the launcher returns 130) marks it interrupted, runs no further trial and exits 130,
+    instead of taking the cut-short trial as a measurement."""
+    import runtime.launch
+
+    calls = []
+    monkeypatch.setattr(runtime.launch, "launch", lambda *a, **k: calls.append(a) or 130)
+    code = main(["tune", *ARGS, "--dir", str(tmp_path / "t"), "--format", "json"])
+    assert code == 130 and len(calls) == 1
+    res = json.loads(capsys.readouterr().out)
+    assert [t["status"] for t in res["trials"]][:2] == ["interrupted", "not run"] and res["chosen"] is None
 
 
 def test_tune_bad_inputs_are_one_line_errors(tmp_path, capsys):
     for argv, needle in [
         (["--steps", "2", "--warmup", "2"], "--steps (2) must be more than --warmup (2)"),
         (["--trials", "0"], "--trials must be at least 1"),
+        (["--warmup", "-1"], "--warmup must be 0 or more"),
+        (["--time-limit", "0"], "--time-limit must be more than 0 seconds"),
+        (["--dir", str(tmp_path / "afile")], "exists and is not a folder"),
     ]:
-        assert main(["tune", *ARGS, "--dir", str(tmp_path), *argv]) == 2
+        (tmp_path / "afile").write_text("x")
+        assert main(["tune", *ARGS, "--dir", str(tmp_path / "d"), *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and needle in err[0], err
-    assert main(["tune", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch", "64"]) == 2
-    assert "runs its trials on this machine" in capsys.readouterr().err
+    assert main(["tune", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch", "64"]) == 2
+    assert "has no CUDA GPU" in capsys.readouterr().err  # a GPU profile is not calibrated on this CPU machine
+
+
+def test_tune_on_several_nodes_prints_each_trials_commands(tmp_path, capsys):
+    """On a multi-node cluster the trials cannot start from here: tune writes the finalists' plan files and prints,
+    as `autopar run` does, the commands for every node, then the fit that compares them."""
+    assert main(["tune", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch", "64",
+                 "--dir", str(tmp_path / "t"), "--steps", "12", "--format", "json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["trials"] and res["chosen"] is None
+    for t in res["trials"]:
+        plan = load_plan(t["plan_file"])
+        assert plan.world_size == 16 and plan.train.steps == 12
+        assert any("--nnodes 2" in c and t["plan_file"] in c and "--metrics-out" in c for c in t["commands"]), t
+    assert res["calibrate"].startswith("autopar calibrate ") and all(t["metrics"] in res["calibrate"]
+                                                                    for t in res["trials"])
