@@ -65,7 +65,10 @@ def layer_activation_bytes(model: ModelSpec, eb: int, t, cp, mbs, sp, recompute,
         full = T * (region + attn + mlp + np.where(rc == SELECTIVE, 0.0, core))
         core = T * core
     ckpt = T * eb * h / shard  # layer input only
-    work = T * eb * (2 * h / shard + 2 * mlp_width / t)  # gradient buffers alive during one layer's backward
+    # gradient buffers alive during one layer's backward; the squared ReLU's (torch.pow(relu(x), 2)) backward holds two
+    # more of the MLP's width at once (relu(x) to the first power, then times 2, before the incoming gradient)
+    act_work = 4 if model.act == "squared_relu" else 2
+    work = T * eb * (2 * h / shard + act_work * mlp_width / t)
     if model.moe is not None:
         routed_act, routed_work = moe_bytes(model, eb, t, cp, mbs, ep, etp)
         full, work = full + model.moe_fraction * routed_act, work + model.moe_fraction * routed_work

@@ -51,6 +51,10 @@ def names(spec: ModelSpec) -> dict[str, tuple[str, ...]]:
     if spec.arch != "llama":
         raise AutoparError(f"model {spec.name} is a GPT (arch gpt): Hugging Face weights are supported for "
                            "Llama-family models (Llama, Mistral, Qwen2)")
+    if spec.rope_dims != spec.hd:
+        raise AutoparError(f"model {spec.name} rotates {spec.rope_dims} of each head's {spec.hd} dimensions "
+                           "(rotary_fraction): Hugging Face's Llama, Mistral, Qwen2 and Mixtral rotate all of them, so "
+                           "these weights have no Hugging Face counterpart autopar can read or write")
     moe = spec.moe
     if moe is not None and not _mixtral_like(spec):
         raise AutoparError(f"model {spec.name} has MoE layers other than Mixtral's (every layer MoE, softmax top-k "

@@ -122,6 +122,9 @@ def hf_to_spec(cfg: dict[str, Any], source: str) -> dict[str, Any]:
             f"Llama-style ({', '.join(sorted(_LLAMA_LIKE))}), GPT-2-style and Nemotron configs, or write an autopar "
             "spec")
     cfg = {k: v for k, v in cfg.items() if not (v is None and k in _NULL_IS_DEFAULT)}
+    rope = cfg.get("rope_parameters")  # transformers 5 writes rope_theta and partial_rotary_factor only in here
+    if isinstance(rope, dict):
+        cfg = {**{k: rope[k] for k in ("rope_theta", "partial_rotary_factor") if k in rope}, **cfg}
     try:
         if mtype in ("gpt2", "gpt_neo", "gptj") or "n_embd" in cfg:
             h = _int(cfg, "n_embd")
@@ -137,6 +140,9 @@ def hf_to_spec(cfg: dict[str, Any], source: str) -> dict[str, Any]:
                 "tie_embeddings": _bool(cfg, "tie_word_embeddings", True),
                 "dropout": _float(cfg, "resid_pdrop", 0.1),
                 "norm_eps": _float(cfg, "layer_norm_epsilon", 1e-5),
+                # GPT-J rotates rotary_dim of each head's dimensions and has no learned positions
+                **({"rotary_fraction": _int(cfg, "rotary_dim") / (h // _int(cfg, "n_head"))}
+                   if mtype == "gptj" and cfg.get("rotary_dim") is not None else {}),
             }
         if mtype == "nemotron":
             return _nemotron(cfg, str(name))

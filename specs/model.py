@@ -108,6 +108,9 @@ class ModelSpec(BaseModel):
         if self.block is None and self.rope_dims == self.hd and self.hd % 2:
             raise ValueError(f"head_dim {self.hd} is odd, but rotary position embeddings rotate pairs "
                              "of dimensions; use an even head_dim (hidden_size / num_attention_heads)")
+        if self.block is None and self.rope_dims > self.hd:
+            raise ValueError(f"rotary_fraction {self.rotary_fraction} of a head_dim of {self.hd} leaves no pair of "
+                             "dimensions to rotate; use a head_dim of at least 2")
         if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.norm_eps < 0:

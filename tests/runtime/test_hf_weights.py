@@ -100,3 +100,8 @@ def test_bad_hugging_face_inputs_are_one_line_errors(tmp_path, capsys):
     gpt = case_plan({"arch": "gpt", "steps": 2})
     with pytest.raises(AutoparError, match="supported for Llama-family"):
         import_hf(tmp_path / "hf", gpt, tmp_path / "ck2")
+    from runtime.hf_weights import names
+
+    partial = case_plan({"steps": 2}).model.model_copy(update={"rotary_fraction": 0.5})  # Hugging Face's rotate all
+    with pytest.raises(AutoparError, match="no Hugging Face counterpart"):
+        names(partial)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from pydantic import ValidationError
 
 from specs.cluster import list_clusters, list_gpus, load_cluster, load_gpu
 from specs.errors import AutoparError
+from specs.model import ModelSpec
 from specs.model_loading import load_model
 
 REQUIRED_PRESETS = [
@@ -125,6 +127,32 @@ def test_gpt2_hf_config(tmp_path):
     m = load_model(str(p))
     assert (m.arch, m.ffn, m.tie_embeddings, m.seq_length) == ("gpt", 3072, True, 1024)
     assert m.num_params / 1e6 == pytest.approx(124.4, rel=0.005)  # GPT-2 small
+
+
+def test_rope_settings_read_wherever_transformers_writes_them(tmp_path):
+    """transformers 5 writes rope_theta and partial_rotary_factor only inside rope_parameters (read there too, the
+    top level winning); GPT-J rotates rotary_dim of each head's dimensions and has no learned positions; a head too
+    narrow for any rotated pair is one line."""
+    from specs.hf_config import hf_to_spec
+
+    llama = {"model_type": "llama", "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "intermediate_size": 512, "vocab_size": 1000, "rope_parameters": {"rope_type": "default",
+                                                                              "rope_theta": 500000.0}}
+    assert hf_to_spec(llama, "x")["rope_theta"] == 500000.0
+    assert hf_to_spec({**llama, "rope_theta": 1e4}, "x")["rope_theta"] == 1e4
+    nemotron = {"model_type": "nemotron", "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+                "intermediate_size": 512, "vocab_size": 1000,
+                "rope_parameters": {"rope_theta": 5e4, "partial_rotary_factor": 0.25}}
+    spec = hf_to_spec(nemotron, "x")
+    assert (spec["rope_theta"], spec["rotary_fraction"]) == (5e4, 0.25)
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({"model_type": "gptj", "n_embd": 4096, "n_layer": 28, "n_head": 16, "rotary_dim": 64,
+                             "n_positions": 2048, "vocab_size": 50400, "tie_word_embeddings": False}))
+    gptj = load_model(str(p))
+    assert (gptj.rope_dims, gptj.hd, gptj.learned_positions, gptj.position_params) == (64, 256, False, 0)
+    with pytest.raises(ValidationError, match="leaves no pair of dimensions to rotate"):
+        ModelSpec(name="x", arch="gpt", num_layers=1, hidden_size=8, num_attention_heads=8, vocab_size=10,
+                  seq_length=8, rotary_fraction=0.5)
 
 
 def test_yaml_spec_and_seq_override(tmp_path):
