@@ -160,7 +160,8 @@ def plan_command(args: argparse.Namespace) -> int:
     tied = tied_with_best([p.estimate.step_time_s for p in res.ranked])  # all refined plans, not only the top shown
     if tied:
         reason += (f" The next {tied} plan{'s are' if tied > 1 else ' is'} within {tie_margin():.1%} of it, inside "
-                   "the model's ranking uncertainty: measure them with `autopar tune` (same options).")
+                   "the model's ranking uncertainty: `autopar tune` with the same --model, --cluster, --global-batch "
+                   "and --fix measures the best of them (--trials, default 3).")
     warning = memory_warning(res.plans[0].estimate.memory_GiB, cluster.gpu.memory_GiB)
     checked = None
     if args.verify:

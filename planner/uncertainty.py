@@ -49,9 +49,11 @@ def _stored() -> dict[str, list[dict[str, Any]]]:
     regenerate = "regenerate it: python benchmarks/validate_published.py --write-residuals planner/residuals.json"
     try:
         sets = json.loads(RESIDUALS.read_text())["sets"]
-        ratios = [(float(r["ratio"]), bool(r["pipelined"])) for rows in sets.values() for r in rows]
+        ratios = [(r["ratio"], r["pipelined"]) for rows in sets.values() for r in rows]
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise AutoparError(f"{RESIDUALS} is missing or unreadable ({type(err).__name__}); {regenerate}") from None
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and isinstance(k, bool) for x, k in ratios):
+        raise AutoparError(f"{RESIDUALS} needs numbers for ratio and true/false for pipelined; {regenerate}")
     kinds = {k for _, k in ratios}
     if (not all(math.isfinite(x) and x > 0 for x, _ in ratios) or kinds != {True, False}
             or any(len(rows) < 2 for rows in sets.values())):

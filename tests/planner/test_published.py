@@ -186,7 +186,9 @@ def test_bands_cover_every_published_set():
 def test_a_missing_or_corrupt_residuals_file_is_one_line(tmp_path, monkeypatch):
     """The bands' data file gone, torn or holding nonsense: one line saying how to write it again."""
     for text in (None, '{"sets": {"a": [{"ratio": 1.0, "pipel', '{"sets": {"a": [{"plan": "x", "pipelined": true, '
-                 '"ratio": -1}, {"plan": "y", "pipelined": false, "ratio": 1}]}}'):
+                 '"ratio": -1}, {"plan": "y", "pipelined": false, "ratio": 1}]}}',
+                 '{"sets": {"a": [{"pipelined": true, "ratio": "0.97"}, {"pipelined": false, "ratio": 1.0}]}}',
+                 '{"sets": {"a": [{"pipelined": true, "ratio": 0.97}, {"pipelined": "false", "ratio": 1.0}]}}'):
         path = tmp_path / "residuals.json"
         if text is not None:
             path.write_text(text)
