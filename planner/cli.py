@@ -12,14 +12,42 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from runtime.options import add_run_arguments
 from specs.errors import AutoparError
 from specs.files import path_argument
 
 
+class _Once(argparse.Action):
+    """An option that takes a value, given at most once: argparse would keep the last of two silently."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        seen = namespace.__dict__.setdefault("_given", set())
+        if self.dest in seen:
+            raise AutoparError(f"{option_string} is given twice; give it once" + (
+                ", with comma-separated keys" if self.dest in ("plan", "vary", "compare") else ""))
+        seen.add(self.dest)
+        setattr(namespace, self.dest, values)
+
+
+class _Merged(argparse.Action):
+    """Plan keys given in several --fix options: one comma-separated list (a key given twice is then refused)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        before = getattr(namespace, self.dest)
+        setattr(namespace, self.dest, f"{before},{values}" if before else values)
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors."""
+    """argparse with one-line errors, and value options refused when given twice."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.register("action", None, _Once)
+        self.register("action", "store", _Once)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise AutoparError(f"{message} (see `{self.prog} --help`)")
@@ -61,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     pl = sub.add_parser("plan", help="search for the fastest plan that fits")
     _add_common(pl)
-    pl.add_argument("--fix", default="", help='plan keys to hold fixed, e.g. "tp=8,recompute=full"')
+    pl.add_argument("--fix", default="", action=_Merged, help='plan keys to hold fixed, e.g. "tp=8,recompute=full"')
     pl.add_argument("--top", type=int, default=5, help="how many plans to list (default 5)")
     pl.add_argument("--exhaustive", action="store_true", help="enumerate everything, no pruning (slow)")
     pl.add_argument("--runnable", action="store_true",
@@ -78,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(wi)
     wi.add_argument("--vary", required=True,
                     help="one of inter_node_bw=Gb/s per NIC,..., intra_node_bw=GB/s,..., gpus=N,..., gpu=name,...")
-    wi.add_argument("--fix", default="", help="plan keys held fixed at every point")
+    wi.add_argument("--fix", default="", action=_Merged, help="plan keys held fixed at every point")
     wi.add_argument("--compare", default=None, help='a second curve with these keys fixed, e.g. "dp_overlap=false"')
     wi.add_argument("--plot", type=path_argument, help="write a PNG plot of throughput and scaling efficiency")
     _format(wi, ("table", "json", "csv"))
@@ -88,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     tu = sub.add_parser("tune", help="plan, then run the best few plans here and keep the fastest measured")
     _add_common(tu)
-    tu.add_argument("--fix", default="", help="plan keys to hold fixed")
+    tu.add_argument("--fix", default="", action=_Merged, help="plan keys to hold fixed")
     tu.add_argument("--trials", type=int, default=3,
                     help="most finalists to measure: the best and those tied with it (default 3)")
     tu.add_argument("--steps", type=int, default=8, help="steps per trial (default 8)")

@@ -396,6 +396,10 @@ def tune_command(args: argparse.Namespace) -> int:
         check_output_file(args.out, "plan file")
     if args.dir:
         check_output_dir(args.dir, "trial folder")
+    if args.data:
+        from runtime.data import TokenData
+
+        TokenData(args.data, model.seq_length, model.vocab_size, 0)  # a bad token file: one line now, not per trial
     out_dir = Path(args.dir) if args.dir else default_out_dir()
     fixed = parse_plan_keys(args.fix, "--fix")
     headroom = headroom_for(args.headroom, cluster.gpu.memory_GiB)
@@ -436,7 +440,7 @@ def tune_command(args: argparse.Namespace) -> int:
     else:
         _print_trials(args, model, cluster, res, warning)
     if problem:
-        print(f"autopar error: {problem}", file=sys.stderr)
+        print(f"autopar: error: {problem}", file=sys.stderr)
         return 130 if res.interrupted else 2
     return 0
 

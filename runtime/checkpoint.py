@@ -127,6 +127,11 @@ def young_daly_interval_s(save_s: float, mtbf_s: float) -> float:
     return math.sqrt(2.0 * save_s * mtbf_s)
 
 
+def checkpoint_step(ck: Path) -> int:
+    """The step a checkpoint directory (``step_N``) was written after."""
+    return int(ck.name.removeprefix("step_"))
+
+
 def latest_checkpoint(root: Path) -> Path | None:
     """The newest complete checkpoint under ``root`` (``latest`` if valid, else the highest step_N)."""
     try:

@@ -16,15 +16,20 @@ that order), and stacks a MoE layer's experts (``mlp.experts.gate_up`` [E, 2f, h
 
 from __future__ import annotations
 
+import contextlib
 import json
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
 from runtime.checkpoint import META, fingerprint, latest_checkpoint, publish
 from runtime.dtypes import TORCH_DTYPES
 from specs.errors import AutoparError
+from specs.files import check_output_dir
 from specs.hf_config import hf_to_spec
 from specs.model import ModelSpec
 from specs.planfile import PlanFile
@@ -125,9 +130,28 @@ def _read_safetensors(hf_dir: Path) -> dict[str, torch.Tensor]:
     return out
 
 
+@contextlib.contextmanager
+def _single_process() -> Iterator[None]:
+    """DCP warns that it runs in one process when no process group exists: what these commands mean to do."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        yield
+
+
+def _shapes(plan: PlanFile) -> dict[str, tuple[int, ...]]:
+    """Each parameter's shape in autopar's model of the plan (built on the meta device: no memory)."""
+    from runtime.models import build_model
+
+    return {k: tuple(v.shape) for k, v in build_model(plan.model, device="meta").named_parameters()}
+
+
 def import_hf(hf_dir: Path, plan: PlanFile, out: Path) -> Path:
     """Write a step-0 checkpoint of ``plan`` from the Hugging Face model in ``hf_dir``; returns its directory."""
     wanted = names(plan.model)  # refuses a GPT plan first
+    check_output_dir(out, "checkpoint folder")
+    if latest_checkpoint(out) is not None:
+        raise AutoparError(f"{out} already holds a run's checkpoints ({latest_checkpoint(out).name}); import into an "
+                           "empty or new folder")
     cfg = hf_dir / "config.json"
     try:
         theirs = hf_to_spec(json.loads(cfg.read_text()), str(cfg))
@@ -154,6 +178,11 @@ def import_hf(hf_dir: Path, plan: PlanFile, out: Path) -> Path:
         if _stacked(ours):  # [E * rows, cols] -> [E, rows, cols]
             params[ours] = params[ours].view(spec.moe.num_experts, -1, params[ours].shape[-1])  # type: ignore[union-attr]
         used.update(parts)
+    shapes = _shapes(plan)
+    for ours, t in params.items():
+        if tuple(t.shape) != shapes[ours]:
+            raise AutoparError(f"{hf_dir}: {' + '.join(wanted[ours])} has shape {tuple(t.shape)}, but the plan's model "
+                               f"needs {shapes[ours]}; the weights are not of this model")
     extra = sorted(set(weights) - used - {k for k in weights if k.endswith("rotary_emb.inv_freq")})
     if extra:
         raise AutoparError(f"{hf_dir} has weights autopar's model does not have (e.g. {extra[0]}); autopar reads "
@@ -168,7 +197,8 @@ def import_hf(hf_dir: Path, plan: PlanFile, out: Path) -> Path:
             sd[f"master/{name}"] = t.contiguous()
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / "step_00000000.partial"
-    dcp.save(sd, checkpoint_id=str(tmp), no_dist=True)
+    with _single_process():
+        dcp.save(sd, checkpoint_id=str(tmp), no_dist=True)
     return publish(out, tmp, {"step": 0, "samples": 0, "data": None, "total_steps": plan.train.steps,
                               "plan": fingerprint(plan, state), "source": str(hf_dir), "rng": False,
                               "plan_file": plan.model_dump(mode="json", by_alias=True)})
@@ -192,8 +222,9 @@ def read_parameters(ckpt_dir: Path) -> tuple[ModelSpec, dict[str, torch.Tensor]]
     sd = {k: torch.empty(md.size, dtype=md.properties.dtype) for k, md in stored.items()
           if k.startswith(kind + "/")}
     try:
-        dcp.load(sd, checkpoint_id=str(ck), no_dist=True)
-    except Exception as err:  # noqa: BLE001 - DCP wraps the reader's errors
+        with _single_process():
+            dcp.load(sd, checkpoint_id=str(ck), no_dist=True)
+    except (Exception, CheckpointException) as err:  # noqa: BLE001 - DCP wraps the reader's errors (a BaseException)
         raise AutoparError(f"checkpoint {ck} is corrupt or incomplete ({type(err).__name__}); delete it to use an "
                            "earlier one") from None
     return spec, {k.split("/", 1)[1]: v for k, v in sd.items()}
@@ -223,6 +254,9 @@ def export_hf(ckpt_dir: Path, out: Path) -> Path:
     """Write ``config.json`` and ``model.safetensors`` of the newest checkpoint under ``ckpt_dir`` into ``out``."""
     from safetensors.torch import save_file
 
+    check_output_dir(out, "Hugging Face model folder")
+    if (out / "model.safetensors").exists() or (out / "config.json").exists():
+        raise AutoparError(f"{out} already holds a model; give an empty or new directory")
     spec, params = read_parameters(ckpt_dir)
     tensors: dict[str, torch.Tensor] = {}
     for ours, parts in names(spec).items():
@@ -236,8 +270,6 @@ def export_hf(ckpt_dir: Path, out: Path) -> Path:
             t = t.reshape(-1, t.shape[-1])
         for name, piece in zip(parts, t.split(_rows(spec, ours))):
             tensors[name] = piece.contiguous()
-    if (out / "model.safetensors").exists() or (out / "config.json").exists():
-        raise AutoparError(f"{out} already holds a model; give an empty or new directory")
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(hf_config(spec), indent=1) + "\n")

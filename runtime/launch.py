@@ -136,11 +136,8 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
     check_run_options(plan, steps, checkpoint_dir, checkpoint_every, metrics_out, resume, max_restarts, mtbf_hours,
                       collective_timeout)
     TokenData(data or SAMPLE_TEXT, plan.seq, plan.model.vocab_size, plan.train.seed)  # one-line errors now
-    if resume:
-        from runtime.checkpoint import latest_checkpoint
-
-        if latest_checkpoint(Path(checkpoint_dir)) is None:
-            raise AutoparError(f"no checkpoint to resume from in {checkpoint_dir}; run without --resume to start fresh")
+    if checkpoint_dir:
+        check_checkpoints(Path(checkpoint_dir), resume, steps or plan.train.steps)
     worker = _worker_args(plan_path, steps, data, metrics_out, checkpoint_dir, resume, checkpoint_every, quiet,
                           predicted_step_s, predicted_memory_GiB, mtbf_hours, collective_timeout)
     gpus = _local_devices()
@@ -164,6 +161,22 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
         print(f"autopar: {interrupted(plan_path, steps or plan.train.steps, metrics_out, checkpoint_dir)}",
               file=sys.stderr, flush=True)
     return rc
+
+
+def check_checkpoints(root: Path, resume: bool, total_steps: int) -> None:
+    """What ``root`` holds suits the run: with ``resume`` a checkpoint short of ``total_steps``; without, no run's
+    checkpoints (a fresh run would write over them and mix two runs in one folder)."""
+    from runtime.checkpoint import checkpoint_step, latest_checkpoint
+
+    last = latest_checkpoint(root)
+    if resume and last is None:
+        raise AutoparError(f"no checkpoint to resume from in {root}; run without --resume to start fresh")
+    if resume and checkpoint_step(last) >= total_steps:
+        raise AutoparError(f"the checkpoint in {root} is at step {checkpoint_step(last)}, and this run stops at step "
+                           f"{total_steps}: nothing to train; give a larger --steps")
+    if not resume and last is not None:
+        raise AutoparError(f"{root} holds a run's checkpoints (the newest {last.name}); add --resume to continue that "
+                           "run, or give an empty or new --checkpoint-dir")
 
 
 def interrupted(plan_path: str, steps: int, metrics_out: str | None, checkpoint_dir: str | None) -> str:

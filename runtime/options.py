@@ -65,6 +65,9 @@ def check_run_options(plan: PlanFile, steps: int | None, checkpoint_dir: str | N
         raise AutoparError(f"--collective-timeout must be a positive number of seconds, got {collective_timeout}")
     if mtbf_hours is not None and not mtbf_hours > 0:
         raise AutoparError(f"--mtbf-hours must be a positive number of hours, got {mtbf_hours}")
+    for flag, value in (("--checkpoint-every", checkpoint_every), ("--mtbf-hours", mtbf_hours)):
+        if value is not None and not checkpoint_dir:
+            raise AutoparError(f"{flag} needs --checkpoint-dir (where the checkpoints go)")
     if max_restarts and not checkpoint_dir:
         raise AutoparError("--max-restarts needs --checkpoint-dir: a restarted run resumes from its checkpoints")
     if checkpoint_dir is not None:

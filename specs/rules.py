@@ -217,7 +217,7 @@ RULES: tuple[Rule, ...] = (
     Rule(("cp",), lambda c, x: (c.cp == 1) | (x.model.dropout_p == 0),
          lambda cfg, x: f"cp > 1 needs the model without attention dropout (dropout: 0 in the model spec; it has "
                         f"{x.model.dropout_p:g})"),
-    Rule(("cp",), lambda c, x: x.model.seq_length % (2 * c.cp) == 0,
+    Rule(("cp",), lambda c, x: (c.cp == 1) | (x.model.seq_length % (2 * c.cp) == 0),
          lambda cfg, x: f"seq {x.model.seq_length} must be divisible by 2*cp = {2 * cfg.cp} (load-balanced "
                         "causal split)"),
     Rule(("pp", "vpp", "layers"), lambda c, x: (_stages(c) <= x.model.num_layers) | (c.layers is not None),

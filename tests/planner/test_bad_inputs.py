@@ -208,3 +208,23 @@ def test_runnable_refuses_a_cluster_whose_state_the_runtime_cannot_keep(tmp_path
                        "precision: fp16\n")
     err = fails(capsys, "plan", "--model", "tiny", "--cluster", str(cluster), "--global-batch", "16", "--runnable")
     assert "--runnable: cluster fp16box computes in fp16" in err and "no loss scaling" in err
+
+
+def test_an_option_given_twice_is_refused_and_fix_keys_add_up(capsys):
+    """argparse would keep the last of two values silently: a value option given twice is one line, while several
+    --fix options add their keys up (a key given twice is refused)."""
+    assert "--gpus is given twice" in fails(capsys, "plan", *TINY, "--gpus", "8")
+    assert "--plan is given twice; give it once, with comma-separated keys" in fails(
+        capsys, "estimate", "--model", "tiny", *ESTIMATE, "--plan", "tp=1")
+    assert "plan key 'tp' given twice" in fails(capsys, "plan", *TINY, "--fix", "tp=2", "--fix", "tp=1")
+    assert main(["plan", *TINY, "--fix", "tp=2", "--fix", "pp=2", "--format", "json"]) == 0
+    best = json.loads(capsys.readouterr().out)["plans"][0]["parallel"]
+    assert (best["tp"], best["pp"]) == (2, 2)
+
+
+def test_an_odd_sequence_needs_no_even_split_without_context_parallelism(tmp_path, capsys):
+    """The load-balanced causal split (2 x cp chunks) is context parallelism's: with cp = 1 any length plans."""
+    assert main(["estimate", "--model", "tiny", *ESTIMATE[:-2], "--plan", "tp=1,cp=1", "--seq", "127"]) == 0
+    capsys.readouterr()
+    assert "divisible by 2*cp = 4" in fails(capsys, "estimate", "--model", "tiny", "--cluster", "dgx-a100", "--gpus",
+                                            "2", "--global-batch", "4", "--plan", "cp=2", "--seq", "127")

@@ -67,7 +67,7 @@ BAD = [
     (["plan", "--model", "tiny", "--cluster", "cpu-gloo", "--gpus", "4", "--global-batch", "8", "--fix", "layers=1/1"],
      "sum to 4"),
     (["plan", "--model", "llama2-7b", "--global-batch", "16", "--headroom", "nan"], "--headroom must be between"),
-    (["plan", "--model", "llama2-7b", "--global-batch", "16", "--out", "/nonexistent/dir/p.json"],
+    (["plan", "--model", "llama2-7b", "--global-batch", "16", "--out", "/proc/nonexistent/p.json"],
      "cannot write plan file"),
     (["whatif", "--model", "llama2-7b", "--global-batch", "16", "--vary", "inter_node_bw=inf"], "finite and positive"),
     (["whatif", "--model", "llama2-7b", "--global-batch", "16", "--vary", "inter_node_bw=100,200"], "is one node here"),

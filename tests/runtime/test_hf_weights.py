@@ -105,3 +105,33 @@ def test_bad_hugging_face_inputs_are_one_line_errors(tmp_path, capsys):
     partial = case_plan({"steps": 2}).model.model_copy(update={"rotary_fraction": 0.5})  # Hugging Face's rotate all
     with pytest.raises(AutoparError, match="no Hugging Face counterpart"):
         names(partial)
+
+
+def test_what_import_and_export_refuse_before_writing(tmp_path, capsys):
+    """Weights of another shape, a folder already holding a run's checkpoints, an --out that is a file, and a
+    checkpoint whose shard is cut short: each one line, nothing written or overwritten."""
+    from safetensors.torch import load_file, save_file
+
+    plan = case_plan({"steps": 2})
+    _hf_model("llama", tmp_path / "hf")
+    ck = import_hf(tmp_path / "hf", plan, tmp_path / "ck")  # a good import first
+    with pytest.raises(AutoparError, match="already holds a run's checkpoints"):
+        import_hf(tmp_path / "hf", plan, tmp_path / "ck")
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir() if p.is_dir()) == [ck.name]
+    weights = tmp_path / "hf" / "model.safetensors"
+    full = load_file(str(weights))
+    save_file({**full, "model.layers.0.mlp.down_proj.weight": torch.zeros(3, 3)}, str(weights))
+    with pytest.raises(AutoparError, match=r"down_proj.weight has shape \(3, 3\), but the plan's model needs"):
+        import_hf(tmp_path / "hf", plan, tmp_path / "ck2")
+    assert not (tmp_path / "ck2").exists()
+    a_file = tmp_path / "model.json"
+    a_file.write_text("keep")
+    with pytest.raises(AutoparError, match="exists and is not a folder"):
+        export_hf(tmp_path / "ck", a_file)
+    assert a_file.read_text() == "keep"
+    shard = next(ck.glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:100])  # cut short
+    assert main(["export-hf", str(tmp_path / "ck"), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "is corrupt or incomplete" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()

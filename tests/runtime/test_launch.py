@@ -176,6 +176,14 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
     cases.append((dict(plan_path=_plan(tmp_path), collective_timeout=0.0), "--collective-timeout must be a positive"))
     cases.append((dict(plan_path=_plan(tmp_path), max_restarts=-1, checkpoint_dir=str(tmp_path / "c")),
                   "--max-restarts must be 0 or more"))
+    cases.append((dict(plan_path=_plan(tmp_path), checkpoint_every=5), "--checkpoint-every needs --checkpoint-dir"))
+    cases.append((dict(plan_path=_plan(tmp_path), mtbf_hours=5.0), "--mtbf-hours needs --checkpoint-dir"))
+    held = tmp_path / "held"  # a run's checkpoint folder, at step 3
+    (held / "step_00000003").mkdir(parents=True)
+    (held / "step_00000003" / "meta.json").write_text("{}")
+    cases.append((dict(plan_path=_plan(tmp_path), checkpoint_dir=str(held)), "add --resume to continue that run"))
+    cases.append((dict(plan_path=_plan(tmp_path), checkpoint_dir=str(held), resume=True, steps=2),
+                  "is at step 3, and this run stops at step 2"))
     # a hand-edited plan file: wrong JSON types and values in 'parallel' and 'train'
     base = json.loads(Path(_plan(tmp_path)).read_text())
     for section, key, value, expect in [

@@ -52,7 +52,7 @@ def test_tune_with_every_trial_failing_still_reports_them(tmp_path, capsys, monk
     res = json.loads(captured.out)
     assert res["chosen"] is None and res["plan_file"] is None and not out.exists()
     assert res["trials"] and all(t["status"] == "timeout" for t in res["trials"]), res["trials"]
-    assert "every trial failed" in res["error"] and captured.err.strip().splitlines()[-1].startswith("autopar error:")
+    assert "every trial failed" in res["error"] and captured.err.strip().splitlines()[-1].startswith("autopar: error:")
 
 
 def test_ctrl_c_stops_the_tuning(tmp_path, capsys, monkeypatch):
@@ -77,7 +77,8 @@ def test_tune_bad_inputs_are_one_line_errors(tmp_path, capsys):
         (["--dir", str(tmp_path / "afile")], "exists and is not a folder"),
     ]:
         (tmp_path / "afile").write_text("x")
-        assert main(["tune", *ARGS, "--dir", str(tmp_path / "d"), *argv]) == 2
+        folder = [] if "--dir" in argv else ["--dir", str(tmp_path / "d")]
+        assert main(["tune", *ARGS, *folder, *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and needle in err[0], err
     assert main(["tune", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch", "64"]) == 2
