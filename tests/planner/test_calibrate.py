@@ -170,7 +170,8 @@ def test_bad_options_are_one_line_errors(tmp_path, capsys):
         (["--plan", str(p), "--out", str(m / "o.yaml")], "is a file, not a folder"),
     ]
     for extra, message in cases:
-        assert main(["calibrate", str(m), str(m2), "--out", str(tmp_path / "o.yaml"), *extra]) == 2
+        out = [] if "--out" in extra else ["--out", str(tmp_path / "o.yaml")]
+        assert main(["calibrate", str(m), str(m2), *out, *extra]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0], (extra, err)
 
