@@ -132,8 +132,9 @@ def load_runs(metrics: list[str], plans: list[str] | None, warmup: int | None) -
     for i, m in enumerate(metrics):
         rows, embedded = read_metrics(m)
         if plans:
-            plan = load_plan(plans[i if len(plans) > 1 else 0])
-            _same_run(m, rows, embedded, plan, plans[i if len(plans) > 1 else 0])
+            path = plans[i if len(plans) > 1 else 0]
+            plan = load_plan(path)
+            _same_run(m, rows, embedded, plan, path)
         elif embedded is not None:
             plan = resolve_plan(embedded, Path(m))
         else:
@@ -292,8 +293,9 @@ def calibrate_command(args: argparse.Namespace) -> int:
     fitted = ", ".join(f"{p} x{v:.3g}" for p, v in scales.items())
     mean0, mean1 = float(np.mean(np.abs(e0))), float(np.mean(np.abs(e1)))
     print(f"fitted scales: {fitted}")
-    if bound_warning(scales):
-        print(bound_warning(scales), file=sys.stderr)
+    warning = bound_warning(scales)
+    if warning:
+        print(warning, file=sys.stderr)
     print(f"mean |error| {100 * mean0:.1f}% before, {100 * mean1:.1f}% after calibration ({len(runs)} run(s))")
     when = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     header = [f"Calibrated by `autopar calibrate` at {when} from {len(runs)} run(s): {fitted}.",

@@ -149,8 +149,9 @@ def import_hf(hf_dir: Path, plan: PlanFile, out: Path) -> Path:
     """Write a step-0 checkpoint of ``plan`` from the Hugging Face model in ``hf_dir``; returns its directory."""
     wanted = names(plan.model)  # refuses a GPT plan first
     check_output_dir(out, "checkpoint folder")
-    if latest_checkpoint(out) is not None:
-        raise AutoparError(f"{out} already holds a run's checkpoints ({latest_checkpoint(out).name}); import into an "
+    held = latest_checkpoint(out)
+    if held is not None:
+        raise AutoparError(f"{out} already holds a run's checkpoints ({held.name}); import into an "
                            "empty or new folder")
     cfg = hf_dir / "config.json"
     try:

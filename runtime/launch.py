@@ -133,11 +133,11 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
     from runtime.trainer import check_supported
 
     check_supported(plan)
-    check_run_options(plan, steps, checkpoint_dir, checkpoint_every, metrics_out, resume, max_restarts, mtbf_hours,
-                      collective_timeout)
+    total = check_run_options(plan, steps, checkpoint_dir, checkpoint_every, metrics_out, resume, max_restarts,
+                              mtbf_hours, collective_timeout)
     TokenData(data or SAMPLE_TEXT, plan.seq, plan.model.vocab_size, plan.train.seed)  # one-line errors now
     if checkpoint_dir:
-        check_checkpoints(Path(checkpoint_dir), resume, steps or plan.train.steps)
+        check_checkpoints(Path(checkpoint_dir), resume, total)
     worker = _worker_args(plan_path, steps, data, metrics_out, checkpoint_dir, resume, checkpoint_every, quiet,
                           predicted_step_s, predicted_memory_GiB, mtbf_hours, collective_timeout)
     gpus = _local_devices()
