@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -42,9 +43,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from validate_published import published_state  # noqa: E402
 
 from cost_models.step import estimate  # noqa: E402
-from planner.calibrate import Run, fit_scales, predict  # noqa: E402
+from planner.calibrate import Run, calibrated, calibration_spread, fit_scales, predict  # noqa: E402
 from planner.search import search  # noqa: E402
-from planner.uncertainty import in_band  # noqa: E402
+from planner.uncertainty import in_band, step_band  # noqa: E402
 from specs.cluster import ClusterSpec, GPUSpec, load_cluster  # noqa: E402
 from specs.model import ModelSpec  # noqa: E402
 from specs.parallel import ParallelConfig  # noqa: E402
@@ -107,20 +108,27 @@ def calibration_rows(rows: list[dict[str, str]]) -> list[int]:
 
 
 def mosaic(base: ClusterSpec) -> tuple[list[dict], dict[str, float]]:
-    """Every run predicted on the bundled profile and on the profile calibrated on CALIBRATION's runs."""
+    """Every run predicted on the bundled profile and on the profile calibrated on CALIBRATION's runs; each held-out
+    run's band on the calibrated profile widened by what the fit leaves uncertain about it."""
     pairs = mosaic_runs()
     rows, runs = [p[0] for p in pairs], [p[1] for p in pairs]
     cal = calibration_rows(rows)
     print(f"calibrating on {len(cal)} runs: " + ", ".join(runs[i].source for i in cal), flush=True)
-    scales = fit_scales([runs[i] for i in cal], base)
-    before, after = predict(runs, base, {}), predict(runs, base, scales)
+    fit = fit_scales([runs[i] for i in cal], base)
+    before, after = predict(runs, base, {}), predict(runs, base, fit.scales)
+    tuned = calibrated(base, fit)
     out = []
     for i, (r, run) in enumerate(pairs):
+        plan = run.plan
+        spread, _ = calibration_spread(plan.model, tuned.resized(gpus=plan.cluster.num_gpus), plan.config,
+                                       plan.global_batch, plan.state)
+        low, high = step_band(1, after[i], spread)  # FSDP: data parallel only, no pipeline
         out.append({"model": r["model"], "seq": int(r["seq"]), "gpus": int(r["gpus"]), "mbs": int(r["micro_batch"]),
                     "zero": ZERO[r["sharding"]], "recompute": r["activation_checkpointing"] == "true",
                     "measured_s": run.measured_s, "bundled_error": _err(before[i], run.measured_s),
-                    "calibrated_error": _err(after[i], run.measured_s), "calibration_run": i in cal})
-    return out, scales
+                    "calibrated_error": _err(after[i], run.measured_s), "calibration_run": i in cal,
+                    "calibration_log_sd": spread, "calibrated_in_band": bool(low <= run.measured_s <= high)})
+    return out, fit.scales
 
 
 def llama3() -> list[dict]:
@@ -280,10 +288,14 @@ def main() -> int:
     for name, keep in (("seq <= 4096", lambda r: r["seq"] <= 4096), ("seq >= 8192", lambda r: r["seq"] >= 8192)):
         sel = [r["calibrated_error"] for r in held if keep(r)]
         print(f"  calibrated, held out, {name}: " + _summary(sel))
-    for name, sel, key in (("bundled, all runs", rows, "bundled_error"), ("calibrated, held out", held,
-                                                                             "calibrated_error")):
-        n = sum(in_band(False, 1.0, 1.0 + r[key]) for r in sel)  # FSDP: data parallel only, no pipeline
-        print(f"  +- bands (planner/uncertainty.py) cover {n} of {len(sel)} runs, {name}")
+    n = sum(in_band(False, 1.0, 1.0 + r["bundled_error"]) for r in rows)  # FSDP: data parallel only, no pipeline
+    print(f"  +- bands (planner/uncertainty.py) cover {n} of {len(rows)} runs, bundled, all runs")
+    n = sum(in_band(False, 1.0, 1.0 + r["calibrated_error"]) for r in held)
+    print(f"  +- bands cover {n} of {len(held)} runs, calibrated, held out, without the fit's own uncertainty")
+    n = sum(r["calibrated_in_band"] for r in held)
+    wide = [math.exp(1.959964 * r["calibration_log_sd"]) for r in held]
+    print(f"  +- bands cover {n} of {len(held)} runs, calibrated, held out, widened by the fit's uncertainty "
+          f"(x/{min(wide):.2f} .. x/{max(wide):.2f})")
     if args.json:
         Path(args.json).write_text(json.dumps({"peers": peers, "llama3": l3, "nvidia_dgxc": dgxc, "mosaicml": rows,
                                                 "scales": scales}, indent=1))

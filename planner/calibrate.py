@@ -31,16 +31,19 @@ from typing import Any
 import numpy as np
 import yaml
 
-from specs.cluster import ClusterSpec, load_cluster
+from planner.uncertainty import Z95
+from specs.cluster import CALIBRATION_SCALES, Calibration, ClusterSpec, load_cluster
 from specs.errors import AutoparError
 from specs.files import check_output_file
 from specs.planfile import PlanFile, load_plan, plan_from_data
 
-PARAMS = ("gemm", "attention", "memory", "overhead", "comm")
+PARAMS = CALIBRATION_SCALES
 BOUND = math.log(8.0)  # scales stay within [1/8, 8]
-# Pull of each log-scale towards 0, relative to one run's squared log error: (typical noise of a run's median
-# step time, 5%) / (how far a profile parameter plausibly is off, a factor 2.5 = 0.92 in log) squared.
-PRIOR = (0.05 / math.log(2.5)) ** 2
+RUN_NOISE = 0.05  # typical log error of a run's median step time the fit allows
+PRIOR_LOG_SD = math.log(2.5)  # how far a profile parameter plausibly is off before any run: a factor 2.5
+# Pull of each log-scale towards 0, relative to one run's squared log error
+PRIOR = (RUN_NOISE / PRIOR_LOG_SD) ** 2
+LOOSE_SPREAD = 0.05  # a plan's calibration log sd worth a word in `plan`'s why (x/1.10 at 95%)
 
 
 @dataclass
@@ -215,8 +218,11 @@ def predict(runs: list[Run], base: ClusterSpec, s: dict[str, float]) -> np.ndarr
 
 # ---- the fit --------------------------------------------------------------------------------------
 def fit_scales(runs: list[Run], base: ClusterSpec, params: tuple[str, ...] = PARAMS, iters: int = 30
-               ) -> dict[str, float]:
-    """Levenberg-Marquardt on log-scales: min sum (log pred - log measured)^2 + PRIOR |log s|^2, bounded."""
+               ) -> Calibration:
+    """Levenberg-Marquardt on log-scales: min sum (log pred - log measured)^2 + PRIOR |log s|^2, bounded. The
+    objective is a Gaussian posterior (runs' log errors RUN_NOISE, a prior PRIOR_LOG_SD on each log-scale), so its
+    curvature at the optimum gives the scales' log covariance: a scale the runs cannot see keeps the prior's spread,
+    one they pin gets a narrow one."""
     y = np.log([r.measured_s for r in runs])
     x = np.zeros(len(params))
 
@@ -224,10 +230,13 @@ def fit_scales(runs: list[Run], base: ClusterSpec, params: tuple[str, ...] = PAR
         pred = predict(runs, base, dict(zip(params, np.exp(v))))
         return np.concatenate([np.log(pred) - y, math.sqrt(PRIOR) * v])
 
+    def jacobian(v: np.ndarray, r: np.ndarray, h: float = 1e-4) -> np.ndarray:
+        return np.stack([(resid(v + h * np.eye(len(v))[j]) - r) / h for j in range(len(v))], axis=1)
+
     r = resid(x)
-    lam, h = 1e-3, 1e-4
+    lam = 1e-3
     for _ in range(iters):
-        J = np.stack([(resid(x + h * np.eye(len(x))[j]) - r) / h for j in range(len(x))], axis=1)
+        J = jacobian(x, r)
         g, H = J.T @ r, J.T @ J
         improved = False
         for _ in range(8):
@@ -240,7 +249,51 @@ def fit_scales(runs: list[Run], base: ClusterSpec, params: tuple[str, ...] = PAR
             lam *= 4
         if not improved or np.max(np.abs(step)) < 1e-6:
             break
-    return {p: float(np.exp(v)) for p, v in zip(params, x)}
+    J = jacobian(x, r)
+    cov = RUN_NOISE ** 2 * np.linalg.inv(J.T @ J)  # the prior's rows keep J^T J invertible
+    cov = (cov + cov.T) / 2
+    return Calibration(runs=len(runs), scales={p: float(np.exp(v)) for p, v in zip(params, x)},
+                       log_covariance=tuple(tuple(float(c) for c in row) for row in cov))
+
+
+def calibrated(base: ClusterSpec, fit: Calibration) -> ClusterSpec:
+    """``base`` scaled by the fit, carrying it (plans' bands then widen by its uncertainty)."""
+    return scaled(base, fit.scales).model_copy(update={"calibration": fit})
+
+
+def scale_sd(fit: Calibration) -> dict[str, float]:
+    """Each fitted scale's log standard deviation."""
+    return {p: math.sqrt(fit.log_covariance[i][i]) for i, p in enumerate(fit.scales)}
+
+
+def fitted_text(fit: Calibration) -> str:
+    """The fitted scales with their 95% spread, those the runs barely constrain marked."""
+    parts = []
+    for p, sd in scale_sd(fit).items():
+        loose = ", not pinned by these runs" if sd > 0.7 * PRIOR_LOG_SD else ""
+        parts.append(f"{p} x{fit.scales[p]:.3g} (x/{math.exp(Z95 * sd):.2f}{loose})")
+    return ", ".join(parts)
+
+
+def calibration_spread(model: Any, cluster: ClusterSpec, config: Any, global_batch: int, state: Any = None,
+                       h: float = 0.01) -> tuple[float, str | None]:
+    """How uncertain a plan's predicted step time is from the profile's calibration (``cluster.calibration``):
+    the log standard deviation sqrt(g^T C g), g the step time's sensitivity to each fitted log-scale (finite
+    differences on the cost model, scaled down so no efficiency hits its cap) and C the fit's log covariance; and
+    the scale contributing most. (0, None) for a profile no calibration wrote."""
+    fit = cluster.calibration
+    if fit is None:
+        return 0.0, None
+    from cost_models.step import estimate
+
+    def log_step(cl: ClusterSpec) -> float:
+        return math.log(estimate(model, cl, config, global_batch, validate=False, state=state).step_time_s)
+
+    t0 = log_step(cluster)
+    g = np.array([(log_step(scaled(cluster, {p: math.exp(-h)})) - t0) / -h for p in fit.scales])
+    cov = np.array(fit.log_covariance)
+    parts = g * (cov @ g)
+    return math.sqrt(max(0.0, float(parts.sum()))), list(fit.scales)[int(np.argmax(parts))]
 
 
 def bound_warning(scales: dict[str, float]) -> str | None:
@@ -284,23 +337,23 @@ def calibrate_command(args: argparse.Namespace) -> int:
             raise AutoparError(f"the runs were planned on different GPUs ({base.gpu.name}, "
                                f"{', '.join(sorted(other))}); pass --cluster PROFILE to say which to calibrate")
     before = predict(runs, base, {})
-    scales = fit_scales(runs, base, params)
-    after = predict(runs, base, scales)
+    fit = fit_scales(runs, base, params)
+    after = predict(runs, base, fit.scales)
     e0, e1 = _errors(before, runs), _errors(after, runs)
     for r, b, a, eb, ea in zip(runs, before, after, e0, e1):
         print(f"{r.source}: {r.plan.config.short()} on {r.plan.cluster.num_gpus} GPU(s): measured {r.measured_s:.4g} s "
               f"(median of {r.steps} steps), predicted {b:.4g} s ({100 * eb:+.1f}%) -> {a:.4g} s ({100 * ea:+.1f}%)")
-    fitted = ", ".join(f"{p} x{v:.3g}" for p, v in scales.items())
+    fitted = fitted_text(fit)
     mean0, mean1 = float(np.mean(np.abs(e0))), float(np.mean(np.abs(e1)))
-    print(f"fitted scales: {fitted}")
-    warning = bound_warning(scales)
+    print(f"fitted scales (x/ their 95% spread): {fitted}")
+    warning = bound_warning(fit.scales)
     if warning:
         print(warning, file=sys.stderr)
     print(f"mean |error| {100 * mean0:.1f}% before, {100 * mean1:.1f}% after calibration ({len(runs)} run(s))")
     when = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     header = [f"Calibrated by `autopar calibrate` at {when} from {len(runs)} run(s): {fitted}.",
               f"Mean |predicted/measured - 1|: {100 * mean0:.1f}% before, {100 * mean1:.1f}% after."]
-    text = profile_yaml(scaled(base, scales), header)
+    text = profile_yaml(calibrated(base, fit), header)
     try:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(text)

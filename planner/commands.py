@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -98,10 +99,11 @@ def _progress(fmt: str):
 
 
 def plan_command(args: argparse.Namespace) -> int:
+    from planner.calibrate import LOOSE_SPREAD, calibration_spread
     from planner.explain import runner_up, why
     from planner.headroom import memory_warning
     from planner.search import min_gpus_to_fit, search
-    from planner.uncertainty import ranking_sigma, step_band, tie_margin, tied_with_best
+    from planner.uncertainty import Z95, ranking_sigma, step_band, tie_margin, tied_with_best
     from specs.parallel import key_text, parse_plan_keys
 
     model, cluster = load_inputs(args)
@@ -162,6 +164,11 @@ def plan_command(args: argparse.Namespace) -> int:
         reason += (f" The next {tied} plan{'s are' if tied > 1 else ' is'} within {tie_margin():.1%} of it, inside "
                    "the model's ranking uncertainty: `autopar tune` with the same --model, --cluster, --global-batch "
                    "and --fix measures the best of them (--trials, default 3).")
+    spreads = [calibration_spread(model, cluster, p.config, args.global_batch) for p in res.plans]
+    if spreads[0][0] > LOOSE_SPREAD:
+        reason += (f" The calibrated profile's runs leave this plan's step time uncertain (x/"
+                   f"{math.exp(Z95 * spreads[0][0]):.2f} at 95%, mostly its {spreads[0][1]} scale, which they "
+                   "barely exercised): measure it (`autopar tune`) or calibrate with a run like it.")
     warning = memory_warning(res.plans[0].estimate.memory_GiB, cluster.gpu.memory_GiB)
     checked = None
     if args.verify:
@@ -179,10 +186,12 @@ def plan_command(args: argparse.Namespace) -> int:
         save_plan(make_plan(model, cluster, args.global_batch, best.config, pred, train), args.out)
     if args.format == "json":
         rows = []
-        for p in res.plans:
+        for p, (spread, _) in zip(res.plans, spreads):
             row = p.estimate.to_json()
             row = {"parallel": p.config.to_dict(), **row,
-                   "step_time_band_s": list(step_band(p.config.pp, p.estimate.step_time_s))}
+                   "step_time_band_s": list(step_band(p.config.pp, p.estimate.step_time_s, spread))}
+            if cluster.calibration is not None:
+                row["calibration_log_sd"] = round(spread, 6)
             rows.append(row)
         baseline = {"homogeneous_baseline": res.homogeneous.row()} if res.homogeneous is not None else {}
         print(json.dumps({"plans": rows, "search": search_info, "why": reason, **baseline,
@@ -197,7 +206,8 @@ def plan_command(args: argparse.Namespace) -> int:
     print_inputs(con, model, cluster)
     con.print(f"searched {res.candidates:,} configurations in {res.seconds:.2f} s "
               f"(global batch {args.global_batch}{', exhaustive' if res.exhaustive else ''})")
-    con.print(plans_table([{**p.row(), "band": step_band(p.config.pp, p.estimate.step_time_s)} for p in res.plans],
+    con.print(plans_table([{**p.row(), "band": step_band(p.config.pp, p.estimate.step_time_s, spread)}
+                           for p, (spread, _) in zip(res.plans, spreads)],
                           f"top {len(res.plans)} plans"))
     con.print(f"[bold]why:[/bold] {escape(reason)}")
     for tab in estimate_tables(res.plans[0].estimate, "best plan")[1:]:

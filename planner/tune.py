@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from planner.calibrate import Run, fit_scales, load_runs, predict, profile_yaml, scaled
+from planner.calibrate import Run, calibrated, fit_scales, fitted_text, load_runs, predict, profile_yaml
 from planner.refine import PlanResult
 from planner.search import search
 from planner.uncertainty import tied_with_best
@@ -133,16 +133,15 @@ def tune(model: ModelSpec, cluster: ClusterSpec, global_batch: int, out_dir: Pat
     done = [t for t in found if t.status == "ok"]
     if not done:
         return TuneResult(trials=found, chosen=None, profile_path=None, scales={}, interrupted=stopped)
-    scales = fit_scales(runs, cluster)
-    for t, pred in zip(done, predict(runs, cluster, scales)):
+    fit = fit_scales(runs, cluster)
+    for t, pred in zip(done, predict(runs, cluster, fit.scales)):
         t.calibrated_step_s = float(pred)
     chosen = min(done, key=lambda t: t.measured_step_s or np.inf)
     profile = out_dir / "calibrated.yaml"
     when = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    fitted = ", ".join(f"{k} x{v:.3g}" for k, v in scales.items())
-    header = f"Calibrated by `autopar tune` at {when} from {len(runs)} trial(s): {fitted}."
-    profile.write_text(profile_yaml(scaled(cluster, scales), [header]))
-    return TuneResult(trials=found, chosen=chosen, profile_path=str(profile), scales=scales, interrupted=stopped)
+    header = f"Calibrated by `autopar tune` at {when} from {len(runs)} trial(s): {fitted_text(fit)}."
+    profile.write_text(profile_yaml(calibrated(cluster, fit), [header]))
+    return TuneResult(trials=found, chosen=chosen, profile_path=str(profile), scales=fit.scales, interrupted=stopped)
 
 
 def finalists(plans: list[PlanResult], k: int) -> list[PlanResult]:

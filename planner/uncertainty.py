@@ -14,6 +14,9 @@ current): Megatron-LM on Selene (Korthikanti 2022, Narayanan 2021) and Megatron-
   differ. ``sigma`` is the standard deviation of log(measured / predicted) within each set (each set's mean
   removed); two plans whose predictions are closer than sigma x sqrt(2) (the spread of the difference of two
   plans' errors) are tied: the model cannot tell which is faster, and `autopar tune` should measure them.
+- **Calibrated profiles.** A profile `autopar calibrate` / `tune` wrote carries its fit's uncertainty
+  (``ClusterSpec.calibration``): a plan leaning on a scale its runs did not pin (attention at a sequence length
+  they did not reach, the network of a node count they did not span) gets its band widened by that.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from specs.errors import AutoparError
 
 RESIDUALS = Path(__file__).with_name("residuals.json")
 QUANTILES = (0.025, 0.975)  # the central 95%
+Z95 = 1.959964  # ... of a normal distribution
 
 
 @dataclass(frozen=True)
@@ -82,10 +86,13 @@ def ranking_sigma(sets: dict[str, list[dict[str, Any]]] | None = None) -> float:
     return float(math.sqrt(sum(d * d for d in dev) / dof))
 
 
-def step_band(pp: int, step_s: float) -> tuple[float, float]:
-    """Seconds a plan with ``pp`` pipeline stages predicted at ``step_s`` measured within (on the stacks seen)."""
+def step_band(pp: int, step_s: float, spread: float = 0.0) -> tuple[float, float]:
+    """Seconds a plan with ``pp`` pipeline stages predicted at ``step_s`` measured within (on the stacks seen),
+    widened by a calibrated profile's ``spread`` (the log standard deviation its fit leaves on this plan's step,
+    planner/calibrate.py ``calibration_spread``) to the central 95% of that too."""
     b = band(pp > 1)
-    return step_s * b.low, step_s * b.high
+    widen = math.exp(Z95 * spread)
+    return step_s * b.low / widen, step_s * b.high * widen
 
 
 def in_band(pipelined: bool, measured_s: float, predicted_s: float,

@@ -193,6 +193,34 @@ class CollectiveFit(_Strict):
     r2: float | None = None  # goodness of the fit over the measured sizes and groups (written by the profiler)
 
 
+# What `autopar calibrate` can scale on a profile (planner/calibrate.py ``scaled``): the GEMM rate, the attention
+# rate, the memory-bound bandwidth, the fixed cost per kernel and the communication speed.
+Scale = Literal["gemm", "attention", "memory", "overhead", "comm"]
+CALIBRATION_SCALES: tuple[str, ...] = get_args(Scale)
+
+
+class Calibration(_Strict):
+    """What a calibration learned (written by `autopar calibrate` / `tune` into the profile it scales): the factors
+    applied to the base profile and how sure the fit is of them, the covariance of their logarithms (the fit's
+    posterior: planner/calibrate.py). A plan's band widens by what that uncertainty does to its step time."""
+
+    runs: int = Field(ge=1)  # measured runs the fit saw
+    scales: dict[Scale, float]
+    log_covariance: tuple[tuple[float, ...], ...]  # over ``scales`` in their order
+
+    @model_validator(mode="after")
+    def _check(self) -> Calibration:
+        n, cov = len(self.scales), self.log_covariance
+        if n == 0 or any(v <= 0 for v in self.scales.values()):
+            raise ValueError("calibration.scales needs at least one positive factor")
+        if len(cov) != n or any(len(row) != n for row in cov):
+            raise ValueError(f"calibration.log_covariance must be {n} x {n} (one row and column per scale)")
+        if any(cov[i][i] < 0 or abs(cov[i][j] - cov[j][i]) > 1e-9 * (1 + abs(cov[i][j]))
+               for i in range(n) for j in range(n)):
+            raise ValueError("calibration.log_covariance must be symmetric with a non-negative diagonal")
+        return self
+
+
 class ClusterSpec(_Strict):
     name: str
     gpu: GPUSpec
@@ -214,6 +242,8 @@ class ClusterSpec(_Strict):
     node_groups: tuple[NodeGroup, ...] = ()
     between_groups: tuple[GroupLink, ...] = ()
     default_between: DefaultLink | None = None
+    # the fit this profile came from, when `autopar calibrate` / `tune` wrote it (widens plans' bands)
+    calibration: Calibration | None = None
 
     @model_validator(mode="after")
     def _check(self) -> ClusterSpec:

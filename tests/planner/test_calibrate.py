@@ -93,7 +93,7 @@ def test_fit_with_one_run_removes_its_error():
     plan = make_plan(model, base.resized(gpus=gpus), batch, cfg)
     t0 = float(predict([Run("", plan, 1.0, 1, None)], base, {})[0])
     run = Run("", plan, 1.3 * t0, 10, None)
-    s = fit_scales([run], base)
+    s = fit_scales([run], base).scales
     assert float(predict([run], base, s)[0]) == pytest.approx(1.3 * t0, rel=0.01)
     assert all(1 / 8 <= v <= 8 for v in s.values()) and s["gemm"] < 1.0
 

@@ -1,0 +1,125 @@
+"""A calibrated profile knows what its runs pinned: the fit's posterior spread per scale, and plans that lean on a
+scale the runs did not exercise get a wider band (planner/calibrate.py, planner/uncertainty.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from planner.calibrate import (
+    PRIOR,
+    PRIOR_LOG_SD,
+    RUN_NOISE,
+    Run,
+    calibrated,
+    calibration_spread,
+    fit_scales,
+    predict,
+    scale_sd,
+)
+from planner.cli import main
+from planner.uncertainty import Z95, step_band
+from planner.whatif import with_gpu
+from specs.cluster import load_cluster
+from specs.model import ModelSpec
+from specs.parallel import ParallelConfig
+from specs.planfile import make_plan, save_plan
+
+TRUTH = {"gemm": 0.85, "attention": 0.5, "memory": 0.7}
+
+
+def _model(seq: int) -> ModelSpec:
+    return ModelSpec(name=f"gpt-{seq}", arch="gpt", num_layers=4, hidden_size=1024, num_attention_heads=8,
+                     vocab_size=32000, seq_length=seq, dropout=0.0, attention="flash")
+
+
+def _short_runs(base):
+    """One-GPU runs at 1k tokens, step times the cost model's on ``base`` scaled by TRUTH: attention is a small
+    part of them, the network none."""
+    runs = []
+    for mbs, batch in ((1, 8), (4, 16), (8, 32)):
+        plan = make_plan(_model(1024), base.resized(gpus=1), batch, ParallelConfig(mbs=mbs))
+        t = float(predict([Run("", plan, 1.0, 1, None)], base, TRUTH)[0])
+        runs.append(Run(f"mbs {mbs}", plan, t, 10, None))
+    return runs
+
+
+def test_one_scale_one_run_has_the_gaussian_posterior_spread():
+    """One run, one scale: the posterior of a linearised Gaussian model, sd = noise / sqrt(g^2 + prior)."""
+    base = load_cluster("dgx-h100")
+    run = _short_runs(base)[0]
+    fit = fit_scales([run], base, ("gemm",))
+    h = 1e-3
+    s = fit.scales["gemm"]
+    g = (math.log(predict([run], base, {"gemm": s * math.exp(-h)})[0]) - math.log(predict([run], base, {"gemm": s})[0])
+         ) / -h
+    assert scale_sd(fit)["gemm"] == pytest.approx(RUN_NOISE / math.sqrt(g * g + PRIOR), rel=0.02)
+
+
+def test_a_scale_the_runs_cannot_see_keeps_the_prior_spread():
+    base = load_cluster("dgx-h100")
+    sd = scale_sd(fit_scales(_short_runs(base), base))
+    assert sd["comm"] == pytest.approx(PRIOR_LOG_SD, rel=0.01)  # one GPU: no collective in any run
+    assert sd["gemm"] < 0.5 * PRIOR_LOG_SD  # GEMMs are most of every run
+
+
+def test_a_plan_beyond_the_runs_gets_a_wider_band():
+    base = load_cluster("dgx-h100")
+    cl = calibrated(base, fit_scales(_short_runs(base), base)).resized(gpus=1)
+    near, _ = calibration_spread(_model(1024), cl, ParallelConfig(mbs=2), 8)
+    far, which = calibration_spread(_model(16384), cl, ParallelConfig(mbs=1), 2)
+    assert which == "attention" and far > 3 * near and near < 0.1 * PRIOR_LOG_SD
+    assert calibration_spread(_model(16384), base.resized(gpus=1), ParallelConfig(mbs=1), 2) == (0.0, None)
+    lo, hi = step_band(1, 10.0, far)
+    lo0, hi0 = step_band(1, 10.0)
+    assert lo == pytest.approx(lo0 / math.exp(Z95 * far)) and hi == pytest.approx(hi0 * math.exp(Z95 * far))
+
+
+def test_calibrate_writes_the_fit_and_plan_widens_its_bands(tmp_path, capsys):
+    base = load_cluster("dgx-h100")
+    metrics = []
+    for i, run in enumerate(_short_runs(base)):
+        p = tmp_path / f"plan{i}.json"
+        save_plan(run.plan, p)
+        m = tmp_path / f"m{i}.jsonl"
+        m.write_text("".join(json.dumps({"step": s, "step_time_s": run.measured_s, **({"plan": p.name} if s == 1
+                                                                                     else {})}) + "\n"
+                             for s in range(1, 6)))
+        metrics.append(str(m))
+    out = tmp_path / "cal.yaml"
+    assert main(["calibrate", *metrics, "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "comm x1 (x/" in text and "not pinned by these runs" in text
+    cal = load_cluster(str(out))
+    assert cal.calibration is not None and cal.calibration.runs == 3
+    assert set(cal.calibration.scales) == {"gemm", "attention", "memory", "overhead", "comm"}
+    args = ["plan", "--model", "tiny", "--gpus", "1", "--global-batch", "8", "--format", "json", "--top", "1"]
+    assert main([*args, "--cluster", str(out)]) == 0
+    row = json.loads(capsys.readouterr().out)["plans"][0]
+    assert row["calibration_log_sd"] > 0
+    lo, hi = row["step_time_band_s"]
+    lo0, hi0 = step_band(1, row["step_time_s"])
+    assert lo < lo0 and hi > hi0
+    # another GPU type: the calibration of this one's runs no longer applies
+    assert with_gpu(cal, "a100-sxm4-80gb")[0].calibration is None
+    assert with_gpu(cal, cal.gpu.name)[0].calibration == cal.calibration
+
+
+@pytest.mark.parametrize("edit, message", [
+    ({"log_covariance": [[0.01, 0.0]]}, "must be 1 x 1"),
+    ({"log_covariance": [[-0.01]]}, "non-negative diagonal"),
+    ({"scales": {"gemm": 0.0}}, "positive factor"),
+    ({"scales": {"bogus": 1.0}}, "bogus"),
+])
+def test_a_bad_calibration_block_is_a_one_line_error(tmp_path, capsys, edit, message):
+    import yaml
+
+    data = load_cluster("dgx-h100").model_dump(mode="json")
+    data["calibration"] = {"runs": 2, "scales": {"gemm": 0.9}, "log_covariance": [[0.01]], **edit}
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(data))
+    assert main(["plan", "--model", "tiny", "--cluster", str(bad), "--gpus", "1", "--global-batch", "8"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
