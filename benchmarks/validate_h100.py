@@ -80,22 +80,25 @@ def peer_runs() -> list[dict]:
     return out
 
 
-def mosaic_plan(r: dict[str, str]) -> PlanFile:
-    """One llm-foundry row as a plan: data parallel over all GPUs, its micro-batch, sharding and checkpointing."""
+def mosaic_plan(r: dict[str, str], cluster: str = CLUSTER) -> PlanFile:
+    """One llm-foundry row as a plan on ``cluster``: data parallel over all GPUs, its micro-batch, sharding and
+    checkpointing."""
     m = ModelSpec(name=r["model"], arch="gpt", num_layers=int(r["layers"]), hidden_size=int(r["hidden"]),
                   num_attention_heads=int(r["heads"]), vocab_size=int(r["vocab"]), seq_length=int(r["seq"]),
                   tie_embeddings=True, attention="flash", dropout=0.0)
     gpus = int(r["gpus"])
     cfg = ParallelConfig(dp=gpus, mbs=int(r["micro_batch"]), zero=ZERO[r["sharding"]], dp_overlap=True,
                          recompute="full" if r["activation_checkpointing"] == "true" else "none")
-    return PlanFile(model=m, cluster=load_cluster(CLUSTER, gpus=gpus), global_batch=int(r["global_batch"]),
+    return PlanFile(model=m, cluster=load_cluster(cluster, gpus=gpus), global_batch=int(r["global_batch"]),
                     seq=m.seq_length, parallel=cfg.to_dict())
 
 
-def mosaic_runs() -> list[tuple[dict[str, str], Run]]:
+def mosaic_runs(table: str = "mosaicml_llm_foundry_h100_bf16.csv", cluster: str = CLUSTER
+                ) -> list[tuple[dict[str, str], Run]]:
+    """Each row of an llm-foundry table with its plan on ``cluster`` and its measured step time."""
     out = []
-    for r in _rows("mosaicml_llm_foundry_h100_bf16.csv"):
-        plan = mosaic_plan(r)
+    for r in _rows(table):
+        plan = mosaic_plan(r, cluster)
         step = plan.global_batch * plan.seq / (float(r["tokens_per_s_per_gpu"]) * int(r["gpus"]))
         out.append((r, Run(source=f"{r['model']} seq {r['seq']} on {r['gpus']}", plan=plan, measured_s=step,
                            steps=1, logged_prediction_s=None)))
