@@ -25,16 +25,34 @@ import pulp
 from planner.split import solve_without_recompute
 from planner.stage_problem import StageProblem, StageSolution
 
-TIME_LIMIT_S = 2.0  # per solve; the best integer solution found by then is used
+# A solve stops on work done, never on time, so the same problem gets the same split on any machine under any load
+# (a time limit made `plan` return different plans on a busy machine). HiGHS's branch-and-bound is deterministic.
+MIP_NODES = 300  # branch-and-bound nodes a solve may explore; the best split found by then is used
+MIP_GAP = 1e-3  # ... or it stops within 0.1% of the proven bound (the cost model is nowhere near that sure)
+SAFETY_S = 30.0  # a wall-clock cap only a machine far slower than expected reaches (then, and only then, load matters)
 
 
-def _solver(seconds: float) -> pulp.LpSolver:
+class _HiGHS(pulp.HiGHS):
+    """pulp's HiGHS, knowing the status a work limit ends on (kSolutionLimit: absent from pulp's table)."""
+
+    def findSolutionValues(self, lp: pulp.LpProblem) -> tuple[int, int]:  # noqa: N802 - pulp's name
+        try:
+            return super().findSolutionValues(lp)
+        except KeyError:  # the node limit reached: the values are set; keep them if they are a solution
+            import highspy
+
+            found = lp.solverModel.getInfo().primal_solution_status == highspy.SolutionStatus.kSolutionStatusFeasible
+            return ((pulp.LpStatusOptimal, pulp.LpSolutionIntegerFeasible) if found
+                    else (pulp.LpStatusNotSolved, pulp.LpSolutionNoSolutionFound))
+
+
+def _solver(nodes: int) -> pulp.LpSolver:
     try:
         import highspy  # noqa: F401
 
-        return pulp.HiGHS(msg=False, timeLimit=seconds)
-    except ImportError:  # fall back to the CBC binary bundled with pulp
-        return pulp.PULP_CBC_CMD(msg=False, timeLimit=seconds)
+        return _HiGHS(msg=False, timeLimit=SAFETY_S, gapRel=MIP_GAP, mip_max_nodes=nodes)
+    except ImportError:  # fall back to the CBC binary bundled with pulp (deterministic, one thread)
+        return pulp.PULP_CBC_CMD(msg=False, timeLimit=SAFETY_S, gapRel=MIP_GAP, maxNodes=nodes)
 
 
 @contextmanager
@@ -59,9 +77,9 @@ def _var_factory(prob: pulp.LpProblem):
     return lambda name, lo, hi, cat: pulp.LpVariable(name, lowBound=lo, upBound=hi, cat=cat)
 
 
-def solve_stages(p: StageProblem, seconds: float = TIME_LIMIT_S) -> StageSolution | None:
-    """Optimal layer split and per-stage recompute (the best found in ``seconds``), or None when no split fits
-    in memory (or none was found in time)."""
+def solve_stages(p: StageProblem, nodes: int = MIP_NODES) -> StageSolution | None:
+    """Optimal layer split and per-stage recompute (the best found in ``nodes`` branch-and-bound nodes), or None
+    when no split fits in memory (or none was found)."""
     nv = p.pp * p.vpp
     if p.num_layers < nv:
         return None
@@ -69,10 +87,10 @@ def solve_stages(p: StageProblem, seconds: float = TIME_LIMIT_S) -> StageSolutio
         found = solve_without_recompute(p)
         return None if found is None else StageSolution(layers=found[0], recompute_layers=(0,) * nv,
                                                         objective=found[1])
-    return solve_with_pulp(p, seconds)
+    return solve_with_pulp(p, nodes)
 
 
-def solve_with_pulp(p: StageProblem, seconds: float = TIME_LIMIT_S) -> StageSolution | None:
+def solve_with_pulp(p: StageProblem, nodes: int = MIP_NODES) -> StageSolution | None:
     """:func:`solve_stages` by the integer program (HiGHS or CBC through pulp), recompute or not."""
     nv = p.pp * p.vpp
     if p.num_layers < nv:
@@ -101,7 +119,7 @@ def solve_with_pulp(p: StageProblem, seconds: float = TIME_LIMIT_S) -> StageSolu
         )
         prob += mem + p.fixed_bytes <= p.capacity
     with _quiet():
-        prob.solve(_solver(seconds))
+        prob.solve(_solver(nodes))
     if prob.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
         return None
     layers = tuple(int(round(x.value())) for x in n)

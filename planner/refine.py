@@ -24,7 +24,7 @@ from cost_models.memory import (
 from cost_models.pipeline import inflight_profiles
 from cost_models.stages import LayerTerms, layer_terms, stage_costs
 from cost_models.step import Estimate, estimate
-from planner.ilp import TIME_LIMIT_S, solve_stages
+from planner.ilp import solve_stages
 from planner.stage_problem import StageProblem
 from specs.cluster import ClusterSpec
 from specs.errors import AutoparError
@@ -101,16 +101,16 @@ def _ilp_may_help(model: ModelSpec, cfg: ParallelConfig, est: Estimate) -> bool:
 
 def refine(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global_batch: int,
            headroom_GiB: float, fixed: dict[str, Any], state: StateSpec,
-           ilp_seconds: float = TIME_LIMIT_S, terms: LayerTerms | None = None) -> list[PlanResult]:
-    """Exact estimates of ``cfg`` with an even split and with the ILP's split / per-stage recompute (solved
-    within ``ilp_seconds``; none when that is 0). ``terms``: ``cfg``'s layer terms, when known."""
+           ilp: bool = True, terms: LayerTerms | None = None) -> tuple[list[PlanResult], bool]:
+    """Exact estimates of ``cfg`` with an even split and, with ``ilp`` and where it may help, with the stage ILP's
+    split / per-stage recompute; and whether the ILP was solved. ``terms``: ``cfg``'s layer terms, when known."""
     out = []
     est = estimate(model, cluster, cfg, global_batch, headroom_GiB, validate=False, state=state, terms=terms)
     out.append(PlanResult(cfg, est))
-    if ilp_seconds > 0 and _ilp_may_help(model, cfg, est):
+    if ilp and _ilp_may_help(model, cfg, est):
         if "layers" in fixed and ("recompute_layers" in fixed or cfg.recompute != "full"):
-            return out
-        sol = solve_stages(stage_problem(model, cluster, cfg, global_batch, headroom_GiB, state, terms), ilp_seconds)
+            return out, False
+        sol = solve_stages(stage_problem(model, cluster, cfg, global_batch, headroom_GiB, state, terms))
         if sol is not None:
             layers = cfg.stage_layers(model.num_layers) if "layers" in fixed else sol.layers
             rl: Any = fixed.get("recompute_layers", sol.recompute_layers)
@@ -133,6 +133,7 @@ def refine(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global_b
                     out.append(PlanResult(new, est2))
                 except AutoparError:
                     pass
-    return out
+        return out, True
+    return out, False
 
 

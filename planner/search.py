@@ -27,7 +27,6 @@ from cost_models.batch import estimate_batch
 from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
 from cost_models.stages import layer_terms
-from planner.ilp import TIME_LIMIT_S
 from planner.placement import place, placements
 from planner.refine import PlanResult, refine
 from planner.space import enumerate_space
@@ -44,13 +43,11 @@ __all__ = ["PlanResult", "SearchResult", "enumerate_space", "search", "min_gpus_
 # T0 is above (1 + 0.08) / (1 - 0.12) = 1.23 times the fastest T0 cannot be the fastest: only those below this
 # factor get the pipelines the closed form is least sure of replayed.
 CLOSED_FORM_SLACK = 1.25
-# Seconds of stage ILP per search (each solve at most ilp.TIME_LIMIT_S; the finalists are refined fastest
-# first, the later ones with the even split only once it is spent): a hard MIP (64 virtual stages with
-# per-stage recompute) must not make planning take minutes. 1 s keeps every case of benchmarks/planner_speed.py
-# but the 1T model under 2 s as a whole command (the llama3-405b batch-8 case's 64-stage ILPs reach the same
-# plan with 0.75 s as with 4 s); the published validations (with --ranks) and the search tests give the same
-# plans and figures as with 4 s.
-ILP_BUDGET_S = 1.0
+# Stage ILPs per search: the fastest finalists whose split the ILP may improve get one each (each stops on a
+# node limit, planner/ilp.py), the later ones keep the even split: a hard MIP (64 virtual stages with per-stage
+# recompute) must not make planning take minutes, and a count, not a time budget, keeps the plan the same under any
+# load (a 1 s budget once gave Llama 3 405B on 8,192 GPUs a 7% slower plan on a busy machine).
+ILP_SOLVES = 3
 EXHAUSTIVE_BASES = 32  # homogeneous plans an exhaustive search of a cluster of node groups places every way
 SPLIT_SCAN = 64  # fastest homogeneous plans tried split over the node groups (a+b)
 
@@ -97,11 +94,12 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
     terms = layer_terms(model, ComputeModel(cluster.gpu, cluster.precision), CommModel(cluster), cands.take(rows),
                         state)
     results: dict[ParallelConfig, PlanResult] = {}
-    ilp_until = time.perf_counter() + ILP_BUDGET_S
-    for i, cfg in enumerate(pool):  # fastest first: they get the stage ILP while its budget lasts
-        seconds = min(TIME_LIMIT_S, max(0.0, ilp_until - time.perf_counter()))
-        for r in refine(model, cluster, cfg, global_batch, headroom_GiB, fixed, state, seconds,
-                        terms.take(np.array([i]))):
+    solves = 0
+    for i, cfg in enumerate(pool):  # fastest first: they get the stage ILP, ILP_SOLVES of them
+        found, solved = refine(model, cluster, cfg, global_batch, headroom_GiB, fixed, state, solves < ILP_SOLVES,
+                               terms.take(np.array([i])))
+        solves += solved
+        for r in found:
             results[r.config] = r
     plans = sorted((r for r in results.values() if r.estimate.fits),
                    key=lambda r: (r.estimate.step_time_s, r.estimate.memory_GiB))
