@@ -34,7 +34,7 @@ import yaml
 from planner.uncertainty import Z95
 from specs.cluster import CALIBRATION_SCALES, Calibration, ClusterSpec, load_cluster
 from specs.errors import AutoparError
-from specs.files import check_output_file
+from specs.files import check_output_file, write_text_atomic
 from specs.planfile import PlanFile, load_plan, plan_from_data
 
 PARAMS = CALIBRATION_SCALES
@@ -356,7 +356,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
     text = profile_yaml(calibrated(base, fit), header)
     try:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text)
+        write_text_atomic(args.out, text)
     except OSError as err:
         raise AutoparError(f"cannot write {args.out}: {err.strerror}") from None
     print(f"wrote {args.out}")

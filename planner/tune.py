@@ -27,6 +27,7 @@ from planner.search import search
 from planner.uncertainty import tied_with_best
 from specs.cluster import ClusterSpec
 from specs.errors import AutoparError
+from specs.files import write_text_atomic
 from specs.model import ModelSpec
 from specs.planfile import TrainConfig, make_plan, save_plan
 
@@ -140,7 +141,7 @@ def tune(model: ModelSpec, cluster: ClusterSpec, global_batch: int, out_dir: Pat
     profile = out_dir / "calibrated.yaml"
     when = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     header = f"Calibrated by `autopar tune` at {when} from {len(runs)} trial(s): {fitted_text(fit)}."
-    profile.write_text(profile_yaml(calibrated(cluster, fit), [header]))
+    write_text_atomic(profile, profile_yaml(calibrated(cluster, fit), [header]))
     return TuneResult(trials=found, chosen=chosen, profile_path=str(profile), scales=fit.scales, interrupted=stopped)
 
 

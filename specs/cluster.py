@@ -13,7 +13,7 @@ from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from specs.errors import AutoparError, did_you_mean, refuse_bool, validated
+from specs.errors import AutoparError, did_you_mean, number_only, validated
 from specs.files import read_mapping
 from specs.topology import DefaultLink, GroupLink, NodeGroup, Topology
 
@@ -31,7 +31,7 @@ class _Strict(BaseModel):
         text and other fields get pydantic's own message."""
         if _numeric(cls.model_fields[info.field_name].annotation):
             for x in v.values() if isinstance(v, dict) else [v]:
-                refuse_bool(x)
+                number_only(x)
         return v
 
 
@@ -396,7 +396,12 @@ def _profile_path(ref: str, kind: str, bundled: list[str], more: str = "") -> Pa
     """The file of a profile given as a path, or bundled under ``kind`` (gpus, clusters) by name."""
     what = "GPU" if kind == "gpus" else "cluster"
     path = Path(ref)
-    if path.suffix in (".yaml", ".yml", ".json"):
+    if path.is_dir() and ref not in bundled:
+        inside = sorted(f.name for f in path.glob("*.y*ml"))[:5]
+        hint = f" ({', '.join(inside)} there)" if inside else ""
+        raise AutoparError(f"{what} profile {ref} is a folder; give a profile file inside it{hint}, or a bundled "
+                           f"name: {', '.join(bundled)}")
+    if path.suffix in (".yaml", ".yml", ".json") or path.is_file():
         if not path.exists():
             raise AutoparError(f"{what} profile {ref} does not exist; bundled {kind}: {', '.join(bundled)}")
         return path

@@ -36,10 +36,19 @@ def validation_message(err: ValidationError) -> str:
     return f"field '{loc}': {msg}" if loc else msg
 
 
-def refuse_bool(v: Any) -> Any:
-    """Refuse true/false where a number is expected (pydantic would read them as 1 and 0)."""
+def number_only(v: Any) -> Any:
+    """Refuse true/false and text where a number is expected (pydantic would read them as 1 and 0, or parse "4")."""
     if isinstance(v, bool):
         raise ValueError(f"expected a number, got {str(v).lower()}")
+    if isinstance(v, str):
+        raise ValueError(f"expected a number, got the text {v!r}; write it without quotes")
+    return v
+
+
+def bool_only(v: Any) -> Any:
+    """Refuse anything but true/false where a switch is expected (pydantic would read "yes", "on", 1 as true)."""
+    if not isinstance(v, bool):
+        raise ValueError(f"expected true or false, got {v!r}")
     return v
 
 

@@ -47,6 +47,60 @@ def check_output_dir(path: str | Path, what: str) -> Path:
     return p
 
 
+class DuplicateKey(ValueError):
+    """A mapping names one key twice (YAML and JSON parsers would keep the last silently)."""
+
+    def __init__(self, key: Any, line: int | None = None) -> None:
+        super().__init__(key)
+        self.key, self.line = key, line
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a mapping that gives one key twice."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise DuplicateKey(key, key_node.start_mark.line + 1)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json's object hook refusing a key given twice."""
+    seen = set()
+    for k, _ in pairs:
+        if k in seen:
+            raise DuplicateKey(k)
+        seen.add(k)
+    return dict(pairs)
+
+
+def parse_json(text: str) -> Any:
+    """json.loads, refusing an object that gives one key twice (:class:`DuplicateKey`)."""
+    return json.loads(text, object_pairs_hook=_unique_pairs)
+
+
+def duplicate_text(err: DuplicateKey) -> str:
+    """The one-line reason for a key given twice."""
+    where = f" (the second at line {err.line})" if err.line else ""
+    return f"gives '{err.key}' twice{where}; keep one"
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename: a reader (or a crash)
+    never sees half a file, and an old file stays whole until the new one is."""
+    p = Path(path)
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, p)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def read_mapping(path: Path, what: str) -> dict[str, Any]:
     """Read a YAML or JSON file into a mapping, with a one-line error for every way it can be wrong."""
     try:
@@ -56,7 +110,9 @@ def read_mapping(path: Path, what: str) -> dict[str, Any]:
     except UnicodeDecodeError:
         raise AutoparError(f"{what} {path} is not a text file (not UTF-8); give a YAML or JSON file") from None
     try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        data = parse_json(text) if path.suffix == ".json" else yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506
+    except DuplicateKey as err:
+        raise AutoparError(f"{what} {path} {duplicate_text(err)}") from None
     except (json.JSONDecodeError, yaml.YAMLError) as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else (

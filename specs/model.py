@@ -13,7 +13,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from specs.errors import refuse_bool
+from specs.errors import bool_only, number_only
 from specs.moe import MoESpec
 
 # Upper bounds far above any real model (the largest have ~100-200 layers, hidden ~25k, vocabularies ~256k):
@@ -41,7 +41,7 @@ class BlockCounts(BaseModel):
     act_bytes_per_token: float = Field(ge=0)  # bytes saved for backward per token (16-bit activations)
     elementwise_bytes_per_token: float = Field(0.0, ge=0)  # bytes moved by non-matmul ops per token, forward
 
-    _numbers = field_validator("*", mode="before")(refuse_bool)
+    _numbers = field_validator("*", mode="before")(number_only)
 
 
 class ModelSpec(BaseModel):
@@ -81,7 +81,9 @@ class ModelSpec(BaseModel):
     moe: MoESpec | None = None  # mixture-of-experts layers (specs/moe.py); None: every layer dense
 
     _numbers = field_validator(*LIMITS, "dropout", "norm_eps", "rope_theta", "rotary_fraction",
-                               mode="before")(refuse_bool)
+                               mode="before")(number_only)
+    _switches = field_validator("tie_embeddings", "qkv_bias", "linear_bias", mode="before")(
+        lambda v: v if v is None else bool_only(v))
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from specs.errors import refuse_bool
+from specs.errors import bool_only, number_only
 
 # Expert load imbalance: the busiest expert-parallel rank's routed tokens over the mean. Default: the busiest
 # expert's load over the mean measured with an auxiliary load-balancing loss, 1 + MaxVio_global = 1.52 (3B model)
@@ -46,7 +46,8 @@ class MoESpec(BaseModel):
 
     _numbers = field_validator("num_experts", "experts_per_token", "moe_ffn_hidden_size", "num_shared_experts",
                                "shared_ffn_hidden_size", "layer_freq", "first_dense_layers", "capacity_factor",
-                               "aux_loss_coef", "load_imbalance", mode="before")(refuse_bool)
+                               "aux_loss_coef", "load_imbalance", mode="before")(number_only)
+    _switches = field_validator("shared_expert_gate", "norm_topk_prob", mode="before")(bool_only)
 
     @model_validator(mode="after")
     def _check(self) -> MoESpec:

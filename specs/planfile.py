@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, mode
 from specs import __version__
 from specs.cluster import ClusterSpec
 from specs.errors import AutoparError, validation_message
+from specs.files import DuplicateKey, duplicate_text, parse_json, write_text_atomic
 from specs.model import ModelSpec
 from specs.parallel import ParallelConfig
 from specs.rules import PlanContext, check_plan
@@ -107,7 +108,7 @@ def save_plan(plan: PlanFile, path: str | Path) -> None:
     text = json.dumps(plan.model_dump(mode="json", by_alias=True), indent=2)
     try:
         Path(path).parent.mkdir(parents=True, exist_ok=True)  # a folder --out names but that is not there yet
-        Path(path).write_text(text + "\n")
+        write_text_atomic(path, text + "\n")
     except OSError as err:
         raise AutoparError(f"cannot write plan file {path}: {err.strerror}; check the folder is writable") from None
 
@@ -116,7 +117,9 @@ def load_plan(path: str | Path) -> PlanFile:
     """Read and validate a plan file; every way it can be wrong is a one-line AutoparError."""
     p = Path(path)
     try:
-        data = json.loads(p.read_text())
+        data = parse_json(p.read_text())
+    except DuplicateKey as err:
+        raise AutoparError(f"plan file {p} {duplicate_text(err)}") from None
     except FileNotFoundError:
         raise AutoparError(f"plan file {p} does not exist; write one with `autopar plan ... --out {p}`") from None
     except OSError as err:

@@ -56,6 +56,10 @@ def test_absurd_sizes_are_refused(capsys, argv, needle):
     ("num_layers: 1000000000000000000000000000000", "num_layers must be at most 10,000"),
     ("vocab_size: 1000000000000000", "vocab_size must be at most"),
     ("num_layers: true", "field 'num_layers': expected a number, got true"),
+    ('num_layers: "4"', "field 'num_layers': expected a number, got the text '4'; write it without quotes"),
+    ('tie_embeddings: "yes"', "field 'tie_embeddings': expected true or false, got 'yes'"),
+    ("moe: {num_experts: 8, experts_per_token: 2, moe_ffn_hidden_size: 64, norm_topk_prob: 1}",
+     "expected true or false, got 1"),
     ("norm_eps: -1.0e-5", "norm_eps must be zero or positive"),
     ("rope_theta: -5", "rope_theta must be positive"),
     ("head_dim: 3", "head_dim 3 is odd, but rotary position embeddings"),
@@ -107,7 +111,9 @@ def test_hf_null_means_default(tmp_path, capsys):
      "GPUs is beyond autopar's limit"),
 ])
 def test_bad_physical_quantities(tmp_path, capsys, gpu_extra, cluster_extra, needle):
-    (tmp_path / "c.yaml").write_text(CLUSTER + GPU + gpu_extra + "}\n" + cluster_extra)
+    key = gpu_extra[2:].split(":")[0] if gpu_extra else None
+    gpu = GPU.replace("peak_tflops: {bf16: 312}", gpu_extra[2:]) if key == "peak_tflops" else GPU + gpu_extra
+    (tmp_path / "c.yaml").write_text(CLUSTER + gpu + "}\n" + cluster_extra)
     err = fails(capsys, "estimate", "--model", "tiny", "--cluster", str(tmp_path / "c.yaml"), "--global-batch", "4",
                 "--plan", "tp=1")
     assert needle in err
@@ -228,3 +234,46 @@ def test_an_odd_sequence_needs_no_even_split_without_context_parallelism(tmp_pat
     capsys.readouterr()
     assert "divisible by 2*cp = 4" in fails(capsys, "estimate", "--model", "tiny", "--cluster", "dgx-a100", "--gpus",
                                             "2", "--global-batch", "4", "--plan", "cp=2", "--seq", "127")
+
+
+def test_a_key_given_twice_is_refused_in_every_file(tmp_path, capsys):
+    """YAML and JSON parsers keep the last of two equal keys silently: a model spec, a cluster profile, a Hugging
+    Face config or a plan file that gives one twice is one line naming it."""
+    (tmp_path / "m.yaml").write_text(LLAMA + "hidden_size: 128\n")
+    assert "gives 'hidden_size' twice (the second at line 9); keep one" in fails(
+        capsys, "estimate", "--model", str(tmp_path / "m.yaml"), *ESTIMATE)
+    (tmp_path / "c.yaml").write_text(CLUSTER + GPU + "}\ngpus_per_node: 4\n")
+    assert "cluster profile" in fails(capsys, "plan", "--model", "tiny", "--cluster", str(tmp_path / "c.yaml"),
+                                      "--gpus", "2", "--global-batch", "4")
+    (tmp_path / "config.json").write_text(json.dumps(HF)[:-1] + ', "hidden_size": 128}')
+    assert "gives 'hidden_size' twice" in fails(capsys, "estimate", "--model", str(tmp_path / "config.json"),
+                                                *ESTIMATE)
+    assert main(["plan", *TINY, "--out", str(tmp_path / "p.json")]) == 0
+    capsys.readouterr()
+    text = (tmp_path / "p.json").read_text()
+    (tmp_path / "p.json").write_text(text.replace('"schema"', '"global_batch": 8,\n  "schema"', 1))
+    assert "gives 'global_batch' twice" in fails(capsys, "run", str(tmp_path / "p.json"), "--dry-run")
+
+
+def test_a_folder_given_as_the_cluster_is_named_as_a_folder(tmp_path, capsys):
+    (tmp_path / "mine.yaml").write_text(CLUSTER)
+    err = fails(capsys, "plan", "--model", "tiny", "--cluster", str(tmp_path), "--gpus", "2", "--global-batch", "4")
+    assert f"cluster profile {tmp_path} is a folder; give a profile file inside it (mine.yaml there)" in err
+
+
+def test_a_plan_file_is_replaced_whole_or_not_at_all(tmp_path, capsys, monkeypatch):
+    """Plan files are written to a temporary file and renamed: when the write fails, the old plan is still whole
+    and no temporary file is left."""
+    import os
+
+    out = tmp_path / "p.json"
+    assert main(["plan", *TINY, "--out", str(out)]) == 0
+    capsys.readouterr()
+    before = out.read_text()
+
+    def broken(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", broken)
+    assert "cannot write plan file" in fails(capsys, "plan", *TINY, "--fix", "tp=2", "--out", str(out))
+    assert out.read_text() == before and [f.name for f in tmp_path.iterdir()] == ["p.json"]
