@@ -137,7 +137,7 @@ def load_runs(metrics: list[str], plans: list[str] | None, warmup: int | None) -
         if plans:
             path = plans[i if len(plans) > 1 else 0]
             plan = load_plan(path)
-            _same_run(m, rows, embedded, plan, path)
+            check_same_run(m, rows, embedded, plan, path)
         elif embedded is not None:
             plan = resolve_plan(embedded, Path(m))
         else:
@@ -149,7 +149,8 @@ def load_runs(metrics: list[str], plans: list[str] | None, warmup: int | None) -
     return runs
 
 
-def _same_run(metrics: str, rows: list[dict[str, Any]], embedded: Any, plan: PlanFile, plan_path: str) -> None:
+def check_same_run(metrics: str, rows: list[dict[str, Any]], embedded: Any, plan: PlanFile, plan_path: str
+                   ) -> None:
     """Refuse a --plan the metrics file was not written by: its ranks (per-rank phases) or, where the file names
     its plan and that plan can still be read, its model and parallel layout."""
     ranks = next((len(v) for r in rows for v in (r.get("phases_s") or {}).values() if isinstance(v, list)), None)

@@ -39,7 +39,7 @@ from rich.table import Table
 
 from cost_models.pipeline import simulate_steps
 from cost_models.step import Estimate, estimate
-from planner.calibrate import measured_median, read_metrics, resolve_plan
+from planner.calibrate import check_same_run, measured_median, read_metrics, resolve_plan
 from planner.report import console, fmt_time
 from specs.errors import AutoparError
 from specs.phases import PHASES
@@ -295,6 +295,7 @@ def diagnose_command(args: argparse.Namespace) -> int:
         warmup = warmup or 0  # the range says which steps count
     if args.plan:
         plan, name = load_plan(args.plan), str(args.plan)
+        check_same_run(str(args.metrics), rows, ref, plan, str(args.plan))
     elif ref is not None:
         plan, name = resolve_plan(ref, Path(args.metrics)), str(ref if not isinstance(ref, dict) else "embedded")
     else:

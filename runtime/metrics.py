@@ -44,6 +44,7 @@ class MetricsLog:
         self.predicted_memory = predicted_memory_GiB or plan.prediction.get("memory_GiB")
         self.gpu = gpu  # the progress line shows the predicted memory beside the measured one only on GPUs (a CPU
         # rank's peak RSS also counts the interpreter and its libraries)
+        self.noted_peak = False  # an MFU above 100% is explained once
         self.file: IO[str] | None = None
         if enabled and path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -73,6 +74,12 @@ class MetricsLog:
             print(f"step {step:>{len(str(self.total))}}/{self.total}  loss {loss:.4f}  grad-norm {grad_norm:.3f}  "
                   f"lr {lr:.2e}  {step_time_s:.3f} s{pred}  {row['tokens_per_s']:,.0f} tok/s  "
                   f"mfu {100 * row['mfu']:.1f}%  mem {peak_memory_GiB:.2f} GiB{mem_pred}", flush=True)
+            if row["mfu"] > 1 and not self.noted_peak:
+                self.noted_peak = True
+                gpu = self.plan.cluster.gpu
+                print(f"note: MFU above 100%: this machine computes faster than the profile's peak "
+                      f"({gpu.peak(self.plan.cluster.precision) / 1e12:g} TFLOP/s per rank, {gpu.name}); "
+                      "`autopar profile` measures it", flush=True)
         return row
 
     def event(self, **fields: object) -> None:

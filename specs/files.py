@@ -24,6 +24,12 @@ def check_output_file(path: str | Path, what: str) -> Path:
     _check_creatable(p.parent if str(p.parent) else Path("."), p, what)
     if p.exists() and not os.access(p, os.W_OK):
         raise AutoparError(f"cannot write {what} {p}: permission denied")
+    if not p.exists() and p.parent.is_dir():  # permissions can say yes where the file system says no (/proc, as root)
+        try:
+            p.touch()
+            p.unlink()
+        except OSError as err:
+            raise AutoparError(f"cannot write {what} {p}: {err.strerror}") from None
     return p
 
 
@@ -34,6 +40,13 @@ def _check_creatable(folder: Path, target: Path, what: str) -> None:
         raise AutoparError(f"cannot write {what} {target}: {existing} is a file, not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise AutoparError(f"cannot write {what} {target}: permission denied on {existing}")
+    if existing != folder.absolute():  # try the first folder to create (permissions can say yes where the file
+        first = existing / folder.absolute().relative_to(existing).parts[0]  # system says no: /proc, as root)
+        try:
+            first.mkdir()
+            first.rmdir()
+        except OSError as err:
+            raise AutoparError(f"cannot write {what} {target}: cannot create {first}: {err.strerror}") from None
 
 
 def check_output_dir(path: str | Path, what: str) -> Path:

@@ -32,6 +32,7 @@ from specs.parallel import (
     RECOMPUTE_CODE,
     Candidates,
     ParallelConfig,
+    default_split,
     entry_groups,
     key_text,
     microbatches,
@@ -118,6 +119,34 @@ def _world_why(cfg: ParallelConfig, x: PlanContext) -> str:
 def _counts_match(counts: object, c: Candidates) -> np.ndarray:
     """Per-stage counts (a tuple) have pp*vpp entries; a single count or None always matches."""
     return _stages(c) == len(counts) if isinstance(counts, tuple) else np.ones(len(c), dtype=bool)
+
+
+def _stage_splits(c: Candidates, x: PlanContext) -> dict[int, tuple[int, ...]]:
+    """Layers per virtual stage for each stage count among the candidates (the fixed split, or the default)."""
+    return {int(n): c.layers if c.layers is not None and len(c.layers) == n else default_split(x.model.num_layers,
+                                                                                                   int(n))
+            for n in np.unique(_stages(c))}
+
+
+def _recompute_within(r: object, layers: tuple[int, ...]) -> bool:
+    """Recomputed layers per stage no more than the stage holds (one count: no more than the largest stage)."""
+    if r is None:
+        return True
+    if isinstance(r, tuple):
+        return len(r) != len(layers) or all(a <= b for a, b in zip(r, layers))  # a count mismatch: its own rule
+    return int(r) <= max(layers)  # type: ignore[call-overload]
+
+
+def _recompute_ok(c: Candidates, x: PlanContext) -> np.ndarray:
+    splits = _stage_splits(c, x)
+    return np.array([_recompute_within(c.recompute_layers, splits[int(n)]) for n in _stages(c)], dtype=bool)
+
+
+def _recompute_why(cfg: ParallelConfig, x: PlanContext) -> str:
+    r, layers = cfg.recompute_layers, cfg.stage_layers(x.model.num_layers)
+    text = "/".join(map(str, r)) if isinstance(r, tuple) else str(r)
+    return (f"recompute_layers={text} recomputes more layers than a stage holds ({'/'.join(map(str, layers))} per "
+            "stage); give at most each stage's layers, or leave it out to recompute them all")
 
 
 def _experts(x: PlanContext) -> int:
@@ -237,6 +266,7 @@ RULES: tuple[Rule, ...] = (
     Rule(("pp", "vpp", "recompute_layers"), lambda c, x: _counts_match(c.recompute_layers, c),
          lambda cfg, x: f"recompute_layers has {len(cfg.recompute_layers)} entries but pp*vpp = "  # type: ignore
                         f"{cfg.num_chunks} stages need one each"),
+    Rule(("pp", "vpp", "layers", "recompute_layers"), _recompute_ok, _recompute_why),
     Rule(("tp", "pp", "cp", "dp"), lambda c, x: c.tp * c.pp * c.cp * c.dp == x.gpus, _world_why),
     # mixture of experts (specs/moe.py): ep and etp split the experts over a stage's dp*cp*tp ranks
     Rule(("ep", "etp"), lambda c, x: (x.model.moe is not None) | ((c.ep == 1) & (c.etp == 1)),

@@ -132,6 +132,11 @@ def test_profile_rejects_bad_arguments(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 3 and all(e.startswith("autopar: error:") for e in err)
     assert "is a directory" in err[1] and "a_file is a file, not a folder" in err[2]
+    import torch
+
+    if not torch.cuda.is_available():  # 999 gloo ranks were spawned on a 2-core machine, and it never returned
+        assert main(["profile", "--quick", "--nproc", "999", "--out", str(tmp_path / "x.yaml")]) == 2
+        assert "--nproc 999: this machine has" in capsys.readouterr().err
 
 
 # ---- pure pieces (no processes) ---------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -277,3 +278,22 @@ def test_a_plan_file_is_replaced_whole_or_not_at_all(tmp_path, capsys, monkeypat
     monkeypatch.setattr(os, "replace", broken)
     assert "cannot write plan file" in fails(capsys, "plan", *TINY, "--fix", "tp=2", "--out", str(out))
     assert out.read_text() == before and [f.name for f in tmp_path.iterdir()] == ["p.json"]
+
+
+def test_more_recomputed_layers_than_a_stage_holds_is_refused(capsys):
+    """recompute_layers counts layers of a stage: more than it holds was capped silently (and written in the plan)."""
+    assert "recompute_layers=99 recomputes more layers than a stage holds" in fails(
+        capsys, "plan", *TINY, "--fix", "recompute_layers=99")
+    assert "recompute_layers=3/1 recomputes more layers than a stage holds (2/2 per stage)" in fails(
+        capsys, "estimate", "--model", "tiny", "--cluster", "cpu-gloo", "--gpus", "2", "--global-batch", "8",
+        "--plan", "pp=2,recompute=full,recompute_layers=3/1")
+    assert main(["estimate", "--model", "tiny", "--cluster", "cpu-gloo", "--gpus", "2", "--global-batch", "8",
+                 "--plan", "pp=2,recompute=full,recompute_layers=2/1"]) == 0
+
+
+@pytest.mark.skipif(not Path("/proc/self").exists(), reason="needs Linux's /proc")
+def test_an_output_the_file_system_refuses_is_named_before_the_work(capsys):
+    """Permissions can say yes where the file system says no (/proc, as root): the output path is tried before the
+    search (or tune's trials) start, not after."""
+    assert "cannot write plan file /proc/plan.json" in fails(capsys, "plan", *TINY, "--out", "/proc/plan.json")
+    assert "cannot create /proc/x" in fails(capsys, "tune", *TINY, "--out", "/proc/x/plan.json")

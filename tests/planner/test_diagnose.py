@@ -86,6 +86,11 @@ def test_bad_input_is_one_line(tmp_path, capsys):
     save_plan(_plan(2, 4, pp=2), plan)
     old = tmp_path / "old.jsonl"  # written before phase times existed
     old.write_text("".join(json.dumps({"step": i, "step_time_s": 0.1, "plan": str(plan)}) + "\n" for i in (1, 2, 3)))
+    other, four = tmp_path / "other.json", tmp_path / "four.json"  # plans the metrics were not written by
+    save_plan(_plan(2, 4, tp=2), other)
+    save_plan(_plan(4, 4, pp=2, dp=2), four)
+    phases = tmp_path / "phases.jsonl"
+    phases.write_text(json.dumps({"step": 1, "step_time_s": 0.1, "phases_s": {"forward": [0.1, 0.1]}}) + "\n")
     no_plan = tmp_path / "noplan.jsonl"
     no_plan.write_text(json.dumps({"step": 1, "step_time_s": 0.1}) + "\n")
     cases = [([str(old)], "has no phase times for 2 ranks"),
@@ -94,7 +99,9 @@ def test_bad_input_is_one_line(tmp_path, capsys):
              ([str(old), "--threshold", "1"], "--threshold must be above 1"),
              ([str(old), "--steps", "1,5-2"], "a range must not end before it starts"),
              ([str(old), "--steps", "x"], "expected steps and ranges"),
-             ([str(old), "--steps", "7-"], "has no steps in 7-")]
+             ([str(old), "--steps", "7-"], "has no steps in 7-"),
+             ([str(old), "--plan", str(other)], "was written by a run of tiny tp=1 pp=2"),
+             ([str(phases), "--plan", str(four)], "has 2 ranks' phases, but --plan")]
     for argv, want in cases:
         assert main(["diagnose", *argv]) == 2, argv
         err = capsys.readouterr().err

@@ -126,6 +126,11 @@ def test_metrics_lines(tmp_path, capsys):
     MetricsLog(plan, path, 2, enabled=True, quiet=True, append=True).record(2, 2.5, 1.0, 1e-3, 1.0, 0.25)
     assert [json.loads(x)["step"] for x in path.read_text().splitlines()] == [1, 2]
     assert capsys.readouterr().out == ""
+    fast = MetricsLog(plan, None, 3, enabled=True)  # the bundled CPU peak is a rough default: a fast CPU beats it
+    fast.record(1, 2.5, 1.0, 1e-3, 1e-4, 0.25)
+    fast.record(2, 2.5, 1.0, 1e-3, 1e-4, 0.25)
+    out = capsys.readouterr().out
+    assert out.count("note: MFU above 100%") == 1 and "`autopar profile` measures it" in out
 
 
 @pytest.mark.parametrize("n,size,unit,align", [
