@@ -44,6 +44,7 @@ PRIOR_LOG_SD = math.log(2.5)  # how far a profile parameter plausibly is off bef
 # Pull of each log-scale towards 0, relative to one run's squared log error
 PRIOR = (RUN_NOISE / PRIOR_LOG_SD) ** 2
 LOOSE_SPREAD = 0.05  # a plan's calibration log sd worth a word in `plan`'s why (x/1.10 at 95%)
+CALIBRATED_TIES = 8  # the fastest plans whose ties with the best a calibrated profile's spread can widen
 
 
 @dataclass
@@ -276,25 +277,44 @@ def fitted_text(fit: Calibration) -> str:
     return ", ".join(parts)
 
 
-def calibration_spread(model: Any, cluster: ClusterSpec, config: Any, global_batch: int, state: Any = None,
-                       h: float = 0.01) -> tuple[float, str | None]:
-    """How uncertain a plan's predicted step time is from the profile's calibration (``cluster.calibration``):
-    the log standard deviation sqrt(g^T C g), g the step time's sensitivity to each fitted log-scale (finite
-    differences on the cost model, scaled down so no efficiency hits its cap) and C the fit's log covariance; and
-    the scale contributing most. (0, None) for a profile no calibration wrote."""
+def step_sensitivity(model: Any, cluster: ClusterSpec, config: Any, global_batch: int, state: Any = None,
+                     h: float = 0.01) -> np.ndarray | None:
+    """d log(step time) / d log(scale) of a plan for each scale ``cluster.calibration`` fitted (finite differences
+    on the cost model, scaled down so no efficiency hits its cap); None for a profile no calibration wrote."""
     fit = cluster.calibration
     if fit is None:
-        return 0.0, None
+        return None
     from cost_models.step import estimate
 
     def log_step(cl: ClusterSpec) -> float:
         return math.log(estimate(model, cl, config, global_batch, validate=False, state=state).step_time_s)
 
     t0 = log_step(cluster)
-    g = np.array([(log_step(scaled(cluster, {p: math.exp(-h)})) - t0) / -h for p in fit.scales])
-    cov = np.array(fit.log_covariance)
-    parts = g * (cov @ g)
-    return math.sqrt(max(0.0, float(parts.sum()))), list(fit.scales)[int(np.argmax(parts))]
+    return np.array([(log_step(scaled(cluster, {p: math.exp(-h)})) - t0) / -h for p in fit.scales])
+
+
+def calibration_spread(model: Any, cluster: ClusterSpec, config: Any, global_batch: int, state: Any = None
+                       ) -> tuple[float, str | None]:
+    """How uncertain a plan's predicted step time is from the profile's calibration (``cluster.calibration``):
+    the log standard deviation sqrt(g^T C g), g its :func:`step_sensitivity` and C the fit's log covariance; and
+    the scale contributing most. (0, None) for a profile no calibration wrote."""
+    g = step_sensitivity(model, cluster, config, global_batch, state)
+    if g is None or cluster.calibration is None:
+        return 0.0, None
+    parts = g * (np.array(cluster.calibration.log_covariance) @ g)
+    return math.sqrt(max(0.0, float(parts.sum()))), list(cluster.calibration.scales)[int(np.argmax(parts))]
+
+
+def difference_spreads(model: Any, cluster: ClusterSpec, configs: list[Any], global_batch: int, state: Any = None
+                       ) -> list[float] | None:
+    """For each of ``configs``, the log standard deviation the profile's calibration leaves on the difference
+    between its step time and the first's, sqrt(d^T C d) with d the difference of their sensitivities (what the
+    fit's uncertainty can do to their order); None for a profile no calibration wrote."""
+    if cluster.calibration is None or not configs:
+        return None
+    cov = np.array(cluster.calibration.log_covariance)
+    g = [step_sensitivity(model, cluster, c, global_batch, state) for c in configs]
+    return [math.sqrt(max(0.0, float((gi - g[0]) @ cov @ (gi - g[0])))) for gi in g]  # type: ignore[operator]
 
 
 def bound_warning(scales: dict[str, float]) -> str | None:

@@ -99,7 +99,7 @@ def _progress(fmt: str):
 
 
 def plan_command(args: argparse.Namespace) -> int:
-    from planner.calibrate import LOOSE_SPREAD, calibration_spread
+    from planner.calibrate import CALIBRATED_TIES, LOOSE_SPREAD, calibration_spread, difference_spreads
     from planner.explain import runner_up, why
     from planner.headroom import memory_warning
     from planner.search import min_gpus_to_fit, search
@@ -159,11 +159,15 @@ def plan_command(args: argparse.Namespace) -> int:
     reason = why(res.plans[0], other) if other else "It is the only plan that fits."
     if res.plans[0].config.placement is not None:
         reason = f"{placement_reason(res.plans[0], res.homogeneous, model.num_layers, res.ranked)} {reason}"
-    tied = tied_with_best([p.estimate.step_time_s for p in res.ranked])  # all refined plans, not only the top shown
+    steps = [p.estimate.step_time_s for p in res.ranked]  # all refined plans, not only the top shown
+    extra = difference_spreads(model, cluster, [p.config for p in res.ranked[:CALIBRATED_TIES]], args.global_batch)
+    tied, plain = tied_with_best(steps, extra), tied_with_best(steps)
     if tied:
-        reason += (f" The next {tied} plan{'s are' if tied > 1 else ' is'} within {tie_margin():.1%} of it, inside "
-                   "the model's ranking uncertainty: `autopar tune` with the same --model, --cluster, --global-batch "
-                   "and --fix measures the best of them (--trials, default 3).")
+        within = (f"within {tie_margin():.1%} of it, inside the model's ranking uncertainty" if tied == plain else
+                  "close enough to it that the model's ranking uncertainty and what the calibration left unpinned "
+                  "cannot order them")
+        reason += (f" The next {tied} plan{'s are' if tied > 1 else ' is'} {within}: `autopar tune` with the same "
+                   "--model, --cluster, --global-batch and --fix measures the best of them (--trials, default 3).")
     spreads = [calibration_spread(model, cluster, p.config, args.global_batch) for p in res.plans]
     if spreads[0][0] > LOOSE_SPREAD:
         reason += (f" The calibrated profile's runs leave this plan's step time uncertain (x/"

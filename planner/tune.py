@@ -21,10 +21,19 @@ from typing import Any
 
 import numpy as np
 
-from planner.calibrate import Run, calibrated, fit_scales, fitted_text, load_runs, predict, profile_yaml
+from planner.calibrate import (
+    Run,
+    calibrated,
+    difference_spreads,
+    fit_scales,
+    fitted_text,
+    load_runs,
+    predict,
+    profile_yaml,
+)
 from planner.refine import PlanResult
 from planner.search import search
-from planner.uncertainty import tied_with_best
+from planner.uncertainty import tied_indices
 from specs.cluster import ClusterSpec
 from specs.errors import AutoparError
 from specs.files import write_text_atomic
@@ -83,7 +92,8 @@ def prepare(model: ModelSpec, cluster: ClusterSpec, global_batch: int, out_dir: 
                            f"{cluster.num_gpus} GPUs: nothing to tune (see `autopar plan`)")
     out_dir.mkdir(parents=True, exist_ok=True)
     found: list[Trial] = []
-    for i, p in enumerate(finalists(res.plans, trials)):
+    extra = difference_spreads(model, cluster, [p.config for p in res.plans], global_batch)
+    for i, p in enumerate(finalists(res.plans, trials, extra)):
         path = out_dir / f"trial{i + 1}.json"
         plan = make_plan(model, cluster, global_batch, p.config, p.estimate.to_json(), TrainConfig(steps=steps))
         save_plan(plan, path)
@@ -145,11 +155,12 @@ def tune(model: ModelSpec, cluster: ClusterSpec, global_batch: int, out_dir: Pat
     return TuneResult(trials=found, chosen=chosen, profile_path=str(profile), scales=fit.scales, interrupted=stopped)
 
 
-def finalists(plans: list[PlanResult], k: int) -> list[PlanResult]:
-    """The best plan and those after it tied with it (planner/uncertainty.py), at most ``k``: a plan the model
-    predicts clearly slower is not worth a trial."""
-    steps = [p.estimate.step_time_s for p in plans[:k]]
-    return plans[:1 + tied_with_best(steps)]
+def finalists(plans: list[PlanResult], k: int, extra: list[float] | None = None) -> list[PlanResult]:
+    """The best plan and those tied with it (planner/uncertainty.py; ``extra``: a calibrated profile's spreads of
+    each plan's difference from the best), at most ``k``: a plan the model predicts clearly slower is not worth a
+    trial."""
+    steps = [p.estimate.step_time_s for p in plans]
+    return [plans[0], *(plans[i] for i in tied_indices(steps, extra))][:k]
 
 
 def default_out_dir() -> Path:

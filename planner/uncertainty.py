@@ -108,10 +108,19 @@ def tie_margin() -> float:
     return math.sqrt(2) * ranking_sigma()
 
 
-def tied_with_best(steps: list[float]) -> int:
-    """How many of ``steps`` (sorted, best first) after the first are tied with it: slower by less than the
-    margin."""
-    return sum(1 for s in steps[1:] if s / steps[0] - 1 < tie_margin())
+def tied_indices(steps: list[float], extra: list[float] | None = None) -> list[int]:
+    """Which of ``steps`` (sorted, best first) after the first are tied with it: slower by less than the margin,
+    widened for plan i by ``extra[i]`` (the spread a calibrated profile's fit leaves on its difference from the
+    first, planner/calibrate.py ``difference_spreads``; plans beyond ``extra`` get none)."""
+    def margin(i: int) -> float:
+        return math.hypot(tie_margin(), extra[i] if extra and i < len(extra) else 0.0)
+
+    return [i for i, s in enumerate(steps[1:], 1) if s / steps[0] - 1 < margin(i)]
+
+
+def tied_with_best(steps: list[float], extra: list[float] | None = None) -> int:
+    """How many of ``steps`` after the first are tied with it (:func:`tied_indices`)."""
+    return len(tied_indices(steps, extra))
 
 
 def coverage(sets: dict[str, list[dict[str, Any]]]) -> dict[str, float]:

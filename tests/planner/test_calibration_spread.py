@@ -15,6 +15,7 @@ from planner.calibrate import (
     Run,
     calibrated,
     calibration_spread,
+    difference_spreads,
     fit_scales,
     predict,
     scale_sd,
@@ -123,3 +124,30 @@ def test_a_bad_calibration_block_is_a_one_line_error(tmp_path, capsys, edit, mes
     assert main(["plan", "--model", "tiny", "--cluster", str(bad), "--gpus", "1", "--global-batch", "8"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
+
+
+def test_what_the_calibration_left_unpinned_can_tie_plans():
+    """Two plans whose difference leans on a scale the runs did not pin (the network, after one-GPU runs) are
+    tied by the fit's spread; two that differ only where the runs looked are not; and tied plans are the
+    finalists tune measures."""
+    from planner.tune import finalists
+    from planner.uncertainty import tie_margin, tied_indices
+
+    base = load_cluster("dgx-h100")
+    cl = calibrated(base, fit_scales(_short_runs(base), base)).resized(gpus=8)
+    model = _model(1024)
+    same, comm, micro = ParallelConfig(dp=8, mbs=1), ParallelConfig(tp=8, mbs=8), ParallelConfig(dp=8, mbs=2)
+    spreads = difference_spreads(model, cl, [same, comm, micro, same], 16)
+    assert spreads[0] == 0 and spreads[3] == pytest.approx(0, abs=1e-9)
+    assert spreads[1] > 3 * spreads[2] and spreads[1] > tie_margin() > spreads[2]
+    assert difference_spreads(model, base.resized(gpus=8), [same, comm], 16) is None
+    steps = [1.0, 1.0 + 2 * tie_margin(), 1.0 + 2 * tie_margin()]
+    assert tied_indices(steps) == [] and tied_indices(steps, [0.0, spreads[1], spreads[2]]) == [1]
+
+    class Plan:
+        def __init__(self, s):
+            self.estimate = type("E", (), {"step_time_s": s})()
+
+    plans = [Plan(s) for s in steps]
+    assert finalists(plans, 3) == plans[:1]
+    assert finalists(plans, 3, [0.0, spreads[1], spreads[2]]) == [plans[0], plans[1]]
