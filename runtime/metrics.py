@@ -1,8 +1,10 @@
 """Per-step metrics: one JSON line per step (rank 0) and a progress line on stdout.
 
 Each line: ``step, loss, grad_norm, lr, step_time_s, predicted_step_time_s, tokens_per_s, mfu,
-peak_memory_GiB, peak_reserved_GiB, predicted_memory_GiB, plan`` (the plan file's absolute path) and
-``phases_s`` (every rank's phase times, runtime/phase_clock.py). The peaks are
+peak_memory_GiB, peak_reserved_GiB, predicted_memory_GiB, plan`` (the plan file's absolute path),
+``phases_s`` (every rank's phase times, runtime/phase_clock.py), and every rank's peaks beside its prediction:
+``peak_memory_GiB_per_rank``, ``peak_reserved_GiB_per_rank``, ``predicted_memory_GiB_per_rank`` (its pipeline
+stage's, from the plan's prediction). ``peak_memory_GiB`` and ``peak_reserved_GiB`` are
 the fullest rank's (CUDA: allocated and reserved by the caching allocator; CPU: the process's peak RSS, both),
 beside the memory the plan predicted per GPU. MFU = model FLOPs
 (``ModelSpec.model_flops_per_token``, no recompute) x tokens / (step time x ranks x the cluster GPU's peak
@@ -45,6 +47,11 @@ class MetricsLog:
         self.gpu = gpu  # the progress line shows the predicted memory beside the measured one only on GPUs (a CPU
         # rank's peak RSS also counts the interpreter and its libraries)
         self.noted_peak = False  # an MFU above 100% is explained once
+        # the predicted peak of each rank: its pipeline stage's (the estimate's stage_memory_GiB, one per pp rank)
+        stages = plan.prediction.get("stage_memory_GiB") or []
+        cfg = plan.config
+        self.rank_prediction = ([stages[cfg.rank_coords(r)["pp"]] for r in range(cfg.world)]
+                                if len(stages) == cfg.pp else None)
         self.file: IO[str] | None = None
         if enabled and path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -52,7 +59,9 @@ class MetricsLog:
 
     def record(self, step: int, loss: float, grad_norm: float, lr: float, step_time_s: float,
                peak_memory_GiB: float, peak_reserved_GiB: float | None = None,
-               phases: dict[str, list[float]] | None = None) -> dict[str, Any]:
+               phases: dict[str, list[float]] | None = None,
+               rank_memory: tuple[list[float], list[float]] | None = None) -> dict[str, Any]:
+        """One step's line; ``phases`` and ``rank_memory`` (allocated and reserved peaks) hold every rank's."""
         row = {
             "step": step, "loss": loss, "grad_norm": grad_norm, "lr": lr, "step_time_s": step_time_s,
             "predicted_step_time_s": self.predicted, "tokens_per_s": self.tokens / step_time_s,
@@ -63,6 +72,10 @@ class MetricsLog:
             row["plan"] = self.plan_path
         if phases is not None:
             row["phases_s"] = phases
+        if rank_memory is not None:
+            row["peak_memory_GiB_per_rank"], row["peak_reserved_GiB_per_rank"] = rank_memory
+            if self.rank_prediction:
+                row["predicted_memory_GiB_per_rank"] = self.rank_prediction
         if not self.enabled:
             return row
         if self.file is not None:

@@ -46,7 +46,7 @@ from runtime.options import check_run_options
 from runtime.parallel.mappings import all_gather_into
 from runtime.parallel.mesh import build_groups
 from runtime.phase_clock import CudaMarks, PhaseClock
-from runtime.trainer import Trainer, check_supported
+from runtime.trainer import Trainer, check_supported, peak_memory_GiB
 from specs.errors import AutoparError
 from specs.phases import PHASES
 from specs.planfile import load_plan
@@ -96,14 +96,15 @@ def _straggler(rank: int) -> tuple[dict[str, float], int, int]:
     return {"slow_compute" if kind == "compute" else "send_delay_s": float(amount)}, int(first or 1), int(every or 1)
 
 
-def _gather_phases(times: dict[str, float], group: dist.ProcessGroup, device: torch.device
-                   ) -> dict[str, list[float]]:
-    """Every rank's phase times (a collective over ``group``): ``{phase: [seconds of rank 0, 1, ...]}``."""
-    mine = torch.tensor([times[p] for p in PHASES], dtype=torch.float64, device=device)
-    every = torch.empty(dist.get_world_size(group) * len(PHASES), dtype=torch.float64, device=device)
+def _gather_ranks(values: dict[str, float], group: dist.ProcessGroup, device: torch.device
+                  ) -> dict[str, list[float]]:
+    """Every rank's ``values`` (one collective over ``group``): ``{name: [value of rank 0, 1, ...]}``."""
+    names = list(values)
+    mine = torch.tensor([values[k] for k in names], dtype=torch.float64, device=device)
+    every = torch.empty(dist.get_world_size(group) * len(names), dtype=torch.float64, device=device)
     all_gather_into(every, mine, group)
-    rows = every.view(-1, len(PHASES)).T.tolist()
-    return {p: [float(f"{x:.6g}") for x in rows[i]] for i, p in enumerate(PHASES)}
+    rows = every.view(-1, len(names)).T.tolist()
+    return {k: [float(f"{x:.6g}") for x in rows[i]] for i, k in enumerate(names)}
 
 
 def _attempt() -> int:
@@ -229,9 +230,13 @@ def run(args: argparse.Namespace) -> int:
         phases = clock.take()
         if watch is not None:
             watch.stepped(trainer.step)
-        every_rank = _gather_phases(phases, groups.world, device) if args.metrics_out else None
+        every_rank = None
+        if args.metrics_out:  # every rank's phase times and memory peaks, for the metrics file
+            alloc, reserved = peak_memory_GiB(device)
+            every_rank = _gather_ranks({**phases, "allocated": alloc, "reserved": reserved}, groups.world, device)
         log.record(trainer.step, st.loss, st.grad_norm, st.lr, step_s, st.peak_memory_GiB, st.peak_reserved_GiB,
-                   every_rank)
+                   None if every_rank is None else {p: every_rank[p] for p in PHASES},
+                   None if every_rank is None else (every_rank["allocated"], every_rank["reserved"]))
         if ckdir is not None and ((every and trainer.step % every == 0) or trainer.step == steps):
             t_save = time.perf_counter()
             save_checkpoint(trainer, ckdir)

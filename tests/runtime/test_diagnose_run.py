@@ -64,6 +64,8 @@ def test_every_rank_s_phases_add_up_to_the_step(runs):
         for r in rows[2:]:
             ph = r["phases_s"]
             assert set(ph) == set(PHASES) and all(len(v) == 2 for v in ph.values())
+            assert len(r["peak_memory_GiB_per_rank"]) == len(r["peak_reserved_GiB_per_rank"]) == 2
+            assert max(r["peak_memory_GiB_per_rank"]) == pytest.approx(r["peak_memory_GiB"], rel=1e-4)
             total = sum(v[0] for v in ph.values())
             assert abs(total - r["step_time_s"]) <= 0.05 * r["step_time_s"], (path.name, r["step"])
             assert min(ph["forward"]) > 0 and min(ph["backward"]) > 0

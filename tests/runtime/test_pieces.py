@@ -126,6 +126,11 @@ def test_metrics_lines(tmp_path, capsys):
     MetricsLog(plan, path, 2, enabled=True, quiet=True, append=True).record(2, 2.5, 1.0, 1e-3, 1.0, 0.25)
     assert [json.loads(x)["step"] for x in path.read_text().splitlines()] == [1, 2]
     assert capsys.readouterr().out == ""
+    staged = make_plan(model, cluster, 16, ParallelConfig(tp=2, pp=2), prediction={"stage_memory_GiB": [0.5, 0.25]})
+    row = MetricsLog(staged, None, 2, enabled=True, quiet=True).record(1, 3.0, 1.5, 1e-3, 2.0, 0.4,
+                                                                        rank_memory=([0.4, 0.3, 0.2, 0.1], [0.5] * 4))
+    assert row["peak_memory_GiB_per_rank"] == [0.4, 0.3, 0.2, 0.1] and row["peak_reserved_GiB_per_rank"] == [0.5] * 4
+    assert row["predicted_memory_GiB_per_rank"] == [0.5, 0.5, 0.25, 0.25]  # ranks 0-1 on stage 0, 2-3 on stage 1
     fast = MetricsLog(plan, None, 3, enabled=True)  # the bundled CPU peak is a rough default: a fast CPU beats it
     fast.record(1, 2.5, 1.0, 1e-3, 1e-4, 0.25)
     fast.record(2, 2.5, 1.0, 1e-3, 1e-4, 0.25)
