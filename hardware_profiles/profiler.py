@@ -391,9 +391,10 @@ def profile_command(args: argparse.Namespace, progress: Callable[[], bool] | Non
             raise AutoparError(f"--nproc must be at least 1, got {nproc}")
         if gpus and nproc > gpus:
             raise AutoparError(f"--nproc {nproc}: this machine has {gpus} GPU(s)")
-        cores = max(2, os.cpu_count() or 1)
+        usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        cores = max(2, usable)
         if not gpus and nproc > cores:
-            raise AutoparError(f"--nproc {nproc}: this machine has {os.cpu_count()} CPU core(s); more gloo ranks than "
+            raise AutoparError(f"--nproc {nproc}: this process may use {usable} CPU core(s); more gloo ranks than "
                                f"cores would time the cores' sharing, not the links (give at most {cores})")
         meas = run_local(nproc, args.quick, show)
     name = args.name or Path(args.out).stem

@@ -252,15 +252,33 @@ def fit_scales(runs: list[Run], base: ClusterSpec, params: tuple[str, ...] = PAR
         if not improved or np.max(np.abs(step)) < 1e-6:
             break
     J = jacobian(x, r)
-    cov = RUN_NOISE ** 2 * np.linalg.inv(J.T @ J)  # the prior's rows keep J^T J invertible
+    # the runs' own misfit, where it exceeds the noise the fit allowed, widens everything (a model that cannot
+    # follow the runs knows less than their count says)
+    noise2 = max(RUN_NOISE ** 2, float(np.mean(r[:len(runs)] ** 2)))
+    cov = noise2 * np.linalg.inv(J.T @ J)  # the prior's rows keep J^T J invertible
     cov = (cov + cov.T) / 2
+    for j in np.flatnonzero(np.abs(x) >= BOUND - 1e-9):  # at a bound the optimum is not a minimum: keep the prior's
+        cov[j, :] = cov[:, j] = 0.0
+        cov[j, j] = PRIOR_LOG_SD ** 2
     return Calibration(runs=len(runs), scales={p: float(np.exp(v)) for p, v in zip(params, x)},
                        log_covariance=tuple(tuple(float(c) for c in row) for row in cov))
 
 
 def calibrated(base: ClusterSpec, fit: Calibration) -> ClusterSpec:
-    """``base`` scaled by the fit, carrying it (plans' bands then widen by its uncertainty)."""
-    return scaled(base, fit.scales).model_copy(update={"calibration": fit})
+    """``base`` scaled by the fit, carrying it (plans' bands then widen by its uncertainty). When ``base`` was
+    calibrated before, the scales this fit left alone (``--fit`` a subset) keep their earlier factor and spread."""
+    out = scaled(base, fit.scales)
+    old = base.calibration
+    kept = [k for k in old.scales if k not in fit.scales] if old is not None else []
+    if old is not None and kept:
+        prev, n = list(old.scales), len(fit.scales)
+        cov = np.zeros((n + len(kept), n + len(kept)))
+        cov[:n, :n] = np.array(fit.log_covariance)
+        for i, k in enumerate(kept, n):
+            cov[i, i] = old.log_covariance[prev.index(k)][prev.index(k)]
+        fit = Calibration(runs=fit.runs, scales={**fit.scales, **{k: old.scales[k] for k in kept}},
+                          log_covariance=tuple(tuple(float(c) for c in row) for row in cov))
+    return out.model_copy(update={"calibration": fit})
 
 
 def scale_sd(fit: Calibration) -> dict[str, float]:

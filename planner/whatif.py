@@ -121,9 +121,10 @@ def with_gpu(cluster: ClusterSpec, name: str) -> tuple[ClusterSpec, str | None]:
     """The cluster's nodes with GPU ``name``: inside a node they get that GPU's own link (its profile's
     ``node_link``) when it differs from the cluster's; the second value says so in one line, or is None."""
     gpu = load_gpu(name)
-    # another GPU: a calibration of this one's runs does not describe it
-    swapped = cluster.model_copy(update={"gpu": gpu} if gpu.name == cluster.gpu.name else {"gpu": gpu,
-                                                                                            "calibration": None})
+    # the cluster's own GPU keeps its (maybe measured or calibrated) profile; another GPU drops the calibration,
+    # which describes this one's runs
+    swapped = cluster if gpu.name == cluster.gpu.name else cluster.model_copy(update={"gpu": gpu,
+                                                                                      "calibration": None})
     problem = swapped.precision_problem()
     if problem:
         raise AutoparError(f"{cluster.name} with {name}: {problem}")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -21,32 +23,28 @@ def check_output_file(path: str | Path, what: str) -> Path:
         raise AutoparError(f"the {what} path is empty; give a file name")
     if p.is_dir():
         raise AutoparError(f"{what} {p} is a directory; give a file name inside it")
+    if p.exists():
+        if not os.access(p, os.W_OK):
+            raise AutoparError(f"cannot write {what} {p}: permission denied")
+        return p
     _check_creatable(p.parent if str(p.parent) else Path("."), p, what)
-    if p.exists() and not os.access(p, os.W_OK):
-        raise AutoparError(f"cannot write {what} {p}: permission denied")
-    if not p.exists() and p.parent.is_dir():  # permissions can say yes where the file system says no (/proc, as root)
-        try:
-            p.touch()
-            p.unlink()
-        except OSError as err:
-            raise AutoparError(f"cannot write {what} {p}: {err.strerror}") from None
     return p
 
 
 def _check_creatable(folder: Path, target: Path, what: str) -> None:
-    """``folder`` exists and is writable, or its nearest existing ancestor is a writable folder."""
+    """``folder`` exists and is writable, or its nearest existing ancestor is a writable folder: permissions say so,
+    and a uniquely named folder can be made there and removed (permissions can say yes where the file system says
+    no: /proc, as root); ``target`` itself is never touched."""
     existing = next(a for a in (folder, *folder.absolute().parents) if a.exists())
     if not existing.is_dir():
         raise AutoparError(f"cannot write {what} {target}: {existing} is a file, not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise AutoparError(f"cannot write {what} {target}: permission denied on {existing}")
-    if existing != folder.absolute():  # try the first folder to create (permissions can say yes where the file
-        first = existing / folder.absolute().relative_to(existing).parts[0]  # system says no: /proc, as root)
-        try:
-            first.mkdir()
-            first.rmdir()
-        except OSError as err:
-            raise AutoparError(f"cannot write {what} {target}: cannot create {first}: {err.strerror}") from None
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".autopar-probe-", dir=existing))
+    except OSError as err:
+        raise AutoparError(f"cannot write {what} {target}: nothing can be created in {existing} "
+                           f"({err.strerror})") from None
 
 
 def check_output_dir(path: str | Path, what: str) -> Path:
@@ -56,6 +54,10 @@ def check_output_dir(path: str | Path, what: str) -> Path:
         raise AutoparError(f"the {what} path is empty; give a folder name")
     if p.exists() and not p.is_dir():
         raise AutoparError(f"{what} {p} exists and is not a folder; give a folder path")
+    if p.is_dir():
+        if not os.access(p, os.W_OK | os.X_OK):
+            raise AutoparError(f"cannot write {what} {p}: permission denied on {p}")
+        return p
     _check_creatable(p, p, what)
     return p
 
@@ -69,16 +71,27 @@ class DuplicateKey(ValueError):
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing a mapping that gives one key twice."""
+    """YAML's safe loader, refusing a mapping that gives one key twice (merged keys, ``<<: *anchor``, may be
+    overridden), and reading ``1e-5`` as a number (YAML 1.1's float needs a dot; the value is meant as one)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
             key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise DuplicateKey(key, key_node.start_mark.line + 1)
-            seen.add(key)
+            try:
+                if key in seen:
+                    raise DuplicateKey(key, key_node.start_mark.line + 1)
+                seen.add(key)
+            except TypeError:  # an unhashable key: the parent's own one-line error
+                pass
         return super().construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"))
 
 
 def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -104,14 +117,27 @@ def duplicate_text(err: DuplicateKey) -> str:
 
 def write_text_atomic(path: str | Path, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file in the same folder and a rename: a reader (or a crash)
-    never sees half a file, and an old file stays whole until the new one is."""
-    p = Path(path)
-    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    never sees half a file, and an old file stays whole until the new one is. A symbolic link is written through
+    (its target replaced), an old file keeps its permissions, and what is not a regular file (/dev/stdout, a pipe)
+    is written directly."""
+    p = Path(path).resolve() if Path(path).is_symlink() else Path(path)
+    if p.exists() and not p.is_file():
+        p.write_text(text)
+        return
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
     try:
-        tmp.write_text(text)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, p.stat().st_mode & 0o7777 if p.exists() else 0o666 & ~_umask())
         os.replace(tmp, p)
     finally:
-        tmp.unlink(missing_ok=True)
+        Path(tmp).unlink(missing_ok=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def read_mapping(path: Path, what: str) -> dict[str, Any]:

@@ -136,7 +136,7 @@ def test_profile_rejects_bad_arguments(tmp_path, capsys):
 
     if not torch.cuda.is_available():  # 999 gloo ranks were spawned on a 2-core machine, and it never returned
         assert main(["profile", "--quick", "--nproc", "999", "--out", str(tmp_path / "x.yaml")]) == 2
-        assert "--nproc 999: this machine has" in capsys.readouterr().err
+        assert "--nproc 999: this process may use" in capsys.readouterr().err
 
 
 # ---- pure pieces (no processes) ---------------------------------------------------------------------

@@ -105,7 +105,8 @@ def test_calibrate_writes_the_fit_and_plan_widens_its_bands(tmp_path, capsys):
     assert lo < lo0 and hi > hi0
     # another GPU type: the calibration of this one's runs no longer applies
     assert with_gpu(cal, "a100-sxm4-80gb")[0].calibration is None
-    assert with_gpu(cal, cal.gpu.name)[0].calibration == cal.calibration
+    same = with_gpu(cal, cal.gpu.name)[0]  # its own GPU keeps the calibrated profile, not the bundled one
+    assert same.calibration == cal.calibration and same.gpu == cal.gpu
 
 
 @pytest.mark.parametrize("edit, message", [
@@ -151,3 +152,25 @@ def test_what_the_calibration_left_unpinned_can_tie_plans():
     plans = [Plan(s) for s in steps]
     assert finalists(plans, 3) == plans[:1]
     assert finalists(plans, 3, [0.0, spreads[1], spreads[2]]) == [plans[0], plans[1]]
+
+
+def test_a_poor_fit_and_a_scale_at_its_bound_are_not_trusted():
+    """The runs' misfit beyond the allowed noise widens the spreads, and a scale stuck at the fit's bound keeps the
+    prior's spread (its optimum is not a minimum)."""
+    base = load_cluster("dgx-h100")
+    runs = _short_runs(base)
+    good = scale_sd(fit_scales(runs, base, ("gemm",)))["gemm"]
+    clash = [runs[0], Run("x2", runs[0].plan, 2 * runs[0].measured_s, 10, None)]  # one plan, two disagreeing steps
+    assert scale_sd(fit_scales(clash, base, ("gemm",)))["gemm"] > 2 * good
+    stuck = fit_scales([Run("", runs[0].plan, 100 * runs[0].measured_s, 10, None)], base, ("gemm",))
+    assert stuck.scales["gemm"] == pytest.approx(1 / 8) and scale_sd(stuck)["gemm"] == pytest.approx(PRIOR_LOG_SD)
+
+
+def test_refitting_some_scales_keeps_the_others_spread():
+    base = load_cluster("dgx-h100")
+    runs = _short_runs(base)
+    first = calibrated(base, fit_scales(runs, base))
+    again = calibrated(first, fit_scales(runs, first, ("gemm",)))
+    assert list(again.calibration.scales)[0] == "gemm" and set(again.calibration.scales) == set(first.calibration.scales)
+    assert scale_sd(again.calibration)["comm"] == pytest.approx(scale_sd(first.calibration)["comm"])
+    assert again.gpu.mem_bw == pytest.approx(first.gpu.mem_bw)  # the kept scales are not applied twice
