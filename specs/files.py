@@ -48,7 +48,7 @@ def _check_creatable(folder: Path, target: Path, what: str) -> None:
 
 
 def check_output_dir(path: str | Path, what: str) -> Path:
-    """``path`` is a writable directory, or can be created as one (nothing is created here)."""
+    """``path`` is a writable directory, or can be created as one (nothing is left behind)."""
     p = Path(path)
     if not str(path):
         raise AutoparError(f"the {what} path is empty; give a folder name")
