@@ -44,12 +44,16 @@ def load_inputs(args: argparse.Namespace) -> tuple[Any, Any]:
 def estimate_command(args: argparse.Namespace) -> int:
     """`autopar estimate`: one plan's step time, throughput, MFU and memory."""
     from cost_models.step import estimate
+    from planner.calibrate import calibration_spread
+    from planner.uncertainty import step_band
     from specs.parallel import config_from_keys, parse_plan_keys
 
     model, cluster = load_inputs(args)
     cfg = config_from_keys(parse_plan_keys(args.plan), cluster.num_gpus)
     est = estimate(model, cluster, cfg, args.global_batch,
                    headroom_GiB=headroom_for(args.headroom, cluster.gpu.memory_GiB))
+    spread, loose = calibration_spread(model, cluster, cfg, args.global_batch)
+    band = step_band(cfg.pp, est.step_time_s, spread)
     checked = None
     if args.verify:
         from planner.verify import memory_check
@@ -59,6 +63,9 @@ def estimate_command(args: argparse.Namespace) -> int:
     if args.format == "json":
         out = est.to_json()
         out["parallel"] = cfg.to_dict()
+        out["step_time_band_s"] = list(band)
+        if cluster.calibration is not None:
+            out["calibration_log_sd"] = round(spread, 6)
         if checked is not None:
             out["memory_replay"] = checked
         print(json.dumps(out))
@@ -69,6 +76,8 @@ def estimate_command(args: argparse.Namespace) -> int:
     print_inputs(con, model, cluster)
     con.print(f"plan    {cfg.short()}  (global batch {args.global_batch}, "
               f"{cfg.microbatches(args.global_batch)} micro-batches per step)")
+    unpinned = f"; mostly the calibration's unpinned {loose} scale" if spread > 0.05 else ""
+    con.print(f"band    {band[0]:.4g} .. {band[1]:.4g} s a step (95%, docs/cost_model.md \"How sure it is\"{unpinned})")
     for tab in estimate_tables(est, "estimate"):
         con.print(tab)
     if checked is not None:

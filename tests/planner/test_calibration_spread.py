@@ -103,6 +103,16 @@ def test_calibrate_writes_the_fit_and_plan_widens_its_bands(tmp_path, capsys):
     lo, hi = row["step_time_band_s"]
     lo0, hi0 = step_band(1, row["step_time_s"])
     assert lo < lo0 and hi > hi0
+    est = ["estimate", "--model", "tiny", "--gpus", "1", "--global-batch", "8", "--plan", "mbs=2", "--format", "json"]
+    assert main([*est, "--cluster", str(out)]) == 0
+    calibrated_est = json.loads(capsys.readouterr().out)
+    assert main([*est, "--cluster", "dgx-h100"]) == 0
+    plain_est = json.loads(capsys.readouterr().out)
+    assert plain_est["step_time_band_s"] == pytest.approx(list(step_band(1, plain_est["step_time_s"])), rel=1e-4)
+    assert "calibration_log_sd" not in plain_est and calibrated_est["calibration_log_sd"] > 0
+    lo, hi = calibrated_est["step_time_band_s"]
+    assert (lo, hi) == pytest.approx(step_band(1, calibrated_est["step_time_s"], calibrated_est["calibration_log_sd"]),
+                                     rel=1e-4)
     # another GPU type: the calibration of this one's runs no longer applies
     assert with_gpu(cal, "a100-sxm4-80gb")[0].calibration is None
     same = with_gpu(cal, cal.gpu.name)[0]  # its own GPU keeps the calibrated profile, not the bundled one
