@@ -311,28 +311,30 @@ def step_sensitivity(model: Any, cluster: ClusterSpec, config: Any, global_batch
     return np.array([(log_step(scaled(cluster, {p: math.exp(-h)})) - t0) / -h for p in fit.scales])
 
 
+def spread_of(g: np.ndarray, fit: Calibration) -> tuple[float, str]:
+    """The log standard deviation sqrt(g^T C g) a fit's log covariance C leaves on a step time of sensitivity
+    ``g`` (:func:`step_sensitivity`), and the scale contributing most."""
+    parts = g * (np.array(fit.log_covariance) @ g)
+    return math.sqrt(max(0.0, float(parts.sum()))), list(fit.scales)[int(np.argmax(parts))]
+
+
 def calibration_spread(model: Any, cluster: ClusterSpec, config: Any, global_batch: int, state: Any = None
                        ) -> tuple[float, str | None]:
     """How uncertain a plan's predicted step time is from the profile's calibration (``cluster.calibration``):
-    the log standard deviation sqrt(g^T C g), g its :func:`step_sensitivity` and C the fit's log covariance; and
-    the scale contributing most. (0, None) for a profile no calibration wrote."""
+    :func:`spread_of` its :func:`step_sensitivity`; (0, None) for a profile no calibration wrote."""
     g = step_sensitivity(model, cluster, config, global_batch, state)
     if g is None or cluster.calibration is None:
         return 0.0, None
-    parts = g * (np.array(cluster.calibration.log_covariance) @ g)
-    return math.sqrt(max(0.0, float(parts.sum()))), list(cluster.calibration.scales)[int(np.argmax(parts))]
+    return spread_of(g, cluster.calibration)
 
 
-def difference_spreads(model: Any, cluster: ClusterSpec, configs: list[Any], global_batch: int, state: Any = None
-                       ) -> list[float] | None:
-    """For each of ``configs``, the log standard deviation the profile's calibration leaves on the difference
-    between its step time and the first's, sqrt(d^T C d) with d the difference of their sensitivities (what the
-    fit's uncertainty can do to their order); None for a profile no calibration wrote."""
-    if cluster.calibration is None or not configs:
-        return None
-    cov = np.array(cluster.calibration.log_covariance)
-    g = [step_sensitivity(model, cluster, c, global_batch, state) for c in configs]
-    return [math.sqrt(max(0.0, float((gi - g[0]) @ cov @ (gi - g[0])))) for gi in g]  # type: ignore[operator]
+def difference_spreads(sensitivities: list[np.ndarray], fit: Calibration) -> list[float]:
+    """For each plan of ``sensitivities`` (:func:`step_sensitivity`, best plan first), the log standard deviation
+    the fit leaves on the difference between its step time and the first's, sqrt(d^T C d) with d the difference of
+    their sensitivities (what the fit's uncertainty can do to their order)."""
+    cov = np.array(fit.log_covariance)
+    return [math.sqrt(max(0.0, float((g - sensitivities[0]) @ cov @ (g - sensitivities[0]))))
+            for g in sensitivities]
 
 
 def bound_warning(scales: dict[str, float]) -> str | None:

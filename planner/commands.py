@@ -108,7 +108,7 @@ def _progress(fmt: str):
 
 
 def plan_command(args: argparse.Namespace) -> int:
-    from planner.calibrate import CALIBRATED_TIES, LOOSE_SPREAD, calibration_spread, difference_spreads
+    from planner.calibrate import CALIBRATED_TIES, LOOSE_SPREAD, difference_spreads, spread_of, step_sensitivity
     from planner.explain import runner_up, why
     from planner.headroom import memory_warning
     from planner.search import min_gpus_to_fit, search
@@ -169,7 +169,12 @@ def plan_command(args: argparse.Namespace) -> int:
     if res.plans[0].config.placement is not None:
         reason = f"{placement_reason(res.plans[0], res.homogeneous, model.num_layers, res.ranked)} {reason}"
     steps = [p.estimate.step_time_s for p in res.ranked]  # all refined plans, not only the top shown
-    extra = difference_spreads(model, cluster, [p.config for p in res.ranked[:CALIBRATED_TIES]], args.global_batch)
+    fit = cluster.calibration  # a calibrated profile: each plan's sensitivity to its scales, worked out once
+    grads = [step_sensitivity(model, cluster, p.config, args.global_batch)
+             for p in res.ranked[:max(len(res.plans), CALIBRATED_TIES)]] if fit is not None else []
+    spreads = [spread_of(g, fit) for g in grads[:len(res.plans)]] if fit is not None else [(0.0, None)] * len(
+        res.plans)
+    extra = difference_spreads(grads[:CALIBRATED_TIES], fit) if fit is not None else None
     tied, plain = tied_with_best(steps, extra), tied_with_best(steps)
     if tied:
         within = (f"within {tie_margin():.1%} of it, inside the model's ranking uncertainty" if tied == plain else
@@ -177,7 +182,6 @@ def plan_command(args: argparse.Namespace) -> int:
                   "cannot order them")
         reason += (f" The next {tied} plan{'s are' if tied > 1 else ' is'} {within}: `autopar tune` with the same "
                    "--model, --cluster, --global-batch and --fix measures the best of them (--trials, default 3).")
-    spreads = [calibration_spread(model, cluster, p.config, args.global_batch) for p in res.plans]
     if spreads[0][0] > LOOSE_SPREAD:
         reason += (f" The calibrated profile's runs leave this plan's step time uncertain (x/"
                    f"{math.exp(Z95 * spreads[0][0]):.2f} at 95%, mostly its {spreads[0][1]} scale, which they "

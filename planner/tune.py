@@ -30,6 +30,7 @@ from planner.calibrate import (
     load_runs,
     predict,
     profile_yaml,
+    step_sensitivity,
 )
 from planner.refine import PlanResult
 from planner.search import search
@@ -92,7 +93,9 @@ def prepare(model: ModelSpec, cluster: ClusterSpec, global_batch: int, out_dir: 
                            f"{cluster.num_gpus} GPUs: nothing to tune (see `autopar plan`)")
     out_dir.mkdir(parents=True, exist_ok=True)
     found: list[Trial] = []
-    extra = difference_spreads(model, cluster, [p.config for p in res.plans], global_batch)
+    fit = cluster.calibration  # a calibrated profile: plans the fit cannot order are finalists too
+    extra = None if fit is None else difference_spreads(
+        [step_sensitivity(model, cluster, p.config, global_batch) for p in res.plans], fit)
     for i, p in enumerate(finalists(res.plans, trials, extra)):
         path = out_dir / f"trial{i + 1}.json"
         plan = make_plan(model, cluster, global_batch, p.config, p.estimate.to_json(), TrainConfig(steps=steps))

@@ -138,8 +138,13 @@ def _recompute_within(r: object, layers: tuple[int, ...]) -> bool:
 
 
 def _recompute_ok(c: Candidates, x: PlanContext) -> np.ndarray:
-    splits = _stage_splits(c, x)
-    return np.array([_recompute_within(c.recompute_layers, splits[int(n)]) for n in _stages(c)], dtype=bool)
+    ok = np.ones(len(c), dtype=bool)
+    if c.recompute_layers is None:  # the search's usual case: nothing to check, no pass over the candidates
+        return ok
+    stages = _stages(c)
+    for n, layers in _stage_splits(c, x).items():  # one check per stage count, not per candidate
+        ok[stages == n] = _recompute_within(c.recompute_layers, layers)
+    return ok
 
 
 def _recompute_why(cfg: ParallelConfig, x: PlanContext) -> str:

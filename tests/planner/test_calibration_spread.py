@@ -19,6 +19,7 @@ from planner.calibrate import (
     fit_scales,
     predict,
     scale_sd,
+    step_sensitivity,
 )
 from planner.cli import main
 from planner.uncertainty import Z95, step_band
@@ -148,10 +149,11 @@ def test_what_the_calibration_left_unpinned_can_tie_plans():
     cl = calibrated(base, fit_scales(_short_runs(base), base)).resized(gpus=8)
     model = _model(1024)
     same, comm, micro = ParallelConfig(dp=8, mbs=1), ParallelConfig(tp=8, mbs=8), ParallelConfig(dp=8, mbs=2)
-    spreads = difference_spreads(model, cl, [same, comm, micro, same], 16)
+    spreads = difference_spreads([step_sensitivity(model, cl, c, 16) for c in (same, comm, micro, same)],
+                                 cl.calibration)
     assert spreads[0] == 0 and spreads[3] == pytest.approx(0, abs=1e-9)
     assert spreads[1] > 3 * spreads[2] and spreads[1] > tie_margin() > spreads[2]
-    assert difference_spreads(model, base.resized(gpus=8), [same, comm], 16) is None
+    assert step_sensitivity(model, base.resized(gpus=8), comm, 16) is None  # an uncalibrated profile: nothing to add
     steps = [1.0, 1.0 + 2 * tie_margin(), 1.0 + 2 * tie_margin()]
     assert tied_indices(steps) == [] and tied_indices(steps, [0.0, spreads[1], spreads[2]]) == [1]
 

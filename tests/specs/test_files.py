@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from specs.errors import AutoparError
-from specs.files import check_output_dir, check_output_file, read_mapping, write_text_atomic
+from specs.files import _umask, check_output_dir, check_output_file, read_mapping, write_text_atomic
 
 
 def test_yaml_reads_exponents_as_numbers_and_merges_keys(tmp_path):
@@ -55,8 +55,3 @@ def test_atomic_write_goes_through_links_and_keeps_the_mode(tmp_path):
 def test_atomic_write_to_a_device_writes_it_directly():
     write_text_atomic("/dev/null", "x")  # no temporary file can be made in /dev's place of a regular file
 
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
