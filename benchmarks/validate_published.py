@@ -366,7 +366,9 @@ def main() -> int:
     from planner.uncertainty import coverage
 
     print("\n+- bands (planner/uncertainty.py), each row's from the other rows, cover the measured step of "
-          + ", ".join(f"{c:.0%} of {name}" for name, c in coverage(residuals).items()))
+          + ", ".join(f"{c:.0%} of {name}" for name, c in coverage(residuals).items())
+          + "; each set's from the other sets only (a stack the bands have not seen): "
+          + ", ".join(f"{c:.0%} of {name}" for name, c in coverage(residuals, "set").items()))
     if args.write_residuals:
         Path(args.write_residuals).write_text(json.dumps(
             {"source": "python benchmarks/validate_published.py --write-residuals planner/residuals.json",

@@ -5,11 +5,11 @@ checked against (benchmarks/validate_published.py writes it, its ``write-residua
 current): Megatron-LM on Selene (Korthikanti 2022, Narayanan 2021) and Megatron-DeepSpeed on Jean Zay
 (BigScience's BLOOM sweep). Nothing is fitted to them; they only say how far off the model has been.
 
-- **Band.** For plans of one kind (pipelined or not), the central 95% of measured / predicted (2.5th to 97.5th
-  percentile at the plotting positions k / (n + 1); with fewer than 39 rows, the range seen) over all rows of
-  that kind: a plan predicted at T measured between T x low and T x high on those
-  stacks. The model leans optimistic (other stacks overlap less and add fixed costs it does not know), so bands
-  reach further above the prediction than below.
+- **Band.** For plans of one kind (pipelined or not), a 95% prediction interval of measured / predicted from
+  all rows of that kind: the k-th smallest to the k-th largest, k = floor(0.025 (n + 1)) and at least 1 (the
+  distribution-free interval of conformal prediction; below 79 rows, the range seen): a plan predicted at T
+  measured between T x low and T x high on those stacks. The model leans optimistic (other stacks overlap less
+  and add fixed costs it does not know), so bands reach further above the prediction than below.
 - **Ranking.** Errors of plans run on one stack move together; what can reorder two plans is how their errors
   differ. ``sigma`` is the standard deviation of log(measured / predicted) within each set (each set's mean
   removed); two plans whose predictions are closer than sigma x sqrt(2) (the spread of the difference of two
@@ -33,14 +33,14 @@ import numpy as np
 from specs.errors import AutoparError
 
 RESIDUALS = Path(__file__).with_name("residuals.json")
-QUANTILES = (0.025, 0.975)  # the central 95%
+TAIL = 0.025  # each side's share outside the band: 95% inside
 Z95 = 1.959964  # ... of a normal distribution
 
 
 @dataclass(frozen=True)
 class Band:
-    low: float  # measured / predicted, 2.5th percentile
-    high: float  # ... 97.5th percentile
+    low: float  # measured / predicted, the k-th smallest of the rows (``band``)
+    high: float  # ... the k-th largest
     rows: int  # validation rows of this kind
 
 
@@ -69,10 +69,14 @@ def band(pipelined: bool, sets: dict[str, list[dict[str, Any]]] | None = None) -
     """The band of plans of this kind (from ``sets``, default the stored residuals)."""
     ratios = np.sort([r["ratio"] for rows in _sets(sets).values() for r in rows if r["pipelined"] == pipelined])
     n = len(ratios)
-    # Quantiles at the plotting positions k / (n + 1) (Hyndman and Fan 1996, definition 6; np.quantile's
-    # "weibull", which would import numpy.ma: slow the first time): n rows say nothing of the tails beyond
-    # 1 / (n + 1), so with fewer than 39 rows the central 95% is the range seen, not a narrower interpolation.
-    lo, hi = np.interp(np.multiply(QUANTILES, n + 1), np.arange(1, n + 1), ratios)
+    # A new row exchangeable with n seen ones is the k-th smallest or below with probability k / (n + 1), so the
+    # k-th smallest to the k-th largest holds it with probability at least 1 - 2k / (n + 1) (Vovk, Gammerman and
+    # Shafer 2005; Lei et al. 2018, "Distribution-free predictive inference for regression"): k = 2.5% of n + 1,
+    # rounded down, keeps that at 95% or more. An interpolated quantile between order statistics would not; below
+    # 79 rows k would be 0 (no finite band holds 95%), so the range seen is the widest the rows can say,
+    # holding a new row with probability (n - 1) / (n + 1).
+    k = max(1, math.floor(TAIL * (n + 1)))
+    lo, hi = ratios[k - 1], ratios[n - k]
     return Band(low=float(lo), high=float(hi), rows=n)
 
 
@@ -123,14 +127,18 @@ def tied_with_best(steps: list[float], extra: list[float] | None = None) -> int:
     return len(tied_indices(steps, extra))
 
 
-def coverage(sets: dict[str, list[dict[str, Any]]]) -> dict[str, float]:
-    """Per set: the share of its rows whose measured step lies in the band of their kind made from every *other*
-    row (leave one out: a row never widens its own band, so the share can fall short of 1)."""
+def coverage(sets: dict[str, list[dict[str, Any]]], hold_out: str = "row") -> dict[str, float]:
+    """Per set: the share of its rows whose measured step lies in the band of their kind made from the rest:
+    every *other* row (``hold_out="row"``: a row never widens its own band, so the share can fall short of 1) or
+    the *other sets* only (``"set"``: how the bands do on a stack none of their rows come from)."""
     def covered(name: str, i: int) -> bool:
-        rest = {n: [r for j, r in enumerate(rows) if (n, j) != (name, i)] for n, rows in sets.items()}
+        rest = {n: [r for j, r in enumerate(rows) if (n, j) != (name, i) and (hold_out == "row" or n != name)]
+                for n, rows in sets.items()}
         row = sets[name][i]
         if sum(r["pipelined"] == row["pipelined"] for rows in rest.values() for r in rows) == 0:
-            return False  # the only row of its kind: no band without it
+            return False  # the only rows of their kind: no band without them
         return in_band(row["pipelined"], row["ratio"], 1.0, rest)
 
+    if hold_out not in ("row", "set"):
+        raise ValueError(f"hold_out is 'row' or 'set', not {hold_out!r}")
     return {name: sum(covered(name, i) for i in range(len(rows))) / len(rows) for name, rows in sets.items()}
