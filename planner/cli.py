@@ -105,7 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
     wi = sub.add_parser("whatif", help="sweep bandwidth, GPU count or GPU type and re-plan at each point")
     _add_common(wi)
     wi.add_argument("--vary", required=True,
-                    help="one of inter_node_bw=Gb/s per NIC,..., intra_node_bw=GB/s,..., gpus=N,..., gpu=name,...")
+                    help="one of inter_node_bw=Gb/s per NIC,..., intra_node_bw=GB/s,..., gpus=N,..., nodes=N,..., "
+                         "nics_per_node=N,..., gpu=name,...; on a cluster of node groups also "
+                         "group_bw:GROUP=Gb/s per NIC,..., group_nodes:GROUP=N,..., group_net:GROUP=group names,... "
+                         "(docs/contract.md)")
     wi.add_argument("--fix", default="", action=_Merged, help="plan keys held fixed at every point")
     wi.add_argument("--compare", default=None, help='a second curve with these keys fixed, e.g. "dp_overlap=false"')
     wi.add_argument("--plot", type=path_argument, help="write a PNG plot of throughput and scaling efficiency")
@@ -117,8 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     tu = sub.add_parser("tune", help="plan, then run the best few plans here and keep the fastest measured")
     _add_common(tu)
     tu.add_argument("--fix", default="", action=_Merged, help="plan keys to hold fixed")
-    tu.add_argument("--trials", type=int, default=3,
-                    help="most finalists to measure: the best and those tied with it (default 3)")
+    tu.add_argument("--trials", "--top", type=int, default=3, dest="trials",
+                    help="most finalists to measure: the best and those tied with it (default 3; --top is the same)")
     tu.add_argument("--steps", type=int, default=8, help="steps per trial (default 8)")
     tu.add_argument("--warmup", type=int, default=2, help="steps of each trial left out of its median (default 2)")
     tu.add_argument("--time-limit", type=float, default=600.0, metavar="S",
@@ -129,7 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     _format(tu)
 
     prof = sub.add_parser("profile", help="measure this machine and write a cluster profile")
-    prof.add_argument("--out", default="my-cluster.yaml", type=path_argument)
+    prof.add_argument("--out", default="my-cluster.yaml", type=path_argument,
+                      help="the cluster profile to write (default my-cluster.yaml)")
     prof.add_argument("--quick", action="store_true", help="fewer shapes and sizes")
     prof.add_argument("--nproc", type=int, default=None,
                       help="ranks to measure collectives with (default: all GPUs, or 2 on CPU)")

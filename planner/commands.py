@@ -45,6 +45,7 @@ def estimate_command(args: argparse.Namespace) -> int:
     """`autopar estimate`: one plan's step time, throughput, MFU and memory."""
     from cost_models.step import estimate
     from planner.calibrate import calibration_spread
+    from planner.prediction import prediction_json
     from planner.uncertainty import step_band
     from specs.parallel import config_from_keys, parse_plan_keys
 
@@ -61,11 +62,7 @@ def estimate_command(args: argparse.Namespace) -> int:
 
         checked = memory_check(make_plan(model, cluster, args.global_batch, cfg), est)
     if args.format == "json":
-        out = est.to_json()
-        out["parallel"] = cfg.to_dict()
-        out["step_time_band_s"] = list(band)
-        if cluster.calibration is not None:
-            out["calibration_log_sd"] = round(spread, 6)
+        out = prediction_json(est, cfg, spread, cluster.calibration is not None)
         if checked is not None:
             out["memory_replay"] = checked
         print(json.dumps(out))
@@ -111,6 +108,7 @@ def plan_command(args: argparse.Namespace) -> int:
     from planner.calibrate import CALIBRATED_TIES, LOOSE_SPREAD, difference_spreads, spread_of, step_sensitivity
     from planner.explain import runner_up, why
     from planner.headroom import memory_warning
+    from planner.prediction import prediction_json
     from planner.search import min_gpus_to_fit, search
     from planner.uncertainty import Z95, ranking_sigma, step_band, tie_margin, tied_with_best
     from specs.parallel import key_text, parse_plan_keys
@@ -198,18 +196,12 @@ def plan_command(args: argparse.Namespace) -> int:
         from specs.planfile import TrainConfig, make_plan, save_plan
 
         best = res.plans[0]
-        pred = best.estimate.to_json()
+        pred = prediction_json(best.estimate, best.config, spreads[0][0], fit is not None)
         train = TrainConfig(steps=args.steps) if args.steps else TrainConfig()
         save_plan(make_plan(model, cluster, args.global_batch, best.config, pred, train), args.out)
     if args.format == "json":
-        rows = []
-        for p, (spread, _) in zip(res.plans, spreads):
-            row = p.estimate.to_json()
-            row = {"parallel": p.config.to_dict(), **row,
-                   "step_time_band_s": list(step_band(p.config.pp, p.estimate.step_time_s, spread))}
-            if cluster.calibration is not None:
-                row["calibration_log_sd"] = round(spread, 6)
-            rows.append(row)
+        rows = [prediction_json(p.estimate, p.config, spread, fit is not None)
+                for p, (spread, _) in zip(res.plans, spreads)]
         baseline = {"homogeneous_baseline": res.homogeneous.row()} if res.homogeneous is not None else {}
         print(json.dumps({"plans": rows, "search": search_info, "why": reason, **baseline,
                           "uncertainty": {"ranking_sigma": ranking_sigma(), "tie_margin": tie_margin(),
@@ -320,6 +312,7 @@ def run_command(args: argparse.Namespace) -> int:
 def _replan(args: argparse.Namespace) -> str:
     """``run --resume --replan --gpus N``: the fastest plan the runtime runs for the checkpoint's model and global
     batch on N GPUs of its cluster, written beside the checkpoints; returns its path."""
+    from planner.prediction import plan_prediction
     from planner.search import search
     from runtime.checkpoint import saved_plan
     from specs.capabilities import runnable_keys
@@ -340,8 +333,8 @@ def _replan(args: argparse.Namespace) -> str:
                            f"GPUs of {cluster.name}; re-plan for more GPUs")
     best = res.plans[0]
     path = Path(args.checkpoint_dir) / f"replanned-{args.gpus}gpus.json"
-    save_plan(make_plan(old.model, cluster, old.global_batch, best.config, best.estimate.to_json(), old.train,
-                        old.state), path)
+    pred = plan_prediction(old.model, cluster, best.config, best.estimate, old.global_batch, old.state)
+    save_plan(make_plan(old.model, cluster, old.global_batch, best.config, pred, old.train, old.state), path)
     print(f"autopar: re-planned for {args.gpus} GPUs: {best.config.short()} (was {old.config.short()} on "
           f"{old.world_size}), {best.estimate.step_time_s:.4g} s a step predicted; wrote {path}", flush=True)
     return str(path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from planner.prediction import plan_prediction
 from planner.search import SearchResult, search
 from specs.capabilities import runnable_keys
 from specs.cluster import load_cluster
@@ -22,5 +23,6 @@ def default_plan(path: str | Path) -> tuple[Path, SearchResult]:
     best = res.plans[0]
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    save_plan(make_plan(model, cluster, GLOBAL_BATCH, best.config, best.estimate.to_json(), TRAIN), out)
+    pred = plan_prediction(model, cluster, best.config, best.estimate, GLOBAL_BATCH)
+    save_plan(make_plan(model, cluster, GLOBAL_BATCH, best.config, pred, TRAIN), out)
     return out, res

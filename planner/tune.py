@@ -32,6 +32,7 @@ from planner.calibrate import (
     profile_yaml,
     step_sensitivity,
 )
+from planner.prediction import plan_prediction
 from planner.refine import PlanResult
 from planner.search import search
 from planner.uncertainty import tied_indices
@@ -98,7 +99,8 @@ def prepare(model: ModelSpec, cluster: ClusterSpec, global_batch: int, out_dir: 
         [step_sensitivity(model, cluster, p.config, global_batch) for p in res.plans], fit)
     for i, p in enumerate(finalists(res.plans, trials, extra)):
         path = out_dir / f"trial{i + 1}.json"
-        plan = make_plan(model, cluster, global_batch, p.config, p.estimate.to_json(), TrainConfig(steps=steps))
+        pred = plan_prediction(model, cluster, p.config, p.estimate, global_batch)
+        plan = make_plan(model, cluster, global_batch, p.config, pred, TrainConfig(steps=steps))
         save_plan(plan, path)
         found.append(Trial(str(path), p.config.to_dict(), p.config.short(), p.estimate.step_time_s))
     return found

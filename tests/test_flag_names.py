@@ -64,3 +64,26 @@ def test_every_flag_a_message_names_exists(capsys):
     assert {"--fix", "--headroom", "--resume", "--quiet"} <= set(named)  # the scan sees messages and help texts
     unknown = {flag: sorted(files) for flag, files in named.items() if flag not in known}
     assert not unknown, unknown
+
+
+def _doc_commands() -> list[tuple[str, str, str]]:
+    """Each ``autopar <command> ...`` the README and docs/ show (a code line or an inline code span), as
+    (file, command, its text up to the end of the span or line)."""
+    found = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for span in re.findall(r"`([^`\n]+)`|^(.+)$", path.read_text(), re.M):
+            text = span[0] or span[1]
+            for m in re.finditer(r"\bautopar ([a-z][a-z-]+)([^`#|]*)", text):
+                found.append((path.name, m.group(1), m.group(2)))
+    return found
+
+
+def test_every_flag_the_docs_show_exists_for_its_command():
+    """A flag the README or docs/ show after `autopar <command>` is one that command takes (the contract's
+    commands are copied by other tools: a renamed flag there breaks them)."""
+    subs = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    shown = _doc_commands()
+    assert len(shown) > 50 and {c for _, c, _ in shown} >= {"plan", "estimate", "whatif", "run", "tune"}
+    wrong = sorted({(f, c, flag) for f, c, rest in shown if c in subs
+                    for flag in FLAG.findall(rest) if flag not in _parser_flags(subs[c])})
+    assert not wrong, wrong

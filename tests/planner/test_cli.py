@@ -107,7 +107,20 @@ def test_plan_json_and_plan_file_roundtrip(tmp_path, capsys):
     plan = load_plan(out_file)
     assert plan.config.to_dict() == d["plans"][0]["parallel"]
     assert plan.prediction["step_time_s"] == pytest.approx(d["plans"][0]["step_time_s"])
+    # the plan file keeps the prediction as `plan` printed it, band and keys included (docs/contract.md)
+    assert plan.prediction["step_time_band_s"] == d["plans"][0]["step_time_band_s"]
+    assert plan.prediction["parallel"] == d["plans"][0]["parallel"] and plan.prediction_is_current
     assert plan.world_size == 16
+
+
+def test_tune_takes_top_as_the_design_names_it():
+    """../shared/DESIGN.md writes `autopar tune ... [--top K]`; `--trials` is the same option."""
+    from planner.cli import build_parser
+
+    base = ["tune", "--model", "tiny", "--cluster", "cpu-gloo", "--global-batch", "16"]
+    assert build_parser().parse_args([*base, "--top", "2"]).trials == 2
+    assert build_parser().parse_args([*base, "--trials", "4"]).trials == 4
+    assert build_parser().parse_args(base).trials == 3
 
 
 def test_cross_node_tp_flag_estimate_plan_and_plan_file(tmp_path, capsys):
