@@ -172,36 +172,39 @@ BLOOM_SWEEP = ModelSpec(name="bloom-181b", arch="gpt", num_layers=72, hidden_siz
                         vocab_size=250880, seq_length=2048, tie_embeddings=True)
 
 
-def bloom_topology() -> list[dict]:
-    """Every plan of the BLOOM sweep, measured vs predicted: time per sample and peak memory, or whether it fits.
+def price_bloom_plan(model: ModelSpec, cluster, row: dict[str, str], layers: tuple[int, ...] | None = None) -> dict:
+    """One plan of BigScience's BLOOM sweeps (a CSV row: dp, tp, pp, micro_batch, global_batch, memory_GB,
+    sec_per_iteration or ``oom``), measured vs predicted: time per sample and peak memory, or whether it fits.
 
-    The sweep's setting (Megatron-DeepSpeed): fp16, ZeRO-1, full recompute, plain 1F1B, no SP or overlap, and the
-    72 transformer layers split evenly over the stages (its GPTModelPipe's partition_method 'type:transformer'; the
-    chronicle switched to 'type:transformer|embedding' only after these tables), the embedding on the first and last
-    stage besides."""
+    The sweeps' setting (Megatron-DeepSpeed): fp16, ZeRO-1, full recompute, plain 1F1B, no SP or overlap, and the
+    transformer layers split over the stages as its GPTModelPipe's partition_method 'type:transformer' does
+    (``layers``, default even; the chronicle switched to 'type:transformer|embedding' only after these tables), the
+    embedding on the first and last stage besides."""
     from planner.search import search
 
+    dp, tp, pp, mbs, B = (int(row[k]) for k in ("dp", "tp", "pp", "micro_batch", "global_batch"))
+    fixed = {"tp": tp, "pp": pp, "dp": dp, "mbs": mbs, "vpp": 1, "cp": 1, "recompute": "full",
+             "recompute_layers": None, "sp": False, "zero": 1, "dp_overlap": False, "tp_overlap": False,
+             "layers": layers or (model.num_layers // pp,) * pp}
+    plans = search(model, cluster, B, fixed=fixed, top=1,
+                   state=published_state(cluster, "bigscience_tr11_topology")).plans
+    oom = row["sec_per_iteration"] == "oom"
+    r = {"plan": f"tp={tp} pp={pp} dp={dp} mbs={mbs}", "tp": tp, "global_batch": B, "measured_oom": oom,
+         "predicted_fits": bool(plans)}
+    if not oom:
+        r["measured_s_per_sample"] = float(row["sec_per_iteration"]) / B
+    if plans:
+        r["predicted_s_per_sample"] = plans[0].estimate.step_time_s / B
+        r["predicted_GiB"] = plans[0].estimate.memory_GiB
+    if row["memory_GB"]:
+        r["measured_GiB"] = float(row["memory_GB"])
+    return r
+
+
+def bloom_topology() -> list[dict]:
+    """Every plan of the BLOOM topology sweep (:func:`price_bloom_plan`): 72 layers split evenly."""
     cluster = load_cluster(str(DATA / "jean-zay-a100.yaml"))
-    out = []
-    for row in _rows("bigscience_tr11_topology.csv"):
-        dp, tp, pp, mbs, B = (int(row[k]) for k in ("dp", "tp", "pp", "micro_batch", "global_batch"))
-        fixed = {"tp": tp, "pp": pp, "dp": dp, "mbs": mbs, "vpp": 1, "cp": 1, "recompute": "full",
-                 "recompute_layers": None, "sp": False, "zero": 1, "dp_overlap": False, "tp_overlap": False,
-                 "layers": (BLOOM_SWEEP.num_layers // pp,) * pp}
-        plans = search(BLOOM_SWEEP, cluster, B, fixed=fixed, top=1,
-                       state=published_state(cluster, "bigscience_tr11_topology")).plans
-        oom = row["sec_per_iteration"] == "oom"
-        r = {"plan": f"tp={tp} pp={pp} dp={dp} mbs={mbs}", "tp": tp, "global_batch": B, "measured_oom": oom,
-             "predicted_fits": bool(plans)}
-        if not oom:
-            r["measured_s_per_sample"] = float(row["sec_per_iteration"]) / B
-        if plans:
-            r["predicted_s_per_sample"] = plans[0].estimate.step_time_s / B
-            r["predicted_GiB"] = plans[0].estimate.memory_GiB
-        if row["memory_GB"]:
-            r["measured_GiB"] = float(row["memory_GB"])
-        out.append(r)
-    return out
+    return [price_bloom_plan(BLOOM_SWEEP, cluster, row) for row in _rows("bigscience_tr11_topology.csv")]
 
 
 def _ranks(x: list[float]) -> list[float]:
