@@ -363,10 +363,16 @@ def calibrate_command(args: argparse.Namespace) -> int:
     bad = [p for p in params if p not in PARAMS]
     if bad or not params:
         raise AutoparError(f"--fit: unknown parameter '{bad[0] if bad else ''}'; choose from {', '.join(PARAMS)}")
+    twice = sorted({p for p in params if params.count(p) > 1})
+    if twice:
+        raise AutoparError(f"--fit: '{twice[0]}' given twice; name each parameter once")
     warmup = getattr(args, "warmup", None)
     if warmup is not None and warmup < 0:
         raise AutoparError(f"--warmup must be >= 0, got {warmup}")
-    check_output_file(args.out, "calibrated profile")
+    plans = getattr(args, "plan", None) or []
+    check_output_file(args.out, "calibrated profile", {**{f"metrics file {m}": m for m in args.metrics},
+                                                       **{f"plan file {p}": p for p in (
+                                                           plans if isinstance(plans, list) else [plans])}})
     runs = load_runs(list(args.metrics), getattr(args, "plan", None), warmup)
     cluster_ref = getattr(args, "cluster", None)
     if cluster_ref:

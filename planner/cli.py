@@ -16,7 +16,7 @@ from typing import Any
 
 from runtime.options import add_run_arguments
 from specs.errors import AutoparError
-from specs.files import path_argument
+from specs.files import integer, path_argument
 
 
 class _Once(argparse.Action):
@@ -59,10 +59,10 @@ def _add_common(p: argparse.ArgumentParser, batch_required: bool = True) -> None
     p.add_argument("--cluster", default="dgx-a100", type=path_argument,
                    help="bundled cluster name or profile path (default dgx-a100)")
     size = p.add_mutually_exclusive_group()
-    size.add_argument("--gpus", type=int, help="resize the cluster to N GPUs")
-    size.add_argument("--nodes", type=int, help="resize the cluster to N nodes")
-    p.add_argument("--global-batch", type=int, required=batch_required, help="sequences per step")
-    p.add_argument("--seq", type=int, help="sequence length (default: the model's seq_length)")
+    size.add_argument("--gpus", type=integer, help="resize the cluster to N GPUs")
+    size.add_argument("--nodes", type=integer, help="resize the cluster to N nodes")
+    p.add_argument("--global-batch", type=integer, required=batch_required, help="sequences per step")
+    p.add_argument("--seq", type=integer, help="sequence length (default: the model's seq_length)")
     p.add_argument("--headroom", type=float, default=None, metavar="GiB",
                    help="memory to keep free per GPU when deciding whether a plan fits (default: 10%% of the "
                         "GPU's memory, what measured peaks ran above the model's; 0 uses it all)")
@@ -90,13 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plan", help="search for the fastest plan that fits")
     _add_common(pl)
     pl.add_argument("--fix", default="", action=_Merged, help='plan keys to hold fixed, e.g. "tp=8,recompute=full"')
-    pl.add_argument("--top", type=int, default=5, help="how many plans to list (default 5)")
+    pl.add_argument("--top", type=integer, default=5, help="how many plans to list (default 5)")
     pl.add_argument("--exhaustive", action="store_true", help="enumerate everything, no pruning (slow)")
     pl.add_argument("--runnable", action="store_true",
                     help="kept for compatibility: every plan is one autopar's runtime executes; this only checks "
                          "that the model and its precision can be trained (specs/capabilities.py)")
     pl.add_argument("--out", type=path_argument, help="write the best plan to this plan file (JSON)")
-    pl.add_argument("--steps", type=int, default=None, help="training steps recorded in the plan file")
+    pl.add_argument("--steps", type=integer, default=None, help="training steps recorded in the plan file")
     pl.add_argument("--verify", action="store_true",
                     help="also replay the best plan's pipeline ranks with the runtime on the meta device and compare "
                          "the bytes they keep alive with the memory model (needs torch)")
@@ -120,10 +120,10 @@ def build_parser() -> argparse.ArgumentParser:
     tu = sub.add_parser("tune", help="plan, then run the best few plans here and keep the fastest measured")
     _add_common(tu)
     tu.add_argument("--fix", default="", action=_Merged, help="plan keys to hold fixed")
-    tu.add_argument("--trials", "--top", type=int, default=3, dest="trials",
+    tu.add_argument("--trials", "--top", type=integer, default=3, dest="trials",
                     help="most finalists to measure: the best and those tied with it (default 3; --top is the same)")
-    tu.add_argument("--steps", type=int, default=8, help="steps per trial (default 8)")
-    tu.add_argument("--warmup", type=int, default=2, help="steps of each trial left out of its median (default 2)")
+    tu.add_argument("--steps", type=integer, default=8, help="steps per trial (default 8)")
+    tu.add_argument("--warmup", type=integer, default=2, help="steps of each trial left out of its median (default 2)")
     tu.add_argument("--time-limit", type=float, default=600.0, metavar="S",
                     help="seconds a trial may run before it is stopped and skipped (default 600)")
     tu.add_argument("--data", type=path_argument, help="token file the trials train on (default: a bundled sample)")
@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--out", default="my-cluster.yaml", type=path_argument,
                       help="the cluster profile to write (default my-cluster.yaml)")
     prof.add_argument("--quick", action="store_true", help="fewer shapes and sizes")
-    prof.add_argument("--nproc", type=int, default=None,
+    prof.add_argument("--nproc", type=integer, default=None,
                       help="ranks to measure collectives with (default: all GPUs, or 2 on CPU)")
     prof.add_argument("--name", default=None, help="cluster name in the profile")
     prof.add_argument("--group", default=None, metavar="NAME",
@@ -153,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "'plan' entry the metrics file carries)")
     cal.add_argument("--cluster", type=path_argument,
                      help="profile to calibrate (default: the cluster the plans embed)")
-    cal.add_argument("--warmup", type=int, help="steps to leave out of each run (default: the first 10%%)")
+    cal.add_argument("--warmup", type=integer, help="steps to leave out of each run (default: the first 10%%)")
     cal.add_argument("--fit", help="parameters to fit, from gemm,attention,memory,overhead,comm (default: all)")
 
     dg = sub.add_parser("diagnose", help="where a run's steps went per phase, which ranks were slow, and the step "
@@ -161,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     dg.add_argument("metrics", type=path_argument, help="metrics JSON lines written by `autopar run --metrics-out`")
     dg.add_argument("--plan", type=path_argument, help="the plan file the run ran (default: the metrics file's)")
     dg.add_argument("--steps", help="only these steps: steps and ranges, e.g. 11-20 or 3-10,12 or 11-")
-    dg.add_argument("--warmup", type=int, help="steps to leave out (default: the first 10%%; none with --steps)")
+    dg.add_argument("--warmup", type=integer, help="steps to leave out (default: the first 10%%; none with --steps)")
     dg.add_argument("--threshold", type=float, default=1.25,
                     help="name a rank whose compute or sends take this many times its peers' (default 1.25)")
     _format(dg)

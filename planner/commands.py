@@ -41,6 +41,11 @@ def load_inputs(args: argparse.Namespace) -> tuple[Any, Any]:
     return model, cluster
 
 
+def spec_files(args: argparse.Namespace) -> dict[str, str | None]:
+    """The model spec and cluster profile a command reads, by what they are (for outputs not to overwrite)."""
+    return {"model spec": args.model, "cluster profile": args.cluster}
+
+
 def estimate_command(args: argparse.Namespace) -> int:
     """`autopar estimate`: one plan's step time, throughput, MFU and memory."""
     from cost_models.step import estimate
@@ -117,7 +122,7 @@ def plan_command(args: argparse.Namespace) -> int:
     if args.out:
         from specs.files import check_output_file
 
-        check_output_file(args.out, "plan file")  # before the search, not after
+        check_output_file(args.out, "plan file", spec_files(args))  # before the search, not after
     fixed = parse_plan_keys(args.fix, "--fix")
     flags: dict[str, str] = {}
     if args.runnable:
@@ -140,8 +145,8 @@ def plan_command(args: argparse.Namespace) -> int:
         fixed = {**runnable_keys(), **fixed}
     if args.top < 1:
         raise AutoparError(f"--top must be at least 1, got {args.top}")
-    if args.steps is not None and args.steps < 1:
-        raise AutoparError(f"--steps must be at least 1, got {args.steps}")
+    if args.steps is not None and not 1 <= args.steps < 2**63:
+        raise AutoparError(f"--steps must be at least 1 (and below 2^63), got {args.steps}")
     headroom = headroom_for(args.headroom, cluster.gpu.memory_GiB)
     res = search(model, cluster, args.global_batch, fixed=fixed, top=args.top, exhaustive=args.exhaustive,
                  headroom_GiB=headroom, progress=_progress(args.format), flags=flags)
@@ -246,6 +251,9 @@ def whatif_command(args: argparse.Namespace) -> int:
 
         plot_file(args.plot)  # a bad path fails now, not after the sweep
     key, values = parse_vary(args.vary)
+    if key in ("gpus", "nodes") and (args.gpus or args.nodes):
+        raise AutoparError(f"--vary {key} sets the cluster's size at each point; leave out "
+                           f"{'--gpus' if args.gpus else '--nodes'}")
     fixed = parse_plan_keys(args.fix, "--fix")
     more = parse_plan_keys(args.compare, "--compare") if args.compare else {}
     curves: dict[str, Any] = {"best": sweep(model, cluster, args.global_batch, key, values, fixed, args.headroom)}
@@ -318,6 +326,8 @@ def _replan(args: argparse.Namespace) -> str:
     from specs.capabilities import runnable_keys
     from specs.planfile import make_plan, save_plan
 
+    if args.gpus is not None and args.gpus < 1:
+        raise AutoparError(f"--gpus must be at least 1, got {args.gpus}")
     if not (args.resume and args.checkpoint_dir and args.gpus):
         raise AutoparError("--replan needs --resume, --checkpoint-dir and --gpus N (the GPUs to plan for)")
     if args.plan is not None:
@@ -413,7 +423,7 @@ def tune_command(args: argparse.Namespace) -> int:
     model, cluster = load_inputs(args)
     check_trial_options(args.trials, args.steps, args.warmup, args.time_limit)
     if args.out:
-        check_output_file(args.out, "plan file")
+        check_output_file(args.out, "plan file", {**spec_files(args), "--data file": args.data})
     if args.dir:
         check_output_dir(args.dir, "trial folder")
     if args.data:

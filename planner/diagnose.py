@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -42,6 +43,7 @@ from cost_models.step import Estimate, estimate
 from planner.calibrate import check_same_run, measured_median, read_metrics, resolve_plan
 from planner.report import console, fmt_time
 from specs.errors import AutoparError
+from specs.parallel import whole_number
 from specs.phases import PHASES
 from specs.planfile import PlanFile, load_plan
 from specs.schedules import build_schedule
@@ -94,6 +96,11 @@ def rank_phases(rows: list[dict[str, Any]], world: int, source: str) -> dict[str
             raise AutoparError(f"metrics file {source}: step {r['step']} has no phase times for {world} ranks; "
                                "write it with this version's `autopar run --metrics-out`")
         for p in PHASES:
+            if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < math.inf
+                       for x in ph[p]):
+                raise AutoparError(f"metrics file {source}: step {r['step']} has a {p} time that is not a "
+                                   "non-negative number of seconds; the file was edited or damaged: write it again "
+                                   "with `autopar run --metrics-out`")
             per[p].append(ph[p])
     return {p: np.array(v, dtype=float) for p, v in per.items()}
 
@@ -270,7 +277,7 @@ def step_filter(text: str) -> Callable[[int], bool]:
     for item in text.split(","):
         first, dash, last = item.strip().partition("-")
         try:
-            lo, hi = int(first), (int(last) if last else None) if dash else int(first)
+            lo, hi = whole_number(first), (whole_number(last) if last else None) if dash else whole_number(first)
         except ValueError:
             raise AutoparError(f"--steps: expected steps and ranges such as 3-10,12 or 11-, got {item!r}") from None
         if lo < 1 or (hi is not None and hi < lo):
@@ -281,8 +288,10 @@ def step_filter(text: str) -> Callable[[int], bool]:
 
 def diagnose_command(args: argparse.Namespace) -> int:
     """``autopar diagnose METRICS [--plan P] [--steps A-B] [--warmup N] [--threshold X] [--format json]``."""
-    if args.threshold <= 1:
-        raise AutoparError(f"--threshold must be above 1 (a ratio to the other ranks), got {args.threshold}")
+    if not 1 < args.threshold < math.inf:
+        raise AutoparError(f"--threshold must be a number above 1 (a ratio to the other ranks), got {args.threshold}")
+    if args.steps is not None and not args.steps.strip():
+        raise AutoparError("--steps is empty; give steps and ranges such as 3-10,12 or 11-, or leave it out")
     if args.warmup is not None and args.warmup < 0:
         raise AutoparError(f"--warmup must be >= 0, got {args.warmup}")
     rows, ref = read_metrics(args.metrics)

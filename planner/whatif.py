@@ -16,7 +16,7 @@ from planner.space import check_fixed_keys
 from specs.cluster import ClusterSpec, cluster_from_dict, list_gpus, load_gpu
 from specs.errors import AutoparError, did_you_mean
 from specs.model import ModelSpec
-from specs.parallel import LAYOUT
+from specs.parallel import LAYOUT, whole_number
 
 VARY_KEYS = {
     "inter_node_bw": "Gb/s per NIC",
@@ -55,11 +55,15 @@ def parse_vary(text: str) -> tuple[str, list[Any]]:
     vals: list[Any] = []
     for x in items:
         try:
-            v = float(x) if base.endswith("_bw") else int(x)
+            if not x.isascii():
+                raise ValueError(x)
+            v = float(x) if base.endswith("_bw") else whole_number(x)
         except ValueError:
-            raise AutoparError(f"--vary {key} takes numbers ({VARY_KEYS[key]}), got '{x}'") from None
+            raise AutoparError(f"--vary {key} takes {'numbers' if base.endswith('_bw') else 'whole numbers'} "
+                               f"({VARY_KEYS[base]}), got '{x}'") from None
         if not (v > 0 and math.isfinite(v)) or (base.endswith("_bw") and v < 0.01):
-            raise AutoparError(f"--vary {key} values must be finite and positive (at least 0.01), got {x}")
+            raise AutoparError(f"--vary {key} values must be finite and at least 0.01, got {x}" if base.endswith("_bw")
+                               else f"--vary {key} values must be whole numbers of at least 1, got {x}")
         vals.append(v)
     return key, vals
 

@@ -175,22 +175,29 @@ def _first_difference(a: dict[str, Any], b: dict[str, Any]) -> str:
     return "?"
 
 
-def load_checkpoint(tr: Trainer, root: Path) -> int:
-    """Restore the newest checkpoint under ``root`` into ``tr``; returns the step it resumes after."""
-    ck = latest_checkpoint(root)
-    if ck is None:
-        raise AutoparError(f"no checkpoint to resume from in {root}; run without --resume to start fresh")
+def read_meta(ck: Path) -> dict[str, Any]:
+    """Checkpoint ``ck``'s meta.json, checked: a step count, the plan fingerprint, this autopar's format."""
     try:
         meta = json.loads((ck / META).read_text())
         step, saved = meta["step"], meta["plan"]
         if not isinstance(step, int) or isinstance(step, bool) or step < 0 or not isinstance(saved, dict):
             raise ValueError("bad step or plan")
     except (OSError, ValueError, KeyError, TypeError):
-        raise AutoparError(f"checkpoint {ck} is corrupt (unreadable {META}); delete it to resume from an "
+        raise AutoparError(f"checkpoint {ck} is corrupt (unreadable {META}); delete it to use an "
                            "earlier one") from None
     if meta.get("format") != FORMAT:
         raise AutoparError(f"checkpoint {ck} has format {meta.get('format', 1)}, this autopar reads format {FORMAT}; "
-                           "resume it with the autopar that wrote it, or start without --resume")
+                           "use the autopar that wrote it (or start without --resume)")
+    return meta
+
+
+def load_checkpoint(tr: Trainer, root: Path) -> int:
+    """Restore the newest checkpoint under ``root`` into ``tr``; returns the step it resumes after."""
+    ck = latest_checkpoint(root)
+    if ck is None:
+        raise AutoparError(f"no checkpoint to resume from in {root}; run without --resume to start fresh")
+    meta = read_meta(ck)
+    step, saved = meta["step"], meta["plan"]
     saved, mine = _normal(saved), _normal(fingerprint(tr.plan, tr.state))
     shared, ours = _run_of(saved), _run_of(mine)
     if shared != ours:

@@ -26,12 +26,13 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from runtime.checkpoint import META, fingerprint, latest_checkpoint, publish
+from runtime.checkpoint import META, fingerprint, latest_checkpoint, publish, read_meta
 from runtime.dtypes import TORCH_DTYPES
 from specs.errors import AutoparError
-from specs.files import check_output_dir
-from specs.hf_config import hf_to_spec
+from specs.files import check_output_dir, default_mode, read_mapping
+from specs.hf_config import looks_like_hf
 from specs.model import ModelSpec
+from specs.model_loading import load_model
 from specs.planfile import PlanFile
 
 _LAYER = {  # autopar name in layer i -> Hugging Face name(s) in model.layers.i (several: fused, in row order)
@@ -154,14 +155,13 @@ def import_hf(hf_dir: Path, plan: PlanFile, out: Path) -> Path:
         raise AutoparError(f"{out} already holds a run's checkpoints ({held.name}); import into an "
                            "empty or new folder")
     cfg = hf_dir / "config.json"
-    try:
-        theirs = hf_to_spec(json.loads(cfg.read_text()), str(cfg))
-    except OSError:
-        raise AutoparError(f"{hf_dir} has no config.json: give the directory of a Hugging Face model") from None
-    except ValueError as err:
-        raise AutoparError(f"{cfg}: {err}") from None
+    if not cfg.is_file():
+        raise AutoparError(f"{hf_dir} has no config.json: give the directory of a Hugging Face model")
+    if not looks_like_hf(read_mapping(cfg, "Hugging Face config")):
+        raise AutoparError(f"{cfg} is not a Hugging Face config (no model_type or num_hidden_layers); give the "
+                           "directory of a Hugging Face model")
+    hf_spec = load_model(str(cfg))  # read as `--model` reads it: one-line errors, keys given twice refused
     spec = plan.model
-    hf_spec = ModelSpec(**theirs)
     for key in _SHAPE:
         if getattr(hf_spec, key) != getattr(spec, key):
             raise AutoparError(f"{cfg} has {key}={getattr(hf_spec, key)!r} but the plan's model has "
@@ -213,8 +213,9 @@ def read_parameters(ckpt_dir: Path) -> tuple[ModelSpec, dict[str, torch.Tensor]]
     ck = latest_checkpoint(ckpt_dir)
     if ck is None:
         raise AutoparError(f"no checkpoint in {ckpt_dir}; give the --checkpoint-dir of a run")
+    meta = read_meta(ck)
     try:
-        spec = ModelSpec(**json.loads((ck / META).read_text())["plan"]["model"])
+        spec = ModelSpec(**meta["plan"]["model"])
         stored = FileSystemReader(str(ck)).read_metadata().state_dict_metadata
     except Exception:  # noqa: BLE001 - any unreadable meta.json or .metadata
         raise AutoparError(f"checkpoint {ck} is corrupt (unreadable {META} or .metadata); delete it to use an "
@@ -228,7 +229,12 @@ def read_parameters(ckpt_dir: Path) -> tuple[ModelSpec, dict[str, torch.Tensor]]
     except (Exception, CheckpointException) as err:  # noqa: BLE001 - DCP wraps the reader's errors (a BaseException)
         raise AutoparError(f"checkpoint {ck} is corrupt or incomplete ({type(err).__name__}); delete it to use an "
                            "earlier one") from None
-    return spec, {k.split("/", 1)[1]: v for k, v in sd.items()}
+    params = {k.split("/", 1)[1]: v for k, v in sd.items()}
+    extra = sorted(set(params) - set(names(spec)))
+    if extra:
+        raise AutoparError(f"checkpoint {ck} holds parameters its model ({spec.num_layers} layers) does not have "
+                           f"(e.g. {extra[0]}): its {META} does not describe it; delete it to use an earlier one")
+    return spec, params
 
 
 def hf_config(spec: ModelSpec) -> dict[str, object]:
@@ -256,8 +262,10 @@ def export_hf(ckpt_dir: Path, out: Path) -> Path:
     from safetensors.torch import save_file
 
     check_output_dir(out, "Hugging Face model folder")
-    if (out / "model.safetensors").exists() or (out / "config.json").exists():
-        raise AutoparError(f"{out} already holds a model; give an empty or new directory")
+    held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    if held:
+        raise AutoparError(f"{out} is not empty (it holds {held[0]}{' and more' if len(held) > 1 else ''}); give an "
+                           "empty or new directory")
     spec, params = read_parameters(ckpt_dir)
     tensors: dict[str, torch.Tensor] = {}
     for ours, parts in names(spec).items():
@@ -273,5 +281,6 @@ def export_hf(ckpt_dir: Path, out: Path) -> Path:
             tensors[name] = piece.contiguous()
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    default_mode(out / "model.safetensors")  # safetensors writes it private (0600); a model is shared like any file
     (out / "config.json").write_text(json.dumps(hf_config(spec), indent=1) + "\n")
     return out

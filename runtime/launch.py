@@ -134,7 +134,7 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
 
     check_supported(plan)
     total = check_run_options(plan, steps, checkpoint_dir, checkpoint_every, metrics_out, resume, max_restarts,
-                              mtbf_hours, collective_timeout)
+                              mtbf_hours, collective_timeout, {"plan file": plan_path, "--data file": data})
     TokenData(data or SAMPLE_TEXT, plan.seq, plan.model.vocab_size, plan.train.seed)  # one-line errors now
     if checkpoint_dir:
         check_checkpoints(Path(checkpoint_dir), resume, total)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from specs.errors import AutoparError
-from specs.files import check_output_dir, check_output_file, path_argument
+from specs.files import check_output_dir, check_output_file, integer, path_argument
 from specs.planfile import PlanFile
 
 
@@ -14,16 +14,16 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of `autopar run` (also `python -m runtime.launch`)."""
     p.add_argument("plan", nargs="?", type=path_argument,
                    help="plan file from `autopar plan --out` (default: a tiny CPU plan)")
-    p.add_argument("--steps", type=int,
+    p.add_argument("--steps", type=integer,
                    help="stop after this many steps in all (default: the plan's train.steps); the learning-rate "
                         "schedule stays the plan's")
     p.add_argument("--data", type=path_argument,
                    help="token file (.npy, .bin/.u16, .u32) or .txt; default: a bundled text sample")
     p.add_argument("--metrics-out", type=path_argument, help="write JSON lines of per-step metrics here")
     p.add_argument("--checkpoint-dir", type=path_argument, help="save checkpoints here")
-    p.add_argument("--checkpoint-every", type=int, help="steps between checkpoints (default: the plan's)")
+    p.add_argument("--checkpoint-every", type=integer, help="steps between checkpoints (default: the plan's)")
     p.add_argument("--resume", action="store_true", help="resume from the latest checkpoint in --checkpoint-dir")
-    p.add_argument("--max-restarts", type=int, default=0, metavar="N",
+    p.add_argument("--max-restarts", type=integer, default=0, metavar="N",
                    help="when a worker dies, restart all workers up to N times, each resuming from the latest "
                         "checkpoint in --checkpoint-dir (torchrun's elastic restart; default 0)")
     p.add_argument("--mtbf-hours", type=float, metavar="H",
@@ -35,7 +35,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replan", action="store_true",
                    help="with --resume and --gpus: plan the checkpoint's run again for the GPUs there are now (same "
                         "model and global batch), write that plan beside the checkpoints and continue under it")
-    p.add_argument("--gpus", type=int, help="with --replan: how many GPUs (ranks) to plan for")
+    p.add_argument("--gpus", type=integer, help="with --replan: how many GPUs (ranks) to plan for")
     p.add_argument("--quiet", action="store_true", help="no progress lines (errors and the metrics file stay)")
     p.add_argument("--dry-run", action="store_true", help="print the launch command and exit")
 
@@ -48,12 +48,13 @@ def launch_options(a: argparse.Namespace) -> dict[str, object]:
 
 def check_run_options(plan: PlanFile, steps: int | None, checkpoint_dir: str | None, checkpoint_every: int | None,
                       metrics_out: str | None, resume: bool, max_restarts: int = 0,
-                      mtbf_hours: float | None = None, collective_timeout: float = 1800.0) -> int:
-    """Refuse options that would only fail later (after training, at the first checkpoint or metrics write);
-    returns the number of steps to run."""
+                      mtbf_hours: float | None = None, collective_timeout: float = 1800.0,
+                      inputs: dict[str, str | None] | None = None) -> int:
+    """Refuse options that would only fail later (after training, at the first checkpoint or metrics write), and a
+    metrics file that is one of the run's ``inputs`` (what each is -> its path); returns the number of steps to run."""
     total = steps if steps is not None else plan.train.steps
-    if total <= 0:
-        raise AutoparError(f"--steps must be positive, got {total}")
+    if not 0 < total < 2**63:
+        raise AutoparError(f"--steps must be positive (and below 2^63), got {total}")
     if checkpoint_every is not None and checkpoint_every < 0:
         raise AutoparError(f"--checkpoint-every must be 0 (only at the end) or a positive step count, "
                            f"got {checkpoint_every}")
@@ -61,9 +62,9 @@ def check_run_options(plan: PlanFile, steps: int | None, checkpoint_dir: str | N
         raise AutoparError("--resume needs --checkpoint-dir (where the checkpoints are)")
     if max_restarts < 0:
         raise AutoparError(f"--max-restarts must be 0 or more, got {max_restarts}")
-    if not collective_timeout > 0:
+    if not 0 < collective_timeout < float("inf"):
         raise AutoparError(f"--collective-timeout must be a positive number of seconds, got {collective_timeout}")
-    if mtbf_hours is not None and not mtbf_hours > 0:
+    if mtbf_hours is not None and not 0 < mtbf_hours < float("inf"):
         raise AutoparError(f"--mtbf-hours must be a positive number of hours, got {mtbf_hours}")
     for flag, value in (("--checkpoint-every", checkpoint_every), ("--mtbf-hours", mtbf_hours)):
         if value is not None and not checkpoint_dir:
@@ -73,5 +74,5 @@ def check_run_options(plan: PlanFile, steps: int | None, checkpoint_dir: str | N
     if checkpoint_dir is not None:
         check_output_dir(checkpoint_dir, "checkpoint directory")
     if metrics_out is not None:
-        check_output_file(metrics_out, "metrics file")
+        check_output_file(metrics_out, "metrics file", inputs)
     return total

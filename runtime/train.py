@@ -48,6 +48,7 @@ from runtime.parallel.mesh import build_groups
 from runtime.phase_clock import CudaMarks, PhaseClock
 from runtime.trainer import Trainer, check_supported, peak_memory_GiB
 from specs.errors import AutoparError
+from specs.files import integer
 from specs.phases import PHASES
 from specs.planfile import load_plan
 
@@ -55,12 +56,12 @@ from specs.planfile import load_plan
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m runtime.train", description=__doc__.splitlines()[0])
     ap.add_argument("plan", help="plan file (autopar plan --out)")
-    ap.add_argument("--steps", type=int, help="stop after this many steps in all (default: the plan's train.steps; "
+    ap.add_argument("--steps", type=integer, help="stop after this many steps in all (default: the plan's train.steps; "
                                               "the learning-rate schedule stays the plan's)")
     ap.add_argument("--data", help="token file (.npy, .bin/.u16, .u32) or .txt; default: the bundled sample")
     ap.add_argument("--metrics-out", help="append JSON lines of per-step metrics here (rank 0)")
     ap.add_argument("--checkpoint-dir", help="save checkpoints here")
-    ap.add_argument("--checkpoint-every", type=int, help="steps between checkpoints (default: the plan's)")
+    ap.add_argument("--checkpoint-every", type=integer, help="steps between checkpoints (default: the plan's)")
     ap.add_argument("--resume", action="store_true", help="resume from the latest checkpoint in --checkpoint-dir")
     ap.add_argument("--quiet", action="store_true", help="no progress lines")
     ap.add_argument("--collective-timeout", type=float, default=1800.0, metavar="S",
@@ -154,8 +155,8 @@ def run(args: argparse.Namespace) -> int:
     check_supported(plan)
     steps = check_run_options(plan, args.steps, args.checkpoint_dir, args.checkpoint_every,
                               args.metrics_out if rank == 0 else None, args.resume,
-                              mtbf_hours=args.mtbf_hours,
-                              collective_timeout=args.collective_timeout)  # rank 0 writes metrics
+                              mtbf_hours=args.mtbf_hours, collective_timeout=args.collective_timeout,
+                              inputs={"plan file": args.plan, "--data file": args.data})  # rank 0 writes metrics
     data = TokenData(args.data or SAMPLE_TEXT, plan.seq, plan.model.vocab_size, plan.train.seed)
     cuda = torch.cuda.is_available() and plan.cluster.backend == "nccl"  # a gloo (CPU) plan stays on CPUs
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")

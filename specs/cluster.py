@@ -420,8 +420,21 @@ def load_gpu(ref: str | dict[str, Any]) -> GPUSpec:
     return validated(GPUSpec, read_mapping(path, "GPU profile"), f"GPU profile {ref}")
 
 
-def cluster_from_dict(data: dict[str, Any], source: str) -> ClusterSpec:
+def _near(ref: Any, base: Path | None) -> Any:
+    """A profile path written inside a profile, read from that profile's folder (``base``) when the file is there:
+    a relative path means the same file wherever the command runs. Names and mappings are returned as they are."""
+    if isinstance(ref, str) and base is not None and not Path(ref).is_absolute() and (base / ref).is_file():
+        return str(base / ref)
+    return ref
+
+
+def cluster_from_dict(data: dict[str, Any], source: str, base: Path | None = None) -> ClusterSpec:
+    """A cluster from a profile's mapping (``source`` names it in errors; ``base``: the folder relative paths in it
+    are read from)."""
     data = dict(data)
+    if data.get("node_groups") == [] and "gpu" not in data:
+        raise AutoparError(f"cluster profile {source}: node_groups is empty; give its groups, or 'gpu' and the other "
+                           "fields of one kind of node")
     if not data.get("node_groups"):  # written out by autopar for a homogeneous cluster: empty group fields
         for key in ("node_groups", "between_groups", "default_between"):
             if not data.get(key):
@@ -429,14 +442,14 @@ def cluster_from_dict(data: dict[str, Any], source: str) -> ClusterSpec:
     elif "gpu" in data and all(isinstance(g, dict) and isinstance(g.get("gpu"), dict) for g in data["node_groups"]):
         return validated(ClusterSpec, data, f"cluster profile {source}")  # written out by autopar: complete
     else:
-        data = _grouped(data, source)
+        data = _grouped(data, source, base)
     if "gpu" not in data:
         raise AutoparError(f"cluster profile {source}: missing required field 'gpu' (a GPU name or mapping)")
     gpu = data["gpu"]
     if not isinstance(gpu, (str, dict, GPUSpec)):
         raise AutoparError(f"cluster profile {source}: 'gpu' must be a GPU name, a profile path or a mapping, "
                            f"not {type(gpu).__name__}")
-    data["gpu"] = gpu if isinstance(gpu, GPUSpec) else load_gpu(gpu)
+    data["gpu"] = gpu if isinstance(gpu, GPUSpec) else load_gpu(_near(gpu, base))
     data.setdefault("name", Path(source).stem)
     link = data["gpu"].node_link
     if "intra_node" not in data:  # the GPU's own platform link
@@ -450,10 +463,10 @@ def cluster_from_dict(data: dict[str, Any], source: str) -> ClusterSpec:
 def load_cluster(ref: str, gpus: int | None = None, nodes: int | None = None) -> ClusterSpec:
     """A cluster by bundled name or file path, optionally resized."""
     path = _profile_path(ref, "clusters", list_clusters(), ", or a path to a profile from `autopar profile`")
-    return cluster_from_dict(read_mapping(path, "cluster profile"), str(ref)).resized(gpus, nodes)
+    return cluster_from_dict(read_mapping(path, "cluster profile"), str(ref), path.parent).resized(gpus, nodes)
 
 
-def _grouped(data: dict[str, Any], source: str) -> dict[str, Any]:
+def _grouped(data: dict[str, Any], source: str, base: Path | None = None) -> dict[str, Any]:
     """A profile with ``node_groups``: each group's GPU resolved to its profile and its intra-node link filled in,
     the links checked, and the top-level fields set to the cluster seen as homogeneous at its slowest GPU and
     link (what plans that ignore the groups are priced on), in nodes of the largest number of GPUs that divides
@@ -469,11 +482,11 @@ def _grouped(data: dict[str, Any], source: str) -> dict[str, Any]:
     groups = []
     for i, g in enumerate(raw):
         if isinstance(g, dict) and "profile" in g:
-            g = _from_profile(g, where, i)
+            g = _from_profile(g, where, i, base)
         if not isinstance(g, dict) or not isinstance(g.get("gpu"), (str, dict)):
             raise AutoparError(f"{where}: node_groups[{i}] needs a 'gpu' (a GPU profile name) among its fields, or "
                                "'profile' (the group's own cluster profile, e.g. from `autopar profile`)")
-        gpu = load_gpu(g["gpu"])
+        gpu = load_gpu(_near(g["gpu"], base))
         g = {**g, "gpu": gpu.model_dump()}
         if g.get("intra_node") is None:
             if gpu.node_link is None:
@@ -509,7 +522,7 @@ def _grouped(data: dict[str, Any], source: str) -> dict[str, Any]:
                            "efficiency": min(g.inter_node.efficiency for g in groups)}}
 
 
-def _from_profile(group: dict[str, Any], where: str, i: int) -> dict[str, Any]:
+def _from_profile(group: dict[str, Any], where: str, i: int, base: Path | None = None) -> dict[str, Any]:
     """A node group given as ``{name, profile: path, num_nodes}``: its GPU (with any measured tables), links, NICs and
     measured collective fits from that cluster profile (e.g. written by `autopar profile` on one of its nodes, or on
     the group under torchrun); the entry's own fields (num_nodes, kind, ...) win."""
@@ -517,10 +530,12 @@ def _from_profile(group: dict[str, Any], where: str, i: int) -> dict[str, Any]:
     ref = group["profile"]
     if not isinstance(ref, str):
         raise AutoparError(f"{where}: node_groups[{i}].profile must be a cluster profile name or path")
-    c = load_cluster(ref)
-    if c.node_groups:
+    path = _profile_path(_near(ref, base), "clusters", list_clusters())
+    raw = read_mapping(path, "cluster profile")
+    if raw.get("node_groups"):  # checked before it is read as a cluster: a profile naming itself would never end
         raise AutoparError(f"{where}: node_groups[{i}].profile {ref} is itself made of node groups; give a profile of "
                            "one group's nodes")
+    c = cluster_from_dict(raw, ref, path.parent)
     net = c.inter_node.model_dump() if c.inter_node is not None else {
         "nic_bandwidth_Gbps": c.intra_node.bandwidth_GBps * 8, "nics_per_node": 1}
     base = {"gpu": c.gpu.model_dump(), "num_nodes": c.num_nodes, "gpus_per_node": c.gpus_per_node,

@@ -16,13 +16,25 @@ import yaml
 from specs.errors import AutoparError
 
 
-def check_output_file(path: str | Path, what: str) -> Path:
-    """``path`` can be written as a file: not a directory, and its folder exists or can be created."""
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_output_file(path: str | Path, what: str, inputs: dict[str, str | Path | None] | None = None) -> Path:
+    """``path`` can be written as a file: not a directory, not one of the command's ``inputs`` (what each is ->
+    its path; writing there would destroy it), and its folder exists or can be created."""
     p = Path(path)
     if not str(path):
         raise AutoparError(f"the {what} path is empty; give a file name")
     if p.is_dir():
         raise AutoparError(f"{what} {p} is a directory; give a file name inside it")
+    for name, src in (inputs or {}).items():
+        if src is not None and str(src) and _same_file(p, Path(src)):
+            raise AutoparError(f"{what} {p} is the {name} this command reads: writing it would destroy it; "
+                               "give another file name")
     if p.exists():
         if not os.access(p, os.W_OK):
             raise AutoparError(f"cannot write {what} {p}: permission denied")
@@ -92,6 +104,13 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 _UniqueKeyLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
     list("-+0123456789"))
+# Switches are true or false: YAML 1.1 also reads yes/no/on/off/y/n as booleans, which would turn a misspelt
+# value into a silent switch; such words stay text here, and the specs' boolean fields refuse them in one line.
+_UniqueKeyLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in _UniqueKeyLoader.yaml_implicit_resolvers.items()}
+_UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                                       list("tTfF"))
 
 
 def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -134,6 +153,11 @@ def write_text_atomic(path: str | Path, text: str) -> None:
         Path(tmp).unlink(missing_ok=True)
 
 
+def default_mode(path: Path) -> None:
+    """Give ``path`` the mode a new file gets here (0666 less the umask), for writers that make private files."""
+    os.chmod(path, 0o666 & ~_umask())
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
@@ -142,6 +166,8 @@ def _umask() -> int:
 
 def read_mapping(path: Path, what: str) -> dict[str, Any]:
     """Read a YAML or JSON file into a mapping, with a one-line error for every way it can be wrong."""
+    if path.exists() and not path.is_file():  # a pipe or device would block or never end
+        raise AutoparError(f"{what} {path} is not a regular file; give a YAML or JSON file")
     try:
         text = path.read_text()
     except OSError as err:
@@ -168,3 +194,14 @@ def path_argument(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("must not be empty")
     return text
+
+
+def integer(text: str) -> int:
+    """argparse type of whole-number arguments: ASCII digits with an optional sign (int() would also take ``1_0``
+    and other scripts' digits)."""
+    from specs.parallel import whole_number
+
+    try:
+        return whole_number(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes a whole number, got {text!r}") from None

@@ -32,6 +32,8 @@ def load_model(ref: str, seq: int | None = None) -> ModelSpec:
     """Resolve a model reference: preset name, spec/config file path (a folder: its config.json, as Hugging Face
     models are downloaded), or ``pkg.module:factory``."""
     path = Path(ref)
+    if path.is_symlink() and not path.exists():
+        raise AutoparError(f"model file {ref} is a link to nothing (broken, or a loop of links); give the file itself")
     if path.is_dir():  # a downloaded Hugging Face model folder
         if not (path / "config.json").is_file():
             raise AutoparError(f"model folder {ref} has no config.json; give the model's config.json, a YAML/JSON "

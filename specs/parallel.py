@@ -243,6 +243,18 @@ def rank_group(placement: tuple[str, ...], tp: int, dp: int, cp: int, rank: int)
     return replica_group(placement[rank // stage], rank % stage // (tp * cp), dp)
 
 
+MAX_PLACEMENT_RUN = 65536  # pipeline ranks one run of a placement may name (name*count): more than any cluster
+
+
+def whole_number(text: str) -> int:
+    """``text`` as an integer if it is written as one in ASCII digits (an optional sign), else ValueError: int()
+    would also take ``1_0`` and other scripts' digits."""
+    t = text.strip()
+    if not (t.isascii() and t.lstrip("+-").isdigit() and len(t) - len(t.lstrip("+-")) <= 1):
+        raise ValueError(f"not a whole number: {text!r}")
+    return int(t)
+
+
 def _name_ok(name: str) -> bool:
     return bool(name) and name.replace("-", "").replace("_", "").replace(".", "").isalnum()
 
@@ -253,8 +265,9 @@ def _parse_groups(raw: str) -> tuple[str, ...]:
         name, _, count = part.partition("*")
         names = entry_groups(name)
         if not all(_name_ok(n) for n in names) or (len(names) > 1 and len(set(names)) < 2) \
-                or not (count == "" or count.isdigit() and int(count) > 0):
-            raise AutoparError(f"placement takes a node group per pipeline rank separated by '/', runs as name*count, "
+                or not (count == "" or count.isascii() and count.isdigit() and 0 < int(count) <= MAX_PLACEMENT_RUN):
+            raise AutoparError(f"placement takes a node group per pipeline rank separated by '/', runs as name*count "
+                               f"(count 1 to {MAX_PLACEMENT_RUN:,}), "
                                f"a rank's dp replicas split over groups as a+b, a group named twice holding twice the "
                                f"share (e.g. ib*4/roce*4, ib+roce*8 or ib+ib+roce), got '{raw}'")
         out += [name] * (int(count) if count else 1)
@@ -319,11 +332,11 @@ def _parse_value(key: str, raw: str, flag: str) -> Any:
     value: Any
     if info.kind == "bool":
         if low not in ("true", "1", "yes", "on", "false", "0", "no", "off"):
-            raise AutoparError(f"plan key {key} takes true or false, got '{raw}'")
+            raise AutoparError(f"plan key {key} takes true or false (or 1/0, yes/no, on/off), got '{raw}'")
         value = low in ("true", "1", "yes", "on")
     elif info.kind == "int":
         try:
-            value = int(low)
+            value = whole_number(low)
         except ValueError:
             raise AutoparError(f"plan key {key} takes an integer, got '{raw}'") from None
     elif info.kind == "name":
@@ -334,7 +347,7 @@ def _parse_value(key: str, raw: str, flag: str) -> Any:
         value = _parse_groups(raw)
     else:
         try:
-            counts = tuple(int(x) for x in low.split("/"))
+            counts = tuple(whole_number(x) for x in low.split("/"))
         except ValueError:
             raise AutoparError(f"{key} takes a count, or counts per stage separated by '/' (e.g. 13/14/14/13), "
                                f"got '{raw}'") from None

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
 
 from specs import __version__
 from specs.cluster import ClusterSpec
@@ -31,16 +31,16 @@ class TrainConfig(BaseModel):
     """Optimizer and schedule settings the runtime uses (AdamW, warmup + cosine)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    steps: Int = Field(20, ge=1)
+    steps: Int = Field(20, ge=1, lt=2**63)
     lr: Num = Field(3e-3, gt=0.0)
     min_lr: Num = Field(3e-4, ge=0.0)
-    warmup_steps: Int = Field(2, ge=0)
+    warmup_steps: Int = Field(2, ge=0, lt=2**63)
     weight_decay: Num = Field(0.1, ge=0.0)
     betas: tuple[Beta, Beta] = (0.9, 0.95)
     eps: Num = Field(1e-8, gt=0.0)
     grad_clip: Num = Field(1.0, ge=0.0)  # 0 = no clipping
     seed: Int = Field(1234, ge=0, lt=2**63)
-    checkpoint_every: Int = Field(0, ge=0)  # steps; 0 = only at the end when a checkpoint dir is given
+    checkpoint_every: Int = Field(0, ge=0, lt=2**63)  # steps; 0 = only at the end when a checkpoint dir is given
 
 
 class PlanFile(BaseModel):
@@ -50,14 +50,26 @@ class PlanFile(BaseModel):
     created: str = ""
     model: ModelSpec
     cluster: ClusterSpec
-    global_batch: int
-    seq: int
+    global_batch: Int = Field(ge=1)
+    seq: Int = Field(ge=1)
     parallel: dict[str, Any]
     prediction: dict[str, Any] = Field(default_factory=dict)
     train: TrainConfig = TrainConfig()
     # the model state's precisions and gradient buckets, priced by the planner and allocated by the runtime
     # (plan files written before it existed get the default of their cluster's precision)
     state: StateSpec | None = None
+
+    @field_validator("prediction")
+    @classmethod
+    def _prediction(cls, v: dict[str, Any]) -> dict[str, Any]:
+        """The numbers `autopar run` reports beside its measurements: a step time and a peak, when given."""
+        for key, low in (("step_time_s", 0.0), ("memory_GiB", 0.0)):
+            x = v.get(key)
+            if x is not None and not (isinstance(x, (int, float)) and not isinstance(x, bool)
+                                      and low < x < float("inf")):
+                raise ValueError(f"prediction.{key} must be a positive number, got {json.dumps(x)}; "
+                                 "write the plan again with `autopar plan --out`")
+        return v
 
     @model_validator(mode="after")
     def _state(self) -> PlanFile:

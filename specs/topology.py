@@ -83,9 +83,12 @@ class Topology:
             for i in range(g.num_nodes):
                 self.graph.add_edge(f"{g.name}/{i}", _switch(g.name), Gbps=g.inter_node.node_Gbps,
                                     latency_us=g.inter_node.latency_us / 2)  # node to node: one NIC hop
-        listed = set()
+        listed: set[frozenset[str]] = set()
+        self.repeated: tuple[str, str] | None = None  # a pair of groups two entries link (problem() says so)
         for link in links:
             a, b = link.groups
+            if frozenset((a, b)) in listed:
+                self.repeated = self.repeated or (min(a, b), max(a, b))
             listed.add(frozenset((a, b)))
             self.graph.add_edge(_switch(a), _switch(b), Gbps=link.bandwidth_Gbps_per_node, latency_us=link.latency_us)
         if default is not None:
@@ -99,6 +102,9 @@ class Topology:
     def problem(self) -> str | None:
         """Why these groups and links do not make one cluster (an unknown group, a group no link reaches), or
         None."""
+        if self.repeated is not None:
+            a, b = self.repeated
+            return f"between_groups links {a} and {b} twice (in either order); give each pair of groups one entry"
         for a, b in self.graph.edges:
             for end in (a, b):
                 if end.startswith("group:") and end[6:] not in self.groups:

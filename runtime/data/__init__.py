@@ -53,6 +53,8 @@ def open_tokens(path: str | Path) -> np.ndarray:
     p = Path(path)
     if not p.exists():
         raise AutoparError(f"data file {p} does not exist; give a token file (.npy, .bin/.u16, .u32) or a .txt file")
+    if p.is_file() and p.stat().st_size == 0:  # np.memmap cannot map an empty file; name the user's file
+        raise AutoparError(f"data file {p} is empty (0 tokens); give a file of tokens or text")
     if p.suffix == ".txt":
         p = tokenize_text(p)
     try:

@@ -19,7 +19,7 @@ GPU = "gpu: {name: g, peak_tflops: {bf16: 312}, memory_GiB: 80, memory_bandwidth
 ESTIMATE = ["--cluster", "cpu-gloo", "--gpus", "1", "--global-batch", "4", "--plan", "tp=1"]
 TINY = ["--model", "tiny", "--cluster", "cpu-gloo", "--gpus", "4", "--global-batch", "16"]
 WHATIF = ["whatif", "--model", "tiny", "--cluster", "dgx-a100", "--gpus", "16", "--global-batch", "64",
-          "--vary", "gpus=8,16"]
+          "--vary", "inter_node_bw=100,200"]
 
 
 def fails(capsys, *argv: str) -> str:
@@ -297,3 +297,97 @@ def test_an_output_the_file_system_refuses_is_named_before_the_work(capsys):
     search (or tune's trials) start, not after."""
     assert "cannot write plan file /proc/plan.json" in fails(capsys, "plan", *TINY, "--out", "/proc/plan.json")
     assert "nothing can be created in /proc" in fails(capsys, "tune", *TINY, "--out", "/proc/x/plan.json")
+
+
+# ---- found by a bad-input hunt (session 20) ----------------------------------------------------------
+def test_an_output_is_never_one_of_the_inputs(tmp_path, capsys):
+    """`--out` / `--metrics-out` naming the model spec, cluster profile, plan or metrics file the command reads is
+    refused before anything is written: the input is still there, byte for byte."""
+    spec = tmp_path / "m.yaml"
+    spec.write_text(LLAMA)
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text("name: c\ngpu: a100-sxm4-80gb\ngpus_per_node: 8\n")
+    plan = tmp_path / "p.json"
+    assert main(["plan", "--model", "tiny", "--cluster", "cpu-gloo", "--gpus", "1", "--global-batch", "2",
+                 "--out", str(plan)]) == 0
+    capsys.readouterr()
+    metrics = tmp_path / "m.jsonl"
+    metrics.write_text('{"step": 1}\n')
+    before = {p: p.read_bytes() for p in (spec, cluster, plan, metrics)}
+    assert "is the model spec this command reads" in fails(
+        capsys, "plan", "--model", str(spec), "--cluster", "cpu-gloo", "--gpus", "1", "--global-batch", "2",
+        "--out", str(spec))
+    assert "is the cluster profile this command reads" in fails(
+        capsys, "plan", "--model", "tiny", "--cluster", str(cluster), "--gpus", "8", "--global-batch", "8",
+        "--out", str(tmp_path / "." / "c.yaml"))
+    assert "is the plan file this command reads" in fails(capsys, "run", str(plan), "--metrics-out", str(plan))
+    assert "is the metrics file" in fails(capsys, "calibrate", str(metrics), "--out", str(metrics))
+    assert {p: p.read_bytes() for p in before} == before
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["run", "--mtbf-hours", "inf", "--checkpoint-dir", "ck"], "--mtbf-hours must be a positive number"),
+    (["run", "--collective-timeout", "inf"], "--collective-timeout must be a positive number"),
+    (["whatif", "--model", "tiny", "--cluster", "ib-roce-a100", "--global-batch", "64", "--vary",
+      "group_nodes:roce=1.5"], "--vary group_nodes:roce takes whole numbers"),
+    (["whatif", "--model", "tiny", "--cluster", "ib-roce-a100", "--global-batch", "64", "--vary",
+      "group_bw:ib=abc"], "--vary group_bw:ib takes numbers"),
+    ([*WHATIF[:5], *WHATIF[7:-2], "--vary", "gpus=0"], "whole numbers of at least 1"),
+    ([*WHATIF[:-2], "--vary", "gpus=8,16"], "--vary gpus sets the cluster's size at each point; leave out --gpus"),
+    (["estimate", "--model", "tiny", "--cluster", "cpu-gloo", "--gpus", "\uff18", "--global-batch", "4", "--plan",
+      "tp=1"], "--gpus: takes a whole number"),
+    (["estimate", "--model", "tiny", *ESTIMATE[:-1], "tp=1_0"], "plan key tp takes an integer, got '1_0'"),
+    (["plan", "--model", "tiny", "--cluster", "ib-roce-a100", "--global-batch", "128", "--fix",
+      "placement=ib*99999999999999999"], "count 1 to 65,536"),
+    (["plan", "--model", "tiny", "--cluster", "cpu-gloo", "--gpus", "1", "--global-batch", "2", "--steps",
+      "99999999999999999999999"], "--steps must be at least 1 (and below 2^63)"),
+    (["run", "--resume", "--replan", "--gpus", "0", "--checkpoint-dir", "ck"], "--gpus must be at least 1"),
+])
+def test_bad_flag_values(capsys, tmp_path, monkeypatch, argv, needle):
+    monkeypatch.chdir(tmp_path)
+    if argv[0] == "run" and "--replan" not in argv:
+        assert main(["plan", "--model", "tiny", "--cluster", "cpu-gloo", "--gpus", "1", "--global-batch", "2",
+                     "--out", "p.json"]) == 0
+        capsys.readouterr()
+        argv = ["run", "p.json", *argv[1:]]
+    assert needle in fails(capsys, *argv)
+
+
+def test_bad_files_found_by_the_hunt(tmp_path, capsys, monkeypatch):
+    """YAML's yes/on are not switches; a node group whose profile is made of node groups (itself, say) is one
+    line, not endless recursion; paths inside a profile are read from its folder; two entries linking the same
+    groups and an empty node_groups are refused; a pipe as a spec is refused, not read forever."""
+    spec = tmp_path / "m.yaml"
+    spec.write_text(LLAMA + "tie_embeddings: yes\n")
+    assert "field 'tie_embeddings': expected true or false, got 'yes'" in fails(
+        capsys, "estimate", "--model", str(spec), *ESTIMATE)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "self.yaml").write_text("name: x\nnode_groups:\n  - {name: a, profile: self.yaml, "
+                                                "num_nodes: 1}\n")
+    assert "is itself made of node groups" in fails(capsys, "estimate", "--model", "tiny", "--cluster",
+                                                   str(tmp_path / "sub" / "self.yaml"), "--global-batch", "8",
+                                                   "--plan", "tp=1")
+    (tmp_path / "sub" / "g.yaml").write_text("name: g\npeak_tflops: {bf16: 312}\nmemory_GiB: 80\n"
+                                             "memory_bandwidth_GBps: 2000\n")
+    (tmp_path / "sub" / "c.yaml").write_text("name: c\ngpu: g.yaml\ngpus_per_node: 2\n"
+                                             "intra_node: {bandwidth_GBps: 300}\n")
+    monkeypatch.chdir(tmp_path)  # not the profile's folder: g.yaml is found beside c.yaml all the same
+    assert main(["estimate", "--model", "tiny", "--cluster", "sub/c.yaml", "--global-batch", "8", "--plan",
+                 "tp=1", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["step_time_s"] > 0
+    groups = ("name: x\nnode_groups:\n  - {name: a, gpu: a100-sxm4-80gb, num_nodes: 1, gpus_per_node: 8, "
+              "inter_node: {nic_bandwidth_Gbps: 200, nics_per_node: 8}}\n  - {name: b, gpu: a100-sxm4-80gb, "
+              "num_nodes: 1, gpus_per_node: 8, inter_node: {nic_bandwidth_Gbps: 200, nics_per_node: 8}}\n")
+    (tmp_path / "twice.yaml").write_text(groups + "between_groups:\n  - {groups: [a, b], bandwidth_Gbps_per_node: 10}"
+                                         "\n  - {groups: [b, a], bandwidth_Gbps_per_node: 20}\n")
+    assert "links a and b twice" in fails(capsys, "estimate", "--model", "tiny", "--cluster", "twice.yaml",
+                                          "--global-batch", "16", "--plan", "tp=1")
+    (tmp_path / "empty.yaml").write_text("name: e\nnode_groups: []\n")
+    assert "node_groups is empty" in fails(capsys, "estimate", "--model", "tiny", "--cluster", "empty.yaml",
+                                           "--global-batch", "8", "--plan", "tp=1")
+    import os
+
+    os.mkfifo(tmp_path / "pipe.yaml")
+    assert "is not a regular file" in fails(capsys, "estimate", "--model", "pipe.yaml", *ESTIMATE)
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    assert "is a link to nothing" in fails(capsys, "estimate", "--model", "loop", *ESTIMATE)

@@ -164,6 +164,7 @@ def test_bad_options_are_one_line_errors(tmp_path, capsys):
     cases = [
         (["--plan", str(p), "--warmup", "2"], "warm-up"),  # both steps are warm-up
         (["--plan", str(p), "--fit", "gemm,bogus"], "unknown parameter 'bogus'"),
+        (["--plan", str(p), "--fit", "gemm,gemm"], "'gemm' given twice"),
         (["--plan", str(p), "--plan", str(p), "--plan", str(p)], "one --plan for all"),
         (["--plan", str(tmp_path / "missing.json")], "does not exist"),
         (["--plan", str(p), "--out", ""], "must not be empty"),

@@ -69,7 +69,7 @@ BAD = [
     (["plan", "--model", "llama2-7b", "--global-batch", "16", "--headroom", "nan"], "--headroom must be between"),
     (["plan", "--model", "llama2-7b", "--global-batch", "16", "--out", "/proc/nonexistent/p.json"],
      "cannot write plan file"),
-    (["whatif", "--model", "llama2-7b", "--global-batch", "16", "--vary", "inter_node_bw=inf"], "finite and positive"),
+    (["whatif", "--model", "llama2-7b", "--global-batch", "16", "--vary", "inter_node_bw=inf"], "finite and at least 0.01"),
     (["whatif", "--model", "llama2-7b", "--global-batch", "16", "--vary", "inter_node_bw=100,200"], "is one node here"),
     (["estimate", "--model", "gpt3-175b", "--global-batch", "8", "--plan", "tp=8,pp=0"], "must be at least 1"),
     (["bogus"], "invalid choice"),

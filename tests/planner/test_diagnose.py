@@ -91,12 +91,26 @@ def test_bad_input_is_one_line(tmp_path, capsys):
     save_plan(_plan(4, 4, pp=2, dp=2), four)
     phases = tmp_path / "phases.jsonl"
     phases.write_text(json.dumps({"step": 1, "step_time_s": 0.1, "phases_s": {"forward": [0.1, 0.1]}}) + "\n")
+    from specs.phases import PHASES
+
+    def phase_line(step: int, first: float) -> str:
+        ph = {p: [first if p == "forward" else 0.01, 0.01] for p in PHASES}
+        return json.dumps({"step": step, "step_time_s": 0.1, "plan": str(plan), "phases_s": ph}) + "\n"
+
+    bad_phase, negative = tmp_path / "nan.jsonl", tmp_path / "neg.jsonl"
+    bad_phase.write_text(phase_line(1, 0.01) + phase_line(2, float("nan")))  # json writes NaN, and reads it
+    negative.write_text(phase_line(1, -1.0) + phase_line(2, 0.01))
     no_plan = tmp_path / "noplan.jsonl"
     no_plan.write_text(json.dumps({"step": 1, "step_time_s": 0.1}) + "\n")
     cases = [([str(old)], "has no phase times for 2 ranks"),
              ([str(no_plan)], "does not say which plan it ran"),
              ([str(tmp_path / "missing.jsonl")], "does not exist"),
-             ([str(old), "--threshold", "1"], "--threshold must be above 1"),
+             ([str(old), "--threshold", "1"], "--threshold must be a number above 1"),
+             ([str(old), "--threshold", "nan"], "--threshold must be a number above 1"),
+             ([str(old), "--threshold", "inf"], "--threshold must be a number above 1"),
+             ([str(old), "--steps", ""], "--steps is empty"),
+             ([str(bad_phase), "--plan", str(plan)], "has a forward time that is not a non-negative number"),
+             ([str(negative), "--plan", str(plan)], "time that is not a non-negative number"),
              ([str(old), "--steps", "1,5-2"], "a range must not end before it starts"),
              ([str(old), "--steps", "x"], "expected steps and ranges"),
              ([str(old), "--steps", "7-"], "has no steps in 7-"),

@@ -15,6 +15,7 @@ from planner.cli import main
 from runtime.data import TokenData
 from runtime.hf_weights import export_hf, import_hf
 from specs.errors import AutoparError
+from specs.files import _umask
 
 VARIANTS = {  # tiny models as rt_cases.case_spec builds them (hidden 32, 4 layers, 4 heads, 2 kv heads, seq 16)
     "llama": (dict(), transformers.LlamaConfig, {}),
@@ -95,6 +96,11 @@ def test_bad_hugging_face_inputs_are_one_line_errors(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("autopar: error:") and "no config.json" in err and "\n" not in err, err
     assert not (tmp_path / "ck").exists()  # nothing written
+    for text in ("[]", '{"model_type": "llama", "hidden_size": 64, "hidden_size": 64}'):  # read as --model reads it
+        (tmp_path / "hf" / "config.json").write_text(text)
+        assert main(["import-hf", str(tmp_path / "hf"), "--plan", str(plan_path), "--out", str(tmp_path / "ck")]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and ("must hold a mapping" in err or "twice" in err), err
     with pytest.raises(AutoparError, match="no checkpoint in"):
         export_hf(tmp_path / "nothing", tmp_path / "out")
     gpt = case_plan({"arch": "gpt", "steps": 2})
@@ -129,6 +135,24 @@ def test_what_import_and_export_refuse_before_writing(tmp_path, capsys):
     with pytest.raises(AutoparError, match="exists and is not a folder"):
         export_hf(tmp_path / "ck", a_file)
     assert a_file.read_text() == "keep"
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("keep")
+    with pytest.raises(AutoparError, match="is not empty"):
+        export_hf(tmp_path / "ck", tmp_path / "busy")
+    with pytest.raises(AutoparError, match="is not empty"):
+        export_hf(tmp_path / "ck", tmp_path / "ck")  # into the checkpoint folder itself
+    out = export_hf(tmp_path / "ck", tmp_path / "fine")
+    assert (out / "model.safetensors").stat().st_mode & 0o777 == 0o666 & ~_umask()  # not safetensors' private 0600
+    meta_path = ck / "meta.json"
+    good = json.loads(meta_path.read_text())
+    for bad, want in (({"format": 99}, "has format 99"), ({"step": "2"}, "is corrupt"), ({"step": -2}, "is corrupt"),
+                      ({"plan": {**good["plan"], "model": {**good["plan"]["model"], "num_layers": 2}}},
+                       "holds parameters its model \\(2 layers\\) does not have")):
+        meta_path.write_text(json.dumps({**good, **bad}))
+        with pytest.raises(AutoparError, match=want):
+            export_hf(tmp_path / "ck", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    meta_path.write_text(json.dumps(good))
     shard = next(ck.glob("*.distcp"))
     shard.write_bytes(shard.read_bytes()[:100])  # cut short
     assert main(["export-hf", str(tmp_path / "ck"), "--out", str(tmp_path / "out")]) == 2

@@ -161,7 +161,10 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
                   "no checkpoint to resume from"))
     empty = tmp_path / "empty.npy"
     empty.write_bytes(b"")
-    cases.append((dict(plan_path=_plan(tmp_path), data=str(empty)), "cannot be read as tokens"))
+    cases.append((dict(plan_path=_plan(tmp_path), data=str(empty)), "empty.npy is empty (0 tokens)"))
+    empty_text = tmp_path / "empty.txt"  # named as given, not as its tokenised copy in the cache
+    empty_text.write_text("")
+    cases.append((dict(plan_path=_plan(tmp_path), data=str(empty_text)), "empty.txt is empty (0 tokens)"))
     # options that would only fail after training: refused before any worker starts
     a_file = tmp_path / "a_file"
     a_file.write_text("x")
