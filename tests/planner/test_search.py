@@ -210,7 +210,7 @@ def test_parse_vary_errors():
     assert parse_vary("inter_node_bw=25,50.5") == ("inter_node_bw", [25.0, 50.5])
     with pytest.raises(AutoparError, match="did you mean 'inter_node_bw'"):
         parse_vary("inter_node_b=8")
-    with pytest.raises(AutoparError, match="takes numbers"):
+    with pytest.raises(AutoparError, match="takes whole numbers"):
         parse_vary("gpus=eight")
     with pytest.raises(AutoparError, match="unknown GPU"):
         parse_vary("gpu=a100,z900")
