@@ -317,6 +317,18 @@ def run_command(args: argparse.Namespace) -> int:
                   predicted_memory_GiB=fresh and fresh.memory_GiB, **launch_options(args))
 
 
+def _full_size(cluster: Any) -> Any:
+    """A plan's cluster as bundled, when it is a bundled one resized below a node (``plan --gpus 2`` keeps a node
+    of 2): re-planning for more GPUs needs the node's real size. Any other cluster as the plan holds it."""
+    from specs.cluster import list_clusters, load_cluster
+
+    if cluster.name in list_clusters() and cluster.num_nodes == 1:
+        bundled = load_cluster(cluster.name)
+        if bundled.gpu == cluster.gpu and bundled.gpus_per_node > cluster.gpus_per_node:
+            return bundled.model_copy(update={"tp_across_nodes": cluster.tp_across_nodes})
+    return cluster
+
+
 def _replan(args: argparse.Namespace) -> str:
     """``run --resume --replan --gpus N``: the fastest plan the runtime runs for the checkpoint's model and global
     batch on N GPUs of its cluster, written beside the checkpoints; returns its path."""
@@ -333,7 +345,7 @@ def _replan(args: argparse.Namespace) -> str:
     if args.plan is not None:
         raise AutoparError("--replan plans again from the checkpoint's own plan: leave out the plan file")
     old = saved_plan(Path(args.checkpoint_dir))
-    cluster = old.cluster.resized(gpus=args.gpus)
+    cluster = _full_size(old.cluster).resized(gpus=args.gpus)
     runnable = runnable_keys()
     res = search(old.model, cluster, old.global_batch, fixed=runnable, top=1,
                  headroom_GiB=headroom_for(None, cluster.gpu.memory_GiB),

@@ -391,3 +391,15 @@ def test_bad_files_found_by_the_hunt(tmp_path, capsys, monkeypatch):
     assert "is not a regular file" in fails(capsys, "estimate", "--model", "pipe.yaml", *ESTIMATE)
     (tmp_path / "loop").symlink_to(tmp_path / "loop")
     assert "is a link to nothing" in fails(capsys, "estimate", "--model", "loop", *ESTIMATE)
+
+
+def test_replan_can_grow_a_plan_made_below_a_node():
+    """`plan --gpus 2` on a bundled 8-GPU node keeps a node of 2; `run --resume --replan --gpus 4` re-plans on
+    the bundled node's real size (a profile of the user's own, or a calibrated one, is kept as the plan holds it)."""
+    from planner.commands import _full_size
+    from specs.cluster import load_cluster
+
+    small = load_cluster("cpu-gloo", gpus=2)
+    assert small.gpus_per_node == 2 and _full_size(small).resized(gpus=4).num_gpus == 4
+    odd = small.model_copy(update={"name": "mine"})
+    assert _full_size(odd) is odd
