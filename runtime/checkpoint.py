@@ -114,8 +114,8 @@ def saved_plan(root: Path) -> PlanFile:
     if ck is None:
         raise AutoparError(f"no checkpoint to resume from in {root}; run without --resume to start fresh")
     try:
-        data = json.loads((ck / META).read_text())["plan_file"]
-    except (OSError, ValueError, KeyError, TypeError):
+        data = read_meta(ck)["plan_file"]
+    except (KeyError, TypeError):
         raise AutoparError(f"checkpoint {ck} does not hold the plan that wrote it (written by an older autopar); "
                            "give the plan file instead of --replan") from None
     return plan_from_data(data, str(ck / META))
