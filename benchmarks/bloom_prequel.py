@@ -9,7 +9,8 @@ priced with its own hidden size, layers and heads on ``jean-zay-a100.yaml`` with
 stages: 7 on each but the last, which holds 1). Nothing is fitted: these rows are not among the residuals the bands
 come from (planner/residuals.json), so the band coverage printed is held out. Per chronicle table (one global
 batch, plans and shapes it compared for the same job): rank correlation of time per sample and the regret of the
-model's pick (how much slower per sample it measured than the table's measured best).
+model's pick (how much slower per sample it measured than the table's measured best). A run a table repeats from
+an earlier one (the CSV's ``same_run_as``) counts in both tables' rankings but once in the pooled figures.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def prequel() -> list[dict]:
                           num_attention_heads=heads, vocab_size=250880, seq_length=2048, tie_embeddings=True)
         r = price_bloom_plan(model, cluster, row, deepspeed_split(layers, pp))
         r.update(table=row["table"], date=row["date"], shape=f"h={h} L={layers} heads={heads}",
-                 head_dim=h // heads, pp=pp, mbs=int(row["micro_batch"]))
+                 head_dim=h // heads, pp=pp, mbs=int(row["micro_batch"]), repeat=bool(row["same_run_as"]))
         if "predicted_s_per_sample" in r:
             r["ratio"] = r["measured_s_per_sample"] / r["predicted_s_per_sample"]
             r["in_band"] = in_band(pp > 1, r["measured_s_per_sample"], r["predicted_s_per_sample"])
@@ -93,19 +94,22 @@ def main() -> int:
     print(f"{'table':18} {'shape':24} {'plan':24} {'B':>5} {'meas s':>7} {'pred s':>7} {'meas/pred':>9}  band")
     for r in rows:
         B = r["global_batch"]
-        print(f"{r['table']:18} {r['shape']:24} {r['plan']:24} {B:5d} {r['measured_s_per_sample'] * B:7.2f} "
-              f"{r['predicted_s_per_sample'] * B:7.2f} {r['ratio']:9.3f}  {'in' if r['in_band'] else 'OUT'}")
+        pred = (f"{r['predicted_s_per_sample'] * B:7.2f} {r['ratio']:9.3f}  {'in' if r['in_band'] else 'OUT'}"
+                if "ratio" in r else f"{'no fit':>7}")
+        print(f"{r['table']:18} {r['shape']:24} {r['plan']:24} {B:5d} {r['measured_s_per_sample'] * B:7.2f} {pred}"
+              f"{'  (repeat)' if r['repeat'] else ''}")
     tables = by_table(rows)
     print()
     for t in tables:
         print(f"{t['table']} (batch {t['global_batch']}, {t['runs']} runs): rank correlation {t['spearman']:.2f}; "
               f"model's pick {t['model_pick']} measures {t['regret']:+.1%} vs the best ({t['measured_best']})")
-    timed = [r for r in rows if "ratio" in r]
+    timed = [r for r in rows if "ratio" in r and not r["repeat"]]
     inside = sum(r["in_band"] for r in timed)
     ratios = sorted(r["ratio"] for r in timed)
-    print(f"\n{len(timed)} runs: measured / predicted {ratios[0]:.3f} .. {ratios[-1]:.3f} (median "
-          f"{ratios[len(ratios) // 2]:.3f}); inside the bands (held out): {inside}/{len(timed)} "
-          f"({inside / len(timed):.0%})")
+    repeats, unfit = sum(r["repeat"] for r in rows), sum("ratio" not in r for r in rows)
+    print(f"\n{len(timed)} distinct runs ({len(rows)} rows, {repeats} repeated in a later table; {unfit} predicted not "
+          f"to fit): measured / predicted {ratios[0]:.3f} .. {ratios[-1]:.3f} (median {ratios[len(ratios) // 2]:.3f}); "
+          f"inside the bands (held out): {inside}/{len(timed)} ({inside / len(timed):.0%})")
     for label, keep in (("head dim 108 (13824 / 128 heads)", lambda r: r["head_dim"] == 108),
                         ("tp=8 at micro-batch 1-2", lambda r: r["tp"] == 8 and r["mbs"] <= 2),
                         ("tp=8 at micro-batch 4", lambda r: r["tp"] == 8 and r["mbs"] == 4 and r["head_dim"] != 108)):

@@ -174,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     exp = sub.add_parser("export-hf", help="a checkpoint's weights as a Hugging Face model directory")
     exp.add_argument("checkpoint_dir", type=path_argument, help="a run's --checkpoint-dir (its newest checkpoint)")
     exp.add_argument("--out", required=True, type=path_argument, help="directory to write config.json and "
-                     "model.safetensors into (new or empty)")
+                     "model.safetensors into (new, or without a model or checkpoints in it)")
     return ap
 
 

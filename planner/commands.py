@@ -51,6 +51,7 @@ def estimate_command(args: argparse.Namespace) -> int:
     from cost_models.step import estimate
     from planner.calibrate import calibration_spread
     from planner.prediction import prediction_json
+    from planner.uncertainty import band as uncertainty_band
     from planner.uncertainty import step_band
     from specs.parallel import config_from_keys, parse_plan_keys
 
@@ -79,7 +80,9 @@ def estimate_command(args: argparse.Namespace) -> int:
     con.print(f"plan    {cfg.short()}  (global batch {args.global_batch}, "
               f"{cfg.microbatches(args.global_batch)} micro-batches per step)")
     unpinned = f"; mostly the calibration's unpinned {loose} scale" if spread > 0.05 else ""
-    con.print(f"band    {band[0]:.4g} .. {band[1]:.4g} s a step (95%, docs/cost_model.md \"How sure it is\"{unpinned})")
+    held = f"{uncertainty_band(cfg.pp > 1).coverage:.0%}"
+    con.print(f"band    {band[0]:.4g} .. {band[1]:.4g} s a step (holds {held} of runs like the validation's, "
+              f"docs/cost_model.md \"How sure it is\"{unpinned})")
     for tab in estimate_tables(est, "estimate"):
         con.print(tab)
     if checked is not None:
@@ -249,11 +252,11 @@ def whatif_command(args: argparse.Namespace) -> int:
     if args.plot:
         from planner.whatif_plot import plot_file
 
-        plot_file(args.plot)  # a bad path fails now, not after the sweep
+        plot_file(args.plot, spec_files(args))  # a bad path fails now, not after the sweep
     key, values = parse_vary(args.vary)
-    if key in ("gpus", "nodes") and (args.gpus or args.nodes):
-        raise AutoparError(f"--vary {key} sets the cluster's size at each point; leave out "
-                           f"{'--gpus' if args.gpus else '--nodes'}")
+    given = "--nodes" if args.nodes else "--gpus" if args.gpus and key == "gpus" else None
+    if key in ("gpus", "nodes") and given:  # (--gpus N with --vary nodes: nodes of N GPUs)
+        raise AutoparError(f"--vary {key} sets the cluster's size at each point; leave out {given}")
     fixed = parse_plan_keys(args.fix, "--fix")
     more = parse_plan_keys(args.compare, "--compare") if args.compare else {}
     curves: dict[str, Any] = {"best": sweep(model, cluster, args.global_batch, key, values, fixed, args.headroom)}
@@ -323,9 +326,9 @@ def _full_size(cluster: Any) -> Any:
     from specs.cluster import list_clusters, load_cluster
 
     if cluster.name in list_clusters() and cluster.num_nodes == 1:
-        bundled = load_cluster(cluster.name)
-        if bundled.gpu == cluster.gpu and bundled.gpus_per_node > cluster.gpus_per_node:
-            return bundled.model_copy(update={"tp_across_nodes": cluster.tp_across_nodes})
+        bundled = load_cluster(cluster.name).model_copy(update={"tp_across_nodes": cluster.tp_across_nodes})
+        if bundled.gpus_per_node > cluster.gpus_per_node and bundled.resized(gpus=cluster.num_gpus) == cluster:
+            return bundled
     return cluster
 
 

@@ -5,11 +5,12 @@ checked against (benchmarks/validate_published.py writes it, its ``write-residua
 current): Megatron-LM on Selene (Korthikanti 2022, Narayanan 2021) and Megatron-DeepSpeed on Jean Zay
 (BigScience's BLOOM sweep). Nothing is fitted to them; they only say how far off the model has been.
 
-- **Band.** For plans of one kind (pipelined or not), a 95% prediction interval of measured / predicted from
-  all rows of that kind: the k-th smallest to the k-th largest, k = floor(0.025 (n + 1)) and at least 1 (the
-  distribution-free interval of conformal prediction; below 79 rows, the range seen): a plan predicted at T
-  measured between T x low and T x high on those stacks. The model leans optimistic (other stacks overlap less
-  and add fixed costs it does not know), so bands reach further above the prediction than below.
+- **Band.** For plans of one kind (pipelined or not), a prediction interval of measured / predicted from all
+  rows of that kind: the k-th smallest to the k-th largest, k = floor(0.025 (n + 1)) and at least 1 (the
+  distribution-free interval of conformal prediction: at least 95% from 39 rows on, the range seen below): a plan
+  predicted at T measured between T x low and T x high on those stacks. The model leans optimistic (other
+  stacks overlap less and add fixed costs it does not know), so bands reach further above the prediction than
+  below.
 - **Ranking.** Errors of plans run on one stack move together; what can reorder two plans is how their errors
   differ. ``sigma`` is the standard deviation of log(measured / predicted) within each set (each set's mean
   removed); two plans whose predictions are closer than sigma x sqrt(2) (the spread of the difference of two
@@ -42,6 +43,7 @@ class Band:
     low: float  # measured / predicted, the k-th smallest of the rows (``band``)
     high: float  # ... the k-th largest
     rows: int  # validation rows of this kind
+    coverage: float  # the probability it holds a new row like them, at least (below 39 rows, under 95%)
 
 
 def _sets(sets: dict[str, list[dict[str, Any]]] | None) -> dict[str, list[dict[str, Any]]]:
@@ -71,13 +73,13 @@ def band(pipelined: bool, sets: dict[str, list[dict[str, Any]]] | None = None) -
     n = len(ratios)
     # A new row exchangeable with n seen ones is the k-th smallest or below with probability k / (n + 1), so the
     # k-th smallest to the k-th largest holds it with probability at least 1 - 2k / (n + 1) (Vovk, Gammerman and
-    # Shafer 2005; Lei et al. 2018, "Distribution-free predictive inference for regression"): k = 2.5% of n + 1,
-    # rounded down, keeps that at 95% or more. An interpolated quantile between order statistics would not; below
-    # 79 rows k would be 0 (no finite band holds 95%), so the range seen is the widest the rows can say,
-    # holding a new row with probability (n - 1) / (n + 1).
+    # Shafer 2005; Lei et al. 2018, "Distribution-free predictive inference for regression"): k = 2.5% of (n + 1),
+    # rounded down, keeps that at 95% or more from 39 rows on (an interpolated quantile between order statistics
+    # would not). Below 39 rows k would be 0: no finite band holds 95%, and the range seen, the widest the rows can
+    # say, holds a new row with probability (n - 1) / (n + 1) (``Band.coverage``).
     k = max(1, math.floor(TAIL * (n + 1)))
     lo, hi = ratios[k - 1], ratios[n - k]
-    return Band(low=float(lo), high=float(hi), rows=n)
+    return Band(low=float(lo), high=float(hi), rows=n, coverage=1 - 2 * k / (n + 1))
 
 
 def ranking_sigma(sets: dict[str, list[dict[str, Any]]] | None = None) -> float:

@@ -50,11 +50,12 @@ def _plain(text: str) -> str:
     return text.replace("$", r"\$")
 
 
-def plot_file(path: str) -> str:
-    """The file ``--plot`` writes (a name without an extension gets ``.png``), checked before the sweep."""
+def plot_file(path: str, inputs: dict[str, str | None] | None = None) -> str:
+    """The file ``--plot`` writes (a name without an extension gets ``.png``), checked before the sweep (not one of
+    the command's ``inputs``)."""
     if Path(path).is_dir():
         raise AutoparError(f"--plot {path} is a directory; give a file name such as {Path(path) / 'whatif.png'}")
-    return str(check_output_file(path if Path(path).suffix else path + ".png", "plot"))
+    return str(check_output_file(path if Path(path).suffix else path + ".png", "plot", inputs))
 
 
 def figure(curves: dict[str, list[dict[str, Any]]], key: str, model: str, cluster: str) -> Any:

@@ -262,10 +262,10 @@ def export_hf(ckpt_dir: Path, out: Path) -> Path:
     from safetensors.torch import save_file
 
     check_output_dir(out, "Hugging Face model folder")
-    held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
-    if held:
-        raise AutoparError(f"{out} is not empty (it holds {held[0]}{' and more' if len(held) > 1 else ''}); give an "
-                           "empty or new directory")
+    if (out / "model.safetensors").exists() or (out / "config.json").exists():
+        raise AutoparError(f"{out} already holds a model; give a new directory, or one without a model in it")
+    if out.is_dir() and latest_checkpoint(out) is not None:  # e.g. --out naming the checkpoint folder itself
+        raise AutoparError(f"{out} holds a run's checkpoints; give a new directory, or one without checkpoints")
     spec, params = read_parameters(ckpt_dir)
     tensors: dict[str, torch.Tensor] = {}
     for ours, parts in names(spec).items():

@@ -104,7 +104,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 _UniqueKeyLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
     list("-+0123456789"))
-# Switches are true or false: YAML 1.1 also reads yes/no/on/off/y/n as booleans, which would turn a misspelt
+# Switches are true or false: YAML 1.1 (PyYAML) also reads yes/no/on/off as booleans, which would turn a misspelt
 # value into a silent switch; such words stay text here, and the specs' boolean fields refuse them in one line.
 _UniqueKeyLoader.yaml_implicit_resolvers = {
     first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]

@@ -243,7 +243,7 @@ def rank_group(placement: tuple[str, ...], tp: int, dp: int, cp: int, rank: int)
     return replica_group(placement[rank // stage], rank % stage // (tp * cp), dp)
 
 
-MAX_PLACEMENT_RUN = 65536  # pipeline ranks one run of a placement may name (name*count): more than any cluster
+MAX_PLACEMENT_RUN = 65536  # pipeline ranks a placement may name (runs name*count included): more than any cluster
 
 
 def whole_number(text: str) -> int:
@@ -265,9 +265,10 @@ def _parse_groups(raw: str) -> tuple[str, ...]:
         name, _, count = part.partition("*")
         names = entry_groups(name)
         if not all(_name_ok(n) for n in names) or (len(names) > 1 and len(set(names)) < 2) \
-                or not (count == "" or count.isascii() and count.isdigit() and 0 < int(count) <= MAX_PLACEMENT_RUN):
+                or not (count == "" or count.isascii() and count.isdigit() and len(count) <= 6
+                        and 0 < int(count) <= MAX_PLACEMENT_RUN - len(out)):
             raise AutoparError(f"placement takes a node group per pipeline rank separated by '/', runs as name*count "
-                               f"(count 1 to {MAX_PLACEMENT_RUN:,}), "
+                               f"(at most {MAX_PLACEMENT_RUN:,} ranks in all), "
                                f"a rank's dp replicas split over groups as a+b, a group named twice holding twice the "
                                f"share (e.g. ib*4/roce*4, ib+roce*8 or ib+ib+roce), got '{raw}'")
         out += [name] * (int(count) if count else 1)

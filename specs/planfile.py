@@ -109,8 +109,9 @@ def make_plan(model: ModelSpec, cluster: ClusterSpec, global_batch: int, cfg: Pa
         global_batch=global_batch,
         seq=model.seq_length,
         parallel=cfg.to_dict(),
-        prediction={**prediction, "for": {"parallel": cfg.to_dict(), "global_batch": global_batch,
-                                          "seq": model.seq_length}} if prediction else {},
+        prediction={**{k: v for k, v in prediction.items() if k != "parallel"},  # `for` holds the plan's keys
+                    "for": {"parallel": cfg.to_dict(), "global_batch": global_batch,
+                            "seq": model.seq_length}} if prediction else {},
         train=train or TrainConfig(),
         state=state or StateSpec.default(cluster.precision),
     )

@@ -322,6 +322,9 @@ def test_an_output_is_never_one_of_the_inputs(tmp_path, capsys):
         "--out", str(tmp_path / "." / "c.yaml"))
     assert "is the plan file this command reads" in fails(capsys, "run", str(plan), "--metrics-out", str(plan))
     assert "is the metrics file" in fails(capsys, "calibrate", str(metrics), "--out", str(metrics))
+    assert "is the model spec this command reads" in fails(
+        capsys, "whatif", "--model", str(spec), "--cluster", "dgx-a100", "--global-batch", "8", "--vary",
+        "gpus=8,16", "--plot", str(spec))
     assert {p: p.read_bytes() for p in before} == before
 
 
@@ -338,7 +341,11 @@ def test_an_output_is_never_one_of_the_inputs(tmp_path, capsys):
       "tp=1"], "--gpus: takes a whole number"),
     (["estimate", "--model", "tiny", *ESTIMATE[:-1], "tp=1_0"], "plan key tp takes an integer, got '1_0'"),
     (["plan", "--model", "tiny", "--cluster", "ib-roce-a100", "--global-batch", "128", "--fix",
-      "placement=ib*99999999999999999"], "count 1 to 65,536"),
+      "placement=ib*99999999999999999"], "at most 65,536 ranks in all"),
+    (["plan", "--model", "tiny", "--cluster", "ib-roce-a100", "--global-batch", "128", "--fix",
+      "placement=" + "/".join(["ib*60000"] * 3)], "at most 65,536 ranks in all"),
+    (["plan", "--model", "tiny", "--cluster", "ib-roce-a100", "--global-batch", "128", "--fix",
+      "placement=ib*" + "9" * 5000], "at most 65,536 ranks in all"),
     (["plan", "--model", "tiny", "--cluster", "cpu-gloo", "--gpus", "1", "--global-batch", "2", "--steps",
       "99999999999999999999999"], "--steps must be at least 1 (and below 2^63)"),
     (["run", "--resume", "--replan", "--gpus", "0", "--checkpoint-dir", "ck"], "--gpus must be at least 1"),
@@ -403,3 +410,6 @@ def test_replan_can_grow_a_plan_made_below_a_node():
     assert small.gpus_per_node == 2 and _full_size(small).resized(gpus=4).num_gpus == 4
     odd = small.model_copy(update={"name": "mine"})
     assert _full_size(odd) is odd
+    slower = small.intra_node.model_copy(update={"bandwidth_GBps": small.intra_node.bandwidth_GBps / 2})
+    edited = small.model_copy(update={"intra_node": slower})  # a profile of its own under a bundled name: kept
+    assert _full_size(edited) is edited

@@ -109,7 +109,7 @@ def test_plan_json_and_plan_file_roundtrip(tmp_path, capsys):
     assert plan.prediction["step_time_s"] == pytest.approx(d["plans"][0]["step_time_s"])
     # the plan file keeps the prediction as `plan` printed it, band and keys included (docs/contract.md)
     assert plan.prediction["step_time_band_s"] == d["plans"][0]["step_time_band_s"]
-    assert plan.prediction["parallel"] == d["plans"][0]["parallel"] and plan.prediction_is_current
+    assert plan.prediction["for"]["parallel"] == d["plans"][0]["parallel"] and plan.prediction_is_current
     assert plan.world_size == 16
 
 

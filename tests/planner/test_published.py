@@ -135,14 +135,14 @@ def test_default_headroom_covers_the_measured_peaks(bloom_sweep):
 
 
 def test_bloom_prequel_held_out():
-    """BigScience's earlier sweeps of the same chronicle (60 runs of plans and model shapes, not among the bands'
+    """BigScience's earlier sweeps of the same chronicle (56 runs of plans and model shapes, not among the bands'
     residuals): the bands hold at least 80% of them (issue 12's bar), and in every table of at least 8 runs the plan
     and shape the model ranks first measured within 1% per sample of the table's best (the chronicle's repeated runs
     differ by up to 2.8%)."""
     assert pre.deepspeed_split(78, 12) == (7,) * 11 + (1,) and pre.deepspeed_split(72, 6) == (12,) * 6
     rows = pre.prequel()
-    timed = [r for r in rows if "ratio" in r]
-    assert len(timed) == len(rows) >= 55
+    timed = [r for r in rows if "ratio" in r and not r["repeat"]]  # a repeated run counts once
+    assert len(timed) == len(rows) - sum(r["repeat"] for r in rows) >= 50
     assert sum(r["in_band"] for r in timed) >= 0.8 * len(timed)
     tables = [t for t in pre.by_table(rows) if t["runs"] >= 8]
     assert len(tables) >= 4 and all(t["regret"] <= 0.01 for t in tables), tables
@@ -172,14 +172,16 @@ def test_residuals_behind_the_bands_are_current(bloom_sweep):
 
 
 def test_band_is_a_distribution_free_prediction_interval():
-    """The band of n rows is their k-th smallest to k-th largest, k = floor(2.5% of n + 1) and at least 1: a new
-    row drawn like the others lies inside it at least 95% of the time whatever their distribution (below 79 rows,
-    the range seen: (n - 1) / (n + 1)); an interpolated quantile would hold it less often."""
+    """The band of n rows is their k-th smallest to k-th largest, k = floor(2.5% of (n + 1)) and at least 1: a new
+    row drawn like the others lies inside it with probability at least 1 - 2k / (n + 1) whatever their distribution,
+    95% or more from 39 rows on (below, the range seen: (n - 1) / (n + 1)); an interpolated quantile would hold it
+    less often."""
     rng = np.random.default_rng(0)
     for n, k in ((20, 1), (60, 1), (79, 2), (200, 5)):
         x = rng.lognormal(0.05, 0.1, n)
         b = uncertainty.band(True, {"s": [{"ratio": v, "pipelined": True} for v in x]})
         assert (b.low, b.high, b.rows) == (np.sort(x)[k - 1], np.sort(x)[n - k], n)
+        assert b.coverage == pytest.approx(1 - 2 * k / (n + 1)) and (b.coverage >= 0.95) == (n >= 39)
     n, trials = 120, 4000  # k = 3: holds a new row with probability 1 - 6 / 121 = 95.0%
     draws = rng.standard_t(3, (trials, n + 1))  # heavy tails: no normal band would do
     inside = 0
@@ -190,8 +192,8 @@ def test_band_is_a_distribution_free_prediction_interval():
 
 
 def test_bands_cover_every_published_set():
-    """With fewer than 79 rows of a kind the 95% band is the range seen (no narrower band holds 95% of new rows):
-    every published row lies in its kind's band; with more, all but k = floor(2.5% of n + 1) at each end. Held out
+    """With fewer than 79 rows of a kind the band is the range seen (k = 1): every published row lies in its kind's
+    band; with more, all but k - 1 = floor(2.5% of (n + 1)) - 1 at each end. Held out
     (each row's band from the other rows), every set keeps at least the share a range of that many rows is
     expected to hold; the band is wider above the prediction than below (the model is optimistic on stacks other
     than the one it follows)."""

@@ -136,11 +136,13 @@ def test_what_import_and_export_refuse_before_writing(tmp_path, capsys):
         export_hf(tmp_path / "ck", a_file)
     assert a_file.read_text() == "keep"
     (tmp_path / "busy").mkdir()
-    (tmp_path / "busy" / "notes.txt").write_text("keep")
-    with pytest.raises(AutoparError, match="is not empty"):
+    (tmp_path / "busy" / "config.json").write_text("{}")
+    with pytest.raises(AutoparError, match="already holds a model"):
         export_hf(tmp_path / "ck", tmp_path / "busy")
-    with pytest.raises(AutoparError, match="is not empty"):
+    with pytest.raises(AutoparError, match="holds a run's checkpoints"):
         export_hf(tmp_path / "ck", tmp_path / "ck")  # into the checkpoint folder itself
+    (tmp_path / "fine").mkdir()
+    (tmp_path / "fine" / "tokenizer.json").write_text("{}")  # a folder with the tokenizer in it is fine
     out = export_hf(tmp_path / "ck", tmp_path / "fine")
     assert (out / "model.safetensors").stat().st_mode & 0o777 == 0o666 & ~_umask()  # not safetensors' private 0600
     meta_path = ck / "meta.json"
