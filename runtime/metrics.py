@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 from typing import IO, Any
 
+from specs.errors import AutoparError
 from specs.planfile import PlanFile
 
 
@@ -78,9 +79,7 @@ class MetricsLog:
                 row["predicted_memory_GiB_per_rank"] = self.rank_prediction
         if not self.enabled:
             return row
-        if self.file is not None:
-            self.file.write(json.dumps(row) + "\n")
-            self.file.flush()
+        self._write(row)
         if not self.quiet:
             pred = f" (plan {self.predicted:.3g} s)" if self.predicted else ""
             mem_pred = f" (plan {self.predicted_memory:.3g})" if self.predicted_memory and self.gpu else ""
@@ -97,9 +96,17 @@ class MetricsLog:
 
     def event(self, **fields: object) -> None:
         """A line that is not a step (``{"event": ...}``): what a restart lost and redid."""
-        if self.file is not None:
-            self.file.write(json.dumps(fields) + "\n")
+        self._write(fields)
+
+    def _write(self, row: dict[str, Any]) -> None:
+        if self.file is None:
+            return
+        try:
+            self.file.write(json.dumps(row) + "\n")
             self.file.flush()
+        except OSError as err:  # a full disk, a device that refuses writes: say which file, and how to go on
+            raise AutoparError(f"cannot write metrics file {self.file.name}: {err.strerror or err}; free space or "
+                               "give another --metrics-out (the checkpoints written so far resume the run)") from None
 
     def close(self) -> None:
         if self.file is not None:

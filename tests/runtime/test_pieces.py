@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -136,6 +137,10 @@ def test_metrics_lines(tmp_path, capsys):
     fast.record(2, 2.5, 1.0, 1e-3, 1e-4, 0.25)
     out = capsys.readouterr().out
     assert out.count("note: MFU above 100%") == 1 and "`autopar profile` measures it" in out
+    if Path("/dev/full").exists():  # a full disk: one line naming the file, not the OS error alone
+        full = MetricsLog(plan, "/dev/full", 2, enabled=True, quiet=True)
+        with pytest.raises(AutoparError, match="cannot write metrics file /dev/full: No space left"):
+            full.record(1, 3.0, 1.5, 1e-3, 2.0, 0.25)
 
 
 @pytest.mark.parametrize("n,size,unit,align", [
