@@ -11,7 +11,8 @@
 # of NVIDIA's H100 recipes (benchmarks/wgrad_accumulation.py), their GEMMs cut into overlap pieces against the
 # model (benchmarks/gemm_pieces.py) and the MoE grouped-GEMM run. About 18 minutes on one H100: more than one
 # 15-minute lease, so PART runs half of them: `first` (profile, optimizer, the three plans, validate_h100, wgrad,
-# pieces, smoke: about 8 minutes) or `second` (profile again, peers, kernels, tune, MoE: about 10); default all.
+# pieces, smoke: about 8 minutes) or `second` (profile again, peers, kernels, tune, MoE, attention head dims:
+# about 10); default all.
 # Needs, besides PyTorch and Triton: pydantic, pulp, highspy (and liger-kernel for the Liger peer).
 set -u
 case ${1:-} in first|second|all) set -- gpu-out "$1";; esac  # `gpu_checks.sh first` means the first half into gpu-out
@@ -55,5 +56,6 @@ if part second; then
     --global-batch 8 --trials 3 --steps 10 --warmup 3
   step moe 200 bash -c "python -m planner.cli plan --model tiny-moe --cluster dgx-h100 --gpus 1 --global-batch 8 \
 --out $OUT/moe.json && python -m planner.cli run $OUT/moe.json --steps 5 --metrics-out $OUT/moe.jsonl"
+  step attention_head_dim 60 python benchmarks/attention_head_dim.py --profile "$OUT/h100.yaml" --json "$OUT/head_dim.json"
 fi
 echo "logs in $OUT"

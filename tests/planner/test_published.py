@@ -149,6 +149,29 @@ def test_bloom_prequel_held_out():
     assert pre.spearman([1, 2, 3, 4], [10, 30, 20, 40]) == pytest.approx(0.8)
 
 
+def test_head_dim_benchmark_covers_the_prequel_shapes(capsys):
+    """benchmarks/attention_head_dim.py times the unfused attention GEMMs of every (hidden, heads) the prequel ran
+    at tp=8 (head dim 108 among them), and says it needs a GPU rather than failing without one."""
+    spec = importlib.util.spec_from_file_location("attention_head_dim", ROOT / "benchmarks" / "attention_head_dim.py")
+    hd = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hd)
+    ran = {(int(r["hidden"]), int(r["heads"])) for r in vp._rows("bigscience_tr11_prequel.csv") if r["tp"] == "8"}
+    timed = {(c["hidden"], c["heads"]) for c in hd.cases()}
+    assert ran <= timed and 108 in {c["head_dim"] for c in hd.cases()}
+    assert all(c["batch"] == hd.MBS * c["heads"] // hd.TP for c in hd.cases())
+    import torch
+
+    if not torch.cuda.is_available():
+        import sys
+
+        argv, sys.argv = sys.argv, ["attention_head_dim.py"]
+        try:
+            assert hd.main() == 2
+        finally:
+            sys.argv = argv
+        assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
 def test_bloom_sweep_model_pick_is_near_the_measured_best(bloom_sweep):
     """Taking the plan the model ranks first among the swept ones costs at most 3% per sample over the
     measured best (the sweep repeated one plan at 110.5 s and 113.5 s: 2.8% apart), and the model's order
