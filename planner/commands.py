@@ -314,7 +314,7 @@ def run_command(args: argparse.Namespace) -> int:
     elif args.gpus is not None:
         raise AutoparError("--gpus is for --replan (a plan file fixes its own GPU count)")
     if plan_path is None:
-        plan_path = str(_plan_default(cache_dir() / "default-plan.json"))
+        plan_path = str(_plan_default(cache_dir() / "default-plan.json", "its command" if args.dry_run else None))
     fresh = _fresh_prediction(plan_path)
     return launch(plan_path=plan_path, predicted_step_s=fresh and fresh.step_time_s,
                   predicted_memory_GiB=fresh and fresh.memory_GiB, **launch_options(args))
@@ -406,8 +406,9 @@ def _fresh_prediction(plan_path: str) -> Any:
     return est
 
 
-def _plan_default(path) -> str:
-    """Plan the default job (tiny Llama, 4 CPU ranks), print the plan, write it to ``path``."""
+def _plan_default(path, then: str | None = None) -> str:
+    """Plan the default job (tiny Llama, 4 CPU ranks), print the plan, write it to ``path``; ``then`` says what
+    follows (default: training it)."""
     from planner.defaults import CLUSTER, GLOBAL_BATCH, MODEL, RANKS, default_plan
     from planner.explain import runner_up, why
     from planner.report import console, estimate_tables, plans_table
@@ -421,6 +422,9 @@ def _plan_default(path) -> str:
     if other:
         con.print(f"[bold]why:[/bold] {escape(why(res.plans[0], other))}")
     con.print(estimate_tables(res.plans[0].estimate, "")[1])
+    if then is not None:
+        con.print(f"autopar: wrote {escape(str(out))}; {then}:")
+        return out
     con.print(f"autopar: wrote {escape(str(out))}; training it (CPU timings are noisy; the bundled cpu-gloo profile "
               "is rough, `autopar profile` measures this machine)")
     return out

@@ -241,6 +241,16 @@ def test_dry_run_prints_the_torchrun_command(tmp_path, capsys):
         assert out.rstrip().endswith("--quiet"), out
 
 
+def test_dry_run_of_the_default_job_says_what_it_does(tmp_path, capsys, monkeypatch):
+    """`autopar run --dry-run` with no plan plans the default job and prints its command; it does not claim to
+    train it."""
+    monkeypatch.setenv("AUTOPAR_CACHE", str(tmp_path))
+    assert main(["run", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "its command:" in out and "training it" not in out
+    assert "-m runtime.train " + str(tmp_path / "default-plan.json") in out
+
+
 def test_train_entry_point_errors_and_single_rank_run(tmp_path):
     """``python -m runtime.train``: a 4-rank plan without torchrun is refused in one line; a 1-rank plan runs."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
