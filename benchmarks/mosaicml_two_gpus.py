@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from validate_h100 import mosaic_runs  # noqa: E402
 
 from planner.calibrate import BOUND, Run, predict  # noqa: E402
+from planner.uncertainty import in_band  # noqa: E402
 from specs.cluster import ClusterSpec, load_cluster  # noqa: E402
 
 GPUS = {"A100 80GB": ("mosaicml_llm_foundry_a100_bf16.csv", "dgx-a100"),
@@ -80,6 +81,8 @@ def main() -> int:
               f"{sum(e <= 0.10 for e in errs)}/{len(errs)}, mean signed {mean:+.1%}")
         print(f"  7B-70B up to 4k tokens: {len(short_big)} runs, {min(short_big):+.1%} .. {max(short_big):+.1%}, "
               f"within 10%: {sum(abs(e) <= 0.10 for e in short_big)}")
+        inside = sum(in_band(False, 1.0, 1.0 + r["error"]) for r in rows)  # measured 1, predicted 1 + error
+        print(f"  inside the bands of plans without pipelining (planner/uncertainty.py): {inside}/{len(rows)}")
         for lo_seq in (LONG, 32768):
             fw = [r["implied_attention_fwd"] for r in rows if r["seq"] >= lo_seq and r["implied_attention_fwd"]]
             if fw:
