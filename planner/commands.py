@@ -49,7 +49,7 @@ def spec_files(args: argparse.Namespace) -> dict[str, str | None]:
 def estimate_command(args: argparse.Namespace) -> int:
     """`autopar estimate`: one plan's step time, throughput, MFU and memory."""
     from cost_models.step import estimate
-    from planner.calibrate import calibration_spread
+    from planner.calibrate import LOOSE_SPREAD, calibration_spread
     from planner.prediction import prediction_json
     from planner.uncertainty import band as uncertainty_band
     from planner.uncertainty import step_band
@@ -60,7 +60,6 @@ def estimate_command(args: argparse.Namespace) -> int:
     est = estimate(model, cluster, cfg, args.global_batch,
                    headroom_GiB=headroom_for(args.headroom, cluster.gpu.memory_GiB))
     spread, loose = calibration_spread(model, cluster, cfg, args.global_batch)
-    band = step_band(cfg.pp, est.step_time_s, spread)
     checked = None
     if args.verify:
         from planner.verify import memory_check
@@ -79,7 +78,8 @@ def estimate_command(args: argparse.Namespace) -> int:
     print_inputs(con, model, cluster)
     con.print(f"plan    {cfg.short()}  (global batch {args.global_batch}, "
               f"{cfg.microbatches(args.global_batch)} micro-batches per step)")
-    unpinned = f"; mostly the calibration's unpinned {loose} scale" if spread > 0.05 else ""
+    band = step_band(cfg.pp, est.step_time_s, spread)
+    unpinned = f"; mostly the calibration's unpinned {loose} scale" if spread > LOOSE_SPREAD else ""
     held = f"{uncertainty_band(cfg.pp > 1).coverage:.0%}"
     con.print(f"band    {band[0]:.4g} .. {band[1]:.4g} s a step (holds {held} of runs like the validation's, "
               f"docs/cost_model.md \"How sure it is\"{unpinned})")
