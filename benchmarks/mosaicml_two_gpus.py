@@ -7,7 +7,9 @@ PyTorch FSDP, its Triton attention) on 8 GPUs. Each run is priced as validate_h1
 bundled profile of its GPU (dgx-a100, dgx-h100), nothing fitted. Then, for each run from 8k tokens, where
 attention is most of the work, the attention rate that would make the cost model match it with everything else
 as bundled: if the misses are that stack's attention kernel, this implied rate is one number per GPU, the same for
-every model size and sequence; if they were something else, it would wander.
+every model size and sequence; if they were something else, it would wander. Last, what `autopar calibrate` makes
+of each table: fitted on its 8-GPU runs at 2048 tokens (validate_h100.calibration_rows, one per model size), every
+other run held out.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from validate_h100 import mosaic_runs  # noqa: E402
+from validate_h100 import mosaic, mosaic_runs  # noqa: E402
 
 from planner.calibrate import BOUND, Run, predict  # noqa: E402
 from planner.uncertainty import in_band  # noqa: E402
@@ -83,6 +85,10 @@ def main() -> int:
               f"within 10%: {sum(abs(e) <= 0.10 for e in short_big)}")
         inside = sum(in_band(False, 1.0, 1.0 + r["error"]) for r in rows)  # measured 1, predicted 1 + error
         print(f"  inside the bands of plans without pipelining (planner/uncertainty.py): {inside}/{len(rows)}")
+        held = [r for r in mosaic(base, table, cluster)[0] if not r["calibration_run"]]
+        print(f"  calibrated on its 8-GPU runs at 2048 tokens, held out: within 10% "
+              f"{sum(abs(r['calibrated_error']) <= 0.10 for r in held)}/{len(held)}, inside the bands widened by the "
+              f"fit's spread {sum(r['calibrated_in_band'] for r in held)}/{len(held)}")
         for lo_seq in (LONG, 32768):
             fw = [r["implied_attention_fwd"] for r in rows if r["seq"] >= lo_seq and r["implied_attention_fwd"]]
             if fw:

@@ -110,10 +110,12 @@ def calibration_rows(rows: list[dict[str, str]]) -> list[int]:
     return [i for i, r in enumerate(rows) if r["gpus"] == "8" and r["seq"] == "2048"]
 
 
-def mosaic(base: ClusterSpec) -> tuple[list[dict], dict[str, float]]:
-    """Every run predicted on the bundled profile and on the profile calibrated on CALIBRATION's runs; each held-out
-    run's band on the calibrated profile widened by what the fit leaves uncertain about it."""
-    pairs = mosaic_runs()
+def mosaic(base: ClusterSpec, table: str = "mosaicml_llm_foundry_h100_bf16.csv", cluster: str = CLUSTER
+           ) -> tuple[list[dict], dict[str, float]]:
+    """Every run of ``table`` predicted on ``base`` (the bundled ``cluster``) and on that profile calibrated on
+    :func:`calibration_rows`' runs; each held-out run's band on the calibrated profile widened by what the fit leaves
+    uncertain about it."""
+    pairs = mosaic_runs(table, cluster)
     rows, runs = [p[0] for p in pairs], [p[1] for p in pairs]
     cal = calibration_rows(rows)
     print(f"calibrating on {len(cal)} runs: " + ", ".join(runs[i].source for i in cal), flush=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from planner.uncertainty import in_band
 from specs.cluster import load_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,6 +58,17 @@ def test_calibrating_on_five_runs_predicts_the_held_out_sweep():
     assert sum(r["calibrated_in_band"] for r in held) >= 0.8 * len(held)
     long = [r for r in held if r["seq"] >= 8192]
     assert min(r["calibration_log_sd"] for r in long) > max(r["calibration_log_sd"] for r in held if r["seq"] <= 2048)
+
+
+def test_the_same_stack_on_a100_calibrated_the_same_way():
+    """The A100 table of the same llm-foundry commit, calibrated by the same rule (its 8-GPU runs at 2048 tokens, one
+    per model size): its held-out runs lie inside the bands widened by the fit's spread for at least 80% of them,
+    where the bundled profile's bands hold under a fifth."""
+    rows, _ = vh.mosaic(load_cluster("dgx-a100"), "mosaicml_llm_foundry_a100_bf16.csv", "dgx-a100")
+    held = [r for r in rows if not r["calibration_run"]]
+    assert len(held) >= 40
+    assert sum(r["calibrated_in_band"] for r in held) >= 0.8 * len(held)
+    assert sum(in_band(False, 1.0, 1.0 + r["bundled_error"]) for r in rows) < 0.2 * len(rows)
 
 
 def test_the_mosaic_misses_are_one_attention_rate_per_gpu():
