@@ -23,7 +23,7 @@ from cost_models.moe import mlp_mix, moe_bytes
 from cost_models.params import per_rank
 from cost_models.pipeline import peak_inflight_bytes
 from specs.model import ModelSpec
-from specs.parallel import RECOMPUTE_CODE, Candidates, edp
+from specs.parallel import RECOMPUTE_CODE, Candidates, edp, zero_in_effect
 from specs.schedules import repeating_from
 from specs.state import StateSpec, fused_loss_rows
 
@@ -196,7 +196,8 @@ def rank_memory(c: Candidates, state: StateSpec, backend: str, load: RankLoad) -
     dense = state_bytes(load.params - load.expert_params, c.zero[:, None], (c.dp * c.cp)[:, None], state)
     experts = state_bytes(load.expert_params, c.zero[:, None], edp(c.dp, c.cp, c.tp, c.ep, c.etp)[:, None], state)
     st = StateBytes(*(a + b for a, b in zip(vars(dense).values(), vars(experts).values())))
-    temp = load.work + zero3_gather_bytes(load.largest_bucket, c.zero[:, None], state, c.dp_overlap[:, None])
+    zero = zero_in_effect(c.zero, c.dp * c.cp)[:, None]
+    temp = load.work + zero3_gather_bytes(load.largest_bucket, zero, state, c.dp_overlap[:, None])
     dynamic = load.activations + temp
     reserved = RESERVED_GIB.get(backend, 1.0) * GiB
     return RankMemory(weights=st.weights, grads=st.grads, optimizer=st.optimizer, activations=load.activations,

@@ -154,8 +154,6 @@ def price_placed(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, gl
                      stitched.expert_params)
     mem = _stitch({e: rank_memory(c, state, cluster.backend, load) for e in models}, ranks, RankMemory)
     assert isinstance(mem, RankMemory)
-    stage = cfg.tp * cfg.dp * cfg.cp
-    peak = sum(stage // len(entry_groups(e)) * views[g].gpu.peak(cluster.precision)
-               for e in ranks for g in entry_groups(e))
+    peak = cluster.peak_flops(cfg.placement, cfg.tp * cfg.dp * cfg.cp)
     return Placed(costs=stitched, sim=sim, tail=tail, mem=mem,
                   capacity_GiB=[min(views[g].gpu.memory_GiB for g in entry_groups(e)) for e in ranks], peak_flops=peak)

@@ -37,7 +37,7 @@ from cost_models.params import (
     zero3_regather,
 )
 from specs.model import ModelSpec
-from specs.parallel import Candidates
+from specs.parallel import Candidates, zero_in_effect
 from specs.state import StateSpec
 
 
@@ -105,7 +105,7 @@ def zero_traffic(comm: CommModel, state: StateSpec, params, nb, fwd, bwd, zero, 
     before the forward and again before the backward, and ``regather`` parameters once more in the forward
     (``params.zero3_regather``). Overlapped, only what outlasts the compute beside it (and at least one
     bucket) is exposed."""
-    on = (zero >= 2) & (d > 1)
+    on = zero_in_effect(zero, d) >= 2
     nb = np.maximum(1.0, nb)
     rs = np.where(on, comm.bucketed(comm.reduce_scatter, params * state.grad_reduce_bytes, nb, d, t), 0.0)
     ag = np.where(on & (zero == 3), comm.bucketed(comm.all_gather, params * state.param_bytes, nb, d, t), 0.0)
@@ -190,7 +190,7 @@ def _compute(c: Candidates, lt: LayerTerms, layers: np.ndarray, recomputed: np.n
 
 def _scatters(c: Candidates) -> np.ndarray:
     """[N, 1]: ZeRO-2/3 over more than one data-parallel rank (gradients reduce-scattered every micro-batch)."""
-    return (_col(c.zero) >= 2) & (_col(c.dp * c.cp) > 1)
+    return _col(zero_in_effect(c.zero, c.dp * c.cp)) >= 2
 
 
 def accumulate_time(state: StateSpec, c: Candidates, lt: LayerTerms, params) -> np.ndarray:
@@ -249,7 +249,7 @@ def stage_state(model: ModelSpec, state: StateSpec, c: Candidates, lt: LayerTerm
     # a backward's temporaries; under full recompute they hold a rematerialised layer only where one is recomputed
     work = _col(lt.act_work) - np.where((rc == FULL) & (recomputed == 0), _col(lt.act_full), 0.0)
     # beside a layer's backward (not the head's, the first), ZeRO-2/3 with overlap keep one reduce-scatter in flight
-    scatter = np.where(_col(c.dp * c.cp) > 1, zero_scatter_bytes(largest, _col(c.zero), state, _col(c.dp_overlap)), 0.0)
+    scatter = zero_scatter_bytes(largest, _col(zero_in_effect(c.zero, c.dp * c.cp)), state, _col(c.dp_overlap))
     # the head's: under ZeRO-2/3 its bucket's reduce-scatter buffer is filled while its weight gradient is alive
     head_scatter = np.where(_scatters(c), head_params(model, _col(t), layers.shape[1]) * state.grad_reduce_bytes, 0.0)
     work_bytes = np.maximum(np.where(layers > 0, work + scatter, 0.0), last * (_col(lt.act_head) + head_scatter))

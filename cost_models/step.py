@@ -92,7 +92,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global
         mem = rank_memory(c, state, cluster.backend,
                           rank_load(pp, vpp, ms, costs.params, costs.act_bytes, costs.work_bytes,
                                     costs.largest_bucket, costs.expert_params))
-        capacity, peak_flops = [cluster.gpu.memory_GiB] * pp, cluster.num_gpus * cluster.gpu.peak(cluster.precision)
+        capacity, peak_flops = [cluster.gpu.memory_GiB] * pp, cluster.peak_flops()
     step = float(tail.step_time[0])
 
     crit = int(np.argmax(tail.finish[0]))  # the breakdown follows the rank that finishes last

@@ -36,7 +36,7 @@ from cost_models.params import per_rank
 from cost_models.pipeline import Replay
 from cost_models.stages import StageCosts
 from specs.model import ModelSpec
-from specs.parallel import Candidates, edp
+from specs.parallel import Candidates, edp, zero_in_effect
 from specs.state import StateSpec
 
 
@@ -105,8 +105,8 @@ def rank_tail(model: ModelSpec, cm: ComputeModel, comm: CommModel, state: StateS
     """The tail of every rank of candidates ``c`` after a pipeline step timed by ``replay``."""
     pp, vpp = int(c.pp[0]), int(c.vpp[0])
     t, d = _col(c.tp), _col(c.dp * c.cp)
-    zero, overlap = _col(c.zero), c.dp_overlap[:, None]
     e, e_stride = _col(edp(c.dp, c.cp, c.tp, c.ep, c.etp)), _col(c.ep * c.etp)  # the experts' replicas
+    zero, overlap = _col(zero_in_effect(c.zero, c.dp * c.cp, e[:, 0] if model.moe else 1)), c.dp_overlap[:, None]
     chunk_params = per_rank(costs.params, pp, vpp)  # [N, pp, vpp]
     chunk_experts = per_rank(costs.expert_params, pp, vpp)
     rank_params, rank_experts = chunk_params.sum(axis=2), chunk_experts.sum(axis=2)
@@ -156,8 +156,8 @@ def rank_tail(model: ModelSpec, cm: ComputeModel, comm: CommModel, state: StateS
     tied = np.zeros(len(c))
     if model.tie_embeddings and pp * vpp > 1:
         stride = c.tp * c.cp * c.dp
-        tied = comm.all_reduce(tied_grad_bytes(model, state, c.tp, c.zero, c.dp * c.cp), 2, stride * (pp - 1))
-    norm = sum(comm.all_reduce(nbytes, size, 1) for _, size, nbytes in step_reductions(c.tp, c.pp, c.zero, gpus,
+        tied = comm.all_reduce(tied_grad_bytes(model, state, c.tp, zero[:, 0], c.dp * c.cp), 2, stride * (pp - 1))
+    norm = sum(comm.all_reduce(nbytes, size, 1) for _, size, nbytes in step_reductions(c.tp, c.pp, zero[:, 0], gpus,
                                                                                      model.moe is not None))
     norm = np.broadcast_to(norm, (len(c),))
     return RankTail(dp_exposed=exposed, optimizer=opt, gather=gather, finish=finish, tied=tied, norm=norm,

@@ -117,7 +117,7 @@ def plan_command(args: argparse.Namespace) -> int:
     from planner.explain import runner_up, why
     from planner.headroom import memory_warning
     from planner.prediction import prediction_json
-    from planner.search import min_gpus_to_fit, search
+    from planner.search import GROW_LIMIT, min_gpus_to_fit, search
     from planner.uncertainty import Z95, ranking_sigma, step_band, tie_margin, tied_with_best
     from specs.parallel import key_text, parse_plan_keys
 
@@ -156,14 +156,22 @@ def plan_command(args: argparse.Namespace) -> int:
     search_info = {"candidates": res.candidates, "seconds": round(res.seconds, 3), "exhaustive": res.exhaustive,
                    "headroom_GiB": headroom}
     if not res.plans:
-        need = min_gpus_to_fit(model, cluster, args.global_batch, fixed, headroom)
+        try:
+            need, grow = min_gpus_to_fit(model, cluster, args.global_batch, fixed, headroom), ""
+        except AutoparError as e:  # the cluster cannot grow: say why, not that no size fits
+            need, grow = None, str(e)
         closest = res.closest
         msg = (f"no plan fits in {cluster.gpu.memory_GiB - headroom:g} GiB per GPU on {cluster.num_gpus} GPUs")
         if args.headroom is None:
             msg += f" (its {cluster.gpu.memory_GiB:g} GiB less the default headroom; --headroom 0 uses it all)"
         if closest is not None:
             msg += f"; the closest ({closest.config.short()}) needs {closest.estimate.memory_GiB:.1f} GiB per GPU"
-        msg += f"; try --gpus {need}" if need else "; no cluster size up to 65536 GPUs fits: use GPUs with more memory"
+        if need:
+            msg += f"; try --gpus {need}"
+        elif grow:
+            msg += f"; a larger cluster is not tried ({grow}): use GPUs with more memory or a profile that grows"
+        else:
+            msg += f"; no cluster size up to {GROW_LIMIT} GPUs fits: use GPUs with more memory"
         if fixed:
             msg += " or relax --fix"
         if args.format == "json":

@@ -29,7 +29,7 @@ from planner.stage_problem import StageProblem
 from specs.cluster import ClusterSpec
 from specs.errors import AutoparError
 from specs.model import ModelSpec
-from specs.parallel import Candidates, ParallelConfig
+from specs.parallel import Candidates, ParallelConfig, zero_in_effect
 from specs.rules import PlanContext, check_plan
 from specs.state import StateSpec
 
@@ -65,7 +65,7 @@ def stage_problem(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, g
     # a stage's temporaries as stage_state counts them (a layer's backward with ZeRO's scatter buffer, a fully
     # recomputed layer's rebuilt activations, or the head's)
     temporary = float(np.maximum(plain.work_bytes[0], redone.work_bytes[0]).max()) + float(
-        zero3_gather_bytes(plain.largest_bucket.max(), cfg.zero, state, cfg.dp_overlap))
+        zero3_gather_bytes(plain.largest_bucket.max(), zero_in_effect(cfg.zero, d), state, cfg.dp_overlap))
     profiles = inflight_profiles(cfg.pp, cfg.vpp, m)
     inflight = [int(profiles[j % cfg.pp][:, j // cfg.pp].max()) for j in range(nv)]
     return StageProblem(

@@ -148,15 +148,16 @@ def _fastest(plans: list[PlanResult]) -> list[PlanResult]:
     return sorted({r.config: r for r in plans}.values(), key=lambda r: (r.estimate.step_time_s, r.estimate.memory_GiB))
 
 
+GROW_LIMIT = 1 << 16  # the largest cluster :func:`min_gpus_to_fit` tries
+
+
 def min_gpus_to_fit(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dict[str, Any],
-                    headroom_GiB: float = 0.0, limit: int = 1 << 16) -> int | None:
-    """The smallest power-of-two multiple of the cluster on which some plan fits (None past ``limit``)."""
+                    headroom_GiB: float = 0.0, limit: int = GROW_LIMIT) -> int | None:
+    """The smallest power-of-two multiple of the cluster on which some plan fits (None past ``limit``); an
+    AutoparError saying why when the cluster cannot grow (a profile without an inter-node network, node groups)."""
     g = cluster.num_gpus * 2
     while g <= limit:
-        try:
-            bigger = cluster.resized(gpus=g)
-        except AutoparError:
-            return None
+        bigger = cluster.resized(gpus=g)
         try:
             res = search(model, bigger, global_batch, fixed=fixed, top=1, headroom_GiB=headroom_GiB, refine_count=4)
         except AutoparError:

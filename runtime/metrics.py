@@ -7,8 +7,9 @@ peak_memory_GiB, peak_reserved_GiB, predicted_memory_GiB, plan`` (the plan file'
 stage's, from the plan's prediction). ``peak_memory_GiB`` and ``peak_reserved_GiB`` are
 the fullest rank's (CUDA: allocated and reserved by the caching allocator; CPU: the process's peak RSS, both),
 beside the memory the plan predicted per GPU. MFU = model FLOPs
-(``ModelSpec.model_flops_per_token``, no recompute) x tokens / (step time x ranks x the cluster GPU's peak
-at the plan's precision) — the same definition the planner's estimate uses, so the two compare directly.
+(``ModelSpec.model_flops_per_token``, no recompute) x tokens / (step time x the peak of the GPUs the plan runs
+on, ``ClusterSpec.peak_flops``: node groups each at their own) — the planner's estimate divides by the same, so the
+two compare directly.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ class MetricsLog:
         self.plan_path = plan_path  # written on every line so `autopar calibrate` can re-estimate the run
         self.tokens = plan.global_batch * plan.seq
         self.flops = plan.model.model_flops_per_token(plan.seq) * self.tokens
-        self.peak = plan.world_size * plan.cluster.gpu.peak(plan.cluster.precision)
+        cfg = plan.config
+        self.peak = plan.cluster.peak_flops(cfg.placement, cfg.tp * cfg.dp * cfg.cp)
         self.predicted = predicted_step_s or plan.prediction.get("step_time_s")  # a fresh estimate, when given
         self.predicted_memory = predicted_memory_GiB or plan.prediction.get("memory_GiB")
         self.gpu = gpu  # the progress line shows the predicted memory beside the measured one only on GPUs (a CPU
@@ -50,7 +52,6 @@ class MetricsLog:
         self.noted_peak = False  # an MFU above 100% is explained once
         # the predicted peak of each rank: its pipeline stage's (the estimate's stage_memory_GiB, one per pp rank)
         stages = plan.prediction.get("stage_memory_GiB") or []
-        cfg = plan.config
         self.rank_prediction = ([stages[cfg.rank_coords(r)["pp"]] for r in range(cfg.world)]
                                 if len(stages) == cfg.pp else None)
         self.file: IO[str] | None = None

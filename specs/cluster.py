@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from specs.errors import AutoparError, did_you_mean, number_only, validated
 from specs.files import read_mapping
+from specs.parallel import entry_groups
 from specs.topology import DefaultLink, GroupLink, NodeGroup, Topology
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "hardware_profiles"
@@ -262,6 +263,16 @@ class ClusterSpec(_Strict):
     @property
     def num_gpus(self) -> int:
         return self.gpus_per_node * self.num_nodes
+
+    def peak_flops(self, placement: tuple[str, ...] | None = None, stage_gpus: int = 0) -> float:
+        """Peak FLOP/s at the profile's precision of the GPUs a plan runs on, what MFU divides by (the estimate's
+        and the runtime's metrics alike): every GPU's, or under a node-group ``placement`` each pipeline rank's
+        ``stage_gpus`` (tp x dp x cp) GPUs at their group's peak, split evenly over the groups of an entry that
+        splits the replicas."""
+        if not placement:
+            return self.num_gpus * self.gpu.peak(self.precision)
+        return sum(stage_gpus // len(entry_groups(e)) * self.group_view(g).gpu.peak(self.precision)
+                   for e in placement for g in entry_groups(e))
 
     @property
     def groups(self) -> dict[str, int]:

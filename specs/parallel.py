@@ -177,6 +177,14 @@ def edp(dp: Any, cp: Any, tp: Any, ep: Any, etp: Any) -> Any:
 SEQ_GROUP = "cptp"  # the group of a sequence's cp x tp shards (MoE aux counts), named so when both exceed 1
 
 
+def zero_in_effect(zero: Any, d: Any, experts_d: Any = 1) -> Any:
+    """The ZeRO stage a plan runs over ``d`` = dp x cp data-parallel ranks (arrays broadcast), the routed experts'
+    state over ``experts_d`` (their :func:`edp`; 1 for a dense model): with one replica of each there is nothing
+    to shard, so it runs none (runtime/parallel/data_parallel.py, the cost model's ZeRO memory and traffic, the
+    rule that calls such a plan zero=0)."""
+    return np.where((np.asarray(d) > 1) | (np.asarray(experts_d) > 1), zero, 0)
+
+
 def seq_group_name(tp: int, cp: int) -> str:
     """The name the communication ledger gives the cp x tp group of a sequence's shards: with cp or tp of 1 it is
     the same process group as tp's or cp's, and named so."""

@@ -33,11 +33,13 @@ from specs.parallel import (
     Candidates,
     ParallelConfig,
     default_split,
+    edp,
     entry_groups,
     key_text,
     microbatches,
     range_problem,
     splits_replicas,
+    zero_in_effect,
 )
 
 
@@ -318,7 +320,8 @@ RULES: tuple[Rule, ...] = (
     # the same plan as another candidate: not errors, just not enumerated twice
     Rule(("sp", "tp"), lambda c, x: ~(c.sp & (c.tp == 1)), lambda cfg, x: "sp=true with tp=1 is sp=false",
          kind="same"),
-    Rule(("zero", "dp", "cp"), lambda c, x: (c.zero == 0) | (c.dp * c.cp > 1),
+    Rule(("zero", "dp", "cp", "tp", "ep", "etp"), lambda c, x: (c.zero == 0) | (zero_in_effect(c.zero, c.dp * c.cp, (
+        edp(c.dp, c.cp, c.tp, c.ep, c.etp) if x.model.moe else 1)) > 0),
          lambda cfg, x: "ZeRO with one data-parallel replica is zero=0", kind="same"),
     Rule(("dp_overlap", "dp", "cp"), lambda c, x: ~c.dp_overlap | (c.dp * c.cp > 1),
          lambda cfg, x: "dp_overlap with one data-parallel replica is dp_overlap=false", kind="same"),

@@ -75,6 +75,7 @@ from runtime.parallel.hierarchy import Hierarchy
 from runtime.parallel.mappings import all_gather_into, member, reduce_scatter_into, sum_into
 from runtime.parallel.mesh import ParallelGroups
 from runtime.parallel.params import EDP, ParamTable, Reduce
+from specs.parallel import zero_in_effect
 
 __all__ = ["Bucket", "DataParallel", "Span", "bucket_bounds"]
 
@@ -91,7 +92,7 @@ class DataParallel:
         self.g, self.overlap, self.device, self.grad_dtype = groups, overlap, device, grad_dtype
         self.d = groups.dpcp
         self.experts = groups.edp_group is not None
-        self.zero = zero if self.d > 1 or (self.experts and groups.edp > 1) else 0  # one replica: nothing to shard
+        self.zero = int(zero_in_effect(zero, self.d, groups.edp if self.experts else 1))
         self.armed = [False] * len(chunks)
         self.buckets: list[Bucket] = []
         self.buffers: list[tuple[torch.Tensor, torch.Tensor]] = []

@@ -101,6 +101,21 @@ def test_higher_zero_stage_never_more_state_memory(case):
 
 @SETTINGS
 @given(cases())
+def test_zero_on_one_replica_is_no_zero(case):
+    """One data-parallel replica has nothing to shard: the runtime runs such a plan without ZeRO (its
+    DataParallel), so every ZeRO stage there costs what ZeRO-0 costs, in time and memory (no ZeRO-3 gather
+    buffers, no reduce-scatter buffers)."""
+    model, cluster, cfg, B = case
+    cfg = replace(cfg, dp=1, dp_overlap=False)
+    cluster = cluster.resized(gpus=cfg.tp * cfg.pp)
+    base = estimate(model, cluster, replace(cfg, zero=0), B)
+    for z in (1, 2, 3):
+        e = estimate(model, cluster, replace(cfg, zero=z), B)
+        assert e.memory_GiB == base.memory_GiB and e.step_time_s == base.step_time_s, z
+
+
+@SETTINGS
+@given(cases())
 def test_sequence_parallel_never_more_memory(case):
     model, cluster, cfg, B = case
     if cfg.tp == 1:

@@ -413,3 +413,13 @@ def test_replan_can_grow_a_plan_made_below_a_node():
     slower = small.intra_node.model_copy(update={"bandwidth_GBps": small.intra_node.bandwidth_GBps / 2})
     edited = small.model_copy(update={"intra_node": slower})  # a profile of its own under a bundled name: kept
     assert _full_size(edited) is edited
+
+
+def test_no_plan_fits_on_a_cluster_that_cannot_grow_says_why(capsys):
+    """When nothing fits and the profile cannot be resized (no inter-node network; node groups sized by their
+    profile), the error says so instead of claiming that no cluster size up to the limit fits."""
+    err = fails(capsys, "plan", "--model", "llama3-70b", "--cluster", "cpu-gloo", "--global-batch", "8")
+    assert "no plan fits" in err and "a larger cluster is not tried" in err and "no inter_node section" in err
+    assert "no cluster size up to" not in err
+    err = fails(capsys, "plan", "--model", "gpt-1t", "--cluster", "dgx-a100", "--gpus", "8", "--global-batch", "8")
+    assert "try --gpus" in err

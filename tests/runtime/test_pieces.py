@@ -14,6 +14,7 @@ import torch
 from rt_cases import case_spec
 
 from cost_models.params import gradient_groups
+from cost_models.step import estimate
 from runtime.data import TokenData, open_tokens
 from runtime.metrics import MetricsLog
 from runtime.models import build_model
@@ -141,6 +142,20 @@ def test_metrics_lines(tmp_path, capsys):
         full = MetricsLog(plan, "/dev/full", 2, enabled=True, quiet=True)
         with pytest.raises(AutoparError, match="cannot write metrics file /dev/full: No space left"):
             full.record(1, 3.0, 1.5, 1e-3, 2.0, 0.25)
+
+
+def test_metrics_mfu_on_node_groups_is_the_estimates():
+    """On a cluster of A100 and H100 node groups the runtime's MFU divides by the peak of the GPUs each pipeline rank
+    sits on, as the estimate does: a step as long as predicted measures the predicted MFU (not one over 96 of the
+    slowest GPU's peak)."""
+    model, cluster = load_model("llama3-8b"), load_cluster("a100-h100-ib")
+    cfg = ParallelConfig(tp=8, pp=6, dp=2, placement=("a100",) * 4 + ("h100",) * 2)
+    est = estimate(model, cluster, cfg, 96)
+    row = MetricsLog(make_plan(model, cluster, 96, cfg), None, 1, enabled=True, quiet=True).record(
+        1, 3.0, 1.0, 1e-3, est.step_time_s, 1.0)
+    assert row["mfu"] == pytest.approx(est.mfu, rel=1e-9)
+    assert cluster.peak_flops(cfg.placement, 16) == 64 * 312e12 + 32 * 989e12
+    assert cluster.peak_flops(("a100+h100",) * 2, 16) == 16 * 312e12 + 16 * 989e12
 
 
 @pytest.mark.parametrize("n,size,unit,align", [
