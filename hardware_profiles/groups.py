@@ -22,9 +22,9 @@ from typing import Any
 from hardware_profiles.assemble import _sig, cluster_profile
 from hardware_profiles.fit import COLLECTIVES, fit_alpha_beta
 from specs.errors import AutoparError
+from specs.topology import GROUP_NAME, NIC_KINDS
 
-NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
-NIC_KINDS = ("ib", "roce", "ethernet")
+NAME = re.compile(GROUP_NAME)
 
 
 @dataclass(frozen=True)

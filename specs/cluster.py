@@ -9,44 +9,21 @@ from __future__ import annotations
 import math
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, model_validator
 
-from specs.errors import AutoparError, did_you_mean, number_only, validated
+from specs.errors import AutoparError, did_you_mean, validated
 from specs.files import read_mapping
 from specs.parallel import entry_groups
-from specs.topology import DefaultLink, GroupLink, NodeGroup, Topology
+from specs.strict import Strict
+from specs.topology import DefaultLink, GroupLink, InterNode, Link, NodeGroup, Topology
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "hardware_profiles"
 MAX_GPUS = 1 << 24  # far beyond any real cluster; keeps the search's divisor enumeration cheap
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _numbers(cls, v: Any, info: ValidationInfo) -> Any:
-        """Refuse true/false for numbers, also inside mappings of numbers (pydantic reads them as 1 and 0);
-        text and other fields get pydantic's own message."""
-        if _numeric(cls.model_fields[info.field_name].annotation):
-            for x in v.values() if isinstance(v, dict) else [v]:
-                number_only(x)
-        return v
-
-
-def _numeric(ann: Any) -> bool:
-    """Whether a field's annotation is a number, an optional number, or a mapping to numbers."""
-    if ann in (int, float):
-        return True
-    args = get_args(ann)
-    if get_origin(ann) is dict:
-        return args[-1] in (int, float)
-    return bool(args) and all(a in (int, float, type(None)) for a in args)
-
-
-class Efficiency(_Strict):
+class Efficiency(Strict):
     """Achieved fractions of datasheet peaks, used where no measured table covers a case.
 
     Defaults are documented in docs/cost_model.md. They are per GPU type, never per model or plan.
@@ -70,14 +47,14 @@ class Efficiency(_Strict):
         return self
 
 
-class GemmPoint(_Strict):
+class GemmPoint(Strict):
     m: int = Field(ge=1)
     n: int = Field(ge=1)
     k: int = Field(ge=1)
     tflops: float = Field(gt=0)
 
 
-class AttentionPoint(_Strict):
+class AttentionPoint(Strict):
     seq: int = Field(ge=1)
     heads: int = Field(ge=1)
     head_dim: int = Field(ge=1)
@@ -86,7 +63,7 @@ class AttentionPoint(_Strict):
     bwd_tflops: float = Field(gt=0)
 
 
-class NodeLink(_Strict):
+class NodeLink(Strict):
     """How the GPUs of one node of this GPU's platform are joined (datasheet): NVLink through NVSwitch, NVLink
     point to point, or PCIe only."""
 
@@ -104,7 +81,7 @@ class NodeLink(_Strict):
 LINK_SLACK = 1.25
 
 
-class GPUSpec(_Strict):
+class GPUSpec(Strict):
     name: str
     peak_tflops: dict[str, float]  # the precisions it computes in (fp8 only where the hardware has it)
     memory_GiB: float = Field(gt=0)
@@ -169,22 +146,7 @@ class GPUSpec(_Strict):
         return self.optimizer_bandwidth_GBps * 1e9 if self.optimizer_bandwidth_GBps else self.mem_bw
 
 
-class Link(_Strict):
-    bandwidth_GBps: float = Field(gt=0)  # per GPU, per direction
-    latency_us: float = Field(3.0, ge=0)
-    # achieved bus bandwidth / nominal for large collectives (NVLink: ~240 of 300 GB/s)
-    efficiency: float = Field(0.80, gt=0, le=1)
-
-
-class InterNode(_Strict):
-    nic_bandwidth_Gbps: float = Field(gt=0)  # per NIC
-    nics_per_node: int = Field(ge=1)
-    latency_us: float = Field(5.0, ge=0)
-    efficiency: float = Field(0.80, gt=0, le=1)  # NCCL bus bandwidth at scale: typically 75-85% of line rate
-    oversubscription: float = Field(1.0, ge=1)  # spine oversubscription: 2.0 halves cross-node bandwidth
-
-
-class CollectiveFit(_Strict):
+class CollectiveFit(Strict):
     """alpha-beta fit measured by `autopar profile`: time = alpha + bytes / bus_bandwidth x factor, where a
     group of n > 2 ranks adds ``alpha_per_rank_us`` x (n - 2) to alpha (a ring's extra steps)."""
 
@@ -200,7 +162,7 @@ Scale = Literal["gemm", "attention", "memory", "overhead", "comm"]
 CALIBRATION_SCALES: tuple[str, ...] = get_args(Scale)
 
 
-class Calibration(_Strict):
+class Calibration(Strict):
     """What a calibration learned (written by `autopar calibrate` / `tune` into the profile it scales): the factors
     applied to the base profile and how sure the fit is of them, the covariance of their logarithms (the fit's
     posterior: planner/calibrate.py). A plan's band widens by what that uncertainty does to its step time."""
@@ -222,7 +184,7 @@ class Calibration(_Strict):
         return self
 
 
-class ClusterSpec(_Strict):
+class ClusterSpec(Strict):
     name: str
     gpu: GPUSpec
     gpus_per_node: int
@@ -306,14 +268,11 @@ class ClusterSpec(_Strict):
             hint = did_you_mean(name, list(self.groups))
             raise AutoparError(f"cluster {self.name} has no node group '{name}'{hint}; its groups: "
                                f"{', '.join(self.groups) or 'none'}")
-        net = g.inter_node
         return ClusterSpec(
             name=f"{self.name}:{g.name}", gpu=GPUSpec.model_validate(g.gpu), gpus_per_node=g.gpus_per_node,
             num_nodes=g.num_nodes, intra_node=Link.model_validate(g.intra_node), backend=self.backend,
             precision=self.precision, tp_across_nodes=self.tp_across_nodes, collectives=g.collectives,
-            inter_node=InterNode(nic_bandwidth_Gbps=net.nic_bandwidth_Gbps, nics_per_node=net.nics_per_node,
-                                 latency_us=net.latency_us, efficiency=net.efficiency,
-                                 oversubscription=net.oversubscription))
+            inter_node=InterNode(**g.inter_node.model_dump(exclude={"kind"})))
 
     def precision_problem(self) -> str | None:
         """Why this cluster's GPUs cannot compute in its ``precision`` (its profile lists the precisions it has a
@@ -339,8 +298,7 @@ class ClusterSpec(_Strict):
         """Bytes/s of cross-node bandwidth each GPU gets when every GPU sends at once."""
         if self.inter_node is None:
             return self.intra_node.bandwidth_GBps * 1e9
-        i = self.inter_node
-        return i.nic_bandwidth_Gbps / 8 * 1e9 * i.nics_per_node / self.gpus_per_node / i.oversubscription
+        return self.inter_node.node_Gbps / 8 * 1e9 / self.gpus_per_node
 
     def resized(self, gpus: int | None = None, nodes: int | None = None) -> ClusterSpec:
         """The same cluster with another size (``--gpus`` or ``--nodes``)."""

@@ -10,6 +10,7 @@ declare it here, add its rules there, its search domain in ``planner/space.py`` 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
@@ -17,6 +18,7 @@ from typing import Any, Literal
 import numpy as np
 
 from specs.errors import AutoparError, did_you_mean
+from specs.topology import GROUP_NAME
 
 RECOMPUTE = ("none", "selective", "full")
 
@@ -264,7 +266,7 @@ def whole_number(text: str) -> int:
 
 
 def _name_ok(name: str) -> bool:
-    return bool(name) and name.replace("-", "").replace("_", "").replace(".", "").isalnum()
+    return re.fullmatch(GROUP_NAME, name) is not None
 
 
 def _parse_groups(raw: str) -> tuple[str, ...]:

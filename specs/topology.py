@@ -11,27 +11,35 @@ narrowest link; its latencies summed)? Everything else about a group is an ordin
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import networkx as nx
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from specs.strict import Strict
 
 NicKind = Literal["ib", "roce", "ethernet"]
+NIC_KINDS: tuple[str, ...] = get_args(NicKind)
+GROUP_NAME = r"^[A-Za-z0-9_.-]+$"  # what a node group may be called (it appears in placements and plan files)
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+class Link(Strict):
+    """The link between the GPUs of one node."""
+
+    bandwidth_GBps: float = Field(gt=0)  # per GPU, per direction
+    latency_us: float = Field(3.0, ge=0)
+    # achieved bus bandwidth / nominal for large collectives (NVLink: ~240 of 300 GB/s)
+    efficiency: float = Field(0.80, gt=0, le=1)
 
 
-class GroupNetwork(_Strict):
-    """A group's NICs: what joins its nodes to each other (as ``InterNode`` of a homogeneous cluster)."""
+class InterNode(Strict):
+    """A node's NICs: what joins the nodes of a cluster (of a node group) to each other."""
 
-    nic_bandwidth_Gbps: float = Field(gt=0)
+    nic_bandwidth_Gbps: float = Field(gt=0)  # per NIC
     nics_per_node: int = Field(ge=1)
     latency_us: float = Field(5.0, ge=0)
-    kind: NicKind = "ib"
-    efficiency: float = Field(0.80, gt=0, le=1)
-    oversubscription: float = Field(1.0, ge=1)
+    efficiency: float = Field(0.80, gt=0, le=1)  # NCCL bus bandwidth at scale: typically 75-85% of line rate
+    oversubscription: float = Field(1.0, ge=1)  # spine oversubscription: 2.0 halves cross-node bandwidth
 
     @property
     def node_Gbps(self) -> float:
@@ -39,10 +47,16 @@ class GroupNetwork(_Strict):
         return self.nic_bandwidth_Gbps * self.nics_per_node / self.oversubscription
 
 
-class NodeGroup(_Strict):
+class GroupNetwork(InterNode):
+    """A node group's NICs, and their kind."""
+
+    kind: NicKind = "ib"
+
+
+class NodeGroup(Strict):
     """One island of identical nodes."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    name: str = Field(pattern=GROUP_NAME)
     gpu: dict[str, Any]  # its GPU profile (a profile file names it; loading puts the profile here)
     num_nodes: int = Field(ge=1)
     gpus_per_node: int = Field(ge=1)
@@ -57,17 +71,17 @@ class NodeGroup(_Strict):
         return self.num_nodes * self.gpus_per_node
 
 
-class GroupLink(_Strict):
+class DefaultLink(Strict):
     """The link between the nodes of two groups: each node's share of it, and its latency."""
 
+    bandwidth_Gbps_per_node: float = Field(gt=0)
+    latency_us: float = Field(20.0, ge=0)
+
+
+class GroupLink(DefaultLink):
+    """The link between the nodes of the two ``groups``."""
+
     groups: tuple[str, str]
-    bandwidth_Gbps_per_node: float = Field(gt=0)
-    latency_us: float = Field(20.0, ge=0)
-
-
-class DefaultLink(_Strict):
-    bandwidth_Gbps_per_node: float = Field(gt=0)
-    latency_us: float = Field(20.0, ge=0)
 
 
 class Topology:

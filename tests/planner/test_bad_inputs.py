@@ -423,3 +423,18 @@ def test_no_plan_fits_on_a_cluster_that_cannot_grow_says_why(capsys):
     assert "no cluster size up to" not in err
     err = fails(capsys, "plan", "--model", "gpt-1t", "--cluster", "dgx-a100", "--gpus", "8", "--global-batch", "8")
     assert "try --gpus" in err
+
+
+@pytest.mark.parametrize("nics", ["nic_bandwidth_Gbps: true, nics_per_node: 8", "nic_bandwidth_Gbps: 400, nics_per_node: false",
+                                  "nic_bandwidth_Gbps: 400, nics_per_node: 8, latency_us: true"])
+def test_a_node_groups_nics_refuse_true_and_false_as_numbers(tmp_path, capsys, nics):
+    """A node group's NICs are read as a homogeneous cluster's are (one schema): true/false is not a number."""
+    path = tmp_path / "groups.yaml"
+    path.write_text("name: two\nnode_groups:\n"
+                    "  - {name: a, gpu: a100-sxm4-80gb, num_nodes: 1, gpus_per_node: 8,\n"
+                    "     inter_node: {nic_bandwidth_Gbps: 200, nics_per_node: 8}}\n"
+                    f"  - {{name: b, gpu: h100-sxm5-80gb, num_nodes: 1, gpus_per_node: 8, inter_node: {{{nics}}}}}\n"
+                    "default_between: {bandwidth_Gbps_per_node: 800}\n")
+    err = fails(capsys, "plan", "--model", "tiny", "--cluster", str(path), "--global-batch", "8")
+    field = next(kv.split(":")[0] for kv in nics.split(", ") if kv.endswith(("true", "false")))
+    assert "expected a number, got" in err and field in err, err
