@@ -13,6 +13,8 @@ _LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3", "gemma", "internlm2", "yi",
                "olmoe"}  # phi3: fused qkv and
 # gate|up projections, the same shapes and counts
 _TIED_BY_DEFAULT = {"gemma"}  # tie_word_embeddings when the config leaves it out
+# rms_norm_eps when the config leaves it out: transformers' default of each config class (1e-6 for the others)
+_RMS_EPS_DEFAULT = {"phi3": 1e-5, "mixtral": 1e-5, "olmoe": 1e-5}
 # fields that change what a layer computes in ways the cost model does not price
 _UNPRICED = {"attn_logit_softcapping": "soft-capped attention scores",
              "final_logit_softcapping": "soft-capped output logits",
@@ -158,7 +160,7 @@ def hf_to_spec(cfg: dict[str, Any], source: str) -> dict[str, Any]:
             "vocab_size": _int(cfg, "vocab_size"),
             "seq_length": min(_int(cfg, "max_position_embeddings", 4096), 8192),
             "tie_embeddings": _bool(cfg, "tie_word_embeddings", mtype in _TIED_BY_DEFAULT),
-            "norm_eps": _float(cfg, "rms_norm_eps", 1e-5),
+            "norm_eps": _float(cfg, "rms_norm_eps", _RMS_EPS_DEFAULT.get(mtype, 1e-6)),
             "rope_theta": _float(cfg, "rope_theta", 10000.0),
             "qkv_bias": _bool(cfg, "attention_bias", mtype in ("qwen2", "qwen2_moe")),
         }

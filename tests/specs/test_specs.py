@@ -55,6 +55,22 @@ def test_llama_hf_config(tmp_path):
     assert m.num_params == load_model("llama3-8b").num_params
 
 
+@pytest.mark.parametrize("mtype", ["llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "mixtral", "qwen2_moe",
+                                   "olmoe"])
+def test_hf_config_without_rms_norm_eps_reads_transformers_default(tmp_path, mtype):
+    """A config.json that leaves rms_norm_eps out means its config class's default, which transformers sets per
+    model type (1e-6 for Llama, 1e-5 for Mixtral)."""
+    transformers = pytest.importorskip("transformers")
+    cls = transformers.AutoConfig.for_model(mtype).__class__
+    cfg = {"model_type": mtype, "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "intermediate_size": 512, "vocab_size": 1000}
+    if mtype in ("mixtral", "qwen2_moe", "olmoe"):
+        cfg.update(num_local_experts=4, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=128)
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    assert load_model(str(p)).norm_eps == cls().rms_norm_eps
+
+
 def test_a_model_folder_reads_its_config_json(tmp_path):
     """``--model DIR`` (a downloaded Hugging Face model) reads DIR/config.json; a folder without one is a one-line
     error naming what to give instead."""
