@@ -119,7 +119,7 @@ def plan_command(args: argparse.Namespace) -> int:
     from planner.prediction import prediction_json
     from planner.search import GROW_LIMIT, min_gpus_to_fit, search
     from planner.uncertainty import Z95, ranking_sigma, step_band, tie_margin, tied_with_best
-    from specs.parallel import key_text, parse_plan_keys
+    from specs.parallel import parse_plan_keys
 
     model, cluster = load_inputs(args)
     if args.out:
@@ -127,9 +127,8 @@ def plan_command(args: argparse.Namespace) -> int:
 
         check_output_file(args.out, "plan file", spec_files(args))  # before the search, not after
     fixed = parse_plan_keys(args.fix, "--fix")
-    flags: dict[str, str] = {}
     if args.runnable:
-        from specs.capabilities import RUNTIME_EXECUTES, model_problem, runnable_keys, state_problem
+        from specs.capabilities import model_problem, state_problem
         from specs.state import StateSpec
 
         problem = state_problem(StateSpec.default(cluster.precision))
@@ -138,21 +137,13 @@ def plan_command(args: argparse.Namespace) -> int:
         problem = model_problem(model)
         if problem:
             raise AutoparError(f"--runnable: {problem}")
-
-        for k, ok in RUNTIME_EXECUTES.items():
-            if k in fixed and fixed[k] not in ok:
-                runs = " or ".join(f"{k}={key_text(v)}" for v in ok)
-                raise AutoparError(f"--fix {k}={key_text(fixed[k])} conflicts with --runnable: autopar's runtime "
-                                   f"executes only {runs}; drop one of them")
-        flags = {k: "--runnable" for k in runnable_keys() if k not in fixed}
-        fixed = {**runnable_keys(), **fixed}
     if args.top < 1:
         raise AutoparError(f"--top must be at least 1, got {args.top}")
     if args.steps is not None and not 1 <= args.steps < 2**63:
         raise AutoparError(f"--steps must be at least 1 (and below 2^63), got {args.steps}")
     headroom = headroom_for(args.headroom, cluster.gpu.memory_GiB)
     res = search(model, cluster, args.global_batch, fixed=fixed, top=args.top, exhaustive=args.exhaustive,
-                 headroom_GiB=headroom, progress=_progress(args.format), flags=flags)
+                 headroom_GiB=headroom, progress=_progress(args.format))
     search_info = {"candidates": res.candidates, "seconds": round(res.seconds, 3), "exhaustive": res.exhaustive,
                    "headroom_GiB": headroom}
     if not res.plans:
@@ -246,7 +237,7 @@ def plan_command(args: argparse.Namespace) -> int:
         from specs.capabilities import execution_problem
         from specs.state import StateSpec
 
-        problem = execution_problem(res.plans[0].config, model, StateSpec.default(cluster.precision))
+        problem = execution_problem(model, StateSpec.default(cluster.precision))
         how = f"autopar run cannot execute it: {problem}" if problem else f"train it with: autopar run {args.out}"
         con.print(escape(f"wrote {args.out}  ({how})"))
     return 0
@@ -346,7 +337,6 @@ def _replan(args: argparse.Namespace) -> str:
     from planner.prediction import plan_prediction
     from planner.search import search
     from runtime.checkpoint import saved_plan
-    from specs.capabilities import runnable_keys
     from specs.planfile import make_plan, save_plan
 
     if args.gpus is not None and args.gpus < 1:
@@ -357,10 +347,8 @@ def _replan(args: argparse.Namespace) -> str:
         raise AutoparError("--replan plans again from the checkpoint's own plan: leave out the plan file")
     old = saved_plan(Path(args.checkpoint_dir))
     cluster = _full_size(old.cluster).resized(gpus=args.gpus)
-    runnable = runnable_keys()
-    res = search(old.model, cluster, old.global_batch, fixed=runnable, top=1,
-                 headroom_GiB=headroom_for(None, cluster.gpu.memory_GiB),
-                 flags={k: "--replan (autopar's runtime)" for k in runnable}, state=old.state)
+    res = search(old.model, cluster, old.global_batch, top=1, headroom_GiB=headroom_for(None, cluster.gpu.memory_GiB),
+                 state=old.state)
     if not res.plans:
         raise AutoparError(f"no plan of {old.model.name} with global batch {old.global_batch} fits on {args.gpus} "
                            f"GPUs of {cluster.name}; re-plan for more GPUs")

@@ -45,7 +45,7 @@ class StepStats:
 
 def check_supported(plan: PlanFile) -> None:
     """A one-line error for a plan this runtime does not execute (``specs/capabilities.py`` says what it does)."""
-    problem = execution_problem(plan.config, plan.model, plan.state)
+    problem = execution_problem(plan.model, plan.state)
     if problem:
         raise AutoparError(problem)
 

@@ -1,32 +1,12 @@
-"""What autopar's runtime executes, said once (no torch here): every value of every plan key the planner
-searches, so ``autopar plan --runnable`` (kept for compatibility) holds no key; the runtime refuses a model or
-model state it cannot train before any worker starts."""
+"""What autopar's runtime cannot train, said once (no torch here): it executes every value of every plan key the
+planner searches (tp, pp with 1F1B and interleaving, dp, cp, sp, recompute, ZeRO 0-3, dp_overlap, tp_overlap, ep,
+etp, placement), so only a model or a model state can be out of its reach; it refuses those before any worker
+starts, and ``autopar plan --runnable`` refuses to plan them."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from specs.model import ModelSpec
-from specs.parallel import ParallelConfig, key_text
 from specs.state import StateSpec
-
-# Plan keys the runtime does not execute every value of: the values it does. Every key runs today (tp, pp with 1F1B
-# and interleaving, dp, cp, sp, recompute, ZeRO 0-3, dp_overlap, tp_overlap, ep, etp, placement); a key added to
-# the search before the runtime executes it goes here, with what it is in _NOT_YET.
-RUNTIME_EXECUTES: dict[str, tuple[Any, ...]] = {}
-
-_NOT_YET: dict[str, str] = {}
-
-
-def runtime_problem(cfg: ParallelConfig) -> str | None:
-    """Why autopar's runtime cannot execute ``cfg``, or None."""
-    for key, values in RUNTIME_EXECUTES.items():
-        v = getattr(cfg, key)
-        if v not in values:
-            runs = " or ".join(f"{key}={key_text(x)}" for x in values)
-            return (f"{key}={key_text(v)}: the runtime does not execute {_NOT_YET[key]} yet (it runs {runs}); "
-                    "plan with --runnable")
-    return None
 
 
 def state_problem(state: StateSpec) -> str | None:
@@ -52,11 +32,6 @@ def state_problem(state: StateSpec) -> str | None:
     return None
 
 
-def runnable_keys() -> dict[str, Any]:
-    """``--fix`` keys that keep a search to what the runtime executes (one value, or a list of them)."""
-    return {k: v[0] if len(v) == 1 else list(v) for k, v in RUNTIME_EXECUTES.items()}
-
-
 def model_problem(model: ModelSpec) -> str | None:
     """Why autopar's runtime cannot train ``model``, or None: it builds its own GPT and Llama blocks, so a
     model traced from a user's nn.Module (``--model pkg.module:factory``) is planned but not run."""
@@ -66,6 +41,6 @@ def model_problem(model: ModelSpec) -> str | None:
     return None
 
 
-def execution_problem(cfg: ParallelConfig, model: ModelSpec, state: StateSpec) -> str | None:
-    """Why autopar's runtime cannot execute a plan (its keys, its model, its model state), or None."""
-    return runtime_problem(cfg) or model_problem(model) or state_problem(state)
+def execution_problem(model: ModelSpec, state: StateSpec) -> str | None:
+    """Why autopar's runtime cannot execute a plan of ``model`` keeping ``state``, or None (it executes every plan)."""
+    return model_problem(model) or state_problem(state)

@@ -174,7 +174,7 @@ def test_every_moe_plan_the_planner_writes_is_one_the_runtime_executes(tmp_path,
         assert main([*common, "--fix", fix, "--out", str(out)]) == 0
         free = json.loads(capsys.readouterr().out)["plans"][0]["parallel"]
         plan = load_plan(out)
-        assert execution_problem(plan.config, plan.model, plan.state) is None, fix
+        assert execution_problem(plan.model, plan.state) is None, fix
         assert main([*common, "--fix", fix, "--runnable"]) == 0
         assert json.loads(capsys.readouterr().out)["plans"][0]["parallel"] == free
 

@@ -28,10 +28,8 @@ from runtime.parallel.context_parallel import (
     local_chunks,
     local_positions,
 )
-from specs.capabilities import runtime_problem
 from specs.errors import AutoparError
 from specs.model import ModelSpec
-from specs.parallel import ParallelConfig
 
 # ---- single process ----------------------------------------------------------------------------------------
 
@@ -90,10 +88,6 @@ def test_cuda_flash_blocks_take_grouped_kv_and_run_where_they_should():
     assert block_kernel(q) is FlashCUDABlocks and block_kernel(q.float()) is MathBlocks
     assert block_kernel(torch.empty(1, 1, 1, 512, device="meta", dtype=torch.bfloat16)) is MathBlocks  # head dim
     assert block_kernel(torch.empty(1, 1, 1, 8)) is FlashCPUBlocks
-
-
-def test_runtime_executes_context_parallel_plans():
-    assert runtime_problem(ParallelConfig(cp=4)) is None
 
 
 def test_data_positions_take_a_ranks_tokens_and_targets(tmp_path):
