@@ -63,7 +63,8 @@ def estimate_batch(model: ModelSpec, cluster: ClusterSpec, c: Candidates, global
     """Step time (s) and peak memory per GPU (GiB) of every candidate of ``c``.
 
     ``pipeline``: "mixed" (the default, described above); "closed" prices even the interleaved pipelines whose
-    chunks differ in size in closed form (faster, their times within about 11%; memory is the same); "exact"
+    chunks differ in size in closed form (faster, their times within
+    the closed form's bounds, pipeline.CLOSED_FORM_OPTIMISM / _PESSIMISM; memory is the same); "exact"
     replays every candidate's schedule table as the exact model does (slow: ``--exhaustive``). With
     ``fits_GiB`` only the candidates that fit in that much memory per GPU are timed (the others' time is
     infinite).

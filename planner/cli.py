@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from planner.headroom import DEFAULT_FRACTION
 from runtime.options import add_run_arguments
 from specs.errors import AutoparError
 from specs.files import integer, path_argument
@@ -64,8 +65,9 @@ def _add_common(p: argparse.ArgumentParser, batch_required: bool = True) -> None
     p.add_argument("--global-batch", type=integer, required=batch_required, help="sequences per step")
     p.add_argument("--seq", type=integer, help="sequence length (default: the model's seq_length)")
     p.add_argument("--headroom", type=float, default=None, metavar="GiB",
-                   help="memory to keep free per GPU when deciding whether a plan fits (default: 10%% of the "
-                        "GPU's memory, what measured peaks ran above the model's; 0 uses it all)")
+                   help=f"memory to keep free per GPU when deciding whether a plan fits (default: "
+                        f"{DEFAULT_FRACTION:.0%}% of the GPU's memory, what measured peaks ran above the model's; 0 "
+                        "uses it all)")
     p.add_argument("--allow-cross-node-tp", action="store_true",
                    help="let tensor parallelism span whole nodes (its collectives then cross the NICs)")
 

@@ -26,6 +26,7 @@ import numpy as np
 from cost_models.batch import estimate_batch
 from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
+from cost_models.pipeline import CLOSED_FORM_OPTIMISM, CLOSED_FORM_PESSIMISM
 from cost_models.stages import layer_terms
 from planner.placement import place, placements
 from planner.refine import PlanResult, refine
@@ -38,11 +39,11 @@ from specs.state import StateSpec
 
 __all__ = ["PlanResult", "SearchResult", "enumerate_space", "search", "min_gpus_to_fit"]
 
-# The first ranking prices every candidate's pipeline in closed form, at most 12% optimistic and 8% pessimistic
-# (interleaved chunks of unequal size; tests/cost_models/test_closed_form.py holds it). A candidate whose time
-# T0 is above (1 + 0.08) / (1 - 0.12) = 1.23 times the fastest T0 cannot be the fastest: only those below this
-# factor get the pipelines the closed form is least sure of replayed.
-CLOSED_FORM_SLACK = 1.25
+# The first ranking prices every candidate's pipeline in closed form, at most CLOSED_FORM_OPTIMISM optimistic and
+# CLOSED_FORM_PESSIMISM pessimistic (cost_models/pipeline.py; interleaved chunks of unequal size). A candidate whose
+# time T0 is above (1 + pessimism) / (1 - optimism) times the fastest T0 cannot be the fastest: only those below
+# this factor, with a margin, get the pipelines the closed form is least sure of replayed.
+CLOSED_FORM_SLACK = round((1 + CLOSED_FORM_PESSIMISM) / (1 - CLOSED_FORM_OPTIMISM), 2) + 0.02
 # Stage ILPs per search: the fastest finalists whose split the ILP may improve get one each (each stops on a
 # node limit, planner/ilp.py), the later ones keep the even split: a hard MIP (64 virtual stages with per-stage
 # recompute) must not make planning take minutes, and a count, not a time budget, keeps the plan the same under any
