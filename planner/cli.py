@@ -16,7 +16,7 @@ from typing import Any
 
 from planner.headroom import DEFAULT_FRACTION
 from runtime.options import add_run_arguments
-from specs.errors import AutoparError
+from specs.errors import ERROR_PREFIX, AutoparError
 from specs.files import integer, path_argument
 
 
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return COMMANDS[args.command](args)
     except AutoparError as err:
-        print(f"autopar: error: {err}", file=sys.stderr)
+        print(f"{ERROR_PREFIX} {err}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         print("autopar: interrupted", file=sys.stderr)

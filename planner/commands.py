@@ -15,7 +15,7 @@ from rich.markup import escape
 
 from planner.headroom import headroom_for
 from planner.refine import PlanResult
-from specs.errors import AutoparError
+from specs.errors import ERROR_PREFIX, AutoparError
 from specs.parallel import splits_replicas
 
 MAX_GLOBAL_BATCH = 1 << 20  # sequences per step: hundreds of times the largest published training batches
@@ -485,7 +485,7 @@ def tune_command(args: argparse.Namespace) -> int:
     else:
         _print_trials(args, model, cluster, res, warning)
     if problem:
-        print(f"autopar: error: {problem}", file=sys.stderr)
+        print(f"{ERROR_PREFIX} {problem}", file=sys.stderr)
         return 130 if res.interrupted else 2
     return 0
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from runtime.data import SAMPLE_TEXT, TokenData
 from runtime.metrics import last_step
 from runtime.options import add_run_arguments, check_run_options, launch_options
-from specs.errors import AutoparError
+from specs.errors import ERROR_PREFIX, WORKER_ERROR_PREFIX, AutoparError
 from specs.parallel import rank_group
 from specs.planfile import PlanFile, load_plan
 
@@ -205,7 +205,7 @@ def _run_workers(cmd: list[str], env: dict[str, str], timeout_s: float | None = 
         def pump() -> None:
             for line in proc.stderr:  # type: ignore[union-attr]
                 log.write(line)
-                if line.startswith("autopar error:") and line not in errors:
+                if line.startswith(WORKER_ERROR_PREFIX) and line not in errors:
                     errors.append(line)
 
         reader = threading.Thread(target=pump, daemon=True)
@@ -243,10 +243,10 @@ def _failure(log: str, errors: list[str], rc: int) -> str:
         return f"training failed: worker rank {rank.group(1)} was killed by {sig}"
     hang = [e for e in errors if "stopped making progress" in e]  # the watchdog's verdict: the cause, not a symptom
     if hang:
-        return hang[0].removeprefix("autopar error:").strip()
+        return hang[0].removeprefix(WORKER_ERROR_PREFIX).strip()
     if errors:
         own = [e for e in errors if rank and f"rank {rank.group(1)}:" in e]
-        return (own or errors)[0].removeprefix("autopar error:").strip()
+        return (own or errors)[0].removeprefix(WORKER_ERROR_PREFIX).strip()
     return f"training failed: torchrun exited with status {rc}"
 
 
@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
             raise AutoparError("--replan and --gpus plan again: use `autopar run --resume --replan --gpus N`")
         return launch(a.plan, **launch_options(a))
     except AutoparError as err:
-        print(f"autopar: error: {err}", file=sys.stderr)
+        print(f"{ERROR_PREFIX} {err}", file=sys.stderr)
         return err.exit_code
 
 

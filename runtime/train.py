@@ -47,7 +47,7 @@ from runtime.parallel.mappings import all_gather_into
 from runtime.parallel.mesh import build_groups
 from runtime.phase_clock import CudaMarks, PhaseClock
 from runtime.trainer import Trainer, check_supported, peak_memory_GiB
-from specs.errors import AutoparError
+from specs.errors import WORKER_ERROR_PREFIX, AutoparError
 from specs.files import integer
 from specs.phases import PHASES
 from specs.planfile import load_plan
@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run(parse_args(argv))
     except AutoparError as err:
-        print(f"autopar error: {err}", file=sys.stderr, flush=True)
+        print(f"{WORKER_ERROR_PREFIX} {err}", file=sys.stderr, flush=True)
         return 2
     except KeyboardInterrupt:
         return 130
@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("AUTOPAR_DEBUG"):
             traceback.print_exc()
         msg = " ".join(str(err).split())[:300]
-        print(f"autopar error: rank {rank}: {type(err).__name__}: {msg}", file=sys.stderr, flush=True)
+        print(f"{WORKER_ERROR_PREFIX} rank {rank}: {type(err).__name__}: {msg}", file=sys.stderr, flush=True)
         return 1
 
 

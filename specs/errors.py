@@ -8,6 +8,11 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+# The one line a command ends a bad input with (stderr, exit 2), and the line a training worker prints, which
+# `autopar run` looks for in each worker's log to say why a run stopped (runtime/launch.py).
+ERROR_PREFIX = "autopar: error:"
+WORKER_ERROR_PREFIX = "autopar error:"
+
 
 class AutoparError(Exception):
     """A bad input or an impossible request. The CLI prints ``str(err)`` on one line and exits 2."""
