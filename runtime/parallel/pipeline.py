@@ -40,8 +40,7 @@ class P2P:
     With ``split`` (a tensor-parallel group whose ranks all hold the same boundary tensor) a rank sends only
     slice ``tp_rank`` of ``tp`` and a receive all-gathers the slices over ``tp_group``."""
 
-    def __init__(self, tp_group: dist.ProcessGroup | None = None, tp: int = 1, tp_rank: int = 0,
-                 split: bool = False) -> None:
+    def __init__(self, tp_group: dist.ProcessGroup | None, tp: int, tp_rank: int, split: bool) -> None:
         self._sends: list[dist.Work] = []
         self.tp_group, self.tp, self.tp_rank, self.split = tp_group, tp, tp_rank, split and tp > 1
 
