@@ -107,11 +107,17 @@ def _code(key: str, value: Any) -> int:
     return info.choices.index(value) if info.kind == "name" else int(value)
 
 
+def allows_several(v: Any) -> bool:
+    """Whether a fixed key's value is a list (or set) of allowed values rather than one value (a tuple is one
+    value: ``layers``, ``placement``)."""
+    return isinstance(v, (list, set))
+
+
 def _fixed_values(key: str, fixed: dict[str, Any]) -> list[int] | None:
     if key not in fixed:
         return None
     v = fixed[key]
-    return [_code(key, x) for x in (v if isinstance(v, (list, tuple, set)) else [v])]
+    return [_code(key, x) for x in (v if allows_several(v) else [v])]
 
 
 def _expand(arrays: dict[str, np.ndarray], n: int, key: str, parents: tuple[str, ...],
@@ -164,9 +170,9 @@ def _no_plan(rule: Rule, example: ParallelConfig, x: PlanContext, fixed: dict[st
 
 def options_text(keys: dict[str, Any], flags: dict[str, str]) -> str:
     """Fixed keys as they were given on the command line, grouped by option: ``--fix tp=2,sp=true --compare
-    pp=4`` (a list of allowed values, as ``--runnable`` gives, joined with ``|``)."""
+    pp=4`` (a list of allowed values joined with ``|``)."""
     def text(v: Any) -> str:
-        return "|".join(map(key_text, v)) if isinstance(v, (list, set)) else key_text(v)
+        return "|".join(map(key_text, v)) if allows_several(v) else key_text(v)
 
     by_flag: dict[str, list[str]] = {}
     for k, v in keys.items():
@@ -180,7 +186,7 @@ def _kept_as_fixed(rule: Rule, fixed: dict[str, Any]) -> bool:
     to one value, a ``dominated`` rule when its key is fixed at all."""
     key = rule.keys[0]
     if rule.kind == "same":
-        return key in fixed and not isinstance(fixed[key], (list, tuple, set))
+        return key in fixed and not allows_several(fixed[key])
     return rule.kind == "dominated" and key in fixed
 
 
@@ -223,7 +229,7 @@ def check_fixed_keys(model: ModelSpec, fixed: dict[str, Any], global_batch: int,
     """Refuse fixed keys that break a rule whatever the cluster (what-if sweeps check this before the sweep):
     the rules that read only fixed keys (checked on as many GPUs as the fixed sizes use, and with no node size,
     the rules about the cluster hold)."""
-    single = {k: v for k, v in fixed.items() if not isinstance(v, (list, set))}
+    single = {k: v for k, v in fixed.items() if not allows_several(v)}
     cfg = ParallelConfig(**single)
     x = PlanContext(model, cfg.world, global_batch)
     c = Candidates.of(cfg)

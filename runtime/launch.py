@@ -19,7 +19,7 @@ from pathlib import Path
 
 from runtime.data import SAMPLE_TEXT, TokenData
 from runtime.metrics import last_step
-from runtime.options import add_run_arguments, check_run_options, launch_options
+from runtime.options import COLLECTIVE_TIMEOUT_S, add_run_arguments, check_run_options, launch_options
 from specs.errors import ERROR_PREFIX, WORKER_ERROR_PREFIX, AutoparError
 from specs.parallel import rank_group
 from specs.planfile import PlanFile, load_plan
@@ -40,7 +40,7 @@ def _local_devices() -> int | None:
 def _worker_args(plan_path: str, steps: int | None, data: str | None, metrics_out: str | None,
                  checkpoint_dir: str | None, resume: bool, checkpoint_every: int | None, quiet: bool,
                  predicted_step_s: float | None = None, predicted_memory_GiB: float | None = None,
-                 mtbf_hours: float | None = None, collective_timeout: float = 1800.0) -> list[str]:
+                 mtbf_hours: float | None = None, collective_timeout: float = COLLECTIVE_TIMEOUT_S) -> list[str]:
     args = ["-m", "runtime.train", plan_path]
     for flag, value in (("--steps", steps), ("--data", data), ("--metrics-out", metrics_out),
                         ("--checkpoint-dir", checkpoint_dir), ("--checkpoint-every", checkpoint_every),
@@ -116,7 +116,8 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
            nproc: int | None = None, checkpoint_every: int | None = None, dry_run: bool = False,
            quiet: bool = False, env: dict[str, str] | None = None, timeout_s: float | None = None,
            predicted_step_s: float | None = None, predicted_memory_GiB: float | None = None,
-           max_restarts: int = 0, mtbf_hours: float | None = None, collective_timeout: float = 1800.0) -> int:
+           max_restarts: int = 0, mtbf_hours: float | None = None,
+           collective_timeout: float = COLLECTIVE_TIMEOUT_S) -> int:
     """Validate everything cheap to validate, then run the plan under torchrun; returns 0 on success.
     ``max_restarts``: torchrun restarts every worker up to that many times after one dies; they resume from the
     latest checkpoint (``runtime.train`` reads torchrun's restart count).

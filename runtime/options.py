@@ -1,5 +1,5 @@
-"""The options of a training run (``autopar run`` and ``python -m runtime.train``), without importing torch:
-the command line arguments, and the checks that refuse bad ones before any worker starts."""
+"""The options of a training run (``autopar run`` and its workers, ``python -m runtime.train``), without importing
+torch: the command line arguments, and the checks that refuse bad ones before any worker starts."""
 
 from __future__ import annotations
 
@@ -9,11 +9,26 @@ from specs.errors import AutoparError
 from specs.files import check_output_dir, check_output_file, integer, path_argument
 from specs.planfile import PlanFile
 
+COLLECTIVE_TIMEOUT_S = 1800.0  # --collective-timeout's default
+
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
-    """The arguments of `autopar run` (also `python -m runtime.launch`)."""
+    """The arguments of `autopar run` (also `python -m runtime.launch`): the workers' and the launcher's own."""
     p.add_argument("plan", nargs="?", type=path_argument,
                    help="plan file from `autopar plan --out` (default: a tiny CPU plan)")
+    add_worker_arguments(p)
+    p.add_argument("--max-restarts", type=integer, default=0, metavar="N",
+                   help="when a worker dies, restart all workers up to N times, each resuming from the latest "
+                        "checkpoint in --checkpoint-dir (torchrun's elastic restart; default 0)")
+    p.add_argument("--replan", action="store_true",
+                   help="with --resume and --gpus: plan the checkpoint's run again for the GPUs there are now (same "
+                        "model and global batch), write that plan beside the checkpoints and continue under it")
+    p.add_argument("--gpus", type=integer, help="with --replan: how many GPUs (ranks) to plan for")
+    p.add_argument("--dry-run", action="store_true", help="print the launch command and exit")
+
+
+def add_worker_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments `autopar run` passes on to each training worker (``python -m runtime.train``)."""
     p.add_argument("--steps", type=integer,
                    help="stop after this many steps in all (default: the plan's train.steps); the learning-rate "
                         "schedule stays the plan's")
@@ -23,21 +38,13 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint-dir", type=path_argument, help="save checkpoints here")
     p.add_argument("--checkpoint-every", type=integer, help="steps between checkpoints (default: the plan's)")
     p.add_argument("--resume", action="store_true", help="resume from the latest checkpoint in --checkpoint-dir")
-    p.add_argument("--max-restarts", type=integer, default=0, metavar="N",
-                   help="when a worker dies, restart all workers up to N times, each resuming from the latest "
-                        "checkpoint in --checkpoint-dir (torchrun's elastic restart; default 0)")
     p.add_argument("--mtbf-hours", type=float, metavar="H",
                    help="the job's mean time between failures: after the first checkpoint, print the interval "
                         "Young-Daly's rule gives from its measured save time (sqrt(2 x save time x MTBF))")
-    p.add_argument("--collective-timeout", type=float, default=1800.0, metavar="S",
+    p.add_argument("--collective-timeout", type=float, default=COLLECTIVE_TIMEOUT_S, metavar="S",
                    help="end the run with one line naming the rank that stopped when no rank has made progress "
-                        "(a communication call or a step) for S seconds (default 1800)")
-    p.add_argument("--replan", action="store_true",
-                   help="with --resume and --gpus: plan the checkpoint's run again for the GPUs there are now (same "
-                        "model and global batch), write that plan beside the checkpoints and continue under it")
-    p.add_argument("--gpus", type=integer, help="with --replan: how many GPUs (ranks) to plan for")
+                        f"(a communication call or a step) for S seconds (default {COLLECTIVE_TIMEOUT_S:g})")
     p.add_argument("--quiet", action="store_true", help="no progress lines (errors and the metrics file stay)")
-    p.add_argument("--dry-run", action="store_true", help="print the launch command and exit")
 
 
 def launch_options(a: argparse.Namespace) -> dict[str, object]:
@@ -48,7 +55,7 @@ def launch_options(a: argparse.Namespace) -> dict[str, object]:
 
 def check_run_options(plan: PlanFile, steps: int | None, checkpoint_dir: str | None, checkpoint_every: int | None,
                       metrics_out: str | None, resume: bool, max_restarts: int = 0,
-                      mtbf_hours: float | None = None, collective_timeout: float = 1800.0,
+                      mtbf_hours: float | None = None, collective_timeout: float = COLLECTIVE_TIMEOUT_S,
                       inputs: dict[str, str | None] | None = None) -> int:
     """Refuse options that would only fail later (after training, at the first checkpoint or metrics write), and a
     metrics file that is one of the run's ``inputs`` (what each is -> its path); returns the number of steps to run."""

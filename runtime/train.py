@@ -42,13 +42,12 @@ import torch.distributed as dist
 from runtime.comm_hooks import CommHooks
 from runtime.data import SAMPLE_TEXT, TokenData
 from runtime.metrics import MetricsLog, last_step
-from runtime.options import check_run_options
+from runtime.options import add_worker_arguments, check_run_options
 from runtime.parallel.mappings import all_gather_into
 from runtime.parallel.mesh import build_groups
 from runtime.phase_clock import CudaMarks, PhaseClock
 from runtime.trainer import Trainer, check_supported, peak_memory_GiB
 from specs.errors import WORKER_ERROR_PREFIX, AutoparError
-from specs.files import integer
 from specs.phases import PHASES
 from specs.planfile import load_plan
 
@@ -56,18 +55,7 @@ from specs.planfile import load_plan
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m runtime.train", description=__doc__.splitlines()[0])
     ap.add_argument("plan", help="plan file (autopar plan --out)")
-    ap.add_argument("--steps", type=integer, help="stop after this many steps in all (default: the plan's train.steps; "
-                                              "the learning-rate schedule stays the plan's)")
-    ap.add_argument("--data", help="token file (.npy, .bin/.u16, .u32) or .txt; default: the bundled sample")
-    ap.add_argument("--metrics-out", help="append JSON lines of per-step metrics here (rank 0)")
-    ap.add_argument("--checkpoint-dir", help="save checkpoints here")
-    ap.add_argument("--checkpoint-every", type=integer, help="steps between checkpoints (default: the plan's)")
-    ap.add_argument("--resume", action="store_true", help="resume from the latest checkpoint in --checkpoint-dir")
-    ap.add_argument("--quiet", action="store_true", help="no progress lines")
-    ap.add_argument("--collective-timeout", type=float, default=1800.0, metavar="S",
-                    help="end the run naming the rank that stopped after S seconds without progress")
-    ap.add_argument("--mtbf-hours", type=float, metavar="H",
-                    help="the job's mean time between failures: print Young-Daly's checkpoint interval")
+    add_worker_arguments(ap)
     ap.add_argument("--predicted-step-time", type=float, metavar="S",
                     help="the step time metrics carry as predicted (default: the plan's prediction)")
     ap.add_argument("--predicted-memory", type=float, metavar="GIB",
