@@ -25,6 +25,7 @@ from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
 from cost_models.moe import mlp_mix, moe_cost
 from specs.model import ModelSpec
+from specs.parallel import sp_in_effect
 from specs.state import LOSS_BLOCK_V, fused_loss_rows
 
 # Tensors of the squared ReLU's elements its backward reads or writes, as autograd runs torch.pow(relu(x), 2):
@@ -151,7 +152,7 @@ def layer_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, 
     pieces, or in as many as ``pieces`` names for it, and a forward GEMM ``sm_margin`` names on that many SMs
     fewer (a stack's own overlap settings: StateSpec.overlap_pieces, StateSpec.sm_margin)."""
     t, cp, mbs = (np.asarray(x, dtype=float) for x in (t, cp, mbs))
-    sp = np.asarray(sp, dtype=bool) & (t > 1)
+    sp = sp_in_effect(sp, t)
     ovl = np.asarray(tp_overlap, dtype=bool) & sp
     s, h, f = model.seq_length, model.hidden_size, model.ffn
     qw, kw, hd = model.q_width, model.kv_width, model.hd
@@ -289,7 +290,7 @@ def end_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, sp
     """The embedding's and the head's work per micro-batch, the loss as :func:`loss_traffic` says the stack runs it
     (``whole_logits``/``loss_fusion``: ``StateSpec.full_logits``/``loss_fusion``)."""
     t, cp, mbs = (np.asarray(x, dtype=float) for x in (t, cp, mbs))
-    sp = np.asarray(sp, dtype=bool) & (t > 1)
+    sp = sp_in_effect(sp, t)
     s, h, V = model.seq_length, model.hidden_size, model.vocab_size
     eb = cm.eb
     T = mbs * s / cp

@@ -23,7 +23,7 @@ from cost_models.moe import mlp_mix, moe_bytes
 from cost_models.params import per_rank
 from cost_models.pipeline import peak_inflight_bytes
 from specs.model import ModelSpec
-from specs.parallel import RECOMPUTE_CODE, Candidates, edp, zero_in_effect
+from specs.parallel import RECOMPUTE_CODE, Candidates, edp, sp_in_effect, zero_in_effect
 from specs.schedules import repeating_from
 from specs.state import StateSpec, fused_loss_rows
 
@@ -39,7 +39,7 @@ def layer_activation_bytes(model: ModelSpec, eb: int, t, cp, mbs, sp, recompute,
     recompute, bytes materialised while the layer's backward runs). ``recompute`` 1 = selective, 2 = full.
     A model with MoE layers: the average layer, the MoE layers' share of their routed part (cost_models/moe.py)."""
     t, cp, mbs = (np.asarray(x, dtype=float) for x in (t, cp, mbs))
-    sp = np.asarray(sp, dtype=bool) & (t > 1)
+    sp = sp_in_effect(sp, t)
     rc = np.asarray(recompute)
     s, h, f = model.seq_length, model.hidden_size, model.ffn
     qw, kw = model.q_width, model.kv_width
@@ -91,7 +91,7 @@ def end_activation_bytes(model: ModelSpec, eb: int, t, cp, mbs, sp, state: State
     (``specs.state.fused_loss_rows``), an fp32 loss per token, and the weight shard's gradient, which it computes in
     the forward and keeps until the backward."""
     t, cp, mbs = (np.asarray(x, dtype=float) for x in (t, cp, mbs))
-    sp = np.asarray(sp, dtype=bool) & (t > 1)
+    sp = sp_in_effect(sp, t)
     T = mbs * model.seq_length / cp
     shard = np.where(sp, t, 1.0)
     vocab = np.ceil(model.vocab_size / t)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from specs.model import ModelSpec
+from specs.parallel import sp_in_effect
 
 
 def end_stages(nv: int) -> tuple[np.ndarray, np.ndarray]:
@@ -88,7 +89,7 @@ def gradient_groups(model: ModelSpec, t, sp, layers: np.ndarray, ep=1, etp=1
     first, last = end_stages(nv)
     whole = (_per_layer(model, layers, model.replicated_params) + last * model.head_params_on(1, False)  # + final norm
              + first * model.position_params)
-    summed = np.where(np.asarray(sp)[..., None] & (t > 1), whole, 0.0)
+    summed = np.where(sp_in_effect(np.asarray(sp)[..., None], t), whole, 0.0)
     tied = np.zeros_like(total)
     if model.tie_embeddings and nv > 1:
         tied = (first + last) * np.ceil(model.vocab_size / t) * model.hidden_size

@@ -37,7 +37,7 @@ from cost_models.params import (
     zero3_regather,
 )
 from specs.model import ModelSpec
-from specs.parallel import Candidates, zero_in_effect
+from specs.parallel import Candidates, sp_in_effect, zero_in_effect
 from specs.state import StateSpec
 
 
@@ -148,7 +148,7 @@ class LayerTerms:
 def layer_terms(model: ModelSpec, cm: ComputeModel, comm: CommModel, c: Candidates, state: StateSpec) -> LayerTerms:
     """The layer-level terms of every candidate, evaluated once per distinct (tp, cp, mbs, sp, tp_overlap,
     recompute) and scattered back (the search prices hundreds of thousands of candidates)."""
-    sp = (c.sp & (c.tp > 1)).astype(np.int64)
+    sp = sp_in_effect(c.sp, c.tp).astype(np.int64)
     keys = np.stack([c.tp, c.cp, c.mbs, sp, c.tp_overlap.astype(np.int64), c.recompute, c.ep, c.etp],
                     axis=1).astype(np.int64)
     first, inv = distinct(*keys.T)
@@ -238,7 +238,7 @@ def stage_state(model: ModelSpec, state: StateSpec, c: Candidates, lt: LayerTerm
     t = c.tp.astype(float)
     first, last = end_stages(layers.shape[1])
     rc = _col(c.recompute)
-    plain, summed, tied, experts = gradient_groups(model, t, c.sp & (c.tp > 1), layers, c.ep, c.etp)
+    plain, summed, tied, experts = gradient_groups(model, t, sp_in_effect(c.sp, c.tp), layers, c.ep, c.etp)
     params = plain + summed + tied + experts
     per_layer = _scatters(c)  # ZeRO-2/3: a bucket per layer (ends in the first
     # and last; a split tied embedding reduced on its own besides)
@@ -267,7 +267,7 @@ def stage_costs(model: ModelSpec, comm: CommModel, state: StateSpec, c: Candidat
     layers, recomputed = _split(c, layers, recomputed)
     n, nv = layers.shape
     t = c.tp.astype(float)
-    sp = c.sp & (c.tp > 1)
+    sp = sp_in_effect(c.sp, c.tp)
     fwd, bwd, recompute, comm_f, comm_b = _compute(c, lt, layers, recomputed, *end_stages(nv))
     bwd = bwd + accumulate_time(state, c, lt, held.params)
 

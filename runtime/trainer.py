@@ -88,7 +88,7 @@ class Trainer:
         # extended run continues it exactly
         self.opt = DistributedAdamW(self.dp, plan.train, plan.train.steps, self.state.master_weights)
         # a stage boundary carries this rank's tokens: seq / cp of each sequence (under SP, 1/tp of those)
-        seq = plan.seq // cfg.cp // (cfg.tp if cfg.sp and cfg.tp > 1 else 1)
+        seq = plan.seq // cfg.cp // (cfg.tp if cfg.sequence_parallel else 1)
         self.positions = local_positions(plan.seq, cfg.cp, groups.cp_rank) if cfg.cp > 1 else None
         self.runner = PipelineRunner(self.chunks, groups, cfg, self.m, (cfg.mbs, seq, spec.hidden_size),
                                      dtype, dtype, device, on_backward=self.dp.arm, clock=self.clock)

@@ -96,6 +96,11 @@ class ParallelConfig:
         return edp(self.dp, self.cp, self.tp, self.ep, self.etp)
 
     @property
+    def sequence_parallel(self) -> bool:
+        """Whether sequence parallelism is on (:func:`sp_in_effect`)."""
+        return bool(sp_in_effect(self.sp, self.tp))
+
+    @property
     def num_chunks(self) -> int:
         return self.pp * self.vpp
 
@@ -177,6 +182,12 @@ def edp(dp: Any, cp: Any, tp: Any, ep: Any, etp: Any) -> Any:
 
 
 SEQ_GROUP = "cptp"  # the group of a sequence's cp x tp shards (MoE aux counts), named so when both exceed 1
+
+
+def sp_in_effect(sp: Any, tp: Any) -> Any:
+    """Whether sequence parallelism is on (arrays broadcast): ``sp`` splits the sequence over the tensor-parallel
+    group, so with tp=1 there is none."""
+    return np.asarray(sp, dtype=bool) & (np.asarray(tp) > 1)
 
 
 def zero_in_effect(zero: Any, d: Any, experts_d: Any = 1) -> Any:

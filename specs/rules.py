@@ -38,6 +38,7 @@ from specs.parallel import (
     key_text,
     microbatches,
     range_problem,
+    sp_in_effect,
     splits_replicas,
     zero_in_effect,
 )
@@ -168,7 +169,7 @@ def _ep_why(cfg: ParallelConfig, x: PlanContext) -> str:
 
 
 def _sp_on(c: Candidates) -> np.ndarray:
-    return c.sp & (c.tp > 1)
+    return sp_in_effect(c.sp, c.tp)
 
 
 def _placement_ok(c: Candidates, x: PlanContext) -> np.ndarray:

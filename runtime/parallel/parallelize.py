@@ -41,10 +41,10 @@ def parallelize(model: Transformer, cfg: ParallelConfig,
     for c in range(cfg.vpp):
         v = c * cfg.pp + groups.pp_rank
         st = model.stage(stage_layer_ids(cfg, spec.num_layers, v), first=v == 0, last=v == nv - 1)
-        apply_tensor_parallel(st, groups, cfg.sp and cfg.tp > 1, cfg.tp_overlap)
-        apply_expert_parallel(st, groups, cfg.sp and cfg.tp > 1)
+        apply_tensor_parallel(st, groups, cfg.sequence_parallel, cfg.tp_overlap)
+        apply_expert_parallel(st, groups, cfg.sequence_parallel)
         apply_recompute(st, cfg, v)
-        apply_context_parallel(st, groups, cfg.sp and cfg.tp > 1)  # after recompute: see its docstring
+        apply_context_parallel(st, groups, cfg.sequence_parallel)  # after recompute: see its docstring
         infos.update(param_infos(st, spec, cfg, groups.tp_rank))
         chunks.append(st)
     return chunks, ParamTable(infos)
@@ -60,7 +60,7 @@ def param_infos(st: Transformer, spec: ModelSpec, cfg: ParallelConfig, tp_rank: 
     expert-data-parallel group (expert_parallel.py)."""
     shards = param_shards(st)
     experts = routed_expert_params(st)
-    sp = cfg.sp and cfg.tp > 1
+    sp = cfg.sequence_parallel
     split_tied = spec.tie_embeddings and cfg.pp > 1
     out = {}
     for name, p in st.named_parameters():
