@@ -21,6 +21,14 @@ from specs.cluster import GPUSpec
 from specs.state import DTYPE_BYTES
 
 ArrayLike = np.ndarray | float | int
+ATTN_BWD_RATIO = 2.5  # an attention backward's matmul work over its forward's (dQ, dK, dV and the recomputed scores)
+
+
+def attention_flops(batch_heads: ArrayLike, sq: ArrayLike, sk: ArrayLike, d: ArrayLike,
+                    causal_frac: ArrayLike) -> np.ndarray:
+    """The forward FLOPs of attention over ``batch_heads`` heads: Q K^T and P V, 2 x sq x sk x d each, times the
+    share of the scores a causal mask keeps (``causal_frac``: 0.5 causal, 1 full)."""
+    return 4.0 * np.asarray(batch_heads, float) * sq * sk * d * causal_frac
 
 # Output tiles cuBLAS-like libraries choose between, with their relative efficiency.
 _TILES = ((128, 256, 1.0), (128, 128, 0.93), (64, 128, 0.80))
@@ -68,7 +76,7 @@ class ComputeModel:
             best = np.maximum(best, q * tiles / (waves * sm))
         return best * K / (K + self.e.gemm_k_half)
 
-    def _gemm_rate(self, M: ArrayLike, N: ArrayLike, K: ArrayLike, batch: ArrayLike = 1,
+    def gemm_rate(self, M: ArrayLike, N: ArrayLike, K: ArrayLike, batch: ArrayLike = 1,
                    sms: ArrayLike | None = None) -> np.ndarray:
         """Modelled FLOP/s of a GEMM before any measured correction (on ``sms`` of the SMs, default all)."""
         M, N, K, batch = (np.asarray(x, dtype=float) for x in (M, N, K, batch))
@@ -90,7 +98,7 @@ class ComputeModel:
         """Modelled seconds (compute or memory bound, plus the fixed cost) before any measured correction."""
         flops = 2.0 * M * N * K * batch
         nbytes = self.eb * (M * K + K * N + M * N) * batch
-        return np.maximum(flops / self._gemm_rate(M, N, K, batch, sms), nbytes / self.mem_bw) + self.overhead
+        return np.maximum(flops / self.gemm_rate(M, N, K, batch, sms), nbytes / self.mem_bw) + self.overhead
 
     def gemm(self, M: ArrayLike, N: ArrayLike, K: ArrayLike, batch: ArrayLike = 1,
              sms: ArrayLike | None = None) -> np.ndarray:
@@ -141,8 +149,8 @@ class ComputeModel:
     # ---- attention core ------------------------------------------------------------------------
     def flash_attention(self, batch_heads: ArrayLike, sq: ArrayLike, sk: ArrayLike, d: ArrayLike,
                         causal_frac: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
-        """Fused attention forward and backward (backward does 2.5x the forward's matmul work)."""
-        flops = 4.0 * np.asarray(batch_heads, float) * sq * sk * d * causal_frac
+        """Fused attention forward and backward (backward does ATTN_BWD_RATIO x the forward's matmul work)."""
+        flops = attention_flops(batch_heads, sq, sk, d, causal_frac)
         if self._attn:
             dims = np.array(sorted(self._attn))
             nearest = dims[np.argmin(np.abs(np.log(dims) - np.log(np.mean(d))))]
@@ -150,7 +158,7 @@ class ComputeModel:
             key = np.log(np.asarray(sk, dtype=float))
             fwd_rate = np.interp(key, np.log(rows[:, 0]), rows[:, 1])
             bwd_rate = np.interp(key, np.log(rows[:, 0]), rows[:, 2])
-            return flops / fwd_rate, 2.5 * flops / bwd_rate
+            return flops / fwd_rate, ATTN_BWD_RATIO * flops / bwd_rate
         fwd_rate = self.peak * self.e.attention_fwd
         bwd_rate = self.peak * self.e.attention_bwd
-        return flops / fwd_rate + self.overhead, 2.5 * flops / bwd_rate + self.overhead
+        return flops / fwd_rate + self.overhead, ATTN_BWD_RATIO * flops / bwd_rate + self.overhead

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from cost_models.compute import ATTN_BWD_RATIO, ComputeModel, attention_flops
 from hardware_profiles.fit import bus_factor, fit_alpha_beta
 from specs.cluster import PROFILE_DIR, Efficiency, GPUSpec, load_cluster, load_gpu
 
@@ -57,7 +58,8 @@ def gpu_profile(device: dict[str, Any], compute: dict[str, Any], precision: str,
     ``elementwise_Bps`` (idem) becomes the layers' memory-bound ops' bandwidth (fused streaming kernels such as
     the optimizer keep the copy bandwidth)."""
     gemm = [(g["m"], g["n"], g["k"], 2.0 * g["m"] * g["n"] * g["k"] / g["seconds"]) for g in compute["gemm"]]
-    attn = [(a, 2.0 * a["batch"] * a["heads"] * a["seq"] ** 2 * a["head_dim"]) for a in compute["attention"]]
+    attn = [(a, float(attention_flops(a["batch"] * a["heads"], a["seq"], a["seq"], a["head_dim"], 0.5)))
+            for a in compute["attention"]]  # causal, as the probe runs it
     copy_GBps = compute["copy_Bps"] / 1e9
     ew_GBps = elementwise_Bps / 1e9 if elementwise_Bps else copy_GBps
     overhead_us = (kernel_overhead_s if kernel_overhead_s is not None else compute["tiny_op_s"]) * 1e6
@@ -70,20 +72,18 @@ def gpu_profile(device: dict[str, Any], compute: dict[str, Any], precision: str,
             peak = {precision: _sig(max(r for *_, r in gemm) / 0.8 / 1e12)}
         name = bundled or device["name"].lower().replace(" ", "-")
         datasheet_bw = base.memory_bandwidth_GBps if base else copy_GBps
-        sm = device.get("sm_count") or (base.sm_count if base else 108)
+        sm = device.get("sm_count") or (base.sm_count if base else GPUSpec.model_fields["sm_count"].default)
     else:  # a CPU: no datasheet; its "peak" is the best GEMM rate measured
         peak = {"fp32": _sig(max(r for *_, r in gemm) / 1e12)}
         name, datasheet_bw, sm = "cpu", copy_GBps, 1
     eff0 = Efficiency(kernel_overhead_us=overhead_us)
     probe = GPUSpec(name=name, peak_tflops=peak, memory_GiB=device["memory_GiB"], memory_bandwidth_GBps=datasheet_bw,
                     sm_count=sm, efficiency=eff0.model_copy(update={"gemm": 1.0}))
-    from cost_models.compute import ComputeModel  # numpy only
-
     cm = ComputeModel(probe, precision)
-    ratios = [r / float(cm._gemm_rate(m, n, k)) for m, n, k, r in gemm]
+    ratios = [r / float(cm.gemm_rate(m, n, k)) for m, n, k, r in gemm]
     p = probe.peak(precision)
     fwd = [f / a["fwd_s"] for a, f in attn]
-    bwd = [2.5 * f / a["bwd_s"] for a, f in attn]
+    bwd = [ATTN_BWD_RATIO * f / a["bwd_s"] for a, f in attn]
     clamp = lambda x: _sig(min(1.0, max(0.01, x)))  # noqa: E731
     eff = {"gemm": clamp(float(np.median(ratios))), "gemm_tile_m": eff0.gemm_tile_m, "gemm_tile_n": eff0.gemm_tile_n,
            "gemm_k_half": eff0.gemm_k_half, "memory": clamp(copy_GBps / datasheet_bw),
@@ -102,8 +102,8 @@ def gpu_profile(device: dict[str, Any], compute: dict[str, Any], precision: str,
         **({"optimizer_bandwidth_GBps": _sig(compute["adamw_Bps"] / 1e9)} if compute.get("adamw_Bps") else {}),
         "gemm_table": [{"m": m, "n": n, "k": k, "tflops": _sig(r / 1e12)} for m, n, k, r in gemm],
         "attention_table": [{"seq": a["seq"], "heads": a["heads"], "head_dim": a["head_dim"], "batch": a["batch"],
-                             "fwd_tflops": _sig(f / a["fwd_s"] / 1e12), "bwd_tflops": _sig(2.5 * f / a["bwd_s"] / 1e12)}
-                            for a, f in attn],
+                             "fwd_tflops": _sig(fw / 1e12), "bwd_tflops": _sig(bw / 1e12)}
+                            for (a, _), fw, bw in zip(attn, fwd, bwd)],
     }
 
 
