@@ -13,7 +13,10 @@ a different one of those is refused with a one-line error. A checkpoint is writt
 renamed when complete, then ``latest`` is replaced atomically, so a rank killed mid-save leaves the previous
 checkpoint intact. The data position is the step count (the data order is a pure function of the step), kept
 in ``meta.json`` with the plan that wrote it. Each rank's RNG state is saved too and restored when the same plan
-resumes (dropout then continues exactly); another plan draws its dropout masks afresh.
+resumes (dropout then continues exactly); another plan draws its dropout masks afresh. ``meta.json`` also holds a
+CRC-32 of every file of the checkpoint, worked out after the save and checked before a load (each rank reads a
+share of the files, so it costs one parallel read of the checkpoint each way): a file whose bytes changed on disk
+is refused as corrupt instead of resuming from it. Only the newest ``KEEP`` checkpoints are kept.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import json
 import math
 import os
 import shutil
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -43,11 +47,13 @@ from runtime.portable_state import (
 from runtime.trainer import Trainer
 from specs.errors import AutoparError
 from specs.model import ModelSpec
-from specs.planfile import PlanFile
+from specs.planfile import PlanFile, TrainConfig
 from specs.state import StateSpec
 
 META = "meta.json"
 LATEST = "latest"
+KEEP = 2  # checkpoints kept: the newest and the one before it
+CHUNK = 1 << 24  # bytes read at a time for a checksum
 FORMAT = 2  # 1: keys by plan (before resuming under other plans)
 SAME = ("model", "seq", "global_batch", "seed", "state")  # what a resuming plan must share with the checkpoint
 
@@ -73,7 +79,39 @@ def state_dict(tr: Trainer) -> dict[str, object]:
     return {**portable(pieces, infos), **_rng_state(tr)}
 
 
-def save_checkpoint(tr: Trainer, root: Path, keep: int = 2) -> Path:
+def _crc32(path: Path) -> str:
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            crc = zlib.crc32(chunk, crc)
+    return f"{crc:08x}"
+
+
+def checksums(folder: Path, share: int = 0, shares: int = 1) -> dict[str, str]:
+    """CRC-32 of share ``share`` of ``shares`` of the files of a checkpoint folder (all but its meta.json), by name."""
+    files = sorted(p.name for p in folder.iterdir() if p.is_file() and p.name != META)
+    return {name: _crc32(folder / name) for i, name in enumerate(files) if i % shares == share}
+
+
+def corrupt_files(ck: Path, meta: dict[str, Any], share: int = 0, shares: int = 1) -> list[str]:
+    """Of share ``share`` of the files ``meta`` has checksums of, those missing or changed (none to check in a
+    checkpoint written without them)."""
+    saved = meta.get("checksums") or {}
+    bad = []
+    for i, (name, crc) in enumerate(sorted(saved.items())):
+        if i % shares == share and (not (ck / name).is_file() or _crc32(ck / name) != crc):
+            bad.append(name)
+    return bad
+
+
+def corrupt_error(ck: Path, bad: list[str]) -> AutoparError:
+    """The error for a checkpoint whose files ``bad`` do not match their checksums."""
+    more = f", nor do {len(bad) - 1} more files" if len(bad) > 1 else ""
+    return AutoparError(f"checkpoint {ck} is corrupt ({bad[0]} does not match the checksum it was saved with{more}); "
+                        "delete it to use an earlier one")
+
+
+def save_checkpoint(tr: Trainer, root: Path, keep: int = KEEP) -> Path:
     """Write the state after ``tr.step`` completed steps; returns the checkpoint's directory."""
     name = f"step_{tr.step:08d}"
     final, tmp = root / name, root / f"{name}.partial"
@@ -83,19 +121,27 @@ def save_checkpoint(tr: Trainer, root: Path, keep: int = 2) -> Path:
         tmp.mkdir(parents=True)
     dist.barrier(group=tr.g.world)
     dcp.save(state_dict(tr), checkpoint_id=str(tmp), process_group=tr.g.world, planner=SavePlanner())
+    dist.barrier(group=tr.g.world)
+    n = dist.get_world_size(tr.g.world)
+    mine = checksums(tmp, dist.get_rank(tr.g.world), n)
+    every: list[dict[str, str] | None] = [None] * n
+    dist.all_gather_object(every, mine, group=tr.g.world)
     if rank0:
+        sums = {k: v for part in every for k, v in (part or {}).items()}
         publish(root, tmp, {"step": tr.step, "samples": tr.step * tr.plan.global_batch, "data": str(tr.data.path),
                             "total_steps": tr.steps, "plan": fingerprint(tr.plan, tr.state),
-                            "plan_file": tr.plan.model_dump(mode="json", by_alias=True)}, keep)
+                            "plan_file": tr.plan.model_dump(mode="json", by_alias=True)}, keep, sums)
     dist.barrier(group=tr.g.world)
     return final
 
 
-def publish(root: Path, tmp: Path, meta: dict[str, Any], keep: int = 2) -> Path:
-    """Finish a checkpoint written to ``tmp`` (``step_N.partial``): its ``meta.json``, the rename to ``step_N``,
-    ``latest`` replaced atomically, all but the newest ``keep`` older ones removed."""
+def publish(root: Path, tmp: Path, meta: dict[str, Any], keep: int = KEEP, sums: dict[str, str] | None = None) -> Path:
+    """Finish a checkpoint written to ``tmp`` (``step_N.partial``): its ``meta.json`` with the files' checksums
+    (``sums``, or worked out here), the rename to ``step_N``, ``latest`` replaced atomically, all but the newest
+    ``keep`` older ones removed."""
     final = tmp.with_name(tmp.name.removesuffix(".partial"))
-    (tmp / META).write_text(json.dumps({"format": FORMAT, **meta}, indent=1) + "\n")
+    sums = checksums(tmp) if sums is None else sums
+    (tmp / META).write_text(json.dumps({"format": FORMAT, **meta, "checksums": sums}, indent=1) + "\n")
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -119,6 +165,27 @@ def saved_plan(root: Path) -> PlanFile:
         raise AutoparError(f"checkpoint {ck} does not hold the plan that wrote it (written by an older autopar); "
                            "give the plan file instead of --replan") from None
     return plan_from_data(data, str(ck / META))
+
+
+def resumed_train(plan: PlanFile, root: Path) -> tuple[PlanFile, str | None]:
+    """The plan a run resumes under: ``plan`` with the training settings (learning-rate schedule, AdamW, clipping)
+    of the run whose newest checkpoint is under ``root`` (its own ``checkpoint_every`` stays), so a run resumed
+    under another plan continues its schedule; and a note saying what differed (None when nothing did)."""
+    ck = latest_checkpoint(root)
+    saved = (read_meta(ck).get("plan_file") or {}).get("train") if ck is not None else None
+    if not isinstance(saved, dict):
+        return plan, None
+    try:
+        theirs = TrainConfig.model_validate({**saved, "checkpoint_every": plan.train.checkpoint_every})
+    except ValueError:
+        raise AutoparError(f"checkpoint {ck} is corrupt (its {META} holds an invalid train section); delete it to "
+                           "use an earlier one") from None
+    changed = [f"{k} {getattr(theirs, k)} (the plan has {getattr(plan.train, k)})" for k in TrainConfig.model_fields
+               if getattr(theirs, k) != getattr(plan.train, k)]
+    if not changed:
+        return plan, None
+    return plan.model_copy(update={"train": theirs}), ("resuming with the checkpoint's training settings, as its run "
+                                                        "had them: " + ", ".join(changed))
 
 
 def young_daly_interval_s(save_s: float, mtbf_s: float) -> float:
@@ -203,6 +270,12 @@ def load_checkpoint(tr: Trainer, root: Path) -> int:
     if shared != ours:
         raise AutoparError(f"checkpoint {ck} is of another run ({_first_difference(shared, ours)}); a checkpoint "
                            "resumes under any plan of the same model, sequence, global batch, seed and precisions")
+    n = dist.get_world_size(tr.g.world)
+    every: list[list[str] | None] = [None] * n
+    dist.all_gather_object(every, corrupt_files(ck, meta, dist.get_rank(tr.g.world), n), group=tr.g.world)
+    bad = sorted(name for part in every for name in (part or []))
+    if bad:
+        raise corrupt_error(ck, bad)
     pieces, infos = empty_like_local(tr)
     state = portable(pieces, infos)
     rng = _rng_state(tr)

@@ -26,7 +26,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from runtime.checkpoint import META, fingerprint, latest_checkpoint, publish, read_meta
+from runtime.checkpoint import META, corrupt_error, corrupt_files, fingerprint, latest_checkpoint, publish, read_meta
 from runtime.dtypes import TORCH_DTYPES
 from specs.errors import AutoparError
 from specs.files import check_output_dir, default_mode, read_mapping
@@ -214,6 +214,9 @@ def read_parameters(ckpt_dir: Path) -> tuple[ModelSpec, dict[str, torch.Tensor]]
     if ck is None:
         raise AutoparError(f"no checkpoint in {ckpt_dir}; give the --checkpoint-dir of a run")
     meta = read_meta(ck)
+    bad = corrupt_files(ck, meta)
+    if bad:
+        raise corrupt_error(ck, bad)
     try:
         spec = ModelSpec(**meta["plan"]["model"])
         stored = FileSystemReader(str(ck)).read_metadata().state_dict_metadata

@@ -134,6 +134,10 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
     from runtime.trainer import check_supported
 
     check_supported(plan)
+    if resume and checkpoint_dir:  # the steps the workers run: the checkpoint's schedule, as they take it
+        from runtime.checkpoint import resumed_train
+
+        plan, _ = resumed_train(plan, Path(checkpoint_dir))
     total = check_run_options(plan, steps, checkpoint_dir, checkpoint_every, metrics_out, resume, max_restarts,
                               mtbf_hours, collective_timeout, {"plan file": plan_path, "--data file": data})
     TokenData(data or SAMPLE_TEXT, plan.seq, plan.model.vocab_size, plan.train.seed)  # one-line errors now

@@ -29,6 +29,7 @@ line carries every rank's, ``"phases_s": {phase: [seconds of rank 0, 1, ...]}`` 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import sys
@@ -134,6 +135,18 @@ def _test_delay(plan_keys: str) -> float:
     return 0.0
 
 
+def diverged(step: int, loss: float, grad_norm: float, ckdir: Path | None) -> AutoparError:
+    """The error that stops a run whose loss or gradient norm is no longer a number, before it is checkpointed (the
+    checkpoints from before it are kept)."""
+    from runtime.checkpoint import latest_checkpoint
+
+    ck = latest_checkpoint(ckdir) if ckdir is not None else None
+    kept = f"; the checkpoints before it are kept (newest: {ck})" if ck is not None else ""
+    return AutoparError(f"step {step}: the loss is {loss:g} and the gradient norm {grad_norm:g}, so training stopped "
+                        f"without saving it{kept}; lower the learning rate (train.lr in the plan), or resume from an "
+                        "earlier checkpoint if it started right after a resume")
+
+
 def run(args: argparse.Namespace) -> int:
     plan = load_plan(args.plan)
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
@@ -141,6 +154,13 @@ def run(args: argparse.Namespace) -> int:
         raise AutoparError(f"plan {args.plan} needs {plan.world_size} processes ({plan.config.short()}) but "
                            f"{world} were started; use `autopar run` or torchrun --nproc-per-node {plan.world_size}")
     check_supported(plan)
+    ckdir = Path(args.checkpoint_dir) if args.checkpoint_dir else None
+    attempt = _attempt()
+    carried = None
+    if ckdir is not None and (args.resume or attempt > 0):  # the run's schedule carries over to another plan
+        from runtime.checkpoint import resumed_train
+
+        plan, carried = resumed_train(plan, ckdir)
     steps = check_run_options(plan, args.steps, args.checkpoint_dir, args.checkpoint_every,
                               args.metrics_out if rank == 0 else None, args.resume,
                               mtbf_hours=args.mtbf_hours, collective_timeout=args.collective_timeout,
@@ -151,7 +171,6 @@ def run(args: argparse.Namespace) -> int:
     backend = "nccl" if cuda else "gloo"
     if cuda:
         torch.cuda.set_device(device)
-    attempt = _attempt()
     if "MASTER_ADDR" in os.environ and attempt:
         agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
         dist.init_process_group(backend, store=_store("rendezvous", host=not agent and rank == 0), rank=rank,
@@ -173,7 +192,6 @@ def run(args: argparse.Namespace) -> int:
         hooks.add(watch)
     hooks.start()
     trainer = Trainer(plan, groups, device, data, steps, clock)
-    ckdir = Path(args.checkpoint_dir) if args.checkpoint_dir else None
     reached = (last_step(args.metrics_out) or 0) if attempt and rank == 0 else 0
     if ckdir is not None:
         from runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -194,6 +212,8 @@ def run(args: argparse.Namespace) -> int:
         where = f"resuming after step {trainer.step}" if resume else "from scratch"
         print(f"autopar: training {plan.model.name} on {world} {backend} ranks ({plan.config.short()}), "
               f"global batch {plan.global_batch} x {plan.seq} tokens, {steps} steps, {where}", flush=True)
+        if carried and resume:
+            print(f"autopar: note: {carried}", flush=True)
         if steps > plan.train.steps:
             print(f"autopar: note: the learning-rate schedule is the plan's ({plan.train.steps} steps): steps after "
                   f"{plan.train.steps} run at min_lr {plan.train.min_lr:g}; set train.steps in the plan (autopar plan "
@@ -226,6 +246,8 @@ def run(args: argparse.Namespace) -> int:
         log.record(trainer.step, st.loss, st.grad_norm, st.lr, step_s, st.peak_memory_GiB, st.peak_reserved_GiB,
                    None if every_rank is None else {p: every_rank[p] for p in PHASES},
                    None if every_rank is None else (every_rank["allocated"], every_rank["reserved"]))
+        if not (math.isfinite(st.loss) and math.isfinite(st.grad_norm)):  # every rank sees the same two numbers
+            raise diverged(trainer.step, st.loss, st.grad_norm, ckdir)
         if ckdir is not None and ((every and trainer.step % every == 0) or trainer.step == steps):
             t_save = time.perf_counter()
             save_checkpoint(trainer, ckdir)

@@ -50,6 +50,15 @@ def number_only(v: Any) -> Any:
     return v
 
 
+def whole_only(v: Any) -> Any:
+    """Refuse what :func:`number_only` refuses and numbers with a decimal point where a whole number is expected
+    (pydantic would read 4.0 as 4): a plan or spec file's types are checked exactly."""
+    number_only(v)
+    if isinstance(v, float):
+        raise ValueError(f"expected a whole number, got {v!r}" + (f"; write {int(v)}" if v.is_integer() else ""))
+    return v
+
+
 def bool_only(v: Any) -> Any:
     """Refuse anything but true/false where a switch is expected (pydantic would read "yes", "on", 1 as true)."""
     if not isinstance(v, bool):

@@ -13,7 +13,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from specs.errors import bool_only, number_only
+from specs.errors import bool_only, number_only, whole_only
 from specs.moe import MoESpec
 
 # Upper bounds far above any real model (the largest have ~100-200 layers, hidden ~25k, vocabularies ~256k):
@@ -80,8 +80,8 @@ class ModelSpec(BaseModel):
     block: BlockCounts | None = None  # set for traced custom models
     moe: MoESpec | None = None  # mixture-of-experts layers (specs/moe.py); None: every layer dense
 
-    _numbers = field_validator(*LIMITS, "dropout", "norm_eps", "rope_theta", "rotary_fraction",
-                               mode="before")(number_only)
+    _numbers = field_validator("dropout", "norm_eps", "rope_theta", "rotary_fraction", mode="before")(number_only)
+    _wholes = field_validator(*LIMITS, mode="before")(whole_only)
     _switches = field_validator("tie_embeddings", "qkv_bias", "linear_bias", mode="before")(
         lambda v: v if v is None else bool_only(v))
 

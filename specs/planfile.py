@@ -42,6 +42,13 @@ class TrainConfig(BaseModel):
     seed: Int = Field(1234, ge=0, lt=2**63)
     checkpoint_every: Int = Field(0, ge=0, lt=2**63)  # steps; 0 = only at the end when a checkpoint dir is given
 
+    @model_validator(mode="after")
+    def _check(self) -> TrainConfig:
+        if self.min_lr > self.lr:
+            raise ValueError(f"train.min_lr {self.min_lr:g} is above train.lr {self.lr:g}: the schedule decays from lr "
+                             "to min_lr; set min_lr at most lr")
+        return self
+
 
 class PlanFile(BaseModel):
     model_config = ConfigDict(extra="forbid")

@@ -191,6 +191,16 @@ def test_whatif_compare_row_errors_name_compare(capsys):
     assert pts[1]["tokens_per_s"] > 0
 
 
+
+@pytest.mark.parametrize("flag", ["--fix", "--compare"])
+@pytest.mark.parametrize("keys,needle", [("bogus=1", "unknown plan key 'bogus'"), ("tp=2,tp=4", "given twice"),
+                                         ("tp", "is not key=value")])
+def test_whatif_key_errors_name_the_option(capsys, flag, keys, needle):
+    """whatif names --fix and --compare keys apart: an unknown, repeated or malformed key says which option it is
+    in."""
+    err = fails(capsys, *WHATIF, flag, keys)
+    assert err.startswith(f"autopar: error: {flag} {keys}: ") and needle in err
+
 # ---- empty paths ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("argv,option", [
     (["plan", *TINY, "--out", ""], "--out"),
@@ -438,3 +448,20 @@ def test_a_node_groups_nics_refuse_true_and_false_as_numbers(tmp_path, capsys, n
     err = fails(capsys, "plan", "--model", "tiny", "--cluster", str(path), "--global-batch", "8")
     field = next(kv.split(":")[0] for kv in nics.split(", ") if kv.endswith(("true", "false")))
     assert "expected a number, got" in err and field in err, err
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda d: d["model"].update(num_layers=4.0), "field 'model.num_layers': expected a whole number, got 4.0"),
+    (lambda d: d["model"].update(hidden_size=64.5), "expected a whole number, got 64.5"),
+    (lambda d: d["train"].update(lr=1e-3, min_lr=1e-2), "train.min_lr 0.01 is above train.lr 0.001"),
+])
+def test_hand_edited_plan_files_are_checked_exactly(tmp_path, capsys, edit, needle):
+    """A plan file's whole numbers are whole (4.0 is refused as global_batch 16.0 is), and its schedule decays."""
+    path = tmp_path / "plan.json"
+    assert main(["plan", "--model", "tiny", "--cluster", "cpu-gloo", "--gpus", "1", "--global-batch", "4",
+                 "--out", str(path)]) == 0
+    capsys.readouterr()
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+    assert needle in fails(capsys, "run", str(path), "--dry-run")

@@ -149,7 +149,13 @@ def test_bad_checkpoints_are_one_line_errors(pool, tokens64, tmp_path):
     msg = run({**case, "global_batch": 16}, tmp_path / "ck", True)  # the data position would not carry over
     assert msg.startswith("AutoparError:") and "global_batch" in msg and "\n" not in msg
     shard = next((tmp_path / "ck" / "step_00000001").glob("*.distcp"))
-    shard.write_bytes(shard.read_bytes()[:100])
+    intact = shard.read_bytes()
+    flipped = bytearray(intact)
+    flipped[len(flipped) // 2] ^= 0xFF  # one byte changed on disk: the same size, still loadable
+    shard.write_bytes(bytes(flipped))
+    msg = run(case, tmp_path / "ck", True)
+    assert msg.startswith("AutoparError:") and f"corrupt ({shard.name} does not match the checksum" in msg
+    shard.write_bytes(intact[:100])
     msg = run(case, tmp_path / "ck", True)
     assert msg.startswith("AutoparError:") and "corrupt" in msg and "\n" not in msg
     meta = tmp_path / "ck" / "step_00000001" / "meta.json"

@@ -252,7 +252,8 @@ def test_dry_run_of_the_default_job_says_what_it_does(tmp_path, capsys, monkeypa
 
 
 def test_train_entry_point_errors_and_single_rank_run(tmp_path):
-    """``python -m runtime.train``: a 4-rank plan without torchrun is refused in one line; a 1-rank plan runs."""
+    """``python -m runtime.train``: a 4-rank plan without torchrun is refused in one line; a 1-rank plan runs; a
+    run whose loss becomes nan stops in one line and keeps the checkpoints from before it."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
            "OMP_NUM_THREADS": "1"}
     four = _plan(tmp_path)
@@ -266,6 +267,38 @@ def test_train_entry_point_errors_and_single_rank_run(tmp_path):
                        env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "step 2/2" in r.stdout and [row["step"] for row in _rows(m)] == [1, 2]
+    # a learning rate that blows the weights up: the step whose loss is nan stops the run before it is saved
+    data = json.loads(Path(one).read_text())
+    data["train"].update(lr=1e10, min_lr=1e9)
+    Path(one).write_text(json.dumps(data))
+    ck = tmp_path / "ck"
+    r = subprocess.run([sys.executable, "-m", "runtime.train", one, "--steps", "6", "--checkpoint-dir", str(ck),
+                        "--checkpoint-every", "1", "--quiet"], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
+    assert "the loss is nan" in r.stderr and "without saving it" in r.stderr and "step_00000001" in r.stderr
+    assert sorted(p.name for p in ck.glob("step_*")) == ["step_00000001"]
+
+
+def test_a_run_resumed_under_another_plan_keeps_its_schedule(tmp_path):
+    """A checkpoint carries its run's learning-rate schedule to the plan that resumes it, whatever that plan's own
+    train section says (it is noted once), so the learning rate goes on where it was."""
+    from runtime.parallel.optimizer import lr_at
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+           "OMP_NUM_THREADS": "1"}
+    first, other = _plan(tmp_path, tp=1, pp=1, mbs=4), _plan(tmp_path, tp=1, pp=1, mbs=2)
+    data = json.loads(Path(first).read_text())
+    data["train"].update(steps=30, lr=1e-3, min_lr=1e-4)
+    Path(first).write_text(json.dumps(data))
+    ck, m = tmp_path / "ck", tmp_path / "m.jsonl"
+    for plan, extra in ((first, []), (other, ["--resume"])):
+        r = subprocess.run([sys.executable, "-m", "runtime.train", plan, "--steps", str(2 + len(extra) * 2),
+                            "--checkpoint-dir", str(ck), "--metrics-out", str(m), *extra],
+                           env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+    assert "resuming with the checkpoint's training settings" in r.stdout and "steps 30 (the plan has" in r.stdout
+    train = load_plan(first).train
+    assert [row["lr"] for row in _rows(m)] == pytest.approx([lr_at(s, train, 30) for s in range(4)])
 
 
 def test_every_plan_the_planner_writes_is_accepted_by_run(tmp_path, capsys):
