@@ -249,9 +249,12 @@ def hf_config(spec: ModelSpec) -> dict[str, object]:
                 "architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
                 "num_local_experts": moe.num_experts, "num_experts_per_tok": moe.experts_per_token,
                 "router_aux_loss_coef": moe.aux_loss_coef, "output_router_logits": False}
+    window = {"sliding_window": spec.sliding_window, **({"use_sliding_window": True} if qwen else {})} if (
+        spec.sliding_window is not None) else {}
+    mistral = bool(window) and not qwen  # Llama's config has no sliding window; Mistral's (the same blocks) has
     return {
-        "architectures": ["Qwen2ForCausalLM" if qwen else "LlamaForCausalLM"],
-        "model_type": "qwen2" if qwen else "llama",
+        "architectures": ["Qwen2ForCausalLM" if qwen else "MistralForCausalLM" if mistral else "LlamaForCausalLM"],
+        "model_type": "qwen2" if qwen else "mistral" if mistral else "llama", **window,
         "hidden_size": spec.hidden_size, "intermediate_size": spec.ffn, "num_hidden_layers": spec.num_layers,
         "num_attention_heads": spec.num_attention_heads, "num_key_value_heads": spec.kv_heads, "head_dim": spec.hd,
         "vocab_size": spec.vocab_size, "max_position_embeddings": spec.seq_length, "rms_norm_eps": spec.norm_eps,

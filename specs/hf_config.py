@@ -23,6 +23,14 @@ _UNPRICED = {"attn_logit_softcapping": "soft-capped attention scores",
 _GPT2_LIKE = {"gpt2"}
 
 
+def _window(cfg: dict[str, Any], mtype: str) -> int | None:
+    """The sliding attention window a config's layers use (Mistral 7B v0.1, Phi-3 mini), or None: Qwen's configs
+    carry a ``sliding_window`` that applies only with ``use_sliding_window``."""
+    if cfg.get("sliding_window") is None or (mtype.startswith("qwen") and not _bool(cfg, "use_sliding_window", False)):
+        return None
+    return _int(cfg, "sliding_window")
+
+
 def _all_full_attention(key: str, value: Any) -> bool:
     """``layer_types`` naming full attention for every layer (what transformers 5 writes for plain Qwen2 and Llama
     configs): a plain model after all."""
@@ -149,6 +157,7 @@ def hf_to_spec(cfg: dict[str, Any], source: str) -> dict[str, Any]:
         if mtype == "nemotron":
             return _nemotron(cfg, str(name))
         heads = _int(cfg, "num_attention_heads")
+        window = _window(cfg, mtype)
         out: dict[str, Any] = {
             "name": str(name),
             "arch": "llama",
@@ -158,7 +167,7 @@ def hf_to_spec(cfg: dict[str, Any], source: str) -> dict[str, Any]:
             "num_kv_heads": _int(cfg, "num_key_value_heads", heads),
             "ffn_hidden_size": _int(cfg, "intermediate_size"),
             "vocab_size": _int(cfg, "vocab_size"),
-            "seq_length": min(_int(cfg, "max_position_embeddings", 4096), 8192),
+            "seq_length": min(_int(cfg, "max_position_embeddings", 4096), 8192, window or 8192),
             "tie_embeddings": _bool(cfg, "tie_word_embeddings", mtype in _TIED_BY_DEFAULT),
             "norm_eps": _float(cfg, "rms_norm_eps", _RMS_EPS_DEFAULT.get(mtype, 1e-6)),
             "rope_theta": _float(cfg, "rope_theta", 10000.0),
@@ -166,6 +175,8 @@ def hf_to_spec(cfg: dict[str, Any], source: str) -> dict[str, Any]:
         }
         if "head_dim" in cfg:
             out["head_dim"] = _int(cfg, "head_dim")
+        if window is not None:
+            out["sliding_window"] = window
         rotary = _float(cfg, "partial_rotary_factor", 1.0)
         if rotary != 1.0:
             out["rotary_fraction"] = rotary

@@ -13,13 +13,14 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from specs.errors import bool_only, number_only, whole_only
+from specs.errors import AutoparError, bool_only, number_only, whole_only
 from specs.moe import MoESpec
 
 # Upper bounds far above any real model (the largest have ~100-200 layers, hidden ~25k, vocabularies ~256k):
 # they catch typos and absurd values before they reach the search and the solver.
 LIMITS = {"num_layers": 10_000, "hidden_size": 1 << 20, "num_attention_heads": 1 << 16, "num_kv_heads": 1 << 16,
-          "ffn_hidden_size": 1 << 22, "vocab_size": 1 << 24, "seq_length": 1 << 26, "head_dim": 1 << 16}
+          "ffn_hidden_size": 1 << 22, "vocab_size": 1 << 24, "seq_length": 1 << 26, "head_dim": 1 << 16,
+          "sliding_window": 1 << 26}
 
 
 def size_problem(name: str, value: int, limit: int) -> str | None:
@@ -77,6 +78,9 @@ class ModelSpec(BaseModel):
     rotary_fraction: float | None = None
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    # attention to the last this many tokens only (Mistral 7B v0.1: 4096); autopar prices and trains full
+    # attention, which is the same at sequences up to this length, so longer ones are refused
+    sliding_window: int | None = None
     block: BlockCounts | None = None  # set for traced custom models
     moe: MoESpec | None = None  # mixture-of-experts layers (specs/moe.py); None: every layer dense
 
@@ -92,6 +96,9 @@ class ModelSpec(BaseModel):
             problem = None if v is None else size_problem(field, v, limit)
             if problem:
                 raise ValueError(problem)
+        problem = self.window_problem(self.seq_length)
+        if problem:
+            raise ValueError(problem)
         if self.arch == "llama" and self.ffn_hidden_size is None:
             raise ValueError("ffn_hidden_size is required for arch 'llama' (SwiGLU width)")
         if self.head_dim is None and self.hidden_size % self.num_attention_heads:
@@ -336,8 +343,22 @@ class ModelSpec(BaseModel):
             return self.num_layers * per_layer + 6 * self.vocab_size * self.hidden_size
         return 6.0 * matmul_params + 12.0 * self.num_layers * self.q_width * s
 
+    def window_problem(self, seq: int) -> str | None:
+        """Why the model cannot run at sequence length ``seq`` (beyond its sliding window), or None."""
+        w = self.sliding_window
+        if w is None or seq <= w:
+            return None
+        return (f"sequence length {seq} is beyond {self.name}'s sliding_window of {w} tokens: autopar prices and "
+                f"trains full attention, which is sliding-window attention only up to {w} tokens; use --seq {w} or "
+                "less")
+
     def with_seq(self, seq: int | None) -> ModelSpec:
-        return self if not seq or seq == self.seq_length else self.model_copy(update={"seq_length": seq})
+        if not seq or seq == self.seq_length:
+            return self
+        problem = self.window_problem(seq)
+        if problem:
+            raise AutoparError(problem)
+        return self.model_copy(update={"seq_length": seq})
 
     def summary(self) -> str:
         return (

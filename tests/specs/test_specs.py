@@ -71,6 +71,33 @@ def test_hf_config_without_rms_norm_eps_reads_transformers_default(tmp_path, mty
     assert load_model(str(p)).norm_eps == cls().rms_norm_eps
 
 
+def test_a_sliding_window_bounds_the_sequence(tmp_path, capsys):
+    """Mistral 7B v0.1 attends to its last 4096 tokens: autopar computes full attention, the same up to 4096 tokens,
+    so it plans that model at 4096 by default and refuses a longer --seq in one line; a Qwen2 config's window is
+    off unless use_sliding_window says otherwise; export-hf writes the window back (as a Mistral config)."""
+    from planner.cli import main
+    from runtime.hf_weights import hf_config
+
+    cfg = {"model_type": "mistral", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+           "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 32000,
+           "max_position_embeddings": 32768, "sliding_window": 4096}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    m = load_model(str(p))
+    assert (m.seq_length, m.sliding_window) == (4096, 4096)
+    assert hf_config(m)["model_type"] == "mistral" and hf_config(m)["sliding_window"] == 4096
+    assert main(["plan", "--model", str(p), "--cluster", "dgx-a100", "--gpus", "8", "--global-batch", "8",
+                 "--seq", "8192"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "beyond" in err and "sliding_window of 4096" in err and "--seq 4096" in err
+    p.write_text(json.dumps({**cfg, "model_type": "qwen2", "sliding_window": 4096, "use_sliding_window": False}))
+    assert load_model(str(p)).sliding_window is None and load_model(str(p)).seq_length == 8192
+    p.write_text(json.dumps({**cfg, "model_type": "qwen2", "sliding_window": 4096, "use_sliding_window": True}))
+    assert load_model(str(p)).sliding_window == 4096
+    with pytest.raises(ValidationError, match="beyond"):
+        ModelSpec(**{**load_model("mistral-7b").model_dump(), "sliding_window": 1024, "seq_length": 2048})
+
+
 def test_a_model_folder_reads_its_config_json(tmp_path):
     """``--model DIR`` (a downloaded Hugging Face model) reads DIR/config.json; a folder without one is a one-line
     error naming what to give instead."""
