@@ -2,9 +2,12 @@
 
 Input: metrics files written by ``autopar run PLAN --metrics-out m.jsonl`` (one JSON object per step with
 ``step`` and ``step_time_s``), each paired with the plan it ran: from ``--plan`` (one per metrics file, or
-one for all), else from a ``plan`` key in the metrics file (a path, or the embedded plan object). A run's
-measured step time is the median over its steps after the warm-up (``--warmup``, default the first 10%,
-at least one step when there are several).
+one for all), else from a ``plan`` key in the metrics file (a path, or the embedded plan object). A file that a
+run and its resume under another plan both appended to holds several runs: consecutive step lines under one
+``plan`` entry are one run (a line without the key continues the run before it), each fitted as a run of its
+own (``--plan`` is refused for such a file: its lines name their plans). A run's measured step time is the
+median over its steps after the warm-up (``--warmup``, default the first 10%, at least one step when there
+are several), taken in each run.
 
 Model: five scales on the profile, each a factor on what it measures (:data:`PARAMS`): GEMM rate (the GEMM
 table and ``efficiency.gemm``), attention rate (attention table, ``efficiency.attention_*``), memory-bound
@@ -13,7 +16,9 @@ Every run is re-estimated with the cost model on the scaled profile; the scales 
 error between predicted and measured step times (Levenberg-Marquardt on log-scales, bounded to
 [1/8, 8], with a weak pull towards 1 (:data:`PRIOR`) so that parameters the runs cannot tell apart
 stay near the profile's values: one run yields about the smallest change that explains it). The
-updated profile is written as a cluster YAML that ``plan / estimate / whatif --cluster`` accept.
+updated profile is written as a cluster YAML that ``plan / estimate / whatif --cluster`` accept. A fit with a
+scale at its bound whose profile still misses the runs by more than 2x (:data:`MISFIT_LIMIT`) is refused: the
+runs did not run on that hardware, and no profile is written.
 Never imports torch.
 """
 
@@ -44,6 +49,7 @@ PRIOR_LOG_SD = math.log(2.5)  # how far a profile parameter plausibly is off bef
 # Pull of each log-scale towards 0, relative to one run's squared log error
 PRIOR = (RUN_NOISE / PRIOR_LOG_SD) ** 2
 LOOSE_SPREAD = 0.05  # a plan's calibration log sd worth a word in `plan`'s why (x/1.10 at 95%)
+MISFIT_LIMIT = math.log(2.0)  # a fit at its limits that still misses the runs by this (mean |log error|) is refused
 CALIBRATED_TIES = 8  # the fastest plans whose ties with the best a calibrated profile's spread can widen
 
 
@@ -58,9 +64,62 @@ class Run:
     logged_prediction_s: float | None
 
 
+@dataclass
+class Segment:
+    """The step lines of a metrics file written under one plan: one run (a resume under the same plan continues
+    it; one under another plan starts the next segment)."""
+
+    plan: Any  # the ``plan`` entry its lines carry (a path or an embedded plan); None when no line has one
+    rows: list[dict[str, Any]]
+
+    @property
+    def span(self) -> str:
+        """Its steps, as ``steps A-B``."""
+        steps = [r["step"] for r in self.rows]
+        return f"steps {min(steps)}-{max(steps)}"
+
+    def describe(self) -> str:
+        """Its steps and the plan it names, for messages."""
+        name = "an embedded plan" if isinstance(self.plan, dict) else str(self.plan)
+        return f"{self.span}: {name}"
+
+
+def runs_text(segments: list[Segment], most: int = 3) -> str:
+    """The runs of a metrics file in a few words (the first ``most``, then how many more)."""
+    shown = "; ".join(s.describe() for s in segments[:most])
+    return shown + (f"; {len(segments) - most} more" if len(segments) > most else "")
+
+
 # ---- reading runs ---------------------------------------------------------------------------------
 def read_metrics(path: str | Path) -> tuple[list[dict[str, Any]], Any]:
-    """The step rows of a metrics file and its ``plan`` entry (a path or an embedded plan), if any."""
+    """The step rows of a metrics file and its (last) ``plan`` entry (a path or an embedded plan), if any."""
+    segments = read_segments(path)
+    return [r for s in segments for r in s.rows], segments[-1].plan
+
+
+def read_segments(path: str | Path) -> list[Segment]:
+    """The runs of a metrics file in file order (:class:`Segment`): consecutive step lines under one ``plan``
+    entry. A line without the key continues the run before it; step lines before the first ``plan`` entry belong
+    to the run it names."""
+    segments: list[Segment] = []
+    plan: Any = None
+    for obj in _metrics_lines(path):
+        if "plan" in obj:
+            plan = obj["plan"]
+        if "step" not in obj or "step_time_s" not in obj:
+            continue
+        if segments and segments[-1].plan is None:
+            segments[-1].plan = plan  # the lines before any plan entry are the first plan's
+        if not segments or (plan is not None and plan != segments[-1].plan):
+            segments.append(Segment(plan, []))
+        segments[-1].rows.append(obj)
+    if segments[-1].plan is None:
+        segments[-1].plan = plan  # named only after the step lines
+    return segments
+
+
+def _metrics_lines(path: str | Path) -> list[dict[str, Any]]:
+    """The JSON objects of a metrics file, its step lines checked (one-line errors for a bad file)."""
     p = Path(path)
     try:
         text = p.read_text()
@@ -69,7 +128,7 @@ def read_metrics(path: str | Path) -> tuple[list[dict[str, Any]], Any]:
                            ) from None
     except (OSError, UnicodeDecodeError) as err:
         raise AutoparError(f"cannot read metrics file {p}: {getattr(err, 'strerror', None) or err}") from None
-    rows, plan = [], None
+    objs: list[dict[str, Any]] = []
     lines = text.splitlines()
     for i, line in enumerate(lines, 1):
         if not line.strip():
@@ -83,20 +142,18 @@ def read_metrics(path: str | Path) -> tuple[list[dict[str, Any]], Any]:
             raise AutoparError(f"metrics file {p} line {i} is not valid JSON (truncated or corrupt?)") from None
         if not isinstance(obj, dict):
             raise AutoparError(f"metrics file {p} line {i} is not a JSON object")
-        if "plan" in obj:
-            plan = obj["plan"]
         if "step" in obj and "step_time_s" in obj:
             t, step = obj["step_time_s"], obj["step"]
             if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) or t <= 0:
                 raise AutoparError(f"metrics file {p} line {i}: step_time_s must be a positive number, got {t!r}")
             if not isinstance(step, int) or isinstance(step, bool) or step < 0:
                 raise AutoparError(f"metrics file {p} line {i}: step must be a non-negative integer, got {step!r}")
-            rows.append(obj)
+        objs.append(obj)
     if not text.strip():
         raise AutoparError(f"metrics file {p} is empty")
-    if not rows:
+    if not any("step" in o and "step_time_s" in o for o in objs):
         raise AutoparError(f"metrics file {p} has no step lines (objects with 'step' and 'step_time_s')")
-    return rows, plan
+    return objs
 
 
 MIN_STEPS = 5  # measured steps after warm-up below which a run's median says little (a warning)
@@ -134,19 +191,24 @@ def load_runs(metrics: list[str], plans: list[str] | None, warmup: int | None) -
                            f"not {len(plans)}")
     runs = []
     for i, m in enumerate(metrics):
-        rows, embedded = read_metrics(m)
-        if plans:
-            path = plans[i if len(plans) > 1 else 0]
-            plan = load_plan(path)
-            check_same_run(m, rows, embedded, plan, path)
-        elif embedded is not None:
-            plan = resolve_plan(embedded, Path(m))
-        else:
-            raise AutoparError(f"metrics file {m} does not say which plan it ran; pass --plan PLAN.json "
-                               "(one per metrics file, in the same order)")
-        med, n = measured_median(rows, warmup, m)
-        logged = next((r.get("predicted_step_time_s") for r in rows if r.get("predicted_step_time_s")), None)
-        runs.append(Run(m, plan, med, n, logged))
+        segments = read_segments(m)
+        if plans and len(segments) > 1:
+            raise AutoparError(f"metrics file {m} holds {len(segments)} runs of different plans "
+                               f"({runs_text(segments)}); leave --plan out: each run's lines name its plan")
+        for seg in segments:
+            source = m if len(segments) == 1 else f"{m} ({seg.span})"
+            if plans:
+                path = plans[i if len(plans) > 1 else 0]
+                plan = load_plan(path)
+                check_same_run(m, seg.rows, seg.plan, plan, path)
+            elif seg.plan is not None:
+                plan = resolve_plan(seg.plan, Path(m))
+            else:
+                raise AutoparError(f"metrics file {m} does not say which plan it ran; pass --plan PLAN.json "
+                                   "(one per metrics file, in the same order)")
+            med, n = measured_median(seg.rows, warmup, source)
+            logged = next((r.get("predicted_step_time_s") for r in seg.rows if r.get("predicted_step_time_s")), None)
+            runs.append(Run(source, plan, med, n, logged))
     return runs
 
 
@@ -260,6 +322,10 @@ def fit_scales(runs: list[Run], base: ClusterSpec, params: tuple[str, ...] = PAR
     for j in np.flatnonzero(np.abs(x) >= BOUND - 1e-9):  # at a bound the optimum is not a minimum: keep the prior's
         cov[j, :] = cov[:, j] = 0.0
         cov[j, j] = PRIOR_LOG_SD ** 2
+    # however poorly the runs fit, a fit knows no less of a scale than the prior did: a spread wider than the prior's
+    # is shrunk to it (D C D with D diagonal keeps the correlations, and C positive semi-definite)
+    shrink = np.minimum(1.0, PRIOR_LOG_SD / np.sqrt(np.maximum(np.diag(cov), 1e-300)))
+    cov = cov * np.outer(shrink, shrink)
     return Calibration(runs=len(runs), scales={p: float(np.exp(v)) for p, v in zip(params, x)},
                        log_covariance=tuple(tuple(float(c) for c in row) for row in cov))
 
@@ -337,14 +403,37 @@ def difference_spreads(sensitivities: list[np.ndarray], fit: Calibration) -> lis
             for g in sensitivities]
 
 
+def at_bound(scales: dict[str, float]) -> list[str]:
+    """The fitted scales at the fit's limit (x1/8 or x8), as ``name xvalue``."""
+    return [f"{k} x{v:.3g}" for k, v in scales.items() if abs(math.log(v)) >= BOUND - 1e-6]
+
+
 def bound_warning(scales: dict[str, float]) -> str | None:
     """A one-line caution when a fitted scale sits at its limit (x1/8 or x8): the runs are far from the profile's
     hardware (timed on another machine, or on CPUs for a GPU profile), not a correction to trust."""
-    stuck = [f"{k} x{v:.3g}" for k, v in scales.items() if abs(math.log(v)) >= BOUND - 1e-6]
+    stuck = at_bound(scales)
     if not stuck:
         return None
     return (f"warning: {', '.join(stuck)} at the fit's limit (x1/8 .. x8): these runs did not run on the hardware "
             "the profile describes; calibrate the profile of the machine they ran on (--cluster)")
+
+
+def hardware_mismatch(scales: dict[str, float], runs: list[Run], fitted: np.ndarray, cluster_ref: str | None,
+                      base: ClusterSpec) -> str | None:
+    """Why a fit is not worth writing, or None: a scale at the fit's limit while the fitted profile still misses
+    the runs by more than :data:`MISFIT_LIMIT` (mean absolute log error): the runs did not run on ``base``'s
+    hardware, and no correction within the limits makes it so."""
+    stuck = at_bound(scales)
+    miss = float(np.mean(np.abs(np.log(fitted / np.array([r.measured_s for r in runs])))))
+    if not stuck or miss <= MISFIT_LIMIT:
+        return None
+    off = (f"even with {', '.join(stuck)} (the fit's limits, x1/8 .. x8) it predicts them x{math.exp(miss):.3g} off "
+           "on average")
+    if cluster_ref:
+        return (f"the runs do not look like they ran on --cluster {cluster_ref} ({base.gpu.name}): {off}; name the "
+                "profile of the machine they ran on, or leave --cluster out to calibrate the one their plans carry")
+    return (f"the runs do not look like they ran on the hardware their plans carry ({base.name}, {base.gpu.name}): "
+            f"{off}; measure the machine they ran on (`autopar profile --out mine.yaml`) and pass --cluster mine.yaml")
 
 
 def _errors(pred: np.ndarray, runs: list[Run]) -> np.ndarray:
@@ -386,6 +475,9 @@ def calibrate_command(args: argparse.Namespace) -> int:
     before = predict(runs, base, {})
     fit = fit_scales(runs, base, params)
     after = predict(runs, base, fit.scales)
+    mismatch = hardware_mismatch(fit.scales, runs, after, cluster_ref, base)
+    if mismatch:
+        raise AutoparError(mismatch)
     e0, e1 = _errors(before, runs), _errors(after, runs)
     for r, b, a, eb, ea in zip(runs, before, after, e0, e1):
         print(f"{r.source}: {r.plan.config.short()} on {r.plan.cluster.num_gpus} GPU(s): measured {r.measured_s:.4g} s "

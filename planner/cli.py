@@ -162,7 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
                                          "without them")
     dg.add_argument("metrics", type=path_argument, help="metrics JSON lines written by `autopar run --metrics-out`")
     dg.add_argument("--plan", type=path_argument, help="the plan file the run ran (default: the metrics file's)")
-    dg.add_argument("--steps", help="only these steps: steps and ranges, e.g. 11-20 or 3-10,12 or 11-")
+    dg.add_argument("--steps", help="only these steps: steps and ranges, e.g. 11-20 or 3-10,12 or 11-; a file holding "
+                                    "several runs (a resume under another plan) is diagnosed at its last run unless "
+                                    "--steps picks one")
     dg.add_argument("--warmup", type=integer, help="steps to leave out (default: the first 10%%; none with --steps)")
     dg.add_argument("--threshold", type=float, default=1.25,
                     help="name a rank whose compute or sends take this many times its peers' (default 1.25)")

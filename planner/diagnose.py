@@ -2,7 +2,10 @@
 
 Input: a metrics file of ``autopar run --metrics-out`` (each step line carries every rank's phase times,
 runtime/phase_clock.py) and the plan it ran (the file's ``plan`` entry, or ``--plan``). Each rank's time in
-each phase is its median over the steps after the warm-up.
+each phase is its median over the steps after the warm-up. A file that a run and its resume under another plan
+both appended to holds several runs (consecutive step lines under one ``plan`` entry, as ``autopar calibrate``
+reads them): the last is diagnosed, with a note naming the others, unless ``--steps`` picks steps of another;
+``--steps`` that span two runs is a one-line error.
 
 1. **The gap per phase.** The measured phases of the ranks on the pipeline stage the cost model says finishes
    last (median over them) beside ``estimate``'s breakdown of the same plan: compute (forward, backward and
@@ -29,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -40,7 +44,7 @@ from rich.table import Table
 
 from cost_models.pipeline import simulate_steps
 from cost_models.step import Estimate, estimate
-from planner.calibrate import check_same_run, measured_median, read_metrics, resolve_plan
+from planner.calibrate import Segment, check_same_run, measured_median, read_segments, resolve_plan, runs_text
 from planner.report import console, fmt_time
 from specs.errors import AutoparError
 from specs.parallel import whole_number
@@ -92,6 +96,11 @@ def rank_phases(rows: list[dict[str, Any]], world: int, source: str) -> dict[str
     per: dict[str, list[list[float]]] = {p: [] for p in PHASES}
     for r in rows:
         ph = r.get("phases_s")
+        sizes = {len(v) for v in ph.values() if isinstance(v, list)} if isinstance(ph, dict) else set()
+        if len(sizes) == 1 and sizes != {world} and all(isinstance(ph.get(p), list) for p in PHASES):
+            raise AutoparError(f"metrics file {source}: step {r['step']} has phase times for {sizes.pop()} ranks, but "
+                               f"the plan runs {world}; pass the plan that run used (--plan), or pick its steps "
+                               "(--steps)")
         if not isinstance(ph, dict) or any(len(ph.get(p, ())) != world for p in PHASES):
             raise AutoparError(f"metrics file {source}: step {r['step']} has no phase times for {world} ranks; "
                                "write it with this version's `autopar run --metrics-out`")
@@ -286,6 +295,43 @@ def step_filter(text: str) -> Callable[[int], bool]:
     return lambda step: any(lo <= step and (hi is None or step <= hi) for lo, hi in spans)
 
 
+def _same_file(ref: Any, plan: str | None, source: str) -> bool:
+    """Whether the ``plan`` entry of metrics file ``source`` names the file ``plan`` (a relative entry is read as
+    :func:`planner.calibrate.resolve_plan` reads it)."""
+    if plan is None or not isinstance(ref, str):
+        return False
+    path = Path(ref)
+    if not path.is_absolute() and not path.exists():
+        path = Path(source).parent / path
+    try:
+        return path.resolve() == Path(plan).resolve()
+    except (OSError, RuntimeError):
+        return False
+
+
+def pick_run(segments: list[Segment], steps: str | None, source: str, plan: str | None = None
+             ) -> tuple[Segment, str | None]:
+    """The run of a metrics file to diagnose (:func:`planner.calibrate.read_segments`): the one ``--steps`` falls
+    in (its steps in the range; a range over two runs is an error), else the last run of ``--plan`` (``plan``)
+    or, without one, the last run, with a note naming the others when there are several."""
+    if steps:
+        wanted = step_filter(steps)
+        picked = [Segment(s.plan, [r for r in s.rows if wanted(r["step"])]) for s in segments]
+        picked = [s for s in picked if s.rows]
+        if not picked:
+            raise AutoparError(f"metrics file {source} has no steps in {steps}")
+        if len(picked) > 1:
+            raise AutoparError(f"--steps {steps} spans {len(picked)} runs of metrics file {source} under different "
+                               f"plans ({runs_text(picked)}); give --steps within one run")
+        return picked[0], None
+    if len(segments) == 1:
+        return segments[0], None
+    mine = [s for s in segments if _same_file(s.plan, plan, source)]
+    chosen, which = (mine[-1], "the last of --plan") if mine else (segments[-1], "the last")
+    return chosen, (f"note: metrics file {source} holds {len(segments)} runs under different plans "
+                    f"({runs_text(segments)}); diagnosing {which} ({chosen.span}); pick another with --steps")
+
+
 def diagnose_command(args: argparse.Namespace) -> int:
     """``autopar diagnose METRICS [--plan P] [--steps A-B] [--warmup N] [--threshold X] [--format json]``."""
     if not 1 < args.threshold < math.inf:
@@ -294,22 +340,28 @@ def diagnose_command(args: argparse.Namespace) -> int:
         raise AutoparError("--steps is empty; give steps and ranges such as 3-10,12 or 11-, or leave it out")
     if args.warmup is not None and args.warmup < 0:
         raise AutoparError(f"--warmup must be >= 0, got {args.warmup}")
-    rows, ref = read_metrics(args.metrics)
+    segments = read_segments(args.metrics)
+    seg, note = pick_run(segments, args.steps, str(args.metrics), args.plan and str(args.plan))
+    rows, ref = seg.rows, seg.plan
     warmup = args.warmup
     if args.steps:
-        wanted = step_filter(args.steps)
-        rows = [r for r in rows if wanted(r["step"])]
-        if not rows:
-            raise AutoparError(f"metrics file {args.metrics} has no steps in {args.steps}")
         warmup = warmup or 0  # the range says which steps count
     if args.plan:
         plan, name = load_plan(args.plan), str(args.plan)
-        check_same_run(str(args.metrics), rows, ref, plan, str(args.plan))
+        try:
+            check_same_run(str(args.metrics), rows, ref, plan, str(args.plan))
+        except AutoparError as err:
+            if len(segments) == 1 or args.steps:
+                raise
+            raise AutoparError(f"{err} (it holds {len(segments)} runs and this is {seg.span}: pick the steps of the "
+                               "run --plan ran with --steps)") from None
     elif ref is not None:
         plan, name = resolve_plan(ref, Path(args.metrics)), str(ref if not isinstance(ref, dict) else "embedded")
     else:
         raise AutoparError(f"metrics file {args.metrics} does not say which plan it ran; pass --plan PLAN.json")
     d = diagnose(plan, rows, warmup, args.threshold, str(args.metrics), name)
+    if note:
+        print(note, file=sys.stderr)  # stdout holds the diagnosis (one JSON object with --format json)
     if args.format == "json":
         print(json.dumps(d.to_json()))
         return 0

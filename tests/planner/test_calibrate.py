@@ -15,7 +15,7 @@ from specs.cluster import load_cluster
 from specs.model import ModelSpec
 from specs.model_loading import load_model
 from specs.parallel import ParallelConfig
-from specs.planfile import make_plan, save_plan
+from specs.planfile import load_plan, make_plan, save_plan
 
 TRUE = {"gemm": 0.8, "attention": 0.7, "memory": 1.25, "overhead": 2.0, "comm": 0.6}
 
@@ -232,3 +232,107 @@ def test_scales_at_the_fits_limit_are_warned_about():
     assert bound_warning({"gemm": 0.9, "memory": 1.3}) is None
     warning = bound_warning({"gemm": 0.125, "memory": 1.3, "overhead": 8.0})
     assert "gemm x0.125" in warning and "overhead x8" in warning and "memory" not in warning
+
+
+def _two_plan_metrics(tmp_path, base, truth, steps=(8, 6)):
+    """One metrics file that a run of plan A and its resume under plan B both appended to (as `autopar run
+    --resume --metrics-out` does): every step line names its plan, the resume's steps go on from A's last step,
+    and each run's first step is slow (its own warm-up). Returns the file, the two plan paths and their true
+    step times (the cost model's on ``base`` scaled by ``truth``)."""
+    cases = _cases()
+    lines, plans, times, step = [], [], [], 0
+    for tag, (model, gpus, cfg, batch), n in zip("ab", (cases[0], cases[4]), steps):
+        plan = make_plan(model, base.resized(gpus=gpus), batch, cfg)
+        path = tmp_path / f"{tag}.json"
+        save_plan(plan, path)
+        t = float(predict([Run("", plan, 1.0, 1, None)], base, truth)[0])
+        plans.append(path)
+        times.append(t)
+        for i in range(n):
+            step += 1
+            lines.append({"step": step, "step_time_s": t * (4.0 if i == 0 else 1 + 0.002 * (-1) ** i),
+                          "plan": str(path)})
+    m = tmp_path / "m.jsonl"
+    m.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return m, plans, times
+
+
+def test_a_file_with_runs_of_two_plans_is_fitted_as_two_runs(tmp_path, capsys):
+    """A run and its resume under another plan in one metrics file are two measured runs: each paired with its own
+    plan, its own warm-up dropped, its own median; the fit recovers the true scale from both."""
+    from planner.calibrate import load_runs
+
+    base = load_cluster("dgx-h100")
+    m, (pa, pb), (ta, tb) = _two_plan_metrics(tmp_path, base, {"gemm": 0.8})
+    a, b = load_runs([str(m)], None, None)
+    assert (a.plan.config, b.plan.config) == (load_plan(pa).config, load_plan(pb).config)
+    assert (a.steps, b.steps) == (7, 5)  # 8 and 6 steps, less one warm-up step each
+    assert a.measured_s == pytest.approx(ta, rel=0.003) and b.measured_s == pytest.approx(tb, rel=0.003)
+    assert (a.source, b.source) == (f"{m} (steps 1-8)", f"{m} (steps 9-14)")
+    out = tmp_path / "c.yaml"
+    assert main(["calibrate", str(m), "--cluster", "dgx-h100", "--fit", "gemm", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "(steps 1-8)" in text and "median of 7 steps" in text and "(steps 9-14)" in text
+    assert "median of 5 steps" in text and "(2 run(s))" in text
+    assert load_cluster(str(out)).gpu.efficiency.gemm == pytest.approx(base.gpu.efficiency.gemm * 0.8, rel=0.02)
+
+
+def test_a_resume_under_the_same_plan_continues_its_run(tmp_path):
+    """Lines of one plan around a restart's event line (and lines that leave the plan out) stay one run."""
+    from planner.calibrate import read_segments
+
+    m = tmp_path / "m.jsonl"
+    rows = [{"step": 1, "step_time_s": 0.9, "plan": "p.json"}, {"step": 2, "step_time_s": 0.5, "plan": "p.json"},
+            {"event": "restart", "attempt": 1, "resumed_after_step": 1}, {"step": 2, "step_time_s": 0.6},
+            {"step": 3, "step_time_s": 0.5, "plan": "p.json"}, {"step": 4, "step_time_s": 0.2, "plan": "q.json"},
+            {"step": 5, "step_time_s": 0.3, "plan": "p.json"}]
+    m.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    runs = read_segments(m)
+    assert [(s.plan, [r["step"] for r in s.rows]) for s in runs] == [
+        ("p.json", [1, 2, 2, 3]), ("q.json", [4]), ("p.json", [5])]
+
+
+def test_plan_flag_on_a_file_of_several_runs_is_refused(tmp_path, capsys):
+    m, (pa, _), _ = _two_plan_metrics(tmp_path, load_cluster("dgx-h100"), {})
+    assert main(["calibrate", str(m), "--plan", str(pa), "--out", str(tmp_path / "o.yaml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds 2 runs of different plans" in err[0] and "leave --plan out" in err[0], err
+    assert "steps 1-8" in err[0] and "steps 9-14" in err[0]
+
+
+def _cpu_run(tmp_path, slower: float):
+    """A metrics file of a tiny tp=2 pp=2 plan on cpu-gloo whose steps take ``slower`` x what the cost model
+    predicts for that plan on dgx-a100 (a CPU run is some 40x slower than an A100's)."""
+    plan = make_plan(load_model("tiny"), load_cluster("cpu-gloo", gpus=4), 16, ParallelConfig(tp=2, pp=2, mbs=4))
+    save_plan(plan, tmp_path / "p.json")
+    t = slower * float(predict([Run("", plan, 1.0, 1, None)], load_cluster("dgx-a100"), {})[0])
+    m = tmp_path / "m.jsonl"
+    m.write_text("".join(json.dumps({"step": s, "step_time_s": t, "plan": "p.json"}) + "\n" for s in range(1, 11)))
+    return m, plan
+
+
+def test_runs_from_other_hardware_are_refused_not_written(tmp_path, capsys):
+    """CPU runs calibrated as an A100 profile: no scales within the fit's limits explain them, so the command
+    refuses in one line rather than writing a profile that still misses them several-fold."""
+    m, _ = _cpu_run(tmp_path, 40.0)
+    out = tmp_path / "o.yaml"
+    assert main(["calibrate", str(m), "--cluster", "dgx-a100", "--out", str(out)]) == 2
+    cap = capsys.readouterr()
+    err = cap.err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("autopar: error:"), err
+    assert "do not look like they ran on --cluster dgx-a100" in err[0] and "leave --cluster out" in err[0]
+    assert cap.out == "" and not out.exists()
+    # 1.3x the A100's prediction: a correction within the limits, written
+    m, _ = _cpu_run(tmp_path, 1.3)
+    assert main(["calibrate", str(m), "--cluster", "dgx-a100", "--out", str(out)]) == 0
+    assert out.exists() and "mean |error|" in capsys.readouterr().out
+
+
+def test_runs_far_from_their_plans_hardware_are_refused(tmp_path, capsys):
+    """Without --cluster the plans' own profile is calibrated: runs 1000x slower than it are refused too."""
+    m, plan = _cpu_run(tmp_path, 1.0)
+    t = 1000 * float(predict([Run("", plan, 1.0, 1, None)], plan.cluster, {})[0])
+    m.write_text("".join(json.dumps({"step": s, "step_time_s": t, "plan": "p.json"}) + "\n" for s in range(1, 11)))
+    assert main(["calibrate", str(m), "--out", str(tmp_path / "o.yaml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "hardware their plans carry" in err[0] and "autopar profile" in err[0], err

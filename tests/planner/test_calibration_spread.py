@@ -186,3 +186,19 @@ def test_refitting_some_scales_keeps_the_others_spread():
     assert list(again.calibration.scales)[0] == "gemm" and set(again.calibration.scales) == set(first.calibration.scales)
     assert scale_sd(again.calibration)["comm"] == pytest.approx(scale_sd(first.calibration)["comm"])
     assert again.gpu.mem_bw == pytest.approx(first.gpu.mem_bw)  # the kept scales are not applied twice
+
+
+def test_a_fit_far_off_never_knows_less_than_the_prior():
+    """CPU-like runs (40x an A100's prediction) on the A100 profile leave a huge misfit; it widens the spreads, but
+    no further than the prior's: the printed spread stays at most x/exp(1.96 PRIOR_LOG_SD), not astronomical."""
+    from planner.calibrate import fitted_text
+    from specs.model_loading import load_model
+
+    base = load_cluster("dgx-a100")
+    for cfg in (ParallelConfig(tp=2, pp=2, mbs=4), ParallelConfig(mbs=4)):
+        plan = make_plan(load_model("tiny"), load_cluster("cpu-gloo", gpus=cfg.world), 16, cfg)
+        t = float(predict([Run("", plan, 1.0, 1, None)], base, {})[0])
+        fit = fit_scales([Run("", plan, 40 * t, 10, None)], base)
+        assert all(sd <= PRIOR_LOG_SD * (1 + 1e-9) for sd in scale_sd(fit).values()), scale_sd(fit)
+        widest = max(float(part.split("x/")[1].split(",")[0].rstrip(")")) for part in fitted_text(fit).split("(")[1:])
+        assert widest == pytest.approx(math.exp(Z95 * PRIOR_LOG_SD), abs=0.01)

@@ -120,3 +120,62 @@ def test_bad_input_is_one_line(tmp_path, capsys):
         assert main(["diagnose", *argv]) == 2, argv
         err = capsys.readouterr().err
         assert want in err and err.count("\n") == 1 and "Traceback" not in err, (argv, err)
+
+
+def _two_run_metrics(tmp_path):
+    """A run of a pp=2 plan (steps 1-4, 2 ranks) and its resume under a dp=4 plan (steps 5-10, 4 ranks) in one
+    metrics file, as `autopar run --resume --metrics-out` appends them. Each step's time is its phases' sum on
+    every rank; the two runs take clearly different times."""
+    pa, pb = tmp_path / "a.json", tmp_path / "b.json"
+    save_plan(_plan(2, 4, pp=2), pa)
+    save_plan(_plan(4, 8, dp=4), pb)
+    lines = []
+    for step in range(1, 11):
+        world, fwd, path = (2, 0.1 + 0.001 * step, pa) if step <= 4 else (4, 0.3 + 0.001 * step, pb)
+        ph = {p: [fwd if p == "forward" else 2 * fwd if p == "backward" else 0.0] * world for p in PHASES}
+        lines.append({"step": step, "step_time_s": 3 * fwd, "plan": str(path), "phases_s": ph})
+    m = tmp_path / "m.jsonl"
+    m.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return m, pa, pb
+
+
+def test_a_file_of_two_runs_diagnoses_the_last_and_says_so(tmp_path, capsys):
+    m, pa, pb = _two_run_metrics(tmp_path)
+    assert main(["diagnose", str(m), "--format", "json"]) == 0
+    cap = capsys.readouterr()
+    d = json.loads(cap.out)
+    # steps 5-10 (plan b), less the first as warm-up: median of steps 6-10's 3 x (0.3 + 0.001 step)
+    assert d["plan"] == str(pb) and d["steps"] == 5 and len(d["ranks"]) == 4
+    assert d["measured_step_s"] == pytest.approx(3 * 0.308)
+    assert "holds 2 runs" in cap.err and "diagnosing the last (steps 5-10)" in cap.err and "--steps" in cap.err
+    # --steps picks the first run; --plan of the first run picks it too
+    for extra in (["--steps", "1-4"], ["--plan", str(pa)]):
+        assert main(["diagnose", str(m), "--format", "json", *extra]) == 0, extra
+        d = json.loads(capsys.readouterr().out)
+        assert len(d["ranks"]) == 2 and d["plan"] == str(pa), extra
+    assert main(["diagnose", str(m), "--format", "json", "--steps", "2-4"]) == 0
+    assert json.loads(capsys.readouterr().out)["measured_step_s"] == pytest.approx(3 * 0.103)  # no warm-up
+
+
+def test_steps_across_two_runs_are_one_line_errors(tmp_path, capsys):
+    m, pa, pb = _two_run_metrics(tmp_path)
+    assert main(["diagnose", str(m), "--steps", "3-6"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "spans 2 runs" in err and "steps 3-4" in err and "steps 5-6" in err, err
+    # the plan of one run, with steps of the other: the rank counts disagree
+    assert main(["diagnose", str(m), "--steps", "5-", "--plan", str(pa)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "has 4 ranks' phases, but --plan" in err, err
+
+
+def test_phases_of_another_rank_count_name_both_counts(tmp_path, capsys):
+    """Steps whose phases are for 4 ranks under a 2-rank plan: the error says so, not that phases are missing."""
+    plan = tmp_path / "p.json"
+    save_plan(_plan(2, 4, pp=2), plan)
+    m = tmp_path / "m.jsonl"
+    ph = {p: [0.01] * 4 for p in PHASES}
+    m.write_text("".join(json.dumps({"step": s, "step_time_s": 0.1, "plan": str(plan), "phases_s": ph}) + "\n"
+                         for s in (1, 2, 3)))
+    assert main(["diagnose", str(m)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "has phase times for 4 ranks, but the plan runs 2" in err, err
