@@ -278,14 +278,11 @@ def whatif_command(args: argparse.Namespace) -> int:
     if args.format == "csv":
         import csv
 
+        from planner.whatif import csv_header, csv_rows
+
         w = csv.writer(sys.stdout)
-        w.writerow(["curve", key, "tokens_per_s", "step_time_s", "mfu", "scaling_efficiency", "memory_GiB",
-                    "plan", "plan_changed", "note"])
-        for name, pts in curves.items():
-            for p in pts:
-                w.writerow([name, p["value"], p.get("tokens_per_s"), p.get("step_time_s"), p.get("mfu"),
-                            p.get("scaling_efficiency"), p.get("memory_GiB"), p.get("plan", ""), p.get("plan_changed"),
-                            p.get("note", "")])
+        w.writerow(csv_header(key))
+        w.writerows(csv_rows(curves, key))
         return 0
     from planner.report import console, print_inputs, whatif_table
 

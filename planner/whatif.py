@@ -13,7 +13,7 @@ from typing import Any
 from planner.headroom import headroom_for
 from planner.search import search
 from planner.space import check_fixed_keys
-from specs.cluster import ClusterSpec, cluster_from_dict, list_gpus, load_gpu
+from specs.cluster import PROFILE_DIR, ClusterSpec, cluster_from_dict, list_gpus, load_gpu
 from specs.errors import AutoparError, did_you_mean
 from specs.model import ModelSpec
 from specs.parallel import LAYOUT, whole_number
@@ -31,6 +31,27 @@ VARY_KEYS = {
 }
 GROUP_KEYS = ("group_bw", "group_nodes", "group_net")  # a cluster of node groups varies these (the rest follows)
 SWEPT_LAYOUT = tuple(k for k in LAYOUT if k != "dp")  # dp follows the GPU count
+# what a plain cluster varies instead of a node group's property
+PLAIN_KEYS = {"group_bw": "inter_node_bw=...", "group_nodes": "nodes=...",
+              "group_net": "inter_node_bw=... or nics_per_node=..."}
+# the CSV's columns after ``curve`` and the varied key, in the order they were added (new ones go at the end)
+CSV_COLUMNS = ("tokens_per_s", "step_time_s", "mfu", "scaling_efficiency", "memory_GiB", "plan", "plan_changed",
+               "note", "error")
+
+
+def csv_header(key: str) -> list[str]:
+    """The CSV's header row for a sweep of ``key``: ``gpus`` last, unless it is the varied key already."""
+    return ["curve", key, *CSV_COLUMNS, *([] if key == "gpus" else ["gpus"])]
+
+
+def csv_rows(curves: dict[str, list[dict[str, Any]]], key: str) -> list[list[Any]]:
+    """One row per point of every curve, under :func:`csv_header` (empty cells where a point has no value)."""
+    rows = []
+    for name, pts in curves.items():
+        for p in pts:
+            row = [name, p["value"], *(p.get(c, "") for c in CSV_COLUMNS)]
+            rows.append(row + ([] if key == "gpus" else [p.get("gpus", "")]))
+    return rows
 
 
 def parse_vary(text: str) -> tuple[str, list[Any]]:
@@ -88,20 +109,36 @@ def cluster_at(cluster: ClusterSpec, key: str, value: Any) -> tuple[ClusterSpec,
     return cluster.model_copy(update={"inter_node": cluster.inter_node.model_copy(update={field: value})}), None
 
 
-def with_group(cluster: ClusterSpec, key: str, group: str, value: Any) -> ClusterSpec:
-    """A cluster of node groups with one group's NIC bandwidth (``group_bw``), nodes (``group_nodes``) or whole NIC
-    section (``group_net``: kind, NICs, latency and efficiency of group ``value``; "what if the Ethernet island got
-    the RoCE island's NICs") changed; its derived fields (the cluster at its slowest link) follow."""
+def grouped_clusters() -> list[str]:
+    """The bundled cluster profiles made of node groups (those a ``group_*`` sweep can vary)."""
+    return sorted(p.stem for p in (PROFILE_DIR / "clusters").glob("*.yaml")
+                  if any(line.startswith("node_groups:") for line in p.read_text().splitlines()))
+
+
+def check_vary_key(cluster: ClusterSpec, key: str) -> None:
+    """Refuse a key the cluster cannot vary at any value: a node group's property on a plain cluster, another
+    property or an unknown group on a cluster of node groups."""
+    base, _, group = key.partition(":")
+    if base in GROUP_KEYS and not cluster.node_groups:
+        raise AutoparError(f"--vary {key}: cluster {cluster.name} has no node groups ({base} varies one group of a "
+                           f"cluster of node groups, e.g. the bundled {', '.join(grouped_clusters())}); on "
+                           f"{cluster.name} vary {PLAIN_KEYS[base]} instead")
     if not cluster.node_groups:
-        raise AutoparError(f"--vary {key}:{group}: cluster {cluster.name} has no node groups; vary inter_node_bw or "
-                           "nodes instead")
-    if key not in GROUP_KEYS:
+        return
+    if base not in GROUP_KEYS:
         raise AutoparError(f"--vary {key}: cluster {cluster.name} is made of node groups "
                            f"({', '.join(cluster.groups)}); vary one group's network or size: "
                            f"{', '.join(f'{k}:<group>' for k in GROUP_KEYS)}")
     if group not in cluster.groups:
-        raise AutoparError(f"--vary {key}:{group}: no node group '{group}'{did_you_mean(group, list(cluster.groups))}; "
+        raise AutoparError(f"--vary {key}: no node group '{group}'{did_you_mean(group, list(cluster.groups))}; "
                            f"the cluster's groups are {', '.join(cluster.groups)}")
+
+
+def with_group(cluster: ClusterSpec, key: str, group: str, value: Any) -> ClusterSpec:
+    """A cluster of node groups with one group's NIC bandwidth (``group_bw``), nodes (``group_nodes``) or whole NIC
+    section (``group_net``: kind, NICs, latency and efficiency of group ``value``; "what if the Ethernet island got
+    the RoCE island's NICs") changed; its derived fields (the cluster at its slowest link) follow."""
+    check_vary_key(cluster, f"{key}:{group}" if group else key)
     if key == "group_net" and value not in cluster.groups:
         raise AutoparError(f"--vary group_net:{group}={value}: no node group '{value}'"
                            f"{did_you_mean(value, list(cluster.groups))}; give groups whose NICs to use "
@@ -169,6 +206,7 @@ def sweep(model: ModelSpec, cluster: ClusterSpec, global_batch: int, key: str, v
         if cluster.num_nodes == 1:
             raise AutoparError(f"--vary {key}: {cluster.name} is one node here, so the network between nodes "
                                "does not matter; give --gpus or --nodes to span several")
+    check_vary_key(cluster, key)  # a key the cluster cannot vary is bad input, not a sweep without a plan
     if key.startswith("group_net:"):  # a group name that is not one is bad input, not a point without a plan
         for v in values:
             cluster_at(cluster, key, v)
@@ -217,4 +255,5 @@ def normalize(curves: dict[str, list[dict[str, Any]]], key: str) -> None:
                 p["scaling_efficiency"] = p["tokens_per_s"] / top
 
 
-__all__ = ["parse_vary", "sweep", "normalize", "cluster_at", "list_gpus"]
+__all__ = ["parse_vary", "sweep", "normalize", "cluster_at", "csv_header", "csv_rows",
+           "list_gpus"]

@@ -4,7 +4,8 @@ Three kinds, each drawn the way its axis reads best:
 - GPU or node count: log-log throughput with the ideal (linear) scaling from the smallest point, and scaling
   efficiency below;
 - bandwidth (and NICs): throughput against a log axis;
-- GPU type: a bar chart, one bar per GPU (grouped by curve with ``--compare``), the names horizontal.
+- GPU type: a bar chart, one bar per GPU (grouped by curve with ``--compare``), the names horizontal; a GPU
+  without a plan has "no plan" written where its bar would stand.
 Every point carries its best plan (:func:`plan_label`), written vertically so neighbouring labels never cross
 (line plots: in bands along the top and the bottom of the axes, clear of the data; bars: on the bar);
 throughput reads in k/M tokens per second; the figure is saved with nothing clipped. A ``--compare`` curve is
@@ -22,6 +23,7 @@ from specs.files import check_output_file
 
 AXIS = {"inter_node_bw": "inter-node bandwidth (Gb/s per NIC)", "intra_node_bw": "NVLink bandwidth (GB/s per GPU)",
         "gpus": "GPUs", "nodes": "nodes", "gpu": "GPU type", "nics_per_node": "NICs per node"}
+NO_PLAN = "no plan"  # written at the base of a GPU type's bar where that GPU has no plan (it was tried)
 
 
 def plan_label(parallel: dict[str, Any]) -> str:
@@ -83,6 +85,12 @@ def figure(curves: dict[str, list[dict[str, Any]]], key: str, model: str, cluste
             for x, p in zip(xs, ok):
                 top.annotate(_plain(plan_label(p["parallel"])), (x, p["tokens_per_s"]), textcoords="offset points",
                              xytext=(0, 4), rotation=90, ha="center", va="bottom", fontsize=7, gid="plan-label")
+            for p in curves[name]:  # a GPU tried without a plan: its bar's place says so, at the base
+                if not p.get("tokens_per_s"):
+                    x = values.index(p["value"]) + (i - (len(names) - 1) / 2) * width
+                    for ax in (top, low):
+                        ax.text(x, 0.02, NO_PLAN, transform=blended_transform_factory(ax.transData, ax.transAxes),
+                                rotation=90, ha="center", va="bottom", fontsize=7, color="grey", gid="no-plan")
             continue
         xs = [p["value"] for p in ok]
         line, = top.plot(xs, [p["tokens_per_s"] for p in ok], "-o" if i == 0 else "--s", label=label)
@@ -102,6 +110,7 @@ def figure(curves: dict[str, list[dict[str, Any]]], key: str, model: str, cluste
     if key != "gpu":
         _leave_room(top, top_band=0.42, bottom_band=0.4 if len(names) > 1 else 0.05, log=scaling)
     if key == "gpu":
+        top.set_xlim(-0.5, len(values) - 0.5)  # every GPU's place, a bar or "no plan" (shared with the lower axes)
         top.set_xticks(range(len(values)))
         top.set_xticklabels([_plain(str(v)) for v in values])
         low.set_xticks(range(len(values)))

@@ -382,7 +382,16 @@ def _parse_value(key: str, raw: str, flag: str) -> Any:
 
 def parse_plan_keys(text: str, flag: str = "--plan") -> dict[str, Any]:
     """Parse ``"tp=8,pp=2,sp=true"`` (the value of option ``flag``) into a dict of typed values (keys not given
-    are absent)."""
+    are absent); every error names ``flag``, so that --fix's and --compare's read apart."""
+    try:
+        return _plan_keys(text, flag)
+    except AutoparError as err:
+        if str(err).startswith(flag):
+            raise
+        raise AutoparError(f"{flag} {(text or '').strip()}: {err}") from None
+
+
+def _plan_keys(text: str, flag: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in (text or "").split(","):
         item = item.strip()

@@ -197,6 +197,42 @@ def test_whatif_csv_json_and_plot(tmp_path, capsys):
     assert [p["gpus"] for p in pts] == [8, 16, 32] and pts[0]["scaling_efficiency"] == pytest.approx(1.0)
 
 
+
+OLD_CSV = ["curve", "tokens_per_s", "step_time_s", "mfu", "scaling_efficiency", "memory_GiB", "plan", "plan_changed",
+           "note"]  # (the varied key second) the columns before error and gpus were added: they keep their places
+
+
+def whatif_csv(capsys, *argv: str) -> tuple[list[str], list[dict[str, str]]]:
+    code, out, err = run(capsys, "whatif", "--model", "tiny", "--global-batch", "64", *argv, "--format", "csv")
+    assert code == 0, err
+    header = next(csv.reader(io.StringIO(out)))
+    return header, list(csv.DictReader(io.StringIO(out)))
+
+
+def test_whatif_csv_says_why_a_point_has_no_plan(capsys):
+    """A point without a plan has the reason in the CSV's error column (empty where there is a plan), as in the
+    JSON and the table; the columns that were there keep their places."""
+    header, rows = whatif_csv(capsys, "--cluster", "dgx-a100", "--vary", "gpus=8,1000")
+    assert header == [OLD_CSV[0], "gpus", *OLD_CSV[1:], "error"]
+    assert rows[0]["error"] == "" and float(rows[0]["tokens_per_s"]) > 0
+    assert rows[1]["gpus"] == "1000" and rows[1]["tokens_per_s"] == ""
+    assert "no parallel configuration of 1000 GPUs" in rows[1]["error"]
+    header, rows = whatif_csv(capsys, "--cluster", "dgx-a100", "--gpus", "8",
+                              "--vary", "gpu=a100-sxm4-80gb,v100-sxm2-32gb")
+    assert header == [OLD_CSV[0], "gpu", *OLD_CSV[1:], "error", "gpus"]
+    assert rows[0]["error"] == "" and rows[0]["gpus"] == "8"
+    assert "v100-sxm2-32gb has no bf16" in rows[1]["error"] and rows[1]["plan"] == ""
+
+
+def test_whatif_csv_of_a_node_group_size_sweep_has_its_gpu_count(capsys):
+    """--vary group_nodes changes the GPU count along the sweep: the CSV says it (a gpus column, appended), also
+    for a point without a plan."""
+    header, rows = whatif_csv(capsys, "--cluster", "ib-roce-a100", "--vary", "group_nodes:roce=2,4")
+    assert header == [OLD_CSV[0], "group_nodes:roce", *OLD_CSV[1:], "error", "gpus"]
+    assert [r["gpus"] for r in rows] == ["80", "96"]  # 8 InfiniBand nodes and 2 or 4 RoCE nodes of 8 GPUs
+    assert rows[0]["error"] and rows[1]["error"] == "" and float(rows[1]["tokens_per_s"]) > 0
+
+
 def test_planning_commands_do_not_import_torch():
     code = (
         "import sys, io, contextlib\n"

@@ -216,6 +216,16 @@ def test_whatif_on_groups_refuses_what_it_cannot_vary_in_one_line(capsys):
     assert "no node group 'ibb' (did you mean 'ib'?)" in err and "no point" not in err
 
 
+
+@pytest.mark.parametrize("vary,instead", [("group_bw:ib=10,20", "inter_node_bw=..."), ("group_nodes:ib=1,2", "nodes=..."),
+                                          ("group_net:ib=ib", "inter_node_bw=... or nics_per_node=...")])
+def test_whatif_of_a_node_group_on_a_plain_cluster_is_refused_at_once(capsys, vary, instead):
+    """A node group's property on a cluster without node groups is bad input (one line naming the bundled clusters
+    of node groups and what to vary instead), not a sweep whose every point has no plan."""
+    err = fails(capsys, "whatif", "--model", "tiny", "--cluster", "dgx-a100", "--global-batch", "64", "--vary", vary)
+    assert "cluster dgx-a100 has no node groups" in err and "no point" not in err
+    assert "ib-roce-a100" in err and f"vary {instead} instead" in err
+
 @pytest.mark.parametrize("batch", [64, 256])
 def test_the_default_search_finds_the_exhaustive_best_on_a_small_two_group_cluster(tmp_path, batch):
     """One A100 node and one H100 node, a Llama-1B shape cut to 8 layers: the default search's best placed plan is

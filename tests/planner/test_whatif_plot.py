@@ -9,7 +9,7 @@ import pytest
 
 from planner.cli import main
 from planner.whatif import normalize, sweep, with_gpu
-from planner.whatif_plot import figure, plan_label, si
+from planner.whatif_plot import NO_PLAN, figure, plan_label, si
 from specs.cluster import load_cluster
 from specs.model_loading import load_model
 
@@ -90,3 +90,28 @@ def test_a_gpu_point_gets_its_own_node_link_and_says_so(capsys):
     assert main(["whatif", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch", "64",
                  "--vary", "gpu=h100-sxm5-80gb,l40s-48gb"]) == 0
     assert "note: l40s-48gb nodes have PCIe (32 GB/s per GPU)" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_gpu_type_without_a_plan_is_labelled_in_the_bar_plot():
+    """--vary gpu with a GPU that has no plan (a V100 on a bf16 cluster): its bar's place, in each curve, says
+    "no plan" at the base of both axes instead of standing blank; the labels stay inside the axes and clear of
+    the plan labels."""
+    model, cluster = load_model("tiny"), load_cluster("dgx-a100", gpus=8)
+    values = ["a100-sxm4-80gb", "v100-sxm2-32gb", "h100-sxm5-80gb"]
+    curves = {"best": sweep(model, cluster, 64, "gpu", values, {}),
+              "zero=1": sweep(model, cluster, 64, "gpu", values, {}, compare={"zero": 1})}
+    normalize(curves, "gpu")
+    fig = figure(curves, "gpu", model.name, cluster.name)
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    marks = [t for t in fig.findobj() if getattr(t, "get_gid", lambda: None)() == "no-plan"]
+    assert {t.get_text() for t in marks} == {NO_PLAN}
+    # one per curve on each axes, at the V100's place (index 1), the two curves' bars side by side
+    for ax in fig.axes[:2]:
+        xs = sorted(t.get_position()[0] for t in marks if t.axes is ax)
+        assert xs == pytest.approx([0.8, 1.2])
+        for t in (t for t in marks if t.axes is ax):
+            box = t.get_window_extent(r)
+            assert ax.bbox.x0 <= box.x0 and box.x1 <= ax.bbox.x1 and ax.bbox.y0 <= box.y0 <= ax.bbox.y1
+    labels = [t.get_window_extent(r) for t in fig.findobj() if getattr(t, "get_gid", lambda: None)() == "plan-label"]
+    assert len(labels) == 4 and not any(t.get_window_extent(r).overlaps(b) for t in marks for b in labels)
