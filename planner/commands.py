@@ -427,7 +427,7 @@ def tune_command(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from planner.calibrate import bound_warning
-    from planner.tune import check_trial_options, default_out_dir, tune
+    from planner.tune import check_trial_options, default_out_dir, tune, written_files
     from specs.files import check_output_dir, check_output_file
     from specs.parallel import parse_plan_keys
     from specs.planfile import TrainConfig, load_plan, save_plan
@@ -438,6 +438,9 @@ def tune_command(args: argparse.Namespace) -> int:
         check_output_file(args.out, "plan file", {**spec_files(args), "--data file": args.data})
     if args.dir:
         check_output_dir(args.dir, "trial folder")
+        for what, path in written_files(Path(args.dir), args.trials).items():  # never over one of the inputs
+            check_output_file(path, f"tune's {what}", {**spec_files(args), "--data file": args.data},
+                              "give another --dir")
     if args.data:
         from runtime.data import TokenData
 
@@ -530,13 +533,13 @@ def _tune_commands(args: argparse.Namespace, model, cluster, out_dir, fixed, hea
     prints what to run on the cluster, as `autopar run` does: each trial's per-node commands, then the fit."""
     import shlex
 
-    from planner.tune import metrics_path, prepare
+    from planner.tune import PROFILE, metrics_path, prepare
     from runtime.launch import worker_command
 
     found = prepare(model, cluster, args.global_batch, out_dir, fixed, args.trials, args.steps, headroom)
     q = shlex.quote
     fit = (f"autopar calibrate {' '.join(q(str(metrics_path(t))) for t in found)} --warmup {args.warmup} "
-           f"--out {q(str(out_dir / 'calibrated.yaml'))}")
+           f"--out {q(str(out_dir / PROFILE))}")
     trials = [{"plan_file": t.plan_path, "parallel": t.parallel, "predicted_step_s": t.predicted_step_s,
                "metrics": str(metrics_path(t)), "commands": worker_command(t.plan_path, args.steps,
                                                                              str(metrics_path(t)), args.data)}

@@ -98,12 +98,29 @@ def prepare(model: ModelSpec, cluster: ClusterSpec, global_batch: int, out_dir: 
     extra = None if fit is None else difference_spreads(
         [step_sensitivity(model, cluster, p.config, global_batch) for p in res.plans], fit)
     for i, p in enumerate(finalists(res.plans, trials, extra)):
-        path = out_dir / f"trial{i + 1}.json"
+        path = trial_plan_path(out_dir, i + 1)
         pred = plan_prediction(model, cluster, p.config, p.estimate, global_batch)
         plan = make_plan(model, cluster, global_batch, p.config, pred, TrainConfig(steps=steps))
         save_plan(plan, path)
         found.append(Trial(str(path), p.config.to_dict(), p.config.short(), p.estimate.step_time_s))
     return found
+
+
+PROFILE = "calibrated.yaml"  # the profile tune fits to its trials, in its folder
+
+
+def trial_plan_path(out_dir: Path, i: int) -> Path:
+    """Where trial ``i`` (from 1)'s plan file goes."""
+    return out_dir / f"trial{i}.json"
+
+
+def written_files(out_dir: Path, trials: int) -> dict[str, Path]:
+    """What tune may write into ``out_dir`` for up to ``trials`` trials: each trial's plan and metrics file, and the
+    calibrated profile (what each is -> its path)."""
+    out = {f"trial {i}'s plan file": trial_plan_path(out_dir, i) for i in range(1, trials + 1)}
+    out.update({f"trial {i}'s metrics file": trial_plan_path(out_dir, i).with_suffix(".jsonl")
+                for i in range(1, trials + 1)})
+    return {**out, "calibrated profile": out_dir / PROFILE}
 
 
 def metrics_path(t: Trial) -> Path:
@@ -153,7 +170,7 @@ def tune(model: ModelSpec, cluster: ClusterSpec, global_batch: int, out_dir: Pat
     for t, pred in zip(done, predict(runs, cluster, fit.scales)):
         t.calibrated_step_s = float(pred)
     chosen = min(done, key=lambda t: t.measured_step_s or np.inf)
-    profile = out_dir / "calibrated.yaml"
+    profile = out_dir / PROFILE
     when = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     header = f"Calibrated by `autopar tune` at {when} from {len(runs)} trial(s): {fitted_text(fit)}."
     write_text_atomic(profile, profile_yaml(calibrated(cluster, fit), [header]))

@@ -23,9 +23,11 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
-def check_output_file(path: str | Path, what: str, inputs: dict[str, str | Path | None] | None = None) -> Path:
+def check_output_file(path: str | Path, what: str, inputs: dict[str, str | Path | None] | None = None,
+                      instead: str = "give another file name") -> Path:
     """``path`` can be written as a file: not a directory, not one of the command's ``inputs`` (what each is ->
-    its path; writing there would destroy it), and its folder exists or can be created."""
+    its path; writing there would destroy it: the error says to do ``instead``), and its folder exists or can be
+    created."""
     p = Path(path)
     if not str(path):
         raise AutoparError(f"the {what} path is empty; give a file name")
@@ -34,7 +36,7 @@ def check_output_file(path: str | Path, what: str, inputs: dict[str, str | Path 
     for name, src in (inputs or {}).items():
         if src is not None and str(src) and _same_file(p, Path(src)):
             raise AutoparError(f"{what} {p} is the {name} this command reads: writing it would destroy it; "
-                               "give another file name")
+                               f"{instead}")
     if p.exists():
         if not os.access(p, os.W_OK):
             raise AutoparError(f"cannot write {what} {p}: permission denied")

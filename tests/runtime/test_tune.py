@@ -5,6 +5,7 @@ plan and a calibrated profile. A test-only variable (``AUTOPAR_SLOW``) makes cho
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from planner.cli import main
 from planner.search import search
@@ -83,6 +84,17 @@ def test_tune_bad_inputs_are_one_line_errors(tmp_path, capsys):
         assert len(err) == 1 and needle in err[0], err
     assert main(["tune", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch", "64"]) == 2
     assert "has no CUDA GPU" in capsys.readouterr().err  # a GPU profile is not calibrated on this CPU machine
+    # a --dir holding the profile tune reads under the name it writes its calibrated profile to: refused, unchanged
+    own = tmp_path / "mine"
+    own.mkdir()
+    profile = own / "calibrated.yaml"
+    profile.write_text(Path("hardware_profiles/clusters/cpu-gloo.yaml").read_text())
+    before = profile.read_bytes()
+    argv = [a if a != "cpu-gloo" else str(profile) for a in ARGS]
+    assert main(["tune", *argv, "--dir", str(own)]) == 2
+    err = capsys.readouterr().err
+    assert "is the cluster profile this command reads" in err and "give another --dir" in err
+    assert profile.read_bytes() == before and sorted(p.name for p in own.iterdir()) == ["calibrated.yaml"]
 
 
 def test_tune_on_several_nodes_prints_each_trials_commands(tmp_path, capsys):
