@@ -47,6 +47,7 @@ class Estimate:
     stage_memory_breakdown: list[dict[str, float]] = field(default_factory=list)
     stage_time_s: list[float] = field(default_factory=list)
     critical_rank: int = 0
+    stage_capacity_GiB: list[float] = field(default_factory=list)  # each stage's GPU memory (node groups: its own)
 
     def to_json(self) -> dict[str, Any]:
         r = lambda x: float(f"{x:.6g}")  # noqa: E731
@@ -133,5 +134,6 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global
         stage_memory_GiB=stage_mem,
         stage_memory_breakdown=stage_parts,
         stage_time_s=(costs.f[0] + costs.b[0]).tolist(),
+        stage_capacity_GiB=list(capacity),
         critical_rank=crit,
     )

@@ -191,7 +191,8 @@ def plan_command(args: argparse.Namespace) -> int:
         reason += (f" The calibrated profile's runs leave this plan's step time uncertain (x/"
                    f"{math.exp(Z95 * spreads[0][0]):.2f} at 95%, mostly its {spreads[0][1]} scale, which they "
                    "barely exercised): measure it (`autopar tune`) or calibrate with a run like it.")
-    warning = memory_warning(res.plans[0].estimate.memory_GiB, cluster.gpu.memory_GiB)
+    best = res.plans[0].estimate
+    warning = memory_warning(best.stage_memory_GiB, best.stage_capacity_GiB)
     checked = None
     if args.verify:
         from planner.verify import memory_check

@@ -24,9 +24,11 @@ def headroom_for(given: float | None, gpu_GiB: float) -> float:
     return default_headroom_GiB(gpu_GiB) if given is None else given
 
 
-def memory_warning(used_GiB: float, gpu_GiB: float) -> str | None:
-    """A one-line caution when a chosen plan's predicted peak leaves less than the default headroom free (only
+def memory_warning(stage_GiB: list[float], capacity_GiB: list[float]) -> str | None:
+    """A one-line caution when a chosen plan's predicted peak on some pipeline stage (``stage_GiB``) leaves less than
+    the default headroom of that stage's GPUs (``capacity_GiB``: on node groups each stage's own) free (only
     possible with a smaller --headroom), or None."""
+    used_GiB, gpu_GiB = max(zip(stage_GiB, capacity_GiB), key=lambda s: s[0] / s[1])
     if used_GiB <= gpu_GiB - default_headroom_GiB(gpu_GiB):
         return None
     margin = default_headroom_GiB(gpu_GiB)

@@ -397,3 +397,19 @@ def test_a_tied_embedding_under_zero_2_needs_both_ends_split_alike(tmp_path):
         check_plan(cfg, PlanContext.on(tied, c, 8))
     check_plan(replace(cfg, zero=1), PlanContext.on(tied, c, 8))
     check_plan(cfg, PlanContext.on(untied, c, 8))
+
+
+def test_the_memory_warning_weighs_each_stage_against_its_own_gpus(capsys):
+    """On A100 (80 GiB) and L40S (48 GiB) node groups a stage is tight against the memory of the GPUs it sits on:
+    48 GiB on an A100 leaves its default headroom free (no warning), 45 GiB on an L40S does not."""
+    from planner.headroom import memory_warning
+
+    assert memory_warning([47.99, 31.29], [80.0, 48.0]) is None
+    tight = memory_warning([47.99, 45.0], [80.0, 48.0])
+    assert tight is not None and "fills 45.0 of 48 GiB" in tight
+    assert main(["plan", "--model", "llama3-8b", "--cluster", "a100-l40s-mixed", "--global-batch", "512",
+                 "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    best = out["plans"][0]
+    assert not any("fills" in w for w in out.get("warnings", [])), out.get("warnings")
+    assert max(best["stage_memory_GiB"]) > 48 * 0.9  # a stage above the L40S's threshold, on the A100s
