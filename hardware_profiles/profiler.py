@@ -294,15 +294,22 @@ def build(meas: dict[str, Any], name: str) -> tuple[dict[str, Any], list[str]]:
         return grouped_profile(meas, name, {g["name"]: _probe_fit(g["compute"]) for g in meas["groups"]})
     notes = []
     overhead, elementwise = _probe_fit(meas["compute"])
+    profile = cluster_profile(meas, name, overhead, elementwise)
+    one_node = ("one node: inter-node links use the bundled defaults of this GPU's cluster (run under torchrun on "
+                "several nodes to measure them)" if "inter_node" in profile else
+                "one node, and no bundled cluster of this device to take inter-node links from: the profile has no "
+                "inter_node section, so it plans this node only (run under torchrun on several nodes, or add an "
+                "inter_node section by hand, to plan more)")
     if meas["world"] == 1:
-        notes.append("one rank: no peer to measure collectives with; links use the bundled defaults")
+        notes.append("one rank: no peer to measure collectives with; the links use the model's defaults")
+        notes.append(one_node)
     else:
         missing = [c for c in COLLECTIVES if c not in meas["collectives"]]
         if missing:
             notes.append(f"{meas['backend']} does not implement {', '.join(missing)} here; the model's defaults apply")
         if meas["world"] == meas["local"]:
-            notes.append("one node: inter-node links use the bundled defaults (run under torchrun on several nodes)")
-    return cluster_profile(meas, name, overhead, elementwise), notes
+            notes.append(one_node)
+    return profile, notes
 
 
 def summary(profile: dict[str, Any], out: str) -> list[str]:

@@ -334,6 +334,7 @@ def _replan(args: argparse.Namespace) -> str:
     batch on N GPUs of its cluster, written beside the checkpoints; returns its path."""
     from planner.prediction import plan_prediction
     from planner.search import search
+    from planner.space import NoPlan
     from runtime.checkpoint import saved_plan
     from specs.planfile import make_plan, save_plan
 
@@ -345,8 +346,13 @@ def _replan(args: argparse.Namespace) -> str:
         raise AutoparError("--replan plans again from the checkpoint's own plan: leave out the plan file")
     old = saved_plan(Path(args.checkpoint_dir))
     cluster = _full_size(old.cluster).resized(gpus=args.gpus)
-    res = search(old.model, cluster, old.global_batch, top=1, headroom_GiB=headroom_for(None, cluster.gpu.memory_GiB),
-                 state=old.state)
+    try:
+        res = search(old.model, cluster, old.global_batch, top=1,
+                     headroom_GiB=headroom_for(None, cluster.gpu.memory_GiB), state=old.state)
+    except NoPlan as err:  # its advice may be to change what a resumed run keeps (the global batch)
+        raise AutoparError(f"no plan of {old.model.name} with the checkpoint's global batch {old.global_batch} (a "
+                           f"resumed run keeps it) runs on {args.gpus} GPUs ({err.problem}); re-plan for another "
+                           "number of GPUs") from None
     if not res.plans:
         raise AutoparError(f"no plan of {old.model.name} with global batch {old.global_batch} fits on {args.gpus} "
                            f"GPUs of {cluster.name}; re-plan for more GPUs")

@@ -151,7 +151,12 @@ def _partial_config(arrays: dict[str, np.ndarray], i: int, unsearched: dict[str,
 
 
 class NoPlan(AutoparError):
-    """No candidate satisfies the fixed keys and the rules; the message says which rule removed the last."""
+    """No candidate satisfies the fixed keys and the rules; the message says which rule removed the last, and
+    ``problem`` what it found wrong (without its advice, for callers whose advice differs)."""
+
+    def __init__(self, message: str, problem: str = "") -> None:
+        super().__init__(message)
+        self.problem = problem
 
 
 def _no_plan(rule: Rule, example: ParallelConfig, x: PlanContext, fixed: dict[str, Any],
@@ -165,7 +170,7 @@ def _no_plan(rule: Rule, example: ParallelConfig, x: PlanContext, fixed: dict[st
     where = f" with {options_text(fixed, flags)}" if fixed else ""
     return NoPlan(f"no parallel configuration of {x.gpus} GPUs fits global batch {x.global_batch} and the model "
                   f"({x.model.num_layers} layers, {x.model.num_attention_heads} heads){where}: the last candidates "
-                  f"(e.g. {example.short()}) fail because {why}")
+                  f"(e.g. {example.short()}) fail because {why}", f"e.g. {example.short()}: {why.split('; ')[0]}")
 
 
 def options_text(keys: dict[str, Any], flags: dict[str, str]) -> str:

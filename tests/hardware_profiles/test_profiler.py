@@ -69,6 +69,14 @@ def test_profile_loads_with_sane_tables(profile_path):
 
 
 @pytest.mark.slow
+def test_one_node_notes_say_whether_the_profile_can_span_nodes(measured):
+    """A CPU has no bundled cluster to take inter-node links from: the note says the profile plans this node only
+    (no inter_node section), not that the bundled defaults apply; the profile indeed cannot hold two nodes."""
+    prof, notes = profiler.build(measured, "mine")
+    assert "inter_node" not in prof
+    assert any("no inter_node section" in n for n in notes) and not any("bundled defaults" in n for n in notes)
+
+
 def test_fits_reproduce_measured_points(measured, profile_path):
     """Every fit is the least-squares line through its points, and the cost model reads it unchanged."""
     from cost_models.comm import CommModel

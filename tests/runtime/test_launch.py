@@ -80,6 +80,9 @@ def test_resume_replans_for_the_gpus_there_are_now(tmp_path, capsys):
     np.testing.assert_allclose([r["loss"] for r in rows[4:]], [r["loss"] for r in _rows(whole)[4:]], atol=1e-5)
     assert main(["run", plan, "--replan", "--resume", "--gpus", "2", "--checkpoint-dir", ck]) == 2
     assert "leave out the plan file" in capsys.readouterr().err
+    assert main(["run", "--replan", "--resume", "--gpus", "5", "--checkpoint-dir", ck]) == 2  # 16 sequences, 5 ranks
+    err = capsys.readouterr().err
+    assert "global batch 16 (a resumed run keeps it) runs on 5 GPUs" in err and "change --global-batch" not in err
 
 
 def test_a_rank_that_stops_is_named_and_nothing_is_left_running(tmp_path):
