@@ -362,7 +362,8 @@ class ModelSpec(BaseModel):
 
     def summary(self) -> str:
         return (
-            f"{self.name}: {self.arch}, {_count(self.num_params)} params, {self.num_layers} layers, "
+            f"{self.name}: {'traced nn.Module' if self.block is not None else self.arch}, "
+            f"{_count(self.num_params)} params, {self.num_layers} layers, "
             f"hidden {self.hidden_size}, {self.num_attention_heads} heads ({self.kv_heads} kv), "
             f"ffn {self.ffn}, vocab {self.vocab_size}, seq {self.seq_length}, attention {self.attn_impl}"
             + (f", {self.act.replace('_', ' ')} MLP" if self.act == "squared_relu" else "")
