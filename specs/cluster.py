@@ -499,8 +499,11 @@ def _from_profile(group: dict[str, Any], where: str, i: int, base: Path | None =
     ref = group["profile"]
     if not isinstance(ref, str):
         raise AutoparError(f"{where}: node_groups[{i}].profile must be a cluster profile name or path")
-    path = _profile_path(_near(ref, base), "clusters", list_clusters())
-    raw = read_mapping(path, "cluster profile")
+    try:
+        path = _profile_path(_near(ref, base), "clusters", list_clusters())
+        raw = read_mapping(path, "cluster profile")
+    except AutoparError as err:  # say which file named it
+        raise AutoparError(f"{where}: node_groups[{i}].profile: {err}") from None
     if raw.get("node_groups"):  # checked before it is read as a cluster: a profile naming itself would never end
         raise AutoparError(f"{where}: node_groups[{i}].profile {ref} is itself made of node groups; give a profile of "
                            "one group's nodes")

@@ -465,3 +465,12 @@ def test_hand_edited_plan_files_are_checked_exactly(tmp_path, capsys, edit, need
     edit(data)
     path.write_text(json.dumps(data))
     assert needle in fails(capsys, "run", str(path), "--dry-run")
+
+
+def test_a_missing_group_profile_names_the_file_that_refers_to_it(tmp_path, capsys):
+    path = tmp_path / "groups.yaml"
+    path.write_text("name: g\nnode_groups:\n  - {name: a, profile: nothere.yaml, num_nodes: 2}\n"
+                    "  - {name: b, profile: dgx-a100, num_nodes: 2}\n"
+                    "default_between: {bandwidth_Gbps_per_node: 25}\n")
+    err = fails(capsys, "plan", "--model", "tiny", "--cluster", str(path), "--global-batch", "8")
+    assert f"cluster profile {path}: node_groups[0].profile: cluster profile nothere.yaml does not exist" in err
