@@ -16,7 +16,7 @@ in ``meta.json`` with the plan that wrote it. Each rank's RNG state is saved too
 resumes (dropout then continues exactly); another plan draws its dropout masks afresh. ``meta.json`` also holds a
 CRC-32 of every file of the checkpoint, worked out after the save and checked before a load (each rank reads a
 share of the files, so it costs one parallel read of the checkpoint each way): a file whose bytes changed on disk
-is refused as corrupt instead of resuming from it. Only the newest ``KEEP`` checkpoints are kept.
+is refused as corrupt instead of resuming from it. Only the newest few are kept (``--keep-checkpoints``).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
+from runtime.options import KEEP_CHECKPOINTS
 from runtime.portable_state import (
     LoadPlanner,
     SavePlanner,
@@ -52,7 +53,6 @@ from specs.state import StateSpec
 
 META = "meta.json"
 LATEST = "latest"
-KEEP = 2  # checkpoints kept: the newest and the one before it
 CHUNK = 1 << 24  # bytes read at a time for a checksum
 FORMAT = 2  # 1: keys by plan (before resuming under other plans)
 SAME = ("model", "seq", "global_batch", "seed", "state")  # what a resuming plan must share with the checkpoint
@@ -111,7 +111,7 @@ def corrupt_error(ck: Path, bad: list[str]) -> AutoparError:
                         "delete it to use an earlier one")
 
 
-def save_checkpoint(tr: Trainer, root: Path, keep: int = KEEP) -> Path:
+def save_checkpoint(tr: Trainer, root: Path, keep: int = KEEP_CHECKPOINTS) -> Path:
     """Write the state after ``tr.step`` completed steps; returns the checkpoint's directory."""
     name = f"step_{tr.step:08d}"
     final, tmp = root / name, root / f"{name}.partial"
@@ -135,7 +135,8 @@ def save_checkpoint(tr: Trainer, root: Path, keep: int = KEEP) -> Path:
     return final
 
 
-def publish(root: Path, tmp: Path, meta: dict[str, Any], keep: int = KEEP, sums: dict[str, str] | None = None) -> Path:
+def publish(root: Path, tmp: Path, meta: dict[str, Any], keep: int = KEEP_CHECKPOINTS,
+            sums: dict[str, str] | None = None) -> Path:
     """Finish a checkpoint written to ``tmp`` (``step_N.partial``): its ``meta.json`` with the files' checksums
     (``sums``, or worked out here), the rename to ``step_N``, ``latest`` replaced atomically, all but the newest
     ``keep`` older ones removed."""
@@ -172,7 +173,10 @@ def resumed_train(plan: PlanFile, root: Path) -> tuple[PlanFile, str | None]:
     of the run whose newest checkpoint is under ``root`` (its own ``checkpoint_every`` stays), so a run resumed
     under another plan continues its schedule; and a note saying what differed (None when nothing did)."""
     ck = latest_checkpoint(root)
-    saved = (read_meta(ck).get("plan_file") or {}).get("train") if ck is not None else None
+    try:
+        saved = (read_meta(ck).get("plan_file") or {}).get("train") if ck is not None else None
+    except AutoparError:  # an unreadable checkpoint: the load says so, with the rest of what it checks
+        return plan, None
     if not isinstance(saved, dict):
         return plan, None
     try:

@@ -40,12 +40,14 @@ def _local_devices() -> int | None:
 def _worker_args(plan_path: str, steps: int | None, data: str | None, metrics_out: str | None,
                  checkpoint_dir: str | None, resume: bool, checkpoint_every: int | None, quiet: bool,
                  predicted_step_s: float | None = None, predicted_memory_GiB: float | None = None,
-                 mtbf_hours: float | None = None, collective_timeout: float = COLLECTIVE_TIMEOUT_S) -> list[str]:
+                 mtbf_hours: float | None = None, collective_timeout: float = COLLECTIVE_TIMEOUT_S,
+                 keep_checkpoints: int | None = None) -> list[str]:
     args = ["-m", "runtime.train", plan_path]
     for flag, value in (("--steps", steps), ("--data", data), ("--metrics-out", metrics_out),
                         ("--checkpoint-dir", checkpoint_dir), ("--checkpoint-every", checkpoint_every),
                         ("--predicted-step-time", predicted_step_s), ("--predicted-memory", predicted_memory_GiB),
-                        ("--mtbf-hours", mtbf_hours), ("--collective-timeout", collective_timeout)):
+                        ("--mtbf-hours", mtbf_hours), ("--collective-timeout", collective_timeout),
+                        ("--keep-checkpoints", keep_checkpoints)):
         if value is not None:
             args += [flag, str(value)]
     return args + (["--resume"] if resume else []) + (["--quiet"] if quiet else [])
@@ -117,7 +119,7 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
            quiet: bool = False, env: dict[str, str] | None = None, timeout_s: float | None = None,
            predicted_step_s: float | None = None, predicted_memory_GiB: float | None = None,
            max_restarts: int = 0, mtbf_hours: float | None = None,
-           collective_timeout: float = COLLECTIVE_TIMEOUT_S) -> int:
+           collective_timeout: float = COLLECTIVE_TIMEOUT_S, keep_checkpoints: int | None = None) -> int:
     """Validate everything cheap to validate, then run the plan under torchrun; returns 0 on success.
     ``max_restarts``: torchrun restarts every worker up to that many times after one dies; they resume from the
     latest checkpoint (``runtime.train`` reads torchrun's restart count).
@@ -139,12 +141,13 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
 
         plan, _ = resumed_train(plan, Path(checkpoint_dir))
     total = check_run_options(plan, steps, checkpoint_dir, checkpoint_every, metrics_out, resume, max_restarts,
-                              mtbf_hours, collective_timeout, {"plan file": plan_path, "--data file": data})
+                              mtbf_hours, collective_timeout, {"plan file": plan_path, "--data file": data},
+                              keep_checkpoints)
     TokenData(data or SAMPLE_TEXT, plan.seq, plan.model.vocab_size, plan.train.seed)  # one-line errors now
     if checkpoint_dir:
         check_checkpoints(Path(checkpoint_dir), resume, total)
     worker = _worker_args(plan_path, steps, data, metrics_out, checkpoint_dir, resume, checkpoint_every, quiet,
-                          predicted_step_s, predicted_memory_GiB, mtbf_hours, collective_timeout)
+                          predicted_step_s, predicted_memory_GiB, mtbf_hours, collective_timeout, keep_checkpoints)
     gpus = _local_devices()
     if plan.cluster.num_nodes > 1 and world > plan.cluster.gpus_per_node:
         print("autopar: this plan spans several nodes; run on every node:\n  " +

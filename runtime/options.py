@@ -10,6 +10,7 @@ from specs.files import check_output_dir, check_output_file, integer, path_argum
 from specs.planfile import PlanFile
 
 COLLECTIVE_TIMEOUT_S = 1800.0  # --collective-timeout's default
+KEEP_CHECKPOINTS = 2  # --keep-checkpoints' default: the newest and the one before it
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
@@ -37,6 +38,9 @@ def add_worker_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-out", type=path_argument, help="write JSON lines of per-step metrics here")
     p.add_argument("--checkpoint-dir", type=path_argument, help="save checkpoints here")
     p.add_argument("--checkpoint-every", type=integer, help="steps between checkpoints (default: the plan's)")
+    p.add_argument("--keep-checkpoints", type=integer, metavar="N",
+                   help=f"keep the newest N checkpoints, removing older ones as new ones complete (default "
+                        f"{KEEP_CHECKPOINTS})")
     p.add_argument("--resume", action="store_true", help="resume from the latest checkpoint in --checkpoint-dir")
     p.add_argument("--mtbf-hours", type=float, metavar="H",
                    help="the job's mean time between failures: after the first checkpoint, print the interval "
@@ -51,12 +55,13 @@ def launch_options(a: argparse.Namespace) -> dict[str, object]:
     """The keyword arguments of ``runtime.launch.launch`` that the run arguments give (all but the plan)."""
     return dict(steps=a.steps, data=a.data, metrics_out=a.metrics_out, checkpoint_dir=a.checkpoint_dir,
                 resume=a.resume, dry_run=a.dry_run, checkpoint_every=a.checkpoint_every, quiet=a.quiet,
-                max_restarts=a.max_restarts, mtbf_hours=a.mtbf_hours, collective_timeout=a.collective_timeout)
+                max_restarts=a.max_restarts, mtbf_hours=a.mtbf_hours, collective_timeout=a.collective_timeout,
+                keep_checkpoints=a.keep_checkpoints)
 
 def check_run_options(plan: PlanFile, steps: int | None, checkpoint_dir: str | None, checkpoint_every: int | None,
                       metrics_out: str | None, resume: bool, max_restarts: int = 0,
                       mtbf_hours: float | None = None, collective_timeout: float = COLLECTIVE_TIMEOUT_S,
-                      inputs: dict[str, str | None] | None = None) -> int:
+                      inputs: dict[str, str | None] | None = None, keep_checkpoints: int | None = None) -> int:
     """Refuse options that would only fail later (after training, at the first checkpoint or metrics write), and a
     metrics file that is one of the run's ``inputs`` (what each is -> its path); returns the number of steps to run."""
     total = steps if steps is not None else plan.train.steps
@@ -73,7 +78,10 @@ def check_run_options(plan: PlanFile, steps: int | None, checkpoint_dir: str | N
         raise AutoparError(f"--collective-timeout must be a positive number of seconds, got {collective_timeout}")
     if mtbf_hours is not None and not 0 < mtbf_hours < float("inf"):
         raise AutoparError(f"--mtbf-hours must be a positive number of hours, got {mtbf_hours}")
-    for flag, value in (("--checkpoint-every", checkpoint_every), ("--mtbf-hours", mtbf_hours)):
+    if keep_checkpoints is not None and keep_checkpoints < 1:
+        raise AutoparError(f"--keep-checkpoints must be at least 1 (the one a resume needs), got {keep_checkpoints}")
+    for flag, value in (("--checkpoint-every", checkpoint_every), ("--mtbf-hours", mtbf_hours),
+                        ("--keep-checkpoints", keep_checkpoints)):
         if value is not None and not checkpoint_dir:
             raise AutoparError(f"{flag} needs --checkpoint-dir (where the checkpoints go)")
     if max_restarts and not checkpoint_dir:

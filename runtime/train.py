@@ -43,7 +43,7 @@ import torch.distributed as dist
 from runtime.comm_hooks import CommHooks
 from runtime.data import SAMPLE_TEXT, TokenData
 from runtime.metrics import MetricsLog, last_step
-from runtime.options import add_worker_arguments, check_run_options
+from runtime.options import KEEP_CHECKPOINTS, add_worker_arguments, check_run_options
 from runtime.parallel.mappings import all_gather_into
 from runtime.parallel.mesh import build_groups
 from runtime.phase_clock import CudaMarks, PhaseClock
@@ -164,7 +164,8 @@ def run(args: argparse.Namespace) -> int:
     steps = check_run_options(plan, args.steps, args.checkpoint_dir, args.checkpoint_every,
                               args.metrics_out if rank == 0 else None, args.resume,
                               mtbf_hours=args.mtbf_hours, collective_timeout=args.collective_timeout,
-                              inputs={"plan file": args.plan, "--data file": args.data})  # rank 0 writes metrics
+                              inputs={"plan file": args.plan, "--data file": args.data},
+                              keep_checkpoints=args.keep_checkpoints)  # rank 0 writes metrics
     data = TokenData(args.data or SAMPLE_TEXT, plan.seq, plan.model.vocab_size, plan.train.seed)
     cuda = torch.cuda.is_available() and plan.cluster.backend == "nccl"  # a gloo (CPU) plan stays on CPUs
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
@@ -250,7 +251,7 @@ def run(args: argparse.Namespace) -> int:
             raise diverged(trainer.step, st.loss, st.grad_norm, ckdir)
         if ckdir is not None and ((every and trainer.step % every == 0) or trainer.step == steps):
             t_save = time.perf_counter()
-            save_checkpoint(trainer, ckdir)
+            save_checkpoint(trainer, ckdir, args.keep_checkpoints or KEEP_CHECKPOINTS)
             if advise:
                 advise = False
                 _advise_interval(log, trainer.step, time.perf_counter() - t_save, step_s, args.mtbf_hours, every,

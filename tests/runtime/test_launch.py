@@ -178,6 +178,9 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
     cases.append((dict(plan_path=_plan(tmp_path), steps=-1), "--steps must be positive"))
     cases.append((dict(plan_path=_plan(tmp_path), checkpoint_every=-1), "--checkpoint-every must be 0"))
     cases.append((dict(plan_path=_plan(tmp_path), max_restarts=2), "--max-restarts needs --checkpoint-dir"))
+    cases.append((dict(plan_path=_plan(tmp_path), keep_checkpoints=2), "--keep-checkpoints needs --checkpoint-dir"))
+    cases.append((dict(plan_path=_plan(tmp_path), keep_checkpoints=0, checkpoint_dir=str(tmp_path / "k")),
+                  "--keep-checkpoints must be at least 1"))
     cases.append((dict(plan_path=_plan(tmp_path), mtbf_hours=0.0), "--mtbf-hours must be a positive number"))
     cases.append((dict(plan_path=_plan(tmp_path), collective_timeout=0.0), "--collective-timeout must be a positive"))
     cases.append((dict(plan_path=_plan(tmp_path), max_restarts=-1, checkpoint_dir=str(tmp_path / "c")),
@@ -296,12 +299,14 @@ def test_a_run_resumed_under_another_plan_keeps_its_schedule(tmp_path):
     ck, m = tmp_path / "ck", tmp_path / "m.jsonl"
     for plan, extra in ((first, []), (other, ["--resume"])):
         r = subprocess.run([sys.executable, "-m", "runtime.train", plan, "--steps", str(2 + len(extra) * 2),
-                            "--checkpoint-dir", str(ck), "--metrics-out", str(m), *extra],
+                            "--checkpoint-dir", str(ck), "--metrics-out", str(m), "--checkpoint-every", "1",
+                            "--keep-checkpoints", "3", *extra],
                            env=env, capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr
     assert "resuming with the checkpoint's training settings" in r.stdout and "steps 30 (the plan has" in r.stdout
     train = load_plan(first).train
     assert [row["lr"] for row in _rows(m)] == pytest.approx([lr_at(s, train, 30) for s in range(4)])
+    assert sorted(p.name for p in ck.glob("step_*")) == [f"step_0000000{i}" for i in (2, 3, 4)]  # --keep-checkpoints
 
 
 def test_every_plan_the_planner_writes_is_accepted_by_run(tmp_path, capsys):
