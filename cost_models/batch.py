@@ -21,7 +21,7 @@ import numpy as np
 from cost_models.arrays import by_value, distinct, packed_rows
 from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
-from cost_models.memory import GiB, rank_load, rank_memory
+from cost_models.memory import GiB, rank_memory
 from cost_models.pipeline import (
     CLOSED_FORM_OPTIMISM,
     CLOSED_FORM_PESSIMISM,
@@ -37,6 +37,7 @@ from cost_models.stages import (
     layer_terms,
     rank_work,
     stage_costs,
+    stage_split,
     stage_state,
 )
 from cost_models.tail import rank_tail
@@ -158,8 +159,7 @@ def _group(model: ModelSpec, state: StateSpec, c: Candidates, terms: LayerTerms,
     g, lt = c.take(idx), terms.take(idx)
     split = ParallelConfig(pp=int(g.pp[0]), vpp=int(g.vpp[0]), layers=c.layers, recompute="full",
                            recompute_layers=c.recompute_layers)  # the keys all candidates share
-    layers = np.array(split.stage_layers(model.num_layers), dtype=float)
-    full = np.array([split.recomputed_layers(j, int(n)) for j, n in enumerate(layers)], dtype=float)
+    layers, full = stage_split(split, model.num_layers)
     recomputed = np.where(g.recompute[:, None] == FULL, full[None, :], 0.0)
     one, each = distinct(g.tp, g.cp, g.dp, g.mbs, g.sp, g.recompute, g.zero >= 2, g.ep, g.etp,
                          (g.zero >= 2) & g.dp_overlap)
@@ -170,9 +170,7 @@ def _group(model: ModelSpec, state: StateSpec, c: Candidates, terms: LayerTerms,
 def _memory(grp: _Group, state: StateSpec, backend: str) -> np.ndarray:
     """The peak GiB per GPU of a group's candidates. What a rank holds depends on the ZeRO stage and dp_overlap
     only through its buckets and ZeRO-2/3's buffers: it is worked out once for them all."""
-    held = grp.held
-    load = rank_load(grp.pp, grp.vpp, grp.m[grp.one], held.params, held.act_bytes, held.work_bytes,
-                     held.largest_bucket, held.expert_params)
+    load = grp.held.rank_load(grp.pp, grp.vpp, grp.m[grp.one])
     one, each = distinct(grp.each, grp.c.zero, grp.c.dp_overlap)
     peak = rank_memory(grp.c.take(one), state, backend, load.take(grp.each[one])).total.max(axis=1) / GiB
     return peak[each]

@@ -105,11 +105,28 @@ def end_activation_bytes(model: ModelSpec, eb: int, t, cp, mbs, sp, state: State
         state.param_bytes
 
 
+def reserved_bytes(backend: str) -> float:
+    """Bytes per GPU the caching allocator does not see (CUDA context, NCCL and cuBLAS workspaces): ``RESERVED_GIB``
+    of the communication ``backend``, 1 GiB for one not listed."""
+    return RESERVED_GIB.get(backend, 1.0) * GiB
+
+
+def fragmentation_bytes(dynamic: np.ndarray | float) -> np.ndarray | float:
+    """The caching allocator's fragmentation of ``dynamic`` bytes (activations and temporaries): a fixed share of
+    them, so linear in them."""
+    return dynamic * FRAGMENTATION
+
+
 @dataclass
 class StateBytes:
     weights: np.ndarray
     grads: np.ndarray
     optimizer: np.ndarray
+
+    @property
+    def total(self) -> np.ndarray:
+        """Weights, gradients and optimizer state together."""
+        return self.weights + self.grads + self.optimizer
 
 
 def state_bytes(params, zero, d, state: StateSpec) -> StateBytes:
@@ -123,6 +140,19 @@ def state_bytes(params, zero, d, state: StateSpec) -> StateBytes:
     grads = params * np.where(zero >= 2, state.grad_bytes / d, state.grad_bytes)
     opt = params * np.where(zero >= 1, state.optimizer_bytes / d, state.optimizer_bytes)
     return StateBytes(weights=weights, grads=grads, optimizer=opt)
+
+
+def state_shards(c: Candidates) -> tuple[np.ndarray, np.ndarray]:
+    """([N], [N]): the data-parallel ranks ZeRO shards a dense parameter's state over (dp x cp) and a routed
+    expert's (its expert-data-parallel group, :func:`specs.parallel.edp`)."""
+    return c.dp * c.cp, edp(c.dp, c.cp, c.tp, c.ep, c.etp)
+
+
+def state_per_param(c: Candidates, state: StateSpec) -> tuple[np.ndarray, np.ndarray]:
+    """([N], [N]): bytes of weights, gradients and optimizer state per dense parameter and per routed expert's
+    parameter on one GPU (:func:`rank_memory`'s state is linear in both counts)."""
+    dense_d, expert_d = state_shards(c)
+    return state_bytes(1.0, c.zero, dense_d, state).total, state_bytes(1.0, c.zero, expert_d, state).total
 
 
 def zero3_gather_bytes(largest_bucket, zero, state: StateSpec, overlap=True) -> np.ndarray:
@@ -191,14 +221,20 @@ def rank_load(pp: int, vpp: int, m: np.ndarray, params: np.ndarray, act_bytes: n
                     expert_params=per_rank(expert_params, pp, vpp).sum(axis=2))
 
 
+def temporary_bytes(c: Candidates, state: StateSpec, work: np.ndarray, largest_bucket: np.ndarray) -> np.ndarray:
+    """A rank's largest temporary ([N, ...]): a backward's ``work`` bytes plus, under ZeRO-3, the gathered
+    parameters of its ``largest_bucket``."""
+    zero = zero_in_effect(c.zero, c.dp * c.cp)[:, None]
+    return work + zero3_gather_bytes(largest_bucket, zero, state, c.dp_overlap[:, None])
+
+
 def rank_memory(c: Candidates, state: StateSpec, backend: str, load: RankLoad) -> RankMemory:
     """Every rank's peak memory for candidates ``c`` (one pp and vpp) holding ``load``."""
-    dense = state_bytes(load.params - load.expert_params, c.zero[:, None], (c.dp * c.cp)[:, None], state)
-    experts = state_bytes(load.expert_params, c.zero[:, None], edp(c.dp, c.cp, c.tp, c.ep, c.etp)[:, None], state)
+    dense_d, expert_d = state_shards(c)
+    dense = state_bytes(load.params - load.expert_params, c.zero[:, None], dense_d[:, None], state)
+    experts = state_bytes(load.expert_params, c.zero[:, None], expert_d[:, None], state)
     st = StateBytes(*(a + b for a, b in zip(vars(dense).values(), vars(experts).values())))
-    zero = zero_in_effect(c.zero, c.dp * c.cp)[:, None]
-    temp = load.work + zero3_gather_bytes(load.largest_bucket, zero, state, c.dp_overlap[:, None])
+    temp = temporary_bytes(c, state, load.work, load.largest_bucket)
     dynamic = load.activations + temp
-    reserved = RESERVED_GIB.get(backend, 1.0) * GiB
     return RankMemory(weights=st.weights, grads=st.grads, optimizer=st.optimizer, activations=load.activations,
-                      temporary=temp, allocator_and_reserved=dynamic * FRAGMENTATION + reserved)
+                      temporary=temp, allocator_and_reserved=fragmentation_bytes(dynamic) + reserved_bytes(backend))

@@ -24,9 +24,9 @@ import numpy as np
 
 from cost_models.comm import CommModel, SpanningComm
 from cost_models.compute import ComputeModel
-from cost_models.memory import RankMemory, rank_load, rank_memory
+from cost_models.memory import RankMemory, rank_memory
 from cost_models.pipeline import SimResult, replayed, simulate_steps
-from cost_models.stages import LayerTerms, StageCosts, layer_terms, stage_costs
+from cost_models.stages import LayerTerms, StageCosts, layer_terms, stage_costs, stage_split
 from cost_models.tail import RankTail, rank_tail
 from specs.cluster import ClusterSpec
 from specs.model import ModelSpec
@@ -120,8 +120,7 @@ def price_placed(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, gl
     c = Candidates.of(cfg)
     pp, vpp, m = cfg.pp, cfg.vpp, cfg.microbatches(global_batch)
     nv = pp * vpp
-    layers = np.array(cfg.stage_layers(model.num_layers), dtype=float)
-    recomputed = np.array([cfg.recomputed_layers(j, int(n)) for j, n in enumerate(layers)], dtype=float)
+    layers, recomputed = stage_split(cfg, model.num_layers)
     owner = [cfg.placement[j % pp] for j in range(nv)]  # virtual stage j runs on pipeline rank j % pp
     views = {g: cluster.group_view(g) for e in dict.fromkeys(cfg.placement) for g in entry_groups(e)}
     models, costs = {}, {}
@@ -150,8 +149,7 @@ def price_placed(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, gl
     tail = _stitch(tails, ranks, RankTail)
     assert isinstance(tail, RankTail)
     tail.step_time = tail.finish.max(axis=1) + tail.tied + tail.norm
-    load = rank_load(pp, vpp, ms, stitched.params, stitched.act_bytes, stitched.work_bytes, stitched.largest_bucket,
-                     stitched.expert_params)
+    load = stitched.rank_load(pp, vpp, ms)
     mem = _stitch({e: rank_memory(c, state, cluster.backend, load) for e in models}, ranks, RankMemory)
     assert isinstance(mem, RankMemory)
     peak = cluster.peak_flops(cfg.placement, cfg.tp * cfg.dp * cfg.cp)

@@ -26,7 +26,15 @@ from cost_models.arrays import distinct
 from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
 from cost_models.layer import end_cost, layer_cost
-from cost_models.memory import FULL, SELECTIVE, end_activation_bytes, layer_activation_bytes, zero_scatter_bytes
+from cost_models.memory import (
+    FULL,
+    SELECTIVE,
+    RankLoad,
+    end_activation_bytes,
+    layer_activation_bytes,
+    rank_load,
+    zero_scatter_bytes,
+)
 from cost_models.params import (
     end_stages,
     gradient_buckets,
@@ -37,7 +45,7 @@ from cost_models.params import (
     zero3_regather,
 )
 from specs.model import ModelSpec
-from specs.parallel import Candidates, sp_in_effect, zero_in_effect
+from specs.parallel import Candidates, ParallelConfig, sp_in_effect, zero_in_effect
 from specs.state import StateSpec
 
 
@@ -55,6 +63,12 @@ class StageState:
 
     def take(self, idx: np.ndarray):
         return type(self)(**{f.name: getattr(self, f.name)[idx] for f in fields(self)})
+
+    def rank_load(self, pp: int, vpp: int, m: np.ndarray) -> RankLoad:
+        """What each pipeline rank holds ([N, pp]) with ``m`` micro-batches per step ([N]): :func:`memory.rank_load`
+        of these stages."""
+        return rank_load(pp, vpp, m, self.params, self.act_bytes, self.work_bytes, self.largest_bucket,
+                         self.expert_params)
 
 
 @dataclass
@@ -81,6 +95,14 @@ class StageCosts(StageState):
     def b(self) -> np.ndarray:
         """Backward of one micro-batch, recompute and send included."""
         return self.bwd + self.recompute + self.comm_b + self.send_b + self.zero_b
+
+
+def stage_split(cfg: ParallelConfig, num_layers: int) -> tuple[np.ndarray, np.ndarray]:
+    """([stages], [stages]): the layers of each virtual stage of ``cfg`` and how many of them full recompute
+    recomputes (``ParallelConfig.stage_layers`` / ``recomputed_layers``), as the cost model takes them."""
+    layers = np.array(cfg.stage_layers(num_layers), dtype=float)
+    recomputed = np.array([cfg.recomputed_layers(j, int(n)) for j, n in enumerate(layers)], dtype=float)
+    return layers, recomputed
 
 
 def crosses_node(stride, boundary, pp, gpus_per_node: int) -> np.ndarray:

@@ -16,11 +16,11 @@ import numpy as np
 
 from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
-from cost_models.memory import GiB, rank_load, rank_memory
+from cost_models.memory import GiB, rank_memory
 from cost_models.params import per_rank
 from cost_models.pipeline import replayed, simulate_steps
 from cost_models.placement import price_placed
-from cost_models.stages import LayerTerms, layer_terms, stage_costs
+from cost_models.stages import LayerTerms, layer_terms, stage_costs, stage_split
 from cost_models.tail import rank_tail
 from specs.cluster import ClusterSpec
 from specs.model import ModelSpec
@@ -83,16 +83,13 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global
     else:
         cm, comm = ComputeModel(cluster.gpu, cluster.precision), CommModel(cluster)
         c = Candidates.of(cfg)
-        layers = np.array(cfg.stage_layers(model.num_layers), dtype=float)
-        recomputed = np.array([cfg.recomputed_layers(j, int(n)) for j, n in enumerate(layers)], dtype=float)
+        layers, recomputed = stage_split(cfg, model.num_layers)
         costs = stage_costs(model, comm, state, c, terms or layer_terms(model, cm, comm, c, state), layers, recomputed,
                             cm.eb)
         sim = simulate_steps(pp, vpp, m, costs.f[0].tolist(), costs.b[0].tolist())
         ms = np.array([m])
         tail = rank_tail(model, cm, comm, state, c, costs, replayed(sim), ms, cluster.num_gpus)
-        mem = rank_memory(c, state, cluster.backend,
-                          rank_load(pp, vpp, ms, costs.params, costs.act_bytes, costs.work_bytes,
-                                    costs.largest_bucket, costs.expert_params))
+        mem = rank_memory(c, state, cluster.backend, costs.rank_load(pp, vpp, ms))
         capacity, peak_flops = [cluster.gpu.memory_GiB] * pp, cluster.peak_flops()
     step = float(tail.step_time[0])
 
