@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cost_models.comm import CommModel
-from cost_models.compute import ComputeModel
+from cost_models.compute import ArrayLike, ComputeModel
 from cost_models.moe import mlp_mix, moe_cost
 from specs.model import ModelSpec
 from specs.parallel import sp_in_effect
@@ -33,7 +33,8 @@ from specs.state import LOSS_BLOCK_V, fused_loss_rows
 SQUARED_RELU_BWD_PASSES = 10
 
 
-def loss_traffic(eb: int, whole_logits: bool, fused: bool, t, vocab_shard) -> tuple[np.ndarray, ...]:
+def loss_traffic(eb: int, whole_logits: bool, fused: bool, t: ArrayLike,
+                 vocab_shard: ArrayLike) -> tuple[np.ndarray, ...]:
     """The cross-entropy's elementwise work per logit of the vocabulary shard as each stack runs it, ``eb`` bytes per
     logit as the LM head writes them: (bytes forward, kernels forward, bytes backward, kernels backward), the
     kernels per chunk of logits for autopar's fused loss, per micro-batch otherwise (arrays over ``t``).
@@ -103,18 +104,18 @@ END_OPS = {
 CE_STAT_BYTES = 4  # fp32 per token
 
 
-def tp_message_bytes(model: ModelSpec, eb: float, mbs, cp):
+def tp_message_bytes(model: ModelSpec, eb: float, mbs: ArrayLike, cp: ArrayLike) -> np.ndarray:
     """One activation of a micro-batch on one GPU (``mbs`` x seq / ``cp`` tokens x hidden): what each
     tensor-parallel collective and each pipeline send carries."""
     return np.asarray(mbs, dtype=float) * model.seq_length / np.asarray(cp, dtype=float) * model.hidden_size * eb
 
 
-def ce_stat_bytes(model: ModelSpec, mbs, cp):
+def ce_stat_bytes(model: ModelSpec, mbs: ArrayLike, cp: ArrayLike) -> np.ndarray:
     """One fp32 value per token of a micro-batch on one GPU: what each of the cross-entropy's all-reduces carries."""
     return np.asarray(mbs, dtype=float) * model.seq_length / np.asarray(cp, dtype=float) * CE_STAT_BYTES
 
 
-def kv_bytes(model: ModelSpec, eb: float, mbs, t):
+def kv_bytes(model: ModelSpec, eb: float, mbs: ArrayLike, t: ArrayLike) -> np.ndarray:
     """K and V of the whole sequence for this rank's heads: what each context-parallel collective carries."""
     return 2 * np.asarray(mbs, dtype=float) * model.seq_length * (model.kv_width / np.asarray(t, dtype=float)) * eb
 
@@ -135,7 +136,7 @@ def _overlap(comm: np.ndarray, gemm: np.ndarray, t: np.ndarray, on: np.ndarray) 
 OVERLAP_NAMES = {"qkv": "qkv", "proj": "proj", "mlp_in": "fc1", "mlp_out": "fc2"}
 
 
-def projection_shapes(model: ModelSpec, t, ffn=None) -> dict[str, tuple]:
+def projection_shapes(model: ModelSpec, t: ArrayLike, ffn: ArrayLike | None = None) -> dict[str, tuple]:
     """(N, K) of each tensor-parallel projection's forward GEMM y[tokens, N] = x[tokens, K] W^T on one GPU at tensor
     parallel ``t`` (the weight gradient is N x K); ``ffn``: the MLP's width (default the model's; a shared expert's
     for MoE)."""
@@ -145,7 +146,8 @@ def projection_shapes(model: ModelSpec, t, ffn=None) -> dict[str, tuple]:
     return {"qkv": ((qw + 2 * kw) / t, h), "proj": (h, qw / t), "mlp_in": (gated * f / t, h), "mlp_out": (h, f / t)}
 
 
-def layer_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, sp, tp_overlap, ep=1, etp=1,
+def layer_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t: ArrayLike, cp: ArrayLike, mbs: ArrayLike,
+               sp: ArrayLike, tp_overlap: ArrayLike, ep: ArrayLike = 1, etp: ArrayLike = 1,
                pieces: Mapping[str, int] | None = None, sm_margin: Mapping[str, int] | None = None) -> LayerCost:
     """Per-layer cost for tensor parallel ``t``, context parallel ``cp``, micro-batch ``mbs``, expert parallel
     ``ep`` and ``etp`` (arrays). With tp overlap each projection's forward and input-gradient GEMM runs in tp
@@ -285,8 +287,8 @@ class EndCost:
     head_b: np.ndarray
 
 
-def end_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, sp, whole_logits: bool = False,
-             loss_fusion: bool = False) -> EndCost:
+def end_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t: ArrayLike, cp: ArrayLike, mbs: ArrayLike,
+             sp: ArrayLike, whole_logits: bool = False, loss_fusion: bool = False) -> EndCost:
     """The embedding's and the head's work per micro-batch, the loss as :func:`loss_traffic` says the stack runs it
     (``whole_logits``/``loss_fusion``: ``StateSpec.full_logits``/``loss_fusion``)."""
     t, cp, mbs = (np.asarray(x, dtype=float) for x in (t, cp, mbs))

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cost_models.arrays import by_value
+from cost_models.compute import ArrayLike
 from cost_models.moe import mlp_mix, moe_bytes
 from cost_models.params import per_rank
 from cost_models.pipeline import peak_inflight_bytes
@@ -33,7 +34,8 @@ RESERVED_GIB = {"nccl": 1.0, "gloo": 0.1}
 FRAGMENTATION = 0.05
 
 
-def layer_activation_bytes(model: ModelSpec, eb: int, t, cp, mbs, sp, recompute, ep=1, etp=1
+def layer_activation_bytes(model: ModelSpec, eb: int, t: ArrayLike, cp: ArrayLike, mbs: ArrayLike, sp: ArrayLike,
+                           recompute: ArrayLike, ep: ArrayLike = 1, etp: ArrayLike = 1
                            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per layer, per micro-batch: (bytes stored without full recompute, bytes stored with full
     recompute, bytes materialised while the layer's backward runs). ``recompute`` 1 = selective, 2 = full.
@@ -81,7 +83,8 @@ def layer_activation_bytes(model: ModelSpec, eb: int, t, cp, mbs, sp, recompute,
     return full, ckpt, work + np.where(rc == FULL, full, np.where(rc == SELECTIVE, core, 0.0))
 
 
-def end_activation_bytes(model: ModelSpec, eb: int, t, cp, mbs, sp, state: StateSpec, whole_logits: bool
+def end_activation_bytes(model: ModelSpec, eb: int, t: ArrayLike, cp: ArrayLike, mbs: ArrayLike, sp: ArrayLike,
+                         state: StateSpec, whole_logits: bool
                          ) -> tuple[np.ndarray, np.ndarray]:
     """(embedding bytes stored per in-flight micro-batch on the first stage, LM-head + loss bytes on the last stage).
 
@@ -129,7 +132,7 @@ class StateBytes:
         return self.weights + self.grads + self.optimizer
 
 
-def state_bytes(params, zero, d, state: StateSpec) -> StateBytes:
+def state_bytes(params: ArrayLike, zero: ArrayLike, d: ArrayLike, state: StateSpec) -> StateBytes:
     """Bytes of parameters, gradients and optimizer state (``state``'s precisions: specs/state.py) for ``params``
     local parameters. ZeRO-1 shards the optimizer state over the ``d`` = dp x cp ranks of the data-parallel
     group, ZeRO-2 also the gradients, ZeRO-3 also the parameters."""
@@ -155,7 +158,8 @@ def state_per_param(c: Candidates, state: StateSpec) -> tuple[np.ndarray, np.nda
     return state_bytes(1.0, c.zero, dense_d, state).total, state_bytes(1.0, c.zero, expert_d, state).total
 
 
-def zero3_gather_bytes(largest_bucket, zero, state: StateSpec, overlap=True) -> np.ndarray:
+def zero3_gather_bytes(largest_bucket: ArrayLike, zero: ArrayLike, state: StateSpec,
+                       overlap: ArrayLike = True) -> np.ndarray:
     """ZeRO-3's gathered parameters alive at once on one GPU: with ``overlap`` (dp_overlap) two of its largest
     per-layer buckets (the running one, the next one prefetched), without it one (runtime/parallel/data_parallel.py
     gathers a module's buckets when it runs and frees them after)."""
@@ -163,7 +167,7 @@ def zero3_gather_bytes(largest_bucket, zero, state: StateSpec, overlap=True) -> 
                     0.0)
 
 
-def zero_scatter_bytes(largest_bucket, zero, state: StateSpec, overlap) -> np.ndarray:
+def zero_scatter_bytes(largest_bucket: ArrayLike, zero: ArrayLike, state: StateSpec, overlap: ArrayLike) -> np.ndarray:
     """ZeRO-2/3's gradient buffer in flight: with ``overlap`` a layer's reduce-scatter (its gradients copied into one
     flat buffer of the reduce dtype) runs behind the next layer's backward, so one such buffer is alive at that
     backward's peak (runtime/parallel/data_parallel.py ``_scatter``); without it the reduce-scatter finishes

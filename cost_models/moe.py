@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cost_models.comm import CommModel
-from cost_models.compute import ComputeModel
+from cost_models.compute import ArrayLike, ComputeModel
 from specs.model import ModelSpec
 
 # The routed part's collectives per MoE layer and micro-batch, in order: (pass, op, group, what) (message sizes:
@@ -59,7 +59,8 @@ def mlp_mix(model: ModelSpec) -> tuple[float, float, int]:
     return 1.0 - phi, (phi if fs else 0.0), fs
 
 
-def routed_load(model: ModelSpec, t, cp, mbs, etp) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def routed_load(model: ModelSpec, t: ArrayLike, cp: ArrayLike, mbs: ArrayLike,
+                etp: ArrayLike) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per MoE layer and micro-batch: (T', the rank's sequence-parallel tokens; the k T' token-expert pairs it sends;
     the pairs the busiest rank computes, ``token_time_factor`` x the mean, after the etp all-gather)."""
     assert model.moe is not None
@@ -69,12 +70,13 @@ def routed_load(model: ModelSpec, t, cp, mbs, etp) -> tuple[np.ndarray, np.ndarr
     return tokens, pairs, model.moe.token_time_factor() * pairs * etp
 
 
-def a2a_bytes(model: ModelSpec, eb: float, t, cp, mbs):
+def a2a_bytes(model: ModelSpec, eb: float, t: ArrayLike, cp: ArrayLike, mbs: ArrayLike) -> np.ndarray:
     """What each all-to-all of a MoE layer carries from one rank (balanced load): its routed tokens' activations."""
     return routed_load(model, t, cp, mbs, 1)[1] * model.hidden_size * eb
 
 
-def moe_messages(model: ModelSpec, eb: float, t, cp, mbs, etp, r=1.0) -> dict[tuple[str, str], tuple[object, str]]:
+def moe_messages(model: ModelSpec, eb: float, t: ArrayLike, cp: ArrayLike, mbs: ArrayLike, etp: ArrayLike,
+                 r: ArrayLike = 1.0) -> dict[tuple[str, str], tuple[object, str]]:
     """Each of :data:`MOE_LAYER_OPS`'s messages from one rank, by (group, what): (bytes in cost_models/comm.py's
     convention, "act" for the activations' dtype or the dtype). ``r`` scales the routed tokens (1: balanced; the
     busiest rank's ``token_time_factor``); a "what" not sent (no aux loss, or whole sequences) has 0 bytes."""
@@ -91,7 +93,8 @@ def moe_messages(model: ModelSpec, eb: float, t, cp, mbs, etp, r=1.0) -> dict[tu
             ("seq", "aux"): (aux, "float32")}
 
 
-def moe_bytes(model: ModelSpec, eb: float, t, cp, mbs, ep, etp) -> tuple[np.ndarray, np.ndarray]:
+def moe_bytes(model: ModelSpec, eb: float, t: ArrayLike, cp: ArrayLike, mbs: ArrayLike, ep: ArrayLike,
+              etp: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     """One MoE layer's routed part per micro-batch on the busiest rank: (bytes kept for the backward: the router's
     fp32 probabilities and its choices, the experts' input (gathered over etp), their gate, up and SwiGLU output,
     and their output before the weighted combine; the backward's gradient buffers)."""
@@ -114,7 +117,8 @@ class MoECost:
     comm_bwd: np.ndarray
 
 
-def moe_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t, cp, mbs, ep, etp) -> MoECost:
+def moe_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t: ArrayLike, cp: ArrayLike, mbs: ArrayLike,
+             ep: ArrayLike, etp: ArrayLike) -> MoECost:
     """The routed part of a MoE layer for tensor parallel ``t`` (with SP), context parallel ``cp``, micro-batch
     ``mbs``, expert parallel ``ep`` and expert-tensor parallel ``etp`` (arrays)."""
     moe = model.moe

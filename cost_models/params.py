@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from cost_models.compute import ArrayLike
 from specs.model import ModelSpec
 from specs.parallel import sp_in_effect
 
@@ -19,7 +20,7 @@ def end_stages(nv: int) -> tuple[np.ndarray, np.ndarray]:
     return first, last
 
 
-def per_rank(x, pp: int, vpp: int) -> np.ndarray:
+def per_rank(x: ArrayLike, pp: int, vpp: int) -> np.ndarray:
     """[..., pp * vpp] per virtual stage -> [..., pp, vpp] per rank and model chunk (stage j = chunk * pp + rank)."""
     x = np.asarray(x, dtype=float)
     return x.reshape(*x.shape[:-1], vpp, pp).swapaxes(-1, -2)
@@ -48,7 +49,8 @@ def _per_layer(model: ModelSpec, layers: np.ndarray, count) -> np.ndarray:
     return (layers - moe) * count(0.0) + moe * count(1.0) if model.moe is not None else layers * count(None)
 
 
-def stage_params(model: ModelSpec, t, layers: np.ndarray, ep=1, etp=1) -> np.ndarray:
+def stage_params(model: ModelSpec, t: ArrayLike, layers: np.ndarray, ep: ArrayLike = 1,
+                 etp: ArrayLike = 1) -> np.ndarray:
     """Parameters of each virtual stage on one GPU: ``layers`` is [..., stages] layers per stage (broadcast
     against ``t``, ``ep`` and ``etp`` of shape [...]); the first stage holds the embedding, the last the head (with
     its own copy of a tied embedding when the two are on different stages)."""
@@ -60,19 +62,20 @@ def stage_params(model: ModelSpec, t, layers: np.ndarray, ep=1, etp=1) -> np.nda
     return out + first * model.embedding_params_on(t) + last * head_params(model, t, nv)
 
 
-def head_params(model: ModelSpec, t, nv: int) -> np.ndarray:
+def head_params(model: ModelSpec, t: ArrayLike, nv: int) -> np.ndarray:
     """The last of ``nv`` stages' final norm and LM head on one GPU (with its own copy of a tied embedding when
     the two are on different stages)."""
     return model.head_params_on(t, (not model.tie_embeddings) or nv > 1)
 
 
-def expert_params(model: ModelSpec, layers: np.ndarray, ep, etp) -> np.ndarray:
+def expert_params(model: ModelSpec, layers: np.ndarray, ep: ArrayLike, etp: ArrayLike) -> np.ndarray:
     """Of :func:`stage_params`, the routed experts' parameters ([..., stages]): sharded over ep x etp, their gradients
     reduced (and ZeRO-1's optimizer state sharded) over the expert-data-parallel group."""
     return _per_layer(model, layers, lambda share: model.expert_params_on(_last(ep), _last(etp), share))
 
 
-def gradient_groups(model: ModelSpec, t, sp, layers: np.ndarray, ep=1, etp=1
+def gradient_groups(model: ModelSpec, t: ArrayLike, sp: ArrayLike, layers: np.ndarray, ep: ArrayLike = 1,
+                    etp: ArrayLike = 1
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Each virtual stage's parameters by how their gradients are reduced ([..., stages] like ``layers``):
     (over data parallelism only, also summed over tensor parallelism, also summed with the other end of the
@@ -96,7 +99,7 @@ def gradient_groups(model: ModelSpec, t, sp, layers: np.ndarray, ep=1, etp=1
     return total - summed - tied, summed, tied, experts
 
 
-def zero3_regather(model: ModelSpec, t, nv: int) -> np.ndarray:
+def zero3_regather(model: ModelSpec, t: ArrayLike, nv: int) -> np.ndarray:
     """Parameters ZeRO-3 gathers once more per micro-batch: a tied embedding on a single stage is used again by
     the head, so its bucket (the embedding and the first layer) is gathered for the head's forward and kept
     to the embedding's backward (runtime/parallel/data_parallel.py)."""

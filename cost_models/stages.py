@@ -24,7 +24,7 @@ import numpy as np
 
 from cost_models.arrays import distinct
 from cost_models.comm import CommModel
-from cost_models.compute import ComputeModel
+from cost_models.compute import ArrayLike, ComputeModel
 from cost_models.layer import end_cost, layer_cost
 from cost_models.memory import (
     FULL,
@@ -105,7 +105,7 @@ def stage_split(cfg: ParallelConfig, num_layers: int) -> tuple[np.ndarray, np.nd
     return layers, recomputed
 
 
-def crosses_node(stride, boundary, pp, gpus_per_node: int) -> np.ndarray:
+def crosses_node(stride: ArrayLike, boundary: ArrayLike, pp: ArrayLike, gpus_per_node: int) -> np.ndarray:
     """Whether the send across virtual-stage boundary ``boundary`` -> ``boundary + 1`` leaves the node: pipeline
     rank r owns global ranks from r * ``stride`` on (rank order (pp, dp, cp, tp)), so the send goes from rank
     ``boundary % pp`` to rank ``(boundary + 1) % pp``."""
@@ -113,14 +113,15 @@ def crosses_node(stride, boundary, pp, gpus_per_node: int) -> np.ndarray:
     return (a * stride) // gpus_per_node != (b * stride) // gpus_per_node
 
 
-def send_time(comm: CommModel, act_bytes, t, sp, crosses) -> np.ndarray:
+def send_time(comm: CommModel, act_bytes: ArrayLike, t: ArrayLike, sp: ArrayLike, crosses: ArrayLike) -> np.ndarray:
     """One blocking stage-boundary send of a ``act_bytes`` activation: every tensor-parallel rank sends 1/t of
     it (over the NIC when it leaves the node); without SP the receivers all-gather the slices."""
     gather = np.where(np.asarray(sp) & (np.asarray(t) > 1), 0.0, comm.all_gather(act_bytes, t, 1))
     return comm.p2p(np.asarray(act_bytes) / t, crosses) + gather
 
 
-def zero_traffic(comm: CommModel, state: StateSpec, params, nb, fwd, bwd, zero, d, t, overlap, regather=0.0
+def zero_traffic(comm: CommModel, state: StateSpec, params: ArrayLike, nb: ArrayLike, fwd: ArrayLike, bwd: ArrayLike,
+                 zero: ArrayLike, d: ArrayLike, t: ArrayLike, overlap: ArrayLike, regather: ArrayLike = 0.0
                  ) -> tuple[np.ndarray, np.ndarray]:
     """Exposed (forward, backward) ZeRO-2/3 time per micro-batch of a stage holding ``params`` parameters in
     ``nb`` buckets (one per layer): ZeRO-2 reduce-scatters the gradients, ZeRO-3 also all-gathers the parameters
@@ -215,7 +216,7 @@ def _scatters(c: Candidates) -> np.ndarray:
     return _col(zero_in_effect(c.zero, c.dp * c.cp)) >= 2
 
 
-def accumulate_time(state: StateSpec, c: Candidates, lt: LayerTerms, params) -> np.ndarray:
+def accumulate_time(state: StateSpec, c: Candidates, lt: LayerTerms, params: ArrayLike) -> np.ndarray:
     """Seconds of one micro-batch's gradient accumulation over ``params`` ([N, stages]) in the runtime's own pass
     or in the GEMMs' epilogue (``StateSpec.accumulate_bytes``, at the profile's memory bandwidth: the epilogue's extra
     traffic is not hidden behind the GEMM's math); under ZeRO-2/3 the runtime packs the backward's gradients into

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cost_models.comm import CommModel
-from cost_models.compute import ComputeModel
+from cost_models.compute import ArrayLike, ComputeModel
 from cost_models.params import per_rank
 from cost_models.pipeline import Replay
 from cost_models.stages import StageCosts
@@ -51,26 +51,27 @@ class RankTail:
     step_time: np.ndarray  # [N] the slowest rank's finish, then the two above
 
 
-def owned_share(zero, d, from_stage: int):
+def owned_share(zero: ArrayLike, d: ArrayLike, from_stage: int) -> np.ndarray:
     """How many ranks share a gradient slice a rank reduces: ``d`` from ZeRO stage ``from_stage`` on (over d > 1
     ranks), else 1 (the whole of it)."""
     return np.where((np.asarray(zero) >= from_stage) & (np.asarray(d) > 1), d, 1)
 
 
-def tied_grad_bytes(model: ModelSpec, state: StateSpec, t, zero, d):
+def tied_grad_bytes(model: ModelSpec, state: StateSpec, t: ArrayLike, zero: ArrayLike, d: ArrayLike) -> np.ndarray:
     """Bytes of a split tied embedding's gradient a rank sums with the other end of the pipeline: its vocab
     shard (ZeRO-2/3: the slice it owns)."""
     vocab_shard = np.ceil(model.vocab_size / np.asarray(t, dtype=float)) * model.hidden_size
     return vocab_shard * state.grad_reduce_bytes / owned_share(zero, d, 2)
 
 
-def tp_sum_buckets(buckets, summed, zero, state: StateSpec) -> np.ndarray:
+def tp_sum_buckets(buckets: ArrayLike, summed: ArrayLike, zero: ArrayLike, state: StateSpec) -> np.ndarray:
     """The all-reduces of :func:`tp_sum` per stage: one per bucket (ZeRO-2/3's per-layer buckets all hold
     some), else the summed parameters in buckets of their own."""
     return np.where(np.asarray(zero) >= 2, buckets, np.ceil(np.asarray(summed) / state.bucket_params))
 
 
-def step_reductions(tp, pp, zero, gpus: int, experts: bool = False) -> list[tuple[np.ndarray, np.ndarray, int]]:
+def step_reductions(tp: ArrayLike, pp: ArrayLike, zero: ArrayLike, gpus: int,
+                    experts: bool = False) -> list[tuple[np.ndarray, np.ndarray, int]]:
     """The step's small fp32 all-reduces as (group, ranks, bytes): the gradient norm's sum of squares (over one
     replica's tp x pp ranks; over every rank when ZeRO shards the gradients or a MoE model's ``experts`` are split
     over ranks of other replicas), the loss, and the peak memory (allocated and reserved)."""
@@ -91,7 +92,7 @@ def tp_sum(comm: CommModel, state: StateSpec, costs: StageCosts, pp: int, vpp: i
     return np.where(summed > 0, time, 0.0).sum(axis=2)
 
 
-def expert_buckets(experts, state: StateSpec) -> np.ndarray:
+def expert_buckets(experts: ArrayLike, state: StateSpec) -> np.ndarray:
     """Of a chunk's ZeRO-0/1 gradient buckets, the routed experts' (a reduce group of their own; 0 without)."""
     return np.ceil(np.asarray(experts, dtype=float) / state.bucket_params)
 
