@@ -1,21 +1,20 @@
 """The communication ledger of a step: every collective and send this rank issues, by (op, group, dtype).
 
-Off by default: :func:`recording` wraps torch.distributed's collective and send functions for the duration of a
-``with`` block (the runtime calls them through the ``dist`` module, so every call site is seen: tensor, sequence and
-context parallelism, the pipeline, data parallelism and ZeRO, the optimizer's norm, the step's metrics). Each call is
-booked, once it has returned, under its op (``all_reduce``, ``all_gather``, ``reduce_scatter``, ``all_to_all``,
-``send``, ``broadcast``), the plan group it runs on (named from :class:`~runtime.parallel.mesh.ParallelGroups`), its
-dtype, with the bytes as the cost model counts them (cost_models/comm.py: all-gather output, reduce-scatter input,
-all-reduce buffer, bytes sent; an all-to-all's input). Receives mirror sends and are not booked; calls on one-rank
-groups move nothing and are not booked either. ``cost_models.ledger.priced_ledger`` is what the cost model priced for
-the same plan.
+Off by default: :func:`recording` hears torch.distributed's calls for the duration of a ``with`` block, as an
+observer of :class:`~runtime.comm_hooks.CommHooks` (which wraps them and names their process groups, so every call
+site is seen: tensor, sequence and context parallelism, the pipeline, data parallelism and ZeRO, the optimizer's norm,
+the step's metrics). Each call is booked, once it has returned, under its op (``all_reduce``, ``all_gather``,
+``reduce_scatter``, ``all_to_all``, ``send``, ``broadcast``), the plan group it runs on (named from
+:class:`~runtime.parallel.mesh.ParallelGroups`; ``other`` for a group the plan does not name), its dtype, with the
+bytes as the cost model counts them (cost_models/comm.py: all-gather output, reduce-scatter input, all-reduce buffer,
+bytes sent; an all-to-all's input). Receives mirror sends and are not booked; calls on one-rank groups move nothing
+and are not booked either. ``cost_models.ledger.priced_ledger`` is what the cost model priced for the same plan.
 """
 
 from __future__ import annotations
 
-import inspect
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from runtime.comm_hooks import CommCall, CommHooks, group_name
 from runtime.parallel.mappings import ALL_GATHER_SINGLE, REDUCE_SCATTER_SINGLE
 from runtime.parallel.mesh import ParallelGroups
 
@@ -47,59 +47,65 @@ def _bytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+def _whole(t: torch.Tensor) -> tuple[torch.Tensor, int]:
+    return t, _bytes(t)
+
+
+def _arg(args: Mapping[str, Any], *names: str) -> Any:
+    """The first of ``names`` (one parameter's names across torch releases) among the bound ``args``."""
+    for n in names:
+        if n in args:
+            return args[n]
+    raise KeyError(f"none of {names} among the call's arguments {list(args)}")
+
+
+# torch's call -> (the ledger's op, its bound arguments -> the tensor booked (its dtype) and the bytes the cost
+# model counts); batch_isend_irecv is booked op by op (_Booker.returned)
+_BOOKED: dict[str, tuple[str, Callable[[Mapping[str, Any]], tuple[torch.Tensor, int]]]] = {
+    "all_reduce": ("all_reduce", lambda a: _whole(a["tensor"])),
+    "all_gather": ("all_gather", lambda a: (a["tensor"], _bytes(a["tensor"]) * len(a["tensor_list"]))),
+    ALL_GATHER_SINGLE: ("all_gather", lambda a: _whole(_arg(a, "output_tensor", "output"))),
+    REDUCE_SCATTER_SINGLE: ("reduce_scatter", lambda a: _whole(_arg(a, "input_tensor", "input"))),
+    "all_to_all_single": ("all_to_all", lambda a: _whole(a["input"])),
+    "isend": ("send", lambda a: _whole(a["tensor"])),
+    "send": ("send", lambda a: _whole(a["tensor"])),
+    "broadcast": ("broadcast", lambda a: _whole(a["tensor"])),
+}
+
+
+class _Booker:
+    """A :class:`~runtime.comm_hooks.CommHooks` observer booking each call that returned into ``ledger``."""
+
+    def __init__(self, ledger: Ledger, names: dict[int, str]) -> None:
+        self.ledger, self.names = ledger, names
+
+    def entered(self, op: str, group: str) -> None:
+        pass
+
+    def left(self, op: str, group: str) -> None:
+        pass
+
+    def returned(self, call: CommCall) -> None:
+        if call.op == "batch_isend_irecv":  # each op on its own group; receives mirror sends
+            for p in call.args["p2p_op_list"]:
+                if p.op is dist.distributed_c10d.isend:
+                    self._book("send", p.group, *_whole(p.tensor))
+        elif call.op in _BOOKED:
+            op, what = _BOOKED[call.op]
+            self._book(op, call.args.get("group"), *what(call.args))
+
+    def _book(self, op: str, group: dist.ProcessGroup | None, t: torch.Tensor, nbytes: int) -> None:
+        if dist.get_world_size(group) > 1:  # a one-rank group moves nothing
+            self.ledger.book(op, group_name(self.names, group), t, nbytes)
+
+
 @contextmanager
 def recording(groups: ParallelGroups) -> Iterator[Ledger]:
     """Book every collective and send issued inside the block (this process only)."""
-    names = groups.group_names()
     ledger = Ledger()
-
-    def group_of(g: Any) -> tuple[str, int]:
-        g = groups.world if g is None else g
-        return names.get(id(g), "other"), dist.get_world_size(g)
-
-    def booked(fn: Any, op: str, tensor: str, nbytes: Any = None) -> Any:
-        """``fn`` booking ``op`` on its group after it returns: the argument named ``tensor`` (bytes: ``nbytes``
-        of the bound arguments, default that tensor's)."""
-        sig = inspect.signature(fn)
-
-        def call(*a: Any, **kw: Any) -> Any:
-            args = sig.bind(*a, **kw).arguments
-            out = fn(*a, **kw)
-            name, size = group_of(args.get("group"))
-            if size > 1:
-                t = args[tensor]
-                ledger.book(op, name, t, nbytes(args) if nbytes else _bytes(t))
-            return out
-        return call
-
-    def batch(ops: list[Any]) -> Any:
-        out = real["batch_isend_irecv"](ops)
-        for p in ops:
-            name, size = group_of(p.group)
-            if size > 1 and p.op in (dist.isend, real["isend"], dist.send, real["send"]):
-                ledger.book("send", name, p.tensor, _bytes(p.tensor))
-        return out
-
-    real = {n: getattr(dist, n) for n in ("all_reduce", "all_gather", ALL_GATHER_SINGLE, REDUCE_SCATTER_SINGLE,
-                                          "all_to_all_single", "isend", "send", "broadcast", "batch_isend_irecv")}
-    in_name = "input_tensor" if "input_tensor" in inspect.signature(real[REDUCE_SCATTER_SINGLE]).parameters else "input"
-    out_name = "output_tensor" if "output_tensor" in inspect.signature(real[ALL_GATHER_SINGLE]).parameters else "output"
-    wrapped = {
-        "all_reduce": booked(real["all_reduce"], "all_reduce", "tensor"),
-        "all_gather": booked(real["all_gather"], "all_gather", "tensor",
-                             lambda a: _bytes(a["tensor"]) * len(a["tensor_list"])),
-        ALL_GATHER_SINGLE: booked(real[ALL_GATHER_SINGLE], "all_gather", out_name),
-        REDUCE_SCATTER_SINGLE: booked(real[REDUCE_SCATTER_SINGLE], "reduce_scatter", in_name),
-        "all_to_all_single": booked(real["all_to_all_single"], "all_to_all", "input"),
-        "isend": booked(real["isend"], "send", "tensor"),
-        "send": booked(real["send"], "send", "tensor"),
-        "broadcast": booked(real["broadcast"], "broadcast", "tensor"),
-        "batch_isend_irecv": batch,
-    }
-    for n, fn in wrapped.items():
-        setattr(dist, n, fn)
+    names = groups.group_names()
+    hooks = CommHooks(names, [_Booker(ledger, names)]).start()
     try:
         yield ledger
     finally:
-        for n, fn in real.items():
-            setattr(dist, n, fn)
+        hooks.stop()
