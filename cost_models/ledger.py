@@ -37,7 +37,7 @@ from cost_models.stages import layer_terms, stage_state
 from cost_models.tail import expert_buckets, owned_share, step_reductions, tied_grad_bytes, tp_sum_buckets
 from specs.cluster import ClusterSpec
 from specs.model import ModelSpec
-from specs.parallel import Candidates, ParallelConfig, seq_group_name
+from specs.parallel import Candidates, ParallelConfig, seq_group_name, zero_in_effect
 from specs.state import DTYPE_BYTES, StateSpec
 
 Key = tuple[str, str, str]  # (op, group, dtype)
@@ -69,7 +69,8 @@ def priced_ledger(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, g
     eb = DTYPE_BYTES[cluster.precision]
     t, cp, pp = cfg.tp, cfg.cp, cfg.pp
     d, nv, m = cfg.dp * cfg.cp, cfg.num_chunks, cfg.microbatches(global_batch)
-    sp, full = cfg.sp and t > 1, cfg.recompute == "full"
+    sp, full = cfg.sequence_parallel, cfg.recompute == "full"
+    zero = int(zero_in_effect(cfg.zero, d, cfg.edp if model.moe else 1))  # what the runtime runs
     msg = float(tp_message_bytes(model, eb, cfg.mbs, cp))
     kv = float(kv_bytes(model, eb, cfg.mbs, t))
     ce = float(ce_stat_bytes(model, cfg.mbs, cp))
@@ -78,8 +79,8 @@ def priced_ledger(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, g
     c = Candidates.of(replace(cfg, layers=None, recompute_layers=None))  # the split is given below
     lt = layer_terms(model, ComputeModel(cluster.gpu, cluster.precision), CommModel(cluster), c, state)
     held = stage_state(model, state, c, lt, np.array(layers, dtype=float), np.array(redone, dtype=float)).take(0)
-    owned = float(owned_share(cfg.zero, d, 1))  # ZeRO: the slice of the gradients a rank reduces and updates
-    summed_nb = tp_sum_buckets(held.buckets, held.tp_summed, cfg.zero, state)
+    owned = float(owned_share(zero, d, 1))  # ZeRO: the slice of the gradients a rank reduces and updates
+    summed_nb = tp_sum_buckets(held.buckets, held.tp_summed, zero, state)
     grads, params = DTYPE_NAMES[state.grad_reduce], DTYPE_NAMES[state.params]
     out = []
     for r in range(pp):
@@ -123,23 +124,23 @@ def priced_ledger(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, g
                 nbe = float(expert_buckets(pe, state))
                 nb, p = nb - nbe, p - pe
                 if cfg.edp > 1:
-                    _dp_ops(book, "edp", cfg.zero, grads, params, nbe, pe, state)
+                    _dp_ops(book, "edp", zero, grads, params, nbe, pe, state)
             if d > 1:
-                if cfg.zero <= 1:
-                    _dp_ops(book, "dp", cfg.zero, grads, params, nb, p, state)
+                if zero <= 1:
+                    _dp_ops(book, "dp", zero, grads, params, nb, p, state)
                 else:
                     book.add("reduce_scatter", "dp", grads, nb * m, p * state.grad_reduce_bytes / nb)
-                if cfg.zero == 2:
+                if zero == 2:
                     book.add("all_gather", "dp", params, nb, p * state.param_bytes / nb)
-                if cfg.zero == 3:
+                if zero == 3:
                     book.add("all_gather", "dp", params, 2 * nb * m, p * state.param_bytes / nb)
                     book.add("all_gather", "dp", params, m, float(zero3_regather(model, t, nv)) * state.param_bytes)
             if sp and held.tp_summed[j] > 0:
                 snb = float(summed_nb[j])
                 book.add("all_reduce", "tp", grads, snb, held.tp_summed[j] * state.grad_reduce_bytes / owned / snb)
         if model.tie_embeddings and nv > 1 and r in (0, pp - 1):
-            book.add("all_reduce", "embed", grads, 1, float(tied_grad_bytes(model, state, t, cfg.zero, d)))
-        for group, size, nbytes in step_reductions(t, pp, cfg.zero, cfg.world, model.moe is not None):
+            book.add("all_reduce", "embed", grads, 1, float(tied_grad_bytes(model, state, t, zero, d)))
+        for group, size, nbytes in step_reductions(t, pp, zero, cfg.world, model.moe is not None):
             if int(size) > 1:
                 book.add("all_reduce", str(group), "float32", 1, nbytes)
         out.append(book.as_dict())

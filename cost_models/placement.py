@@ -30,7 +30,7 @@ from cost_models.stages import LayerTerms, StageCosts, layer_terms, stage_costs,
 from cost_models.tail import RankTail, rank_tail
 from specs.cluster import ClusterSpec
 from specs.model import ModelSpec
-from specs.parallel import Candidates, ParallelConfig, entry_groups, replica_group
+from specs.parallel import Candidates, ParallelConfig, entry_groups, replica_group, sp_in_effect
 from specs.state import StateSpec
 
 
@@ -65,7 +65,7 @@ def cross_send(cluster: ClusterSpec, a: str, b: str, act_bytes: float, t: int, s
     tensor-parallel rank sends 1/t of it over the link between the groups (without SP the receivers then
     all-gather the slices, inside their node)."""
     per_gpu, latency = link(cluster, (a, b))
-    gather = 0.0 if sp and t > 1 else float(comm_b.all_gather(act_bytes, t, 1))
+    gather = 0.0 if sp_in_effect(sp, t) else float(comm_b.all_gather(act_bytes, t, 1))
     return latency + act_bytes / t / per_gpu + gather
 
 
@@ -152,6 +152,6 @@ def price_placed(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, gl
     load = stitched.rank_load(pp, vpp, ms)
     mem = _stitch({e: rank_memory(c, state, cluster.backend, load) for e in models}, ranks, RankMemory)
     assert isinstance(mem, RankMemory)
-    peak = cluster.peak_flops(cfg.placement, cfg.tp * cfg.dp * cfg.cp)
+    peak = cluster.peak_flops(cfg.pp, cfg.tp * cfg.dp * cfg.cp, cfg.placement)
     return Placed(costs=stitched, sim=sim, tail=tail, mem=mem,
                   capacity_GiB=[min(views[g].gpu.memory_GiB for g in entry_groups(e)) for e in ranks], peak_flops=peak)

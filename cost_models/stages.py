@@ -116,7 +116,7 @@ def crosses_node(stride: ArrayLike, boundary: ArrayLike, pp: ArrayLike, gpus_per
 def send_time(comm: CommModel, act_bytes: ArrayLike, t: ArrayLike, sp: ArrayLike, crosses: ArrayLike) -> np.ndarray:
     """One blocking stage-boundary send of a ``act_bytes`` activation: every tensor-parallel rank sends 1/t of
     it (over the NIC when it leaves the node); without SP the receivers all-gather the slices."""
-    gather = np.where(np.asarray(sp) & (np.asarray(t) > 1), 0.0, comm.all_gather(act_bytes, t, 1))
+    gather = np.where(sp_in_effect(sp, t), 0.0, comm.all_gather(act_bytes, t, 1))
     return comm.p2p(np.asarray(act_bytes) / t, crosses) + gather
 
 

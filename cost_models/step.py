@@ -90,7 +90,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global
         ms = np.array([m])
         tail = rank_tail(model, cm, comm, state, c, costs, replayed(sim), ms, cluster.num_gpus)
         mem = rank_memory(c, state, cluster.backend, costs.rank_load(pp, vpp, ms))
-        capacity, peak_flops = [cluster.gpu.memory_GiB] * pp, cluster.peak_flops()
+        capacity, peak_flops = [cluster.gpu.memory_GiB] * pp, cluster.peak_flops(pp, cfg.tp * cfg.dp * cfg.cp)
     step = float(tail.step_time[0])
 
     crit = int(np.argmax(tail.finish[0]))  # the breakdown follows the rank that finishes last

@@ -351,8 +351,8 @@ def _replan(args: argparse.Namespace) -> str:
                      headroom_GiB=headroom_for(None, cluster.gpu.memory_GiB), state=old.state)
     except NoPlan as err:  # its advice may be to change what a resumed run keeps (the global batch)
         raise AutoparError(f"no plan of {old.model.name} with the checkpoint's global batch {old.global_batch} (a "
-                           f"resumed run keeps it) runs on {args.gpus} GPUs ({err.problem}); re-plan for another "
-                           "number of GPUs") from None
+                           f"resumed run keeps it) runs on {args.gpus} GPUs ({err.problem or err}); re-plan for "
+                           "another number of GPUs") from None
     if not res.plans:
         raise AutoparError(f"no plan of {old.model.name} with global batch {old.global_batch} fits on {args.gpus} "
                            f"GPUs of {cluster.name}; re-plan for more GPUs")

@@ -118,14 +118,18 @@ def written_files(out_dir: Path, trials: int) -> dict[str, Path]:
     """What tune may write into ``out_dir`` for up to ``trials`` trials: each trial's plan and metrics file, and the
     calibrated profile (what each is -> its path)."""
     out = {f"trial {i}'s plan file": trial_plan_path(out_dir, i) for i in range(1, trials + 1)}
-    out.update({f"trial {i}'s metrics file": trial_plan_path(out_dir, i).with_suffix(".jsonl")
-                for i in range(1, trials + 1)})
+    out.update({f"trial {i}'s metrics file": metrics_beside(trial_plan_path(out_dir, i)) for i in range(1, trials + 1)})
     return {**out, "calibrated profile": out_dir / PROFILE}
 
 
+def metrics_beside(plan_path: Path) -> Path:
+    """Where the metrics of a trial with plan file ``plan_path`` go: beside it."""
+    return plan_path.with_suffix(".jsonl")
+
+
 def metrics_path(t: Trial) -> Path:
-    """Where a trial's metrics go: beside its plan file."""
-    return Path(t.plan_path).with_suffix(".jsonl")
+    """Where a trial's metrics go (:func:`metrics_beside`)."""
+    return metrics_beside(Path(t.plan_path))
 
 
 def tune(model: ModelSpec, cluster: ClusterSpec, global_batch: int, out_dir: Path, fixed: dict[str, Any] | None = None,

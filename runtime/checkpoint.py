@@ -87,20 +87,31 @@ def _crc32(path: Path) -> str:
     return f"{crc:08x}"
 
 
-def checksums(folder: Path, share: int = 0, shares: int = 1) -> dict[str, str]:
-    """CRC-32 of share ``share`` of ``shares`` of the files of a checkpoint folder (all but its meta.json), by name."""
-    files = sorted(p.name for p in folder.iterdir() if p.is_file() and p.name != META)
-    return {name: _crc32(folder / name) for i, name in enumerate(files) if i % shares == share}
+def checkpoint_files(folder: Path) -> list[str]:
+    """The files of a checkpoint folder a checksum covers: all but its meta.json, by name."""
+    return sorted(p.name for p in folder.iterdir() if p.is_file() and p.name != META)
+
+
+def checksums(folder: Path, files: list[str], share: int = 0, shares: int = 1) -> dict[str, str] | str:
+    """CRC-32 of share ``share`` of ``shares`` of ``files`` in ``folder``, by name; or why one could not be read (an
+    error every rank raises after the gather, so none is left waiting)."""
+    try:
+        return {name: _crc32(folder / name) for i, name in enumerate(files) if i % shares == share}
+    except OSError as err:
+        return f"cannot read {err.filename}: {err.strerror or err}"
 
 
 def corrupt_files(ck: Path, meta: dict[str, Any], share: int = 0, shares: int = 1) -> list[str]:
-    """Of share ``share`` of the files ``meta`` has checksums of, those missing or changed (none to check in a
-    checkpoint written without them)."""
-    saved = meta.get("checksums") or {}
+    """Of share ``share`` of the files ``meta`` has checksums of, those missing, unreadable or changed (none to check
+    in a checkpoint written without them)."""
     bad = []
-    for i, (name, crc) in enumerate(sorted(saved.items())):
-        if i % shares == share and (not (ck / name).is_file() or _crc32(ck / name) != crc):
-            bad.append(name)
+    for i, (name, crc) in enumerate(sorted((meta.get("checksums") or {}).items())):
+        if i % shares == share:
+            try:
+                if _crc32(ck / name) != crc:
+                    bad.append(name)
+            except OSError:
+                bad.append(name)
     return bad
 
 
@@ -123,11 +134,16 @@ def save_checkpoint(tr: Trainer, root: Path, keep: int = KEEP_CHECKPOINTS) -> Pa
     dcp.save(state_dict(tr), checkpoint_id=str(tmp), process_group=tr.g.world, planner=SavePlanner())
     dist.barrier(group=tr.g.world)
     n = dist.get_world_size(tr.g.world)
-    mine = checksums(tmp, dist.get_rank(tr.g.world), n)
-    every: list[dict[str, str] | None] = [None] * n
-    dist.all_gather_object(every, mine, group=tr.g.world)
+    names: list[list[str] | None] = [checkpoint_files(tmp) if rank0 else None]  # one listing for all ranks
+    dist.broadcast_object_list(names, src=tr.g.ranks[0], group=tr.g.world)
+    every: list[dict[str, str] | str | None] = [None] * n
+    dist.all_gather_object(every, checksums(tmp, names[0] or [], dist.get_rank(tr.g.world), n), group=tr.g.world)
+    failed = next((part for part in every if isinstance(part, str)), None)
+    if failed:
+        raise AutoparError(f"checkpoint {tmp} could not be read back after saving ({failed}); the previous "
+                           "checkpoint is kept: check the file system")
     if rank0:
-        sums = {k: v for part in every for k, v in (part or {}).items()}
+        sums = {k: v for part in every if isinstance(part, dict) for k, v in part.items()}
         publish(root, tmp, {"step": tr.step, "samples": tr.step * tr.plan.global_batch, "data": str(tr.data.path),
                             "total_steps": tr.steps, "plan": fingerprint(tr.plan, tr.state),
                             "plan_file": tr.plan.model_dump(mode="json", by_alias=True)}, keep, sums)
@@ -141,7 +157,10 @@ def publish(root: Path, tmp: Path, meta: dict[str, Any], keep: int = KEEP_CHECKP
     (``sums``, or worked out here), the rename to ``step_N``, ``latest`` replaced atomically, all but the newest
     ``keep`` older ones removed."""
     final = tmp.with_name(tmp.name.removesuffix(".partial"))
-    sums = checksums(tmp) if sums is None else sums
+    if sums is None:
+        sums = checksums(tmp, checkpoint_files(tmp))
+        if isinstance(sums, str):
+            raise AutoparError(f"checkpoint {tmp} could not be read back after saving ({sums})")
     (tmp / META).write_text(json.dumps({"format": FORMAT, **meta, "checksums": sums}, indent=1) + "\n")
     if final.exists():
         shutil.rmtree(final)
@@ -168,19 +187,27 @@ def saved_plan(root: Path) -> PlanFile:
     return plan_from_data(data, str(ck / META))
 
 
+# What a resumed run takes from its plan whatever its checkpoint's run had: how often it saves, and the seed (a
+# different seed is another run, refused by load_checkpoint)
+OWN_TRAIN = ("checkpoint_every", "seed")
+
+
 def resumed_train(plan: PlanFile, root: Path) -> tuple[PlanFile, str | None]:
     """The plan a run resumes under: ``plan`` with the training settings (learning-rate schedule, AdamW, clipping)
-    of the run whose newest checkpoint is under ``root`` (its own ``checkpoint_every`` stays), so a run resumed
-    under another plan continues its schedule; and a note saying what differed (None when nothing did)."""
+    of the run whose newest checkpoint is under ``root`` (but :data:`OWN_TRAIN`), so a run resumed under another plan
+    continues its schedule; and a note saying what differed (None when nothing did). A step-0 checkpoint (written by
+    ``import-hf``) has run no schedule: the plan's is kept. ``autopar run --train-from-plan`` keeps the plan's in all
+    cases (a lower learning rate after a divergence)."""
     ck = latest_checkpoint(root)
     try:
-        saved = (read_meta(ck).get("plan_file") or {}).get("train") if ck is not None else None
+        meta = read_meta(ck) if ck is not None else {}
     except AutoparError:  # an unreadable checkpoint: the load says so, with the rest of what it checks
         return plan, None
-    if not isinstance(saved, dict):
+    saved = (meta.get("plan_file") or {}).get("train")
+    if not isinstance(saved, dict) or meta.get("step") == 0:
         return plan, None
     try:
-        theirs = TrainConfig.model_validate({**saved, "checkpoint_every": plan.train.checkpoint_every})
+        theirs = TrainConfig.model_validate({**saved, **{k: getattr(plan.train, k) for k in OWN_TRAIN}})
     except ValueError:
         raise AutoparError(f"checkpoint {ck} is corrupt (its {META} holds an invalid train section); delete it to "
                            "use an earlier one") from None
@@ -189,7 +216,8 @@ def resumed_train(plan: PlanFile, root: Path) -> tuple[PlanFile, str | None]:
     if not changed:
         return plan, None
     return plan.model_copy(update={"train": theirs}), ("resuming with the checkpoint's training settings, as its run "
-                                                        "had them: " + ", ".join(changed))
+                                                        "had them: " + ", ".join(changed) + " (--train-from-plan "
+                                                        "takes the plan's)")
 
 
 def young_daly_interval_s(save_s: float, mtbf_s: float) -> float:
@@ -250,9 +278,11 @@ def read_meta(ck: Path) -> dict[str, Any]:
     """Checkpoint ``ck``'s meta.json, checked: a step count, the plan fingerprint, this autopar's format."""
     try:
         meta = json.loads((ck / META).read_text())
-        step, saved = meta["step"], meta["plan"]
+        step, saved, sums = meta["step"], meta["plan"], meta.get("checksums", {})
         if not isinstance(step, int) or isinstance(step, bool) or step < 0 or not isinstance(saved, dict):
             raise ValueError("bad step or plan")
+        if not isinstance(sums, dict) or not all(isinstance(v, str) for v in sums.values()):
+            raise ValueError("bad checksums")
     except (OSError, ValueError, KeyError, TypeError):
         raise AutoparError(f"checkpoint {ck} is corrupt (unreadable {META}); delete it to use an "
                            "earlier one") from None

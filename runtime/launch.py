@@ -41,7 +41,7 @@ def _worker_args(plan_path: str, steps: int | None, data: str | None, metrics_ou
                  checkpoint_dir: str | None, resume: bool, checkpoint_every: int | None, quiet: bool,
                  predicted_step_s: float | None = None, predicted_memory_GiB: float | None = None,
                  mtbf_hours: float | None = None, collective_timeout: float = COLLECTIVE_TIMEOUT_S,
-                 keep_checkpoints: int | None = None) -> list[str]:
+                 keep_checkpoints: int | None = None, train_from_plan: bool = False) -> list[str]:
     args = ["-m", "runtime.train", plan_path]
     for flag, value in (("--steps", steps), ("--data", data), ("--metrics-out", metrics_out),
                         ("--checkpoint-dir", checkpoint_dir), ("--checkpoint-every", checkpoint_every),
@@ -50,7 +50,8 @@ def _worker_args(plan_path: str, steps: int | None, data: str | None, metrics_ou
                         ("--keep-checkpoints", keep_checkpoints)):
         if value is not None:
             args += [flag, str(value)]
-    return args + (["--resume"] if resume else []) + (["--quiet"] if quiet else [])
+    return (args + (["--resume"] if resume else []) + (["--quiet"] if quiet else [])
+            + (["--train-from-plan"] if train_from_plan else []))
 
 
 def multi_node_commands(plan: PlanFile, worker: list[str], max_restarts: int = 0) -> list[str]:
@@ -119,7 +120,8 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
            quiet: bool = False, env: dict[str, str] | None = None, timeout_s: float | None = None,
            predicted_step_s: float | None = None, predicted_memory_GiB: float | None = None,
            max_restarts: int = 0, mtbf_hours: float | None = None,
-           collective_timeout: float = COLLECTIVE_TIMEOUT_S, keep_checkpoints: int | None = None) -> int:
+           collective_timeout: float = COLLECTIVE_TIMEOUT_S, keep_checkpoints: int | None = None,
+           train_from_plan: bool = False) -> int:
     """Validate everything cheap to validate, then run the plan under torchrun; returns 0 on success.
     ``max_restarts``: torchrun restarts every worker up to that many times after one dies; they resume from the
     latest checkpoint (``runtime.train`` reads torchrun's restart count).
@@ -136,7 +138,7 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
     from runtime.trainer import check_supported
 
     check_supported(plan)
-    if resume and checkpoint_dir:  # the steps the workers run: the checkpoint's schedule, as they take it
+    if resume and checkpoint_dir and not train_from_plan:  # the steps the workers run: the schedule they take
         from runtime.checkpoint import resumed_train
 
         plan, _ = resumed_train(plan, Path(checkpoint_dir))
@@ -147,7 +149,8 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
     if checkpoint_dir:
         check_checkpoints(Path(checkpoint_dir), resume, total)
     worker = _worker_args(plan_path, steps, data, metrics_out, checkpoint_dir, resume, checkpoint_every, quiet,
-                          predicted_step_s, predicted_memory_GiB, mtbf_hours, collective_timeout, keep_checkpoints)
+                          predicted_step_s, predicted_memory_GiB, mtbf_hours, collective_timeout, keep_checkpoints,
+                          train_from_plan)
     gpus = _local_devices()
     if plan.cluster.num_nodes > 1 and world > plan.cluster.gpus_per_node:
         print("autopar: this plan spans several nodes; run on every node:\n  " +

@@ -44,7 +44,7 @@ class MetricsLog:
         self.tokens = plan.global_batch * plan.seq
         self.flops = plan.model.model_flops_per_token(plan.seq) * self.tokens
         cfg = plan.config
-        self.peak = plan.cluster.peak_flops(cfg.placement, cfg.tp * cfg.dp * cfg.cp)
+        self.peak = plan.cluster.peak_flops(cfg.pp, cfg.tp * cfg.dp * cfg.cp, cfg.placement)
         self.predicted = predicted_step_s or plan.prediction.get("step_time_s")  # a fresh estimate, when given
         self.predicted_memory = predicted_memory_GiB or plan.prediction.get("memory_GiB")
         self.gpu = gpu  # the progress line shows the predicted memory beside the measured one only on GPUs (a CPU

@@ -31,8 +31,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
 def add_worker_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments `autopar run` passes on to each training worker (``python -m runtime.train``)."""
     p.add_argument("--steps", type=integer,
-                   help="stop after this many steps in all (default: the plan's train.steps); the learning-rate "
-                        "schedule stays the plan's")
+                   help="stop after this many steps in all (default: the run's train.steps); the learning-rate "
+                        "schedule stays the run's (the plan's; on --resume the checkpoint's, see --train-from-plan)")
     p.add_argument("--data", type=path_argument,
                    help="token file (.npy, .bin/.u16, .u32) or .txt; default: a bundled text sample")
     p.add_argument("--metrics-out", type=path_argument, help="write JSON lines of per-step metrics here")
@@ -42,6 +42,9 @@ def add_worker_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"keep the newest N checkpoints, removing older ones as new ones complete (default "
                         f"{KEEP_CHECKPOINTS})")
     p.add_argument("--resume", action="store_true", help="resume from the latest checkpoint in --checkpoint-dir")
+    p.add_argument("--train-from-plan", action="store_true",
+                   help="with --resume: train with the plan's train section (learning rate, its schedule, AdamW) "
+                        "instead of the one the checkpoint's run had (e.g. a lower train.lr after a divergence)")
     p.add_argument("--mtbf-hours", type=float, metavar="H",
                    help="the job's mean time between failures: after the first checkpoint, print the interval "
                         "Young-Daly's rule gives from its measured save time (sqrt(2 x save time x MTBF))")
@@ -56,7 +59,7 @@ def launch_options(a: argparse.Namespace) -> dict[str, object]:
     return dict(steps=a.steps, data=a.data, metrics_out=a.metrics_out, checkpoint_dir=a.checkpoint_dir,
                 resume=a.resume, dry_run=a.dry_run, checkpoint_every=a.checkpoint_every, quiet=a.quiet,
                 max_restarts=a.max_restarts, mtbf_hours=a.mtbf_hours, collective_timeout=a.collective_timeout,
-                keep_checkpoints=a.keep_checkpoints)
+                keep_checkpoints=a.keep_checkpoints, train_from_plan=a.train_from_plan)
 
 def check_run_options(plan: PlanFile, steps: int | None, checkpoint_dir: str | None, checkpoint_every: int | None,
                       metrics_out: str | None, resume: bool, max_restarts: int = 0,

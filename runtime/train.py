@@ -141,10 +141,10 @@ def diverged(step: int, loss: float, grad_norm: float, ckdir: Path | None) -> Au
     from runtime.checkpoint import latest_checkpoint
 
     ck = latest_checkpoint(ckdir) if ckdir is not None else None
-    kept = f"; the checkpoints before it are kept (newest: {ck})" if ck is not None else ""
+    kept = (f"; the checkpoints before it are kept (the newest, {ck}, holds the weights this step started from: if "
+            "they are already bad, delete it to resume from an earlier one)") if ck is not None else ""
     return AutoparError(f"step {step}: the loss is {loss:g} and the gradient norm {grad_norm:g}, so training stopped "
-                        f"without saving it{kept}; lower the learning rate (train.lr in the plan), or resume from an "
-                        "earlier checkpoint if it started right after a resume")
+                        f"without saving it{kept}; lower train.lr in the plan (and resume with --train-from-plan)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -157,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
     ckdir = Path(args.checkpoint_dir) if args.checkpoint_dir else None
     attempt = _attempt()
     carried = None
-    if ckdir is not None and (args.resume or attempt > 0):  # the run's schedule carries over to another plan
+    if ckdir is not None and (args.resume or attempt > 0) and not args.train_from_plan:  # the run's schedule goes on
         from runtime.checkpoint import resumed_train
 
         plan, carried = resumed_train(plan, ckdir)
@@ -216,9 +216,11 @@ def run(args: argparse.Namespace) -> int:
         if carried and resume:
             print(f"autopar: note: {carried}", flush=True)
         if steps > plan.train.steps:
-            print(f"autopar: note: the learning-rate schedule is the plan's ({plan.train.steps} steps): steps after "
+            whose = "the checkpoint's run's" if carried and resume else "the plan's"
+            print(f"autopar: note: the learning-rate schedule is {whose} ({plan.train.steps} steps): steps after "
                   f"{plan.train.steps} run at min_lr {plan.train.min_lr:g}; set train.steps in the plan (autopar plan "
-                  "--steps N) for a longer schedule", flush=True)
+                  "--steps N) for a longer schedule" + (" and resume with --train-from-plan" if resume else ""),
+                  flush=True)
         if plan.cluster.backend == "nccl" and not cuda:
             print(f"autopar: note: no CUDA here; running the {plan.cluster.name} plan on CPU with gloo in fp32",
                   flush=True)

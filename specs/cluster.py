@@ -226,13 +226,13 @@ class ClusterSpec(Strict):
     def num_gpus(self) -> int:
         return self.gpus_per_node * self.num_nodes
 
-    def peak_flops(self, placement: tuple[str, ...] | None = None, stage_gpus: int = 0) -> float:
-        """Peak FLOP/s at the profile's precision of the GPUs a plan runs on, what MFU divides by (the estimate's
-        and the runtime's metrics alike): every GPU's, or under a node-group ``placement`` each pipeline rank's
-        ``stage_gpus`` (tp x dp x cp) GPUs at their group's peak, split evenly over the groups of an entry that
-        splits the replicas."""
+    def peak_flops(self, pp: int, stage_gpus: int, placement: tuple[str, ...] | None = None) -> float:
+        """Peak FLOP/s at the profile's precision of the GPUs a plan of ``pp`` pipeline ranks of ``stage_gpus``
+        (tp x dp x cp) GPUs each runs on, what MFU divides by (the estimate's and the runtime's metrics alike): its
+        GPUs', or under a node-group ``placement`` each pipeline rank's GPUs at their group's peak, split evenly over
+        the groups of an entry that splits the replicas."""
         if not placement:
-            return self.num_gpus * self.gpu.peak(self.precision)
+            return pp * stage_gpus * self.gpu.peak(self.precision)
         return sum(stage_gpus // len(entry_groups(e)) * self.group_view(g).gpu.peak(self.precision)
                    for e in placement for g in entry_groups(e))
 

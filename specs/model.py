@@ -349,8 +349,8 @@ class ModelSpec(BaseModel):
         if w is None or seq <= w:
             return None
         return (f"sequence length {seq} is beyond {self.name}'s sliding_window of {w} tokens: autopar prices and "
-                f"trains full attention, which is sliding-window attention only up to {w} tokens; use --seq {w} or "
-                "less")
+                f"trains full attention, which is sliding-window attention only up to {w} tokens; plan it at {w} "
+                f"tokens or fewer (--seq {w})")
 
     def with_seq(self, seq: int | None) -> ModelSpec:
         if not seq or seq == self.seq_length:

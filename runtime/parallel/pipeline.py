@@ -104,7 +104,7 @@ class PipelineRunner:
         self.nv = cfg.pp * cfg.vpp
         self.act_shape, self.act_dtype, self.param_dtype, self.device = act_shape, act_dtype, param_dtype, device
         self.on_backward = on_backward  # (chunk, is_final) before each backward: DP hooks arm on the final one
-        self.p2p = P2P(groups.tp_group, cfg.tp, groups.tp_rank, split=not cfg.sp)
+        self.p2p = P2P(groups.tp_group, cfg.tp, groups.tp_rank, split=not cfg.sequence_parallel)
         self.clock = clock or PhaseClock()  # where the step's time goes (runtime/phase_clock.py)
         for chunk in chunks:  # the step's loss is the mean over micro-batches: so is each MoE layer's aux loss
             set_aux_scale(chunk, 1.0 / microbatches)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -516,3 +517,16 @@ def test_loss_fusion_describes_a_loss_over_the_whole_logits():
         StateSpec.model_validate({**base, "loss_fusion": True})
     both = StateSpec.model_validate({**base, "loss_fusion": True, "full_logits": True})
     assert both.loss_fusion and "full_logits=false" in state_problem(both)
+
+
+def test_the_priced_ledger_of_zero_on_one_replica_is_zero_0s():
+    """One data-parallel replica runs without ZeRO (the runtime's DataParallel): its priced communication is the
+    ZeRO-0 plan's, collective for collective."""
+    from cost_models.ledger import priced_ledger
+
+    model, cluster = load_model("tiny"), load_cluster("cpu-gloo", gpus=4)
+    state = StateSpec.default("fp32")
+    for cfg in (ParallelConfig(tp=4), ParallelConfig(tp=2, pp=2, sp=True)):
+        plain = priced_ledger(model, cluster, cfg, 16, state)
+        for z in (1, 2, 3):
+            assert priced_ledger(model, cluster, replace(cfg, zero=z), 16, state) == plain, (cfg, z)

@@ -77,6 +77,7 @@ def test_one_node_notes_say_whether_the_profile_can_span_nodes(measured):
     assert any("no inter_node section" in n for n in notes) and not any("bundled defaults" in n for n in notes)
 
 
+@pytest.mark.slow
 def test_fits_reproduce_measured_points(measured, profile_path):
     """Every fit is the least-squares line through its points, and the cost model reads it unchanged."""
     from cost_models.comm import CommModel

@@ -161,7 +161,8 @@ def test_bad_checkpoints_are_one_line_errors(pool, tokens64, tmp_path):
     meta = tmp_path / "ck" / "step_00000001" / "meta.json"
     good = json.loads(meta.read_text())
     for broken in ("{not json", json.dumps({**good, "plan": "x"}), json.dumps({**good, "step": -5}),
-                   json.dumps({**good, "step": "1"})):
+                   json.dumps({**good, "step": "1"}), json.dumps({**good, "checksums": []}),
+                   json.dumps({**good, "checksums": {"__0_0.distcp": 7}})):
         meta.write_text(broken)
         msg = run(case, tmp_path / "ck", True)
         assert msg.startswith("AutoparError: checkpoint") and "corrupt (unreadable meta.json)" in msg, broken

@@ -307,6 +307,19 @@ def test_a_run_resumed_under_another_plan_keeps_its_schedule(tmp_path):
     train = load_plan(first).train
     assert [row["lr"] for row in _rows(m)] == pytest.approx([lr_at(s, train, 30) for s in range(4)])
     assert sorted(p.name for p in ck.glob("step_*")) == [f"step_0000000{i}" for i in (2, 3, 4)]  # --keep-checkpoints
+    # --train-from-plan: the resuming plan's own schedule (its default train section, 20 steps)
+    r = subprocess.run([sys.executable, "-m", "runtime.train", other, "--steps", "5", "--checkpoint-dir", str(ck),
+                        "--metrics-out", str(m), "--resume", "--train-from-plan", "--quiet"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert _rows(m)[-1]["lr"] == pytest.approx(lr_at(4, load_plan(other).train, 20))
+    # the seed is the run's: another seed is another run, refused (it is not carried over like the schedule)
+    data = json.loads(Path(other).read_text())
+    data["train"]["seed"] = 99
+    Path(other).write_text(json.dumps(data))
+    r = subprocess.run([sys.executable, "-m", "runtime.train", other, "--steps", "6", "--checkpoint-dir", str(ck),
+                        "--resume", "--quiet"], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "another run" in r.stderr and "seed" in r.stderr, r.stderr
 
 
 def test_every_plan_the_planner_writes_is_accepted_by_run(tmp_path, capsys):

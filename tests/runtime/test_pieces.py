@@ -154,8 +154,13 @@ def test_metrics_mfu_on_node_groups_is_the_estimates():
     row = MetricsLog(make_plan(model, cluster, 96, cfg), None, 1, enabled=True, quiet=True).record(
         1, 3.0, 1.0, 1e-3, est.step_time_s, 1.0)
     assert row["mfu"] == pytest.approx(est.mfu, rel=1e-9)
-    assert cluster.peak_flops(cfg.placement, 16) == 64 * 312e12 + 32 * 989e12
-    assert cluster.peak_flops(("a100+h100",) * 2, 16) == 16 * 312e12 + 16 * 989e12
+    assert cluster.peak_flops(6, 16, cfg.placement) == 64 * 312e12 + 32 * 989e12
+    assert cluster.peak_flops(2, 16, ("a100+h100",) * 2) == 16 * 312e12 + 16 * 989e12
+    # a plan on part of a cluster: the peak of the GPUs it runs on (tp=4 on a node of 8 H100s: four)
+    h100 = load_cluster("dgx-h100")
+    part = make_plan(model, h100, 8, ParallelConfig(tp=4))
+    row = MetricsLog(part, None, 1, enabled=True, quiet=True).record(1, 3.0, 1.0, 1e-3, 1.0, 1.0)
+    assert row["mfu"] == pytest.approx(model.model_flops_per_token(part.seq) * 8 * part.seq / (4 * 989e12))
 
 
 @pytest.mark.parametrize("n,size,unit,align", [

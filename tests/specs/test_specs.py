@@ -96,6 +96,7 @@ def test_a_sliding_window_bounds_the_sequence(tmp_path, capsys):
     assert load_model(str(p)).sliding_window == 4096
     with pytest.raises(ValidationError, match="beyond"):
         ModelSpec(**{**load_model("mistral-7b").model_dump(), "sliding_window": 1024, "seq_length": 2048})
+    assert load_model("mistral-7b").sliding_window == load_model("mistral-7b").seq_length == 4096  # v0.1's window
 
 
 def test_a_model_folder_reads_its_config_json(tmp_path):
