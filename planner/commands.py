@@ -14,9 +14,7 @@ from typing import Any
 from rich.markup import escape
 
 from planner.headroom import headroom_for
-from planner.refine import PlanResult
 from specs.errors import ERROR_PREFIX, AutoparError
-from specs.parallel import splits_replicas
 
 MAX_GLOBAL_BATCH = 1 << 20  # sequences per step: hundreds of times the largest published training batches
 
@@ -114,7 +112,7 @@ def _progress(fmt: str):
 
 def plan_command(args: argparse.Namespace) -> int:
     from planner.calibrate import CALIBRATED_TIES, LOOSE_SPREAD, difference_spreads, spread_of, step_sensitivity
-    from planner.explain import runner_up, why
+    from planner.explain import placement_reason, runner_up, why
     from planner.headroom import memory_warning
     from planner.prediction import prediction_json
     from planner.search import GROW_LIMIT, min_gpus_to_fit, search
@@ -562,27 +560,3 @@ def _tune_commands(args: argparse.Namespace, model, cluster, out_dir, fixed, hea
             print(f"  {line}")
     print(f"then fit the profile to them and compare their medians (the fastest is the one to keep):\n  {fit}")
     return 0
-
-
-def placement_reason(best: PlanResult, homogeneous: PlanResult | None, num_layers: int,
-                     ranked: list[PlanResult] | None = None) -> str:
-    """Where a placed plan puts its stages, what it gains over the cluster planned as homogeneous, and (when
-    ``ranked`` holds one) over the best plan of the other way of placing: whole pipeline ranks per group, or
-    replicas split over groups."""
-    from planner.placement import explain_placement
-
-    text = explain_placement(best.config, num_layers).rstrip(".") + "."
-    if homogeneous is not None:
-        gain = homogeneous.estimate.step_time_s / best.estimate.step_time_s - 1
-        text += (f" Planned as if homogeneous at its slowest GPU and link, the best plan "
-                 f"({homogeneous.config.short()}) takes {homogeneous.estimate.step_time_s:.3f} s a step: this one "
-                 f"is {gain:+.1%} in throughput.")
-    split = splits_replicas(best.config.placement)
-    other = next((p for p in ranked or [] if p.config.placement is not None
-                  and splits_replicas(p.config.placement) != split), None)
-    if other is not None:
-        kind = "holding whole pipeline ranks per group" if split else "splitting its replicas over the groups"
-        gain = other.estimate.step_time_s / best.estimate.step_time_s - 1
-        text += (f" The best plan {kind} ({other.config.short()}) takes {other.estimate.step_time_s:.3f} s: this "
-                 f"one is {gain:+.1%} in throughput.")
-    return text

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from planner.placement import explain_placement
 from planner.refine import PlanResult
-from specs.parallel import LAYOUT, SEARCHED, key_text
+from specs.parallel import LAYOUT, SEARCHED, key_text, splits_replicas
 
 PART_NAMES = {
     "forward_compute": "forward compute",
@@ -63,4 +64,26 @@ def why(best: PlanResult, other: PlanResult) -> str:
     if abs(dm) >= 0.5:
         more = "more" if dm > 0 else "less"
         text += f" It uses {abs(dm):.1f} GiB {more} memory per GPU ({a.memory_GiB:.1f} vs {b.memory_GiB:.1f})."
+    return text
+
+
+def placement_reason(best: PlanResult, homogeneous: PlanResult | None, num_layers: int,
+                     ranked: list[PlanResult] | None = None) -> str:
+    """Where a placed plan puts its stages, what it gains over the cluster planned as homogeneous, and (when
+    ``ranked`` holds one) over the best plan of the other way of placing: whole pipeline ranks per group, or
+    replicas split over groups."""
+    text = explain_placement(best.config, num_layers).rstrip(".") + "."
+    if homogeneous is not None:
+        gain = homogeneous.estimate.step_time_s / best.estimate.step_time_s - 1
+        text += (f" Planned as if homogeneous at its slowest GPU and link, the best plan "
+                 f"({homogeneous.config.short()}) takes {homogeneous.estimate.step_time_s:.3f} s a step: this one "
+                 f"is {gain:+.1%} in throughput.")
+    split = splits_replicas(best.config.placement)
+    other = next((p for p in ranked or [] if p.config.placement is not None
+                  and splits_replicas(p.config.placement) != split), None)
+    if other is not None:
+        kind = "holding whole pipeline ranks per group" if split else "splitting its replicas over the groups"
+        gain = other.estimate.step_time_s / best.estimate.step_time_s - 1
+        text += (f" The best plan {kind} ({other.config.short()}) takes {other.estimate.step_time_s:.3f} s: this "
+                 f"one is {gain:+.1%} in throughput.")
     return text

@@ -12,7 +12,7 @@ from test_bad_inputs import fails
 
 from cost_models.step import estimate
 from planner.cli import main
-from planner.commands import placement_reason
+from planner.explain import placement_reason
 from planner.placement import explain_placement, placements
 from planner.search import search
 from runtime.launch import group_commands, group_nodes, multi_node_commands
