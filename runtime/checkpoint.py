@@ -220,6 +220,40 @@ def resumed_train(plan: PlanFile, root: Path) -> tuple[PlanFile, str | None]:
                                                         "takes the plan's)")
 
 
+DIVERGED = "diverged.json"  # beside the checkpoints: the step a run's loss turned to nan after, and from which one
+
+
+def mark_diverged(root: Path, step: int, rank: int) -> None:
+    """Record in ``root`` that the run diverged at ``step``, after its newest checkpoint (every rank writes the same
+    record, atomically: whichever rank torchrun stops last, one of them has)."""
+    ck = latest_checkpoint(root)
+    tmp = root / f"{DIVERGED}.{rank}"
+    with contextlib.suppress(OSError):
+        tmp.write_text(json.dumps({"step": step, "checkpoint": ck.name if ck is not None else None}))
+        os.replace(tmp, root / DIVERGED)
+
+
+def repeated_divergence(root: Path) -> str | None:
+    """Why restarting from ``root``'s newest checkpoint would only diverge again (the run diverged after it with
+    the same settings), or None."""
+    try:
+        mark = json.loads((root / DIVERGED).read_text())
+    except (OSError, ValueError):
+        return None
+    ck = latest_checkpoint(root)
+    if not isinstance(mark, dict) or mark.get("checkpoint") != (ck.name if ck is not None else None):
+        return None
+    return (f"the run's loss turned to nan at step {mark.get('step')} after checkpoint {ck}, and a restart from it "
+            "would repeat that, so this restart stops: lower train.lr in the plan and resume with --train-from-plan, "
+            "or resume from an earlier checkpoint")
+
+
+def forget_divergence(root: Path) -> None:
+    """A run started by hand (not torchrun's restart) tries again whatever diverged before."""
+    with contextlib.suppress(OSError):
+        (root / DIVERGED).unlink()
+
+
 def young_daly_interval_s(save_s: float, mtbf_s: float) -> float:
     """Seconds of training between checkpoints that lose the least time to saving and to redoing work after a
     failure (Young 1974; Daly 2006's first-order form): sqrt(2 x save time x mean time between failures)."""

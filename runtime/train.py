@@ -157,6 +157,14 @@ def run(args: argparse.Namespace) -> int:
     ckdir = Path(args.checkpoint_dir) if args.checkpoint_dir else None
     attempt = _attempt()
     carried = None
+    if ckdir is not None:  # torchrun's restart after a divergence would diverge again: stop instead
+        from runtime.checkpoint import forget_divergence, repeated_divergence
+
+        repeat = repeated_divergence(ckdir) if attempt > 0 else None
+        if repeat:
+            raise AutoparError(repeat)
+        if attempt == 0 and rank == 0:
+            forget_divergence(ckdir)
     if ckdir is not None and (args.resume or attempt > 0) and not args.train_from_plan:  # the run's schedule goes on
         from runtime.checkpoint import resumed_train
 
@@ -250,6 +258,10 @@ def run(args: argparse.Namespace) -> int:
                    None if every_rank is None else {p: every_rank[p] for p in PHASES},
                    None if every_rank is None else (every_rank["allocated"], every_rank["reserved"]))
         if not (math.isfinite(st.loss) and math.isfinite(st.grad_norm)):  # every rank sees the same two numbers
+            if ckdir is not None:
+                from runtime.checkpoint import mark_diverged
+
+                mark_diverged(ckdir, trainer.step, rank)
             raise diverged(trainer.step, st.loss, st.grad_norm, ckdir)
         if ckdir is not None and ((every and trainer.step % every == 0) or trainer.step == steps):
             t_save = time.perf_counter()

@@ -136,6 +136,23 @@ def test_max_restarts_heals_a_killed_rank(tmp_path):
     assert [r["loss"] for r in lines if "step" in r][-1] == _rows(clean)[-1]["loss"]
 
 
+def test_a_diverged_run_is_not_restarted_into_the_same_divergence(tmp_path):
+    """`--max-restarts`: a run whose loss turns to nan stops; torchrun's restarts would resume from the same
+    checkpoint with the same settings and diverge again, so each stops before training (one nan step in all), and
+    the error says how to go on."""
+    plan = _plan(tmp_path, tp=1, pp=1, mbs=4, gpus=1)
+    data = json.loads(Path(plan).read_text())
+    data["train"].update(lr=1e10, min_lr=1e9)
+    Path(plan).write_text(json.dumps(data))
+    m = tmp_path / "m.jsonl"
+    with pytest.raises(AutoparError) as err:
+        launch(plan, steps=6, checkpoint_dir=str(tmp_path / "ck"), checkpoint_every=1, max_restarts=2,
+               metrics_out=str(m), quiet=True)
+    losses = [r["loss"] for r in _rows(m) if "loss" in r]
+    assert sum(x != x for x in losses) == 1, losses  # nan != nan: one diverged step, not one per attempt
+    assert "nan" in str(err.value)
+
+
 # ---- bad inputs: one line, before any worker starts ---------------------------------------------
 
 def _plan(tmp_path: Path, **keys) -> str:
