@@ -221,10 +221,10 @@ def run(args: argparse.Namespace) -> int:
         where = f"resuming after step {trainer.step}" if resume else "from scratch"
         print(f"autopar: training {plan.model.name} on {world} {backend} ranks ({plan.config.short()}), "
               f"global batch {plan.global_batch} x {plan.seq} tokens, {steps} steps, {where}", flush=True)
-        if carried and resume:
+        if carried:  # only a resume carries settings over
             print(f"autopar: note: {carried}", flush=True)
         if steps > plan.train.steps:
-            whose = "the checkpoint's run's" if carried and resume else "the plan's"
+            whose = "the checkpoint's run's" if carried else "the plan's"
             print(f"autopar: note: the learning-rate schedule is {whose} ({plan.train.steps} steps): steps after "
                   f"{plan.train.steps} run at min_lr {plan.train.min_lr:g}; set train.steps in the plan (autopar plan "
                   "--steps N) for a longer schedule" + (" and resume with --train-from-plan" if resume else ""),
