@@ -9,6 +9,7 @@ prints exactly one JSON object on stdout. ``estimate``, ``plan`` and ``whatif`` 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from collections.abc import Callable
@@ -185,38 +186,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 
-def _run(name: str) -> Callable[[argparse.Namespace], int]:
-    """The command function ``name`` of planner.commands (imported when the command runs)."""
+def _command(where: str) -> Callable[[argparse.Namespace], int]:
+    """The command function at ``module:function`` (its module imported only when that command runs)."""
     def call(args: argparse.Namespace) -> int:
-        from planner import commands
-
-        return getattr(commands, name)(args)
+        module, name = where.split(":")
+        return getattr(importlib.import_module(module), name)(args)
 
     return call
 
 
-def _profile(args: argparse.Namespace) -> int:
-    from hardware_profiles.profiler import profile_command
-
-    return profile_command(args)
-
-
-def _diagnose(args: argparse.Namespace) -> int:
-    from planner.diagnose import diagnose_command
-
-    return diagnose_command(args)
-
-
-def _calibrate(args: argparse.Namespace) -> int:
-    from planner.calibrate import calibrate_command
-
-    return calibrate_command(args)
-
-
-COMMANDS = {"estimate": _run("estimate_command"), "plan": _run("plan_command"), "whatif": _run("whatif_command"),
-            "run": _run("run_command"), "tune": _run("tune_command"), "profile": _profile, "calibrate": _calibrate,
-            "diagnose": _diagnose,
-            "import-hf": _run("import_hf_command"), "export-hf": _run("export_hf_command")}
+COMMANDS = {name: _command(where) for name, where in {
+    "estimate": "planner.commands.estimate:estimate_command", "plan": "planner.commands.plan:plan_command",
+    "whatif": "planner.commands.whatif:whatif_command", "run": "planner.commands.run:run_command",
+    "tune": "planner.commands.tune:tune_command", "profile": "hardware_profiles.profiler:profile_command",
+    "calibrate": "planner.calibrate:calibrate_command", "diagnose": "planner.diagnose:diagnose_command",
+    "import-hf": "planner.commands.hf:import_hf_command", "export-hf": "planner.commands.hf:export_hf_command",
+}.items()}
 
 
 def main(argv: list[str] | None = None) -> int:

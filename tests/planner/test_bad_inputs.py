@@ -413,7 +413,7 @@ def test_bad_files_found_by_the_hunt(tmp_path, capsys, monkeypatch):
 def test_replan_can_grow_a_plan_made_below_a_node():
     """`plan --gpus 2` on a bundled 8-GPU node keeps a node of 2; `run --resume --replan --gpus 4` re-plans on
     the bundled node's real size (a profile of the user's own, or a calibrated one, is kept as the plan holds it)."""
-    from planner.commands import _full_size
+    from planner.commands.run import _full_size
     from specs.cluster import load_cluster
 
     small = load_cluster("cpu-gloo", gpus=2)

@@ -324,7 +324,7 @@ def test_keys_are_named_with_the_option_they_came_from():
 def test_exhaustive_search_reports_progress_with_time_left():
     """--exhaustive reports as it replays, group by group, up to every candidate; the line carries the rate so
     far to the end."""
-    from planner.commands import progress_line
+    from planner.commands.inputs import progress_line
 
     seen: list[tuple[int, int]] = []
     m, c = load_model("tiny"), load_cluster("cpu-gloo", gpus=8)

@@ -1,0 +1,54 @@
+"""`autopar estimate`: one plan priced, with its band and (--verify) its memory replayed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from planner.commands.inputs import load_inputs
+from planner.headroom import headroom_for
+
+
+def estimate_command(args: argparse.Namespace) -> int:
+    """`autopar estimate`: one plan's step time, throughput, MFU and memory."""
+    from cost_models.step import estimate
+    from planner.calibrate import LOOSE_SPREAD, calibration_spread
+    from planner.prediction import prediction_json
+    from planner.uncertainty import band as uncertainty_band
+    from planner.uncertainty import step_band
+    from specs.parallel import config_from_keys, parse_plan_keys
+
+    model, cluster = load_inputs(args)
+    cfg = config_from_keys(parse_plan_keys(args.plan), cluster.num_gpus)
+    est = estimate(model, cluster, cfg, args.global_batch,
+                   headroom_GiB=headroom_for(args.headroom, cluster.gpu.memory_GiB))
+    spread, loose = calibration_spread(model, cluster, cfg, args.global_batch)
+    checked = None
+    if args.verify:
+        from planner.verify import memory_check
+        from specs.planfile import make_plan
+
+        checked = memory_check(make_plan(model, cluster, args.global_batch, cfg), est)
+    if args.format == "json":
+        out = prediction_json(est, cfg, spread, cluster.calibration is not None)
+        if checked is not None:
+            out["memory_replay"] = checked
+        print(json.dumps(out))
+        return 0
+    from planner.report import console, estimate_tables, memory_check_table, print_inputs
+
+    con = console()
+    print_inputs(con, model, cluster)
+    con.print(f"plan    {cfg.short()}  (global batch {args.global_batch}, "
+              f"{cfg.microbatches(args.global_batch)} micro-batches per step)")
+    band = step_band(cfg.pp, est.step_time_s, spread)
+    unpinned = f"; mostly the calibration's unpinned {loose} scale" if spread > LOOSE_SPREAD else ""
+    held = f"{uncertainty_band(cfg.pp > 1).coverage:.0%}"
+    con.print(f"band    {band[0]:.4g} .. {band[1]:.4g} s a step (holds {held} of runs like the validation's, "
+              f"docs/cost_model.md \"How sure it is\"{unpinned})")
+    for tab in estimate_tables(est, "estimate"):
+        con.print(tab)
+    if checked is not None:
+        con.print(memory_check_table(checked))
+    return 0
+

@@ -1,0 +1,146 @@
+"""`autopar plan`: the search, its explanation, bands and ties, and the plan file."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+from rich.markup import escape
+
+from planner.commands.inputs import load_inputs, progress, spec_files
+from planner.headroom import headroom_for
+from specs.errors import AutoparError
+
+
+def plan_command(args: argparse.Namespace) -> int:
+    from planner.calibrate import CALIBRATED_TIES, LOOSE_SPREAD, difference_spreads, spread_of, step_sensitivity
+    from planner.explain import placement_reason, runner_up, why
+    from planner.headroom import memory_warning
+    from planner.prediction import prediction_json
+    from planner.search import GROW_LIMIT, min_gpus_to_fit, search
+    from planner.uncertainty import Z95, ranking_sigma, step_band, tie_margin, tied_with_best
+    from specs.parallel import parse_plan_keys
+
+    model, cluster = load_inputs(args)
+    if args.out:
+        from specs.files import check_output_file
+
+        check_output_file(args.out, "plan file", spec_files(args))  # before the search, not after
+    fixed = parse_plan_keys(args.fix, "--fix")
+    if args.runnable:
+        from specs.capabilities import model_problem, state_problem
+        from specs.state import StateSpec
+
+        problem = state_problem(StateSpec.default(cluster.precision))
+        if problem:
+            raise AutoparError(f"--runnable: cluster {cluster.name} computes in {cluster.precision}, and {problem}")
+        problem = model_problem(model)
+        if problem:
+            raise AutoparError(f"--runnable: {problem}")
+    if args.top < 1:
+        raise AutoparError(f"--top must be at least 1, got {args.top}")
+    if args.steps is not None and not 1 <= args.steps < 2**63:
+        raise AutoparError(f"--steps must be at least 1 (and below 2^63), got {args.steps}")
+    headroom = headroom_for(args.headroom, cluster.gpu.memory_GiB)
+    res = search(model, cluster, args.global_batch, fixed=fixed, top=args.top, exhaustive=args.exhaustive,
+                 headroom_GiB=headroom, progress=progress(args.format))
+    search_info = {"candidates": res.candidates, "seconds": round(res.seconds, 3), "exhaustive": res.exhaustive,
+                   "headroom_GiB": headroom}
+    if not res.plans:
+        try:
+            need, grow = min_gpus_to_fit(model, cluster, args.global_batch, fixed, headroom), ""
+        except AutoparError as e:  # the cluster cannot grow: say why, not that no size fits
+            need, grow = None, str(e)
+        closest = res.closest
+        msg = (f"no plan fits in {cluster.gpu.memory_GiB - headroom:g} GiB per GPU on {cluster.num_gpus} GPUs")
+        if args.headroom is None:
+            msg += f" (its {cluster.gpu.memory_GiB:g} GiB less the default headroom; --headroom 0 uses it all)"
+        if closest is not None:
+            msg += f"; the closest ({closest.config.short()}) needs {closest.estimate.memory_GiB:.1f} GiB per GPU"
+        if need:
+            msg += f"; try --gpus {need}"
+        elif grow:
+            msg += f"; a larger cluster is not tried ({grow}): use GPUs with more memory or a profile that grows"
+        else:
+            msg += f"; no cluster size up to {GROW_LIMIT} GPUs fits: use GPUs with more memory"
+        if fixed:
+            msg += " or relax --fix"
+        if args.format == "json":
+            print(json.dumps({"plans": [], "search": search_info, "error": msg, "min_gpus": need,
+                              "closest": closest.row() if closest else None}))
+        raise AutoparError(msg)
+    other = runner_up(res.ranked)
+    reason = why(res.plans[0], other) if other else "It is the only plan that fits."
+    if res.plans[0].config.placement is not None:
+        reason = f"{placement_reason(res.plans[0], res.homogeneous, model.num_layers, res.ranked)} {reason}"
+    steps = [p.estimate.step_time_s for p in res.ranked]  # all refined plans, not only the top shown
+    fit = cluster.calibration  # a calibrated profile: each plan's sensitivity to its scales, worked out once
+    grads = [step_sensitivity(model, cluster, p.config, args.global_batch)
+             for p in res.ranked[:max(len(res.plans), CALIBRATED_TIES)]] if fit is not None else []
+    spreads = [spread_of(g, fit) for g in grads[:len(res.plans)]] if fit is not None else [(0.0, None)] * len(
+        res.plans)
+    extra = difference_spreads(grads[:CALIBRATED_TIES], fit) if fit is not None else None
+    tied, plain = tied_with_best(steps, extra), tied_with_best(steps)
+    if tied:
+        within = (f"within {tie_margin():.1%} of it, inside the model's ranking uncertainty" if tied == plain else
+                  "close enough to it that the model's ranking uncertainty and what the calibration left unpinned "
+                  "cannot order them")
+        reason += (f" The next {tied} plan{'s are' if tied > 1 else ' is'} {within}: `autopar tune` with the same "
+                   "--model, --cluster, --global-batch and --fix measures the best of them (--trials, default 3).")
+    if spreads[0][0] > LOOSE_SPREAD:
+        reason += (f" The calibrated profile's runs leave this plan's step time uncertain (x/"
+                   f"{math.exp(Z95 * spreads[0][0]):.2f} at 95%, mostly its {spreads[0][1]} scale, which they "
+                   "barely exercised): measure it (`autopar tune`) or calibrate with a run like it.")
+    best = res.plans[0].estimate
+    warning = memory_warning(best.stage_memory_GiB, best.stage_capacity_GiB)
+    checked = None
+    if args.verify:
+        from planner.verify import memory_check
+        from specs.planfile import make_plan
+
+        checked = memory_check(make_plan(model, cluster, args.global_batch, res.plans[0].config),
+                               res.plans[0].estimate)
+    if args.out:
+        from specs.planfile import TrainConfig, make_plan, save_plan
+
+        best = res.plans[0]
+        pred = prediction_json(best.estimate, best.config, spreads[0][0], fit is not None)
+        train = TrainConfig(steps=args.steps) if args.steps else TrainConfig()
+        save_plan(make_plan(model, cluster, args.global_batch, best.config, pred, train), args.out)
+    if args.format == "json":
+        rows = [prediction_json(p.estimate, p.config, spread, fit is not None)
+                for p, (spread, _) in zip(res.plans, spreads)]
+        baseline = {"homogeneous_baseline": res.homogeneous.row()} if res.homogeneous is not None else {}
+        print(json.dumps({"plans": rows, "search": search_info, "why": reason, **baseline,
+                          "uncertainty": {"ranking_sigma": ranking_sigma(), "tie_margin": tie_margin(),
+                                          "tied_with_best": tied},
+                          "warnings": [warning] if warning else [],
+                          **({"memory_replay": checked} if checked is not None else {})}))
+        return 0
+    from planner.report import console, estimate_tables, memory_check_table, plans_table, print_inputs
+
+    con = console()
+    print_inputs(con, model, cluster)
+    con.print(f"searched {res.candidates:,} configurations in {res.seconds:.2f} s "
+              f"(global batch {args.global_batch}{', exhaustive' if res.exhaustive else ''})")
+    con.print(plans_table([{**p.row(), "band": step_band(p.config.pp, p.estimate.step_time_s, spread)}
+                           for p, (spread, _) in zip(res.plans, spreads)],
+                          f"top {len(res.plans)} plans"))
+    con.print(f"[bold]why:[/bold] {escape(reason)}")
+    for tab in estimate_tables(res.plans[0].estimate, "best plan")[1:]:
+        con.print(tab)
+    if checked is not None:
+        con.print(memory_check_table(checked))
+    con.print(f"best plan keys: {res.plans[0].config.as_keys()}")
+    if warning:
+        con.print(f"[yellow]memory:[/yellow] {escape(warning)}")
+    if args.out:
+        from specs.capabilities import execution_problem
+        from specs.state import StateSpec
+
+        problem = execution_problem(model, StateSpec.default(cluster.precision))
+        how = f"autopar run cannot execute it: {problem}" if problem else f"train it with: autopar run {args.out}"
+        con.print(escape(f"wrote {args.out}  ({how})"))
+    return 0
+

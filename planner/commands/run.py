@@ -1,0 +1,120 @@
+"""`autopar run`: the plan file to launch (given, re-planned for a resumed run, or the default job), re-estimated
+when edited by hand."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from rich.markup import escape
+
+from planner.headroom import headroom_for
+from specs.errors import AutoparError
+
+
+def run_command(args: argparse.Namespace) -> int:
+    try:
+        from runtime.data import cache_dir
+        from runtime.launch import launch
+        from runtime.options import launch_options
+    except ImportError as err:
+        raise AutoparError(f"`autopar run` needs PyTorch: pip install torch ({err.name} is missing)") from None
+    plan_path = args.plan
+    if args.replan:
+        plan_path = _replan(args)
+    elif args.gpus is not None:
+        raise AutoparError("--gpus is for --replan (a plan file fixes its own GPU count)")
+    if plan_path is None:
+        plan_path = str(_plan_default(cache_dir() / "default-plan.json", "its command" if args.dry_run else None))
+    fresh = _fresh_prediction(plan_path)
+    return launch(plan_path=plan_path, predicted_step_s=fresh and fresh.step_time_s,
+                  predicted_memory_GiB=fresh and fresh.memory_GiB, **launch_options(args))
+
+
+def _full_size(cluster: Any) -> Any:
+    """A plan's cluster as bundled, when it is a bundled one resized below a node (``plan --gpus 2`` keeps a node
+    of 2): re-planning for more GPUs needs the node's real size. Any other cluster as the plan holds it."""
+    from specs.cluster import list_clusters, load_cluster
+
+    if cluster.name in list_clusters() and cluster.num_nodes == 1:
+        bundled = load_cluster(cluster.name).model_copy(update={"tp_across_nodes": cluster.tp_across_nodes})
+        if bundled.gpus_per_node > cluster.gpus_per_node and bundled.resized(gpus=cluster.num_gpus) == cluster:
+            return bundled
+    return cluster
+
+
+def _replan(args: argparse.Namespace) -> str:
+    """``run --resume --replan --gpus N``: the fastest plan the runtime runs for the checkpoint's model and global
+    batch on N GPUs of its cluster, written beside the checkpoints; returns its path."""
+    from planner.prediction import plan_prediction
+    from planner.search import search
+    from planner.space import NoPlan
+    from runtime.checkpoint import saved_plan
+    from specs.planfile import make_plan, save_plan
+
+    if args.gpus is not None and args.gpus < 1:
+        raise AutoparError(f"--gpus must be at least 1, got {args.gpus}")
+    if not (args.resume and args.checkpoint_dir and args.gpus):
+        raise AutoparError("--replan needs --resume, --checkpoint-dir and --gpus N (the GPUs to plan for)")
+    if args.plan is not None:
+        raise AutoparError("--replan plans again from the checkpoint's own plan: leave out the plan file")
+    old = saved_plan(Path(args.checkpoint_dir))
+    cluster = _full_size(old.cluster).resized(gpus=args.gpus)
+    try:
+        res = search(old.model, cluster, old.global_batch, top=1,
+                     headroom_GiB=headroom_for(None, cluster.gpu.memory_GiB), state=old.state)
+    except NoPlan as err:  # its advice may be to change what a resumed run keeps (the global batch)
+        raise AutoparError(f"no plan of {old.model.name} with the checkpoint's global batch {old.global_batch} (a "
+                           f"resumed run keeps it) runs on {args.gpus} GPUs ({err.problem or err}); re-plan for "
+                           "another number of GPUs") from None
+    if not res.plans:
+        raise AutoparError(f"no plan of {old.model.name} with global batch {old.global_batch} fits on {args.gpus} "
+                           f"GPUs of {cluster.name}; re-plan for more GPUs")
+    best = res.plans[0]
+    path = Path(args.checkpoint_dir) / f"replanned-{args.gpus}gpus.json"
+    pred = plan_prediction(old.model, cluster, best.config, best.estimate, old.global_batch, old.state)
+    save_plan(make_plan(old.model, cluster, old.global_batch, best.config, pred, old.train, old.state), path)
+    print(f"autopar: re-planned for {args.gpus} GPUs: {best.config.short()} (was {old.config.short()} on "
+          f"{old.world_size}), {best.estimate.step_time_s:.4g} s a step predicted; wrote {path}", flush=True)
+    return str(path)
+
+
+def _fresh_prediction(plan_path: str) -> Any:
+    """The estimate of a plan file edited by hand since its prediction (its keys, batch or sequence changed),
+    made again, with a note; None when the plan's own prediction holds."""
+    from cost_models.step import estimate
+    from specs.planfile import load_plan
+
+    plan = load_plan(plan_path)
+    if plan.prediction_is_current or not plan.prediction:
+        return None
+    est = estimate(plan.model, plan.cluster, plan.config, plan.global_batch, state=plan.state)
+    print(f"autopar: {plan_path} was edited since its prediction ({plan.prediction.get('step_time_s', 0):.4g} s "
+          f"a step); re-estimated for {plan.config.short()}: {est.step_time_s:.4g} s", flush=True)
+    return est
+
+
+def _plan_default(path, then: str | None = None) -> str:
+    """Plan the default job (tiny Llama, 4 CPU ranks), print the plan, write it to ``path``; ``then`` says what
+    follows (default: training it)."""
+    from planner.defaults import CLUSTER, GLOBAL_BATCH, MODEL, RANKS, default_plan
+    from planner.explain import runner_up, why
+    from planner.report import console, estimate_tables, plans_table
+
+    out, res = default_plan(path)
+    con = console()
+    con.print(f"autopar: no plan given: planning the {MODEL} model for {RANKS} {CLUSTER} ranks "
+              f"(global batch {GLOBAL_BATCH}); {res.candidates:,} configurations priced in {res.seconds:.2f} s")
+    con.print(plans_table([p.row() for p in res.plans], "plans"))
+    other = runner_up(res.ranked)
+    if other:
+        con.print(f"[bold]why:[/bold] {escape(why(res.plans[0], other))}")
+    con.print(estimate_tables(res.plans[0].estimate, "")[1])
+    if then is not None:
+        con.print(f"autopar: wrote {escape(str(out))}; {then}:")
+        return out
+    con.print(f"autopar: wrote {escape(str(out))}; training it (CPU timings are noisy; the bundled cpu-gloo profile "
+              "is rough, `autopar profile` measures this machine)")
+    return out
+

@@ -1,0 +1,146 @@
+"""`autopar tune`: the finalists measured (or, on several nodes, their commands printed), the trials shown."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rich.markup import escape
+
+from planner.commands.inputs import load_inputs, spec_files
+from planner.headroom import headroom_for
+from specs.errors import ERROR_PREFIX, AutoparError
+
+
+def tune_command(args: argparse.Namespace) -> int:
+    from planner.calibrate import bound_warning
+    from planner.tune import check_trial_options, default_out_dir, tune, written_files
+    from specs.files import check_output_dir, check_output_file
+    from specs.parallel import parse_plan_keys
+    from specs.planfile import TrainConfig, load_plan, save_plan
+
+    model, cluster = load_inputs(args)
+    check_trial_options(args.trials, args.steps, args.warmup, args.time_limit)
+    if args.out:
+        check_output_file(args.out, "plan file", {**spec_files(args), "--data file": args.data})
+    if args.dir:
+        check_output_dir(args.dir, "trial folder")
+        for what, path in written_files(Path(args.dir), args.trials).items():  # never over one of the inputs
+            check_output_file(path, f"tune's {what}", {**spec_files(args), "--data file": args.data},
+                              "give another --dir")
+    if args.data:
+        from runtime.data import TokenData
+
+        TokenData(args.data, model.seq_length, model.vocab_size, 0)  # a bad token file: one line now, not per trial
+    out_dir = Path(args.dir) if args.dir else default_out_dir()
+    fixed = parse_plan_keys(args.fix, "--fix")
+    headroom = headroom_for(args.headroom, cluster.gpu.memory_GiB)
+    if cluster.num_nodes > 1:
+        return _tune_commands(args, model, cluster, out_dir, fixed, headroom)
+    _check_tune_hardware(cluster)
+    live = args.format != "json" and sys.stderr.isatty()
+
+    def report(i: int, n: int, t) -> None:
+        got = f"{t.measured_step_s:.4g} s" if t.measured_step_s else t.status
+        text = f"  trial {i}/{n}: {t.short}: {got}"
+        if args.format == "json":
+            print(text, file=sys.stderr, flush=True)  # stdout holds the one JSON object
+        else:
+            print(text, file=sys.stderr if live else sys.stdout, flush=True)
+
+    res = tune(model, cluster, args.global_batch, out_dir, fixed, args.trials, args.steps, args.warmup,
+               args.time_limit, args.data, headroom, report)
+    chosen = res.chosen
+    if args.out and chosen is not None:
+        plan = load_plan(chosen.plan_path)
+        pred = {**plan.prediction, "measured_step_time_s": chosen.measured_step_s,
+                "calibrated_step_time_s": chosen.calibrated_step_s}
+        # the trials' short schedule stays with the trials: the plan written trains as `autopar plan --out` would
+        save_plan(plan.model_copy(update={"prediction": pred, "train": TrainConfig()}), args.out)
+    problem = None
+    if res.interrupted:
+        problem = f"interrupted by Ctrl-C; the trials' plans and metrics are in {out_dir}"
+    elif chosen is None:
+        first = next((t for t in res.trials if t.error), None)
+        problem = (f"every trial failed (the first: {first.error if first else 'no error recorded'}); their plans and "
+                   f"logs are in {out_dir}")
+    warning = bound_warning(res.scales)
+    if args.format == "json":
+        print(json.dumps({"trials": [t.row() for t in res.trials], "chosen": chosen.row() if chosen else None,
+                          "profile": res.profile_path, "plan_file": args.out if chosen else None, "dir": str(out_dir),
+                          **({"error": problem} if problem else {}), **({"warning": warning} if warning else {})}))
+    else:
+        _print_trials(args, model, cluster, res, warning)
+    if problem:
+        print(f"{ERROR_PREFIX} {problem}", file=sys.stderr)
+        return 130 if res.interrupted else 2
+    return 0
+
+
+def _check_tune_hardware(cluster) -> None:
+    """Refuse to calibrate a GPU profile with trials that would run here on CPUs."""
+    if cluster.backend == "gloo":  # a CPU profile: the trials run where it describes
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise AutoparError(f"--cluster {cluster.name} describes {cluster.gpu.name} GPUs, but this machine has no CUDA "
+                           "GPU: tune measures its trials here; run it on that cluster, or tune for this machine with "
+                           "--cluster cpu-gloo")
+
+
+def _print_trials(args: argparse.Namespace, model, cluster, res, warning: str | None) -> None:
+    from rich.table import Table
+
+    from planner.report import console
+
+    tab = Table(title=f"autopar tune: {model.name} on {cluster.num_gpus} x {cluster.gpu.name}, global batch "
+                      f"{args.global_batch} ({args.steps} steps a trial, median after {args.warmup})")
+    for col in ("plan", "predicted s", "measured s", "calibrated s", "status"):
+        tab.add_column(col)
+    for t in res.trials:
+        fmt = lambda x: f"{x:.4g}" if x else "-"  # noqa: E731
+        mark = " (chosen)" if t is res.chosen else ""
+        tab.add_row(t.short + mark, fmt(t.predicted_step_s), fmt(t.measured_step_s), fmt(t.calibrated_step_s),
+                    t.status if not t.error else f"{t.status}: {t.error}")
+    con = console()
+    con.print(tab)
+    if res.chosen is None:
+        return
+    con.print(escape(f"chosen: {res.chosen.short} (measured {res.chosen.measured_step_s:.4g} s, predicted "
+                     f"{res.chosen.predicted_step_s:.4g} s); calibrated profile: {res.profile_path}"))
+    if warning:
+        con.print(escape(warning))
+    if args.out:
+        con.print(escape(f"wrote {args.out}  (train it with: autopar run {args.out})"))
+
+
+def _tune_commands(args: argparse.Namespace, model, cluster, out_dir, fixed, headroom: float) -> int:
+    """A multi-node cluster: tune cannot start the trials from here, so it writes the finalists' plan files and
+    prints what to run on the cluster, as `autopar run` does: each trial's per-node commands, then the fit."""
+    import shlex
+
+    from planner.tune import PROFILE, metrics_path, prepare
+    from runtime.launch import worker_command
+
+    found = prepare(model, cluster, args.global_batch, out_dir, fixed, args.trials, args.steps, headroom)
+    q = shlex.quote
+    fit = (f"autopar calibrate {' '.join(q(str(metrics_path(t))) for t in found)} --warmup {args.warmup} "
+           f"--out {q(str(out_dir / PROFILE))}")
+    trials = [{"plan_file": t.plan_path, "parallel": t.parallel, "predicted_step_s": t.predicted_step_s,
+               "metrics": str(metrics_path(t)), "commands": worker_command(t.plan_path, args.steps,
+                                                                             str(metrics_path(t)), args.data)}
+              for t in found]
+    if args.format == "json":
+        print(json.dumps({"trials": trials, "chosen": None, "calibrate": fit, "dir": str(out_dir)}))
+        return 0
+    print(f"autopar tune: {cluster.num_gpus} GPUs span {cluster.num_nodes} nodes, so the {len(found)} trial(s) run "
+          f"on the cluster, one after another; on every node:")
+    for i, t in enumerate(trials, 1):
+        print(f"trial {i}: {found[i - 1].short} (predicted {t['predicted_step_s']:.4g} s)")
+        for line in t["commands"]:
+            print(f"  {line}")
+    print(f"then fit the profile to them and compare their medians (the fastest is the one to keep):\n  {fit}")
+    return 0

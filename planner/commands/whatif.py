@@ -1,0 +1,68 @@
+"""`autopar whatif`: the best plan at each point of a sweep, as a table, CSV, JSON or plot."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from rich.markup import escape
+
+from planner.commands.inputs import load_inputs, spec_files
+from specs.errors import AutoparError
+
+
+def whatif_command(args: argparse.Namespace) -> int:
+    from planner.whatif import parse_vary, sweep
+    from specs.parallel import parse_plan_keys
+
+    model, cluster = load_inputs(args)
+    if args.plot:
+        from planner.whatif_plot import plot_file
+
+        plot_file(args.plot, spec_files(args))  # a bad path fails now, not after the sweep
+    key, values = parse_vary(args.vary)
+    given = "--nodes" if args.nodes else "--gpus" if args.gpus and key == "gpus" else None
+    if key in ("gpus", "nodes") and given:  # (--gpus N with --vary nodes: nodes of N GPUs)
+        raise AutoparError(f"--vary {key} sets the cluster's size at each point; leave out {given}")
+    fixed = parse_plan_keys(args.fix, "--fix")
+    more = parse_plan_keys(args.compare, "--compare") if args.compare else {}
+    curves: dict[str, Any] = {"best": sweep(model, cluster, args.global_batch, key, values, fixed, args.headroom)}
+    if args.compare:
+        curves[args.compare] = sweep(model, cluster, args.global_batch, key, values, fixed, args.headroom, more)
+    if not any(p.get("tokens_per_s") for p in curves["best"]):  # a --compare curve may be all errors
+        first = curves["best"][0]
+        raise AutoparError(f"no point of the sweep has a plan; at {key}={first['value']}: {first['error']}")
+    from planner.whatif import normalize
+
+    normalize(curves, key)
+    plot_path = None
+    if args.plot:
+        from planner.whatif_plot import plot
+
+        plot_path = plot(curves, key, model.name, cluster.name, args.plot)
+    if args.format == "json":
+        print(json.dumps({"vary": key, "values": values, "curves": curves}))
+        return 0
+    if args.format == "csv":
+        import csv
+
+        from planner.whatif import csv_header, csv_rows
+
+        w = csv.writer(sys.stdout)
+        w.writerow(csv_header(key))
+        w.writerows(csv_rows(curves, key))
+        return 0
+    from planner.report import console, print_inputs, whatif_table
+
+    con = console()
+    print_inputs(con, model, cluster)
+    for name, pts in curves.items():
+        con.print(whatif_table(pts, key, "best plan per point" if name == "best" else f"{name}: best plan per point"))
+    for note in dict.fromkeys(p["note"] for p in curves["best"] if p.get("note")):
+        con.print(f"[yellow]note:[/yellow] {escape(note)}")
+    if plot_path:
+        con.print(escape(f"wrote {plot_path}"))
+    return 0
+
