@@ -15,6 +15,9 @@ current): Megatron-LM on Selene (Korthikanti 2022, Narayanan 2021) and Megatron-
   differ. ``sigma`` is the standard deviation of log(measured / predicted) within each set (each set's mean
   removed); two plans whose predictions are closer than sigma x sqrt(2) (the spread of the difference of two
   plans' errors) are tied: the model cannot tell which is faster, and `autopar tune` should measure them.
+- **Unknown routing.** A mixture of experts priced at the default load imbalance (its spec leaves
+  ``moe.load_imbalance`` unset, no capacity factor) may run anywhere from balanced routing to that: its band
+  reaches down from the step at balanced routing.
 - **Calibrated profiles.** A profile `autopar calibrate` / `tune` wrote carries its fit's uncertainty
   (``ClusterSpec.calibration``): a plan leaning on a scale its runs did not pin (attention at a sequence length
   they did not reach, the network of a node count they did not span) gets its band widened by that.
@@ -92,13 +95,15 @@ def ranking_sigma(sets: dict[str, list[dict[str, Any]]] | None = None) -> float:
     return float(math.sqrt(sum(d * d for d in dev) / dof))
 
 
-def step_band(pp: int, step_s: float, spread: float = 0.0) -> tuple[float, float]:
+def step_band(pp: int, step_s: float, spread: float = 0.0, balanced_s: float | None = None) -> tuple[float, float]:
     """Seconds a plan with ``pp`` pipeline stages predicted at ``step_s`` measured within (on the stacks seen),
     widened by a calibrated profile's ``spread`` (the log standard deviation its fit leaves on this plan's step,
-    planner/calibrate.py ``calibration_spread``) to the central 95% of that too."""
+    planner/calibrate.py ``calibration_spread``) to the central 95% of that too. ``balanced_s``: a mixture of
+    experts whose routing imbalance is not known, its step at balanced routing; the band reaches down to it."""
     b = band(pp > 1)
     widen = math.exp(Z95 * spread)
-    return step_s * b.low / widen, step_s * b.high * widen
+    low = min(step_s, balanced_s) if balanced_s is not None else step_s
+    return low * b.low / widen, step_s * b.high * widen
 
 
 def in_band(pipelined: bool, measured_s: float, predicted_s: float,

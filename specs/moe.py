@@ -21,7 +21,8 @@ from specs.errors import bool_only, number_only
 # expert's load over the mean measured with an auxiliary load-balancing loss, 1 + MaxVio_global = 1.52 (3B model)
 # and 1.72 (1B) in Wang et al. 2024, "Auxiliary-Loss-Free Load Balancing Strategy for Mixture-of-Experts"
 # (arXiv 2408.15664, Table 2), the larger model's rounded: the busiest expert bounds the busiest rank, so it is
-# conservative when a rank holds several experts. Runs that force balanced routing (benchmarks) set 1.0.
+# conservative when a rank holds several experts. Runs that force balanced routing (benchmarks) set 1.0. A spec
+# that leaves it unset is priced at the default, and its band reaches down to balanced routing (``routing_range``).
 DEFAULT_LOAD_IMBALANCE = 1.5
 
 
@@ -42,7 +43,7 @@ class MoESpec(BaseModel):
     norm_topk_prob: bool = True  # renormalise the top-k weights to sum to one (Mixtral); False: raw probabilities
     capacity_factor: float | None = Field(None, gt=0, le=1e3)  # None: dropless
     aux_loss_coef: float = Field(0.01, ge=0, le=1e3)
-    load_imbalance: float = Field(DEFAULT_LOAD_IMBALANCE, ge=1.0, le=1e3)
+    load_imbalance: float | None = Field(None, ge=1.0, le=1e3)  # None: not known, priced at the default
 
     _numbers = field_validator("num_experts", "experts_per_token", "moe_ffn_hidden_size", "num_shared_experts",
                                "shared_ffn_hidden_size", "layer_freq", "first_dense_layers", "capacity_factor",
@@ -76,7 +77,19 @@ class MoESpec(BaseModel):
     def token_time_factor(self) -> float:
         """How much longer than the balanced mean the busiest rank's experts run: the load imbalance, or with a
         capacity factor the capacity every expert's buffer is padded to."""
-        return self.capacity_factor if self.capacity_factor is not None else self.load_imbalance
+        if self.capacity_factor is not None:
+            return self.capacity_factor
+        return self.load_imbalance if self.load_imbalance is not None else DEFAULT_LOAD_IMBALANCE
+
+    @property
+    def routing_known(self) -> bool:
+        """Whether the busiest rank's load is given (a load imbalance, or a capacity factor's padding) rather than the
+        unknown routing of a dropless model priced at :data:`DEFAULT_LOAD_IMBALANCE`."""
+        return self.capacity_factor is not None or self.load_imbalance is not None
+
+    def balanced(self) -> MoESpec:
+        """This spec with perfectly balanced routing (every rank the mean load)."""
+        return self.model_copy(update={"load_imbalance": 1.0})
 
     def summary(self) -> str:
         shared = f", {self.num_shared_experts} shared (ffn {self.shared_ffn})" if self.num_shared_experts else ""

@@ -13,7 +13,7 @@ def estimate_command(args: argparse.Namespace) -> int:
     """`autopar estimate`: one plan's step time, throughput, MFU and memory."""
     from cost_models.step import estimate
     from planner.calibrate import LOOSE_SPREAD, calibration_spread
-    from planner.prediction import prediction_json
+    from planner.prediction import balanced_step_s, prediction_json
     from planner.uncertainty import band as uncertainty_band
     from planner.uncertainty import step_band
     from specs.parallel import config_from_keys, parse_plan_keys
@@ -23,6 +23,7 @@ def estimate_command(args: argparse.Namespace) -> int:
     est = estimate(model, cluster, cfg, args.global_batch,
                    headroom_GiB=headroom_for(args.headroom, cluster.gpu.memory_GiB))
     spread, loose = calibration_spread(model, cluster, cfg, args.global_batch)
+    balanced = balanced_step_s(model, cluster, cfg, args.global_batch)
     checked = None
     if args.verify:
         from planner.verify import memory_check
@@ -30,7 +31,7 @@ def estimate_command(args: argparse.Namespace) -> int:
 
         checked = memory_check(make_plan(model, cluster, args.global_batch, cfg), est)
     if args.format == "json":
-        out = prediction_json(est, cfg, spread, cluster.calibration is not None)
+        out = prediction_json(est, cfg, spread, cluster.calibration is not None, balanced)
         if checked is not None:
             out["memory_replay"] = checked
         print(json.dumps(out))
@@ -41,8 +42,11 @@ def estimate_command(args: argparse.Namespace) -> int:
     print_inputs(con, model, cluster)
     con.print(f"plan    {cfg.short()}  (global batch {args.global_batch}, "
               f"{cfg.microbatches(args.global_batch)} micro-batches per step)")
-    band = step_band(cfg.pp, est.step_time_s, spread)
+    band = step_band(cfg.pp, est.step_time_s, spread, balanced)
     unpinned = f"; mostly the calibration's unpinned {loose} scale" if spread > LOOSE_SPREAD else ""
+    if balanced is not None:
+        unpinned += (f"; down to balanced routing, {balanced:.4g} s predicted: the experts' load imbalance is not "
+                     f"known (moe.load_imbalance sets it)")
     held = f"{uncertainty_band(cfg.pp > 1).coverage:.0%}"
     con.print(f"band    {band[0]:.4g} .. {band[1]:.4g} s a step (holds {held} of runs like the validation's, "
               f"docs/cost_model.md \"How sure it is\"{unpinned})")

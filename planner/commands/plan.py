@@ -17,9 +17,10 @@ def plan_command(args: argparse.Namespace) -> int:
     from planner.calibrate import CALIBRATED_TIES, LOOSE_SPREAD, difference_spreads, spread_of, step_sensitivity
     from planner.explain import placement_reason, runner_up, why
     from planner.headroom import memory_warning
-    from planner.prediction import prediction_json
+    from planner.prediction import balanced_step_s, prediction_json
     from planner.search import GROW_LIMIT, min_gpus_to_fit, search
     from planner.uncertainty import Z95, ranking_sigma, step_band, tie_margin, tied_with_best
+    from specs.moe import DEFAULT_LOAD_IMBALANCE
     from specs.parallel import parse_plan_keys
 
     model, cluster = load_inputs(args)
@@ -81,6 +82,7 @@ def plan_command(args: argparse.Namespace) -> int:
     spreads = [spread_of(g, fit) for g in grads[:len(res.plans)]] if fit is not None else [(0.0, None)] * len(
         res.plans)
     extra = difference_spreads(grads[:CALIBRATED_TIES], fit) if fit is not None else None
+    balanced = [balanced_step_s(model, cluster, p.config, args.global_batch) for p in res.plans]
     tied, plain = tied_with_best(steps, extra), tied_with_best(steps)
     if tied:
         within = (f"within {tie_margin():.1%} of it, inside the model's ranking uncertainty" if tied == plain else
@@ -92,6 +94,10 @@ def plan_command(args: argparse.Namespace) -> int:
         reason += (f" The calibrated profile's runs leave this plan's step time uncertain (x/"
                    f"{math.exp(Z95 * spreads[0][0]):.2f} at 95%, mostly its {spreads[0][1]} scale, which they "
                    "barely exercised): measure it (`autopar tune`) or calibrate with a run like it.")
+    if balanced[0] is not None:
+        reason += (f" The experts' load imbalance is not known, so the plans are priced with the busiest rank at "
+                   f"{DEFAULT_LOAD_IMBALANCE:g}x the mean (memory too) and their bands reach down to balanced "
+                   f"routing ({balanced[0]:.4g} s for this one); set moe.load_imbalance if you know it.")
     best = res.plans[0].estimate
     warning = memory_warning(best.stage_memory_GiB, best.stage_capacity_GiB)
     checked = None
@@ -105,12 +111,12 @@ def plan_command(args: argparse.Namespace) -> int:
         from specs.planfile import TrainConfig, make_plan, save_plan
 
         best = res.plans[0]
-        pred = prediction_json(best.estimate, best.config, spreads[0][0], fit is not None)
+        pred = prediction_json(best.estimate, best.config, spreads[0][0], fit is not None, balanced[0])
         train = TrainConfig(steps=args.steps) if args.steps else TrainConfig()
         save_plan(make_plan(model, cluster, args.global_batch, best.config, pred, train), args.out)
     if args.format == "json":
-        rows = [prediction_json(p.estimate, p.config, spread, fit is not None)
-                for p, (spread, _) in zip(res.plans, spreads)]
+        rows = [prediction_json(p.estimate, p.config, spread, fit is not None, low)
+                for p, (spread, _), low in zip(res.plans, spreads, balanced)]
         baseline = {"homogeneous_baseline": res.homogeneous.row()} if res.homogeneous is not None else {}
         print(json.dumps({"plans": rows, "search": search_info, "why": reason, **baseline,
                           "uncertainty": {"ranking_sigma": ranking_sigma(), "tie_margin": tie_margin(),
@@ -124,8 +130,8 @@ def plan_command(args: argparse.Namespace) -> int:
     print_inputs(con, model, cluster)
     con.print(f"searched {res.candidates:,} configurations in {res.seconds:.2f} s "
               f"(global batch {args.global_batch}{', exhaustive' if res.exhaustive else ''})")
-    con.print(plans_table([{**p.row(), "band": step_band(p.config.pp, p.estimate.step_time_s, spread)}
-                           for p, (spread, _) in zip(res.plans, spreads)],
+    con.print(plans_table([{**p.row(), "band": step_band(p.config.pp, p.estimate.step_time_s, spread, low)}
+                           for p, (spread, _), low in zip(res.plans, spreads, balanced)],
                           f"top {len(res.plans)} plans"))
     con.print(f"[bold]why:[/bold] {escape(reason)}")
     for tab in estimate_tables(res.plans[0].estimate, "best plan")[1:]:

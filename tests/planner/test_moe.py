@@ -101,6 +101,48 @@ def test_imbalance_and_capacity_slow_the_experts():
     assert capped == pytest.approx(t[1.0])  # padded to capacity 1.0: the balanced load
 
 
+def test_unknown_routing_is_priced_at_the_default_and_its_band_reaches_balanced(capsys):
+    """A spec that leaves moe.load_imbalance unset is priced at the default imbalance, and its band reaches down to
+    the step at balanced routing; a spec that sets it (any value) gets the plain band."""
+    from planner.uncertainty import band
+
+    m = load_model("mixtral-8x7b")
+    assert m.moe.load_imbalance is None and not m.moe.routing_known
+    cluster = load_cluster("dgx-h100").resized(64)
+    cfg = ParallelConfig(tp=1, pp=4, dp=16, mbs=1, ep=8, zero=1)
+    at = {r: estimate(m.model_copy(update={"moe": m.moe.model_copy(update={"load_imbalance": r})}), cluster, cfg,
+                      256).step_time_s for r in (1.0, 1.5)}
+    assert estimate(m, cluster, cfg, 256).step_time_s == pytest.approx(at[1.5])  # the default, 1.5
+    keys = "tp=1,pp=4,ep=8,mbs=1,zero=1"
+    assert main(["estimate", "--model", "mixtral-8x7b", "--cluster", "dgx-h100", "--gpus", "64", "--global-batch",
+                 "256", "--plan", keys, "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    b = band(True)
+    assert out["balanced_routing_step_s"] == pytest.approx(at[1.0], rel=1e-5)
+    assert out["step_time_band_s"] == pytest.approx([at[1.0] * b.low, at[1.5] * b.high], rel=1e-4)
+    assert main(["plan", "--model", "mixtral-8x7b", "--cluster", "dgx-h100", "--gpus", "64", "--global-batch", "256",
+                 "--top", "2", "--format", "json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert all(p["balanced_routing_step_s"] < p["step_time_s"] for p in plan["plans"])
+    assert "load imbalance is not known" in plan["why"]
+
+
+def test_a_known_imbalance_keeps_the_plain_band(tmp_path, capsys):
+    from planner.uncertainty import band
+
+    spec = load_model("mixtral-8x7b").model_dump(mode="json")
+    spec["moe"]["load_imbalance"] = 1.5
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(spec))
+    assert main(["estimate", "--model", str(path), "--cluster", "dgx-h100", "--gpus", "64", "--global-batch", "256",
+                 "--plan", "tp=1,pp=4,ep=8,mbs=1,zero=1", "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    b = band(True)
+    assert "balanced_routing_step_s" not in out
+    assert out["step_time_band_s"] == pytest.approx([out["step_time_s"] * b.low, out["step_time_s"] * b.high],
+                                                    rel=1e-4)
+
+
 # ---- the planner ----------------------------------------------------------------------------------------------
 def test_mixtral_on_64_h100s_uses_expert_parallelism():
     res = search(load_model("mixtral-8x7b"), load_cluster("dgx-h100").resized(64), 512, top=3)
