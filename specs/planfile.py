@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import json
 from pathlib import Path
 from typing import Annotated, Any
@@ -98,11 +99,25 @@ class PlanFile(BaseModel):
 
     @property
     def prediction_is_current(self) -> bool:
-        """Whether ``prediction`` was made for this plan's keys and batch (False after a hand edit; plan files
-        written before predictions were stamped count as current)."""
+        """Whether ``prediction`` was made for this plan's keys, batch, model, cluster and state (False after a
+        hand edit; plan files written before predictions were stamped, or before the inputs were, count as
+        current in what they did not stamp)."""
         made_for = self.prediction.get("for")
-        return made_for is None or made_for == {"parallel": self.parallel, "global_batch": self.global_batch,
-                                                "seq": self.seq}
+        if made_for is None:
+            return True
+        now = _made_for(self.parallel, self.global_batch, self.seq, self.model, self.cluster, self.state)
+        return all(made_for.get(k) == v for k, v in now.items() if k in made_for or k != "inputs")
+
+
+def _made_for(parallel: dict[str, Any], global_batch: int, seq: int, model: ModelSpec, cluster: ClusterSpec,
+              state: StateSpec | None) -> dict[str, Any]:
+    """What a prediction was made for: the plan's keys, batch and sequence, and a digest of the model, cluster and
+    state (their non-default fields, so a field a later version adds does not count as an edit)."""
+    inputs = {"model": model, "cluster": cluster, "state": state or StateSpec.default(cluster.precision)}
+    text = json.dumps({k: v.model_dump(mode="json", by_alias=True, exclude_defaults=True) for k, v in inputs.items()},
+                      sort_keys=True)
+    return {"parallel": parallel, "global_batch": global_batch, "seq": seq,
+            "inputs": hashlib.sha256(text.encode()).hexdigest()[:16]}
 
 
 def make_plan(model: ModelSpec, cluster: ClusterSpec, global_batch: int, cfg: ParallelConfig,
@@ -117,8 +132,8 @@ def make_plan(model: ModelSpec, cluster: ClusterSpec, global_batch: int, cfg: Pa
         seq=model.seq_length,
         parallel=cfg.to_dict(),
         prediction={**{k: v for k, v in prediction.items() if k != "parallel"},  # `for` holds the plan's keys
-                    "for": {"parallel": cfg.to_dict(), "global_batch": global_batch,
-                            "seq": model.seq_length}} if prediction else {},
+                    "for": _made_for(cfg.to_dict(), global_batch, model.seq_length, model, cluster, state)}
+        if prediction else {},
         train=train or TrainConfig(),
         state=state or StateSpec.default(cluster.precision),
     )

@@ -25,11 +25,27 @@ def run_command(args: argparse.Namespace) -> int:
         plan_path = _replan(args)
     elif args.gpus is not None:
         raise AutoparError("--gpus is for --replan (a plan file fixes its own GPU count)")
+    if plan_path is None and args.resume and args.checkpoint_dir:
+        plan_path = _checkpoint_plan(Path(args.checkpoint_dir))
     if plan_path is None:
         plan_path = str(_plan_default(cache_dir() / "default-plan.json", "its command" if args.dry_run else None))
     fresh = _fresh_prediction(plan_path)
     return launch(plan_path=plan_path, predicted_step_s=fresh and fresh.step_time_s,
                   predicted_memory_GiB=fresh and fresh.memory_GiB, **launch_options(args))
+
+
+def _checkpoint_plan(root: Path) -> str:
+    """``run --resume --checkpoint-dir D`` without a plan file: the plan that wrote D's newest checkpoint, written
+    beside the checkpoints; returns its path."""
+    from runtime.checkpoint import saved_plan
+    from specs.planfile import save_plan
+
+    plan = saved_plan(root)
+    path = root / "resumed-plan.json"
+    save_plan(plan, path)
+    print(f"autopar: no plan file given: resuming under the plan of the newest checkpoint ({plan.config.short()} on "
+          f"{plan.world_size} GPUs); wrote it to {path}", flush=True)
+    return str(path)
 
 
 def _full_size(cluster: Any) -> Any:

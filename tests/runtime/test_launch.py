@@ -78,6 +78,9 @@ def test_resume_replans_for_the_gpus_there_are_now(tmp_path, capsys):
     rows = _rows(m)
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
     np.testing.assert_allclose([r["loss"] for r in rows[4:]], [r["loss"] for r in _rows(whole)[4:]], atol=1e-5)
+    assert main(["run", "--resume", "--checkpoint-dir", ck, "--steps", "7", "--metrics-out", str(m)]) == 0
+    assert "resuming under the plan of the newest checkpoint (tp=" in capsys.readouterr().out  # not the default plan
+    assert load_plan(Path(ck) / "resumed-plan.json").world_size == 2 and [r["step"] for r in _rows(m)][-1] == 7
     assert main(["run", plan, "--replan", "--resume", "--gpus", "2", "--checkpoint-dir", ck]) == 2
     assert "leave out the plan file" in capsys.readouterr().err
     assert main(["run", "--replan", "--resume", "--gpus", "5", "--checkpoint-dir", ck]) == 2  # 16 sequences, 5 ranks
@@ -420,6 +423,26 @@ def test_a_hand_edited_plan_is_re_estimated_at_load(tmp_path, capsys):
     assert all(r["predicted_memory_GiB"] == pytest.approx(est.memory_GiB) for r in rows)
     assert est.memory_GiB != pytest.approx(data["prediction"]["memory_GiB"])
     assert load_plan(default_plan(tmp_path / "fresh.json")[0]).prediction_is_current
+
+
+def test_a_plan_edited_in_model_cluster_or_state_is_not_current(tmp_path):
+    """Not only the keys: a plan file whose model, cluster or state was edited by hand carries a prediction for
+    something else; restoring the edit makes it current again, and a file stamped before the inputs were counts as
+    current in them."""
+    path = tmp_path / "p.json"
+    default_plan(path)
+    data = json.loads(path.read_text())
+    assert load_plan(path).prediction_is_current
+    for part, key, value in (("model", "num_layers", 6), ("cluster", "gpus_per_node", 16), ("state", "bucket_params", 999)):
+        edited = json.loads(json.dumps(data))
+        edited[part][key] = value
+        path.write_text(json.dumps(edited))
+        assert not load_plan(path).prediction_is_current, part
+        del edited["prediction"]["for"]["inputs"]
+        path.write_text(json.dumps(edited))
+        assert load_plan(path).prediction_is_current, part
+    path.write_text(json.dumps(data))
+    assert load_plan(path).prediction_is_current
 
 
 @pytest.mark.parametrize("sizes,cfg", [
