@@ -34,6 +34,22 @@ def runner_up(plans: list[PlanResult]) -> PlanResult | None:
     return plans[1]
 
 
+def _enough(saves: list[tuple[float, str]], cost: float, most: int = 4) -> list[tuple[float, str]]:
+    """The largest savings, as many as it takes for them to exceed ``cost`` (at least two where there are, at most
+    ``most``), so that "they outweigh the costs" is true of what is named."""
+    out: list[tuple[float, str]] = []
+    for d, k in saves[:most]:
+        if len(out) >= 2 and -sum(x for x, _ in out) > cost:
+            break
+        out.append((d, k))
+    return out
+
+
+def _listed(parts: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
 def why(best: PlanResult, other: PlanResult) -> str:
     """One or two sentences comparing two plans by the parts of the step that differ most."""
     a, b = best.estimate, other.estimate
@@ -46,8 +62,9 @@ def why(best: PlanResult, other: PlanResult) -> str:
     gain = (b.step_time_s - a.step_time_s) / b.step_time_s * 100
     deltas = sorted(((a.breakdown[k] - b.breakdown.get(k, 0.0), k) for k in a.breakdown), key=lambda x: x[0])
     tiny = 1e-6 * b.step_time_s  # rounding, not a difference
-    saves = [(d, k) for d, k in deltas if d < -tiny][:2]
-    costs = [(d, k) for d, k in reversed(deltas) if d > tiny][:1]
+    all_saves = [(d, k) for d, k in deltas if d < -tiny]
+    all_costs = [(d, k) for d, k in reversed(deltas) if d > tiny]
+    saves, costs = _enough(all_saves, sum(d for d, _ in all_costs)), all_costs[:2]
     if gain < 0.05:
         text = f"Best plan ({best.config.short()}) is as fast as the next one ({other.config.short()})"
     else:
@@ -55,10 +72,15 @@ def why(best: PlanResult, other: PlanResult) -> str:
     if diffs:
         text += f" [{', '.join(diffs)}]"
     if saves:
-        text += ": " + " and ".join(f"{_fmt(-d)} less {PART_NAMES.get(k, k)}" for d, k in saves)
+        named = [f"{_fmt(-d)} less {PART_NAMES.get(k, k)}" for d, k in saves]
+        if len(saves) < len(all_saves) and -sum(d for d, _ in saves) <= sum(d for d, _ in all_costs):
+            named.append("smaller savings")  # what is named does not outweigh the costs alone
+        text += ": " + _listed(named)
         if costs:
-            d, k = costs[0]
-            text += f" outweigh {_fmt(d)} more {PART_NAMES.get(k, k)}"
+            text += " outweighs" if len(named) == 1 else " outweigh"
+            text += " " + _listed([f"{_fmt(d)} more {PART_NAMES.get(k, k)}" for d, k in costs])
+            if len(costs) < len(all_costs):
+                text += f" ({_fmt(sum(d for d, _ in all_costs))} more in all)"
     text += "."
     dm = a.memory_GiB - b.memory_GiB
     if abs(dm) >= 0.5:

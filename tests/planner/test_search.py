@@ -351,3 +351,28 @@ def test_tune_measures_only_the_plans_tied_with_the_best():
     assert len(finalists(plans(1.0, near, near, far), 3)) == 3
     assert len(finalists(plans(1.0, near, near, near), 2)) == 2
     assert len(finalists(plans(1.0, far, far), 3)) == 1
+
+
+def test_why_names_enough_savings_to_outweigh_what_it_names():
+    """"X and Y outweigh Z" holds of what is named: GPT-3 on 1,024 A100s, where the two largest savings alone do not
+    outweigh the larger data-parallel exposure (at the command's 8 GiB headroom); the best plan against each of the next five."""
+    import re
+
+    from planner.explain import why
+
+    res = search(load_model("gpt3-175b"), load_cluster("dgx-a100").resized(1024), 1536, top=5, headroom_GiB=8)
+
+    def seconds(part: str, word: str) -> float:
+        found = re.findall(rf"([\d.]+) (ms|s) {word}", part)
+        return sum(float(v) * (1e-3 if u == "ms" else 1.0) for v, u in found)
+
+    checked = 0
+    for other in res.ranked[1:6]:
+        text = why(res.ranked[0], other).split(". ")[0]
+        if " outweigh" not in text:
+            continue
+        saved, cost = text.split(" outweigh", 1)
+        total = seconds(cost, "more in all") or seconds(cost, "more")
+        assert "smaller savings" in saved or seconds(saved, "less") > total * 0.999, text
+        checked += 1
+    assert checked
