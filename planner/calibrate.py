@@ -6,8 +6,8 @@ one for all), else from a ``plan`` key in the metrics file (a path, or the embed
 run and its resume under another plan both appended to holds several runs: consecutive step lines under one
 ``plan`` entry are one run (a line without the key continues the run before it), each fitted as a run of its
 own (``--plan`` is refused for such a file: its lines name their plans). A run's measured step time is the
-median over its steps after the warm-up (``--warmup``, default the first 10%, at least one step when there
-are several), taken in each run.
+median over its steps after the warm-up (``--warmup``, default the first 10% and at least one step: a run of one
+step is refused unless ``--warmup 0``), taken in each run.
 
 Model: five scales on the profile, each a factor on what it measures (:data:`PARAMS`): GEMM rate (the GEMM
 table and ``efficiency.gemm``), attention rate (attention table, ``efficiency.attention_*``), memory-bound
@@ -162,8 +162,11 @@ MIN_STEPS = 5  # measured steps after warm-up below which a run's median says li
 def measured_median(rows: list[dict[str, Any]], warmup: int | None, source: str) -> tuple[float, int]:
     """Median step time after the warm-up steps, and how many steps it is over (a note below MIN_STEPS)."""
     rows = sorted(rows, key=lambda r: r["step"])
-    skip = warmup if warmup is not None else (max(1, len(rows) // 10) if len(rows) > 1 else 0)
+    skip = warmup if warmup is not None else max(1, len(rows) // 10)
     kept = [r["step_time_s"] for r in rows[skip:]]
+    if not kept and warmup is None:
+        raise AutoparError(f"metrics file {source}: its one step is the warm-up (the first step of a run allocates "
+                           "and compiles: not a measurement); run more steps, or give --warmup 0 to fit it anyway")
     if not kept:
         raise AutoparError(f"metrics file {source}: all {len(rows)} step(s) are warm-up (--warmup {skip}); "
                            "run more steps or lower --warmup")

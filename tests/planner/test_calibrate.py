@@ -12,6 +12,7 @@ import pytest
 from planner.calibrate import PARAMS, Run, fit_scales, measured_median, predict, scaled
 from planner.cli import main
 from specs.cluster import load_cluster
+from specs.errors import AutoparError
 from specs.model import ModelSpec
 from specs.model_loading import load_model
 from specs.parallel import ParallelConfig
@@ -203,6 +204,19 @@ def test_a_run_with_few_measured_steps_is_warned_about(capsys):
     many = [{"step": i, "step_time_s": 0.5} for i in range(1, 12)]
     measured_median(many, 1, "m.jsonl")
     assert capsys.readouterr().err == ""
+
+
+def test_a_run_of_one_step_is_not_fitted_from_its_warm_up():
+    """The default warm-up leaves out at least the first step: a one-step run is refused (it measured allocation and
+    compilation, 2.5x a steady step in the walkthrough that found it), unless --warmup 0 asks for it."""
+    from planner.calibrate import measured_median
+
+    one = [{"step": 1, "step_time_s": 0.44}]
+    with pytest.raises(AutoparError, match="its one step is the warm-up.*--warmup 0"):
+        measured_median(one, None, "m.jsonl")
+    assert measured_median(one, 0, "m.jsonl")[0] == pytest.approx(0.44)
+    two = [{"step": 1, "step_time_s": 0.44}, {"step": 2, "step_time_s": 0.17}]
+    assert measured_median(two, None, "m.jsonl")[0] == pytest.approx(0.17)
 
 
 def test_a_plan_the_metrics_were_not_written_by_is_refused(tmp_path, capsys):
