@@ -91,8 +91,13 @@ class TokenData:
         self._perm: dict[int, np.ndarray] = {}
 
     def _check(self, toks: np.ndarray) -> None:
-        hi = int(toks.max()) if toks.size else 0
-        if hi >= self.vocab or (toks.size and int(toks.min()) < 0):
+        if not toks.size:
+            return
+        lo, hi = int(toks.min()), int(toks.max())
+        if lo < 0:
+            raise AutoparError(f"data file {self.path} has token id {lo}: token ids are 0 or more; check how it was "
+                               "written (a signed type that overflowed, or padding marked -1)")
+        if hi >= self.vocab:
             raise AutoparError(f"data file {self.path} has token id {hi} but the model's vocabulary is "
                                f"{self.vocab}; tokenise for this model or pick a model with a larger vocabulary")
 

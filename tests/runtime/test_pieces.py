@@ -86,6 +86,9 @@ def test_token_file_formats(tmp_path):
         TokenData(tmp_path / "a.u32", seq=2000, vocab_size=300, seed=0)
     with pytest.raises(AutoparError, match="token id 299"):
         TokenData(tmp_path / "a.u32", seq=16, vocab_size=256, seed=0)
+    np.save(tmp_path / "neg.npy", np.r_[np.full(100, -1), np.full(100, 5)].astype(np.int64))
+    with pytest.raises(AutoparError, match="token id -1: token ids are 0 or more"):  # not "id 5 ... vocabulary"
+        TokenData(tmp_path / "neg.npy", seq=16, vocab_size=256, seed=0)
 
 
 @pytest.mark.parametrize("tp", [1, 2, 3, 4])
