@@ -144,6 +144,7 @@ def cluster_profile(meas: dict[str, Any], name: str, kernel_overhead_s: float | 
     # CPU ranks are processes: a node holds as many as the bundled CPU profile, whatever ran the probe
     if meas["backend"] == "gloo" and base is not None and world == local and not as_run:
         per_node = max(local, base.gpus_per_node)
+        gpu["memory_GiB"] = _sig(dev["memory_GiB"] * local / per_node)  # the host's memory over all of them
     out: dict[str, Any] = {"name": name, "gpu": gpu, "gpus_per_node": per_node, "num_nodes": 1 if per_node != local
                            else world // local,
                            "backend": meas["backend"], "precision": meas["precision"], "intra_node": intra}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import numpy as np
 import pytest
@@ -50,6 +51,9 @@ def test_profile_loads_with_sane_tables(profile_path):
     assert c.gpus_per_node == load_cluster("cpu-gloo").gpus_per_node == 8 and c.num_nodes == 1
     assert load_cluster(str(profile_path), gpus=4).num_nodes == 1
     g = c.gpu
+    # ... so each of its 8 ranks gets an eighth of the host's memory, not the half each of the 2 measured ranks had
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    assert g.memory_GiB * c.gpus_per_node == pytest.approx(host, rel=0.01)
     assert len(g.gemm_table) == 18 and all(p.tflops > 0 and math.isfinite(p.tflops) for p in g.gemm_table)
     assert g.attention_table and all(a.fwd_tflops > 0 and a.bwd_tflops > 0 for a in g.attention_table)
     assert {a.head_dim for a in g.attention_table} == {16, 64}
