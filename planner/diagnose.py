@@ -212,7 +212,7 @@ def diagnose(plan: PlanFile, rows: list[dict[str, Any]], warmup: int | None, thr
     ph = {p: np.median(v, axis=0) for p, v in steps.items()}
     # a straggler is slow in most steps, not in a few: its fastest quarter of steps is still slow
     usual = {p: np.quantile(v, 0.25, axis=0) for p, v in steps.items()}
-    est = estimate(plan.model, plan.cluster, cfg, plan.global_batch, validate=False, state=plan.state)
+    est = estimate(plan.model, plan.used_cluster, cfg, plan.global_batch, validate=False, state=plan.state)
     work, share = _stage_work(est, cfg.pp, cfg.vpp)
     slow = find_stragglers(plan, usual, work, step_s, threshold)
     coords = [cfg.rank_coords(r) for r in range(cfg.world)]

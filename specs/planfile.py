@@ -98,6 +98,12 @@ class PlanFile(BaseModel):
         return self.config.world
 
     @property
+    def used_cluster(self) -> ClusterSpec:
+        """The cluster as the plan uses it: resized to the plan's GPUs when it needs fewer than the cluster has."""
+        world = self.config.world
+        return self.cluster if world == self.cluster.num_gpus else self.cluster.resized(gpus=world)
+
+    @property
     def prediction_is_current(self) -> bool:
         """Whether ``prediction`` was made for this plan's keys, batch, model, cluster and state (False after a
         hand edit; plan files written before predictions were stamped, or before the inputs were, count as

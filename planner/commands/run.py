@@ -105,7 +105,7 @@ def _fresh_prediction(plan_path: str) -> Any:
     plan = load_plan(plan_path)
     if plan.prediction_is_current or not plan.prediction:
         return None
-    est = estimate(plan.model, plan.cluster, plan.config, plan.global_batch, state=plan.state)
+    est = estimate(plan.model, plan.used_cluster, plan.config, plan.global_batch, state=plan.state)
     print(f"autopar: {plan_path} was edited since its prediction ({plan.prediction.get('step_time_s', 0):.4g} s "
           f"a step); re-estimated for {plan.config.short()}: {est.step_time_s:.4g} s", flush=True)
     return est

@@ -443,6 +443,14 @@ def test_a_plan_edited_in_model_cluster_or_state_is_not_current(tmp_path):
         assert load_plan(path).prediction_is_current, part
     path.write_text(json.dumps(data))
     assert load_plan(path).prediction_is_current
+    # keys edited to use 2 of the cluster's 4 GPUs: re-estimated on those 2 (it was a rule error about 4 GPUs)
+    from planner.commands.run import _fresh_prediction
+
+    data["parallel"].update(tp=1, sp=False, tp_overlap=False)
+    path.write_text(json.dumps(data))
+    plan = load_plan(path)
+    assert plan.world_size == 2 < plan.cluster.num_gpus and plan.used_cluster.num_gpus == 2
+    assert _fresh_prediction(str(path)).step_time_s > 0
 
 
 @pytest.mark.parametrize("sizes,cfg", [
