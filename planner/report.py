@@ -77,9 +77,9 @@ def estimate_tables(est: Estimate, title: str) -> list[Table]:
 
 def memory_check_table(rows: list[dict[str, Any]]) -> Table:
     """``estimate --verify``: per pipeline rank, the replayed and the predicted state and peak."""
-    tab = Table(title="memory replayed by the runtime (meta device) vs the model, allocator share left out",
+    tab = Table(title="memory: replayed by the runtime (meta device) vs the model (allocator left out)",
                 header_style="bold")
-    for col in ("pp rank", "state", "predicted", "peak", "predicted", "model vs replay"):
+    for col in ("pp rank", "state replayed", "state model", "peak replayed", "peak model", "model vs replay"):
         tab.add_column(col, justify="right")
     for r in rows:
         sizes = (fmt_gib(r[k]) for k in ("state_GiB", "predicted_state_GiB", "peak_GiB", "predicted_peak_GiB"))

@@ -117,9 +117,9 @@ def corrupt_files(ck: Path, meta: dict[str, Any], share: int = 0, shares: int = 
 
 def corrupt_error(ck: Path, bad: list[str]) -> AutoparError:
     """The error for a checkpoint whose files ``bad`` do not match their checksums."""
-    more = f", nor do {len(bad) - 1} more files" if len(bad) > 1 else ""
-    return AutoparError(f"checkpoint {ck} is corrupt ({bad[0]} does not match the checksum it was saved with{more}); "
-                        "delete it to use an earlier one")
+    more = f", and {len(bad) - 1} more files" if len(bad) > 1 else ""
+    what = "does not match the checksum it was saved with" if (ck / bad[0]).exists() else "is missing"
+    return AutoparError(f"checkpoint {ck} is corrupt ({bad[0]} {what}{more}); delete it to use an earlier one")
 
 
 def save_checkpoint(tr: Trainer, root: Path, keep: int = KEEP_CHECKPOINTS) -> Path:

@@ -41,6 +41,8 @@ def plan_command(args: argparse.Namespace) -> int:
             raise AutoparError(f"--runnable: {problem}")
     if args.top < 1:
         raise AutoparError(f"--top must be at least 1, got {args.top}")
+    if args.steps is not None and not args.out:
+        raise AutoparError("--steps sets the training steps written into the plan file: give --out FILE with it")
     if args.steps is not None and not 1 <= args.steps < 2**63:
         raise AutoparError(f"--steps must be at least 1 (and below 2^63), got {args.steps}")
     headroom = headroom_for(args.headroom, cluster.gpu.memory_GiB)

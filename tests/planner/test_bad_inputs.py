@@ -357,7 +357,9 @@ def test_an_output_is_never_one_of_the_inputs(tmp_path, capsys):
     (["plan", "--model", "tiny", "--cluster", "ib-roce-a100", "--global-batch", "128", "--fix",
       "placement=ib*" + "9" * 5000], "at most 65,536 ranks in all"),
     (["plan", "--model", "tiny", "--cluster", "cpu-gloo", "--gpus", "1", "--global-batch", "2", "--steps",
-      "99999999999999999999999"], "--steps must be at least 1 (and below 2^63)"),
+      "99999999999999999999999", "--out", "p.json"], "--steps must be at least 1 (and below 2^63)"),
+    (["plan", "--model", "tiny", "--cluster", "cpu-gloo", "--gpus", "1", "--global-batch", "2", "--steps", "80"],
+     "--steps sets the training steps written into the plan file: give --out FILE"),
     (["run", "--resume", "--replan", "--gpus", "0", "--checkpoint-dir", "ck"], "--gpus must be at least 1"),
 ])
 def test_bad_flag_values(capsys, tmp_path, monkeypatch, argv, needle):

@@ -158,6 +158,9 @@ def test_bad_checkpoints_are_one_line_errors(pool, tokens64, tmp_path):
     shard.write_bytes(intact[:100])
     msg = run(case, tmp_path / "ck", True)
     assert msg.startswith("AutoparError:") and "corrupt" in msg and "\n" not in msg
+    shard.unlink()  # deleted: said so, not "does not match"
+    msg = run(case, tmp_path / "ck", True)
+    assert msg.startswith("AutoparError:") and f"corrupt ({shard.name} is missing" in msg
     meta = tmp_path / "ck" / "step_00000001" / "meta.json"
     good = json.loads(meta.read_text())
     for broken in ("{not json", json.dumps({**good, "plan": "x"}), json.dumps({**good, "step": -5}),
