@@ -62,6 +62,12 @@ def estimate_tables(est: Estimate, title: str) -> list[Table]:
                 f"{est.memory_GiB:.1f} GiB", "yes" if est.fits else "[red]NO[/red]",
                 f"{est.bubble_fraction * 100:.1f}%", f"{est.exposed_comm_fraction * 100:.1f}%")
     bd = Table(title="step time on the critical pipeline rank", header_style="bold")
+    if len(est.stage_time_s) > 1:  # where the bubble comes from: an uneven stage makes the others wait
+        work = " / ".join(fmt_time(t) for t in est.stage_time_s)
+        bd = Table(title=f"step time on the critical pipeline rank ({est.critical_rank} of {len(est.stage_time_s)})",
+                   header_style="bold", min_width=64, caption_justify="left",
+                   caption=f"a micro-batch's forward + backward by pipeline rank: {work}; the bubble is the wait for "
+                           "the pipeline to fill and for slower ranks")
     bd.add_column("part")
     bd.add_column("time", justify="right")
     bd.add_column("share", justify="right")

@@ -43,6 +43,11 @@ def test_estimate_table(capsys):
                        "--plan", "tp=2,pp=2,mbs=1")
     assert code == 0
     assert "step time" in out and "pipeline bubble" in out and "optimizer" in out and "activations" in out
+    # a pipeline's table says each rank's work per micro-batch: an uneven stage (4 layers over 3 ranks) shows
+    code, out, _ = run(capsys, "estimate", "--model", "tiny", "--cluster", "cpu-gloo", "--gpus", "3",
+                       "--global-batch", "16", "--plan", "pp=3,mbs=1")
+    work = re.search(r"by pipeline rank: ([\d.]+) ms / ([\d.]+) ms / ([\d.]+) ms", " ".join(out.split()))
+    assert code == 0 and work and float(work[2]) > 1.5 * min(float(work[1]), float(work[3]))
 
 
 BAD = [
