@@ -218,8 +218,8 @@ def sweep(model: ModelSpec, cluster: ClusterSpec, global_batch: int, key: str, v
             if note:
                 pt["note"] = note
             pt["gpus"] = c.num_gpus
-            res = search(model, c, global_batch, fixed={**fixed, **compare}, top=1,
-                         headroom_GiB=headroom_for(headroom_GiB, c.gpu.memory_GiB),
+            room = headroom_for(headroom_GiB, c.gpu.memory_GiB)
+            res = search(model, c, global_batch, fixed={**fixed, **compare}, top=1, headroom_GiB=room,
                          refine_count=12, flags=flags, place_groups=not homogeneous)
         except AutoparError as err:
             res, pt["error"] = None, str(err)
@@ -230,7 +230,11 @@ def sweep(model: ModelSpec, cluster: ClusterSpec, global_batch: int, key: str, v
             pt.update(tokens_per_s=e.tokens_per_s, step_time_s=e.step_time_s, mfu=e.mfu, memory_GiB=e.memory_GiB,
                       plan=best.config.short(), parallel=best.config.to_dict(), breakdown=e.breakdown)
         elif res is not None:
-            pt["error"] = "no plan fits"
+            close = res.closest
+            need = (f"; the closest ({close.config.short()}) needs {close.estimate.memory_GiB:.1f} GiB per GPU, of "
+                    f"{c.gpu.memory_GiB - room:g} usable ({c.gpu.memory_GiB:g} less {room:g} headroom)"
+                    ) if close is not None else ""
+            pt["error"] = f"no plan fits{need}"
         pts.append(pt)
     normalize({"curve": pts}, key)
     prev = None

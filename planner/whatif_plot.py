@@ -5,7 +5,7 @@ Three kinds, each drawn the way its axis reads best:
   efficiency below;
 - bandwidth (and NICs): throughput against a log axis;
 - GPU type: a bar chart, one bar per GPU (grouped by curve with ``--compare``), the names horizontal; a GPU
-  without a plan has "no plan" written where its bar would stand.
+  without a plan has "no plan" written where its bar would stand (on line plots, where its plan would be named).
 Every point carries its best plan (:func:`plan_label`), written vertically so neighbouring labels never cross
 (line plots: in bands along the top and the bottom of the axes, clear of the data; bars: on the bar);
 throughput reads in k/M tokens per second; the figure is saved with nothing clipped. A ``--compare`` curve is
@@ -23,7 +23,7 @@ from specs.files import check_output_file
 
 AXIS = {"inter_node_bw": "inter-node bandwidth (Gb/s per NIC)", "intra_node_bw": "NVLink bandwidth (GB/s per GPU)",
         "gpus": "GPUs", "nodes": "nodes", "gpu": "GPU type", "nics_per_node": "NICs per node"}
-NO_PLAN = "no plan"  # written at the base of a GPU type's bar where that GPU has no plan (it was tried)
+NO_PLAN = "no plan"  # written where a point's bar or plan label would be when it has no plan (it was tried)
 
 
 def plan_label(parallel: dict[str, Any]) -> str:
@@ -99,6 +99,10 @@ def figure(curves: dict[str, list[dict[str, Any]]], key: str, model: str, cluste
             top.text(x, 0.98 if i == 0 else 0.02, _plain(plan_label(p["parallel"])), transform=band, rotation=90,
                      ha="center", va="top" if i == 0 else "bottom", fontsize=7, color=line.get_color(),
                      gid="plan-label")
+        for p in curves[name]:  # a point tried without a plan: "no plan" where its plan would be named
+            if not p.get("tokens_per_s"):
+                top.text(p["value"], 0.98 if i == 0 else 0.02, NO_PLAN, transform=band, rotation=90, ha="center",
+                         va="top" if i == 0 else "bottom", fontsize=7, color="grey", gid="no-plan")
     if scaling:
         ok = [p for p in curves[names[0]] if p.get("tokens_per_s")]
         if ok:

@@ -115,3 +115,15 @@ def test_a_gpu_type_without_a_plan_is_labelled_in_the_bar_plot():
             assert ax.bbox.x0 <= box.x0 and box.x1 <= ax.bbox.x1 and ax.bbox.y0 <= box.y0 <= ax.bbox.y1
     labels = [t.get_window_extent(r) for t in fig.findobj() if getattr(t, "get_gid", lambda: None)() == "plan-label"]
     assert len(labels) == 4 and not any(t.get_window_extent(r).overlaps(b) for t in marks for b in labels)
+
+
+def test_a_point_without_a_plan_is_labelled_on_the_line_plot():
+    """--vary gpus where the smallest cluster holds no plan: its place on the GPU axis says "no plan" where its plan
+    would be named, not blank."""
+    model, cluster = load_model("llama3-70b"), load_cluster("dgx-h100")
+    curves = {"best": sweep(model, cluster, 512, "gpus", [8, 64], {})}
+    normalize(curves, "gpus")
+    assert "error" in curves["best"][0] and curves["best"][1]["tokens_per_s"] > 0
+    fig = figure(curves, "gpus", model.name, cluster.name)
+    marks = [t for t in fig.findobj() if getattr(t, "get_gid", lambda: None)() == "no-plan"]
+    assert [(t.get_text(), t.get_position()[0]) for t in marks] == [(NO_PLAN, 8)]
