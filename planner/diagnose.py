@@ -251,8 +251,10 @@ def diagnosis_tables(d: Diagnosis, plan_keys: str) -> list[Table | str]:
                    header_style="bold")
     for col in ("phase", "predicted", "measured", "gap", "share of the gap"):
         phases.add_column(col, justify="left" if col == "phase" else "right")
+    moved = sum(abs(p["gap_s"]) for p in d.phases)
     for p in d.phases:
-        share = f"{100 * p['gap_s'] / gap:.0f}%" if abs(gap) > 0 else "-"
+        # shares of a net gap that is small beside what moved (phases off both ways) would read -481% / +427%
+        share = f"{round(100 * p['gap_s'] / gap) + 0:.0f}%" if abs(gap) > 0.25 * moved > 0 else "-"
         phases.add_row(p["phase"], fmt_time(p["predicted_s"]), fmt_time(p["measured_s"]),
                        f"{'+' if p['gap_s'] >= 0 else '-'}{fmt_time(abs(p['gap_s']))}", share)
     ranks = Table(title="each rank's step (median seconds)", header_style="bold")

@@ -340,17 +340,17 @@ class ClusterSpec(Strict):
             for g in self.node_groups:
                 gpu, net = GPUSpec.model_validate(g.gpu), g.inter_node
                 parts.append(f"{g.name} ({g.num_nodes} x {g.gpus_per_node} {gpu.name}, {net.nics_per_node}x"
-                             f"{net.nic_bandwidth_Gbps:g} Gb/s {net.kind})")
+                             f"{net.nic_bandwidth_Gbps:.4g} Gb/s {net.kind})")
             names = list(self.groups)
-            links = [f"{a}-{b} {topo.between(a, b)[0]:g} Gb/s per node" for i, a in enumerate(names)
+            links = [f"{a}-{b} {topo.between(a, b)[0]:.4g} Gb/s per node" for i, a in enumerate(names)
                      for b in names[i + 1:]]
             return (f"{self.name}: {self.num_gpus} GPUs in node groups {', '.join(parts)}; between groups "
                     f"{', '.join(links)}")
-        net = (f", {self.inter_node.nics_per_node}x{self.inter_node.nic_bandwidth_Gbps:g} Gb/s NICs per node"
+        net = (f", {self.inter_node.nics_per_node}x{self.inter_node.nic_bandwidth_Gbps:.4g} Gb/s NICs per node"
                if self.inter_node else "")
         tp = ", tensor parallelism may span nodes" if self.tp_across_nodes and self.num_nodes > 1 else ""
         return (f"{self.name}: {self.num_nodes} x {self.gpus_per_node} {self.gpu.name} "
-                f"({self.num_gpus} GPUs), intra-node {self.intra_node.bandwidth_GBps:g} GB/s{net}{tp}")
+                f"({self.num_gpus} GPUs), intra-node {self.intra_node.bandwidth_GBps:.4g} GB/s{net}{tp}")
 
 
 def list_gpus() -> list[str]:
