@@ -319,10 +319,12 @@ def summary(profile: dict[str, Any], out: str) -> list[str]:
     gpu = profile["gpu"]
     best = max(gpu["gemm_table"], key=lambda g: g["tflops"])
     eff = gpu["efficiency"]
+    as_peak = " (taken as the peak: a CPU has no datasheet)" if gpu["name"] == "cpu" else ""
     lines = [f"wrote {out}: {profile['num_nodes']} x {profile['gpus_per_node']} {gpu['name']} ({profile['backend']}, "
              f"{profile['precision']})",
              f"  GEMM      {len(gpu['gemm_table'])} shapes, best {best['tflops']:.4g} TFLOP/s at "
-             f"{best['m']}x{best['n']}x{best['k']} (efficiency.gemm {eff['gemm']:.3g} of peak)",
+             f"{best['m']}x{best['n']}x{best['k']}{as_peak}; "
+             f"efficiency.gemm {eff['gemm']:.3g} (the median shape's rate over the peak, after tile and K losses)",
              f"  attention {len(gpu['attention_table'])} points, forward {eff['attention_fwd']:.3g} / backward "
              f"{eff['attention_bwd']:.3g} of peak (median)",
              f"  memory    {gpu['measured_memory_bandwidth_GBps']:.4g} GB/s copy"
