@@ -1,5 +1,6 @@
 """Hugging Face weights in and out of autopar checkpoints (Llama, Mistral and Qwen2 layouts: GQA, QKV biases,
-tied embeddings; Mixtral's mixture of experts).
+tied embeddings, llama3 and linear RoPE scaling; Mixtral's mixture of experts). Other model_types are refused before
+a weight is read: their weights mean something else in transformers (Gemma's norms and MLP, Phi-3's fusions).
 
 * ``autopar import-hf HF_DIR --plan plan.json --out CKPT``: the directory's ``config.json`` must describe the
   plan's model; its safetensors weights (``model.safetensors`` or the shards an index file lists) become a step-0
@@ -24,10 +25,12 @@ from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
+from pydantic import BaseModel
 from torch.distributed.checkpoint.api import CheckpointException
 
 from runtime.checkpoint import META, corrupt_error, corrupt_files, fingerprint, latest_checkpoint, publish, read_meta
 from runtime.dtypes import TORCH_DTYPES
+from specs.capabilities import model_problem
 from specs.errors import AutoparError
 from specs.files import check_output_dir, default_mode, read_mapping
 from specs.hf_config import looks_like_hf
@@ -45,9 +48,12 @@ _LAYER = {  # autopar name in layer i -> Hugging Face name(s) in model.layers.i 
     "mlp.down.weight": ("mlp.down_proj.weight",),
 }
 _MOE = "block_sparse_moe"  # Mixtral's MoE layer
+# the model_types whose weights mean what autopar's Llama blocks compute (others, e.g. Gemma's (1 + w) norms and
+# GeLU MLP, or Phi-3's fused projections, are planned from their config but not imported)
+_IMPORTS = ("llama", "mistral", "mixtral", "qwen2")
 # what a config must share with the plan's model
 _SHAPE = ("arch", "num_layers", "hidden_size", "num_attention_heads", "kv_heads", "hd", "ffn", "vocab_size",
-          "tie_embeddings", "qkv_bias", "norm_eps", "rope_theta", "rope_dims", "moe")
+          "tie_embeddings", "qkv_bias", "norm_eps", "rope_theta", "rope_scaling", "rope_dims", "moe")
 _ENDS = {"embed.tok.weight": "model.embed_tokens.weight", "head.norm.weight": "model.norm.weight",
          "head.out.weight": "lm_head.weight"}
 
@@ -106,6 +112,33 @@ def _stacked(ours: str) -> bool:
     return ours.endswith(("experts.gate_up", "experts.down"))
 
 
+def _part_shapes(spec: ModelSpec, ours: str, parts: int, shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """The shape of each of the ``parts`` Hugging Face tensors parameter ``ours`` (of ``shape``) is made of."""
+    if parts == 1:
+        return [shape]
+    rest = shape[2:] if _stacked(ours) else shape[1:]
+    return [(rows, *rest) for rows in _rows(spec, ours)]
+
+
+def _shown(value: object) -> object:
+    """A spec field as its file writes it (a section: its given fields)."""
+    return value.model_dump(exclude_none=True) if isinstance(value, BaseModel) else value
+
+
+def _check_importable(cfg: Path, raw: dict[str, object]) -> None:
+    """Refuse, before any weight is read, a config whose weights autopar's Llama blocks would compute otherwise."""
+    mtype = raw.get("model_type")
+    if mtype not in _IMPORTS:
+        what = f"model_type '{mtype}'" if mtype else "no model_type"
+        raise AutoparError(f"{cfg} has {what}: import-hf reads {', '.join(_IMPORTS)} weights only (those autopar's "
+                           "blocks compute as transformers does); plan the model from its config and train it from "
+                           "autopar's initialisation instead")
+    act = raw.get("hidden_act", "silu")
+    if act != "silu":
+        raise AutoparError(f"{cfg} has hidden_act '{act}': autopar's Llama blocks compute SwiGLU (silu) MLPs only, "
+                           "so import-hf cannot read these weights")
+
+
 # ---- in ---------------------------------------------------------------------------------------------
 def _read_safetensors(hf_dir: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
@@ -157,33 +190,38 @@ def import_hf(hf_dir: Path, plan: PlanFile, out: Path) -> Path:
     cfg = hf_dir / "config.json"
     if not cfg.is_file():
         raise AutoparError(f"{hf_dir} has no config.json: give the directory of a Hugging Face model")
-    if not looks_like_hf(read_mapping(cfg, "Hugging Face config")):
+    raw = read_mapping(cfg, "Hugging Face config")
+    if not looks_like_hf(raw):
         raise AutoparError(f"{cfg} is not a Hugging Face config (no model_type or num_hidden_layers); give the "
                            "directory of a Hugging Face model")
+    _check_importable(cfg, raw)
     hf_spec = load_model(str(cfg))  # read as `--model` reads it: one-line errors, keys given twice refused
     spec = plan.model
+    problem = model_problem(spec)
+    if problem:
+        raise AutoparError(problem)
     for key in _SHAPE:
-        if getattr(hf_spec, key) != getattr(spec, key):
-            raise AutoparError(f"{cfg} has {key}={getattr(hf_spec, key)!r} but the plan's model has "
-                               f"{getattr(spec, key)!r}; plan for this model (autopar plan --model {cfg} ...)")
+        theirs, ours = (_shown(getattr(s, key)) for s in (hf_spec, spec))
+        if theirs != ours:
+            raise AutoparError(f"{cfg} has {key}={theirs!r} but the plan's model has {ours!r}; plan for this model "
+                               f"(autopar plan --model {cfg} ...)")
     weights = _read_safetensors(hf_dir)
     if spec.tie_embeddings:
         weights.pop(_ENDS["head.out.weight"], None)  # some tied checkpoints store the copy too
+    shapes = _shapes(plan)
     params, used = {}, set()
     for ours, parts in wanted.items():
         missing = [p for p in parts if p not in weights]
         if missing:
             raise AutoparError(f"{hf_dir} has no weight {missing[0]}: not a complete {spec.arch} checkpoint of "
                                f"{spec.num_layers} layers")
+        for part, need in zip(parts, _part_shapes(spec, ours, len(parts), shapes[ours])):
+            if tuple(weights[part].shape) != need:
+                raise AutoparError(f"{hf_dir}: {part} has shape {tuple(weights[part].shape)}, but the plan's model "
+                                   f"needs {need}; the weights are not of this model")
         params[ours] = torch.cat([weights[p].float() for p in parts]) if len(parts) > 1 else weights[parts[0]].float()
-        if _stacked(ours):  # [E * rows, cols] -> [E, rows, cols]
-            params[ours] = params[ours].view(spec.moe.num_experts, -1, params[ours].shape[-1])  # type: ignore[union-attr]
+        params[ours] = params[ours].view(shapes[ours])  # stacked experts: [E * rows, cols] -> [E, rows, cols]
         used.update(parts)
-    shapes = _shapes(plan)
-    for ours, t in params.items():
-        if tuple(t.shape) != shapes[ours]:
-            raise AutoparError(f"{hf_dir}: {' + '.join(wanted[ours])} has shape {tuple(t.shape)}, but the plan's model "
-                               f"needs {shapes[ours]}; the weights are not of this model")
     extra = sorted(set(weights) - used - {k for k in weights if k.endswith("rotary_emb.inv_freq")})
     if extra:
         raise AutoparError(f"{hf_dir} has weights autopar's model does not have (e.g. {extra[0]}); autopar reads "
@@ -260,7 +298,14 @@ def hf_config(spec: ModelSpec) -> dict[str, object]:
         "vocab_size": spec.vocab_size, "max_position_embeddings": spec.seq_length, "rms_norm_eps": spec.norm_eps,
         "rope_theta": spec.rope_theta, "tie_word_embeddings": spec.tie_embeddings, "hidden_act": "silu",
         "torch_dtype": "float32", **({} if qwen else {"attention_bias": False, "mlp_bias": False}),
+        **({} if spec.rope_scaling is None else {"rope_scaling": _rope_scaling(spec)}),
     }
+
+
+def _rope_scaling(spec: ModelSpec) -> dict[str, object]:
+    """The model's RoPE scaling as transformers writes it (``rope_type`` and its fields)."""
+    sc = spec.rope_scaling.model_dump(exclude_none=True)  # type: ignore[union-attr]
+    return {"rope_type": sc.pop("type"), **sc}
 
 
 def export_hf(ckpt_dir: Path, out: Path) -> Path:

@@ -5,7 +5,7 @@ starts, and ``autopar plan --runnable`` refuses to plan them."""
 
 from __future__ import annotations
 
-from specs.model import ModelSpec
+from specs.model import ROPE_SCALINGS, ModelSpec
 from specs.state import StateSpec
 
 
@@ -34,10 +34,16 @@ def state_problem(state: StateSpec) -> str | None:
 
 def model_problem(model: ModelSpec) -> str | None:
     """Why autopar's runtime cannot train ``model``, or None: it builds its own GPT and Llama blocks, so a
-    model traced from a user's nn.Module (``--model pkg.module:factory``) is planned but not run."""
+    model traced from a user's nn.Module (``--model pkg.module:factory``) is planned but not run, and so is one whose
+    RoPE scaling it does not compute."""
     if model.block is not None:
         return (f"model {model.name} was traced from its own nn.Module; the runtime trains its GPT and Llama blocks "
                 "only: describe it as a model spec (arch gpt or llama) to train it")
+    scaling = model.rope_scaling
+    if scaling is not None and scaling.type not in ROPE_SCALINGS:
+        return (f"model {model.name} has rope_scaling of type {scaling.type}: the runtime computes "
+                f"{' and '.join(ROPE_SCALINGS)} RoPE scaling only; plan it, or drop rope_scaling to train it with "
+                "plain RoPE")
     return None
 
 

@@ -105,13 +105,44 @@ def _nemotron(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     }
     if "head_dim" in cfg:
         out["head_dim"] = _int(cfg, "head_dim")
+    scaling = _rope_scaling(cfg)
+    if scaling is not None:
+        out["rope_scaling"] = scaling
+    return out
+
+
+def _rope_scaling(cfg: dict[str, Any]) -> dict[str, Any] | None:
+    """A config's RoPE scaling as the spec's ``rope_scaling`` (``rope_scaling``, or transformers 5's
+    ``rope_parameters``; ``type`` in older configs), or None for plain RoPE."""
+    rope = cfg["rope_scaling"] if cfg.get("rope_scaling") is not None else cfg.get("rope_parameters")
+    if rope is None:
+        return None
+    if not isinstance(rope, dict):
+        raise ValueError(f"rope_scaling must be a mapping, got {_show(rope)}")
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind == "default":
+        return None
+    # Phi-3 writes original_max_position_embeddings beside rope_scaling (and it wins there, as in transformers);
+    # llama3 without it takes max_position_embeddings
+    original = cfg.get("original_max_position_embeddings", rope.get("original_max_position_embeddings"))
+    if original is None and kind == "llama3":
+        original = cfg.get("max_position_embeddings")
+    named = {f"rope_scaling.{k}": v for k, v in {**rope, "original_max_position_embeddings": original}.items()
+             if v is not None}
+    out: dict[str, Any] = {"type": str(kind)}
+    for key in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
+        if f"rope_scaling.{key}" in named:
+            read = _int if key.startswith("original") else _float
+            out[key] = read(named, f"rope_scaling.{key}", 1)
     return out
 
 
 def hf_to_spec(cfg: dict[str, Any], source: str) -> dict[str, Any]:
     """Translate a Hugging Face config.json (Llama/Mistral/Qwen2-style, GPT-2-style or Nemotron) to spec fields."""
     mtype = str(cfg.get("model_type", "")).lower()
-    name = cfg.get("_name_or_path") or (Path(source).parent.name if source else "") or mtype or "hf-model"
+    path = Path(source)  # a model folder's config.json is named by its folder, any other file by its own name
+    file_name = path.parent.name if path.name == "config.json" else path.stem
+    name = cfg.get("_name_or_path") or (file_name if source else "") or mtype or "hf-model"
     if any(cfg.get(k) for k in _MOE_KEYS) and mtype not in _MOE_TYPES:
         hint = " (the deepseek-v2-lite preset plans it with standard attention)" if "deepseek" in mtype else ""
         raise AutoparError(f"Hugging Face config {source}: model_type '{mtype}' is a mixture-of-experts model autopar "
@@ -138,6 +169,8 @@ def hf_to_spec(cfg: dict[str, Any], source: str) -> dict[str, Any]:
     try:
         if mtype in ("gpt2", "gpt_neo", "gptj") or "n_embd" in cfg:
             h = _int(cfg, "n_embd")
+            rotary = mtype == "gptj" and cfg.get("rotary_dim") is not None
+            positions = _int(cfg, "n_positions") if "n_positions" in cfg else _int(cfg, "n_ctx", 1024)
             return {
                 "name": str(name),
                 "arch": "gpt",
@@ -146,13 +179,13 @@ def hf_to_spec(cfg: dict[str, Any], source: str) -> dict[str, Any]:
                 "num_attention_heads": _int(cfg, "n_head"),
                 "ffn_hidden_size": _int(cfg, "n_inner", 4 * h),
                 "vocab_size": _int(cfg, "vocab_size"),
-                "seq_length": _int(cfg, "n_positions") if "n_positions" in cfg else _int(cfg, "n_ctx", 1024),
+                "seq_length": positions,
                 "tie_embeddings": _bool(cfg, "tie_word_embeddings", True),
                 "dropout": _float(cfg, "resid_pdrop", 0.1),
                 "norm_eps": _float(cfg, "layer_norm_epsilon", 1e-5),
                 # GPT-J rotates rotary_dim of each head's dimensions and has no learned positions
-                **({"rotary_fraction": _int(cfg, "rotary_dim") / (h // _int(cfg, "n_head"))}
-                   if mtype == "gptj" and cfg.get("rotary_dim") is not None else {}),
+                **({"rotary_fraction": _int(cfg, "rotary_dim") / (h // _int(cfg, "n_head"))} if rotary else
+                   {"max_positions": positions}),  # learned positions: its weights hold this many
             }
         if mtype == "nemotron":
             return _nemotron(cfg, str(name))
@@ -180,6 +213,9 @@ def hf_to_spec(cfg: dict[str, Any], source: str) -> dict[str, Any]:
         rotary = _float(cfg, "partial_rotary_factor", 1.0)
         if rotary != 1.0:
             out["rotary_fraction"] = rotary
+        scaling = _rope_scaling(cfg)
+        if scaling is not None:
+            out["rope_scaling"] = scaling
         if mtype in _MOE_TYPES:
             out["moe"] = _moe_fields(cfg, mtype)
         return out

@@ -20,7 +20,11 @@ from specs.moe import MoESpec
 # they catch typos and absurd values before they reach the search and the solver.
 LIMITS = {"num_layers": 10_000, "hidden_size": 1 << 20, "num_attention_heads": 1 << 16, "num_kv_heads": 1 << 16,
           "ffn_hidden_size": 1 << 22, "vocab_size": 1 << 24, "seq_length": 1 << 26, "head_dim": 1 << 16,
-          "sliding_window": 1 << 26}
+          "sliding_window": 1 << 26, "max_positions": 1 << 26}
+# RoPE frequency scalings autopar computes (runtime/models/common.py), with the fields each needs; a spec may hold
+# others (Hugging Face's yarn, dynamic, longrope, ...): planned (the cost model does not price RoPE), not trained
+ROPE_SCALINGS = {"linear": ("factor",),
+                 "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
 
 
 def size_problem(name: str, value: int, limit: int) -> str | None:
@@ -43,6 +47,32 @@ class BlockCounts(BaseModel):
     elementwise_bytes_per_token: float = Field(0.0, ge=0)  # bytes moved by non-matmul ops per token, forward
 
     _numbers = field_validator("*", mode="before")(number_only)
+
+
+class RopeScaling(BaseModel):
+    """RoPE's frequencies stretched for longer contexts (a Hugging Face config's ``rope_scaling``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    type: str
+    factor: float | None = Field(None, gt=0)
+    low_freq_factor: float | None = Field(None, gt=0)
+    high_freq_factor: float | None = Field(None, gt=0)
+    original_max_position_embeddings: int | None = Field(None, ge=1, le=LIMITS["seq_length"])
+
+    _numbers = field_validator("factor", "low_freq_factor", "high_freq_factor", mode="before")(number_only)
+    _wholes = field_validator("original_max_position_embeddings", mode="before")(whole_only)
+
+    @model_validator(mode="after")
+    def _check(self) -> RopeScaling:
+        if self.type in ("", "default"):
+            raise ValueError(f"type {self.type!r} is no scaling; drop rope_scaling")
+        missing = [k for k in ROPE_SCALINGS.get(self.type, ()) if getattr(self, k) is None]
+        if missing:
+            raise ValueError(f"type {self.type} needs {', '.join(missing)}")
+        if self.type == "llama3" and self.low_freq_factor >= self.high_freq_factor:  # type: ignore[operator]
+            raise ValueError(f"low_freq_factor {self.low_freq_factor} must be below high_freq_factor "
+                             f"{self.high_freq_factor} (llama3 interpolates between them)")
+        return self
 
 
 class ModelSpec(BaseModel):
@@ -78,9 +108,13 @@ class ModelSpec(BaseModel):
     rotary_fraction: float | None = None
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None  # None: plain RoPE
     # attention to the last this many tokens only (Mistral 7B v0.1: 4096); autopar prices and trains full
     # attention, which is the same at sequences up to this length, so longer ones are refused
     sliding_window: int | None = None
+    # learned positions for this many tokens at most (a Hugging Face GPT-2 config's n_positions: the rows its weights
+    # hold), so longer sequences are refused; None (presets, specs): the table grows with the sequence
+    max_positions: int | None = None
     block: BlockCounts | None = None  # set for traced custom models
     moe: MoESpec | None = None  # mixture-of-experts layers (specs/moe.py); None: every layer dense
 
@@ -96,7 +130,7 @@ class ModelSpec(BaseModel):
             problem = None if v is None else size_problem(field, v, limit)
             if problem:
                 raise ValueError(problem)
-        problem = self.window_problem(self.seq_length)
+        problem = self.seq_problem(self.seq_length)
         if problem:
             raise ValueError(problem)
         if self.arch == "llama" and self.ffn_hidden_size is None:
@@ -134,6 +168,11 @@ class ModelSpec(BaseModel):
                              "squared_relu for arch gpt")
         if self.arch == "llama" and self.linear_bias:
             raise ValueError("arch 'llama' has no linear biases; drop linear_bias (qkv_bias adds QKV's)")
+        if self.rope_scaling is not None and not self.rope_dims:
+            raise ValueError("rope_scaling scales RoPE, but this GPT has learned positions; drop rope_scaling or "
+                             "give rotary_fraction")
+        if self.max_positions is not None and not self.learned_positions:
+            raise ValueError("max_positions bounds learned positions, but this model has RoPE; drop max_positions")
         if self.moe is not None:
             if self.arch != "llama" or self.block is not None:
                 raise ValueError("moe needs arch llama (SwiGLU experts); a GPT or traced model has no MoE layers here")
@@ -343,8 +382,14 @@ class ModelSpec(BaseModel):
             return self.num_layers * per_layer + 6 * self.vocab_size * self.hidden_size
         return 6.0 * matmul_params + 12.0 * self.num_layers * self.q_width * s
 
-    def window_problem(self, seq: int) -> str | None:
-        """Why the model cannot run at sequence length ``seq`` (beyond its sliding window), or None."""
+    def seq_problem(self, seq: int) -> str | None:
+        """Why the model cannot run at sequence length ``seq`` (beyond its sliding window or learned positions), or
+        None."""
+        n = self.max_positions
+        if n is not None and self.learned_positions and seq > n:
+            return (f"sequence length {seq} is beyond {self.name}'s {n} learned positions (max_positions: a "
+                    f"Hugging Face config's n_positions, the rows its weights hold); plan it at {n} tokens or fewer "
+                    f"(--seq {n})")
         w = self.sliding_window
         if w is None or seq <= w:
             return None
@@ -355,7 +400,7 @@ class ModelSpec(BaseModel):
     def with_seq(self, seq: int | None) -> ModelSpec:
         if not seq or seq == self.seq_length:
             return self
-        problem = self.window_problem(seq)
+        problem = self.seq_problem(seq)
         if problem:
             raise AutoparError(problem)
         return self.model_copy(update={"seq_length": seq})

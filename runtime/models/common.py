@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -24,7 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from runtime import kernels
-from specs.model import ModelSpec
+from specs.errors import AutoparError
+from specs.model import ModelSpec, RopeScaling
 
 # ---- normalisation ------------------------------------------------------------------------------
 
@@ -106,10 +108,35 @@ class CoreAttention(nn.Module):
         return o.transpose(1, 2).reshape(b, s, h * d)
 
 
-def rope_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+@dataclass(frozen=True)
+class RopeBase:
+    """RoPE's base wavelength and the scaling of its frequencies (a spec's ``rope_theta`` and ``rope_scaling``)."""
+
+    theta: float
+    scaling: RopeScaling | None = None
+
+    def inverse_frequencies(self, dims: int, device: torch.device) -> torch.Tensor:
+        """The ``dims / 2`` rotation speeds (radians per position); scaled ones turn slower, so that positions
+        beyond the pretraining context look like ones inside it."""
+        inv = 1.0 / self.theta ** (torch.arange(0, dims, 2, dtype=torch.float32, device=device) / dims)
+        sc = self.scaling
+        if sc is None:
+            return inv
+        if sc.type == "linear":  # every position divided by factor
+            return inv / sc.factor
+        if sc.type != "llama3":
+            raise AutoparError(f"rope_scaling type {sc.type} is not one the runtime computes "
+                               "(specs/capabilities.py refuses it before training)")
+        # llama3: wavelengths beyond original / low_freq_factor slowed by factor, below original / high_freq_factor
+        # kept; in between a blend whose share kept grows linearly in original / wavelength
+        turns = sc.original_max_position_embeddings * inv / (2 * math.pi)  # turns over the pretraining context
+        kept = ((turns - sc.low_freq_factor) / (sc.high_freq_factor - sc.low_freq_factor)).clamp(0.0, 1.0)
+        return kept * inv + (1.0 - kept) * inv / sc.factor
+
+
+def rope_tables(positions: torch.Tensor, head_dim: int, base: RopeBase) -> tuple[torch.Tensor, torch.Tensor]:
     """RoPE's cos and sin, ``[len(positions), head_dim / 2]``, at the given token positions."""
-    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim)
-    freqs = torch.outer(positions.to(torch.float32), inv)
+    freqs = torch.outer(positions.to(torch.float32), base.inverse_frequencies(head_dim, positions.device))
     return freqs.cos(), freqs.sin()
 
 
@@ -117,11 +144,12 @@ class Rotary(nn.Module):
     """RoPE tables (cos, sin) for a module's ``s`` tokens, cached; they sit at positions ``0 .. s-1``.
 
     ``positions`` is the hook: a module whose tokens sit elsewhere in the sequence (a context-parallel rank's
-    chunks) overrides it."""
+    chunks) overrides it, passing ``theta`` (the base with its scaling) on whole."""
 
-    def __init__(self, head_dim: int, theta: float) -> None:
+    def __init__(self, head_dim: int, theta: RopeBase | float) -> None:
         super().__init__()
-        self.head_dim, self.theta = head_dim, theta
+        self.head_dim = head_dim
+        self.theta = theta if isinstance(theta, RopeBase) else RopeBase(theta)
         self._tables: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def positions(self, s: int, device: torch.device) -> torch.Tensor:
@@ -143,7 +171,7 @@ class Attention(nn.Module):
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.hd = spec.num_attention_heads, spec.kv_heads, spec.hd
-        self.rope = Rotary(spec.rope_dims, spec.rope_theta) if spec.rope_dims else None
+        self.rope = Rotary(spec.rope_dims, RopeBase(spec.rope_theta, spec.rope_scaling)) if spec.rope_dims else None
         self.qkv = nn.Linear(spec.hidden_size, spec.q_width + 2 * spec.kv_width, bias=spec.has_bias or spec.qkv_bias)
         self.proj = nn.Linear(spec.q_width, spec.hidden_size, bias=spec.has_bias)
         self.core = CoreAttention(spec.attn_impl, spec.dropout_p)

@@ -10,12 +10,16 @@ import torch
 import torch.nn.functional as F
 import transformers
 from rt_cases import case_plan
+from rt_hf_cases import scaled_plan
 
 from planner.cli import main
 from runtime.data import TokenData
 from runtime.hf_weights import export_hf, import_hf
+from runtime.models.common import RopeBase
 from specs.errors import AutoparError
 from specs.files import _umask
+from specs.model import RopeScaling
+from specs.model_loading import load_model
 
 VARIANTS = {  # tiny models as rt_cases.case_spec builds them (hidden 32, 4 layers, 4 heads, 2 kv heads, seq 16)
     "llama": (dict(), transformers.LlamaConfig, {}),
@@ -25,12 +29,13 @@ VARIANTS = {  # tiny models as rt_cases.case_spec builds them (hidden 32, 4 laye
 }
 
 
-def _hf_model(kind: str, path) -> transformers.PreTrainedModel:
-    """A randomly initialised transformers model of the case's shape, saved as safetensors in ``path``."""
+def _hf_model(kind: str, path, **more) -> transformers.PreTrainedModel:
+    """A randomly initialised transformers model of the case's shape (its config fields ``more`` added), saved as
+    safetensors in ``path``."""
     _, config_cls, extra = VARIANTS[kind]
     cfg = config_cls(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
-                     num_key_value_heads=2, vocab_size=64, max_position_embeddings=16, rms_norm_eps=1e-5,
-                     rope_theta=10000.0, **{"tie_word_embeddings": False, **extra})
+                     num_key_value_heads=2, vocab_size=64, rms_norm_eps=1e-5, rope_theta=10000.0,
+                     **{"max_position_embeddings": 16, "tie_word_embeddings": False, **extra, **more})
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg).float().eval()
     with torch.no_grad():  # transformers initialises norms to one and biases to zero: make them count
@@ -161,3 +166,120 @@ def test_what_import_and_export_refuse_before_writing(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"is corrupt ({shard.name} does not match the checksum" in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+# the case's head_dim of 8 at rope_theta 10000 has wavelengths 6.3, 63, 628 and 6283 tokens: llama3 keeps the first
+# (below 16 / 2), blends the second (below 16 / 0.2) and slows the others
+SCALINGS = {"llama3": {"type": "llama3", "factor": 8.0, "low_freq_factor": 0.2, "high_freq_factor": 2.0,
+                       "original_max_position_embeddings": 16},
+            "linear": {"type": "linear", "factor": 4.0}}
+
+
+def _hf_rope(scaling: dict) -> dict:
+    """A spec's rope_scaling as a Hugging Face config writes it."""
+    return {"rope_type": scaling["type"], **{k: v for k, v in scaling.items() if k != "type"}}
+
+
+@pytest.mark.parametrize("kind", list(SCALINGS))
+def test_scaled_rope_frequencies_are_transformers(kind):
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    cfg = transformers.LlamaConfig(hidden_size=512, num_attention_heads=4, max_position_embeddings=64,
+                                   rope_theta=500000.0, rope_scaling=_hf_rope(SCALINGS[kind]))
+    theirs, _ = ROPE_INIT_FUNCTIONS[kind](cfg, torch.device("cpu"))
+    cpu = torch.device("cpu")
+    ours = RopeBase(500000.0, RopeScaling(**SCALINGS[kind])).inverse_frequencies(128, cpu)
+    plain = RopeBase(500000.0).inverse_frequencies(128, cpu)
+    assert torch.allclose(ours, theirs, rtol=1e-6, atol=0)
+    assert not torch.equal(ours, plain)
+    if kind == "llama3":  # all three regimes: kept, blended, slowed by the factor
+        kept, slowed = ours == plain, torch.isclose(ours, plain / 8, rtol=1e-6)
+        assert kept.any() and slowed.any() and (~kept & ~slowed).any()
+
+
+def test_llama3_rope_scaling_imports_trains_under_cp_and_exports(pool, tokens64, tmp_path):
+    """A Llama 3.1-style checkpoint (llama3 RoPE scaling): the imported weights give transformers' loss under tp=2
+    cp=2 (context-parallel ranks rotate by the same frequencies), which plain RoPE would not, and export-hf writes
+    the scaling back."""
+    case, scaling = {"tp": 2, "cp": 2, "steps": 2}, SCALINGS["llama3"]
+    plan = scaled_plan(case, scaling)
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(plan.model_dump_json(by_alias=True))
+    hf = _hf_model("llama", tmp_path / "hf", rope_scaling=_hf_rope(scaling), max_position_embeddings=32)
+    with torch.no_grad():  # larger attention logits and outputs, so that positions count
+        for name, p in hf.named_parameters():
+            if "_proj" in name:
+                p.mul_(8)
+    hf.save_pretrained(tmp_path / "hf", safe_serialization=True)
+    assert load_model(str(tmp_path / "hf")).rope_scaling == plan.model.rope_scaling
+    data = TokenData(tokens64, plan.seq, plan.model.vocab_size, plan.train.seed)
+    want = _hf_loss(hf, data, 0, plan.global_batch)
+    plain = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**hf.config.to_dict(), "rope_scaling": None,
+                                                                      "rope_parameters": None}))
+    plain.load_state_dict(hf.state_dict())
+    assert abs(_hf_loss(plain.float().eval(), data, 0, plan.global_batch) - want) > 1e-3  # the scaling matters
+
+    assert main(["import-hf", str(tmp_path / "hf"), "--plan", str(plan_path), "--out", str(tmp_path / "ck")]) == 0
+    loss = pool.run("rt_hf_cases:first_loss", case, scaling, tokens64, str(tmp_path / "ck"))[0]
+    assert loss == pytest.approx(want, abs=1e-5)
+
+    assert main(["export-hf", str(tmp_path / "ck"), "--out", str(tmp_path / "out")]) == 0
+    cfg = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert cfg["rope_scaling"] == _hf_rope(scaling)
+    assert load_model(str(tmp_path / "out")).rope_scaling == plan.model.rope_scaling
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").float().eval()
+    assert _hf_loss(back, data, 0, plan.global_batch) == pytest.approx(want, abs=1e-5)
+
+
+@pytest.mark.parametrize("mtype", ["gemma", "phi3", "qwen3", None])
+def test_import_refuses_weights_autopar_would_compute_otherwise(tmp_path, mtype):
+    """Gemma's (1 + w) norms, GeLU MLP and scaled embeddings, Phi-3's fused projections, Qwen3's q/k norms: their
+    configs plan, but their weights are refused in one line naming the model_type, before any is read."""
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    shape = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=64, max_position_embeddings=16)
+    cfg = transformers.AutoConfig.for_model(mtype, **shape).to_dict() if mtype else {**shape,
+                                                                                     "num_hidden_layers": 4}
+    (hf / "config.json").write_text(json.dumps(cfg))  # no weights at all: none may be read
+    load_model(str(hf))  # planned
+    plan = case_plan({"steps": 2})
+    want = f"has model_type '{mtype}'" if mtype else "has no model_type"
+    with pytest.raises(AutoparError, match=f"{want}: import-hf reads llama, mistral, mixtral, qwen2 weights only"):
+        import_hf(hf, plan, tmp_path / "ck")
+    assert not (tmp_path / "ck").exists()
+
+
+def test_import_refuses_an_mlp_or_rope_scaling_autopar_does_not_compute(tmp_path):
+    _hf_model("llama", tmp_path / "hf")
+    cfg_path = tmp_path / "hf" / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg_path.write_text(json.dumps({**cfg, "hidden_act": "gelu"}))
+    with pytest.raises(AutoparError, match="hidden_act 'gelu': autopar's Llama blocks compute SwiGLU"):
+        import_hf(tmp_path / "hf", case_plan({"steps": 2}), tmp_path / "ck")
+    yarn = {"type": "yarn", "factor": 4.0}
+    cfg_path.write_text(json.dumps({**cfg, "rope_scaling": _hf_rope(yarn)}))
+    with pytest.raises(AutoparError, match="rope_scaling of type yarn: the runtime computes linear and llama3"):
+        import_hf(tmp_path / "hf", scaled_plan({"steps": 2}, yarn), tmp_path / "ck")
+    with pytest.raises(AutoparError, match="has rope_scaling={'type': 'yarn', 'factor': 4.0} but the plan's model has {'type': 'linear'"):
+        import_hf(tmp_path / "hf", scaled_plan({"steps": 2}, SCALINGS["linear"]), tmp_path / "ck")
+    assert not (tmp_path / "ck").exists()
+
+
+@pytest.mark.parametrize("weight", ["self_attn.k_proj.weight", "mlp.up_proj.weight"])
+def test_a_fused_part_of_the_wrong_shape_is_one_line(tmp_path, capsys, weight):
+    """A q/k/v or gate/up part of another shape is named with its shape before the parts are joined."""
+    from safetensors.torch import load_file, save_file
+
+    _hf_model("llama", tmp_path / "hf")
+    path = tmp_path / "hf" / "model.safetensors"
+    save_file({**load_file(str(path)), f"model.layers.2.{weight}": torch.zeros(3, 32)}, str(path))
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(case_plan({"steps": 2}).model_dump_json(by_alias=True))
+    capsys.readouterr()
+    assert main(["import-hf", str(tmp_path / "hf"), "--plan", str(plan_path), "--out", str(tmp_path / "ck")]) == 2
+    err = capsys.readouterr().err
+    need = "(16, 32)" if "k_proj" in weight else "(64, 32)"
+    assert err.count("\n") == 1 and f"model.layers.2.{weight} has shape (3, 32), but the plan's model needs {need}" \
+        in err, err
+    assert not (tmp_path / "ck").exists()

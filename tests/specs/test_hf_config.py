@@ -1,0 +1,109 @@
+"""Hugging Face configs read as model specs (specs/hf_config.py): the model's name, learned positions' bound on the
+sequence, RoPE scaling."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from planner.cli import main
+from specs.capabilities import model_problem
+from specs.errors import AutoparError
+from specs.model import ModelSpec
+from specs.model_loading import load_model
+
+LLAMA = {"model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32,
+         "num_key_value_heads": 8, "intermediate_size": 8192, "vocab_size": 128256, "head_dim": 64,
+         "max_position_embeddings": 131072, "rope_theta": 500000.0, "tie_word_embeddings": True}
+LLAMA3_SCALING = {"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                  "original_max_position_embeddings": 8192}  # Llama 3.2 1B's
+GPT2 = {"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 1024, "vocab_size": 50257}
+
+
+def test_a_config_file_is_named_by_its_own_name(tmp_path):
+    """config.json (or its folder) takes the folder's name, any other file its own."""
+    (tmp_path / "hf").mkdir()
+    for name in ("config.json", "qwen2.json"):
+        (tmp_path / "hf" / name).write_text(json.dumps({**LLAMA, "model_type": "qwen2"}))
+    assert load_model(str(tmp_path / "hf" / "qwen2.json")).name == "qwen2"
+    assert load_model(str(tmp_path / "hf" / "config.json")).name == "hf"
+    assert load_model(str(tmp_path / "hf")).name == "hf"
+    (tmp_path / "hf" / "qwen2.json").write_text(json.dumps({**LLAMA, "_name_or_path": "Qwen/Qwen2-0.5B"}))
+    assert load_model(str(tmp_path / "hf" / "qwen2.json")).name == "Qwen/Qwen2-0.5B"  # the config's own name wins
+
+
+def test_learned_positions_bound_the_sequence(tmp_path, capsys):
+    """A GPT-2 config's weights hold n_positions positions: a longer --seq is one line, as a sliding window's is; a
+    preset is a shape, and its table grows with the sequence."""
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(GPT2))
+    m = load_model(str(p))
+    assert (m.seq_length, m.max_positions) == (1024, 1024)
+    assert load_model(str(p), seq=512).position_params == 512 * 768
+    with pytest.raises(AutoparError, match="2048 is beyond .*'s 1024 learned positions .*--seq 1024"):
+        load_model(str(p), seq=2048)
+    assert main(["plan", "--model", str(p), "--cluster", "dgx-a100", "--gpus", "8", "--global-batch", "8",
+                 "--seq", "2048"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "1024 learned positions" in err, err
+    assert load_model("tiny-gpt", seq=8192).seq_length == 8192  # a preset grows
+    p.write_text(json.dumps({**GPT2, "model_type": "gptj", "rotary_dim": 32}))  # RoPE: no table to outgrow
+    assert load_model(str(p), seq=4096).max_positions is None
+    with pytest.raises(ValidationError, match="max_positions bounds learned positions"):
+        ModelSpec(**{**load_model("tiny").model_dump(), "max_positions": 64})
+
+
+@pytest.mark.parametrize("where", ["rope_scaling", "rope_parameters", "old type key"])
+def test_rope_scaling_is_read_wherever_transformers_writes_it(tmp_path, where):
+    scaling = {"rope_type": "llama3", **LLAMA3_SCALING}
+    cfg = {"rope_scaling": {**LLAMA, "rope_scaling": scaling},
+           "rope_parameters": {**LLAMA, "rope_scaling": None, "rope_parameters": {**scaling, "rope_theta": 5e5}},
+           "old type key": {**LLAMA, "rope_scaling": {"type": "llama3", **LLAMA3_SCALING}}}[where]
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    m = load_model(str(p))
+    assert m.rope_scaling.model_dump() == {"type": "llama3", **LLAMA3_SCALING}
+    assert m.rope_theta == 5e5 and model_problem(m) is None
+    (tmp_path / "plain.json").write_text(json.dumps(LLAMA))
+    plain = load_model(str(tmp_path / "plain.json"))
+    assert m.num_params == plain.num_params and plain.rope_scaling is None  # the cost model prices the same shape
+    assert ModelSpec(**m.model_dump()) == m  # a plan file keeps it
+
+
+def test_rope_scalings_the_runtime_does_not_compute_are_planned_not_trained(tmp_path, capsys):
+    p = tmp_path / "config.json"
+    for rope, want in (({"rope_type": "default", "rope_theta": 1e4}, None),
+                       ({"type": "linear", "factor": 2.0}, {"type": "linear", "factor": 2.0}),
+                       ({"rope_type": "yarn", "factor": 4.0, "beta_fast": 32}, {"type": "yarn", "factor": 4.0})):
+        p.write_text(json.dumps({**LLAMA, "rope_scaling": rope}))
+        m = load_model(str(p))
+        assert (m.rope_scaling and m.rope_scaling.model_dump(exclude_none=True)) == want
+    assert "rope_scaling of type yarn: the runtime computes linear and llama3 RoPE scaling only" in model_problem(m)
+    assert main(["plan", "--model", str(p), "--cluster", "dgx-a100", "--gpus", "8", "--global-batch", "8"]) == 0
+    capsys.readouterr()
+    # llama3 without original_max_position_embeddings takes max_position_embeddings, as transformers does
+    p.write_text(json.dumps({**LLAMA, "max_position_embeddings": 4096, "rope_scaling": {
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}}))
+    assert load_model(str(p)).rope_scaling.original_max_position_embeddings == 4096
+
+
+@pytest.mark.parametrize("rope,want", [
+    ({"rope_type": "llama3", **LLAMA3_SCALING, "factor": "8"}, "rope_scaling.factor must be a number"),
+    ({"rope_type": "llama3", **LLAMA3_SCALING, "low_freq_factor": 4.0}, "low_freq_factor 4.0 must be below"),
+    ({"rope_type": "linear"}, "type linear needs factor"),
+    ({"rope_type": "linear", "factor": -2.0}, "greater than 0"),
+    ([], "rope_scaling must be a mapping"),
+])
+def test_bad_rope_scaling_is_one_line(tmp_path, rope, want):
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({**LLAMA, "rope_scaling": rope}))
+    with pytest.raises(AutoparError, match=want) as err:
+        load_model(str(p))
+    assert "\n" not in str(err.value)
+
+
+def test_rope_scaling_needs_rope():
+    with pytest.raises(ValidationError, match="rope_scaling scales RoPE, but this GPT has learned positions"):
+        ModelSpec(**{**load_model("tiny-gpt").model_dump(), "rope_scaling": {"type": "linear", "factor": 2.0}})
