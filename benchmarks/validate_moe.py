@@ -43,7 +43,7 @@ def rows() -> list[dict]:
 def predict(row: dict) -> dict:
     model = load_model(row["model"]).with_seq(int(row["seq"]))
     if row["balanced"] == "true":
-        model = model.model_copy(update={"moe": model.moe.model_copy(update={"load_imbalance": 1.0})})
+        model = model.model_copy(update={"moe": model.moe.with_imbalance(1.0)})
     gpus = int(row["gpus"])
     tp, pp = int(row["tp"]), int(row["pp"])
     cfg = ParallelConfig(tp=tp, pp=pp, dp=gpus // (tp * pp), ep=int(row["ep"]), etp=int(row["etp"]),

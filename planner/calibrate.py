@@ -159,14 +159,19 @@ def _metrics_lines(path: str | Path) -> list[dict[str, Any]]:
 MIN_STEPS = 5  # measured steps after warm-up below which a run's median says little (a warning)
 
 
+def warm_up_only(source: str) -> AutoparError:
+    """The error for a run of one step, its warm-up (with the default ``--warmup``)."""
+    return AutoparError(f"metrics file {source}: its one step is the warm-up (the first step of a run allocates and "
+                        "compiles: not a measurement); run more steps, or give --warmup 0 to fit it anyway")
+
+
 def measured_median(rows: list[dict[str, Any]], warmup: int | None, source: str) -> tuple[float, int]:
     """Median step time after the warm-up steps, and how many steps it is over (a note below MIN_STEPS)."""
     rows = sorted(rows, key=lambda r: r["step"])
     skip = warmup if warmup is not None else max(1, len(rows) // 10)
     kept = [r["step_time_s"] for r in rows[skip:]]
     if not kept and warmup is None:
-        raise AutoparError(f"metrics file {source}: its one step is the warm-up (the first step of a run allocates "
-                           "and compiles: not a measurement); run more steps, or give --warmup 0 to fit it anyway")
+        raise warm_up_only(source)
     if not kept:
         raise AutoparError(f"metrics file {source}: all {len(rows)} step(s) are warm-up (--warmup {skip}); "
                            "run more steps or lower --warmup")
@@ -192,7 +197,7 @@ def load_runs(metrics: list[str], plans: list[str] | None, warmup: int | None) -
     if plans and len(plans) not in (1, len(metrics)):
         raise AutoparError(f"give one --plan for all metrics files or one per file ({len(metrics)}), "
                            f"not {len(plans)}")
-    runs = []
+    runs, warm_only = [], []
     for i, m in enumerate(metrics):
         segments = read_segments(m)
         if plans and len(segments) > 1:
@@ -209,9 +214,17 @@ def load_runs(metrics: list[str], plans: list[str] | None, warmup: int | None) -
             else:
                 raise AutoparError(f"metrics file {m} does not say which plan it ran; pass --plan PLAN.json "
                                    "(one per metrics file, in the same order)")
+            if warmup is None and len(seg.rows) == 1:  # its one step is warm-up: not a measurement
+                warm_only.append(source)
+                continue
             med, n = measured_median(seg.rows, warmup, source)
             logged = next((r.get("predicted_step_time_s") for r in seg.rows if r.get("predicted_step_time_s")), None)
             runs.append(Run(source, plan, med, n, logged))
+    if warm_only and not runs:
+        raise warm_up_only(warm_only[0])
+    if warm_only:
+        print(f"note: left out {len(warm_only)} run(s) of one step, which is warm-up ({', '.join(warm_only)}); "
+              "--warmup 0 fits them too", file=sys.stderr)
     return runs
 
 
@@ -275,7 +288,7 @@ def predict(runs: list[Run], base: ClusterSpec, s: dict[str, float]) -> np.ndarr
 
     out = []
     for r in runs:
-        pc = r.plan.cluster
+        pc = r.plan.used_cluster  # the GPUs the run used (a plan may use part of its cluster)
         cl = scaled(base.model_copy(update={"gpus_per_node": pc.gpus_per_node, "num_nodes": pc.num_nodes,
                                             "precision": pc.precision}), s)
         out.append(estimate(r.plan.model, cl, r.plan.config, r.plan.global_batch, validate=False,

@@ -156,7 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "'plan' entry the metrics file carries)")
     cal.add_argument("--cluster", type=path_argument,
                      help="profile to calibrate (default: the cluster the plans embed)")
-    cal.add_argument("--warmup", type=integer, help="steps to leave out of each run (default: the first 10%%)")
+    cal.add_argument("--warmup", type=integer,
+                     help="steps each run leaves out (default: the first 10%%, at least 1; one-step runs left out)")
     cal.add_argument("--fit", help="parameters to fit, from gemm,attention,memory,overhead,comm (default: all)")
 
     dg = sub.add_parser("diagnose", help="where a run's steps went per phase, which ranks were slow, and the step "
@@ -166,7 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
     dg.add_argument("--steps", help="only these steps: steps and ranges, e.g. 11-20 or 3-10,12 or 11-; a file holding "
                                     "several runs (a resume under another plan) is diagnosed at its last run unless "
                                     "--steps picks one")
-    dg.add_argument("--warmup", type=integer, help="steps to leave out (default: the first 10%%; none with --steps)")
+    dg.add_argument("--warmup", type=integer,
+                    help="steps to leave out (default: the first 10%%, at least 1; none with --steps)")
     dg.add_argument("--threshold", type=float, default=1.25,
                     help="name a rank whose compute or sends take this many times its peers' (default 1.25)")
     _format(dg)

@@ -35,7 +35,7 @@ def balanced_step_s(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig,
     with balanced routing, the low end of its band. None for other models."""
     if model.moe is None or model.moe.routing_known:
         return None
-    balanced = model.model_copy(update={"moe": model.moe.balanced()})
+    balanced = model.model_copy(update={"moe": model.moe.with_imbalance(1.0)})
     return estimate(balanced, cluster, cfg, global_batch, state=state).step_time_s
 
 

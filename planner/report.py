@@ -62,9 +62,11 @@ def estimate_tables(est: Estimate, title: str) -> list[Table]:
                 f"{est.memory_GiB:.1f} GiB", "yes" if est.fits else "[red]NO[/red]",
                 f"{est.bubble_fraction * 100:.1f}%", f"{est.exposed_comm_fraction * 100:.1f}%")
     bd = Table(title="step time on the critical pipeline rank", header_style="bold")
-    if len(est.stage_time_s) > 1:  # where the bubble comes from: an uneven stage makes the others wait
-        work = " / ".join(fmt_time(t) for t in est.stage_time_s)
-        bd = Table(title=f"step time on the critical pipeline rank ({est.critical_rank} of {len(est.stage_time_s)})",
+    pp = len(est.stage_memory_GiB)
+    if pp > 1:  # where the bubble comes from: an uneven stage makes the others wait
+        # virtual stage k (of pp x vpp) runs on pipeline rank k % pp
+        work = " / ".join(fmt_time(sum(est.stage_time_s[r::pp])) for r in range(pp))
+        bd = Table(title=f"step time on the critical pipeline rank ({est.critical_rank} of {pp})",
                    header_style="bold", min_width=64, caption_justify="left",
                    caption=f"a micro-batch's forward + backward by pipeline rank: {work}; the bubble is the wait for "
                            "the pipeline to fill and for slower ranks")

@@ -15,9 +15,8 @@ current): Megatron-LM on Selene (Korthikanti 2022, Narayanan 2021) and Megatron-
   differ. ``sigma`` is the standard deviation of log(measured / predicted) within each set (each set's mean
   removed); two plans whose predictions are closer than sigma x sqrt(2) (the spread of the difference of two
   plans' errors) are tied: the model cannot tell which is faster, and `autopar tune` should measure them.
-- **Unknown routing.** A mixture of experts priced at the default load imbalance (its spec leaves
-  ``moe.load_imbalance`` unset, no capacity factor) may run anywhere from balanced routing to that: its band
-  reaches down from the step at balanced routing.
+- **Unknown routing.** A mixture of experts of routing not known (``MoESpec.routing_known``): the band reaches
+  down from its step at balanced routing (docs/cost_model.md, "Load imbalance").
 - **Calibrated profiles.** A profile `autopar calibrate` / `tune` wrote carries its fit's uncertainty
   (``ClusterSpec.calibration``): a plan leaning on a scale its runs did not pin (attention at a sequence length
   they did not reach, the network of a node count they did not span) gets its band widened by that.

@@ -23,7 +23,7 @@ from specs.files import check_output_file
 
 AXIS = {"inter_node_bw": "inter-node bandwidth (Gb/s per NIC)", "intra_node_bw": "NVLink bandwidth (GB/s per GPU)",
         "gpus": "GPUs", "nodes": "nodes", "gpu": "GPU type", "nics_per_node": "NICs per node"}
-NO_PLAN = "no plan"  # written where a point's bar or plan label would be when it has no plan (it was tried)
+NO_PLAN = "no plan"  # where a point's bar or plan label would be, when it has none (none fits, or none is possible)
 
 
 def plan_label(parallel: dict[str, Any]) -> str:

@@ -173,7 +173,8 @@ def publish(root: Path, tmp: Path, meta: dict[str, Any], keep: int = KEEP_CHECKP
 
 
 def saved_plan(root: Path) -> PlanFile:
-    """The plan that wrote the newest checkpoint under ``root`` (what ``autopar run --replan`` re-plans)."""
+    """The plan that wrote the newest checkpoint under ``root`` (what ``autopar run --resume`` without a plan file
+    resumes under, and ``--replan`` re-plans)."""
     from specs.planfile import plan_from_data
 
     ck = latest_checkpoint(root)
@@ -183,7 +184,7 @@ def saved_plan(root: Path) -> PlanFile:
         data = read_meta(ck)["plan_file"]
     except (KeyError, TypeError):
         raise AutoparError(f"checkpoint {ck} does not hold the plan that wrote it (written by an older autopar); "
-                           "give the plan file instead of --replan") from None
+                           "give the plan file to resume under (and no --replan)") from None
     return plan_from_data(data, str(ck / META))
 
 
@@ -279,11 +280,11 @@ def latest_checkpoint(root: Path) -> Path | None:
 
 def _normal(fp: dict[str, Any]) -> dict[str, Any]:
     """A fingerprint with its model and state as the specs resolve them: fields added since a checkpoint was written
-    take their defaults, and a default left out equals the same value written out (a corrupt entry stays as it
-    is and compares unequal)."""
+    take their defaults, a default left out equals the same value written out, and what only plans the model
+    (``ModelSpec.trained``) is left out (a corrupt entry stays as it is and compares unequal)."""
     out = dict(fp)
     with contextlib.suppress(KeyError, TypeError, ValueError):
-        out["model"] = ModelSpec.model_validate(fp["model"]).resolved().model_dump(mode="json")
+        out["model"] = ModelSpec.model_validate(fp["model"]).resolved().trained()
     with contextlib.suppress(KeyError, TypeError, ValueError):
         out["state"] = StateSpec.model_validate(fp["state"]).model_dump(mode="json")
     return out

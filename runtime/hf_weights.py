@@ -36,6 +36,7 @@ from specs.files import check_output_dir, default_mode, read_mapping
 from specs.hf_config import looks_like_hf
 from specs.model import ModelSpec
 from specs.model_loading import load_model
+from specs.moe import MoESpec
 from specs.planfile import PlanFile
 
 _LAYER = {  # autopar name in layer i -> Hugging Face name(s) in model.layers.i (several: fused, in row order)
@@ -122,6 +123,8 @@ def _part_shapes(spec: ModelSpec, ours: str, parts: int, shape: tuple[int, ...])
 
 def _shown(value: object) -> object:
     """A spec field as its file writes it (a section: its given fields)."""
+    if isinstance(value, MoESpec):
+        return value.trained()  # the load imbalance only prices the model
     return value.model_dump(exclude_none=True) if isinstance(value, BaseModel) else value
 
 

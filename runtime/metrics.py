@@ -51,7 +51,8 @@ class MetricsLog:
         # rank's peak RSS also counts the interpreter and its libraries)
         self.noted_peak = False  # an MFU above 100% is explained once
         # the predicted peak of each rank: its pipeline stage's (the estimate's stage_memory_GiB, one per pp rank)
-        stages = plan.prediction.get("stage_memory_GiB") or []
+        # (not when the plan was re-estimated: its stored stages were predicted for what it was before the edit)
+        stages = [] if predicted_memory_GiB else plan.prediction.get("stage_memory_GiB") or []
         self.rank_prediction = ([stages[cfg.rank_coords(r)["pp"]] for r in range(cfg.world)]
                                 if len(stages) == cfg.pp else None)
         self.file: IO[str] | None = None

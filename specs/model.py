@@ -201,6 +201,15 @@ class ModelSpec(BaseModel):
             return self.attention
         return "unfused" if self.arch == "gpt" else "flash"
 
+    def trained(self) -> dict[str, Any]:
+        """The spec as training knows it, for telling whether two runs train one model: its JSON without what only
+        plans it (the MoE load imbalance; ``max_positions``, a bound on the sequence the planner may pick)."""
+        out = self.model_dump(mode="json")
+        out.pop("max_positions", None)
+        if self.moe is not None:
+            out["moe"] = self.moe.trained()
+        return out
+
     def resolved(self) -> ModelSpec:
         """This spec with every default its arch decides written out (attention, dropout, activation, biases, kv
         heads, MLP width): two specs of one model compare equal whether or not they spelled those out."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
 from specs.errors import bool_only, number_only
 
@@ -22,7 +22,8 @@ from specs.errors import bool_only, number_only
 # and 1.72 (1B) in Wang et al. 2024, "Auxiliary-Loss-Free Load Balancing Strategy for Mixture-of-Experts"
 # (arXiv 2408.15664, Table 2), the larger model's rounded: the busiest expert bounds the busiest rank, so it is
 # conservative when a rank holds several experts. Runs that force balanced routing (benchmarks) set 1.0. A spec
-# that leaves it unset is priced at the default, and its band reaches down to balanced routing (``routing_range``).
+# that leaves it unset is priced at the default, and its band reaches down to balanced routing
+# (``MoESpec.routing_known``).
 DEFAULT_LOAD_IMBALANCE = 1.5
 
 
@@ -43,12 +44,22 @@ class MoESpec(BaseModel):
     norm_topk_prob: bool = True  # renormalise the top-k weights to sum to one (Mixtral); False: raw probabilities
     capacity_factor: float | None = Field(None, gt=0, le=1e3)  # None: dropless
     aux_loss_coef: float = Field(0.01, ge=0, le=1e3)
-    load_imbalance: float | None = Field(None, ge=1.0, le=1e3)  # None: not known, priced at the default
+    load_imbalance: float = Field(DEFAULT_LOAD_IMBALANCE, ge=1.0, le=1e3)
+    # whether load_imbalance was given (a spec that writes it) or is the default for routing not known; a spec
+    # without this key is known exactly when it writes load_imbalance
+    load_imbalance_known: StrictBool = False
 
     _numbers = field_validator("num_experts", "experts_per_token", "moe_ffn_hidden_size", "num_shared_experts",
                                "shared_ffn_hidden_size", "layer_freq", "first_dense_layers", "capacity_factor",
                                "aux_loss_coef", "load_imbalance", mode="before")(number_only)
     _switches = field_validator("shared_expert_gate", "norm_topk_prob", mode="before")(bool_only)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "load_imbalance_known" not in data:
+            data = {**data, "load_imbalance_known": "load_imbalance" in data}
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> MoESpec:
@@ -79,17 +90,23 @@ class MoESpec(BaseModel):
         capacity factor the capacity every expert's buffer is padded to."""
         if self.capacity_factor is not None:
             return self.capacity_factor
-        return self.load_imbalance if self.load_imbalance is not None else DEFAULT_LOAD_IMBALANCE
+        return self.load_imbalance
 
     @property
     def routing_known(self) -> bool:
         """Whether the busiest rank's load is given (a load imbalance, or a capacity factor's padding) rather than the
         unknown routing of a dropless model priced at :data:`DEFAULT_LOAD_IMBALANCE`."""
-        return self.capacity_factor is not None or self.load_imbalance is not None
+        return self.capacity_factor is not None or self.load_imbalance_known
 
-    def balanced(self) -> MoESpec:
-        """This spec with perfectly balanced routing (every rank the mean load)."""
-        return self.model_copy(update={"load_imbalance": 1.0})
+    def trained(self) -> dict[str, Any]:
+        """The section as training knows it (its given fields): without the load imbalance, which only prices it, so
+        a checkpoint or Hugging Face model matches a spec whatever imbalance it assumes."""
+        return {k: v for k, v in self.model_dump(mode="json", exclude_none=True).items()
+                if k not in ("load_imbalance", "load_imbalance_known")}
+
+    def with_imbalance(self, ratio: float) -> MoESpec:
+        """This spec with the busiest rank's load given as ``ratio`` x the mean (1.0: balanced routing)."""
+        return self.model_copy(update={"load_imbalance": ratio, "load_imbalance_known": True})
 
     def summary(self) -> str:
         shared = f", {self.num_shared_experts} shared (ffn {self.shared_ffn})" if self.num_shared_experts else ""

@@ -101,7 +101,9 @@ class PlanFile(BaseModel):
     def used_cluster(self) -> ClusterSpec:
         """The cluster as the plan uses it: resized to the plan's GPUs when it needs fewer than the cluster has."""
         world = self.config.world
-        return self.cluster if world == self.cluster.num_gpus else self.cluster.resized(gpus=world)
+        if world == self.cluster.num_gpus or self.cluster.node_groups:  # node groups: the placement says which
+            return self.cluster
+        return self.cluster.resized(gpus=world)
 
     @property
     def prediction_is_current(self) -> bool:
@@ -193,6 +195,12 @@ def plan_from_data(data: Any, source: str) -> PlanFile:
         if cfg.world > plan.cluster.num_gpus:
             raise AutoparError(f"the plan needs {cfg.world} GPUs but its cluster {plan.cluster.name} has "
                                f"{plan.cluster.num_gpus} GPUs; re-plan for this cluster")
+        try:
+            plan.used_cluster  # noqa: B018 - resizing is the check
+        except AutoparError:
+            raise AutoparError(f"the plan uses {cfg.world} of cluster {plan.cluster.name}'s {plan.cluster.num_gpus} "
+                               "GPUs, not a part the cluster can be cut to (whole nodes, or its node groups as they "
+                               f"are); re-plan for {cfg.world} GPUs or for the whole cluster") from None
     except AutoparError as err:
         raise AutoparError(f"{source}: {err}") from None
     return plan

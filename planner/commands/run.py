@@ -97,8 +97,8 @@ def _replan(args: argparse.Namespace) -> str:
 
 
 def _fresh_prediction(plan_path: str) -> Any:
-    """The estimate of a plan file edited by hand since its prediction (its keys, batch or sequence changed),
-    made again, with a note; None when the plan's own prediction holds."""
+    """The estimate of a plan file edited by hand since its prediction (its keys, batch, sequence, model, cluster or
+    state changed), made again on the GPUs it uses, with a note; None when the plan's own prediction holds."""
     from cost_models.step import estimate
     from specs.planfile import load_plan
 

@@ -291,6 +291,17 @@ def test_a_file_with_runs_of_two_plans_is_fitted_as_two_runs(tmp_path, capsys):
     assert load_cluster(str(out)).gpu.efficiency.gemm == pytest.approx(base.gpu.efficiency.gemm * 0.8, rel=0.02)
 
 
+def test_a_one_step_run_beside_others_is_left_out_with_a_note(tmp_path, capsys):
+    """A resume of one step under another plan in a file of several runs: that run is left out (its step is
+    warm-up), the others fitted; --warmup 0 keeps it."""
+    from planner.calibrate import load_runs
+
+    m, _, _ = _two_plan_metrics(tmp_path, load_cluster("dgx-h100"), {"gemm": 0.8}, steps=(8, 1))
+    (a,) = load_runs([str(m)], None, None)
+    assert a.source == f"{m} (steps 1-8)" and "left out 1 run(s) of one step" in capsys.readouterr().err
+    assert len(load_runs([str(m)], None, 0)) == 2
+
+
 def test_a_resume_under_the_same_plan_continues_its_run(tmp_path):
     """Lines of one plan around a restart's event line (and lines that leave the plan out) stay one run."""
     from planner.calibrate import read_segments

@@ -48,6 +48,11 @@ def test_estimate_table(capsys):
                        "--global-batch", "16", "--plan", "pp=3,mbs=1")
     work = re.search(r"by pipeline rank: ([\d.]+) ms / ([\d.]+) ms / ([\d.]+) ms", " ".join(out.split()))
     assert code == 0 and work and float(work[2]) > 1.5 * min(float(work[1]), float(work[3]))
+    code, out, _ = run(capsys, "estimate", "--model", "tiny", "--cluster", "cpu-gloo", "--gpus", "2",
+                       "--global-batch", "16", "--plan", "pp=2,vpp=2,mbs=1")  # 4 virtual stages on 2 ranks
+    text = " ".join(out.split())
+    assert code == 0 and "critical pipeline rank (" in text and " of 2)" in text
+    assert re.search(r"by pipeline rank: [\d.]+ ms / [\d.]+ ms; the bubble", text)
 
 
 BAD = [
@@ -98,6 +103,14 @@ def test_corrupt_and_mismatched_plan_files(tmp_path, capsys):
     p.write_text(json.dumps({"schema": "something/9"}))
     code, _, err = run(capsys, "run", str(p))
     assert code == 2 and "schema" in err
+    # keys edited to use 12 of two 8-GPU nodes: no part of the cluster; said of the plan file, not of --gpus
+    assert run(capsys, "plan", "--model", "llama2-7b", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch",
+               "64", "--out", str(p))[0] == 0
+    data = json.loads(p.read_text())
+    data["parallel"].update(tp=1, pp=3, dp=4, cp=1, vpp=1, sp=False, tp_overlap=False, layers=None)
+    p.write_text(json.dumps(data))
+    code, _, err = run(capsys, "run", str(p), "--dry-run")
+    assert code == 2 and "plan uses 12 of cluster dgx-h100's 16 GPUs" in err and "--gpus" not in err
 
 
 def test_plan_json_and_plan_file_roundtrip(tmp_path, capsys):

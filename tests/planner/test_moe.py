@@ -92,7 +92,7 @@ def test_imbalance_and_capacity_slow_the_experts():
     m = load_model("mixtral-8x7b")
     cluster = load_cluster("dgx-h100").resized(64)
     cfg = ParallelConfig(tp=1, pp=4, dp=16, mbs=1, ep=8, zero=1)
-    t = {r: estimate(m.model_copy(update={"moe": m.moe.model_copy(update={"load_imbalance": r})}), cluster, cfg,
+    t = {r: estimate(m.model_copy(update={"moe": m.moe.with_imbalance(r)}), cluster, cfg,
                      256).step_time_s for r in (1.0, 1.5)}
     capped = estimate(m.model_copy(update={"moe": m.moe.model_copy(update={"load_imbalance": 1.5,
                                                                            "capacity_factor": 1.0})}),
@@ -107,10 +107,10 @@ def test_unknown_routing_is_priced_at_the_default_and_its_band_reaches_balanced(
     from planner.uncertainty import band
 
     m = load_model("mixtral-8x7b")
-    assert m.moe.load_imbalance is None and not m.moe.routing_known
+    assert m.moe.load_imbalance == 1.5 and not m.moe.routing_known
     cluster = load_cluster("dgx-h100").resized(64)
     cfg = ParallelConfig(tp=1, pp=4, dp=16, mbs=1, ep=8, zero=1)
-    at = {r: estimate(m.model_copy(update={"moe": m.moe.model_copy(update={"load_imbalance": r})}), cluster, cfg,
+    at = {r: estimate(m.model_copy(update={"moe": m.moe.with_imbalance(r)}), cluster, cfg,
                       256).step_time_s for r in (1.0, 1.5)}
     assert estimate(m, cluster, cfg, 256).step_time_s == pytest.approx(at[1.5])  # the default, 1.5
     keys = "tp=1,pp=4,ep=8,mbs=1,zero=1"
@@ -131,6 +131,7 @@ def test_a_known_imbalance_keeps_the_plain_band(tmp_path, capsys):
     from planner.uncertainty import band
 
     spec = load_model("mixtral-8x7b").model_dump(mode="json")
+    del spec["moe"]["load_imbalance_known"]  # a spec written by hand: giving load_imbalance makes it known
     spec["moe"]["load_imbalance"] = 1.5
     path = tmp_path / "m.json"
     path.write_text(json.dumps(spec))

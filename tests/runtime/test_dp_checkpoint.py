@@ -233,3 +233,28 @@ def test_pipeline_sends_are_tensor_parallel_slices(pool, tokens64):
     whole = [r for r in pool.run("rt_cases:p2p_volume", {**case, "tp": 1}, tokens64) if r]
     assert all(n == whole[0]["act"] for r in whole for n in r["sent"])
     assert res[0]["losses"] == pytest.approx(whole[0]["losses"], rel=1e-5)
+
+
+def test_what_only_plans_a_model_does_not_make_another_run():
+    """A checkpoint of a MoE model written when plan files held load_imbalance 1.5 (no load_imbalance_known), and
+    one whose plan gives the imbalance later (as `plan` advises), are of the same run as the spec now; the same
+    holds for import-hf's check of the moe section. max_positions (a planning bound) likewise."""
+    from runtime.checkpoint import _normal, _run_of
+    from runtime.hf_weights import _shown
+    from specs.model_loading import load_model
+
+    spec = load_model("tiny-moe")
+    fp = lambda model: {"model": model, "parallel": {}, "global_batch": 8, "seq": 64, "seed": 1,  # noqa: E731
+                        "world_size": 2, "state": {}}
+    now = _run_of(_normal(fp(spec.model_dump(mode="json"))))
+    old = spec.model_dump(mode="json")
+    del old["moe"]["load_imbalance_known"]
+    assert _run_of(_normal(fp(old))) == now
+    given = spec.model_copy(update={"moe": spec.moe.with_imbalance(1.2)})
+    assert _run_of(_normal(fp(given.model_dump(mode="json")))) == now
+    assert _shown(given.moe) == _shown(spec.moe)
+    other = spec.model_copy(update={"moe": spec.moe.model_copy(update={"experts_per_token": 1})})
+    assert _run_of(_normal(fp(other.model_dump(mode="json")))) != now  # what training computes still counts
+    gpt = load_model("tiny-gpt")
+    bounded = gpt.model_copy(update={"max_positions": 4096})
+    assert _run_of(_normal(fp(bounded.model_dump(mode="json")))) == _run_of(_normal(fp(gpt.model_dump(mode="json"))))

@@ -421,6 +421,7 @@ def test_a_hand_edited_plan_is_re_estimated_at_load(tmp_path, capsys):
     rows = [r for r in _rows(m) if "step" in r]
     assert rows and all(r["predicted_step_time_s"] == pytest.approx(fresh) for r in rows) and fresh != old
     assert all(r["predicted_memory_GiB"] == pytest.approx(est.memory_GiB) for r in rows)
+    assert not any("predicted_memory_GiB_per_rank" in r for r in rows)  # the stored stages were for the old keys
     assert est.memory_GiB != pytest.approx(data["prediction"]["memory_GiB"])
     assert load_plan(default_plan(tmp_path / "fresh.json")[0]).prediction_is_current
 
