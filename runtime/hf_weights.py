@@ -70,8 +70,9 @@ def names(spec: ModelSpec) -> dict[str, tuple[str, ...]]:
                            "these weights have no Hugging Face counterpart autopar can read or write")
     moe = spec.moe
     if moe is not None and not _mixtral_like(spec):
-        raise AutoparError(f"model {spec.name} has MoE layers other than Mixtral's (every layer MoE, softmax top-k "
-                           "renormalised, no shared experts): Hugging Face weights are supported for Mixtral's layout")
+        raise AutoparError(f"model {spec.name} is a mixture of experts other than Mixtral's (every layer MoE, softmax "
+                           "top-k renormalised, no shared experts, no QKV biases): Hugging Face weights are supported "
+                           "for Mixtral's layout")
     out: dict[str, tuple[str, ...]] = {"embed.tok.weight": (_ENDS["embed.tok.weight"],)}
     for i in range(spec.num_layers):
         for ours, theirs in _LAYER.items():
@@ -94,7 +95,7 @@ def names(spec: ModelSpec) -> dict[str, tuple[str, ...]]:
 def _mixtral_like(spec: ModelSpec) -> bool:
     m = spec.moe
     return m is not None and (m.layer_freq, m.first_dense_layers, m.num_shared_experts, m.router, m.norm_topk_prob,
-                              m.capacity_factor) == (1, 0, 0, "softmax", True, None)
+                              spec.qkv_bias) == (1, 0, 0, "softmax", True, False)
 
 
 def _rows(spec: ModelSpec, ours: str) -> tuple[int, ...]:

@@ -58,7 +58,7 @@ def multi_node_commands(plan: PlanFile, worker: list[str], max_restarts: int = 0
     """The torchrun line to run on every node, and the equivalent srun line for Slurm; for a plan placed on node
     groups, one line per group (:func:`group_commands`)."""
     if plan.config.placement is not None or len(set(plan.cluster.node_gpus.values())) > 1:
-        return group_commands(plan, worker)
+        return group_commands(plan, worker, max_restarts)
     nodes = -(-plan.world_size // plan.cluster.gpus_per_node)
     per_node = plan.world_size // nodes
     tail = " ".join(shlex.quote(a) for a in worker)
@@ -97,7 +97,7 @@ def group_nodes(plan: PlanFile) -> list[tuple[str, int, int]]:
     return out
 
 
-def group_commands(plan: PlanFile, worker: list[str]) -> list[str]:
+def group_commands(plan: PlanFile, worker: list[str], max_restarts: int = 0) -> list[str]:
     """One torchrun line per run of a group's nodes, each node told its rank and its GPUs (static rendezvous:
     torchrun's c10d rendezvous numbers nodes in the order they join, and the placement needs each group's nodes at
     its ranks; torchrun gives each node the ranks after those of the nodes before it)."""
@@ -109,8 +109,9 @@ def group_commands(plan: PlanFile, worker: list[str]) -> list[str]:
     for g, first, count in runs:
         ranks = f"{first}" if count == 1 else f"{first}-{first + count - 1}"
         out.append(f"# group {g}, node ranks {ranks}: on its node i (i = 0..{count - 1})")
+        restarts = f"--max-restarts {max_restarts} " if max_restarts else ""
         out.append(f"torchrun --nnodes {nodes} --nproc-per-node {per_node[g]} --node-rank $(({first} + i)) "
-                   f"--master-addr $MASTER_ADDR --master-port 29500 {tail}")
+                   f"{restarts}--master-addr $MASTER_ADDR --master-port 29500 {tail}")
     return out
 
 

@@ -99,10 +99,11 @@ class MoESpec(BaseModel):
         return self.capacity_factor is not None or self.load_imbalance_known
 
     def trained(self) -> dict[str, Any]:
-        """The section as training knows it (its given fields): without the load imbalance, which only prices it, so
-        a checkpoint or Hugging Face model matches a spec whatever imbalance it assumes."""
+        """The section as training knows it (its given fields): without the load imbalance and the capacity factor,
+        which only price it (the runtime is dropless), so a checkpoint or Hugging Face model matches a spec whatever
+        routing it assumes."""
         return {k: v for k, v in self.model_dump(mode="json", exclude_none=True).items()
-                if k not in ("load_imbalance", "load_imbalance_known")}
+                if k not in ("load_imbalance", "load_imbalance_known", "capacity_factor")}
 
     def with_imbalance(self, ratio: float) -> MoESpec:
         """This spec with the busiest rank's load given as ``ratio`` x the mean (1.0: balanced routing)."""

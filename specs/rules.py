@@ -131,6 +131,12 @@ def _stage_splits(c: Candidates, x: PlanContext) -> dict[int, tuple[int, ...]]:
             for n in np.unique(_stages(c))}
 
 
+def _no_empty_middle(layers: tuple[int, ...] | None) -> bool:
+    """No empty stage (virtual stage, in schedule order) between the first and the last: an empty first or last
+    one only holds the embedding or the head."""
+    return layers is None or all(n > 0 for n in layers[1:-1])
+
+
 def _recompute_within(r: object, layers: tuple[int, ...]) -> bool:
     """Recomputed layers per stage no more than the stage holds (one count: no more than the largest stage)."""
     if r is None:
@@ -268,6 +274,10 @@ RULES: tuple[Rule, ...] = (
     Rule(("layers",), lambda c, x: np.full(len(c), c.layers is None or sum(c.layers) == x.model.num_layers),
          lambda cfg, x: f"layers {'/'.join(map(str, cfg.layers or ()))} must be non-negative and sum to "
                         f"{x.model.num_layers}"),
+    Rule(("layers",), lambda c, x: np.full(len(c), _no_empty_middle(c.layers)),
+         lambda cfg, x: f"layers {'/'.join(map(str, cfg.layers or ()))} leaves a stage between others empty, which "
+                        "the runtime cannot pass activations through; give every stage between the first and the "
+                        "last at least one layer"),
     Rule(("recompute", "recompute_layers"),
          lambda c, x: (c.recompute == RECOMPUTE_CODE["full"]) | (c.recompute_layers is None),
          lambda cfg, x: "recompute_layers needs recompute=full"),

@@ -45,8 +45,8 @@ def estimate_command(args: argparse.Namespace) -> int:
     band = step_band(cfg.pp, est.step_time_s, spread, balanced)
     unpinned = f"; mostly the calibration's unpinned {loose} scale" if spread > LOOSE_SPREAD else ""
     if balanced is not None:
-        unpinned += (f"; down to balanced routing, {balanced:.4g} s predicted: the experts' load imbalance is not "
-                     f"known (moe.load_imbalance sets it)")
+        unpinned += (f"; its low end from balanced routing, {balanced:.4g} s predicted: the experts' load imbalance "
+                     f"is not known (moe.load_imbalance sets it)")
     held = f"{uncertainty_band(cfg.pp > 1).coverage:.0%}"
     con.print(f"band    {band[0]:.4g} .. {band[1]:.4g} s a step (holds {held} of runs like the validation's, "
               f"docs/cost_model.md \"How sure it is\"{unpinned})")

@@ -38,6 +38,10 @@ def tune_command(args: argparse.Namespace) -> int:
     fixed = parse_plan_keys(args.fix, "--fix")
     headroom = headroom_for(args.headroom, cluster.gpu.memory_GiB)
     if cluster.num_nodes > 1:
+        if args.out:
+            raise AutoparError("--out: on several nodes tune writes the trials' plans and prints their commands; "
+                               "nothing is measured here to choose from, so leave --out out and keep the trial plan "
+                               "whose median is the fastest")
         return _tune_commands(args, model, cluster, out_dir, fixed, headroom)
     _check_tune_hardware(cluster)
     live = args.format != "json" and sys.stderr.isatty()

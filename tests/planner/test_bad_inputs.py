@@ -363,6 +363,10 @@ def test_an_output_is_never_one_of_the_inputs(tmp_path, capsys):
     (["plan", "--model", "tiny", "--cluster", "cpu-gloo", "--gpus", "1", "--global-batch", "2", "--steps", "80"],
      "--steps sets the training steps written into the plan file: give --out FILE"),
     (["run", "--resume", "--replan", "--gpus", "0", "--checkpoint-dir", "ck"], "--gpus must be at least 1"),
+    (["plan", "--model", "tiny", "--cluster", "cpu-gloo", "--gpus", "3", "--global-batch", "6", "--fix",
+      "pp=3,layers=2/0/2"], "layers 2/0/2 leaves a stage between others empty"),
+    (["plan", "--model", "tiny", "--cluster", "cpu-gloo", "--gpus", "2", "--global-batch", "8", "--fix",
+      "pp=2,vpp=2,layers=2/1/0/1"], "layers 2/1/0/1 leaves a stage between others empty"),
 ])
 def test_bad_flag_values(capsys, tmp_path, monkeypatch, argv, needle):
     monkeypatch.chdir(tmp_path)

@@ -380,6 +380,8 @@ def test_groups_may_differ_in_gpus_per_node(tmp_path):
     plain = make_plan(model, c, 64, ParallelConfig(tp=4, pp=2, dp=4))  # no placement: each node still gets its own
     assert group_nodes(plain) == [("big", 0, 2), ("small", 2, 4)]
     assert sum(x.startswith("torchrun") for x in multi_node_commands(plain, ["-m", "runtime.train", "p.json"])) == 2
+    restarting = [x for x in multi_node_commands(plan, ["p.json"], max_restarts=2) if x.startswith("torchrun")]
+    assert len(restarting) == 2 and all("--max-restarts 2 " in x for x in restarting)  # each group's nodes alike
 
 
 def test_a_tied_embedding_under_zero_2_needs_both_ends_split_alike(tmp_path):

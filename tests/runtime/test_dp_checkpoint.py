@@ -253,6 +253,15 @@ def test_what_only_plans_a_model_does_not_make_another_run():
     given = spec.model_copy(update={"moe": spec.moe.with_imbalance(1.2)})
     assert _run_of(_normal(fp(given.model_dump(mode="json")))) == now
     assert _shown(given.moe) == _shown(spec.moe)
+    capped = spec.model_copy(update={"moe": spec.moe.model_copy(update={"capacity_factor": 1.25})})
+    assert _run_of(_normal(fp(capped.model_dump(mode="json")))) == now  # priced only: the runtime is dropless
+    from runtime.hf_weights import names
+    from specs.errors import AutoparError
+
+    mixtral = load_model("mixtral-8x7b")
+    names(mixtral.model_copy(update={"moe": mixtral.moe.model_copy(update={"capacity_factor": 1.25})}))  # Mixtral's
+    with pytest.raises(AutoparError, match="no QKV biases"):  # Mixtral has none: export would drop them
+        names(mixtral.model_copy(update={"qkv_bias": True}))
     other = spec.model_copy(update={"moe": spec.moe.model_copy(update={"experts_per_token": 1})})
     assert _run_of(_normal(fp(other.model_dump(mode="json")))) != now  # what training computes still counts
     gpt = load_model("tiny-gpt")

@@ -110,3 +110,6 @@ def test_tune_on_several_nodes_prints_each_trials_commands(tmp_path, capsys):
         assert any("--nnodes 2" in c and t["plan_file"] in c and "--metrics-out" in c for c in t["commands"]), t
     assert res["calibrate"].startswith("autopar calibrate ") and all(t["metrics"] in res["calibrate"]
                                                                     for t in res["trials"])
+    assert main(["tune", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch", "64",
+                 "--dir", str(tmp_path / "u"), "--out", str(tmp_path / "best.json")]) == 2  # nothing to choose here
+    assert "--out: on several nodes" in capsys.readouterr().err and not (tmp_path / "best.json").exists()
