@@ -69,7 +69,7 @@ def tune_command(args: argparse.Namespace) -> int:
     elif chosen is None:
         first = next((t for t in res.trials if t.error), None)
         problem = (f"every trial failed (the first: {first.error if first else 'no error recorded'}); their plans and "
-                   f"logs are in {out_dir}")
+                   f"metrics are in {out_dir} (a failed trial's error names its log)")
     warning = bound_warning(res.scales)
     if args.format == "json":
         print(json.dumps({"trials": [t.row() for t in res.trials], "chosen": chosen.row() if chosen else None,

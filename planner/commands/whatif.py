@@ -28,6 +28,9 @@ def whatif_command(args: argparse.Namespace) -> int:
         raise AutoparError(f"--vary {key} sets the cluster's size at each point; leave out {given}")
     fixed = parse_plan_keys(args.fix, "--fix")
     more = parse_plan_keys(args.compare, "--compare") if args.compare else {}
+    if "placement" in more and not cluster.node_groups:
+        raise AutoparError(f"--compare placement: cluster {cluster.name} has no node groups to place stages on; "
+                           "placement compares plans on a cluster of node groups")
     curves: dict[str, Any] = {"best": sweep(model, cluster, args.global_batch, key, values, fixed, args.headroom)}
     if args.compare:
         curves[args.compare] = sweep(model, cluster, args.global_batch, key, values, fixed, args.headroom, more)

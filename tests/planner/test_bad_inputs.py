@@ -159,6 +159,8 @@ def test_plot_title_with_dollars_and_the_path_written(tmp_path, capsys):
      "--vary nics_per_node: cluster cpu-gloo has no inter_node section"),
     (["whatif", "--model", "llama3-70b", "--cluster", "dgx-a100", "--global-batch", "8", "--vary", "gpus=1,2"],
      "no point of the sweep has a plan; at gpus=1: no plan fits; the closest ("),
+    (["whatif", "--model", "tiny", "--cluster", "dgx-a100", "--global-batch", "64", "--vary", "gpus=8,16",
+      "--compare", "placement=none"], "--compare placement: cluster dgx-a100 has no node groups"),
     (["whatif", "--model", "llama3-70b", "--cluster", "dgx-h100", "--global-batch", "512", "--vary", "gpus=16"],
      "GiB per GPU, of 72 usable (80 less 8 headroom)"),
 ])
