@@ -159,19 +159,25 @@ def _metrics_lines(path: str | Path) -> list[dict[str, Any]]:
 MIN_STEPS = 5  # measured steps after warm-up below which a run's median says little (a warning)
 
 
+def only_warm_up(rows: list[dict[str, Any]], warmup: int | None) -> bool:
+    """Whether a run is nothing but its warm-up under the default ``--warmup`` (one step, which allocates and
+    compiles)."""
+    return warmup is None and len(rows) == 1
+
+
 def warm_up_only(source: str) -> AutoparError:
-    """The error for a run of one step, its warm-up (with the default ``--warmup``)."""
+    """The error for a run that is only its warm-up (:func:`only_warm_up`)."""
     return AutoparError(f"metrics file {source}: its one step is the warm-up (the first step of a run allocates and "
                         "compiles: not a measurement); run more steps, or give --warmup 0 to fit it anyway")
 
 
 def measured_median(rows: list[dict[str, Any]], warmup: int | None, source: str) -> tuple[float, int]:
     """Median step time after the warm-up steps, and how many steps it is over (a note below MIN_STEPS)."""
+    if only_warm_up(rows, warmup):
+        raise warm_up_only(source)
     rows = sorted(rows, key=lambda r: r["step"])
     skip = warmup if warmup is not None else max(1, len(rows) // 10)
     kept = [r["step_time_s"] for r in rows[skip:]]
-    if not kept and warmup is None:
-        raise warm_up_only(source)
     if not kept:
         raise AutoparError(f"metrics file {source}: all {len(rows)} step(s) are warm-up (--warmup {skip}); "
                            "run more steps or lower --warmup")
@@ -214,7 +220,7 @@ def load_runs(metrics: list[str], plans: list[str] | None, warmup: int | None) -
             else:
                 raise AutoparError(f"metrics file {m} does not say which plan it ran; pass --plan PLAN.json "
                                    "(one per metrics file, in the same order)")
-            if warmup is None and len(seg.rows) == 1:  # its one step is warm-up: not a measurement
+            if only_warm_up(seg.rows, warmup):  # not a measurement: left out, with a note below
                 warm_only.append(source)
                 continue
             med, n = measured_median(seg.rows, warmup, source)
