@@ -100,7 +100,8 @@ def read_metrics(path: str | Path) -> tuple[list[dict[str, Any]], Any]:
 def read_segments(path: str | Path) -> list[Segment]:
     """The runs of a metrics file in file order (:class:`Segment`): consecutive step lines under one ``plan``
     entry. A line without the key continues the run before it; step lines before the first ``plan`` entry belong
-    to the run it names."""
+    to the run it names. Steps redone after a restart (or a resume from an earlier checkpoint) replace the lines
+    first written for them, so each step counts once."""
     segments: list[Segment] = []
     plan: Any = None
     for obj in _metrics_lines(path):
@@ -112,7 +113,10 @@ def read_segments(path: str | Path) -> list[Segment]:
             segments[-1].plan = plan  # the lines before any plan entry are the first plan's
         if not segments or (plan is not None and plan != segments[-1].plan):
             segments.append(Segment(plan, []))
-        segments[-1].rows.append(obj)
+        rows = segments[-1].rows
+        if rows and obj["step"] <= rows[-1]["step"]:  # a restart or resume redoing steps: the redone lines are
+            rows[:] = [r for r in rows if r["step"] < obj["step"]]  # the run's history, the first ones lost
+        rows.append(obj)
     if segments[-1].plan is None:
         segments[-1].plan = plan  # named only after the step lines
     return segments

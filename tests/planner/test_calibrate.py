@@ -303,7 +303,8 @@ def test_a_one_step_run_beside_others_is_left_out_with_a_note(tmp_path, capsys):
 
 
 def test_a_resume_under_the_same_plan_continues_its_run(tmp_path):
-    """Lines of one plan around a restart's event line (and lines that leave the plan out) stay one run."""
+    """Lines of one plan around a restart's event line (and lines that leave the plan out) stay one run; the step
+    the restart redid counts once, as redone."""
     from planner.calibrate import read_segments
 
     m = tmp_path / "m.jsonl"
@@ -314,7 +315,8 @@ def test_a_resume_under_the_same_plan_continues_its_run(tmp_path):
     m.write_text("".join(json.dumps(r) + "\n" for r in rows))
     runs = read_segments(m)
     assert [(s.plan, [r["step"] for r in s.rows]) for s in runs] == [
-        ("p.json", [1, 2, 2, 3]), ("q.json", [4]), ("p.json", [5])]
+        ("p.json", [1, 2, 3]), ("q.json", [4]), ("p.json", [5])]
+    assert runs[0].rows[1]["step_time_s"] == 0.6
 
 
 def test_plan_flag_on_a_file_of_several_runs_is_refused(tmp_path, capsys):
