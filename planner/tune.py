@@ -13,6 +13,7 @@ written and the commands to run them on every node printed, as `autopar run` pri
 from __future__ import annotations
 
 import datetime as _dt
+import re
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -93,6 +94,8 @@ def prepare(model: ModelSpec, cluster: ClusterSpec, global_batch: int, out_dir: 
         raise AutoparError(f"no plan fits in {cluster.gpu.memory_GiB - headroom_GiB:g} GiB per GPU on "
                            f"{cluster.num_gpus} GPUs: nothing to tune (see `autopar plan`)")
     out_dir.mkdir(parents=True, exist_ok=True)
+    for p in earlier_files(out_dir):
+        p.unlink()
     found: list[Trial] = []
     fit = cluster.calibration  # a calibrated profile: plans the fit cannot order are finalists too
     extra = None if fit is None else difference_spreads(
@@ -115,11 +118,21 @@ def trial_plan_path(out_dir: Path, i: int) -> Path:
 
 
 def written_files(out_dir: Path, trials: int) -> dict[str, Path]:
-    """What tune may write into ``out_dir`` for up to ``trials`` trials: each trial's plan and metrics file, and the
-    calibrated profile (what each is -> its path)."""
+    """What tune may write or remove in ``out_dir`` for up to ``trials`` trials: each trial's plan and metrics
+    file, an earlier tune's trial files there (:func:`earlier_files`) and the calibrated profile (what each is ->
+    its path)."""
     out = {f"trial {i}'s plan file": trial_plan_path(out_dir, i) for i in range(1, trials + 1)}
     out.update({f"trial {i}'s metrics file": metrics_beside(trial_plan_path(out_dir, i)) for i in range(1, trials + 1)})
+    out.update({f"an earlier tune's {p.name}": p for p in earlier_files(out_dir) if p not in out.values()})
     return {**out, "calibrated profile": out_dir / PROFILE}
+
+
+def earlier_files(out_dir: Path) -> list[Path]:
+    """What an earlier tune into ``out_dir`` left there (its trials' plan and metrics files, its profile): removed
+    before a new tune writes its own, so the folder never mixes two tunes."""
+    named = re.compile(r"trial[1-9][0-9]*\.jsonl?")
+    found = [p for p in out_dir.glob("trial*.json*") if named.fullmatch(p.name)] if out_dir.is_dir() else []
+    return sorted(found) + [p for p in [out_dir / PROFILE] if p.is_file()]
 
 
 def metrics_beside(plan_path: Path) -> Path:

@@ -113,3 +113,17 @@ def test_tune_on_several_nodes_prints_each_trials_commands(tmp_path, capsys):
     assert main(["tune", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch", "64",
                  "--dir", str(tmp_path / "u"), "--out", str(tmp_path / "best.json")]) == 2  # nothing to choose here
     assert "--out: on several nodes" in capsys.readouterr().err and not (tmp_path / "best.json").exists()
+
+
+def test_tune_into_a_used_folder_leaves_no_earlier_trial(tmp_path, capsys):
+    """A tune into a folder an earlier tune used (with more trials, a profile) removes that tune's trial files and
+    profile first, so the folder never mixes two tunes; other files stay."""
+    d = tmp_path / "t"
+    d.mkdir()
+    for name in ["trial7.json", "trial7.jsonl", "calibrated.yaml", "notes.txt", "trial7.json.bak"]:
+        (d / name).write_text("x")
+    assert main(["tune", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch", "64",
+                 "--dir", str(d), "--trials", "2", "--format", "json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    written = {Path(t["plan_file"]).name for t in res["trials"]}
+    assert sorted(p.name for p in d.iterdir()) == sorted([*written, "notes.txt", "trial7.json.bak"])
