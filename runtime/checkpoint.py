@@ -327,18 +327,25 @@ def read_meta(ck: Path) -> dict[str, Any]:
     return meta
 
 
+def same_run(ck: Path, meta: dict[str, Any], plan: PlanFile, state: StateSpec) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Refuse to resume checkpoint ``ck`` (its ``meta``) under ``plan`` keeping ``state`` when it is of another run
+    (a ``SAME`` key differs); returns both normalised fingerprints (the checkpoint's, this run's)."""
+    saved, mine = _normal(meta["plan"]), _normal(fingerprint(plan, state))
+    shared, ours = _run_of(saved), _run_of(mine)
+    if shared != ours:
+        raise AutoparError(f"checkpoint {ck} is of another run ({_first_difference(shared, ours)}); a checkpoint "
+                           "resumes under any plan of the same model, sequence, global batch, seed and precisions")
+    return saved, mine
+
+
 def load_checkpoint(tr: Trainer, root: Path) -> int:
     """Restore the newest checkpoint under ``root`` into ``tr``; returns the step it resumes after."""
     ck = latest_checkpoint(root)
     if ck is None:
         raise AutoparError(f"no checkpoint to resume from in {root}; run without --resume to start fresh")
     meta = read_meta(ck)
-    step, saved = meta["step"], meta["plan"]
-    saved, mine = _normal(saved), _normal(fingerprint(tr.plan, tr.state))
-    shared, ours = _run_of(saved), _run_of(mine)
-    if shared != ours:
-        raise AutoparError(f"checkpoint {ck} is of another run ({_first_difference(shared, ours)}); a checkpoint "
-                           "resumes under any plan of the same model, sequence, global batch, seed and precisions")
+    step = meta["step"]
+    saved, mine = same_run(ck, meta, tr.plan, tr.state)
     n = dist.get_world_size(tr.g.world)
     every: list[list[str] | None] = [None] * n
     dist.all_gather_object(every, corrupt_files(ck, meta, dist.get_rank(tr.g.world), n), group=tr.g.world)

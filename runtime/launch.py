@@ -148,12 +148,12 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
                               keep_checkpoints)
     TokenData(data or SAMPLE_TEXT, plan.seq, plan.model.vocab_size, plan.train.seed)  # one-line errors now
     if checkpoint_dir:
-        check_checkpoints(Path(checkpoint_dir), resume, total)
+        check_checkpoints(Path(checkpoint_dir), resume, total, plan)
     worker = _worker_args(plan_path, steps, data, metrics_out, checkpoint_dir, resume, checkpoint_every, quiet,
                           predicted_step_s, predicted_memory_GiB, mtbf_hours, collective_timeout, keep_checkpoints,
                           train_from_plan)
     gpus = _local_devices()
-    if plan.cluster.num_nodes > 1 and world > plan.cluster.gpus_per_node:
+    if _spans_nodes(plan):
         print("autopar: this plan spans several nodes; run on every node:\n  " +
               "\n  ".join(multi_node_commands(plan, worker, max_restarts)), flush=True)
         return 0
@@ -175,7 +175,7 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
     return rc
 
 
-def check_checkpoints(root: Path, resume: bool, total_steps: int) -> None:
+def check_checkpoints(root: Path, resume: bool, total_steps: int, plan: PlanFile | None = None) -> None:
     """What ``root`` holds suits the run: with ``resume`` a checkpoint short of ``total_steps``; without, no run's
     checkpoints (a fresh run would write over them and mix two runs in one folder)."""
     from runtime.checkpoint import checkpoint_step, latest_checkpoint
@@ -189,6 +189,19 @@ def check_checkpoints(root: Path, resume: bool, total_steps: int) -> None:
     if not resume and last is not None:
         raise AutoparError(f"{root} holds a run's checkpoints (the newest {last.name}); add --resume to continue that "
                            "run, or give an empty or new --checkpoint-dir")
+    if resume and plan is not None:  # another run's checkpoint: refused here, not by every worker after launch
+        import torch
+
+        from runtime.checkpoint import read_meta, same_run
+        from runtime.trainer import executed_state
+
+        on_gpus = _local_devices() is not None or _spans_nodes(plan)
+        same_run(last, read_meta(last), plan, executed_state(plan, torch.device("cuda" if on_gpus else "cpu")))
+
+
+def _spans_nodes(plan: PlanFile) -> bool:
+    """Whether the plan runs on several nodes (launch prints each node's command: the workers run on its GPUs)."""
+    return plan.cluster.num_nodes > 1 and plan.world_size > plan.cluster.gpus_per_node
 
 
 def interrupted(plan_path: str, steps: int, metrics_out: str | None, checkpoint_dir: str | None) -> str:
@@ -224,9 +237,10 @@ def _run_workers(cmd: list[str], env: dict[str, str], timeout_s: float | None = 
         reader.start()
         try:
             rc = proc.wait(timeout=timeout_s)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # the interrupted line says what to do next; the log holds nothing to read
             proc.terminate()
             proc.wait()
+            os.unlink(log_path)
             return 130
         except subprocess.TimeoutExpired:
             proc.terminate()  # torchrun stops its workers

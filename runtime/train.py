@@ -120,8 +120,9 @@ def _advise_interval(log: MetricsLog, step: int, save_s: float, step_s: float, m
     log.event(event="checkpoint_interval", after_step=step, save_s=save_s, step_s=step_s, mtbf_hours=mtbf_hours,
               young_daly_s=best_s, young_daly_steps=best_steps, checkpoint_every=every)
     if not quiet:
+        now = f"every {every} step(s)" if every else "only at its end"
         print(f"autopar: a checkpoint took {save_s:.3g} s; with a failure every {mtbf_hours:g} h, Young-Daly's "
-              f"interval is {best_s:.3g} s = {best_steps} steps of {step_s:.3g} s (this run: every {every}; "
+              f"interval is {best_s:.3g} s = {best_steps} step(s) of {step_s:.3g} s (this run: {now}; "
               f"--checkpoint-every {best_steps})", flush=True)
 
 

@@ -50,6 +50,7 @@ class WorkerPool:
     def __init__(self, world: int) -> None:
         self.world = world
         self.procs: list[Any] = []
+        self.store = ""  # the workers' FileStore once started
         self.broken = True
 
     def _start(self) -> None:
@@ -64,6 +65,7 @@ class WorkerPool:
         fd, store = tempfile.mkstemp(prefix="autopar-pool-")
         os.close(fd)
         os.unlink(store)
+        self.store = store  # the workers' FileStore, removed by close()
         self.inboxes = [ctx.Queue() for _ in range(self.world)]
         self.outbox = ctx.Queue()
         self.procs = [ctx.Process(target=_worker, args=(r, self.world, f"file://{store}", self.inboxes[r], self.outbox),
@@ -108,3 +110,5 @@ class WorkerPool:
                 p.join(timeout=10)
         self.procs = []
         self.broken = True
+        if self.store:
+            Path(self.store).unlink(missing_ok=True)

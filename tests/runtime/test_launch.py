@@ -14,6 +14,7 @@ import pytest
 
 from planner.cli import main
 from planner.defaults import default_plan
+from runtime.checkpoint import FORMAT, fingerprint
 from runtime.launch import launch
 from specs.cluster import load_cluster
 from specs.errors import AutoparError
@@ -210,6 +211,15 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
     held = tmp_path / "held"  # a run's checkpoint folder, at step 3
     (held / "step_00000003").mkdir(parents=True)
     (held / "step_00000003" / "meta.json").write_text("{}")
+    other = tmp_path / "other"  # a checkpoint of the same model at another sequence length: refused before launch
+    (other / "step_00000003").mkdir(parents=True)
+    longer = load_plan(_plan(tmp_path)).model_copy(update={"seq": 64})
+    (other / "step_00000003" / "meta.json").write_text(json.dumps(
+        {"format": FORMAT, "step": 3, "plan": fingerprint(longer, longer.state), "checksums": {}}))
+    cases.append((dict(plan_path=_plan(tmp_path), checkpoint_dir=str(other), resume=True, steps=8),
+                  "is of another run (seq: checkpoint has 64, this run 128)"))
+    cases.append((dict(plan_path=_plan(tmp_path), checkpoint_dir=str(held), resume=True, steps=8),
+                  "is corrupt (unreadable meta.json)"))
     cases.append((dict(plan_path=_plan(tmp_path), checkpoint_dir=str(held)), "add --resume to continue that run"))
     cases.append((dict(plan_path=_plan(tmp_path), checkpoint_dir=str(held), resume=True, steps=2),
                   "is at step 3, and this run stops at step 2"))
@@ -494,3 +504,20 @@ def test_a_placed_plan_runs_as_its_groups_nodes(tmp_path, capsys, sizes, cfg):
     assert [r["step"] for r in got] == [1, 2, 3]
     np.testing.assert_allclose([r["loss"] for r in got], [r["loss"] for r in want], rtol=1e-6)
     assert got[-1]["loss"] < got[0]["loss"]
+
+
+def test_interval_advice_names_a_run_that_checkpoints_only_at_its_end(capsys):
+    """--mtbf-hours without --checkpoint-every (the plan's 0: only the last step is saved) says so, not "every 0"."""
+    from runtime.train import _advise_interval
+
+    class Log:
+        def event(self, **fields):
+            self.fields = fields
+
+    log = Log()
+    _advise_interval(log, 8, save_s=2.0, step_s=1.0, mtbf_hours=2.0, every=0, quiet=False)
+    out = capsys.readouterr().out
+    assert "this run: only at its end" in out and "every 0" not in out, out
+    assert log.fields["young_daly_steps"] == round((2 * 2.0 * 7200) ** 0.5) and log.fields["checkpoint_every"] == 0
+    _advise_interval(log, 8, save_s=2.0, step_s=1.0, mtbf_hours=2.0, every=4, quiet=False)
+    assert "this run: every 4 step(s)" in capsys.readouterr().out
