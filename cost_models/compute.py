@@ -30,8 +30,10 @@ def attention_flops(batch_heads: ArrayLike, sq: ArrayLike, sk: ArrayLike, d: Arr
     share of the scores a causal mask keeps (``causal_frac``: 0.5 causal, 1 full)."""
     return 4.0 * np.asarray(batch_heads, float) * sq * sk * d * causal_frac
 
-# Output tiles cuBLAS-like libraries choose between, with their relative efficiency.
-_TILES = ((128, 256, 1.0), (128, 128, 0.93), (64, 128, 0.80))
+# The output tiles cuBLAS-like libraries choose between, relative to the profile's largest (``gemm_tile_m`` x
+# ``gemm_tile_n``, 128 x 256 by default): (m share, n share, relative efficiency). Smaller tiles fill more SMs in a
+# short last wave but reuse less of each operand.
+_TILES = ((1.0, 1.0, 1.0), (1.0, 0.5, 0.93), (0.5, 0.5, 0.80))
 
 
 class ComputeModel:
@@ -70,7 +72,8 @@ class ComputeModel:
         sm = self.gpu.sm_count
         used = sm if sms is None else np.asarray(sms, dtype=float)
         best = np.zeros(np.broadcast(M, N, K, batch, used).shape)
-        for tm, tn, q in _TILES:
+        for fm, fn, q in _TILES:
+            tm, tn = max(1.0, fm * self.e.gemm_tile_m), max(1.0, fn * self.e.gemm_tile_n)
             tiles = np.ceil(M / tm) * np.ceil(N / tn) * batch
             waves = np.ceil(tiles / used)
             best = np.maximum(best, q * tiles / (waves * sm))

@@ -302,6 +302,17 @@ def test_gemm_time_bounded_by_peak_and_efficiency():
     assert 2 * 8192 * 8192 * 64 / float(cm.gemm(8192, 8192, 64)) < achieved
 
 
+def test_the_profiles_gemm_tile_sets_the_wave_quantisation():
+    """``efficiency.gemm_tile_m/n`` is the largest output tile: a GEMM of exactly one wave of 128 x 256 tiles runs
+    at the full rate with the default tile, and with a 256 x 256 one takes the next tile (256 x 128, 0.93 of it)."""
+    gpu = load_gpu("a100-sxm4-80gb")
+    M, N, K = 128 * gpu.sm_count, 256, 4096
+    default = float(ComputeModel(gpu, "bf16").gemm_rate(M, N, K))
+    assert default == pytest.approx(gpu.peak("bf16") * gpu.efficiency.gemm * K / (K + gpu.efficiency.gemm_k_half))
+    big = gpu.model_copy(update={"efficiency": gpu.efficiency.model_copy(update={"gemm_tile_m": 256})})
+    assert float(ComputeModel(big, "bf16").gemm_rate(M, N, K)) == pytest.approx(0.93 * default)
+
+
 def test_measured_gemm_table_overrides():
     gpu = load_gpu("a100-sxm4-80gb")
     table = [GemmPoint(m=4096, n=4096, k=4096, tflops=150.0), GemmPoint(m=8192, n=8192, k=8192, tflops=200.0)]
