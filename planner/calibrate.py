@@ -192,13 +192,17 @@ def measured_median(rows: list[dict[str, Any]], warmup: int | None, source: str)
 
 
 def resolve_plan(ref: Any, metrics: Path) -> PlanFile:
-    """The plan a metrics file names: an embedded plan object, or a path (relative to the file or here)."""
+    """The plan a metrics file names: an embedded plan object, or a path (:func:`plan_ref_path`)."""
     if isinstance(ref, dict):
         return plan_from_data(ref, f"metrics file {metrics}: embedded plan")
-    path = Path(str(ref))
-    if not path.is_absolute() and not path.exists():
-        path = metrics.parent / path
-    return load_plan(path)
+    return load_plan(plan_ref_path(str(ref), metrics))
+
+
+def plan_ref_path(ref: str, metrics: Path) -> Path:
+    """The path a metrics file's ``plan`` entry names: as written, or relative to the metrics file when it is a
+    relative path not found from here."""
+    path = Path(ref)
+    return path if path.is_absolute() or path.exists() else metrics.parent / path
 
 
 def load_runs(metrics: list[str], plans: list[str] | None, warmup: int | None) -> list[Run]:

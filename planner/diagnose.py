@@ -44,7 +44,15 @@ from rich.table import Table
 
 from cost_models.pipeline import simulate_steps
 from cost_models.step import Estimate, estimate
-from planner.calibrate import Segment, check_same_run, measured_median, read_segments, resolve_plan, runs_text
+from planner.calibrate import (
+    Segment,
+    check_same_run,
+    measured_median,
+    plan_ref_path,
+    read_segments,
+    resolve_plan,
+    runs_text,
+)
 from planner.report import console, fmt_time
 from specs.errors import AutoparError
 from specs.parallel import whole_number
@@ -299,15 +307,11 @@ def step_filter(text: str) -> Callable[[int], bool]:
 
 
 def _same_file(ref: Any, plan: str | None, source: str) -> bool:
-    """Whether the ``plan`` entry of metrics file ``source`` names the file ``plan`` (a relative entry is read as
-    :func:`planner.calibrate.resolve_plan` reads it)."""
+    """Whether the ``plan`` entry of metrics file ``source`` names the file ``plan``."""
     if plan is None or not isinstance(ref, str):
         return False
-    path = Path(ref)
-    if not path.is_absolute() and not path.exists():
-        path = Path(source).parent / path
     try:
-        return path.resolve() == Path(plan).resolve()
+        return plan_ref_path(ref, Path(source)).resolve() == Path(plan).resolve()
     except (OSError, RuntimeError):
         return False
 

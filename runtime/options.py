@@ -7,7 +7,7 @@ import argparse
 
 from specs.errors import AutoparError
 from specs.files import check_output_dir, check_output_file, integer, path_argument
-from specs.planfile import PlanFile
+from specs.planfile import PlanFile, steps_problem
 
 COLLECTIVE_TIMEOUT_S = 1800.0  # --collective-timeout's default
 KEEP_CHECKPOINTS = 2  # --keep-checkpoints' default: the newest and the one before it
@@ -68,8 +68,8 @@ def check_run_options(plan: PlanFile, steps: int | None, checkpoint_dir: str | N
     """Refuse options that would only fail later (after training, at the first checkpoint or metrics write), and a
     metrics file that is one of the run's ``inputs`` (what each is -> its path); returns the number of steps to run."""
     total = steps if steps is not None else plan.train.steps
-    if not 0 < total < 2**63:
-        raise AutoparError(f"--steps must be positive (and below 2^63), got {total}")
+    if steps_problem("--steps", total):
+        raise AutoparError(steps_problem("--steps", total))
     if checkpoint_every is not None and checkpoint_every < 0:
         raise AutoparError(f"--checkpoint-every must be 0 (only at the end) or a positive step count, "
                            f"got {checkpoint_every}")

@@ -28,20 +28,28 @@ Num = Annotated[float, Strict()]
 Beta = Annotated[float, Strict(), Field(ge=0.0, lt=1.0)]
 
 
+MAX_STEPS = 2**63  # steps are counted in 64-bit integers (checkpoint names, torch's step counters)
+
+
+def steps_problem(flag: str, steps: int) -> str | None:
+    """Why ``steps`` (given as ``flag``) is not a run's number of steps; None when it is."""
+    return None if 1 <= steps < MAX_STEPS else f"{flag} must be at least 1 (and below 2^63), got {steps}"
+
+
 class TrainConfig(BaseModel):
     """Optimizer and schedule settings the runtime uses (AdamW, warmup + cosine)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    steps: Int = Field(20, ge=1, lt=2**63)
+    steps: Int = Field(20, ge=1, lt=MAX_STEPS)
     lr: Num = Field(3e-3, gt=0.0)
     min_lr: Num = Field(3e-4, ge=0.0)
-    warmup_steps: Int = Field(2, ge=0, lt=2**63)
+    warmup_steps: Int = Field(2, ge=0, lt=MAX_STEPS)
     weight_decay: Num = Field(0.1, ge=0.0)
     betas: tuple[Beta, Beta] = (0.9, 0.95)
     eps: Num = Field(1e-8, gt=0.0)
     grad_clip: Num = Field(1.0, ge=0.0)  # 0 = no clipping
     seed: Int = Field(1234, ge=0, lt=2**63)
-    checkpoint_every: Int = Field(0, ge=0, lt=2**63)  # steps; 0 = only at the end when a checkpoint dir is given
+    checkpoint_every: Int = Field(0, ge=0, lt=MAX_STEPS)  # steps; 0 = only at the end when a checkpoint dir is given
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:

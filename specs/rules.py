@@ -88,6 +88,14 @@ def _heads_why(cfg: ParallelConfig, x: PlanContext) -> str:
             f"choose tp from {', '.join(map(str, ok))}")
 
 
+def cp_split_problem(seq: int, cp: int) -> str | None:
+    """Why ``seq`` tokens cannot be split over ``cp`` context-parallel ranks (each takes two of ``2 cp`` equal
+    chunks, one early and one late, so causal attention's work is balanced); None when they can."""
+    if seq % (2 * cp):
+        return f"seq {seq} must be divisible by 2*cp = {2 * cp} (load-balanced causal split)"
+    return None
+
+
 def tp_node_problem(tp: int, gpus: int, gpus_per_node: int, across: bool) -> str | None:
     """Why a tensor-parallel group of ``tp`` cannot sit on nodes of ``gpus_per_node`` GPUs, or None. Groups
     are contiguous ranks: inside one node when tp divides the node size; whole nodes when tp is a multiple
@@ -261,8 +269,7 @@ RULES: tuple[Rule, ...] = (
          lambda cfg, x: f"cp > 1 needs the model without attention dropout (dropout: 0 in the model spec; it has "
                         f"{x.model.dropout_p:g})"),
     Rule(("cp",), lambda c, x: (c.cp == 1) | (x.model.seq_length % (2 * c.cp) == 0),
-         lambda cfg, x: f"seq {x.model.seq_length} must be divisible by 2*cp = {2 * cfg.cp} (load-balanced "
-                        "causal split)"),
+         lambda cfg, x: str(cp_split_problem(x.model.seq_length, cfg.cp))),
     Rule(("pp", "vpp", "layers"), lambda c, x: (_stages(c) <= x.model.num_layers) | (c.layers is not None),
          lambda cfg, x: f"the model has only {x.model.num_layers} layers, fewer than pp*vpp = {cfg.num_chunks} "
                         "pipeline stages; lower pp or vpp"),

@@ -11,6 +11,7 @@ from rich.markup import escape
 from planner.commands.inputs import load_inputs, progress, spec_files
 from planner.headroom import headroom_for
 from specs.errors import AutoparError
+from specs.planfile import steps_problem
 
 
 def plan_command(args: argparse.Namespace) -> int:
@@ -43,8 +44,8 @@ def plan_command(args: argparse.Namespace) -> int:
         raise AutoparError(f"--top must be at least 1, got {args.top}")
     if args.steps is not None and not args.out:
         raise AutoparError("--steps sets the training steps written into the plan file: give --out FILE with it")
-    if args.steps is not None and not 1 <= args.steps < 2**63:
-        raise AutoparError(f"--steps must be at least 1 (and below 2^63), got {args.steps}")
+    if args.steps is not None and steps_problem("--steps", args.steps):
+        raise AutoparError(steps_problem("--steps", args.steps))
     headroom = headroom_for(args.headroom, cluster.gpu.memory_GiB)
     res = search(model, cluster, args.global_batch, fixed=fixed, top=args.top, exhaustive=args.exhaustive,
                  headroom_GiB=headroom, progress=progress(args.format))

@@ -46,6 +46,7 @@ from runtime.parallel.mappings import all_gather_into, reduce_scatter_into
 from runtime.parallel.mesh import ParallelGroups
 from runtime.parallel.recompute import is_recomputed
 from specs.errors import AutoparError
+from specs.rules import cp_split_problem
 
 # ---- which tokens a rank holds ------------------------------------------------------------------------------
 
@@ -57,8 +58,9 @@ def local_chunks(cp: int, rank: int) -> tuple[int, int]:
 
 def local_positions(seq: int, cp: int, rank: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """Global positions of cp rank ``rank``'s ``seq / cp`` tokens, in local order (int64)."""
-    if seq % (2 * cp):
-        raise AutoparError(f"seq {seq} must be divisible by 2*cp = {2 * cp} (load-balanced causal split)")
+    problem = cp_split_problem(seq, cp)
+    if problem:
+        raise AutoparError(problem)
     c = seq // (2 * cp)
     return torch.cat([torch.arange(g * c, (g + 1) * c, device=device) for g in local_chunks(cp, rank)])
 

@@ -196,7 +196,7 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
     cases.append((dict(plan_path=_plan(tmp_path), checkpoint_dir=str(a_file / "ck")), "is a file, not a folder"))
     cases.append((dict(plan_path=_plan(tmp_path), metrics_out=str(a_file / "m.jsonl")), "is a file, not a folder"))
     cases.append((dict(plan_path=_plan(tmp_path), metrics_out=str(tmp_path)), "is a directory"))
-    cases.append((dict(plan_path=_plan(tmp_path), steps=-1), "--steps must be positive"))
+    cases.append((dict(plan_path=_plan(tmp_path), steps=-1), "--steps must be at least 1 (and below 2^63), got -1"))
     cases.append((dict(plan_path=_plan(tmp_path), checkpoint_every=-1), "--checkpoint-every must be 0"))
     cases.append((dict(plan_path=_plan(tmp_path), max_restarts=2), "--max-restarts needs --checkpoint-dir"))
     cases.append((dict(plan_path=_plan(tmp_path), keep_checkpoints=2), "--keep-checkpoints needs --checkpoint-dir"))
