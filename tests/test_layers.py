@@ -32,3 +32,14 @@ def test_planning_does_not_load_torch():
             "search(load_model('tiny'), load_cluster('cpu-gloo', gpus=4), 16, top=1)")
     loaded = _loaded(code)
     assert "pulp" in loaded and "torch" not in loaded, loaded
+
+
+def test_the_model_code_holds_no_parallel_code():
+    """runtime/models is the single-process model: no collective, process group or parallel module in it (the
+    parallel wrappers in runtime/parallel act on it from outside). lint-imports forbids runtime.parallel there; torch's
+    distributed package, a part of an external one, is checked here."""
+    files = sorted((ROOT / "runtime" / "models").glob("*.py"))
+    assert files
+    for f in files:
+        text = f.read_text()
+        assert "torch.distributed" not in text and "import distributed" not in text, f
