@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plan", help="search for the fastest plan that fits")
     _add_common(pl)
     pl.add_argument("--fix", default="", action=_Merged, help='plan keys to hold fixed, e.g. "tp=8,recompute=full"')
-    pl.add_argument("--top", type=integer, default=5, help="how many plans to list (default 5)")
+    pl.add_argument("--top", type=integer, default=5, help="how many plans to list (default %(default)s)")
     pl.add_argument("--exhaustive", action="store_true", help="enumerate everything, no pruning (slow)")
     pl.add_argument("--runnable", action="store_true",
                     help="kept for compatibility: every plan is one autopar's runtime executes; this only checks "
@@ -124,11 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(tu)
     tu.add_argument("--fix", default="", action=_Merged, help="plan keys to hold fixed")
     tu.add_argument("--trials", "--top", type=integer, default=3, dest="trials",
-                    help="most finalists to measure: the best and those tied with it (default 3; --top is the same)")
-    tu.add_argument("--steps", type=integer, default=8, help="steps per trial (default 8)")
-    tu.add_argument("--warmup", type=integer, default=2, help="steps of each trial left out of its median (default 2)")
+                    help="most finalists to measure: the best and those tied with it (default %(default)s; --top is the same)")
+    tu.add_argument("--steps", type=integer, default=8, help="steps per trial (default %(default)s)")
+    tu.add_argument("--warmup", type=integer, default=2, help="steps of each trial left out of its median (default %(default)s)")
     tu.add_argument("--time-limit", type=float, default=600.0, metavar="S",
-                    help="seconds a trial may run before it is stopped and skipped (default 600)")
+                    help="seconds a trial may run before it is stopped and skipped (default %(default)g)")
     tu.add_argument("--data", type=path_argument, help="token file the trials train on (default: a bundled sample)")
     tu.add_argument("--dir", type=path_argument, help="where the trials' plans and metrics go (default: a temp folder)")
     tu.add_argument("--out", type=path_argument, help="write the measured-best plan here")
@@ -170,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     dg.add_argument("--warmup", type=integer,
                     help="steps to leave out (default: the first 10%%, at least 1; none with --steps)")
     dg.add_argument("--threshold", type=float, default=1.25,
-                    help="name a rank whose compute or sends take this many times its peers' (default 1.25)")
+                    help="name a rank whose compute or sends take this many times its peers' (default %(default)g)")
     _format(dg)
 
     imp = sub.add_parser("import-hf", help="a Hugging Face model's weights as a step-0 checkpoint of a plan")

@@ -145,8 +145,8 @@ def metrics_path(t: Trial) -> Path:
     return metrics_beside(Path(t.plan_path))
 
 
-def tune(model: ModelSpec, cluster: ClusterSpec, global_batch: int, out_dir: Path, fixed: dict[str, Any] | None = None,
-         trials: int = 3, steps: int = 8, warmup: int = 2, time_limit_s: float = 600.0, data: str | None = None,
+def tune(model: ModelSpec, cluster: ClusterSpec, global_batch: int, out_dir: Path, fixed: dict[str, Any] | None,
+         trials: int, steps: int, warmup: int, time_limit_s: float, data: str | None = None,
          headroom_GiB: float = 0.0, progress: Callable[[int, int, Trial], None] | None = None,
          env: dict[str, str] | None = None) -> TuneResult:
     """Measure the best plan and those tied with it (:func:`finalists`, at most ``trials``) for ``steps`` steps
