@@ -160,6 +160,12 @@ def _metrics_lines(path: str | Path) -> list[dict[str, Any]]:
     return objs
 
 
+def check_warmup(warmup: int | None) -> None:
+    """A one-line error for a negative ``--warmup`` (None: the default)."""
+    if warmup is not None and warmup < 0:
+        raise AutoparError(f"--warmup must be 0 or more, got {warmup}")
+
+
 MIN_STEPS = 5  # measured steps after warm-up below which a run's median says little (a warning)
 
 
@@ -486,8 +492,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
     if twice:
         raise AutoparError(f"--fit: '{twice[0]}' given twice; name each parameter once")
     warmup = getattr(args, "warmup", None)
-    if warmup is not None and warmup < 0:
-        raise AutoparError(f"--warmup must be >= 0, got {warmup}")
+    check_warmup(warmup)
     plans = getattr(args, "plan", None) or []
     check_output_file(args.out, "calibrated profile", {**{f"metrics file {m}": m for m in args.metrics},
                                                        **{f"plan file {p}": p for p in (

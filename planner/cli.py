@@ -124,9 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(tu)
     tu.add_argument("--fix", default="", action=_Merged, help="plan keys to hold fixed")
     tu.add_argument("--trials", "--top", type=integer, default=3, dest="trials",
-                    help="most finalists to measure: the best and those tied with it (default %(default)s; --top is the same)")
+                    help="most finalists to measure: the best and those tied with it (default %(default)s; --top is "
+                         "the same)")
     tu.add_argument("--steps", type=integer, default=8, help="steps per trial (default %(default)s)")
-    tu.add_argument("--warmup", type=integer, default=2, help="steps of each trial left out of its median (default %(default)s)")
+    tu.add_argument("--warmup", type=integer, default=2,
+                    help="steps of each trial left out of its median (default %(default)s)")
     tu.add_argument("--time-limit", type=float, default=600.0, metavar="S",
                     help="seconds a trial may run before it is stopped and skipped (default %(default)g)")
     tu.add_argument("--data", type=path_argument, help="token file the trials train on (default: a bundled sample)")

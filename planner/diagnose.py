@@ -47,6 +47,7 @@ from cost_models.step import Estimate, estimate
 from planner.calibrate import (
     Segment,
     check_same_run,
+    check_warmup,
     measured_median,
     plan_ref_path,
     read_segments,
@@ -345,8 +346,7 @@ def diagnose_command(args: argparse.Namespace) -> int:
         raise AutoparError(f"--threshold must be a number above 1 (a ratio to the other ranks), got {args.threshold}")
     if args.steps is not None and not args.steps.strip():
         raise AutoparError("--steps is empty; give steps and ranges such as 3-10,12 or 11-, or leave it out")
-    if args.warmup is not None and args.warmup < 0:
-        raise AutoparError(f"--warmup must be >= 0, got {args.warmup}")
+    check_warmup(args.warmup)
     segments = read_segments(args.metrics)
     seg, note = pick_run(segments, args.steps, str(args.metrics), args.plan and str(args.plan))
     rows, ref = seg.rows, seg.plan

@@ -25,6 +25,7 @@ import numpy as np
 from planner.calibrate import (
     Run,
     calibrated,
+    check_warmup,
     difference_spreads,
     fit_scales,
     fitted_text,
@@ -76,8 +77,7 @@ def check_trial_options(trials: int, steps: int, warmup: int, time_limit_s: floa
     """One-line errors for trial settings that cannot give a measurement."""
     if trials < 1:
         raise AutoparError(f"--trials must be at least 1, got {trials}")
-    if warmup < 0:
-        raise AutoparError(f"--warmup must be 0 or more, got {warmup}")
+    check_warmup(warmup)
     if steps <= warmup:
         raise AutoparError(f"--steps ({steps}) must be more than --warmup ({warmup}): the median is over the steps "
                            "after the warm-up")

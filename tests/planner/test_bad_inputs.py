@@ -336,6 +336,8 @@ def test_an_output_is_never_one_of_the_inputs(tmp_path, capsys):
         "--out", str(tmp_path / "." / "c.yaml"))
     assert "is the plan file this command reads" in fails(capsys, "run", str(plan), "--metrics-out", str(plan))
     assert "is the metrics file" in fails(capsys, "calibrate", str(metrics), "--out", str(metrics))
+    for command in (["calibrate", str(metrics), "--out", str(tmp_path / "o.yaml")], ["diagnose", str(metrics)]):
+        assert "--warmup must be 0 or more, got -1" in fails(capsys, *command, "--warmup", "-1")
     assert "is the model spec this command reads" in fails(
         capsys, "whatif", "--model", str(spec), "--cluster", "dgx-a100", "--global-batch", "8", "--vary",
         "gpus=8,16", "--plot", str(spec))
