@@ -27,7 +27,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from validate_h100 import mosaic, mosaic_runs  # noqa: E402
 
-from planner.calibrate import BOUND, Run, predict  # noqa: E402
+from planner.calibrate import BOUND, predict  # noqa: E402
+from planner.measured_runs import Run  # noqa: E402
 from planner.uncertainty import in_band  # noqa: E402
 from specs.cluster import ClusterSpec, load_cluster  # noqa: E402
 

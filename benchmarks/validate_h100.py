@@ -43,7 +43,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from validate_published import published_state  # noqa: E402
 
 from cost_models.step import estimate  # noqa: E402
-from planner.calibrate import Run, calibrated, calibration_spread, fit_scales, predict  # noqa: E402
+from planner.calibrate import calibrated, calibration_spread, fit_scales, predict  # noqa: E402
+from planner.measured_runs import Run  # noqa: E402
 from planner.search import search  # noqa: E402
 from planner.uncertainty import in_band, step_band  # noqa: E402
 from specs.cluster import ClusterSpec, GPUSpec, load_cluster  # noqa: E402

@@ -44,7 +44,7 @@ from rich.table import Table
 
 from cost_models.pipeline import simulate_steps
 from cost_models.step import Estimate, estimate
-from planner.calibrate import (
+from planner.measured_runs import (
     Segment,
     check_same_run,
     check_warmup,
@@ -319,7 +319,7 @@ def _same_file(ref: Any, plan: str | None, source: str) -> bool:
 
 def pick_run(segments: list[Segment], steps: str | None, source: str, plan: str | None = None
              ) -> tuple[Segment, str | None]:
-    """The run of a metrics file to diagnose (:func:`planner.calibrate.read_segments`): the one ``--steps`` falls
+    """The run of a metrics file to diagnose (:func:`planner.measured_runs.read_segments`): the one ``--steps`` falls
     in (its steps in the range; a range over two runs is an error), else the last run of ``--plan`` (``plan``)
     or, without one, the last run, with a note naming the others when there are several."""
     if steps:

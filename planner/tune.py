@@ -23,17 +23,15 @@ from typing import Any
 import numpy as np
 
 from planner.calibrate import (
-    Run,
     calibrated,
-    check_warmup,
     difference_spreads,
     fit_scales,
     fitted_text,
-    load_runs,
     predict,
     profile_yaml,
     step_sensitivity,
 )
+from planner.measured_runs import Run, check_warmup, load_runs
 from planner.prediction import plan_prediction
 from planner.refine import PlanResult
 from planner.search import search

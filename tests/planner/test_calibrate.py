@@ -9,8 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-from planner.calibrate import PARAMS, Run, fit_scales, measured_median, predict, scaled
+from planner.calibrate import PARAMS, fit_scales, predict, scaled
 from planner.cli import main
+from planner.measured_runs import Run, measured_median
 from specs.cluster import load_cluster
 from specs.errors import AutoparError
 from specs.model import ModelSpec
@@ -179,14 +180,15 @@ def test_bad_options_are_one_line_errors(tmp_path, capsys):
 
 
 def test_calibrate_does_not_import_torch():
-    code = "import sys, planner.calibrate, planner.cli; assert 'torch' not in sys.modules"
+    code = ("import sys, planner.calibrate, planner.measured_runs, planner.commands.calibrate, planner.cli; "
+            "assert 'torch' not in sys.modules")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
 def test_a_last_line_cut_off_mid_write_is_skipped_with_a_note(tmp_path, capsys):
     """What a crash mid-write leaves (a last line with no newline that does not parse): the steps before it
     count, and a note says what was skipped."""
-    from planner.calibrate import read_metrics
+    from planner.measured_runs import read_metrics
 
     m = tmp_path / "m.jsonl"
     m.write_text('{"plan": "p.json"}\n{"step": 1, "step_time_s": 0.5}\n{"step": 2, "step_time_s": 0.6}\n{"step": 3, "st')
@@ -196,7 +198,7 @@ def test_a_last_line_cut_off_mid_write_is_skipped_with_a_note(tmp_path, capsys):
 
 
 def test_a_run_with_few_measured_steps_is_warned_about(capsys):
-    from planner.calibrate import MIN_STEPS, measured_median
+    from planner.measured_runs import MIN_STEPS, measured_median
 
     rows = [{"step": i, "step_time_s": 0.5 + 0.01 * i} for i in range(1, 5)]
     assert measured_median(rows, 1, "m.jsonl") == (pytest.approx(0.53), 3)
@@ -209,7 +211,7 @@ def test_a_run_with_few_measured_steps_is_warned_about(capsys):
 def test_a_run_of_one_step_is_not_fitted_from_its_warm_up():
     """The default warm-up leaves out at least the first step: a one-step run is refused (it measured allocation and
     compilation, 2.5x a steady step in the walkthrough that found it), unless --warmup 0 asks for it."""
-    from planner.calibrate import measured_median
+    from planner.measured_runs import measured_median
 
     one = [{"step": 1, "step_time_s": 0.44}]
     with pytest.raises(AutoparError, match="its one step is the warm-up.*--warmup 0"):
@@ -274,7 +276,7 @@ def _two_plan_metrics(tmp_path, base, truth, steps=(8, 6)):
 def test_a_file_with_runs_of_two_plans_is_fitted_as_two_runs(tmp_path, capsys):
     """A run and its resume under another plan in one metrics file are two measured runs: each paired with its own
     plan, its own warm-up dropped, its own median; the fit recovers the true scale from both."""
-    from planner.calibrate import load_runs
+    from planner.measured_runs import load_runs
 
     base = load_cluster("dgx-h100")
     m, (pa, pb), (ta, tb) = _two_plan_metrics(tmp_path, base, {"gemm": 0.8})
@@ -294,7 +296,7 @@ def test_a_file_with_runs_of_two_plans_is_fitted_as_two_runs(tmp_path, capsys):
 def test_a_one_step_run_beside_others_is_left_out_with_a_note(tmp_path, capsys):
     """A resume of one step under another plan in a file of several runs: that run is left out (its step is
     warm-up), the others fitted; --warmup 0 keeps it."""
-    from planner.calibrate import load_runs
+    from planner.measured_runs import load_runs
 
     m, _, _ = _two_plan_metrics(tmp_path, load_cluster("dgx-h100"), {"gemm": 0.8}, steps=(8, 1))
     (a,) = load_runs([str(m)], None, None)
@@ -305,7 +307,7 @@ def test_a_one_step_run_beside_others_is_left_out_with_a_note(tmp_path, capsys):
 def test_a_resume_under_the_same_plan_continues_its_run(tmp_path):
     """Lines of one plan around a restart's event line (and lines that leave the plan out) stay one run; the step
     the restart redid counts once, as redone."""
-    from planner.calibrate import read_segments
+    from planner.measured_runs import read_segments
 
     m = tmp_path / "m.jsonl"
     rows = [{"step": 1, "step_time_s": 0.9, "plan": "p.json"}, {"step": 2, "step_time_s": 0.5, "plan": "p.json"},

@@ -12,7 +12,6 @@ from planner.calibrate import (
     PRIOR,
     PRIOR_LOG_SD,
     RUN_NOISE,
-    Run,
     calibrated,
     calibration_spread,
     difference_spreads,
@@ -22,6 +21,7 @@ from planner.calibrate import (
     step_sensitivity,
 )
 from planner.cli import main
+from planner.measured_runs import Run
 from planner.uncertainty import Z95, step_band
 from planner.whatif import with_gpu
 from specs.cluster import load_cluster

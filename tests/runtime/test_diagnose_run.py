@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from planner.calibrate import read_metrics, resolve_plan
 from planner.cli import main
 from planner.diagnose import diagnose, rank_phases, replay_step
+from planner.measured_runs import read_metrics, resolve_plan
 from runtime.launch import launch
 from specs.cluster import load_cluster
 from specs.model_loading import load_model

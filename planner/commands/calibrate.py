@@ -1,0 +1,82 @@
+"""`autopar calibrate m1.jsonl [m2.jsonl ...] --out updated.yaml`: the profile fitted to measured runs
+(planner/calibrate.py), each run's error before and after, the calibrated profile written."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from planner.calibrate import (
+    PARAMS,
+    bound_warning,
+    calibrated,
+    fit_scales,
+    fitted_text,
+    hardware_mismatch,
+    predict,
+    profile_yaml,
+    relative_errors,
+)
+from planner.measured_runs import check_warmup, load_runs
+from specs.cluster import load_cluster
+from specs.errors import AutoparError
+from specs.files import check_output_file, write_text_atomic
+
+
+def calibrate_command(args: argparse.Namespace) -> int:
+    """The CLI entry point (args: metrics, out; optional plan, cluster, warmup, fit)."""
+    params = tuple(p.strip() for p in (getattr(args, "fit", None) or ",".join(PARAMS)).split(",") if p.strip())
+    bad = [p for p in params if p not in PARAMS]
+    if bad or not params:
+        raise AutoparError(f"--fit: unknown parameter '{bad[0] if bad else ''}'; choose from {', '.join(PARAMS)}")
+    twice = sorted({p for p in params if params.count(p) > 1})
+    if twice:
+        raise AutoparError(f"--fit: '{twice[0]}' given twice; name each parameter once")
+    warmup = getattr(args, "warmup", None)
+    check_warmup(warmup)
+    plans = getattr(args, "plan", None) or []
+    check_output_file(args.out, "calibrated profile", {**{f"metrics file {m}": m for m in args.metrics},
+                                                       **{f"plan file {p}": p for p in (
+                                                           plans if isinstance(plans, list) else [plans])}})
+    runs = load_runs(list(args.metrics), getattr(args, "plan", None), warmup)
+    cluster_ref = getattr(args, "cluster", None)
+    if cluster_ref:
+        base = load_cluster(cluster_ref)
+    else:  # the hardware the plans carry, without a one-command permission like --allow-cross-node-tp
+        base = runs[0].plan.cluster.model_copy(update={"tp_across_nodes": False})
+        other = {r.plan.cluster.gpu.name for r in runs} - {base.gpu.name}
+        if other:
+            raise AutoparError(f"the runs were planned on different GPUs ({base.gpu.name}, "
+                               f"{', '.join(sorted(other))}); pass --cluster PROFILE to say which to calibrate")
+    before = predict(runs, base, {})
+    fit = fit_scales(runs, base, params)
+    after = predict(runs, base, fit.scales)
+    mismatch = hardware_mismatch(fit.scales, runs, after, cluster_ref, base)
+    if mismatch:
+        raise AutoparError(mismatch)
+    e0, e1 = relative_errors(before, runs), relative_errors(after, runs)
+    for r, b, a, eb, ea in zip(runs, before, after, e0, e1):
+        print(f"{r.source}: {r.plan.config.short()} on {r.plan.cluster.num_gpus} GPU(s): measured {r.measured_s:.4g} s "
+              f"(median of {r.steps} steps), predicted {b:.4g} s ({100 * eb:+.1f}%) -> {a:.4g} s ({100 * ea:+.1f}%)")
+    fitted = fitted_text(fit)
+    mean0, mean1 = float(np.mean(np.abs(e0))), float(np.mean(np.abs(e1)))
+    print(f"fitted scales (x/ their 95% spread): {fitted}")
+    warning = bound_warning(fit.scales)
+    if warning:
+        print(warning, file=sys.stderr)
+    print(f"mean |error| {100 * mean0:.1f}% before, {100 * mean1:.1f}% after calibration ({len(runs)} run(s))")
+    when = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    header = [f"Calibrated by `autopar calibrate` at {when} from {len(runs)} run(s): {fitted}.",
+              f"Mean |predicted/measured - 1|: {100 * mean0:.1f}% before, {100 * mean1:.1f}% after."]
+    text = profile_yaml(calibrated(base, fit), header)
+    try:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(args.out, text)
+    except OSError as err:
+        raise AutoparError(f"cannot write {args.out}: {err.strerror}") from None
+    print(f"wrote {args.out}")
+    return 0
