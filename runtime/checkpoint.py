@@ -35,6 +35,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
+from runtime.data import SAMPLE_TEXT
 from runtime.options import KEEP_CHECKPOINTS
 from runtime.portable_state import (
     LoadPlanner,
@@ -144,7 +145,8 @@ def save_checkpoint(tr: Trainer, root: Path, keep: int = KEEP_CHECKPOINTS) -> Pa
                            "checkpoint is kept: check the file system")
     if rank0:
         sums = {k: v for part in every if isinstance(part, dict) for k, v in part.items()}
-        publish(root, tmp, {"step": tr.step, "samples": tr.step * tr.plan.global_batch, "data": str(tr.data.path),
+        data = None if tr.data.path == SAMPLE_TEXT else str(tr.data.path.resolve())  # None: the bundled sample
+        publish(root, tmp, {"step": tr.step, "samples": tr.step * tr.plan.global_batch, "data": data,
                             "total_steps": tr.steps, "plan": fingerprint(tr.plan, tr.state),
                             "plan_file": tr.plan.model_dump(mode="json", by_alias=True)}, keep, sums)
     dist.barrier(group=tr.g.world)
@@ -219,6 +221,28 @@ def resumed_train(plan: PlanFile, root: Path) -> tuple[PlanFile, str | None]:
     return plan.model_copy(update={"train": theirs}), ("resuming with the checkpoint's training settings, as its run "
                                                         "had them: " + ", ".join(changed) + " (--train-from-plan "
                                                         "takes the plan's)")
+
+
+def resumed_data(root: Path, given: str | None) -> tuple[str | None, str | None]:
+    """The token file a run resumed from ``root``'s newest checkpoint trains on, and a note (or None): ``given``
+    (--data) when given (noted when the checkpoint's run trained on another file), else the file that run trained
+    on (None: the bundled sample, or a step-0 checkpoint of ``import-hf``, which trained on nothing)."""
+    ck = latest_checkpoint(root)
+    try:
+        meta = read_meta(ck) if ck is not None else {}
+    except AutoparError:  # an unreadable checkpoint: the load says so, with the rest of what it checks
+        return given, None
+    saved = meta.get("data")
+    if not isinstance(saved, str) or meta.get("step") == 0:
+        return given, None
+    if given is not None:
+        if Path(given).resolve() == Path(saved).resolve():
+            return given, None
+        return given, f"training on --data {given}; the checkpoint's run trained on {saved}"
+    if not Path(saved).is_file():
+        raise AutoparError(f"the checkpoint's run trained on {saved}, which is not there any more; give --data FILE "
+                           "(that file where it is now, or another to go on with)")
+    return saved, f"training on the checkpoint's data file {saved} (--data gives another)"
 
 
 DIVERGED = "diverged.json"  # beside the checkpoints: the step a run's loss turned to nan after, and from which one

@@ -146,7 +146,12 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
     total = check_run_options(plan, steps, checkpoint_dir, checkpoint_every, metrics_out, resume, max_restarts,
                               mtbf_hours, collective_timeout, {"plan file": plan_path, "--data file": data},
                               keep_checkpoints)
-    TokenData(data or SAMPLE_TEXT, plan.seq, plan.model.vocab_size, plan.train.seed)  # one-line errors now
+    trained_on = data
+    if resume and checkpoint_dir:  # the file the checkpoint's run trained on, unless --data gives another
+        from runtime.checkpoint import resumed_data
+
+        trained_on, _ = resumed_data(Path(checkpoint_dir), data)
+    TokenData(trained_on or SAMPLE_TEXT, plan.seq, plan.model.vocab_size, plan.train.seed)  # one-line errors now
     if checkpoint_dir:
         check_checkpoints(Path(checkpoint_dir), resume, total, plan)
     worker = _worker_args(plan_path, steps, data, metrics_out, checkpoint_dir, resume, checkpoint_every, quiet,

@@ -175,7 +175,12 @@ def run(args: argparse.Namespace) -> int:
                               mtbf_hours=args.mtbf_hours, collective_timeout=args.collective_timeout,
                               inputs={"plan file": args.plan, "--data file": args.data},
                               keep_checkpoints=args.keep_checkpoints)  # rank 0 writes metrics
-    data = TokenData(args.data or SAMPLE_TEXT, plan.seq, plan.model.vocab_size, plan.train.seed)
+    data_path, data_note = args.data, None
+    if ckdir is not None and (args.resume or attempt > 0):  # the run goes on with the data it trained on
+        from runtime.checkpoint import resumed_data
+
+        data_path, data_note = resumed_data(ckdir, args.data)
+    data = TokenData(data_path or SAMPLE_TEXT, plan.seq, plan.model.vocab_size, plan.train.seed)
     cuda = torch.cuda.is_available() and plan.cluster.backend == "nccl"  # a gloo (CPU) plan stays on CPUs
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
     backend = "nccl" if cuda else "gloo"
@@ -222,8 +227,9 @@ def run(args: argparse.Namespace) -> int:
         where = f"resuming after step {trainer.step}" if resume else "from scratch"
         print(f"autopar: training {plan.model.name} on {world} {backend} ranks ({plan.config.short()}), "
               f"global batch {plan.global_batch} x {plan.seq} tokens, {steps} steps, {where}", flush=True)
-        if carried:  # only a resume carries settings over
-            print(f"autopar: note: {carried}", flush=True)
+        for note in (carried, data_note if attempt == 0 else None):  # only a resume carries settings over
+            if note:
+                print(f"autopar: note: {note}", flush=True)
         if steps > plan.train.steps:
             whose = "the checkpoint's run's" if carried else "the plan's"
             print(f"autopar: note: the learning-rate schedule is {whose} ({plan.train.steps} steps): steps after "

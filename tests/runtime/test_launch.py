@@ -15,6 +15,7 @@ import pytest
 from planner.cli import main
 from planner.defaults import default_plan
 from runtime.checkpoint import FORMAT, fingerprint
+from runtime.data import SAMPLE_TEXT
 from runtime.launch import launch
 from specs.cluster import load_cluster
 from specs.errors import AutoparError
@@ -521,3 +522,37 @@ def test_interval_advice_names_a_run_that_checkpoints_only_at_its_end(capsys):
     assert log.fields["young_daly_steps"] == round((2 * 2.0 * 7200) ** 0.5) and log.fields["checkpoint_every"] == 0
     _advise_interval(log, 8, save_s=2.0, step_s=1.0, mtbf_hours=2.0, every=4, quiet=False)
     assert "this run: every 4 step(s)" in capsys.readouterr().out
+
+
+def test_a_resumed_run_goes_on_with_the_data_it_trained_on(tmp_path):
+    """A resume without --data trains on the file the checkpoint's run trained on (not the bundled sample): its
+    losses are the uninterrupted run's; a file since moved is a one-line error, and another --data is noted."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+           "OMP_NUM_THREADS": "1"}
+    plan = _plan(tmp_path, tp=1, pp=1, mbs=4)
+    rng = np.random.default_rng(0)
+    words = tmp_path / "words.txt"
+    words.write_text(" ".join(rng.choice(["alpha", "beta", "gamma", "delta"], 20000)))
+
+    def train(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "runtime.train", plan, *extra], env=env, capture_output=True,
+                              text=True, timeout=120)
+
+    whole, part, ck = tmp_path / "whole.jsonl", tmp_path / "part.jsonl", str(tmp_path / "ck")
+    assert train("--steps", "4", "--data", str(words), "--metrics-out", str(whole)).returncode == 0
+    assert train("--steps", "2", "--data", str(words), "--checkpoint-dir", ck, "--metrics-out", str(part)
+                 ).returncode == 0
+    r = train("--steps", "4", "--checkpoint-dir", ck, "--resume", "--metrics-out", str(part))
+    assert r.returncode == 0, r.stderr
+    assert f"training on the checkpoint's data file {words}" in r.stdout
+    assert [row["loss"] for row in _rows(part)] == [row["loss"] for row in _rows(whole)]
+    r = train("--steps", "5", "--checkpoint-dir", ck, "--resume", "--data", str(SAMPLE_TEXT))
+    assert r.returncode == 0 and f"the checkpoint's run trained on {words}" in r.stdout, r.stderr
+    words.rename(tmp_path / "moved.txt")  # the newest checkpoint (step 5) trained on the sample: still fine
+    assert train("--steps", "6", "--checkpoint-dir", ck, "--resume", "--quiet").returncode == 0
+    ck2 = str(tmp_path / "ck2")
+    moved = tmp_path / "moved.txt"
+    assert train("--steps", "1", "--data", str(moved), "--checkpoint-dir", ck2, "--quiet").returncode == 0
+    moved.unlink()
+    with pytest.raises(AutoparError, match="which is not there any more; give --data FILE"):
+        launch(plan, steps=2, checkpoint_dir=ck2, resume=True, quiet=True)
