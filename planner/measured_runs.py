@@ -11,6 +11,7 @@ Used by ``calibrate``, ``diagnose`` and ``tune``. Never imports torch.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sys
@@ -21,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from specs.errors import AutoparError
-from specs.planfile import PlanFile, load_plan, plan_from_data
+from specs.planfile import PlanFile, load_plan, made_for_difference, plan_from_data
 
 
 @dataclass
@@ -167,11 +168,27 @@ def measured_median(rows: list[dict[str, Any]], warmup: int | None, source: str)
     return float(np.median(kept)), len(kept)
 
 
-def resolve_plan(ref: Any, metrics: Path) -> PlanFile:
-    """The plan a metrics file names: an embedded plan object, or a path (:func:`plan_ref_path`)."""
+def resolve_plan(ref: Any, metrics: Path, rows: list[dict[str, Any]] | None = None) -> PlanFile:
+    """The plan a metrics file names: an embedded plan object, or a path (:func:`plan_ref_path`); a plan file
+    changed since the run wrote ``rows`` (their ``plan_made_for`` stamp) is refused."""
     if isinstance(ref, dict):
         return plan_from_data(ref, f"metrics file {metrics}: embedded plan")
-    return load_plan(plan_ref_path(str(ref), metrics))
+    path = plan_ref_path(str(ref), metrics)
+    plan = load_plan(path)
+    changed = _changed_since(rows or [], plan)
+    if changed:
+        raise AutoparError(f"plan file {path} has changed since metrics file {metrics} was written ({changed} "
+                           "differ); pass the plan the run ran with --plan")
+    return plan
+
+
+def _changed_since(rows: list[dict[str, Any]], plan: PlanFile, parts: tuple[str, ...] | None = None) -> str | None:
+    """What of ``plan`` differs from the plan the run that wrote ``rows`` ran (the stamp its lines carry; only
+    ``parts`` of it when given), in words; None when nothing does or the lines carry no stamp (older files)."""
+    stamp = next((r["plan_made_for"] for r in rows if isinstance(r.get("plan_made_for"), dict)), None)
+    if stamp is None:
+        return None
+    return made_for_difference({k: v for k, v in stamp.items() if parts is None or k in parts}, plan)
 
 
 def plan_ref_path(ref: str, metrics: Path) -> Path:
@@ -181,12 +198,29 @@ def plan_ref_path(ref: str, metrics: Path) -> Path:
     return path if path.is_absolute() or path.exists() else metrics.parent / path
 
 
+def named_plan_files(metrics: list[str]) -> list[Path]:
+    """The plan files the runs of these metrics files name (what a command reading them must not write over; an
+    unreadable metrics file names none here: reading its runs says what is wrong with it)."""
+    named = []
+    for m in metrics:
+        with contextlib.suppress(AutoparError):
+            named += [plan_ref_path(s.plan, Path(m)) for s in read_segments(m) if isinstance(s.plan, str)]
+    return named
+
+
 def load_runs(metrics: list[str], plans: list[str] | None, warmup: int | None) -> list[Run]:
     """Every metrics file with its plan (see the module docstring for how they are paired)."""
     plans = plans or []
     if plans and len(plans) not in (1, len(metrics)):
         raise AutoparError(f"give one --plan for all metrics files or one per file ({len(metrics)}), "
                            f"not {len(plans)}")
+    seen: dict[Path, str] = {}
+    for m in metrics:  # one run counted twice would weigh twice in a fit and narrow its spreads
+        key = Path(m).resolve()
+        if key in seen:
+            also = f" (also as {seen[key]})" if seen[key] != m else ""
+            raise AutoparError(f"metrics file {m} is given twice{also}; give each run once")
+        seen[key] = m
     runs, warm_only = [], []
     for i, m in enumerate(metrics):
         segments = read_segments(m)
@@ -200,7 +234,7 @@ def load_runs(metrics: list[str], plans: list[str] | None, warmup: int | None) -
                 plan = load_plan(path)
                 check_same_run(m, seg.rows, seg.plan, plan, path)
             elif seg.plan is not None:
-                plan = resolve_plan(seg.plan, Path(m))
+                plan = resolve_plan(seg.plan, Path(m), seg.rows)
             else:
                 raise AutoparError(f"metrics file {m} does not say which plan it ran; pass --plan PLAN.json "
                                    "(one per metrics file, in the same order)")
@@ -220,18 +254,23 @@ def load_runs(metrics: list[str], plans: list[str] | None, warmup: int | None) -
 
 def check_same_run(metrics: str, rows: list[dict[str, Any]], embedded: Any, plan: PlanFile, plan_path: str
                    ) -> None:
-    """Refuse a --plan the metrics file was not written by: its ranks (per-rank phases) or, where the file names
-    its plan and that plan can still be read, its model and parallel layout."""
+    """Refuse a --plan the metrics file was not written by: its ranks (per-rank phases), the parallel keys, batch
+    and sequence its lines were stamped with, or, where the file names its plan and that plan can still be read
+    as it was, its model and parallel layout. (The --plan may differ in its cluster: a profile to price it on.)"""
     ranks = next((len(v) for r in rows for v in (r.get("phases_s") or {}).values() if isinstance(v, list)), None)
     if ranks is not None and ranks != plan.world_size:
         raise AutoparError(f"metrics file {metrics} has {ranks} ranks' phases, but --plan {plan_path} runs "
                            f"{plan.world_size}; pass the plan that run used")
+    changed = _changed_since(rows, plan, ("parallel", "global_batch", "seq"))
+    if changed:
+        raise AutoparError(f"metrics file {metrics} was written by a run of another plan than --plan {plan_path} "
+                           f"({changed} differ); pass the plan that run used")
     if embedded is None:
         return
     try:
-        ran = resolve_plan(embedded, Path(metrics))
+        ran = resolve_plan(embedded, Path(metrics), rows)
     except AutoparError:
-        return  # the plan it names was moved or removed: the rank count above is all there is to check
+        return  # the plan it names was moved, removed or changed: what is checked above is all there is
     if ran.config != plan.config or ran.model.resolved() != plan.model.resolved():
         raise AutoparError(f"metrics file {metrics} was written by a run of {ran.model.name} "
                            f"{ran.config.short()}, but --plan {plan_path} is {plan.model.name} {plan.config.short()}; "

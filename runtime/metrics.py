@@ -41,6 +41,7 @@ class MetricsLog:
                  gpu: bool = False) -> None:
         self.plan, self.total, self.enabled, self.quiet = plan, total_steps, enabled, quiet
         self.plan_path = plan_path  # written on every line so `autopar calibrate` can re-estimate the run
+        self.made_for = plan.made_for  # ... with what the plan was then: a plan file changed since is caught
         self.tokens = plan.global_batch * plan.seq
         self.flops = plan.model.model_flops_per_token(plan.seq) * self.tokens
         cfg = plan.config
@@ -72,7 +73,7 @@ class MetricsLog:
             "peak_reserved_GiB": peak_reserved_GiB, "predicted_memory_GiB": self.predicted_memory,
         }
         if self.plan_path:
-            row["plan"] = self.plan_path
+            row["plan"], row["plan_made_for"] = self.plan_path, self.made_for
         if phases is not None:
             row["phases_s"] = phases
         if rank_memory is not None:

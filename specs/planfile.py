@@ -114,6 +114,12 @@ class PlanFile(BaseModel):
         return self.cluster.resized(gpus=world)
 
     @property
+    def made_for(self) -> dict[str, Any]:
+        """What this plan is, as a prediction is stamped with it (:func:`_made_for`): its keys, batch, sequence and a
+        digest of its model, cluster and state. A run's metrics lines carry it (``plan_made_for``)."""
+        return _made_for(self.parallel, self.global_batch, self.seq, self.model, self.cluster, self.state)
+
+    @property
     def prediction_is_current(self) -> bool:
         """Whether ``prediction`` was made for this plan's keys, batch, model, cluster and state (False after a
         hand edit; plan files written before predictions were stamped, or before the inputs were, count as
@@ -121,8 +127,20 @@ class PlanFile(BaseModel):
         made_for = self.prediction.get("for")
         if made_for is None:
             return True
-        now = _made_for(self.parallel, self.global_batch, self.seq, self.model, self.cluster, self.state)
+        now = self.made_for
         return all(made_for.get(k) == v for k, v in now.items() if k in made_for or k != "inputs")
+
+
+MADE_FOR_PARTS = {"parallel": "its parallel keys", "global_batch": "its global batch", "seq": "its sequence length",
+                  "inputs": "its model, cluster or state"}  # what each part of :func:`_made_for` is, for messages
+
+
+def made_for_difference(stamped: dict[str, Any], plan: PlanFile) -> str | None:
+    """What of ``plan`` differs from the plan a stamp (:attr:`PlanFile.made_for`) was made for, in words; None when
+    nothing stamped differs."""
+    now = plan.made_for
+    changed = [MADE_FOR_PARTS[k] for k in MADE_FOR_PARTS if k in stamped and stamped[k] != now[k]]
+    return ", ".join(changed) or None
 
 
 def _made_for(parallel: dict[str, Any], global_batch: int, seq: int, model: ModelSpec, cluster: ClusterSpec,

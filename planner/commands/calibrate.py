@@ -21,7 +21,7 @@ from planner.calibrate import (
     profile_yaml,
     relative_errors,
 )
-from planner.measured_runs import check_warmup, load_runs
+from planner.measured_runs import check_warmup, load_runs, named_plan_files
 from specs.cluster import load_cluster
 from specs.errors import AutoparError
 from specs.files import check_output_file, write_text_atomic
@@ -39,9 +39,9 @@ def calibrate_command(args: argparse.Namespace) -> int:
     warmup = getattr(args, "warmup", None)
     check_warmup(warmup)
     plans = getattr(args, "plan", None) or []
+    named = [*(plans if isinstance(plans, list) else [plans]), *named_plan_files(list(args.metrics))]
     check_output_file(args.out, "calibrated profile", {**{f"metrics file {m}": m for m in args.metrics},
-                                                       **{f"plan file {p}": p for p in (
-                                                           plans if isinstance(plans, list) else [plans])}})
+                                                       **{f"plan file {p}": p for p in named}})
     runs = load_runs(list(args.metrics), getattr(args, "plan", None), warmup)
     cluster_ref = getattr(args, "cluster", None)
     if cluster_ref:

@@ -98,7 +98,7 @@ def diagnose_command(args: argparse.Namespace) -> int:
             raise AutoparError(f"{err} (it holds {len(segments)} runs and this is {seg.span}: pick the steps of the "
                                "run --plan ran with --steps)") from None
     elif ref is not None:
-        plan, name = resolve_plan(ref, Path(args.metrics)), str(ref if not isinstance(ref, dict) else "embedded")
+        plan, name = resolve_plan(ref, Path(args.metrics), rows), str(ref if not isinstance(ref, dict) else "embedded")
     else:
         raise AutoparError(f"metrics file {args.metrics} does not say which plan it ran; pass --plan PLAN.json")
     d = diagnose(plan, rows, warmup, args.threshold, str(args.metrics), name)

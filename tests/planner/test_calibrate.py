@@ -365,3 +365,41 @@ def test_runs_far_from_their_plans_hardware_are_refused(tmp_path, capsys):
     assert main(["calibrate", str(m), "--out", str(tmp_path / "o.yaml")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "hardware their plans carry" in err[0] and "autopar profile" in err[0], err
+
+
+def _stamped_run(tmp_path, cfg: ParallelConfig, steps: int = 8):
+    """A plan file and a metrics file as `autopar run` writes them (each line names the plan and is stamped with
+    what it was)."""
+    plan = tmp_path / "p.json"
+    cluster = load_cluster("cpu-gloo", gpus=4)
+    save_plan(make_plan(load_model("tiny"), cluster, 16, cfg), plan)
+    stamp = load_plan(plan).made_for
+    m = tmp_path / "m.jsonl"
+    m.write_text("".join(json.dumps({"step": s, "step_time_s": 0.1, "plan": str(plan), "plan_made_for": stamp}) + "\n"
+                         for s in range(1, steps + 1)))
+    return plan, m
+
+
+def test_a_plan_file_changed_since_the_run_is_refused(tmp_path, capsys):
+    """A plan file re-planned into after its run (another layout) no longer says what the run ran: calibrate and
+    diagnose refuse it in one line (the metrics lines' stamp), and a --plan of another layout is refused too."""
+    plan, m = _stamped_run(tmp_path, ParallelConfig(tp=2, pp=2))
+    save_plan(make_plan(load_model("tiny"), load_cluster("cpu-gloo", gpus=4), 16, ParallelConfig(tp=4)), plan)
+    for argv in (["calibrate", str(m), "--out", str(tmp_path / "o.yaml")], ["diagnose", str(m)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"plan file {plan} has changed since metrics file" in err[0], err
+        assert "its parallel keys differ" in err[0] and "--plan" in err[0]
+    assert main(["calibrate", str(m), "--plan", str(plan), "--out", str(tmp_path / "o.yaml")]) == 2
+    assert "was written by a run of another plan than --plan" in capsys.readouterr().err
+    assert not (tmp_path / "o.yaml").exists()
+
+
+def test_calibrate_never_writes_over_the_plan_a_metrics_file_names(tmp_path, capsys):
+    plan, m = _stamped_run(tmp_path, ParallelConfig(tp=4))
+    before = plan.read_bytes()
+    assert main(["calibrate", str(m), "--out", str(plan)]) == 2
+    err = capsys.readouterr().err
+    assert f"is the plan file {plan} this command reads" in err and plan.read_bytes() == before
+    assert main(["calibrate", str(m), str(tmp_path / "." / "m.jsonl"), "--out", str(tmp_path / "o.yaml")]) == 2
+    assert "given twice" in capsys.readouterr().err  # one run counted twice would narrow the fit's spreads

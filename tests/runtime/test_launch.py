@@ -546,6 +546,7 @@ def test_a_resumed_run_goes_on_with_the_data_it_trained_on(tmp_path):
     assert r.returncode == 0, r.stderr
     assert f"training on the checkpoint's data file {words}" in r.stdout
     assert [row["loss"] for row in _rows(part)] == [row["loss"] for row in _rows(whole)]
+    assert all(row["plan_made_for"] == load_plan(plan).made_for for row in _rows(part))  # what calibrate checks
     r = train("--steps", "5", "--checkpoint-dir", ck, "--resume", "--data", str(SAMPLE_TEXT))
     assert r.returncode == 0 and f"the checkpoint's run trained on {words}" in r.stdout, r.stderr
     words.rename(tmp_path / "moved.txt")  # the newest checkpoint (step 5) trained on the sample: still fine
