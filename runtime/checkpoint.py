@@ -25,6 +25,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import shutil
 import zlib
 from pathlib import Path
@@ -169,8 +170,8 @@ def publish(root: Path, tmp: Path, meta: dict[str, Any], keep: int = KEEP_CHECKP
     os.replace(tmp, final)
     (root / f"{LATEST}.tmp").write_text(final.name + "\n")
     os.replace(root / f"{LATEST}.tmp", root / LATEST)
-    for old in sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".partial"))[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    for old in [p for p in step_folders(root) if (p / META).is_file()][:-keep]:  # complete ones only: a
+        shutil.rmtree(old, ignore_errors=True)  # broken folder never counts as kept in place of a good one
     return final
 
 
@@ -290,6 +291,25 @@ def checkpoint_step(ck: Path) -> int:
     return int(ck.name.removeprefix("step_"))
 
 
+def step_folders(root: Path) -> list[Path]:
+    """The ``step_N`` folders under ``root`` (not ``.partial`` ones, not other names), oldest step first."""
+    found = [p for p in root.glob("step_*") if re.fullmatch(r"step_[0-9]+", p.name) and p.is_dir()]
+    return sorted(found, key=checkpoint_step)
+
+
+def newest_is_broken(root: Path) -> AutoparError | None:
+    """The error for a checkpoint folder newer than the newest complete one that has no ``meta.json`` (a checkpoint
+    is renamed into place with it, so one without it lost it since), or None. Resuming from the one before without a
+    word would redo its steps and, as new checkpoints were kept, prune the good one."""
+    good = latest_checkpoint(root)
+    newer = [p for p in step_folders(root)
+             if not (p / META).exists() and (good is None or checkpoint_step(p) > checkpoint_step(good))]
+    if not newer:
+        return None
+    before = f"; delete it to resume from {good.name}" if good is not None else "; delete it to start afresh"
+    return AutoparError(f"checkpoint {newer[-1]} is corrupt (it has no {META}){before}")
+
+
 def latest_checkpoint(root: Path) -> Path | None:
     """The newest complete checkpoint under ``root`` (``latest`` if valid, else the highest step_N)."""
     try:
@@ -298,7 +318,7 @@ def latest_checkpoint(root: Path) -> Path | None:
             return named
     except OSError:
         pass
-    done = sorted(p for p in root.glob("step_*") if (p / META).exists())
+    done = [p for p in step_folders(root) if (p / META).exists()]
     return done[-1] if done else None
 
 
@@ -364,6 +384,9 @@ def same_run(ck: Path, meta: dict[str, Any], plan: PlanFile, state: StateSpec) -
 
 def load_checkpoint(tr: Trainer, root: Path) -> int:
     """Restore the newest checkpoint under ``root`` into ``tr``; returns the step it resumes after."""
+    broken = newest_is_broken(root)
+    if broken:
+        raise broken
     ck = latest_checkpoint(root)
     if ck is None:
         raise AutoparError(f"no checkpoint to resume from in {root}; run without --resume to start fresh")

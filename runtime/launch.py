@@ -183,8 +183,11 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
 def check_checkpoints(root: Path, resume: bool, total_steps: int, plan: PlanFile | None = None) -> None:
     """What ``root`` holds suits the run: with ``resume`` a checkpoint short of ``total_steps``; without, no run's
     checkpoints (a fresh run would write over them and mix two runs in one folder)."""
-    from runtime.checkpoint import checkpoint_step, latest_checkpoint
+    from runtime.checkpoint import checkpoint_step, latest_checkpoint, newest_is_broken
 
+    broken = newest_is_broken(root) if resume else None
+    if broken:
+        raise broken
     last = latest_checkpoint(root)
     if resume and last is None:
         raise AutoparError(f"no checkpoint to resume from in {root}; run without --resume to start fresh")

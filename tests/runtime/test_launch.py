@@ -557,3 +557,27 @@ def test_a_resumed_run_goes_on_with_the_data_it_trained_on(tmp_path):
     moved.unlink()
     with pytest.raises(AutoparError, match="which is not there any more; give --data FILE"):
         launch(plan, steps=2, checkpoint_dir=ck2, resume=True, quiet=True)
+
+
+def test_a_checkpoint_that_lost_its_meta_is_refused_and_never_kept_over_a_good_one(tmp_path):
+    """The newest checkpoint folder without meta.json (it is renamed into place with it) is a one-line corrupt
+    error, not a silent resume from the one before; and pruning keeps complete checkpoints only, so the good one
+    is never removed while a broken one stays."""
+    from runtime.checkpoint import latest_checkpoint, newest_is_broken, publish
+
+    root = tmp_path / "ck"
+    for step in (12, 16):
+        (root / f"step_{step:08d}").mkdir(parents=True)
+        (root / f"step_{step:08d}" / "meta.json").write_text("{}")
+    (root / "step_00000020").mkdir()  # its meta.json lost
+    (root / "step_00000007.partial").mkdir()  # an interrupted save: not a checkpoint, not broken
+    err = newest_is_broken(root)
+    assert err is not None and "checkpoint" in str(err) and "step_00000020 is corrupt (it has no meta.json)" in str(err)
+    assert "delete it to resume from step_00000016" in str(err)
+    with pytest.raises(AutoparError, match="step_00000020 is corrupt"):
+        launch(_plan(tmp_path), steps=30, checkpoint_dir=str(root), resume=True, quiet=True)
+    (root / "step_00000024.partial").mkdir()
+    publish(root, root / "step_00000024.partial", {"step": 24}, keep=2, sums={})
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_00000007.partial", "step_00000016",
+                                                       "step_00000020", "step_00000024"]
+    assert latest_checkpoint(root).name == "step_00000024" and newest_is_broken(root) is None
