@@ -207,6 +207,9 @@ class ClusterSpec(Strict):
     default_between: DefaultLink | None = None
     # the fit this profile came from, when `autopar calibrate` / `tune` wrote it (widens plans' bands)
     calibration: Calibration | None = None
+    # a full node's GPUs when ``resized`` cut this cluster to part of one (a plan for 2 of a node's 8 GPUs keeps a
+    # node of 2): growing it again (`run --resume --replan --gpus N`) starts from the real node
+    full_node_gpus: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")
     def _check(self) -> ClusterSpec:
@@ -323,7 +326,12 @@ class ClusterSpec(Strict):
         if gpus <= 0:
             raise AutoparError(f"--gpus must be positive, got {gpus}")
         if gpus <= self.gpus_per_node:
-            return self.model_copy(update={"num_nodes": 1, "gpus_per_node": gpus})
+            full = self.full_node_gpus or self.gpus_per_node
+            return self.model_copy(update={"num_nodes": 1, "gpus_per_node": gpus,
+                                           "full_node_gpus": full if gpus < full else None})
+        if self.full_node_gpus and self.num_nodes == 1:  # part of a node, grown: the real node again
+            return self.model_copy(update={"gpus_per_node": self.full_node_gpus, "full_node_gpus": None}
+                                   ).resized(gpus=gpus)
         if gpus % self.gpus_per_node:
             raise AutoparError(
                 f"--gpus {gpus} is not a whole number of {self.name} nodes ({self.gpus_per_node} GPUs each); "

@@ -49,13 +49,15 @@ def _checkpoint_plan(root: Path) -> str:
 
 
 def _full_size(cluster: Any) -> Any:
-    """A plan's cluster as bundled, when it is a bundled one resized below a node (``plan --gpus 2`` keeps a node
-    of 2): re-planning for more GPUs needs the node's real size. Any other cluster as the plan holds it."""
+    """A plan's cluster, able to grow back to its real node: a cluster resized below a node keeps that node's size
+    (``full_node_gpus``, which ``resized`` restores); a plan file written before it did, on a bundled cluster, gets
+    the bundled node. Any other cluster as the plan holds it."""
     from specs.cluster import list_clusters, load_cluster
 
-    if cluster.name in list_clusters() and cluster.num_nodes == 1:
+    if cluster.full_node_gpus is None and cluster.name in list_clusters() and cluster.num_nodes == 1:
         bundled = load_cluster(cluster.name).model_copy(update={"tp_across_nodes": cluster.tp_across_nodes})
-        if bundled.gpus_per_node > cluster.gpus_per_node and bundled.resized(gpus=cluster.num_gpus) == cluster:
+        cut = bundled.resized(gpus=cluster.num_gpus).model_copy(update={"full_node_gpus": None})
+        if bundled.gpus_per_node > cluster.gpus_per_node and cut == cluster:
             return bundled
     return cluster
 

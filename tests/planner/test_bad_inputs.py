@@ -423,17 +423,24 @@ def test_bad_files_found_by_the_hunt(tmp_path, capsys, monkeypatch):
 
 
 def test_replan_can_grow_a_plan_made_below_a_node():
-    """`plan --gpus 2` on a bundled 8-GPU node keeps a node of 2; `run --resume --replan --gpus 4` re-plans on
-    the bundled node's real size (a profile of the user's own, or a calibrated one, is kept as the plan holds it)."""
+    """`plan --gpus 2` on an 8-GPU node keeps a node of 2 that remembers the full node (``full_node_gpus``), so
+    `run --resume --replan --gpus 4` re-plans on the real node, for a bundled profile and one of the user's own;
+    a plan file written before clusters remembered it gets the bundled node when its cluster is a bundled one."""
     from planner.commands.run import _full_size
     from specs.cluster import load_cluster
 
     small = load_cluster("cpu-gloo", gpus=2)
-    assert small.gpus_per_node == 2 and _full_size(small).resized(gpus=4).num_gpus == 4
-    odd = small.model_copy(update={"name": "mine"})
+    assert small.gpus_per_node == 2 and small.full_node_gpus == 8 and _full_size(small) is small
+    grown = small.resized(gpus=4)
+    assert (grown.gpus_per_node, grown.full_node_gpus) == (4, 8) and small.resized(gpus=8) == load_cluster("cpu-gloo")
+    mine = load_cluster("cpu-gloo").model_copy(update={"name": "mine"}).resized(gpus=2)  # a profile of one's own
+    assert _full_size(mine).resized(gpus=4).num_gpus == 4
+    old = small.model_copy(update={"full_node_gpus": None})  # as plan files written before held it
+    assert _full_size(old).resized(gpus=4).num_gpus == 4
+    odd = old.model_copy(update={"name": "mine"})
     assert _full_size(odd) is odd
-    slower = small.intra_node.model_copy(update={"bandwidth_GBps": small.intra_node.bandwidth_GBps / 2})
-    edited = small.model_copy(update={"intra_node": slower})  # a profile of its own under a bundled name: kept
+    slower = old.intra_node.model_copy(update={"bandwidth_GBps": old.intra_node.bandwidth_GBps / 2})
+    edited = old.model_copy(update={"intra_node": slower})  # a profile of its own under a bundled name: kept
     assert _full_size(edited) is edited
 
 
