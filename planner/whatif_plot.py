@@ -23,6 +23,7 @@ from specs.files import check_output_file
 
 AXIS = {"inter_node_bw": "inter-node bandwidth (Gb/s per NIC)", "intra_node_bw": "NVLink bandwidth (GB/s per GPU)",
         "gpus": "GPUs", "nodes": "nodes", "gpu": "GPU type", "nics_per_node": "NICs per node"}
+MIN_EFF_SPAN = 0.1  # the efficiency axis spans at least this: differences below a percent read as flat
 NO_PLAN = "no plan"  # where a point's bar or plan label would be, when it has none (none fits, or none is possible)
 
 
@@ -125,6 +126,15 @@ def figure(curves: dict[str, list[dict[str, Any]]], key: str, model: str, cluste
             ax.set_xticks(values)
             ax.set_xticklabels([f"{v:g}" for v in values])
             ax.xaxis.set_minor_locator(NullLocator())
+        top.set_xlim(min(values) / 1.25, max(values) * 1.25)  # every point's place, "no plan" ones too
+    else:
+        span = (max(values) - min(values)) or abs(max(values)) or 1.0
+        top.set_xlim(min(values) - 0.08 * span, max(values) + 0.08 * span)
+    effs = [p["scaling_efficiency"] for pts in curves.values() for p in pts if p.get("tokens_per_s")]
+    if key != "gpu" and effs and max(effs) - min(effs) < MIN_EFF_SPAN:  # a spread of 1e-4 is not magnified
+        mid = (max(effs) + min(effs)) / 2
+        low.set_ylim(mid - MIN_EFF_SPAN / 2, mid + MIN_EFF_SPAN / 2)
+    low.ticklabel_format(axis="y", useOffset=False)
     top.yaxis.set_major_formatter(FuncFormatter(si))
     top.yaxis.set_minor_formatter(FuncFormatter(lambda v, pos: ""))
     if key == "gpu":

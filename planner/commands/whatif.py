@@ -26,6 +26,10 @@ def whatif_command(args: argparse.Namespace) -> int:
     given = "--nodes" if args.nodes else "--gpus" if args.gpus and key == "gpus" else None
     if key in ("gpus", "nodes") and given:  # (--gpus N with --vary nodes: nodes of N GPUs)
         raise AutoparError(f"--vary {key} sets the cluster's size at each point; leave out {given}")
+    if key == "nodes" and args.gpus and args.gpus > cluster.gpus_per_node:
+        raise AutoparError(f"--gpus {args.gpus} with --vary nodes: --gpus there sets the GPUs of each node, at most "
+                           f"{cluster.name}'s {cluster.gpus_per_node}; leave it out for nodes of "
+                           f"{cluster.gpus_per_node}")
     fixed = parse_plan_keys(args.fix, "--fix")
     more = parse_plan_keys(args.compare, "--compare") if args.compare else {}
     if "placement" in more and not cluster.node_groups:

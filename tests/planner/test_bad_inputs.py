@@ -353,6 +353,8 @@ def test_an_output_is_never_one_of_the_inputs(tmp_path, capsys):
       "group_bw:ib=abc"], "--vary group_bw:ib takes numbers"),
     ([*WHATIF[:5], *WHATIF[7:-2], "--vary", "gpus=0"], "whole numbers of at least 1"),
     ([*WHATIF[:-2], "--vary", "gpus=8,16"], "--vary gpus sets the cluster's size at each point; leave out --gpus"),
+    ([*WHATIF[:-2], "--vary", "nodes=1,2"], "--gpus 16 with --vary nodes: --gpus there sets the GPUs of each node, "
+                                            "at most dgx-a100's 8"),
     (["estimate", "--model", "tiny", "--cluster", "cpu-gloo", "--gpus", "\uff18", "--global-batch", "4", "--plan",
       "tp=1"], "--gpus: takes a whole number"),
     (["estimate", "--model", "tiny", *ESTIMATE[:-1], "tp=1_0"], "plan key tp takes an integer, got '1_0'"),

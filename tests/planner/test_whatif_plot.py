@@ -9,7 +9,7 @@ import pytest
 
 from planner.cli import main
 from planner.whatif import normalize, sweep, with_gpu
-from planner.whatif_plot import NO_PLAN, figure, plan_label, si
+from planner.whatif_plot import MIN_EFF_SPAN, NO_PLAN, figure, plan_label, si
 from specs.cluster import load_cluster
 from specs.model_loading import load_model
 
@@ -127,3 +127,21 @@ def test_a_point_without_a_plan_is_labelled_on_the_line_plot():
     fig = figure(curves, "gpus", model.name, cluster.name)
     marks = [t for t in fig.findobj() if getattr(t, "get_gid", lambda: None)() == "no-plan"]
     assert [(t.get_text(), t.get_position()[0]) for t in marks] == [(NO_PLAN, 8)]
+    top, low = fig.axes[:2]
+    assert top.get_xlim()[0] < 8 < top.get_xlim()[1]  # the mark stands inside the axes, not clipped at its edge
+
+
+def test_efficiencies_close_to_one_are_drawn_flat_without_an_offset():
+    """A sweep whose efficiencies differ by 1e-4 (one plan throughout) reads as flat at 1, not as an axis of
+    +9.999e-1 offsets: the axis spans at least MIN_EFF_SPAN, its labels are the values."""
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100")
+    curves = {"best": sweep(model, cluster, 512, "gpus", [8, 16], {"tp": 8})}
+    normalize(curves, "gpus")
+    effs = [p["scaling_efficiency"] for p in curves["best"]]
+    assert 0 < abs(effs[0] - effs[1]) < 1e-2, effs
+    fig = figure(curves, "gpus", model.name, cluster.name)
+    fig.canvas.draw()
+    low = fig.axes[1]
+    lo, hi = low.get_ylim()
+    assert hi - lo == pytest.approx(MIN_EFF_SPAN) and lo < min(effs) <= max(effs) < hi
+    assert low.yaxis.get_major_formatter().get_offset() == ""
