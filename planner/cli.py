@@ -20,6 +20,9 @@ from runtime.options import add_run_arguments
 from specs.errors import ERROR_PREFIX, AutoparError
 from specs.files import integer, path_argument
 
+ONCE_HOW = {"plan": ", with comma-separated keys", "compare": ", with comma-separated keys",
+            "vary": ": one key with comma-separated values (a sweep varies one thing)"}
+
 
 class _Once(argparse.Action):
     """An option that takes a value, given at most once: argparse would keep the last of two silently."""
@@ -28,8 +31,7 @@ class _Once(argparse.Action):
                  option_string: str | None = None) -> None:
         seen = namespace.__dict__.setdefault("_given", set())
         if self.dest in seen:
-            raise AutoparError(f"{option_string} is given twice; give it once" + (
-                ", with comma-separated keys" if self.dest in ("plan", "vary", "compare") else ""))
+            raise AutoparError(f"{option_string} is given twice; give it once" + ONCE_HOW.get(self.dest, ""))
         seen.add(self.dest)
         setattr(namespace, self.dest, values)
 

@@ -84,8 +84,10 @@ def _heads_ok(c: Candidates, x: PlanContext) -> np.ndarray:
 def _heads_why(cfg: ParallelConfig, x: PlanContext) -> str:
     heads, kv = x.model.num_attention_heads, x.model.kv_heads
     ok = [t for t in range(1, kv + 1) if heads % t == 0 and kv % t == 0]
-    return (f"tp={cfg.tp} does not divide the model's {heads} attention heads and {kv} kv heads; "
-            f"choose tp from {', '.join(map(str, ok))}")
+    failing = [f"{n} {what}" for n, what in ((heads, "attention heads"), (kv, "kv heads")) if n % cfg.tp]
+    if kv == heads:  # no grouped-query attention: one count
+        failing = failing[:1]
+    return f"tp={cfg.tp} does not divide the model's {' and '.join(failing)}; choose tp from {', '.join(map(str, ok))}"
 
 
 def cp_split_problem(seq: int, cp: int) -> str | None:
@@ -176,7 +178,14 @@ def _experts(x: PlanContext) -> int:
     return x.model.moe.num_experts if x.model.moe is not None else 1
 
 
+def _dense_why(cfg: ParallelConfig, x: PlanContext) -> str:
+    return (f"ep={cfg.ep}, etp={cfg.etp}: expert parallelism needs a mixture-of-experts model (moe: in the model "
+            f"spec); {x.model.name} is dense, use ep=1 and etp=1")
+
+
 def _ep_why(cfg: ParallelConfig, x: PlanContext) -> str:
+    if x.model.moe is None:  # a dense model: the same line whichever rule sees it first
+        return _dense_why(cfg, x)
     n = _experts(x)
     return f"ep={cfg.ep} does not divide the model's {n} experts; choose ep from " + ", ".join(
         str(e) for e in range(1, n + 1) if n % e == 0)
@@ -294,9 +303,7 @@ RULES: tuple[Rule, ...] = (
     Rule(("pp", "vpp", "layers", "recompute_layers"), _recompute_ok, _recompute_why),
     Rule(("tp", "pp", "cp", "dp"), lambda c, x: c.tp * c.pp * c.cp * c.dp == x.gpus, _world_why),
     # mixture of experts (specs/moe.py): ep and etp split the experts over a stage's dp*cp*tp ranks
-    Rule(("ep", "etp"), lambda c, x: (x.model.moe is not None) | ((c.ep == 1) & (c.etp == 1)),
-         lambda cfg, x: f"ep={cfg.ep}, etp={cfg.etp}: expert parallelism needs a mixture-of-experts model (moe: in "
-                        f"the model spec); {x.model.name} is dense, use ep=1 and etp=1"),
+    Rule(("ep", "etp"), lambda c, x: (x.model.moe is not None) | ((c.ep == 1) & (c.etp == 1)), _dense_why),
     Rule(("ep",), lambda c, x: _experts(x) % c.ep == 0, _ep_why),
     Rule(("tp", "cp", "dp", "ep", "etp"), lambda c, x: (c.tp * c.cp * c.dp) % (c.ep * c.etp) == 0,
          lambda cfg, x: f"ep*etp = {cfg.ep}*{cfg.etp} must divide dp*cp*tp = {cfg.dp}*{cfg.cp}*{cfg.tp} (the experts "

@@ -237,6 +237,8 @@ def test_an_option_given_twice_is_refused_and_fix_keys_add_up(capsys):
     assert "--gpus is given twice" in fails(capsys, "plan", *TINY, "--gpus", "8")
     assert "--plan is given twice; give it once, with comma-separated keys" in fails(
         capsys, "estimate", "--model", "tiny", *ESTIMATE, "--plan", "tp=1")
+    assert "--vary is given twice; give it once: one key with comma-separated values" in fails(
+        capsys, *WHATIF, "--vary", "gpus=8,16")
     assert "plan key 'tp' given twice" in fails(capsys, "plan", *TINY, "--fix", "tp=2", "--fix", "tp=1")
     assert main(["plan", *TINY, "--fix", "tp=2", "--fix", "pp=2", "--format", "json"]) == 0
     best = json.loads(capsys.readouterr().out)["plans"][0]["parallel"]
