@@ -15,6 +15,7 @@ drawn beside the best one (one compared curve: the command takes one).
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +57,7 @@ def _plain(text: str) -> str:
 def plot_file(path: str, inputs: dict[str, str | None] | None = None) -> str:
     """The file ``--plot`` writes (a name without an extension gets ``.png``), checked before the sweep (not one of
     the command's ``inputs``)."""
-    if Path(path).is_dir():
+    if Path(path).is_dir() or path.endswith(("/", os.sep)):
         raise AutoparError(f"--plot {path} is a directory; give a file name such as {Path(path) / 'whatif.png'}")
     return str(check_output_file(path if Path(path).suffix else path + ".png", "plot", inputs))
 

@@ -33,6 +33,8 @@ def check_output_file(path: str | Path, what: str, inputs: dict[str, str | Path 
         raise AutoparError(f"the {what} path is empty; give a file name")
     if p.is_dir():
         raise AutoparError(f"{what} {p} is a directory; give a file name inside it")
+    if str(path).endswith(("/", os.sep)):
+        raise AutoparError(f"{what} {path} names a folder (it ends in /); give a file name inside it")
     for name, src in (inputs or {}).items():
         if src is not None and str(src) and _same_file(p, Path(src)):
             raise AutoparError(f"{what} {p} is the {name} this command reads: writing it would destroy it; "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ def load_model(ref: str, seq: int | None = None) -> ModelSpec:
             raise AutoparError(f"model folder {ref} has no config.json; give the model's config.json, a YAML/JSON "
                                "spec or a preset")
         path = path / "config.json"
-    if path.suffix in (".yaml", ".yml", ".json") or path.exists():
+    if path.suffix in (".yaml", ".yml", ".json") or path.exists() or "/" in ref or os.sep in ref:  # a path
         if not path.exists():
             raise AutoparError(
                 f"model file {ref} does not exist; give a preset ({', '.join(list_presets())}) or a path")

@@ -145,6 +145,17 @@ def test_plot_title_with_dollars_and_the_path_written(tmp_path, capsys):
                                      "4", "--vary", "gpus=1,2", "--plot", str(tmp_path))
 
 
+def test_an_output_named_as_a_folder_is_refused_and_a_path_is_never_a_preset(tmp_path, capsys, monkeypatch):
+    """`--out pdir/` (a folder that does not exist yet) would write a file named pdir: refused, nothing written; a
+    model given as a path (./llama3-8b) that does not exist is not read as the preset of that name."""
+    monkeypatch.chdir(tmp_path)
+    assert "names a folder (it ends in /)" in fails(capsys, "plan", *TINY, "--out", "pdir/")
+    assert "is a directory" in fails(capsys, "whatif", "--model", "tiny", "--cluster", "cpu-gloo", "--global-batch",
+                                     "4", "--vary", "gpus=1,2", "--plot", "qdir/")
+    assert list(tmp_path.iterdir()) == []
+    assert "model file ./llama3-8b does not exist" in fails(capsys, "estimate", "--model", "./llama3-8b", *ESTIMATE)
+
+
 # ---- whatif: inputs that fail every point ----------------------------------------------------------------
 @pytest.mark.parametrize("argv,needle", [
     ([*WHATIF[:-3], "0", *WHATIF[-2:]], "--global-batch must be a positive integer, got 0"),
