@@ -233,13 +233,16 @@ def diagnose(plan: PlanFile, rows: list[dict[str, Any]], warmup: int | None, thr
 
 
 # ---- the table ------------------------------------------------------------------------------------
+def _signed(seconds: float) -> str:
+    return f"{'+' if seconds >= 0 else '-'}{fmt_time(abs(seconds))}"
+
+
 def _where(coords: dict[str, int]) -> str:
     return " ".join(f"{k} {v}" for k, v in coords.items())
 
 
 def diagnosis_tables(d: Diagnosis, plan_keys: str) -> list[Table | str]:
     """``autopar diagnose``'s output: the gap per phase, every rank's phases, the stragglers and the replay."""
-    gap = d.measured_step_s - d.predicted_step_s
     off = d.predicted_step_s / d.measured_step_s - 1  # as calibrate prints it: positive, predicted slower
     head = (f"{escape(plan_keys)}: measured {fmt_time(d.measured_step_s)} a step (median of {d.steps} steps), "
             f"predicted {fmt_time(d.predicted_step_s)} ({100 * off:+.0f}%)")
@@ -247,12 +250,17 @@ def diagnosis_tables(d: Diagnosis, plan_keys: str) -> list[Table | str]:
                    header_style="bold")
     for col in ("phase", "predicted", "measured", "gap", "share of the gap"):
         phases.add_column(col, justify="left" if col == "phase" else "right")
+    # shares of the rows' own total gap, so they add up to 100% (each row is a median over the steps, and medians
+    # do not add up to the step's median: the total row shows by how much)
+    net = sum(p["gap_s"] for p in d.phases)
     moved = sum(abs(p["gap_s"]) for p in d.phases)
     for p in d.phases:
         # shares of a net gap that is small beside what moved (phases off both ways) would read -481% / +427%
-        share = f"{round(100 * p['gap_s'] / gap) + 0:.0f}%" if abs(gap) > 0.25 * moved > 0 else "-"
-        phases.add_row(p["phase"], fmt_time(p["predicted_s"]), fmt_time(p["measured_s"]),
-                       f"{'+' if p['gap_s'] >= 0 else '-'}{fmt_time(abs(p['gap_s']))}", share)
+        share = f"{round(100 * p['gap_s'] / net) + 0:.0f}%" if abs(net) > 0.25 * moved > 0 else "-"
+        phases.add_row(p["phase"], fmt_time(p["predicted_s"]), fmt_time(p["measured_s"]), _signed(p["gap_s"]), share)
+    total = {k: sum(p[k] for p in d.phases) for k in ("predicted_s", "measured_s")}
+    phases.add_row("total", fmt_time(total["predicted_s"]), fmt_time(total["measured_s"]), _signed(net),
+                   "100%" if abs(net) > 0.25 * moved > 0 else "-", style="bold")
     ranks = Table(title="each rank's step (median seconds)", header_style="bold")
     cols = ("forward", "backward", "tp_cp_comm", "p2p_wait", "p2p_send", "dp_comm", "optimizer", "data", "other")
     for col in ("rank", "where", *cols):

@@ -179,3 +179,19 @@ def test_phases_of_another_rank_count_name_both_counts(tmp_path, capsys):
     assert main(["diagnose", str(m)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "has phase times for 4 ranks, but the plan runs 2" in err, err
+
+
+def test_the_shares_of_the_gap_add_up_with_a_total_row():
+    """Each phase row is a median over the steps, and medians do not add up to the step's median: the shares are of
+    the rows' own total (shown as a last row), so they add up to 100% whatever the step's median is."""
+    from planner.diagnose import Diagnosis, diagnosis_tables
+
+    rows = [("compute", 0.5, 0.8), ("tp/cp comm", 0.1, 0.15), ("optimizer", 0.05, 0.05), ("other", 0.0, 0.05)]
+    phases = [{"phase": n, "predicted_s": p, "measured_s": m, "gap_s": m - p} for n, p, m in rows]
+    d = Diagnosis("p.json", 10, 1.3, 0.65, 0, phases, [], 1.3, 1.3, [])  # the step's median: above the rows' 1.05
+    table = diagnosis_tables(d, "tp=2")[1]
+    cells = [list(c._cells) for c in table.columns]
+    assert cells[0][-1] == "total" and cells[4][-1] == "100%"
+    shares = [int(s.rstrip("%")) for s in cells[4][:-1]]
+    assert shares == [75, 12, 0, 12] and abs(sum(shares) - 100) <= 1  # 12.5% rounds to even
+    assert cells[2][-1] == "1.050 s" and cells[3][-1] == "+400.00 ms"
