@@ -262,7 +262,7 @@ def diagnosis_tables(d: Diagnosis, plan_keys: str) -> list[Table | str]:
     phases.add_row("total", fmt_time(total["predicted_s"]), fmt_time(total["measured_s"]), _signed(net),
                    "100%" if abs(net) > 0.25 * moved > 0 else "-", style="bold")
     ranks = Table(title="each rank's step (median seconds)", header_style="bold")
-    cols = ("forward", "backward", "tp_cp_comm", "p2p_wait", "p2p_send", "dp_comm", "optimizer", "data", "other")
+    cols = PHASES
     for col in ("rank", "where", *cols):
         ranks.add_column(col, justify="right")
     slow = {s.rank for s in d.stragglers}
