@@ -7,7 +7,7 @@ another stops the outer one's clock, so a step's phases sum to its time. The run
 on the current stream and the step's events are read once at its end, so a phase's time is the stream's (a wait on a
 collective counts as long as the stream stalls), and nothing synchronises mid-step.
 
-Testing hook (:meth:`PhaseClock.inject`, set by ``runtime.train`` from ``AUTOPAR_STRAGGLER`` only): a rank made a
+Testing hook (:meth:`PhaseClock.inject`, set from ``AUTOPAR_STRAGGLER`` only, runtime/testing_hooks.py): a rank made a
 straggler, its compute slower or its sends delayed.
 """
 

@@ -15,12 +15,7 @@ printed and written as ``{"event": "checkpoint_interval", "after_step", "save_s"
 Hangs: a watchdog (:mod:`runtime.watchdog`) ends the run with one line naming the rank that stopped when no rank
 has made progress for ``--collective-timeout`` seconds.
 
-Testing hooks: ``AUTOPAR_FAULT=STEP[:RANK]`` makes rank RANK (default 0) kill itself with SIGKILL just before
-step STEP (1-based), as a crashed node would (on the first attempt only: a restarted run goes on);
-``AUTOPAR_HANG=STEP[:RANK]`` makes it sleep there instead, as a rank stuck in its own work would;
-``AUTOPAR_STRAGGLER=RANK:compute:FACTOR[@FIRST[/EVERY]]`` makes rank RANK's forward and backward take FACTOR times
-as long on steps FIRST, FIRST + EVERY, ... (default: every step), and ``RANK:send:SECONDS[@FIRST[/EVERY]]`` delays
-each of its pipeline sends on those steps (a straggler for ``autopar diagnose``).
+Testing hooks (faults, hangs, stragglers, slow plans, set from the environment by tests): runtime/testing_hooks.py.
 
 Phase times: every rank times its step's phases (:mod:`runtime.phase_clock`); with ``--metrics-out`` each step's
 line carries every rank's, ``"phases_s": {phase: [seconds of rank 0, 1, ...]}`` (what ``autopar diagnose`` reads).
@@ -31,11 +26,11 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import signal
 import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -47,10 +42,11 @@ from runtime.options import KEEP_CHECKPOINTS, add_worker_arguments, check_run_op
 from runtime.parallel.mappings import all_gather_into
 from runtime.parallel.mesh import build_groups
 from runtime.phase_clock import CudaMarks, PhaseClock
+from runtime.testing_hooks import StepHooks
 from runtime.trainer import Trainer, check_supported, peak_memory_GiB
 from specs.errors import WORKER_ERROR_PREFIX, AutoparError
 from specs.phases import PHASES
-from specs.planfile import load_plan
+from specs.planfile import PlanFile, load_plan
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -62,28 +58,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--predicted-memory", type=float, metavar="GIB",
                     help="the peak memory per GPU metrics carry as predicted (default: the plan's prediction)")
     return ap.parse_args(argv)
-
-
-def _fault_step(rank: int, hook: str = "AUTOPAR_FAULT") -> int | None:
-    spec = os.environ.get(hook)
-    if not spec or _attempt():
-        return None
-    step, _, who = spec.partition(":")
-    return int(step) if int(who or 0) == rank else None
-
-
-def _straggler(rank: int) -> tuple[dict[str, float], int, int]:
-    """The phase clock's testing hook for this rank, the first step it acts on and every how many steps, from
-    ``AUTOPAR_STRAGGLER=RANK:compute:FACTOR[@FIRST[/EVERY]]`` or ``RANK:send:SECONDS[@FIRST[/EVERY]]``."""
-    spec = os.environ.get("AUTOPAR_STRAGGLER")
-    if not spec:
-        return {}, 0, 1
-    spec, _, when = spec.partition("@")
-    who, kind, amount = spec.split(":")
-    if int(who) != rank:
-        return {}, 0, 1
-    first, _, every = when.partition("/")
-    return {"slow_compute" if kind == "compute" else "send_delay_s": float(amount)}, int(first or 1), int(every or 1)
 
 
 def _gather_ranks(values: dict[str, float], group: dist.ProcessGroup, device: torch.device
@@ -126,16 +100,6 @@ def _advise_interval(log: MetricsLog, step: int, save_s: float, step_s: float, m
               f"--checkpoint-every {best_steps})", flush=True)
 
 
-def _test_delay(plan_keys: str) -> float:
-    """Seconds added to every step, for tests only (``AUTOPAR_SLOW="0.5:tp=2 pp=1;30:tp=1"``: plans whose short
-    form starts with the text after a colon sleep that long per step)."""
-    for item in filter(None, os.environ.get("AUTOPAR_SLOW", "").split(";")):
-        seconds, _, prefix = item.partition(":")
-        if plan_keys.startswith(prefix):
-            return float(seconds)
-    return 0.0
-
-
 def diverged(step: int, loss: float, grad_norm: float, ckdir: Path | None) -> AutoparError:
     """The error that stops a run whose loss or gradient norm is no longer a number, before it is checkpointed (the
     checkpoints from before it are kept)."""
@@ -149,6 +113,7 @@ def diverged(step: int, loss: float, grad_norm: float, ckdir: Path | None) -> Au
 
 
 def run(args: argparse.Namespace) -> int:
+    """One rank's run: check the plan and options, go on from a checkpoint (a resume or a restart), train, save."""
     plan = load_plan(args.plan)
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
     if world != plan.world_size:
@@ -157,16 +122,11 @@ def run(args: argparse.Namespace) -> int:
     check_supported(plan)
     ckdir = Path(args.checkpoint_dir) if args.checkpoint_dir else None
     attempt = _attempt()
+    going_on = ckdir is not None and (args.resume or attempt > 0)
+    if ckdir is not None:
+        _check_divergence(ckdir, attempt, rank)
     carried = None
-    if ckdir is not None:  # torchrun's restart after a divergence would diverge again: stop instead
-        from runtime.checkpoint import forget_divergence, repeated_divergence
-
-        repeat = repeated_divergence(ckdir) if attempt > 0 else None
-        if repeat:
-            raise AutoparError(repeat)
-        if attempt == 0 and rank == 0:
-            forget_divergence(ckdir)
-    if ckdir is not None and (args.resume or attempt > 0) and not args.train_from_plan:  # the run's schedule goes on
+    if going_on and not args.train_from_plan:  # the run's schedule goes on
         from runtime.checkpoint import resumed_train
 
         plan, carried = resumed_train(plan, ckdir)
@@ -176,11 +136,71 @@ def run(args: argparse.Namespace) -> int:
                               inputs={"plan file": args.plan, "--data file": args.data},
                               keep_checkpoints=args.keep_checkpoints)  # rank 0 writes metrics
     data_path, data_note = args.data, None
-    if ckdir is not None and (args.resume or attempt > 0):  # the run goes on with the data it trained on
+    if going_on:  # the run goes on with the data it trained on
         from runtime.checkpoint import resumed_data
 
         data_path, data_note = resumed_data(ckdir, args.data)
     data = TokenData(data_path or SAMPLE_TEXT, plan.seq, plan.model.vocab_size, plan.train.seed)
+    device = _start_process_group(plan, rank, world, attempt)
+    groups = build_groups(plan.config, device.type, tied_embeddings=plan.model.tie_embeddings,
+                          experts=plan.model.moe is not None)
+    clock = PhaseClock(CudaMarks() if device.type == "cuda" else None)
+    comm = CommHooks(groups.group_names(), [clock])
+    watch = None
+    if "MASTER_ADDR" in os.environ:  # under torchrun: a store every rank reaches
+        from runtime.watchdog import Watchdog
+
+        watch = Watchdog(groups, _store("watchdog"), args.collective_timeout).start()
+        comm.add(watch)
+    comm.start()
+    trainer = Trainer(plan, groups, device, data, steps, clock)
+    reached = (last_step(args.metrics_out) or 0) if attempt and rank == 0 else 0
+    resume = args.resume or (attempt > 0 and ckdir is not None and _has_checkpoint(ckdir))
+    if resume:
+        from runtime.checkpoint import load_checkpoint
+
+        load_checkpoint(trainer, ckdir)
+    log = MetricsLog(plan, args.metrics_out, steps, enabled=rank == 0, quiet=args.quiet, append=resume or attempt > 0,
+                     predicted_step_s=args.predicted_step_time, predicted_memory_GiB=args.predicted_memory,
+                     plan_path=str(Path(args.plan).resolve()), gpu=device.type == "cuda")
+    if attempt:
+        lost = max(0, reached - trainer.step)
+        log.event(event="restart", attempt=attempt, resumed_after_step=trainer.step, lost_steps=lost)
+        if rank == 0 and not args.quiet:
+            print(f"autopar: restart {attempt} after a worker failed: resuming after step {trainer.step}, "
+                  f"redoing {lost} step(s)", flush=True)
+    if rank == 0 and not args.quiet:
+        _say_what_runs(plan, device, trainer.step if resume else None, steps, carried,
+                       data_note if attempt == 0 else None)
+    _train(args, trainer, log, clock, watch, StepHooks.from_env(rank, attempt, plan.config.short()), ckdir)
+    log.close()
+    comm.stop()
+    if watch is not None:
+        watch.stop()
+    dist.destroy_process_group()
+    return 0
+
+
+def _check_divergence(ckdir: Path, attempt: int, rank: int) -> None:
+    """Stop a restart after a divergence (it would diverge again); a first attempt forgets an earlier one."""
+    from runtime.checkpoint import forget_divergence, repeated_divergence
+
+    repeat = repeated_divergence(ckdir) if attempt > 0 else None
+    if repeat:
+        raise AutoparError(repeat)
+    if attempt == 0 and rank == 0:
+        forget_divergence(ckdir)
+
+
+def _has_checkpoint(ckdir: Path) -> bool:
+    from runtime.checkpoint import latest_checkpoint
+
+    return latest_checkpoint(ckdir) is not None
+
+
+def _start_process_group(plan: PlanFile, rank: int, world: int, attempt: int) -> torch.device:
+    """Join the run's process group (NCCL on this rank's GPU for a CUDA plan where there is CUDA, else gloo on
+    CPU); returns the rank's device."""
     cuda = torch.cuda.is_available() and plan.cluster.backend == "nccl"  # a gloo (CPU) plan stays on CPUs
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
     backend = "nccl" if cuda else "gloo"
@@ -194,73 +214,53 @@ def run(args: argparse.Namespace) -> int:
         dist.init_process_group(backend)
     else:  # a one-rank plan started without torchrun
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-    groups = build_groups(plan.config, device.type, tied_embeddings=plan.model.tie_embeddings,
-                          experts=plan.model.moe is not None)
-    clock = PhaseClock(CudaMarks() if cuda else None)
-    straggle, straggle_from, straggle_every = _straggler(rank)
-    hooks = CommHooks(groups.group_names(), [clock])
-    watch = None
-    if "MASTER_ADDR" in os.environ:  # under torchrun: a store every rank reaches
-        from runtime.watchdog import Watchdog
+    return device
 
-        watch = Watchdog(groups, _store("watchdog"), args.collective_timeout).start()
-        hooks.add(watch)
-    hooks.start()
-    trainer = Trainer(plan, groups, device, data, steps, clock)
-    reached = (last_step(args.metrics_out) or 0) if attempt and rank == 0 else 0
-    if ckdir is not None:
-        from runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-    resume = args.resume or (attempt > 0 and ckdir is not None and latest_checkpoint(ckdir) is not None)
-    if resume:
-        load_checkpoint(trainer, ckdir)
+
+def _say_what_runs(plan: PlanFile, device: torch.device, resumed_after: int | None, steps: int, carried: str | None,
+                   data_note: str | None) -> None:
+    """Rank 0's opening lines: what trains where and from where, what a resume carried over, and notes on the
+    schedule's length and a CUDA plan run on CPUs."""
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    where = f"resuming after step {resumed_after}" if resumed_after is not None else "from scratch"
+    print(f"autopar: training {plan.model.name} on {plan.world_size} {backend} ranks ({plan.config.short()}), "
+          f"global batch {plan.global_batch} x {plan.seq} tokens, {steps} steps, {where}", flush=True)
+    for note in (carried, data_note):  # only a resume carries settings over
+        if note:
+            print(f"autopar: note: {note}", flush=True)
+    if steps > plan.train.steps:
+        whose = "the checkpoint's run's" if carried else "the plan's"
+        print(f"autopar: note: the learning-rate schedule is {whose} ({plan.train.steps} steps): steps after "
+              f"{plan.train.steps} run at min_lr {plan.train.min_lr:g}; set train.steps in the plan (autopar plan "
+              "--steps N) for a longer schedule" + (" and resume with --train-from-plan" if resumed_after is not None
+                                                    else ""), flush=True)
+    if plan.cluster.backend == "nccl" and device.type != "cuda":
+        print(f"autopar: note: no CUDA here; running the {plan.cluster.name} plan on CPU with gloo in fp32", flush=True)
+
+
+def _train(args: argparse.Namespace, trainer: Trainer, log: MetricsLog, clock: PhaseClock, watch: Any,
+           hooks: StepHooks, ckdir: Path | None) -> None:
+    """The steps up to ``trainer.steps``: each timed and recorded (every rank's phases and memory peaks when metrics
+    are written), a diverged step stopping the run unsaved, checkpoints every ``--checkpoint-every`` steps and at
+    the end (the first timed for ``--mtbf-hours``'s advice)."""
+    steps, plan, rank = trainer.steps, trainer.plan, dist.get_rank()
     every = args.checkpoint_every if args.checkpoint_every is not None else plan.train.checkpoint_every
-    log = MetricsLog(plan, args.metrics_out, steps, enabled=rank == 0, quiet=args.quiet, append=resume or attempt > 0,
-                     predicted_step_s=args.predicted_step_time, predicted_memory_GiB=args.predicted_memory,
-                     plan_path=str(Path(args.plan).resolve()), gpu=cuda)
-    if attempt:
-        lost = max(0, reached - trainer.step)
-        log.event(event="restart", attempt=attempt, resumed_after_step=trainer.step, lost_steps=lost)
-        if rank == 0 and not args.quiet:
-            print(f"autopar: restart {attempt} after a worker failed: resuming after step {trainer.step}, "
-                  f"redoing {lost} step(s)", flush=True)
-    if rank == 0 and not args.quiet:
-        where = f"resuming after step {trainer.step}" if resume else "from scratch"
-        print(f"autopar: training {plan.model.name} on {world} {backend} ranks ({plan.config.short()}), "
-              f"global batch {plan.global_batch} x {plan.seq} tokens, {steps} steps, {where}", flush=True)
-        for note in (carried, data_note if attempt == 0 else None):  # only a resume carries settings over
-            if note:
-                print(f"autopar: note: {note}", flush=True)
-        if steps > plan.train.steps:
-            whose = "the checkpoint's run's" if carried else "the plan's"
-            print(f"autopar: note: the learning-rate schedule is {whose} ({plan.train.steps} steps): steps after "
-                  f"{plan.train.steps} run at min_lr {plan.train.min_lr:g}; set train.steps in the plan (autopar plan "
-                  "--steps N) for a longer schedule" + (" and resume with --train-from-plan" if resume else ""),
-                  flush=True)
-        if plan.cluster.backend == "nccl" and not cuda:
-            print(f"autopar: note: no CUDA here; running the {plan.cluster.name} plan on CPU with gloo in fp32",
-                  flush=True)
-    fault, hang, delay = _fault_step(rank), _fault_step(rank, "AUTOPAR_HANG"), _test_delay(plan.config.short())
     advise = args.mtbf_hours is not None
     while trainer.step < steps:
-        if fault == trainer.step + 1:
-            os.kill(os.getpid(), signal.SIGKILL)
-        if hang == trainer.step + 1:
-            time.sleep(1e9)
-        if straggle:
-            n = trainer.step + 1 - straggle_from
-            clock.inject(**(straggle if n >= 0 and n % straggle_every == 0 else {}))
+        hooks.before_step(trainer.step + 1, clock)
         t0 = time.perf_counter()
         clock.begin()
         st = trainer.train_step()
-        time.sleep(delay)
+        hooks.after_step()
         step_s = time.perf_counter() - t0
         phases = clock.take()
         if watch is not None:
             watch.stepped(trainer.step)
         every_rank = None
         if args.metrics_out:  # every rank's phase times and memory peaks, for the metrics file
-            alloc, reserved = peak_memory_GiB(device)
-            every_rank = _gather_ranks({**phases, "allocated": alloc, "reserved": reserved}, groups.world, device)
+            alloc, reserved = peak_memory_GiB(trainer.device)
+            every_rank = _gather_ranks({**phases, "allocated": alloc, "reserved": reserved}, trainer.g.world,
+                                       trainer.device)
         log.record(trainer.step, st.loss, st.grad_norm, st.lr, step_s, st.peak_memory_GiB, st.peak_reserved_GiB,
                    None if every_rank is None else {p: every_rank[p] for p in PHASES},
                    None if every_rank is None else (every_rank["allocated"], every_rank["reserved"]))
@@ -271,18 +271,14 @@ def run(args: argparse.Namespace) -> int:
                 mark_diverged(ckdir, trainer.step, rank)
             raise diverged(trainer.step, st.loss, st.grad_norm, ckdir)
         if ckdir is not None and ((every and trainer.step % every == 0) or trainer.step == steps):
+            from runtime.checkpoint import save_checkpoint
+
             t_save = time.perf_counter()
             save_checkpoint(trainer, ckdir, args.keep_checkpoints or KEEP_CHECKPOINTS)
             if advise:
                 advise = False
                 _advise_interval(log, trainer.step, time.perf_counter() - t_save, step_s, args.mtbf_hours, every,
                                  quiet=args.quiet or rank != 0)
-    log.close()
-    hooks.stop()
-    if watch is not None:
-        watch.stop()
-    dist.destroy_process_group()
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
