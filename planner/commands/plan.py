@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from dataclasses import dataclass
+from typing import Any
 
 from rich.markup import escape
 
@@ -14,22 +16,63 @@ from specs.errors import AutoparError
 from specs.planfile import steps_problem
 
 
+@dataclass
+class Choice:
+    """What `plan` says of the plans it found: why the best, each shown plan's calibration spread (log sd, the scale
+    behind most of it), its step at balanced expert routing (None for a dense model or known routing), and how many
+    plans are tied with the best."""
+
+    reason: str
+    spreads: list[tuple[float, str | None]]
+    balanced: list[float | None]
+    tied: int
+    calibrated: bool
+
+
 def plan_command(args: argparse.Namespace) -> int:
-    from planner.calibrate import CALIBRATED_TIES, LOOSE_SPREAD, difference_spreads, spread_of, step_sensitivity
-    from planner.explain import placement_reason, runner_up, why
-    from planner.headroom import memory_warning
-    from planner.prediction import balanced_step_s, prediction_json
-    from planner.search import GROW_LIMIT, min_gpus_to_fit, search
-    from planner.uncertainty import Z95, ranking_sigma, step_band, tie_margin, tied_with_best
-    from specs.moe import DEFAULT_LOAD_IMBALANCE
+    from planner.search import search
     from specs.parallel import parse_plan_keys
 
     model, cluster = load_inputs(args)
+    _check_options(args, model, cluster)
+    fixed = parse_plan_keys(args.fix, "--fix")
+    headroom = headroom_for(args.headroom, cluster.gpu.memory_GiB)
+    res = search(model, cluster, args.global_batch, fixed=fixed, top=args.top, exhaustive=args.exhaustive,
+                 headroom_GiB=headroom, progress=progress(args.format))
+    search_info = {"candidates": res.candidates, "seconds": round(res.seconds, 3), "exhaustive": res.exhaustive,
+                   "headroom_GiB": headroom}
+    if not res.plans:
+        raise _no_plan(args, model, cluster, res, fixed, headroom, search_info)
+    choice = _choose(args, model, cluster, res)
+    checked = None
+    if args.verify:
+        from planner.verify import memory_check
+        from specs.planfile import make_plan
+
+        checked = memory_check(make_plan(model, cluster, args.global_batch, res.plans[0].config),
+                               res.plans[0].estimate)
+    if args.out:
+        from planner.prediction import prediction_json
+        from specs.planfile import TrainConfig, make_plan, save_plan
+
+        best = res.plans[0]
+        pred = prediction_json(best.estimate, best.config, choice.spreads[0][0], choice.calibrated,
+                               choice.balanced[0])
+        train = TrainConfig(steps=args.steps) if args.steps else TrainConfig()
+        save_plan(make_plan(model, cluster, args.global_batch, best.config, pred, train), args.out)
+    if args.format == "json":
+        _print_json(res, choice, search_info, checked)
+    else:
+        _print_tables(args, model, cluster, res, choice, checked)
+    return 0
+
+
+def _check_options(args: argparse.Namespace, model: Any, cluster: Any) -> None:
+    """One-line errors for options that cannot work, before the search."""
     if args.out:
         from specs.files import check_output_file
 
         check_output_file(args.out, "plan file", spec_files(args))  # before the search, not after
-    fixed = parse_plan_keys(args.fix, "--fix")
     if args.runnable:
         from specs.capabilities import model_problem, state_problem
         from specs.state import StateSpec
@@ -46,34 +89,47 @@ def plan_command(args: argparse.Namespace) -> int:
         raise AutoparError("--steps sets the training steps written into the plan file: give --out FILE with it")
     if args.steps is not None and steps_problem("--steps", args.steps):
         raise AutoparError(steps_problem("--steps", args.steps))
-    headroom = headroom_for(args.headroom, cluster.gpu.memory_GiB)
-    res = search(model, cluster, args.global_batch, fixed=fixed, top=args.top, exhaustive=args.exhaustive,
-                 headroom_GiB=headroom, progress=progress(args.format))
-    search_info = {"candidates": res.candidates, "seconds": round(res.seconds, 3), "exhaustive": res.exhaustive,
-                   "headroom_GiB": headroom}
-    if not res.plans:
-        try:
-            need, grow = min_gpus_to_fit(model, cluster, args.global_batch, fixed, headroom), ""
-        except AutoparError as e:  # the cluster cannot grow: say why, not that no size fits
-            need, grow = None, str(e)
-        closest = res.closest
-        msg = (f"no plan fits in {cluster.gpu.memory_GiB - headroom:g} GiB per GPU on {cluster.num_gpus} GPUs")
-        if args.headroom is None:
-            msg += f" (its {cluster.gpu.memory_GiB:g} GiB less the default headroom; --headroom 0 uses it all)"
-        if closest is not None:
-            msg += f"; the closest ({closest.config.short()}) needs {closest.estimate.memory_GiB:.1f} GiB per GPU"
-        if need:
-            msg += f"; try --gpus {need}"
-        elif grow:
-            msg += f"; a larger cluster is not tried ({grow}): use GPUs with more memory or a profile that grows"
-        else:
-            msg += f"; no cluster size up to {GROW_LIMIT} GPUs fits: use GPUs with more memory"
-        if fixed:
-            msg += " or relax --fix"
-        if args.format == "json":
-            print(json.dumps({"plans": [], "search": search_info, "error": msg, "min_gpus": need,
-                              "closest": closest.row() if closest else None}))
-        raise AutoparError(msg)
+
+
+def _no_plan(args: argparse.Namespace, model: Any, cluster: Any, res: Any, fixed: dict[str, Any], headroom: float,
+             search_info: dict[str, Any]) -> AutoparError:
+    """The error when no plan fits: the usable memory, what the closest plan needs, and how many GPUs would do (the
+    JSON output first, with ``--format json``)."""
+    from planner.search import GROW_LIMIT, min_gpus_to_fit
+
+    try:
+        need, grow = min_gpus_to_fit(model, cluster, args.global_batch, fixed, headroom), ""
+    except AutoparError as e:  # the cluster cannot grow: say why, not that no size fits
+        need, grow = None, str(e)
+    closest = res.closest
+    msg = f"no plan fits in {cluster.gpu.memory_GiB - headroom:g} GiB per GPU on {cluster.num_gpus} GPUs"
+    if args.headroom is None:
+        msg += f" (its {cluster.gpu.memory_GiB:g} GiB less the default headroom; --headroom 0 uses it all)"
+    if closest is not None:
+        msg += f"; the closest ({closest.config.short()}) needs {closest.estimate.memory_GiB:.1f} GiB per GPU"
+    if need:
+        msg += f"; try --gpus {need}"
+    elif grow:
+        msg += f"; a larger cluster is not tried ({grow}): use GPUs with more memory or a profile that grows"
+    else:
+        msg += f"; no cluster size up to {GROW_LIMIT} GPUs fits: use GPUs with more memory"
+    if fixed:
+        msg += " or relax --fix"
+    if args.format == "json":
+        print(json.dumps({"plans": [], "search": search_info, "error": msg, "min_gpus": need,
+                          "closest": closest.row() if closest else None}))
+    return AutoparError(msg)
+
+
+def _choose(args: argparse.Namespace, model: Any, cluster: Any, res: Any) -> Choice:
+    """Why the best plan, the bands' spreads and balanced-routing steps, and the plans tied with the best (with the
+    advice each calls for)."""
+    from planner.calibrate import CALIBRATED_TIES, LOOSE_SPREAD, difference_spreads, spread_of, step_sensitivity
+    from planner.explain import placement_reason, runner_up, why
+    from planner.prediction import balanced_step_s
+    from planner.uncertainty import Z95, tie_margin, tied_with_best
+    from specs.moe import DEFAULT_LOAD_IMBALANCE
+
     other = runner_up(res.ranked)
     reason = why(res.plans[0], other) if other else "It is the only plan that fits."
     if res.plans[0].config.placement is not None:
@@ -101,47 +157,49 @@ def plan_command(args: argparse.Namespace) -> int:
         reason += (f" The experts' load imbalance is not known, so the plans are priced with the busiest rank at "
                    f"{DEFAULT_LOAD_IMBALANCE:g}x the mean (memory too) and their bands reach down to balanced "
                    f"routing ({balanced[0]:.4g} s for this one); set moe.load_imbalance if you know it.")
+    return Choice(reason, spreads, balanced, tied, fit is not None)
+
+
+def _warning(res: Any) -> str | None:
+    from planner.headroom import memory_warning
+
     best = res.plans[0].estimate
-    warning = memory_warning(best.stage_memory_GiB, best.stage_capacity_GiB)
-    checked = None
-    if args.verify:
-        from planner.verify import memory_check
-        from specs.planfile import make_plan
+    return memory_warning(best.stage_memory_GiB, best.stage_capacity_GiB)
 
-        checked = memory_check(make_plan(model, cluster, args.global_batch, res.plans[0].config),
-                               res.plans[0].estimate)
-    if args.out:
-        from specs.planfile import TrainConfig, make_plan, save_plan
 
-        best = res.plans[0]
-        pred = prediction_json(best.estimate, best.config, spreads[0][0], fit is not None, balanced[0])
-        train = TrainConfig(steps=args.steps) if args.steps else TrainConfig()
-        save_plan(make_plan(model, cluster, args.global_batch, best.config, pred, train), args.out)
-    if args.format == "json":
-        rows = [prediction_json(p.estimate, p.config, spread, fit is not None, low)
-                for p, (spread, _), low in zip(res.plans, spreads, balanced)]
-        baseline = {"homogeneous_baseline": res.homogeneous.row()} if res.homogeneous is not None else {}
-        print(json.dumps({"plans": rows, "search": search_info, "why": reason, **baseline,
-                          "uncertainty": {"ranking_sigma": ranking_sigma(), "tie_margin": tie_margin(),
-                                          "tied_with_best": tied},
-                          "warnings": [warning] if warning else [],
-                          **({"memory_replay": checked} if checked is not None else {})}))
-        return 0
+def _print_json(res: Any, choice: Choice, search_info: dict[str, Any], checked: Any) -> None:
+    from planner.prediction import prediction_json
+    from planner.uncertainty import ranking_sigma, tie_margin
+
+    rows = [prediction_json(p.estimate, p.config, spread, choice.calibrated, low)
+            for p, (spread, _), low in zip(res.plans, choice.spreads, choice.balanced)]
+    baseline = {"homogeneous_baseline": res.homogeneous.row()} if res.homogeneous is not None else {}
+    warning = _warning(res)
+    print(json.dumps({"plans": rows, "search": search_info, "why": choice.reason, **baseline,
+                      "uncertainty": {"ranking_sigma": ranking_sigma(), "tie_margin": tie_margin(),
+                                      "tied_with_best": choice.tied},
+                      "warnings": [warning] if warning else [],
+                      **({"memory_replay": checked} if checked is not None else {})}))
+
+
+def _print_tables(args: argparse.Namespace, model: Any, cluster: Any, res: Any, choice: Choice, checked: Any) -> None:
     from planner.report import console, estimate_tables, memory_check_table, plans_table, print_inputs
+    from planner.uncertainty import step_band
 
     con = console()
     print_inputs(con, model, cluster)
     con.print(f"searched {res.candidates:,} configurations in {res.seconds:.2f} s "
               f"(global batch {args.global_batch}{', exhaustive' if res.exhaustive else ''})")
     con.print(plans_table([{**p.row(), "band": step_band(p.config.pp, p.estimate.step_time_s, spread, low)}
-                           for p, (spread, _), low in zip(res.plans, spreads, balanced)],
+                           for p, (spread, _), low in zip(res.plans, choice.spreads, choice.balanced)],
                           f"top {len(res.plans)} plans"))
-    con.print(f"[bold]why:[/bold] {escape(reason)}")
+    con.print(f"[bold]why:[/bold] {escape(choice.reason)}")
     for tab in estimate_tables(res.plans[0].estimate, "best plan")[1:]:
         con.print(tab)
     if checked is not None:
         con.print(memory_check_table(checked))
     con.print(f"best plan keys: {res.plans[0].config.as_keys()}")
+    warning = _warning(res)
     if warning:
         con.print(f"[yellow]memory:[/yellow] {escape(warning)}")
     if args.out:
@@ -151,5 +209,3 @@ def plan_command(args: argparse.Namespace) -> int:
         problem = execution_problem(model, StateSpec.default(cluster.precision))
         how = f"autopar run cannot execute it: {problem}" if problem else f"train it with: autopar run {args.out}"
         con.print(escape(f"wrote {args.out}  ({how})"))
-    return 0
-
