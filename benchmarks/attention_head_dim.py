@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from wgrad_accumulation import _time, has_cuda  # noqa: E402
 
 from cost_models.compute import ComputeModel  # noqa: E402
-from specs.cluster import load_cluster  # noqa: E402
+from specs.cluster_loading import load_cluster  # noqa: E402
 
 SEQ, TP, MBS = 2048, 8, 4
 SHAPES = [(13824, 64), (13824, 96), (13824, 128), (14336, 16), (14336, 32), (14336, 64), (14336, 112),

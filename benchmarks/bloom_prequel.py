@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from validate_published import DATA, _ranks, _rows, price_bloom_plan  # noqa: E402
 
 from planner.uncertainty import in_band  # noqa: E402
-from specs.cluster import load_cluster  # noqa: E402
+from specs.cluster_loading import load_cluster  # noqa: E402
 from specs.model import ModelSpec  # noqa: E402
 
 

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from cost_models.batch import estimate_batch  # noqa: E402
 from cost_models.step import estimate  # noqa: E402
 from planner.space import enumerate_space  # noqa: E402
-from specs.cluster import load_cluster  # noqa: E402
+from specs.cluster_loading import load_cluster  # noqa: E402
 from specs.model_loading import load_model  # noqa: E402
 
 CASES = [  # (model, seq, cluster, gpus, global batch): GPT and Llama, A100 and H100, long sequences with cp

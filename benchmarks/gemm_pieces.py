@@ -28,7 +28,7 @@ from wgrad_accumulation import _time, has_cuda, recipe_rows  # noqa: E402
 
 from cost_models.compute import ComputeModel  # noqa: E402
 from cost_models.layer import projection_shapes  # noqa: E402
-from specs.cluster import load_cluster  # noqa: E402
+from specs.cluster_loading import load_cluster  # noqa: E402
 
 
 def measure(m: int, n: int, k: int, pieces: list[int], reps: int) -> dict[int, float]:

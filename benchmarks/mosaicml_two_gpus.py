@@ -30,7 +30,8 @@ from validate_h100 import mosaic, mosaic_runs  # noqa: E402
 from planner.calibrate import BOUND, predict  # noqa: E402
 from planner.measured_runs import Run  # noqa: E402
 from planner.uncertainty import in_band  # noqa: E402
-from specs.cluster import ClusterSpec, load_cluster  # noqa: E402
+from specs.cluster import ClusterSpec  # noqa: E402
+from specs.cluster_loading import load_cluster  # noqa: E402
 
 GPUS = {"A100 80GB": ("mosaicml_llm_foundry_a100_bf16.csv", "dgx-a100"),
         "H100 80GB": ("mosaicml_llm_foundry_h100_bf16.csv", "dgx-h100")}

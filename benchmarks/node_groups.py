@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from planner.placement import explain_placement  # noqa: E402
 from planner.search import search  # noqa: E402
-from specs.cluster import cluster_from_dict, load_cluster  # noqa: E402
+from specs.cluster_loading import cluster_from_dict, load_cluster  # noqa: E402
 from specs.files import read_mapping  # noqa: E402
 from specs.model_loading import load_model  # noqa: E402
 

@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from planner.headroom import headroom_for  # noqa: E402
 from planner.search import search  # noqa: E402
-from specs.cluster import load_cluster  # noqa: E402
+from specs.cluster_loading import load_cluster  # noqa: E402
 from specs.model_loading import load_model  # noqa: E402
 from specs.parallel import parse_plan_keys  # noqa: E402
 

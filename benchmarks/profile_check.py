@@ -121,7 +121,7 @@ def check_gpu_gemm(prof: Path) -> list[dict[str, Any]]:
     from torch.utils.benchmark import Timer
 
     from cost_models.compute import ComputeModel
-    from specs.cluster import load_cluster
+    from specs.cluster_loading import load_cluster
     from specs.model_loading import load_model, model_from_dict
 
     cluster = load_cluster(str(prof))

@@ -45,7 +45,7 @@ def one_rank_trainer(spec, cluster_name: str, mbs: int, steps: int, device: str,
     from runtime.data import SAMPLE_TEXT, TokenData
     from runtime.parallel.mesh import build_groups
     from runtime.trainer import Trainer
-    from specs.cluster import load_cluster
+    from specs.cluster_loading import load_cluster
     from specs.parallel import ParallelConfig
     from specs.planfile import TrainConfig, make_plan
 

@@ -47,7 +47,8 @@ from planner.calibrate import calibrated, calibration_spread, fit_scales, predic
 from planner.measured_runs import Run  # noqa: E402
 from planner.search import search  # noqa: E402
 from planner.uncertainty import in_band, step_band  # noqa: E402
-from specs.cluster import ClusterSpec, GPUSpec, load_cluster  # noqa: E402
+from specs.cluster import ClusterSpec, GPUSpec  # noqa: E402
+from specs.cluster_loading import load_cluster  # noqa: E402
 from specs.model import ModelSpec  # noqa: E402
 from specs.parallel import ParallelConfig  # noqa: E402
 from specs.planfile import PlanFile  # noqa: E402

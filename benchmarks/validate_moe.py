@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 from cost_models.step import estimate  # noqa: E402
 from planner.prediction import balanced_step_s  # noqa: E402
 from planner.uncertainty import step_band  # noqa: E402
-from specs.cluster import load_cluster  # noqa: E402
+from specs.cluster_loading import load_cluster  # noqa: E402
 from specs.model_loading import load_model  # noqa: E402
 from specs.parallel import ParallelConfig  # noqa: E402
 

@@ -23,7 +23,8 @@ import yaml
 
 from cost_models.compute import ATTN_BWD_RATIO, ComputeModel, attention_flops
 from hardware_profiles.fit import bus_factor, fit_alpha_beta
-from specs.cluster import PROFILE_DIR, Efficiency, GPUSpec, load_cluster, load_gpu
+from specs.cluster import Efficiency, GPUSpec
+from specs.cluster_loading import PROFILE_DIR, load_cluster, load_gpu
 
 # substring of torch.cuda.get_device_name() (lower case) -> bundled GPU profile (first match wins)
 _GPU_NAMES: tuple[tuple[str, str], ...] = (

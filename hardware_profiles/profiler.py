@@ -8,7 +8,7 @@ many ranks sees it):
 - all-reduce, all-gather, reduce-scatter, all-to-all and point-to-point over torch.distributed across
   message sizes, inside a node and (under a multi-node torchrun) across nodes, fitted per collective and
   level to alpha + bytes x factor / busbw (collectives.py, fit.py).
-The result (assemble.py) loads with ``specs.cluster.load_cluster`` and feeds estimate / plan /
+The result (assemble.py) loads with ``specs.cluster_loading.load_cluster`` and feeds estimate / plan /
 whatif; the cost model interpolates its tables and falls back to datasheet defaults elsewhere.
 
 How it runs: without torchrun it spawns ``--nproc`` ranks here (default: every local GPU, or 2 CPU

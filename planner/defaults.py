@@ -6,7 +6,7 @@ from pathlib import Path
 
 from planner.prediction import plan_prediction
 from planner.search import SearchResult, search
-from specs.cluster import load_cluster
+from specs.cluster_loading import load_cluster
 from specs.model_loading import load_model
 from specs.planfile import TrainConfig, make_plan, save_plan
 

@@ -13,7 +13,8 @@ from typing import Any
 from planner.headroom import headroom_for
 from planner.search import search
 from planner.space import check_fixed_keys
-from specs.cluster import PROFILE_DIR, ClusterSpec, cluster_from_dict, list_gpus, load_gpu
+from specs.cluster import ClusterSpec
+from specs.cluster_loading import PROFILE_DIR, cluster_from_dict, list_gpus, load_gpu
 from specs.errors import AutoparError, did_you_mean
 from specs.model import ModelSpec
 from specs.parallel import LAYOUT, whole_number

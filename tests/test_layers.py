@@ -28,7 +28,7 @@ def test_runtime_entry_points_do_not_load_the_planner():
 
 def test_planning_does_not_load_torch():
     code = ("from planner.cli import build_parser\nbuild_parser()\nfrom planner.search import search\n"
-            "from specs.cluster import load_cluster\nfrom specs.model_loading import load_model\n"
+            "from specs.cluster_loading import load_cluster\nfrom specs.model_loading import load_model\n"
             "search(load_model('tiny'), load_cluster('cpu-gloo', gpus=4), 16, top=1)")
     loaded = _loaded(code)
     assert "pulp" in loaded and "torch" not in loaded, loaded

@@ -22,7 +22,7 @@ from planner.calibrate import (
     relative_errors,
 )
 from planner.measured_runs import check_warmup, load_runs, named_plan_files
-from specs.cluster import load_cluster
+from specs.cluster_loading import load_cluster
 from specs.errors import AutoparError
 from specs.files import check_output_file, write_text_atomic
 

@@ -14,7 +14,7 @@ MAX_GLOBAL_BATCH = 1 << 20  # sequences per step: hundreds of times the largest 
 
 def load_inputs(args: argparse.Namespace) -> tuple[Any, Any]:
     """The model and the (resized) cluster of an estimate / plan / whatif command, with the common options checked."""
-    from specs.cluster import load_cluster
+    from specs.cluster_loading import load_cluster
     from specs.model import size_problem
     from specs.model_loading import load_model
 

@@ -52,7 +52,7 @@ def _full_size(cluster: Any) -> Any:
     """A plan's cluster, able to grow back to its real node: a cluster resized below a node keeps that node's size
     (``full_node_gpus``, which ``resized`` restores); a plan file written before it did, on a bundled cluster, gets
     the bundled node. Any other cluster as the plan holds it."""
-    from specs.cluster import list_clusters, load_cluster
+    from specs.cluster_loading import list_clusters, load_cluster
 
     if cluster.full_node_gpus is None and cluster.name in list_clusters() and cluster.num_nodes == 1:
         bundled = load_cluster(cluster.name).model_copy(update={"tp_across_nodes": cluster.tp_across_nodes})

@@ -63,7 +63,7 @@ def test_fixed_layer_splits_and_recompute_counts_are_priced_as_the_exact_model(f
     from cost_models.batch import estimate_batch
     from cost_models.step import estimate
     from planner.space import enumerate_space
-    from specs.cluster import load_cluster
+    from specs.cluster_loading import load_cluster
     from specs.model_loading import load_model
 
     model, cluster = load_model("llama2-13b"), load_cluster("dgx-a100", gpus=64)

@@ -14,7 +14,8 @@ from cost_models.compute import ComputeModel
 from cost_models.memory import layer_activation_bytes, state_bytes
 from cost_models.pipeline import closed_form, peak_inflight_bytes, replayed, simulate, simulate_steps, wave_replay
 from cost_models.step import estimate
-from specs.cluster import GemmPoint, load_cluster, load_gpu
+from specs.cluster import GemmPoint
+from specs.cluster_loading import load_cluster, load_gpu
 from specs.model import ModelSpec
 from specs.model_loading import load_model
 from specs.parallel import Candidates, ParallelConfig

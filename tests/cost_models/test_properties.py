@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from cost_models.step import estimate
-from specs.cluster import load_cluster
+from specs.cluster_loading import load_cluster
 from specs.model import ModelSpec
 from specs.parallel import ParallelConfig
 

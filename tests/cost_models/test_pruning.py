@@ -14,7 +14,7 @@ from cost_models.batch import estimate_batch, may_be_among
 from cost_models.pipeline import closed_form, makespan_floor
 from planner.search import CLOSED_FORM_SLACK
 from planner.space import enumerate_space
-from specs.cluster import load_cluster
+from specs.cluster_loading import load_cluster
 from specs.model_loading import load_model
 
 _path = Path(__file__).resolve().parents[2] / "benchmarks" / "closed_form_accuracy.py"

@@ -29,7 +29,7 @@ from hardware_profiles.groups import (
     rank_record,
 )
 from planner.cli import main
-from specs.cluster import cluster_from_dict, load_cluster
+from specs.cluster_loading import cluster_from_dict, load_cluster
 from specs.errors import AutoparError
 
 pytest.importorskip("torch")

@@ -18,7 +18,7 @@ from hardware_profiles.assemble import cluster_profile, match_gpu
 from hardware_profiles.collectives import levels
 from hardware_profiles.fit import COLLECTIVES, bus_factor, fit_alpha_beta, fit_nonneg
 from planner.cli import main
-from specs.cluster import load_cluster
+from specs.cluster_loading import load_cluster
 
 torch = pytest.importorskip("torch")
 
@@ -321,7 +321,7 @@ def test_layer_probe_splits_a_layers_price_into_its_parts():
     from cost_models.compute import ComputeModel
     from cost_models.layer import layer_cost
     from hardware_profiles.layer_probe import layer_parts, probe_specs
-    from specs.cluster import load_gpu
+    from specs.cluster_loading import load_gpu
 
     gpu = load_gpu("h100-sxm5-80gb")
     for spec, batch in probe_specs()[:2]:

@@ -442,7 +442,7 @@ def test_replan_can_grow_a_plan_made_below_a_node():
     `run --resume --replan --gpus 4` re-plans on the real node, for a bundled profile and one of the user's own;
     a plan file written before clusters remembered it gets the bundled node when its cluster is a bundled one."""
     from planner.commands.run import _full_size
-    from specs.cluster import load_cluster
+    from specs.cluster_loading import load_cluster
 
     small = load_cluster("cpu-gloo", gpus=2)
     assert small.gpus_per_node == 2 and small.full_node_gpus == 8 and _full_size(small) is small

@@ -12,7 +12,7 @@ import pytest
 from planner.calibrate import PARAMS, fit_scales, predict, scaled
 from planner.cli import main
 from planner.measured_runs import Run, measured_median
-from specs.cluster import load_cluster
+from specs.cluster_loading import load_cluster
 from specs.errors import AutoparError
 from specs.model import ModelSpec
 from specs.model_loading import load_model

@@ -24,7 +24,7 @@ from planner.cli import main
 from planner.measured_runs import Run
 from planner.uncertainty import Z95, step_band
 from planner.whatif import with_gpu
-from specs.cluster import load_cluster
+from specs.cluster_loading import load_cluster
 from specs.model import ModelSpec
 from specs.parallel import ParallelConfig
 from specs.planfile import make_plan, save_plan

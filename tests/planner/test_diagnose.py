@@ -10,7 +10,7 @@ import pytest
 
 from planner.cli import main
 from planner.diagnose import find_stragglers, replay_step, sends_per_rank
-from specs.cluster import load_cluster
+from specs.cluster_loading import load_cluster
 from specs.model_loading import load_model
 from specs.parallel import ParallelConfig
 from specs.phases import PHASES

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from planner.uncertainty import in_band
-from specs.cluster import load_cluster
+from specs.cluster_loading import load_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("validate_h100", ROOT / "benchmarks" / "validate_h100.py")

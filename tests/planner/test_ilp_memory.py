@@ -11,7 +11,7 @@ import pytest
 from cost_models.memory import GiB
 from cost_models.step import estimate
 from planner.stage_problem import StageProblem, stage_problem
-from specs.cluster import load_cluster
+from specs.cluster_loading import load_cluster
 from specs.model_loading import load_model
 from specs.parallel import config_from_keys, parse_plan_keys
 from specs.state import StateSpec

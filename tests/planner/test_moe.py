@@ -12,7 +12,7 @@ from test_bad_inputs import fails
 from cost_models.step import estimate
 from planner.cli import main
 from planner.search import search
-from specs.cluster import load_cluster
+from specs.cluster_loading import load_cluster
 from specs.model_loading import load_model
 from specs.moe import MoESpec
 from specs.parallel import ParallelConfig

@@ -16,7 +16,7 @@ from planner.explain import placement_reason
 from planner.placement import explain_placement, placements
 from planner.search import search
 from runtime.launch import group_commands, group_nodes, multi_node_commands
-from specs.cluster import load_cluster
+from specs.cluster_loading import load_cluster
 from specs.errors import AutoparError
 from specs.model_loading import load_model
 from specs.parallel import ParallelConfig, groups_text, parse_plan_keys, rank_group
@@ -183,7 +183,7 @@ def test_a_placed_plan_file_round_trips(tmp_path):
 
 def test_a_grouped_profile_written_out_loads_back():
     """What autopar writes (a plan's cluster, a calibrated profile) is the resolved profile: it loads as it was."""
-    from specs.cluster import cluster_from_dict
+    from specs.cluster_loading import cluster_from_dict
     c = load_cluster("ib-roce-eth-a100")
     assert cluster_from_dict(json.loads(json.dumps(c.model_dump(mode="json"))), "written") == c
     plain = load_cluster("dgx-a100")

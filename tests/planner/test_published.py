@@ -15,7 +15,7 @@ from cost_models.step import estimate
 from planner import uncertainty
 from planner.headroom import default_headroom_GiB
 from planner.search import enumerate_space, search
-from specs.cluster import load_cluster
+from specs.cluster_loading import load_cluster
 from specs.errors import AutoparError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ from planner.ilp import solve_stages
 from planner.search import min_gpus_to_fit, search
 from planner.stage_problem import StageProblem
 from planner.whatif import parse_vary, sweep
-from specs.cluster import load_cluster
+from specs.cluster_loading import load_cluster
 from specs.errors import AutoparError
 from specs.model import ModelSpec
 from specs.model_loading import load_model

@@ -10,7 +10,7 @@ import pytest
 from planner.cli import main
 from planner.whatif import normalize, sweep, with_gpu
 from planner.whatif_plot import MIN_EFF_SPAN, NO_PLAN, figure, plan_label, si
-from specs.cluster import load_cluster
+from specs.cluster_loading import load_cluster
 from specs.model_loading import load_model
 
 KINDS = [  # (model, gpus, batch, key, values, compare)

@@ -26,7 +26,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from specs.cluster import load_cluster  # noqa: E402
+from specs.cluster_loading import load_cluster  # noqa: E402
 from specs.model_loading import load_model  # noqa: E402
 from specs.parallel import ParallelConfig  # noqa: E402
 from specs.planfile import TrainConfig, make_plan, save_plan  # noqa: E402

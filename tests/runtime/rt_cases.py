@@ -21,7 +21,8 @@ from runtime.parallel.mappings import all_gather_into
 from runtime.parallel.mesh import build_groups
 from runtime.parallel.tensor_parallel import Nested, gather_full
 from runtime.trainer import Trainer
-from specs.cluster import ClusterSpec, cluster_from_dict, load_cluster
+from specs.cluster import ClusterSpec
+from specs.cluster_loading import cluster_from_dict, load_cluster
 from specs.errors import AutoparError
 from specs.model import ModelSpec
 from specs.moe import MoESpec

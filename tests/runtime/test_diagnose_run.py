@@ -19,7 +19,7 @@ from planner.cli import main
 from planner.diagnose import diagnose, rank_phases, replay_step
 from planner.measured_runs import read_metrics, resolve_plan
 from runtime.launch import launch
-from specs.cluster import load_cluster
+from specs.cluster_loading import load_cluster
 from specs.model_loading import load_model
 from specs.parallel import ParallelConfig
 from specs.phases import PHASES

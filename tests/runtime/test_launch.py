@@ -17,7 +17,7 @@ from planner.defaults import default_plan
 from runtime.checkpoint import FORMAT, fingerprint
 from runtime.data import SAMPLE_TEXT
 from runtime.launch import launch
-from specs.cluster import load_cluster
+from specs.cluster_loading import load_cluster
 from specs.errors import AutoparError
 from specs.model_loading import load_model
 from specs.parallel import ParallelConfig

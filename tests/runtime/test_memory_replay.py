@@ -76,7 +76,7 @@ def test_llama_1b_peaks_are_the_priced_peaks_within_3_percent(plan_text):
     """On llama-1b (8 H100s) every pipeline rank's replayed peak (state, activations and temporaries) is the cost
     model's within 3%: plans whose fullest moment is the LM head's fused loss (under SP, under ZeRO-3 with the head
     bucket's reduce-scatter) or a CP layer's backward."""
-    from specs.cluster import load_cluster
+    from specs.cluster_loading import load_cluster
     from specs.model_loading import load_model
     from specs.parallel import config_from_keys, parse_plan_keys
     from specs.planfile import make_plan

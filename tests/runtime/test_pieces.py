@@ -26,7 +26,7 @@ from runtime.parallel.params import DP, DP_EMBED, DP_TP, EDP
 from runtime.parallel.tensor_parallel import ShardSpec, apply_tensor_parallel
 from runtime.trainer import check_supported, executed_state
 from specs.capabilities import state_problem
-from specs.cluster import load_cluster
+from specs.cluster_loading import load_cluster
 from specs.errors import AutoparError
 from specs.model_loading import load_model
 from specs.parallel import ParallelConfig
@@ -261,7 +261,7 @@ def test_a_checkpoint_written_before_new_spec_fields_still_belongs_to_its_run():
     (activation: gelu) or leaving it unset is the same run too, while a real difference (another activation) is
     not."""
     from runtime.checkpoint import _normal, _run_of, fingerprint
-    from specs.cluster import load_cluster
+    from specs.cluster_loading import load_cluster
     from specs.parallel import ParallelConfig
     from specs.planfile import make_plan
     from specs.state import StateSpec

@@ -16,7 +16,7 @@ from rt_reference import reference_run
 
 from planner.search import search
 from runtime.launch import launch
-from specs.cluster import load_cluster
+from specs.cluster_loading import load_cluster
 from specs.model_loading import load_model
 from specs.parallel import ParallelConfig
 from specs.planfile import save_plan

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from planner.cli import main
 from planner.search import search
-from specs.cluster import load_cluster
+from specs.cluster_loading import load_cluster
 from specs.model_loading import load_model
 from specs.planfile import TrainConfig, load_plan
 

@@ -7,7 +7,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from specs.cluster import list_clusters, list_gpus, load_cluster, load_gpu
+from specs.cluster_loading import list_clusters, list_gpus, load_cluster, load_gpu
 from specs.errors import AutoparError
 from specs.model import ModelSpec
 from specs.model_loading import load_model

@@ -11,7 +11,7 @@ pytest.importorskip("torch")
 from cost_models.step import estimate  # noqa: E402
 from planner.cli import main  # noqa: E402
 from planner.search import search  # noqa: E402
-from specs.cluster import load_cluster  # noqa: E402
+from specs.cluster_loading import load_cluster  # noqa: E402
 from specs.errors import AutoparError  # noqa: E402
 from specs.model import ModelSpec  # noqa: E402
 from specs.model_loading import load_model  # noqa: E402
