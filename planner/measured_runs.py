@@ -62,27 +62,25 @@ def runs_text(segments: list[Segment], most: int = 3) -> str:
     return shown + (f"; {len(segments) - most} more" if len(segments) > most else "")
 
 
-def read_metrics(path: str | Path) -> tuple[list[dict[str, Any]], Any]:
-    """The step rows of a metrics file and its (last) ``plan`` entry (a path or an embedded plan), if any."""
-    segments = read_segments(path)
-    return [r for s in segments for r in s.rows], segments[-1].plan
-
-
-def read_segments(path: str | Path) -> list[Segment]:
+def read_segments(path: str | Path, notes: bool = True) -> list[Segment]:
     """The runs of a metrics file in file order (:class:`Segment`): consecutive step lines under one ``plan``
-    entry. A line without the key continues the run before it; step lines before the first ``plan`` entry belong
-    to the run it names. Steps redone after a restart (or a resume from an earlier checkpoint) replace the lines
-    first written for them, so each step counts once."""
+    entry and one stamp of what that plan was (``plan_made_for``: a plan file re-planned into between a run and
+    its resume makes two runs). A line without the keys continues the run before it; step lines before the first
+    ``plan`` entry belong to the run it names. Steps redone after a restart (or a resume from an earlier
+    checkpoint) replace the lines first written for them, so each step counts once. ``notes``: say on stderr when a
+    last line cut off mid-write is skipped."""
     segments: list[Segment] = []
     plan: Any = None
-    for obj in _metrics_lines(path):
+    for obj in _metrics_lines(path, notes):
         if "plan" in obj:
             plan = obj["plan"]
         if "step" not in obj or "step_time_s" not in obj:
             continue
         if segments and segments[-1].plan is None:
             segments[-1].plan = plan  # the lines before any plan entry are the first plan's
-        if not segments or (plan is not None and plan != segments[-1].plan):
+        stamp = obj.get("plan_made_for")
+        if (not segments or (plan is not None and plan != segments[-1].plan)
+                or (stamp is not None and segments[-1].rows[-1].get("plan_made_for") not in (None, stamp))):
             segments.append(Segment(plan, []))
         rows = segments[-1].rows
         if rows and obj["step"] <= rows[-1]["step"]:  # a restart or resume redoing steps: the redone lines are
@@ -93,7 +91,7 @@ def read_segments(path: str | Path) -> list[Segment]:
     return segments
 
 
-def _metrics_lines(path: str | Path) -> list[dict[str, Any]]:
+def _metrics_lines(path: str | Path, notes: bool = True) -> list[dict[str, Any]]:
     """The JSON objects of a metrics file, its step lines checked (one-line errors for a bad file)."""
     p = Path(path)
     try:
@@ -112,7 +110,8 @@ def _metrics_lines(path: str | Path) -> list[dict[str, Any]]:
             obj = json.loads(line)
         except json.JSONDecodeError:
             if i == len(lines) and not text.endswith("\n"):  # a write cut off by a crash: the steps before count
-                print(f"note: metrics file {p}: skipped its last line {i}, cut off mid-write", file=sys.stderr)
+                if notes:
+                    print(f"note: metrics file {p}: skipped its last line {i}, cut off mid-write", file=sys.stderr)
                 continue
             raise AutoparError(f"metrics file {p} line {i} is not valid JSON (truncated or corrupt?)") from None
         if not isinstance(obj, dict):
@@ -177,9 +176,13 @@ def resolve_plan(ref: Any, metrics: Path, rows: list[dict[str, Any]] | None = No
     plan = load_plan(path)
     changed = _changed_since(rows or [], plan)
     if changed:
-        raise AutoparError(f"plan file {path} has changed since metrics file {metrics} was written ({changed} "
-                           "differ); pass the plan the run ran with --plan")
+        raise PlanChanged(f"plan file {path} has changed since metrics file {metrics} was written ({changed} "
+                          "differ); pass the plan the run ran with --plan")
     return plan
+
+
+class PlanChanged(AutoparError):
+    """The plan file a run's metrics name is no longer the plan that run ran (its stamp says so)."""
 
 
 def _changed_since(rows: list[dict[str, Any]], plan: PlanFile, parts: tuple[str, ...] | None = None) -> str | None:
@@ -204,7 +207,7 @@ def named_plan_files(metrics: list[str]) -> list[Path]:
     named = []
     for m in metrics:
         with contextlib.suppress(AutoparError):
-            named += [plan_ref_path(s.plan, Path(m)) for s in read_segments(m) if isinstance(s.plan, str)]
+            named += [plan_ref_path(s.plan, Path(m)) for s in read_segments(m, notes=False) if isinstance(s.plan, str)]
     return named
 
 
@@ -221,7 +224,7 @@ def load_runs(metrics: list[str], plans: list[str] | None, warmup: int | None) -
             also = f" (also as {seen[key]})" if seen[key] != m else ""
             raise AutoparError(f"metrics file {m} is given twice{also}; give each run once")
         seen[key] = m
-    runs, warm_only = [], []
+    runs, warm_only, changed = [], [], []
     for i, m in enumerate(metrics):
         segments = read_segments(m)
         if plans and len(segments) > 1:
@@ -234,7 +237,13 @@ def load_runs(metrics: list[str], plans: list[str] | None, warmup: int | None) -
                 plan = load_plan(path)
                 check_same_run(m, seg.rows, seg.plan, plan, path)
             elif seg.plan is not None:
-                plan = resolve_plan(seg.plan, Path(m), seg.rows)
+                try:
+                    plan = resolve_plan(seg.plan, Path(m), seg.rows)
+                except PlanChanged:
+                    if len(segments) == 1:
+                        raise
+                    changed.append(source)  # one of several runs: the others are still measurements
+                    continue
             else:
                 raise AutoparError(f"metrics file {m} does not say which plan it ran; pass --plan PLAN.json "
                                    "(one per metrics file, in the same order)")
@@ -244,6 +253,11 @@ def load_runs(metrics: list[str], plans: list[str] | None, warmup: int | None) -
             med, n = measured_median(seg.rows, warmup, source)
             logged = next((r.get("predicted_step_time_s") for r in seg.rows if r.get("predicted_step_time_s")), None)
             runs.append(Run(source, plan, med, n, logged))
+    if changed:
+        print(f"note: left out {len(changed)} run(s) whose plan file has changed since ({', '.join(changed)}): "
+              "the file no longer says what they ran", file=sys.stderr)
+    if changed and not runs and not warm_only:
+        raise AutoparError(f"every run's plan file has changed since it ran ({', '.join(changed)}); nothing to fit")
     if warm_only and not runs:
         raise warm_up_only(warm_only[0])
     if warm_only:

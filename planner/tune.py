@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import re
+import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -92,8 +93,12 @@ def prepare(model: ModelSpec, cluster: ClusterSpec, global_batch: int, out_dir: 
         raise AutoparError(f"no plan fits in {cluster.gpu.memory_GiB - headroom_GiB:g} GiB per GPU on "
                            f"{cluster.num_gpus} GPUs: nothing to tune (see `autopar plan`)")
     out_dir.mkdir(parents=True, exist_ok=True)
-    for p in earlier_files(out_dir):
+    removed = earlier_files(out_dir)
+    for p in removed:
         p.unlink()
+    if removed:
+        print(f"note: removed an earlier tune's files from {out_dir}: {', '.join(p.name for p in removed)}",
+              file=sys.stderr)
     found: list[Trial] = []
     fit = cluster.calibration  # a calibrated profile: plans the fit cannot order are finalists too
     extra = None if fit is None else difference_spreads(

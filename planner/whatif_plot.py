@@ -58,7 +58,8 @@ def plot_file(path: str, inputs: dict[str, str | None] | None = None) -> str:
     """The file ``--plot`` writes (a name without an extension gets ``.png``), checked before the sweep (not one of
     the command's ``inputs``)."""
     if Path(path).is_dir() or path.endswith(("/", os.sep)):
-        raise AutoparError(f"--plot {path} is a directory; give a file name such as {Path(path) / 'whatif.png'}")
+        what = "is a directory" if Path(path).is_dir() else "names a folder (it ends in /)"
+        raise AutoparError(f"--plot {path} {what}; give a file name such as {Path(path) / 'whatif.png'}")
     return str(check_output_file(path if Path(path).suffix else path + ".png", "plot", inputs))
 
 

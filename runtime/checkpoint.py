@@ -170,8 +170,12 @@ def publish(root: Path, tmp: Path, meta: dict[str, Any], keep: int = KEEP_CHECKP
     os.replace(tmp, final)
     (root / f"{LATEST}.tmp").write_text(final.name + "\n")
     os.replace(root / f"{LATEST}.tmp", root / LATEST)
-    for old in [p for p in step_folders(root) if (p / META).is_file()][:-keep]:  # complete ones only: a
-        shutil.rmtree(old, ignore_errors=True)  # broken folder never counts as kept in place of a good one
+    folders = step_folders(root)
+    complete = [p for p in folders if (p / META).is_file()]
+    kept = complete[-keep:]  # complete ones only: a broken folder never counts as kept in place of a good one
+    for old in folders:  # older than every kept one: complete or broken (a removal cut short), it goes
+        if checkpoint_step(old) < checkpoint_step(kept[0]):
+            shutil.rmtree(old, ignore_errors=True)
     return final
 
 
@@ -202,19 +206,15 @@ def resumed_train(plan: PlanFile, root: Path) -> tuple[PlanFile, str | None]:
     continues its schedule; and a note saying what differed (None when nothing did). A step-0 checkpoint (written by
     ``import-hf``) has run no schedule: the plan's is kept. ``autopar run --train-from-plan`` keeps the plan's in all
     cases (a lower learning rate after a divergence)."""
-    ck = latest_checkpoint(root)
-    try:
-        meta = read_meta(ck) if ck is not None else {}
-    except AutoparError:  # an unreadable checkpoint: the load says so, with the rest of what it checks
-        return plan, None
+    meta = _trained_meta(root)
     saved = (meta.get("plan_file") or {}).get("train")
-    if not isinstance(saved, dict) or meta.get("step") == 0:
+    if not isinstance(saved, dict):
         return plan, None
     try:
         theirs = TrainConfig.model_validate({**saved, **{k: getattr(plan.train, k) for k in OWN_TRAIN}})
     except ValueError:
-        raise AutoparError(f"checkpoint {ck} is corrupt (its {META} holds an invalid train section); delete it to "
-                           "use an earlier one") from None
+        raise AutoparError(f"checkpoint {latest_checkpoint(root)} is corrupt (its {META} holds an invalid train "
+                           "section); delete it to use an earlier one") from None
     changed = [f"{k} {getattr(theirs, k)} (the plan has {getattr(plan.train, k)})" for k in TrainConfig.model_fields
                if getattr(theirs, k) != getattr(plan.train, k)]
     if not changed:
@@ -228,22 +228,32 @@ def resumed_data(root: Path, given: str | None) -> tuple[str | None, str | None]
     """The token file a run resumed from ``root``'s newest checkpoint trains on, and a note (or None): ``given``
     (--data) when given (noted when the checkpoint's run trained on another file), else the file that run trained
     on (None: the bundled sample, or a step-0 checkpoint of ``import-hf``, which trained on nothing)."""
-    ck = latest_checkpoint(root)
-    try:
-        meta = read_meta(ck) if ck is not None else {}
-    except AutoparError:  # an unreadable checkpoint: the load says so, with the rest of what it checks
-        return given, None
-    saved = meta.get("data")
-    if not isinstance(saved, str) or meta.get("step") == 0:
+    saved = _trained_meta(root).get("data")
+    if isinstance(saved, str) and Path(saved).parts[-3:] == SAMPLE_TEXT.parts[-3:]:
+        saved = None  # the bundled sample, as checkpoints written before it was recorded as None named it
+    if not isinstance(saved, str):
         return given, None
     if given is not None:
         if Path(given).resolve() == Path(saved).resolve():
             return given, None
         return given, f"training on --data {given}; the checkpoint's run trained on {saved}"
     if not Path(saved).is_file():
-        raise AutoparError(f"the checkpoint's run trained on {saved}, which is not there any more; give --data FILE "
-                           "(that file where it is now, or another to go on with)")
+        where = "" if Path(saved).is_absolute() else " (a path relative to where that run started, not found from here)"
+        raise AutoparError(f"the checkpoint's run trained on {saved}{where}, which is not there any more; give --data "
+                           "FILE (that file where it is now, or another to go on with)")
     return saved, f"training on the checkpoint's data file {saved} (--data gives another)"
+
+
+def _trained_meta(root: Path) -> dict[str, Any]:
+    """The newest checkpoint's ``meta.json`` under ``root`` when it can be read and its run trained ({} when there is
+    none, it is unreadable, which loading it says with the rest of what it checks, or it is ``import-hf``'s step 0,
+    which trained on nothing and ran no schedule)."""
+    ck = latest_checkpoint(root)
+    try:
+        meta = read_meta(ck) if ck is not None else {}
+    except AutoparError:
+        return {}
+    return meta if meta.get("step") != 0 else {}
 
 
 DIVERGED = "diverged.json"  # beside the checkpoints: the step a run's loss turned to nan after, and from which one

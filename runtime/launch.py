@@ -146,14 +146,14 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
     total = check_run_options(plan, steps, checkpoint_dir, checkpoint_every, metrics_out, resume, max_restarts,
                               mtbf_hours, collective_timeout, {"plan file": plan_path, "--data file": data},
                               keep_checkpoints)
+    if checkpoint_dir:  # (a dry run only prints the command: this machine's devices may not be the workers')
+        check_checkpoints(Path(checkpoint_dir), resume, total, None if dry_run else plan)
     trained_on = data
     if resume and checkpoint_dir:  # the file the checkpoint's run trained on, unless --data gives another
         from runtime.checkpoint import resumed_data
 
         trained_on, _ = resumed_data(Path(checkpoint_dir), data)
     TokenData(trained_on or SAMPLE_TEXT, plan.seq, plan.model.vocab_size, plan.train.seed)  # one-line errors now
-    if checkpoint_dir:
-        check_checkpoints(Path(checkpoint_dir), resume, total, plan)
     worker = _worker_args(plan_path, steps, data, metrics_out, checkpoint_dir, resume, checkpoint_every, quiet,
                           predicted_step_s, predicted_memory_GiB, mtbf_hours, collective_timeout, keep_checkpoints,
                           train_from_plan)
@@ -183,20 +183,20 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
 def check_checkpoints(root: Path, resume: bool, total_steps: int, plan: PlanFile | None = None) -> None:
     """What ``root`` holds suits the run: with ``resume`` a checkpoint short of ``total_steps``; without, no run's
     checkpoints (a fresh run would write over them and mix two runs in one folder)."""
-    from runtime.checkpoint import checkpoint_step, latest_checkpoint, newest_is_broken
+    from runtime.checkpoint import checkpoint_step, latest_checkpoint, newest_is_broken, step_folders
 
     broken = newest_is_broken(root) if resume else None
     if broken:
         raise broken
+    if not resume and step_folders(root):  # complete or not: a fresh run's checkpoints would mix with them
+        raise AutoparError(f"{root} holds a run's checkpoints (the newest {step_folders(root)[-1].name}); add --resume "
+                           "to continue that run, or give an empty or new --checkpoint-dir")
     last = latest_checkpoint(root)
     if resume and last is None:
         raise AutoparError(f"no checkpoint to resume from in {root}; run without --resume to start fresh")
     if resume and checkpoint_step(last) >= total_steps:
         raise AutoparError(f"the checkpoint in {root} is at step {checkpoint_step(last)}, and this run stops at step "
                            f"{total_steps}: nothing to train; give a larger --steps")
-    if not resume and last is not None:
-        raise AutoparError(f"{root} holds a run's checkpoints (the newest {last.name}); add --resume to continue that "
-                           "run, or give an empty or new --checkpoint-dir")
     if resume and plan is not None:  # another run's checkpoint: refused here, not by every worker after launch
         import torch
 

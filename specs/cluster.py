@@ -210,6 +210,9 @@ class ClusterSpec(Strict):
     def _check(self) -> ClusterSpec:
         if self.gpus_per_node <= 0 or self.num_nodes <= 0:
             raise ValueError("gpus_per_node and num_nodes must be positive")
+        if self.full_node_gpus is not None and (self.num_nodes != 1 or self.full_node_gpus <= self.gpus_per_node):
+            raise ValueError(f"full_node_gpus ({self.full_node_gpus}) is a node's size for a cluster cut to part of "
+                             f"one: one node of fewer GPUs ({self.gpus_per_node}); leave it out")
         if self.num_nodes > 1 and self.inter_node is None:
             raise ValueError("a cluster of several nodes needs an inter_node section")
         problem = self.precision_problem() or self.link_problem()
@@ -315,7 +318,9 @@ class ClusterSpec(Strict):
                 raise AutoparError(f"--nodes must be positive, got {nodes}")
             if nodes > 1 and self.inter_node is None:
                 raise AutoparError(f"cluster {self.name} has no inter_node section, so it cannot span {nodes} nodes")
-            return self.model_copy(update={"num_nodes": nodes})
+            # several nodes of the cut size (whatif's --gpus N --vary nodes) make that size the node's
+            return self.model_copy(update={"num_nodes": nodes, "full_node_gpus": self.full_node_gpus if nodes == 1
+                                           else None})
         if gpus is None:
             return self
         if gpus <= 0:

@@ -126,9 +126,13 @@ def _tune_commands(args: argparse.Namespace, model, cluster, out_dir, fixed, hea
     prints what to run on the cluster, as `autopar run` does: each trial's per-node commands, then the fit."""
     import shlex
 
-    from planner.tune import PROFILE, metrics_path, prepare
+    from planner.tune import PROFILE, earlier_files, metrics_path, prepare
     from runtime.launch import worker_command
 
+    kept = [p.name for p in earlier_files(out_dir) if p.suffix in (".jsonl", ".yaml")]
+    if kept:  # measured on the cluster (and fitted there): hours of GPU time a new tune must not remove
+        raise AutoparError(f"{out_dir} holds an earlier tune's measurements ({', '.join(kept)}): calibrate them with "
+                           "the `autopar calibrate` line that tune printed, or move them, or give another --dir")
     found = prepare(model, cluster, args.global_batch, out_dir, fixed, args.trials, args.steps, headroom)
     q = shlex.quote
     fit = (f"autopar calibrate {' '.join(q(str(metrics_path(t))) for t in found)} --warmup {args.warmup} "

@@ -150,8 +150,8 @@ def test_an_output_named_as_a_folder_is_refused_and_a_path_is_never_a_preset(tmp
     model given as a path (./llama3-8b) that does not exist is not read as the preset of that name."""
     monkeypatch.chdir(tmp_path)
     assert "names a folder (it ends in /)" in fails(capsys, "plan", *TINY, "--out", "pdir/")
-    assert "is a directory" in fails(capsys, "whatif", "--model", "tiny", "--cluster", "cpu-gloo", "--global-batch",
-                                     "4", "--vary", "gpus=1,2", "--plot", "qdir/")
+    assert "names a folder (it ends in /)" in fails(capsys, "whatif", "--model", "tiny", "--cluster", "cpu-gloo",
+                                                    "--global-batch", "4", "--vary", "gpus=1,2", "--plot", "qdir/")
     assert list(tmp_path.iterdir()) == []
     assert "model file ./llama3-8b does not exist" in fails(capsys, "estimate", "--model", "./llama3-8b", *ESTIMATE)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -188,13 +189,15 @@ def test_calibrate_does_not_import_torch():
 def test_a_last_line_cut_off_mid_write_is_skipped_with_a_note(tmp_path, capsys):
     """What a crash mid-write leaves (a last line with no newline that does not parse): the steps before it
     count, and a note says what was skipped."""
-    from planner.measured_runs import read_metrics
+    from planner.measured_runs import read_segments
 
     m = tmp_path / "m.jsonl"
     m.write_text('{"plan": "p.json"}\n{"step": 1, "step_time_s": 0.5}\n{"step": 2, "step_time_s": 0.6}\n{"step": 3, "st')
-    rows, plan = read_metrics(m)
-    assert [r["step"] for r in rows] == [1, 2] and plan == "p.json"
+    (run,) = read_segments(m)
+    assert [r["step"] for r in run.rows] == [1, 2] and run.plan == "p.json"
     assert "skipped its last line 4, cut off mid-write" in capsys.readouterr().err
+    read_segments(m, notes=False)
+    assert capsys.readouterr().err == ""
 
 
 def test_a_run_with_few_measured_steps_is_warned_about(capsys):
@@ -401,5 +404,26 @@ def test_calibrate_never_writes_over_the_plan_a_metrics_file_names(tmp_path, cap
     assert main(["calibrate", str(m), "--out", str(plan)]) == 2
     err = capsys.readouterr().err
     assert f"is the plan file {plan} this command reads" in err and plan.read_bytes() == before
-    assert main(["calibrate", str(m), str(tmp_path / "." / "m.jsonl"), "--out", str(tmp_path / "o.yaml")]) == 2
-    assert "given twice" in capsys.readouterr().err  # one run counted twice would narrow the fit's spreads
+    again = os.path.join(str(tmp_path), ".", "m.jsonl")  # the same file by another name
+    assert main(["calibrate", str(m), again, "--out", str(tmp_path / "o.yaml")]) == 2
+    err = capsys.readouterr().err  # one run counted twice would narrow the fit's spreads
+    assert f"metrics file {again} is given twice (also as {m})" in err
+
+
+def test_a_resume_after_replanning_into_the_same_file_is_two_runs(tmp_path, capsys):
+    """A run, the plan file re-planned into (another layout), and the run resumed under it with the same metrics
+    file: two runs (the lines' stamps differ). The first no longer has its plan file: it is left out with a note,
+    the second is fitted; alone, the changed run is an error that says to pass its plan."""
+    from planner.measured_runs import load_runs, read_segments
+
+    plan, m = _stamped_run(tmp_path, ParallelConfig(tp=2, pp=2), steps=6)
+    first = m.read_text()
+    save_plan(make_plan(load_model("tiny"), load_cluster("cpu-gloo", gpus=4), 16, ParallelConfig(tp=4)), plan)
+    stamp = load_plan(plan).made_for
+    m.write_text(first + "".join(json.dumps({"step": s, "step_time_s": 0.2, "plan": str(plan),
+                                             "plan_made_for": stamp}) + "\n" for s in range(7, 13)))
+    runs = read_segments(m)
+    assert [[r["step"] for r in s.rows] for s in runs] == [list(range(1, 7)), list(range(7, 13))]
+    (run,) = load_runs([str(m)], None, None)
+    assert run.plan.config.tp == 4 and run.measured_s == 0.2 and run.source.endswith("(steps 7-12)")
+    assert "left out 1 run(s) whose plan file has changed since" in capsys.readouterr().err

@@ -17,7 +17,7 @@ import pytest
 
 from planner.cli import main
 from planner.diagnose import diagnose, rank_phases, replay_step
-from planner.measured_runs import read_metrics, resolve_plan
+from planner.measured_runs import read_segments, resolve_plan
 from runtime.launch import launch
 from specs.cluster_loading import load_cluster
 from specs.model_loading import load_model
@@ -89,7 +89,8 @@ def test_a_slow_rank_is_named_with_its_phase_and_the_step_without_it(runs, kind,
     # each slow step without its straggler against the clean steps beside it, with the straggler's phase at its
     # peer's there too (a rank a little slower on its own, under the threshold, would otherwise set the clean steps
     # and not the "without"); the median over the pairs
-    rows, ref = read_metrics(runs[kind])
+    (run,) = read_segments(runs[kind])
+    rows, ref = run.rows, run.plan
     plan, by_step = resolve_plan(ref, runs[kind]), {r["step"]: r for r in rows}
     share = np.ones(plan.config.pp * plan.config.vpp)  # vpp = 1: every stage its rank's whole work
     phases = ("forward", "backward") if kind == "compute" else ("p2p_send",)

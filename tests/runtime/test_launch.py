@@ -576,8 +576,29 @@ def test_a_checkpoint_that_lost_its_meta_is_refused_and_never_kept_over_a_good_o
     assert "delete it to resume from step_00000016" in str(err)
     with pytest.raises(AutoparError, match="step_00000020 is corrupt"):
         launch(_plan(tmp_path), steps=30, checkpoint_dir=str(root), resume=True, quiet=True)
+    (root / "step_00000008").mkdir()  # an old folder a removal was cut short in: removed by the next pruning
     (root / "step_00000024.partial").mkdir()
     publish(root, root / "step_00000024.partial", {"step": 24}, keep=2, sums={})
     assert sorted(p.name for p in root.iterdir()) == ["latest", "step_00000007.partial", "step_00000016",
                                                        "step_00000020", "step_00000024"]
     assert latest_checkpoint(root).name == "step_00000024" and newest_is_broken(root) is None
+    fresh = tmp_path / "fresh"  # a fresh run is refused a folder holding any step folder, broken or not: it could
+    (fresh / "step_00000020").mkdir(parents=True)  # never resume past it
+    with pytest.raises(AutoparError, match="holds a run's checkpoints .the newest step_00000020."):
+        launch(_plan(tmp_path), steps=4, checkpoint_dir=str(fresh), quiet=True)
+
+
+def test_checkpoints_written_before_the_data_file_was_recorded_resolved(tmp_path):
+    """Older checkpoints named the bundled sample by an install's absolute path (any install's sample is the
+    sample) and a --data file as given (a relative path from where that run started: said so when not found)."""
+    from runtime.checkpoint import resumed_data
+
+    root = tmp_path / "ck"
+    (root / "step_00000003").mkdir(parents=True)
+    meta = root / "step_00000003" / "meta.json"
+    for saved, want in [("/elsewhere/site-packages/runtime/data/sample.txt", (None, None)), (None, (None, None))]:
+        meta.write_text(json.dumps({"format": FORMAT, "step": 3, "plan": {}, "data": saved}))
+        assert resumed_data(root, None) == want
+    meta.write_text(json.dumps({"format": FORMAT, "step": 3, "plan": {}, "data": "d/up.txt"}))
+    with pytest.raises(AutoparError, match="a path relative to where that run started, not found from here"):
+        resumed_data(root, None)

@@ -116,14 +116,25 @@ def test_tune_on_several_nodes_prints_each_trials_commands(tmp_path, capsys):
 
 
 def test_tune_into_a_used_folder_leaves_no_earlier_trial(tmp_path, capsys):
-    """A tune into a folder an earlier tune used (with more trials, a profile) removes that tune's trial files and
-    profile first, so the folder never mixes two tunes; other files stay."""
+    """A tune into a folder an earlier tune used (with more trials) removes that tune's trial files first, naming
+    them, so the folder never mixes two tunes; other files stay. On several nodes, where the trials' metrics and
+    the fit are measured on the cluster, an earlier tune's measurements are refused instead of removed."""
+    from planner.tune import prepare
+
     d = tmp_path / "t"
     d.mkdir()
     for name in ["trial7.json", "trial7.jsonl", "calibrated.yaml", "notes.txt", "trial7.json.bak"]:
         (d / name).write_text("x")
-    assert main(["tune", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch", "64",
-                 "--dir", str(d), "--trials", "2", "--format", "json"]) == 0
-    res = json.loads(capsys.readouterr().out)
-    written = {Path(t["plan_file"]).name for t in res["trials"]}
+    argv = ["tune", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch", "64",
+            "--dir", str(d), "--trials", "2", "--format", "json"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "holds an earlier tune's measurements (trial7.jsonl, calibrated.yaml)" in err and "another --dir" in err
+    assert (d / "trial7.jsonl").exists() and (d / "calibrated.yaml").exists()
+    found = prepare(load_model("tiny"), load_cluster("cpu-gloo", gpus=4), 16, d, None, 2, 4, 0.0)
+    assert "removed an earlier tune's files" in capsys.readouterr().err
+    written = {Path(t.plan_path).name for t in found}
     assert sorted(p.name for p in d.iterdir()) == sorted([*written, "notes.txt", "trial7.json.bak"])
+    assert main(argv) == 0  # only its own plan files there now: written again
+    assert {Path(t["plan_file"]).name for t in json.loads(capsys.readouterr().out)["trials"]} <= written | {
+        "trial1.json", "trial2.json"}
