@@ -6,7 +6,7 @@ Reading them from files (bundled ones by name, node groups assembled): specs/clu
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from pydantic import Field, model_validator
 
@@ -206,13 +206,21 @@ class ClusterSpec(Strict):
     # node of 2): growing it again (`run --resume --replan --gpus N`) starts from the real node
     full_node_gpus: int | None = Field(None, ge=1)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _stale_full_node(cls, data: Any) -> Any:
+        """``full_node_gpus`` only says something of one node cut below its size: a profile or plan file edited
+        since (more nodes, a larger node) keeps what the edit says, and the stale size goes."""
+        if isinstance(data, dict) and data.get("full_node_gpus") is not None:
+            nodes, per_node, full = data.get("num_nodes", 1), data.get("gpus_per_node"), data["full_node_gpus"]
+            if nodes != 1 or (isinstance(per_node, int) and isinstance(full, int) and full <= per_node):
+                data = {k: v for k, v in data.items() if k != "full_node_gpus"}
+        return data
+
     @model_validator(mode="after")
     def _check(self) -> ClusterSpec:
         if self.gpus_per_node <= 0 or self.num_nodes <= 0:
             raise ValueError("gpus_per_node and num_nodes must be positive")
-        if self.full_node_gpus is not None and (self.num_nodes != 1 or self.full_node_gpus <= self.gpus_per_node):
-            raise ValueError(f"full_node_gpus ({self.full_node_gpus}) is a node's size for a cluster cut to part of "
-                             f"one: one node of fewer GPUs ({self.gpus_per_node}); leave it out")
         if self.num_nodes > 1 and self.inter_node is None:
             raise ValueError("a cluster of several nodes needs an inter_node section")
         problem = self.precision_problem() or self.link_problem()

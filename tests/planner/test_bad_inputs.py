@@ -450,6 +450,11 @@ def test_replan_can_grow_a_plan_made_below_a_node():
     assert (grown.gpus_per_node, grown.full_node_gpus) == (4, 8) and small.resized(gpus=8) == load_cluster("cpu-gloo")
     mine = load_cluster("cpu-gloo").model_copy(update={"name": "mine"}).resized(gpus=2)  # a profile of one's own
     assert _full_size(mine).resized(gpus=4).num_gpus == 4
+    assert load_cluster("dgx-h100", gpus=2).resized(nodes=2).full_node_gpus is None  # nodes of the cut size: that is the node now
+    from specs.cluster import ClusterSpec
+
+    edited = ClusterSpec.model_validate({**small.model_dump(), "gpus_per_node": 8})  # a file edited since: the
+    assert edited.full_node_gpus is None  # edit holds, the stale node size goes
     old = small.model_copy(update={"full_node_gpus": None})  # as plan files written before held it
     assert _full_size(old).resized(gpus=4).num_gpus == 4
     odd = old.model_copy(update={"name": "mine"})
