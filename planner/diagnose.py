@@ -39,9 +39,7 @@ from rich.table import Table
 
 from cost_models.pipeline import simulate_steps
 from cost_models.step import Estimate, estimate
-from planner.measured_runs import (
-    measured_median,
-)
+from planner.measured_runs import measured_median
 from planner.report import fmt_time
 from specs.errors import AutoparError
 from specs.phases import PHASES

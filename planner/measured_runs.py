@@ -3,10 +3,11 @@
 A metrics file holds one JSON object per step (``step``, ``step_time_s``, ...) and event lines. Each run is
 paired with the plan it ran: from ``--plan`` (one per metrics file, or one for all), else from a ``plan`` key in
 the metrics file (a path, or the embedded plan object). A file that a run and its resume under another plan both
-appended to holds several runs: consecutive step lines under one ``plan`` entry are one run (a line without the
-key continues the run before it). A run's measured step time is the median over its steps after the warm-up
-(``--warmup``, default the first 10% and at least one step: a run of one step is refused unless ``--warmup 0``).
-Used by ``calibrate``, ``diagnose`` and ``tune``. Never imports torch.
+appended to holds several runs: consecutive step lines under one ``plan`` entry and one stamp of what that plan
+was (``plan_made_for``) are one run (a line without them continues the run before it). A run's measured step time
+is the median over its steps after the warm-up (``--warmup``, default the first 10% and at least one step: a run
+of one step is refused unless ``--warmup 0``). Used by ``calibrate``, ``diagnose`` and ``tune``. Never imports
+torch.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class Run:
 @dataclass
 class Segment:
     """The step lines of a metrics file written under one plan: one run (a resume under the same plan continues
-    it; one under another plan starts the next segment)."""
+    it; one under another plan, or under the same file re-planned into, starts the next segment)."""
 
     plan: Any  # the ``plan`` entry its lines carry (a path or an embedded plan); None when no line has one
     rows: list[dict[str, Any]]

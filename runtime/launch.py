@@ -188,9 +188,10 @@ def check_checkpoints(root: Path, resume: bool, total_steps: int, plan: PlanFile
     broken = newest_is_broken(root) if resume else None
     if broken:
         raise broken
-    if not resume and step_folders(root):  # complete or not: a fresh run's checkpoints would mix with them
-        raise AutoparError(f"{root} holds a run's checkpoints (the newest {step_folders(root)[-1].name}); add --resume "
-                           "to continue that run, or give an empty or new --checkpoint-dir")
+    held = [] if resume else step_folders(root)
+    if held:  # complete or not: a fresh run's checkpoints would mix with them
+        raise AutoparError(f"{root} holds a run's checkpoints (the newest {held[-1].name}); add --resume to continue "
+                           "that run, or give an empty or new --checkpoint-dir")
     last = latest_checkpoint(root)
     if resume and last is None:
         raise AutoparError(f"no checkpoint to resume from in {root}; run without --resume to start fresh")
