@@ -18,7 +18,8 @@ the closed form). All arrays are [N, pp] per rank ([N, pp, vpp] per model chunk)
   buffer is zeroed for the next step: plain streaming passes at the copy bandwidth (``StateSpec.master_copy_bytes``
   plus grad_bytes x (3, + 2 when d > 1) per parameter).
 - ZeRO-1/2 all-gather the updated parameters after it; with ``dp_overlap`` that hides behind the next step's
-  first forwards, all but one bucket.
+  first forwards, all but one bucket (not for a stack that gathers right after its step,
+  ``StateSpec.param_gather_after_step``).
 - A MoE model's routed experts are replicated over the expert-data-parallel group (``specs.parallel.edp``), not the
   data-parallel one: their gradients are reduced, their optimizer state sharded and their parameters gathered
   there.
@@ -150,7 +151,8 @@ def rank_tail(model: ModelSpec, cm: ComputeModel, comm: CommModel, state: StateS
     ag = comm.bucketed(comm.all_gather, rank_dense * state.param_bytes, nb_rank, d, t) + np.where(
         rank_experts > 0, comm.bucketed(comm.all_gather, rank_experts * state.param_bytes, nb_rank, e, e_stride), 0.0)
     first_f = (costs.f[:, :pp]) * np.minimum(_col(m), pp - np.arange(pp)[None, :])  # next step's first forwards
-    gather = np.where(overlap, np.maximum(ag / nb_rank, ag - first_f), ag)
+    hidden = overlap & (not state.param_gather_after_step)
+    gather = np.where(hidden, np.maximum(ag / nb_rank, ag - first_f), ag)
     gather = np.where(((d > 1) | (e > 1)) & ((zero == 1) | (zero == 2)), gather, 0.0)
 
     finish = replay.rank_end + exposed + opt + gather

@@ -23,6 +23,9 @@ def state_problem(state: StateSpec) -> str | None:
     if state.sm_margin:
         return ("state.sm_margin: the runtime's collective matmul leaves every SM to the GEMM (priced as such); "
                 "leave sm_margin out")
+    if state.param_gather_after_step:
+        return ("state.param_gather_after_step=true: the runtime gathers ZeRO's updated parameters behind the next "
+                "step's first forwards (priced as such); set param_gather_after_step=false")
     if state.full_logits:
         return ("state.full_logits=true: the runtime's fused loss computes the logits a chunk at a time (priced as "
                 "such); set full_logits=false")

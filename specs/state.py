@@ -79,6 +79,10 @@ class StateSpec(BaseModel):
     # the rest, at least one (Transformer Engine's num_sm with set_sm_margin, its pipelined reduce-scatter's
     # setting); autopar's collective matmul reserves none
     sm_margin: tuple[tuple[ForwardGemm, Annotated[StrictInt, Field(ge=1)]], ...] = ()
+    # ZeRO-1/2 all-gather the updated parameters right after the optimizer step, exposed even with dp_overlap
+    # (nanotron's ZeroDistributedOptimizer; Megatron-LM without --overlap-param-gather); autopar's runtime hides
+    # that gather behind the next step's first forwards
+    param_gather_after_step: StrictBool = False
 
     @field_validator("overlap_pieces", "sm_margin")
     @classmethod

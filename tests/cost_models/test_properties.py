@@ -142,3 +142,26 @@ def test_breakdown_adds_up_and_mfu_is_sane(case):
     assert abs(sum(e.breakdown.values()) - e.step_time_s) <= 1e-9 * e.step_time_s + 1e-12
     assert 0 < e.mfu < 1
     assert e.memory_GiB > 0 and all(v >= 0 for v in e.breakdown.values())
+
+
+@SETTINGS
+@given(cases())
+def test_a_gather_right_after_the_step_is_paid_whole(case):
+    """A stack that all-gathers ZeRO-1/2's updated parameters right after its optimizer step
+    (``param_gather_after_step``: nanotron) pays that gather whole even with dp_overlap, as a plan without dp_overlap
+    pays it; the gradient reduce stays overlapped, and nothing else changes (memory, compute)."""
+    from specs.state import StateSpec
+
+    model, cluster, cfg, B = case
+    if cfg.dp == 1:
+        return
+    cfg = replace(cfg, zero=1, dp_overlap=True)
+    hidden = StateSpec.default(cluster.precision)
+    after = hidden.model_copy(update={"param_gather_after_step": True})
+    a, b = estimate(model, cluster, cfg, B, state=hidden), estimate(model, cluster, cfg, B, state=after)
+    exposed_whole = estimate(model, cluster, replace(cfg, dp_overlap=False), B, state=hidden)
+    assert b.memory_GiB == a.memory_GiB and b.breakdown["forward_compute"] == a.breakdown["forward_compute"]
+    assert b.step_time_s > a.step_time_s
+    # the gather alone: without dp_overlap the reduce is exposed too, so its step is at least this one's
+    assert b.step_time_s <= exposed_whole.step_time_s * (1 + 1e-9)
+    assert b.breakdown["dp_comm_exposed"] > a.breakdown["dp_comm_exposed"]

@@ -236,6 +236,8 @@ def test_runtime_keeps_the_plans_state_or_refuses_it():
     assert "overlap_pieces" in te and "\n" not in te
     margin = state_problem(StateSpec.default("bf16").model_copy(update={"sm_margin": (("fc2_fprop", 16),)}))
     assert "sm_margin" in margin and "\n" not in margin
+    gather = state_problem(StateSpec.default("bf16").model_copy(update={"param_gather_after_step": True}))
+    assert "param_gather_after_step=false" in gather and "\n" not in gather
     model = load_model("tiny")
     gpu = make_plan(model, load_cluster("dgx-h100", gpus=1), 16, ParallelConfig(),
                     state=StateSpec.default("bf16").model_copy(update={"bucket_params": 123}))
