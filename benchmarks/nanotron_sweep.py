@@ -41,6 +41,7 @@ from specs.planfile import PlanFile  # noqa: E402
 from specs.state import StateSpec  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "data" / "nanotron_ultrascale_h100.csv"
+NETWORK = ROOT / "benchmarks" / "data" / "ultrascale-h100-efa.yaml"  # its nodes and their collectives as measured
 CLUSTER = "dgx-h100"
 SEQ = 4096
 VOCAB = 131072
@@ -188,16 +189,16 @@ def price(out: list[dict], base: ClusterSpec, key: str, spread: bool = False) ->
             row["calibrated_in_band"] = bool(low <= row["measured_s"] <= high)
 
 
-def calibration_set(out: list[dict], finalists: int = 3) -> list[int]:
+def calibration_set(out: list[dict], key: str, finalists: int = 3) -> list[int]:
     """The runs `autopar tune` would have measured on a small allocation: for each model on the smallest cluster it
-    ran on (one node for 1B, 3B and 8B; four for 80B), the ``finalists`` measured plans the bundled profile
-    predicts fastest (a plan measured twice: both runs)."""
+    ran on (one node for 1B, 3B and 8B; four for 80B), the ``finalists`` measured plans predicted fastest (``key``;
+    a plan measured twice: both runs)."""
     smallest = {m: min(r["nodes"] for r in out if r["model"] == m and r["ran"]) for m in MODELS}
     chosen = []
     for m in MODELS:
         idx = [i for i, r in enumerate(out) if r["model"] == m and r["nodes"] == smallest[m] and r["ran"]
                and "refused" not in r]
-        plans = sorted({out[i]["plan"]: out[i]["bundled_s"] for i in idx}.items(), key=lambda kv: kv[1])
+        plans = sorted({out[i]["plan"]: out[i][key] for i in idx}.items(), key=lambda kv: kv[1])
         keep = {p for p, _ in plans[:finalists]}
         chosen += [i for i in idx if out[i]["plan"] in keep]
     return chosen
@@ -311,15 +312,23 @@ def main() -> int:
     bundled_ranks = rankings(timed, "bundled_s")
     ranking_table(bundled_ranks)
 
-    cal = calibration_set(out)
+    network = load_cluster(str(NETWORK))
+    price(out, network, "network_s")
+    print(f"\n== on the sweep's own network as the playbook measured it ({NETWORK.name}: its collectives' bus "
+          "bandwidth at 1-64 nodes), nothing fitted")
+    errors_table(timed, "network_s", lambda r: in_band(r["pp"] > 1, r["measured_s"], r["network_s"]))
+    network_ranks = rankings(timed, "network_s")
+    ranking_table(network_ranks)
+
+    cal = calibration_set(out, "network_s")
     fit_runs = [Run(source=f"{out[i]['model']} {out[i]['plan']}", plan=out[i]["planfile"],
                     measured_s=out[i]["measured_s"], steps=1, logged_prediction_s=None) for i in cal]
-    print(f"\n== calibrated (autopar calibrate's fit) on {len(cal)} runs, tune's 3 finalists on each model's smallest "
-          "cluster (" + "; ".join(f"{out[i]['model']} {out[i]['plan']}" for i in cal) + "), the rest held out",
-          flush=True)
-    fit = fit_scales(fit_runs, base)
+    print(f"\n== that profile calibrated (autopar calibrate's fit) on {len(cal)} runs, tune's 3 finalists on each "
+          "model's smallest cluster (" + "; ".join(f"{out[i]['model']} {out[i]['plan']}" for i in cal)
+          + "), the rest held out", flush=True)
+    fit = fit_scales(fit_runs, network)
     print("  scales: " + ", ".join(f"{k} {v:.3f}" for k, v in fit.scales.items()))
-    price(out, calibrated(base, fit), "calibrated_s", spread=True)
+    price(out, calibrated(network, fit), "calibrated_s", spread=True)
     held = [r for i, r in enumerate(out) if r["ran"] and "refused" not in r and i not in set(cal)]
     errors_table(held, "calibrated_s", lambda r: r["calibrated_in_band"])
     print("(in band: the bands widened by the fit's own uncertainty, as `plan` shows them on a calibrated profile)")
@@ -338,6 +347,7 @@ def main() -> int:
     if args.json:
         keep = [{k: v for k, v in r.items() if k != "planfile"} for r in out]
         Path(args.json).write_text(json.dumps({"rows": keep, "bundled_rankings": bundled_ranks,
+                                               "network_rankings": network_ranks,
                                                "calibrated_rankings": held_ranks, "scales": fit.scales,
                                                "left_out": notes}, indent=1))
     return 0

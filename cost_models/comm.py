@@ -10,7 +10,10 @@ over the k NIC shares of its members across nodes, so a ring's bottleneck is min
 Each GPU's NIC share is nics_per_node x nic_bandwidth / gpus_per_node (every GPU of the node talks at once,
 as when all tensor-parallel ranks run their data-parallel reduce together). Latency: one hop per ring step
 (NVLink hops inside nodes, a NIC hop between nodes); all-reduce uses a tree across nodes (log2 N NIC hops).
-Large reductions run in buckets, each paying the latency. Measured fits from ``autopar profile`` replace both.
+Large reductions run in buckets, each paying the latency. Measured fits from ``autopar profile`` replace both:
+across nodes a fit is one member's share (measured with one rank a node, every rank of the node at once), so a
+ring with k members a node gets k of them up to NVLink's bandwidth, as the analytic model does, and a fit with
+``busbw_by_nodes`` gives that share for the node count the group spans (a fabric that slows with scale).
 """
 
 from __future__ import annotations
@@ -58,9 +61,15 @@ class CommModel:
         intra = (k - 1) * (nodes if ring else 1)
         return intra * self.lat_intra + np.where(nodes > 1, across, 0.0) * self.lat_inter
 
-    @staticmethod
-    def _fit_time(f, nbytes: np.ndarray, factor: np.ndarray, extra: np.ndarray) -> np.ndarray:
-        return (f.alpha_us + f.alpha_per_rank_us * extra) * 1e-6 + nbytes * factor / (f.busbw_GBps * 1e9)
+    def _fit_time(self, f, nbytes: np.ndarray, factor: np.ndarray, extra: np.ndarray, nodes: ArrayLike = 1.0,
+                  k: ArrayLike | None = None) -> np.ndarray:
+        """A measured fit's time; across nodes (``k``: the group's members per node) its bandwidth is one member's
+        NIC share, as `autopar profile` measures it (one rank a node, every rank of the node at once), so a ring of
+        k members a node moves k shares, up to NVLink's (the analytic model's min(intra, k x NIC))."""
+        bw = f.busbw_at(nodes) * 1e9
+        if k is not None:
+            bw = np.minimum(self.bw_intra, np.asarray(k, dtype=float) * bw)
+        return (f.alpha_us + f.alpha_per_rank_us * extra) * 1e-6 + nbytes * factor / bw
 
     def _collective(self, name: str, nbytes: ArrayLike, size: ArrayLike, stride: ArrayLike,
                     volume: float, ring: bool = True) -> np.ndarray:
@@ -74,18 +83,19 @@ class CommModel:
         k, nodes = self.placement(n, stride)
         factor = volume * (n - 1) / np.maximum(n, 1)
         t = volume * self._lat(k, nodes, ring) + nbytes * factor / self._bw(k, nodes)
-        return np.where(n > 1, self._measured(name, t, nbytes, n, nodes, factor), 0.0)
+        return np.where(n > 1, self._measured(name, t, nbytes, n, nodes, factor, k), 0.0)
 
     def _measured(self, name: str, t: np.ndarray, nbytes: np.ndarray, n: np.ndarray, nodes: np.ndarray,
-                  factor: np.ndarray) -> np.ndarray:
+                  factor: np.ndarray, k: np.ndarray | None = None) -> np.ndarray:
         """The analytic time ``t`` of collective ``name``, replaced by the profile's measured fit where it has one for
-        the group's level (inside a node, across nodes)."""
+        the group's level (inside a node, across nodes); ``k`` for a ring (its members per node), None for the
+        all-to-all (each member over its own NIC share)."""
         fit = self.fits.get(name) or {}
         extra = np.maximum(n - 2.0, 0.0)
         if fit.get("intra"):
             t = np.where(nodes <= 1, self._fit_time(fit["intra"], nbytes, factor, extra), t)
         if fit.get("inter"):
-            t = np.where(nodes > 1, self._fit_time(fit["inter"], nbytes, factor, extra), t)
+            t = np.where(nodes > 1, self._fit_time(fit["inter"], nbytes, factor, extra, nodes, k), t)
         return t
 
     # ---- collectives -------------------------------------------------------------------------
@@ -129,7 +139,7 @@ class CommModel:
         if fit.get("intra"):
             t = np.where(~cross, self._fit_time(fit["intra"], nbytes, 1.0, zero), t)
         if fit.get("inter"):
-            t = np.where(cross, self._fit_time(fit["inter"], nbytes, 1.0, zero), t)
+            t = np.where(cross, self._fit_time(fit["inter"], nbytes, 1.0, zero, 2.0), t)
         return t
 
 

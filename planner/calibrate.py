@@ -69,7 +69,9 @@ def scaled(cluster: ClusterSpec, s: dict[str, float]) -> ClusterSpec:
                                                      "latency_us": i.latency_us / n})
         upd["collectives"] = {
             name: {lv: f.model_copy(update={"alpha_us": f.alpha_us / n, "alpha_per_rank_us": f.alpha_per_rank_us / n,
-                                            "busbw_GBps": f.busbw_GBps * n}) for lv, f in levels.items()}
+                                            "busbw_GBps": f.busbw_GBps * n,
+                                            "busbw_by_nodes": {k: v * n for k, v in f.busbw_by_nodes.items()}})
+                   for lv, f in levels.items()}
             for name, levels in cluster.collectives.items()}
     return cluster.model_copy(update=upd)
 

@@ -6,9 +6,10 @@ Reading them from files (bundled ones by name, node groups assembled): specs/clu
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import Field, model_validator
+import numpy as np
+from pydantic import Field, StrictInt, model_validator
 
 from specs.errors import AutoparError, did_you_mean
 from specs.parallel import entry_groups
@@ -143,12 +144,29 @@ class GPUSpec(Strict):
 
 class CollectiveFit(Strict):
     """alpha-beta fit measured by `autopar profile`: time = alpha + bytes / bus_bandwidth x factor, where a
-    group of n > 2 ranks adds ``alpha_per_rank_us`` x (n - 2) to alpha (a ring's extra steps)."""
+    group of n > 2 ranks adds ``alpha_per_rank_us`` x (n - 2) to alpha (a ring's extra steps).
+
+    ``busbw_by_nodes`` (the inter level): the bus bandwidth measured with the group spanning each node count
+    ({nodes: GB/s}, every GPU of those nodes in it), for a network whose collectives slow as they span more nodes
+    (oversubscribed or shared fabrics); a group spanning a count between two measured ones gets their log-log
+    interpolation, one beyond them the nearest measured, and ``busbw_GBps`` is then unused."""
 
     alpha_us: float = Field(ge=0)
     busbw_GBps: float = Field(gt=0)
     alpha_per_rank_us: float = Field(0.0, ge=0)
     r2: float | None = None  # goodness of the fit over the measured sizes and groups (written by the profiler)
+    busbw_by_nodes: dict[Annotated[StrictInt, Field(ge=2)], Annotated[float, Field(gt=0)]] = Field(
+        default_factory=dict)
+
+    def busbw_at(self, nodes: np.ndarray) -> np.ndarray:
+        """Bus bandwidth (GB/s) of a group spanning ``nodes`` nodes (numpy-broadcast)."""
+        nodes = np.asarray(nodes, dtype=float)
+        if not self.busbw_by_nodes:
+            return np.full(nodes.shape, self.busbw_GBps)
+        counts = sorted(self.busbw_by_nodes)
+        x = np.log([float(c) for c in counts])
+        y = np.log([self.busbw_by_nodes[c] for c in counts])
+        return np.exp(np.interp(np.log(np.maximum(nodes, 1.0)), x, y))
 
 
 # What `autopar calibrate` can scale on a profile (planner/calibrate.py ``scaled``): the GEMM rate, the attention

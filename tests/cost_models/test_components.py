@@ -281,6 +281,40 @@ def test_group_placement_and_nic_bottleneck():
     assert float(half.all_reduce(S, 8, 8)) == pytest.approx(2 * float(c.all_reduce(S, 8, 8)), rel=1e-3)
 
 
+def test_a_measured_inter_node_fit_is_one_members_share():
+    """`autopar profile` measures across nodes with one rank a node (every rank of the node at once), so its fit is
+    one GPU's share: a data-parallel ring with k members a node moves k shares, up to NVLink's bandwidth, as the
+    analytic model's min(intra, k x NIC) does; one member a node gets the fit itself."""
+    from specs.cluster import CollectiveFit
+
+    cl = load_cluster("dgx-a100", gpus=64)
+    fit = CollectiveFit(alpha_us=0.0, busbw_GBps=40.0)
+    c = CommModel(cl.model_copy(update={"collectives": {"all_gather": {"inter": fit}}}))
+    S = 4e9
+    one = float(c.all_gather(S, 8, 8))  # tp=8: one member a node
+    assert one == pytest.approx(7 / 8 * S / 40e9, rel=1e-9)
+    two = float(c.all_gather(S, 16, 4))  # tp=4: two members a node, 8 nodes
+    assert two == pytest.approx(15 / 16 * S / 80e9, rel=1e-9)
+    full = float(c.all_gather(S, 64, 1))  # every GPU: 8 shares (320 GB/s) would pass NVLink's 240 GB/s
+    assert c.bw_intra == pytest.approx(240e9) and full == pytest.approx(63 / 64 * S / 240e9, rel=1e-9)
+
+
+def test_a_fabric_measured_by_node_count_slows_as_groups_span_more_nodes():
+    """busbw_by_nodes: the measured share at each node count, log-log interpolated between them and the nearest
+    beyond; 2 nodes at 100 GB/s and 8 at 25 give 50 at 4 (halfway in log), 100 below 2 and 25 past 8."""
+    from specs.cluster import CollectiveFit
+
+    fit = CollectiveFit(alpha_us=0.0, busbw_GBps=999.0, busbw_by_nodes={8: 25.0, 2: 100.0})
+    assert fit.busbw_at(np.array([2, 4, 8, 16])).tolist() == pytest.approx([100.0, 50.0, 25.0, 25.0])
+    cl = load_cluster("dgx-a100", gpus=128)
+    c = CommModel(cl.model_copy(update={"collectives": {"reduce_scatter": {"inter": fit}}}))
+    S = 1e9
+    times = [float(c.reduce_scatter(S, n, 8)) for n in (2, 4, 8, 16)]  # one member a node over 2..16 nodes
+    assert times == pytest.approx([S * (n - 1) / n / (bw * 1e9) for n, bw in zip((2, 4, 8, 16), (100, 50, 25, 25))])
+    with pytest.raises(ValueError):
+        CollectiveFit(alpha_us=0.0, busbw_GBps=1.0, busbw_by_nodes={1: 5.0})  # a count of nodes, from 2
+
+
 def test_buckets_pay_latency_each():
     c = CommModel(load_cluster("dgx-a100", gpus=512))
     one = float(c.reduce_scatter(1e9, 64, 8))

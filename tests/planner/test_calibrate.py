@@ -120,6 +120,23 @@ def test_scaling_keeps_a_valid_profile():
     assert scaled(base, {}).gpu.mem_bw == pytest.approx(base.gpu.mem_bw)
 
 
+def test_the_comm_scale_reaches_bandwidths_measured_by_node_count():
+    """A profile whose network was measured at several node counts (busbw_by_nodes) is as fast at each of them after
+    a comm scale of 2 as twice its bandwidth: the scale reaches every measured count, not only busbw_GBps."""
+    from pathlib import Path
+
+    from cost_models.comm import CommModel
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "ultrascale-h100-efa.yaml"
+    base = load_cluster(str(path), gpus=512)
+    fast = scaled(base, {"comm": 2.0})
+    for nodes in (2, 4, 16, 64):
+        n = 8 * nodes
+        before, after = CommModel(base.resized(gpus=n)), CommModel(fast.resized(gpus=n))
+        big = 2.0**34  # bandwidth-bound: latency (halved too) is negligible
+        assert float(after.all_gather(big, n)) == pytest.approx(float(before.all_gather(big, n)) / 2, rel=1e-3)
+
+
 @pytest.mark.parametrize("content, message", [
     (None, "does not exist"),
     ("", "is empty"),

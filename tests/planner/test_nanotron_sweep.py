@@ -93,3 +93,22 @@ def test_the_model_ranks_the_sweep_as_reported(bundled):
     assert statistics.median(g["spearman"] for g in ranks) > 0.6
     assert sum(g["tuned_regret"] <= 0.05 for g in ranks) >= 20
     assert sum(g["regret"] <= 0.05 for g in ranks) < sum(g["tuned_regret"] <= 0.05 for g in ranks)
+
+
+@pytest.mark.parametrize("name, published", [
+    ("all_reduce", {1: 436.0, 2: 361.7, 4: 160.1, 8: 99.6, 16: 84.7, 32: 64.9, 64: 32.9}),
+    ("all_gather", {1: 249.8, 2: 184.6, 4: 119.0, 8: 69.0, 16: 55.0, 32: 28.0, 64: 11.0}),
+    ("reduce_scatter", {1: 249.7, 2: 181.6, 4: 115.8, 8: 68.6, 16: 54.5, 32: 27.9, 64: 11.1})])
+def test_the_sweeps_network_prices_its_measured_collectives(name, published):
+    """The profile of the sweep's cluster (ultrascale-h100-efa.yaml) gives back the playbook's measured bus
+    bandwidths (its figure's medians, written in the profile's header) for the measurement it made: 1 GiB over
+    every GPU of 1-64 nodes."""
+    from cost_models.comm import CommModel
+
+    size = 2**30
+    for nodes, busbw in published.items():
+        n = 8 * nodes
+        comm = CommModel(ns.load_cluster(str(ns.NETWORK), gpus=n))
+        t = float(getattr(comm, name)(size, n, 1))
+        volume = 2 if name == "all_reduce" else 1
+        assert volume * (n - 1) / n * size / t / 1e9 == pytest.approx(busbw, rel=0.03), nodes
