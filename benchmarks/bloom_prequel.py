@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from validate_published import DATA, _ranks, _rows, price_bloom_plan  # noqa: E402
+from validate_published import DATA, _rows, price_bloom_plan, spearman  # noqa: E402
 
 from planner.uncertainty import in_band  # noqa: E402
 from specs.cluster_loading import load_cluster  # noqa: E402
@@ -55,15 +55,6 @@ def prequel() -> list[dict]:
             r["in_band"] = in_band(pp > 1, r["measured_s_per_sample"], r["predicted_s_per_sample"])
         out.append(r)
     return out
-
-
-def spearman(a: list[float], b: list[float]) -> float:
-    """Rank correlation (ties share their average rank)."""
-    ra, rb = _ranks(a), _ranks(b)
-    n = len(a)
-    m = (n - 1) / 2
-    cov = sum((x - m) * (y - m) for x, y in zip(ra, rb))
-    return cov / math.sqrt(sum((x - m) ** 2 for x in ra) * sum((y - m) ** 2 for y in rb))
 
 
 def by_table(rows: list[dict]) -> list[dict]:

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from validate_published import _ranks  # noqa: E402
+from validate_published import spearman  # noqa: E402
 
 from cost_models.step import estimate  # noqa: E402
 from planner.calibrate import calibrated, calibration_spread, fit_scales  # noqa: E402
@@ -202,14 +202,6 @@ def calibration_set(out: list[dict], key: str, finalists: int = 3) -> list[int]:
         keep = {p for p, _ in plans[:finalists]}
         chosen += [i for i in idx if out[i]["plan"] in keep]
     return chosen
-
-
-def spearman(a: list[float], b: list[float]) -> float:
-    ra, rb = _ranks(a), _ranks(b)
-    ma, mb = statistics.mean(ra), statistics.mean(rb)
-    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
-    var = (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
-    return cov / var if var else float("nan")
 
 
 def rankings(timed: list[dict], key: str, finalists: int = 3) -> list[dict]:

@@ -222,24 +222,29 @@ def _ranks(x: list[float]) -> list[float]:
     return r
 
 
+def spearman(a: list[float], b: list[float]) -> float:
+    """Rank correlation (ties share their average rank); nan when either side has one value only."""
+    ra, rb = _ranks(a), _ranks(b)
+    m = (len(a) - 1) / 2
+    cov = sum((x - m) * (y - m) for x, y in zip(ra, rb))
+    var = (sum((x - m) ** 2 for x in ra) * sum((y - m) ** 2 for y in rb)) ** 0.5
+    return cov / var if var else float("nan")
+
+
 def topology_summary(rows: list[dict]) -> dict:
     """How the model ranks the sweep: rank correlation of per-sample times, the measured cost of taking the
     model's favourite (regret), memory error, and out-of-memory agreement."""
     timed = [r for r in rows if "measured_s_per_sample" in r and "predicted_s_per_sample" in r]
     meas = [r["measured_s_per_sample"] for r in timed]
     pred = [r["predicted_s_per_sample"] for r in timed]
-    rm, rp = _ranks(meas), _ranks(pred)
     n = len(timed)
-    mean = (n - 1) / 2
-    cov = sum((a - mean) * (b - mean) for a, b in zip(rm, rp))
-    var = (sum((a - mean) ** 2 for a in rm) * sum((b - mean) ** 2 for b in rp)) ** 0.5
     best = min(meas)
     pick = timed[min(range(n), key=lambda i: pred[i])]
     mem = [(r["predicted_GiB"] - r["measured_GiB"]) / r["measured_GiB"] for r in rows
            if "measured_GiB" in r and "predicted_GiB" in r]
     time_err = [(p - m) / m for m, p in zip(meas, pred)]
     best_tp8 = min(m for m, r in zip(meas, timed) if r["tp"] == 8)
-    return {"spearman": cov / var, "model_pick": pick["plan"],
+    return {"spearman": spearman(meas, pred), "model_pick": pick["plan"],
             "regret": pick["measured_s_per_sample"] / best - 1,
             "best_tp8_vs_best": best_tp8 / best - 1, "share_faster_than_best_tp8": sum(m < best_tp8 for m in meas) / n,
             "mean_abs_time_error": sum(map(abs, time_err)) / n, "mean_time_error": sum(time_err) / n,
