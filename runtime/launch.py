@@ -278,11 +278,17 @@ def _failure(log: str, errors: list[str], rc: int) -> str:
         return f"training failed: worker rank {rank.group(1)} was killed by {sig}"
     hang = [e for e in errors if "stopped making progress" in e]  # the watchdog's verdict: the cause, not a symptom
     if hang:
-        return hang[0].removeprefix(WORKER_ERROR_PREFIX).strip()
+        return _worker_text(hang[0])
     if errors:
         own = [e for e in errors if rank and f"rank {rank.group(1)}:" in e]
-        return (own or errors)[0].removeprefix(WORKER_ERROR_PREFIX).strip()
+        return _worker_text((own or errors)[0])
     return f"training failed: torchrun exited with status {rc}"
+
+
+def _worker_text(line: str) -> str:
+    """A worker's error line without its prefix, and without a second rank's copy run into it (workers write whole
+    lines, runtime/worker_error.py; an older or longer write may still interleave)."""
+    return line.removeprefix(WORKER_ERROR_PREFIX).split(WORKER_ERROR_PREFIX)[0].strip()
 
 
 

@@ -44,7 +44,8 @@ from runtime.parallel.mesh import build_groups
 from runtime.phase_clock import CudaMarks, PhaseClock
 from runtime.testing_hooks import StepHooks
 from runtime.trainer import Trainer, check_supported, peak_memory_GiB
-from specs.errors import WORKER_ERROR_PREFIX, AutoparError
+from runtime.worker_error import report
+from specs.errors import AutoparError
 from specs.phases import PHASES
 from specs.planfile import PlanFile, load_plan
 
@@ -286,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run(parse_args(argv))
     except AutoparError as err:
-        print(f"{WORKER_ERROR_PREFIX} {err}", file=sys.stderr, flush=True)
+        report(str(err))
         return 2
     except KeyboardInterrupt:
         return 130
@@ -294,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("AUTOPAR_DEBUG"):
             traceback.print_exc()
         msg = " ".join(str(err).split())[:300]
-        print(f"{WORKER_ERROR_PREFIX} rank {rank}: {type(err).__name__}: {msg}", file=sys.stderr, flush=True)
+        report(f"rank {rank}: {type(err).__name__}: {msg}")
         return 1
 
 

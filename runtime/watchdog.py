@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import threading
 import time
 from typing import Any
@@ -23,7 +22,7 @@ from typing import Any
 import torch.distributed as dist
 
 from runtime.parallel.mesh import ParallelGroups
-from specs.errors import WORKER_ERROR_PREFIX
+from runtime.worker_error import report
 
 
 class Watchdog:
@@ -89,7 +88,7 @@ class Watchdog:
         waiting = "; ".join(f"rank {r} in {records[r]['last']}" for r in sorted(records)
                             if r != behind and records[r]["inside"])
         others = waiting or "none inside a call"
-        print(f"{WORKER_ERROR_PREFIX} rank {behind} stopped making progress at step {rec['step'] + 1}, {where} its "
-              f"call {rec['calls']} ({rec['last']}); the others waited {self.timeout:g} s ({others}); look at that "
-              "rank (py-spy dump) or raise --collective-timeout", file=sys.stderr, flush=True)
+        report(f"rank {behind} stopped making progress at step {rec['step'] + 1}, {where} its call {rec['calls']} "
+               f"({rec['last']}); the others waited {self.timeout:g} s ({others}); look at that rank (py-spy dump) "
+               "or raise --collective-timeout")
         os._exit(3)

@@ -1,0 +1,32 @@
+"""A failing worker's line: written whole, and read back as one message."""
+
+from __future__ import annotations
+
+from runtime.launch import _failure
+from runtime.worker_error import MAX_BYTES, report
+from specs.errors import WORKER_ERROR_PREFIX
+
+
+def test_a_worker_error_is_one_line_in_one_write(capfd, monkeypatch):
+    """The whole line, its newline included, goes out in one os.write (two ranks failing at once cannot run their
+    lines together), on one line whatever the message's own line breaks, and within a pipe's atomic size."""
+    import runtime.worker_error as we
+
+    writes = []
+    real = we.os.write
+    monkeypatch.setattr(we.os, "write", lambda fd, data: writes.append((fd, data)) or real(fd, data))
+    report("checkpoint x is corrupt:\n  the file ends early;   use an earlier one")
+    assert writes == [(2, f"{WORKER_ERROR_PREFIX} checkpoint x is corrupt: the file ends early; use an earlier one\n"
+                          .encode())]
+    assert capfd.readouterr().err.count("\n") == 1
+    writes.clear()
+    report("é" * 5000)  # cut to fit, on a character boundary
+    assert len(writes[0][1]) <= MAX_BYTES + 1 and writes[0][1].decode().endswith("\n")
+
+
+def test_a_doubled_line_is_read_as_one_message():
+    """Two ranks' copies of the same error run into one line (as older workers could write them) read as one."""
+    msg = "rank 1 stopped making progress at step 3; raise --collective-timeout"
+    doubled = f"{WORKER_ERROR_PREFIX} {msg}{WORKER_ERROR_PREFIX} {msg}\n"
+    assert _failure("", [doubled], 1) == msg
+    assert _failure("", [f"{WORKER_ERROR_PREFIX} {msg}\n"], 1) == msg
