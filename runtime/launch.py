@@ -145,7 +145,7 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
         plan, _ = resumed_train(plan, Path(checkpoint_dir))
     total = check_run_options(plan, steps, checkpoint_dir, checkpoint_every, metrics_out, resume, max_restarts,
                               mtbf_hours, collective_timeout, {"plan file": plan_path, "--data file": data},
-                              keep_checkpoints)
+                              keep_checkpoints, train_from_plan)
     if checkpoint_dir:  # (a dry run only prints the command: this machine's devices may not be the workers')
         check_checkpoints(Path(checkpoint_dir), resume, total, None if dry_run else plan)
     trained_on = data

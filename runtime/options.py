@@ -64,7 +64,8 @@ def launch_options(a: argparse.Namespace) -> dict[str, object]:
 def check_run_options(plan: PlanFile, steps: int | None, checkpoint_dir: str | None, checkpoint_every: int | None,
                       metrics_out: str | None, resume: bool, max_restarts: int = 0,
                       mtbf_hours: float | None = None, collective_timeout: float = COLLECTIVE_TIMEOUT_S,
-                      inputs: dict[str, str | None] | None = None, keep_checkpoints: int | None = None) -> int:
+                      inputs: dict[str, str | None] | None = None, keep_checkpoints: int | None = None,
+                      train_from_plan: bool = False) -> int:
     """Refuse options that would only fail later (after training, at the first checkpoint or metrics write), and a
     metrics file that is one of the run's ``inputs`` (what each is -> its path); returns the number of steps to run."""
     total = steps if steps is not None else plan.train.steps
@@ -75,6 +76,9 @@ def check_run_options(plan: PlanFile, steps: int | None, checkpoint_dir: str | N
                            f"got {checkpoint_every}")
     if resume and not checkpoint_dir:
         raise AutoparError("--resume needs --checkpoint-dir (where the checkpoints are)")
+    if train_from_plan and not resume:
+        raise AutoparError("--train-from-plan says which schedule a resumed run takes (the plan's, not the "
+                           "checkpoint's); a run from scratch takes the plan's anyway: add --resume or drop it")
     if max_restarts < 0:
         raise AutoparError(f"--max-restarts must be 0 or more, got {max_restarts}")
     if not 0 < collective_timeout < float("inf"):

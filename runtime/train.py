@@ -135,7 +135,8 @@ def run(args: argparse.Namespace) -> int:
                               args.metrics_out if rank == 0 else None, args.resume,
                               mtbf_hours=args.mtbf_hours, collective_timeout=args.collective_timeout,
                               inputs={"plan file": args.plan, "--data file": args.data},
-                              keep_checkpoints=args.keep_checkpoints)  # rank 0 writes metrics
+                              keep_checkpoints=args.keep_checkpoints,
+                              train_from_plan=args.train_from_plan)  # rank 0 writes metrics
     data_path, data_note = args.data, None
     if going_on:  # the run goes on with the data it trained on
         from runtime.checkpoint import resumed_data

@@ -318,7 +318,8 @@ class ClusterSpec(Strict):
         if link is None or self.intra_node.bandwidth_GBps <= LINK_SLACK * link.bandwidth_GBps:
             return None
         return (f"intra_node bandwidth_GBps {self.intra_node.bandwidth_GBps:g}: GPU {self.gpu.name} has "
-                f"{link.text()} inside a node; use at most {link.bandwidth_GBps:g}, or leave intra_node out to use it")
+                f"{link.text()} inside a node; use at most {LINK_SLACK * link.bandwidth_GBps:g} ({LINK_SLACK:g}x its "
+                f"{link.bandwidth_GBps:g}), or leave intra_node out to use it")
 
     @property
     def nic_bw_per_gpu(self) -> float:

@@ -209,6 +209,8 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
                   "--max-restarts must be 0 or more"))
     cases.append((dict(plan_path=_plan(tmp_path), checkpoint_every=5), "--checkpoint-every needs --checkpoint-dir"))
     cases.append((dict(plan_path=_plan(tmp_path), mtbf_hours=5.0), "--mtbf-hours needs --checkpoint-dir"))
+    cases.append((dict(plan_path=_plan(tmp_path), checkpoint_dir=str(tmp_path / "fresh"), train_from_plan=True),
+                  "--train-from-plan says which schedule a resumed run takes"))
     held = tmp_path / "held"  # a run's checkpoint folder, at step 3
     (held / "step_00000003").mkdir(parents=True)
     (held / "step_00000003" / "meta.json").write_text("{}")

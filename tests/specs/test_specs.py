@@ -360,7 +360,7 @@ def test_gpu_profiles_carry_their_node_link_and_clusters_respect_it(tmp_path):
     assert load_cluster(str(p)).intra_node.bandwidth_GBps == 64
     p.write_text("name: c\ngpu: l40s-48gb\ngpus_per_node: 8\nintra_node: {bandwidth_GBps: 450}\n")
     with pytest.raises(AutoparError, match=r"intra_node bandwidth_GBps 450: GPU l40s-48gb has PCIe \(32 GB/s per "
-                                           r"GPU\) inside a node; use at most 32, or leave intra_node out"):
+                                           r"GPU\) inside a node; use at most 40 \(1.25x its 32\), or leave intra_node out"):
         load_cluster(str(p))
     p.write_text("name: c\ngpu: {name: g, peak_tflops: {bf16: 100}, memory_GiB: 10, memory_bandwidth_GBps: 100}\n"
                  "gpus_per_node: 8\n")
