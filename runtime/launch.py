@@ -63,10 +63,12 @@ def multi_node_commands(plan: PlanFile, worker: list[str], max_restarts: int = 0
     per_node = plan.world_size // nodes
     tail = " ".join(shlex.quote(a) for a in worker)
     rdzv = "--rdzv-backend c10d --rdzv-id autopar" + (f" --max-restarts {max_restarts}" if max_restarts else "")
+    # srun runs it through each node's bash, which finds node 0's host there: quoted whole for the shell it is typed in
+    on_node = (f"torchrun --nnodes {nodes} --nproc-per-node {per_node} {rdzv} --rdzv-endpoint "
+               f"$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1):29500 {tail}")
     return [
         f"torchrun --nnodes {nodes} --nproc-per-node {per_node} {rdzv} --rdzv-endpoint $MASTER_ADDR:29500 {tail}",
-        f"srun --nodes {nodes} --ntasks-per-node 1 bash -c 'torchrun --nnodes {nodes} --nproc-per-node {per_node} "
-        f"{rdzv} --rdzv-endpoint $(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1):29500 {tail}'",
+        f"srun --nodes {nodes} --ntasks-per-node 1 bash -c {shlex.quote(on_node)}",
     ]
 
 

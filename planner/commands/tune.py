@@ -38,6 +38,10 @@ def tune_command(args: argparse.Namespace) -> int:
     fixed = parse_plan_keys(args.fix, "--fix")
     headroom = headroom_for(args.headroom, cluster.gpu.memory_GiB)
     if cluster.num_nodes > 1:
+        if not args.dir:
+            raise AutoparError("--dir: on several nodes every node reads the trials' plans and writes their metrics "
+                               "there, so give a folder on a filesystem all nodes share (a temporary folder here "
+                               "exists on this machine only)")
         if args.out:
             raise AutoparError("--out: on several nodes tune writes the trials' plans and prints their commands; "
                                "nothing is measured here to choose from, so leave --out out and keep the trial plan "

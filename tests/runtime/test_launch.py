@@ -258,6 +258,27 @@ def test_multi_node_plan_prints_the_commands(tmp_path, capsys):
     assert f"-m runtime.train {path} --steps 5" in out
 
 
+def test_the_printed_commands_survive_a_path_that_needs_quoting(tmp_path):
+    """A plan path with a space and a quote: the torchrun line and the script srun hands each node's bash both
+    name it as one argument, and node 0's host is looked up on the node (not where the line is typed)."""
+    import shlex
+
+    from runtime.launch import _worker_args, multi_node_commands
+
+    odd = tmp_path / "sp ace" / "my 'plan'.json"
+    odd.parent.mkdir()
+    odd.write_text(Path(_plan(tmp_path, cluster="dgx-h100", gpus=16, tp=4, pp=2, dp=2)).read_text())
+    torchrun, srun = multi_node_commands(load_plan(str(odd)), _worker_args(str(odd), 5, None, None, None, False,
+                                                                          None, False))
+    args = shlex.split(torchrun)
+    assert args[args.index("runtime.train") + 1] == str(odd)
+    outer = shlex.split(srun)
+    assert outer[:6] == ["srun", "--nodes", "2", "--ntasks-per-node", "1", "bash"] and outer[6] == "-c"
+    assert len(outer) == 8 and "$(scontrol show hostnames" in outer[7]  # expanded by each node's bash
+    inner = shlex.split(outer[7].replace("$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1)", "node0"))
+    assert inner[inner.index("runtime.train") + 1] == str(odd) and "node0:29500" in inner
+
+
 def test_dry_run_prints_the_torchrun_command(tmp_path, capsys):
     path = _plan(tmp_path)
     assert launch(path, dry_run=True, quiet=True) == 0

@@ -113,6 +113,9 @@ def test_tune_on_several_nodes_prints_each_trials_commands(tmp_path, capsys):
     assert main(["tune", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch", "64",
                  "--dir", str(tmp_path / "u"), "--out", str(tmp_path / "best.json")]) == 2  # nothing to choose here
     assert "--out: on several nodes" in capsys.readouterr().err and not (tmp_path / "best.json").exists()
+    assert main(["tune", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch", "64"]) == 2
+    err = capsys.readouterr().err  # a temporary folder here is on this machine only: every node needs the trials
+    assert "--dir: on several nodes" in err and "filesystem all nodes share" in err and "\n" not in err.strip()
 
 
 def test_tune_into_a_used_folder_leaves_no_earlier_trial(tmp_path, capsys):
