@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -15,10 +17,19 @@ if TYPE_CHECKING:
     from specs.model import ModelSpec
 
 
+class _Console(Console):
+    """rich's console, except that a reader gone away (``autopar plan | head``) ends the command as a closed pipe
+    does everywhere else in autopar (exit 0, planner/cli.py), not with rich's exit status 1."""
+
+    def on_broken_pipe(self) -> None:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more reaches the closed pipe
+        raise BrokenPipeError
+
+
 def console() -> Console:
-    con = Console(highlight=False, soft_wrap=False)
+    con = _Console(highlight=False, soft_wrap=False)
     if not con.is_terminal:
-        con = Console(highlight=False, soft_wrap=False, width=140)
+        con = _Console(highlight=False, soft_wrap=False, width=140)
     return con
 
 

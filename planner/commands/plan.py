@@ -198,7 +198,7 @@ def _print_tables(args: argparse.Namespace, model: Any, cluster: Any, res: Any, 
         con.print(tab)
     if checked is not None:
         con.print(memory_check_table(checked))
-    con.print(f"best plan keys: {res.plans[0].config.as_keys()}")
+    con.print(escape(f"best plan keys: {res.plans[0].config.as_keys()}"), soft_wrap=True)  # copied whole into --fix
     warning = _warning(res)
     if warning:
         con.print(f"[yellow]memory:[/yellow] {escape(warning)}")
@@ -208,4 +208,4 @@ def _print_tables(args: argparse.Namespace, model: Any, cluster: Any, res: Any, 
 
         problem = execution_problem(model, StateSpec.default(cluster.precision))
         how = f"autopar run cannot execute it: {problem}" if problem else f"train it with: autopar run {args.out}"
-        con.print(escape(f"wrote {args.out}  ({how})"))
+        con.print(escape(f"wrote {args.out}  ({how})"), soft_wrap=True)

@@ -122,7 +122,7 @@ def _print_trials(args: argparse.Namespace, model, cluster, res, warning: str | 
     if warning:
         con.print(escape(warning))
     if args.out:
-        con.print(escape(f"wrote {args.out}  (train it with: autopar run {args.out})"))
+        con.print(escape(f"wrote {args.out}  (train it with: autopar run {args.out})"), soft_wrap=True)
 
 
 def _tune_commands(args: argparse.Namespace, model, cluster, out_dir, fixed, headroom: float) -> int:

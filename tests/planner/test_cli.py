@@ -321,3 +321,25 @@ def test_plan_rows_carry_a_band_and_ties_recommend_tune(capsys):
     code, out, _ = run(capsys, "plan", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "512",
                        "--global-batch", "1024", "--format", "json", "--top", "1")
     assert json.loads(out)["uncertainty"]["tied_with_best"] == u["tied_with_best"]  # not only the plans shown
+
+
+def test_a_reader_that_goes_away_ends_the_command_cleanly():
+    """`autopar plan | head -1`: the first line arrives, and the command ends with status 0 and nothing on stderr
+    (rich alone would exit 1, failing scripts run with `set -o pipefail`)."""
+    import subprocess
+    import sys
+
+    cmd = (f"set -o pipefail; {sys.executable} -m planner.cli plan --model llama3-8b --cluster dgx-h100 --gpus 64 "
+           "--global-batch 512 | head -1")
+    done = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("model   llama3-8b") and done.stderr == ""
+
+
+def test_the_best_plan_keys_line_is_never_wrapped(capsys):
+    """The keys line is copied whole into --fix / --plan: a long one (a placement on node groups) stays on one line
+    when the output is not a terminal (rich would wrap it at 140 columns, inside a key)."""
+    assert main(["plan", "--model", "llama3-8b", "--cluster", "ib-roce-a100", "--global-batch", "256", "--fix",
+                 "placement=ib+roce"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("best plan keys: "))
+    assert len(line) > 140 and line.endswith("placement=ib+roce")
