@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import BaseModel, ValidationError
 
@@ -29,13 +29,30 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
-def validation_message(err: ValidationError) -> str:
-    """The first problem pydantic found, as one line (``field 'x': message``)."""
-    first = err.errors()[0]
-    loc = ".".join(str(p) for p in first.get("loc", ()))
+def _fields_at(cls: type[BaseModel] | None, path: tuple[Any, ...]) -> list[str]:
+    """The field names of the section at ``path`` inside model ``cls`` (a nested model, optional or not), or []."""
+    for part in path:
+        field = cls.model_fields.get(part) if cls is not None and isinstance(part, str) else None
+        if field is None:
+            return []
+        kinds = [field.annotation, *get_args(field.annotation)]
+        cls = next((k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)), None)
+    return list(cls.model_fields) if cls is not None else []
+
+
+def validation_message(err: ValidationError, cls: type[BaseModel] | None = None) -> str:
+    """The most telling problem pydantic found, as one line (``field 'x': message``): an unknown field first, with
+    the closest name of its section (a misspelt required field is also reported missing: the unknown name is the
+    one to fix), else the first problem."""
+    errors = err.errors()
+    first = next((e for e in errors if e.get("type") == "extra_forbidden"), errors[0])
+    path = tuple(first.get("loc", ()))
+    loc = ".".join(str(p) for p in path)
     msg = first.get("msg", "invalid value").removeprefix("Value error, ")
     if first.get("type") == "extra_forbidden":
-        return f"unknown field '{loc}'"
+        missing = [str(e["loc"][-1]) for e in errors
+                   if e.get("type") == "missing" and tuple(e["loc"][:-1]) == path[:-1]]
+        return f"unknown field '{loc}'{did_you_mean(str(path[-1]), missing or _fields_at(cls, path[:-1]))}"
     if first.get("type") == "missing":
         return f"missing required field '{loc}'"
     return f"field '{loc}': {msg}" if loc else msg
@@ -46,6 +63,11 @@ def number_only(v: Any) -> Any:
     if isinstance(v, bool):
         raise ValueError(f"expected a number, got {str(v).lower()}")
     if isinstance(v, str):
+        try:
+            float(v)
+        except ValueError:  # '400Gbps', '2k': a unit or a suffix the field's name already fixes
+            raise ValueError(f"expected a number, got the text {v!r}; write the number alone, in the unit the "
+                             "field's name gives, without units, suffixes or quotes") from None
         raise ValueError(f"expected a number, got the text {v!r}; write it without quotes")
     return v
 
@@ -76,4 +98,4 @@ def validated(cls: type[BaseModel], data: dict[str, Any], what: str) -> Any:
     try:
         return cls(**data)
     except ValidationError as err:
-        raise AutoparError(f"{what}: {validation_message(err)}") from None
+        raise AutoparError(f"{what}: {validation_message(err, cls)}") from None

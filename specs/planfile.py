@@ -212,7 +212,7 @@ def plan_from_data(data: Any, source: str) -> PlanFile:
     try:
         plan = PlanFile.model_validate(data)
     except ValidationError as err:
-        raise AutoparError(f"{source}: {validation_message(err)}") from None
+        raise AutoparError(f"{source}: {validation_message(err, PlanFile)}") from None
     try:
         cfg = plan.config
         if plan.seq != plan.model.seq_length:

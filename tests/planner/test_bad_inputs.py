@@ -58,6 +58,7 @@ def test_absurd_sizes_are_refused(capsys, argv, needle):
     ("vocab_size: 1000000000000000", "vocab_size must be at most"),
     ("num_layers: true", "field 'num_layers': expected a number, got true"),
     ('num_layers: "4"', "field 'num_layers': expected a number, got the text '4'; write it without quotes"),
+    ("seq_length: 2k", "got the text '2k'; write the number alone, in the unit the field's name gives"),
     ('tie_embeddings: "yes"', "field 'tie_embeddings': expected true or false, got 'yes'"),
     ("moe: {num_experts: 8, experts_per_token: 2, moe_ffn_hidden_size: 64, norm_topk_prob: 1}",
      "expected true or false, got 1"),

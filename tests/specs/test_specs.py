@@ -230,6 +230,14 @@ def test_yaml_spec_and_seq_override(tmp_path):
     ("name: [x\n", "not valid YAML at line"),
     ("- 1\n- 2\n", "must hold a mapping"),
     ("name: x\narch: gpt\nhidden_size: 64\nnum_attention_heads: 4\nvocab_size: 10\n", "missing required field 'num_layers'"),
+    # a misspelt key inside a section: named, with its section's closest field (a misspelt required one is also
+    # missing, and the unknown name is the one to fix)
+    ("name: x\narch: llama\nnum_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\nvocab_size: 10\n"
+     "ffn_hidden_size: 128\nmoe: {num_experts: 8, experts_per_tok: 2, moe_ffn_hidden_size: 64}\n",
+     "unknown field 'moe.experts_per_tok' (did you mean 'experts_per_token'?)"),
+    ("name: x\narch: llama\nnum_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\nvocab_size: 10\n"
+     "ffn_hidden_size: 128\nmoe: {num_experts: 8, experts_per_token: 2, moe_ffn_hidden_size: 64, routr: softmax}\n",
+     "unknown field 'moe.routr' (did you mean 'router'?)"),
 ])
 def test_bad_specs_give_one_line_errors(tmp_path, text, needle):
     p = tmp_path / "bad.yaml"
@@ -266,6 +274,8 @@ def test_bad_hf_configs(tmp_path, cfg, needle):
     ("intra_node: {bandwidth_GBps: .nan}", "finite"),
     ("intra_node: {bandwidth_GBps: 300}\ncollectives: {allreduce: {intra: {alpha_us: 1, busbw_GBps: 1}}}",
      "collectives"),
+    ("num_nodes: 2\ninter_node: {nic_bandwidth_GBps: 50, nics_per_node: 8}",  # bytes for bits: the name says which
+     r"unknown field 'inter_node.nic_bandwidth_GBps' \(did you mean 'nic_bandwidth_Gbps'\?\)"),
 ])
 def test_bad_cluster_values(tmp_path, extra, needle):
     p = tmp_path / "c.yaml"
