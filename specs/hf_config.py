@@ -10,7 +10,7 @@ from typing import Any
 from specs.errors import AutoparError
 
 _LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3", "gemma", "internlm2", "yi", "phi3", "mixtral", "qwen2_moe",
-               "olmoe"}  # phi3: fused qkv and
+               "qwen3_moe", "olmoe"}  # phi3: fused qkv and
 # gate|up projections, the same shapes and counts
 _TIED_BY_DEFAULT = {"gemma"}  # tie_word_embeddings when the config leaves it out
 # rms_norm_eps when the config leaves it out: transformers' default of each config class (1e-6 for the others)
@@ -36,7 +36,8 @@ def _all_full_attention(key: str, value: Any) -> bool:
     configs): a plain model after all."""
     return key == "layer_types" and isinstance(value, list) and all(v == "full_attention" for v in value)
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
-_MOE_TYPES = {"mixtral", "qwen2_moe", "olmoe"}  # the mixture-of-experts configs read (their fields: _moe_fields)
+# the mixture-of-experts configs read (their fields: _moe_fields)
+_MOE_TYPES = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe"}
 # MoE fields of those configs that change what is computed in ways not modelled
 _MOE_UNPRICED = {"mlp_only_layers": "dense layers at chosen positions", "kv_lora_rank": "multi-head latent attention",
                  "topk_method": "group-limited expert routing"}
@@ -229,8 +230,8 @@ def hf_to_spec(cfg: dict[str, Any], source: str) -> dict[str, Any]:
 
 
 def _moe_fields(cfg: dict[str, Any], mtype: str) -> dict[str, Any]:
-    """The ``moe:`` section of a Mixtral, Qwen2-MoE or OLMoE config (every layer MoE unless Qwen's
-    ``decoder_sparse_step`` says every k-th: layers k-1, 2k-1, ...)."""
+    """The ``moe:`` section of a Mixtral, Qwen2-MoE, Qwen3-MoE (Qwen2-MoE's fields, without shared experts) or OLMoE
+    config (every layer MoE unless Qwen's ``decoder_sparse_step`` says every k-th: layers k-1, 2k-1, ...)."""
     if mtype == "mixtral":
         return {"num_experts": _int(cfg, "num_local_experts"), "experts_per_token": _int(cfg, "num_experts_per_tok"),
                 "moe_ffn_hidden_size": _int(cfg, "intermediate_size"),
@@ -238,7 +239,7 @@ def _moe_fields(cfg: dict[str, Any], mtype: str) -> dict[str, Any]:
     out: dict[str, Any] = {
         "num_experts": _int(cfg, "num_experts"), "experts_per_token": _int(cfg, "num_experts_per_tok"),
         "norm_topk_prob": _bool(cfg, "norm_topk_prob", False),
-        "aux_loss_coef": _float(cfg, "router_aux_loss_coef", 0.001 if mtype == "qwen2_moe" else 0.01)}
+        "aux_loss_coef": _float(cfg, "router_aux_loss_coef", 0.001 if mtype.startswith("qwen") else 0.01)}
     if mtype == "olmoe":
         return {**out, "moe_ffn_hidden_size": _int(cfg, "intermediate_size")}
     step = _int(cfg, "decoder_sparse_step", 1)

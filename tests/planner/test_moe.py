@@ -204,6 +204,24 @@ def test_moe_hf_configs_read_and_refused(tmp_path, capsys):
     assert "mixture-of-experts model autopar does not read" in fails(capsys, *EST, "--model", str(p), "--plan", "tp=1")
 
 
+def test_a_qwen3_moe_config_is_the_published_model(tmp_path):
+    """Qwen3-30B-A3B's config.json (Hugging Face, Qwen/Qwen3-30B-A3B: its fields as published) reads as its model
+    card says, 30.5B parameters and 3.3B active, with no shared expert and normalised top-k weights; the preset
+    plans the same shapes."""
+    cfg = {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 2048,
+           "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+           "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8,
+           "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [], "vocab_size": 151936,
+           "tie_word_embeddings": False, "max_position_embeddings": 40960, "rope_theta": 1000000.0,
+           "rms_norm_eps": 1e-06, "router_aux_loss_coef": 0.001, "attention_bias": False}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    m = load_model(str(p))
+    assert m.num_params / 1e9 == pytest.approx(30.5, abs=0.1) and m.active_params / 1e9 == pytest.approx(3.3, abs=0.1)
+    assert m.moe.num_shared_experts == 0 and m.moe.norm_topk_prob and not m.qkv_bias
+    assert m.num_params == load_model("qwen3-30b-a3b").num_params
+
+
 def test_every_moe_plan_the_planner_writes_is_one_the_runtime_executes(tmp_path, capsys):
     """Expert, expert-tensor and context parallelism included: `--runnable` changes nothing, and `autopar run`'s
     checks accept the plan files."""

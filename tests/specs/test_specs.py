@@ -56,7 +56,7 @@ def test_llama_hf_config(tmp_path):
 
 
 @pytest.mark.parametrize("mtype", ["llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "mixtral", "qwen2_moe",
-                                   "olmoe"])
+                                   "qwen3_moe", "olmoe"])
 def test_hf_config_without_rms_norm_eps_reads_transformers_default(tmp_path, mtype):
     """A config.json that leaves rms_norm_eps out means its config class's default, which transformers sets per
     model type (1e-6 for Llama, 1e-5 for Mixtral)."""
@@ -64,7 +64,7 @@ def test_hf_config_without_rms_norm_eps_reads_transformers_default(tmp_path, mty
     cls = transformers.AutoConfig.for_model(mtype).__class__
     cfg = {"model_type": mtype, "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
            "intermediate_size": 512, "vocab_size": 1000}
-    if mtype in ("mixtral", "qwen2_moe", "olmoe"):
+    if mtype in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe"):
         cfg.update(num_local_experts=4, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=128)
     p = tmp_path / "config.json"
     p.write_text(json.dumps(cfg))
