@@ -70,7 +70,10 @@ def parse_vary(text: str) -> tuple[str, list[Any]]:
         raise AutoparError(f"--vary {key}= needs at least one value")
     if key == "gpu":
         for g in items:
-            load_gpu(g)
+            try:
+                load_gpu(g)
+            except AutoparError as err:
+                raise AutoparError(f"--vary gpu={g}: {err}") from None
         return key, items
     if base == "group_net":  # group names, checked against the cluster's groups (with_group)
         return key, items

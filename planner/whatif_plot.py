@@ -173,6 +173,7 @@ def plot(curves: dict[str, list[dict[str, Any]]], key: str, model: str, cluster:
 
     fig = figure(curves, key, model, cluster)
     try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)  # a folder --plot names that is not there yet, as --out
         fig.savefig(path, dpi=120, bbox_inches="tight")
     except (OSError, ValueError) as err:
         raise AutoparError(f"cannot write plot {path}: {err}") from None

@@ -24,9 +24,14 @@ class AutoparError(Exception):
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
-    """Return ``" (did you mean 'x'?)"`` for the closest choice, or an empty string."""
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f" (did you mean '{close[0]}'?)" if close else ""
+    """Return ``" (did you mean 'x'?)"`` for the closest choice, else the choices that begin with ``word`` (a short
+    name of several: 'h100' -> 'h100-pcie-80gb' or 'h100-sxm5-80gb'), or an empty string."""
+    choices = list(choices)
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    if close:
+        return f" (did you mean '{close[0]}'?)"
+    longer = [c for c in choices if word and c.lower().startswith(word.lower())]
+    return f" (did you mean {' or '.join(repr(c) for c in longer)}?)" if 0 < len(longer) <= 4 else ""
 
 
 def _fields_at(cls: type[BaseModel] | None, path: tuple[Any, ...]) -> list[str]:

@@ -144,6 +144,10 @@ def test_plot_title_with_dollars_and_the_path_written(tmp_path, capsys):
     assert (tmp_path / "plot.png").read_bytes()[:4] == b"\x89PNG"
     assert "is a directory" in fails(capsys, "whatif", "--model", "tiny", "--cluster", "cpu-gloo", "--global-batch",
                                      "4", "--vary", "gpus=1,2", "--plot", str(tmp_path))
+    deep = tmp_path / "new" / "folder" / "p.png"  # a folder not there yet is made, as for --out
+    assert main(["whatif", "--model", "tiny", "--cluster", "cpu-gloo", "--global-batch", "4", "--vary", "gpus=1,2",
+                 "--plot", str(deep)]) == 0
+    assert deep.read_bytes()[:4] == b"\x89PNG"
 
 
 def test_an_output_named_as_a_folder_is_refused_and_a_path_is_never_a_preset(tmp_path, capsys, monkeypatch):
@@ -216,6 +220,14 @@ def test_whatif_key_errors_name_the_option(capsys, flag, keys, needle):
     in."""
     err = fails(capsys, *WHATIF, flag, keys)
     assert err.startswith(f"autopar: error: {flag} {keys}: ") and needle in err
+
+
+def test_a_short_gpu_name_is_refused_with_the_names_it_may_mean(capsys):
+    """`--vary gpu=h100`: the value and the option are named, with the bundled GPUs whose names begin with it."""
+    err = fails(capsys, "whatif", "--model", "tiny", "--cluster", "cpu-gloo", "--global-batch", "16", "--vary",
+                "gpu=h100,a100-sxm4-80gb")
+    assert err.startswith("autopar: error: --vary gpu=h100: unknown GPU 'h100' (did you mean 'h100-pcie-80gb' or "
+                          "'h100-sxm5-80gb'?)")
 
 # ---- empty paths ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("argv,option", [
