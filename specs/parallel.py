@@ -352,6 +352,10 @@ def _parse_value(key: str, raw: str, flag: str) -> Any:
     """One ``--plan`` / ``--fix`` value, typed and range-checked (errors name ``flag``)."""
     info, low = KEYS[key], raw.strip().lower()
     value: Any
+    if "=" in raw and info.kind != "groups":
+        together = f"{key}={raw}"
+        raise AutoparError(f"plan key {key}: '{raw}' holds another key=value; separate keys with commas, as in "
+                           f"\"{','.join(together.split())}\"")
     if info.kind == "bool":
         if low not in ("true", "1", "yes", "on", "false", "0", "no", "off"):
             raise AutoparError(f"plan key {key} takes true or false (or 1/0, yes/no, on/off), got '{raw}'")

@@ -319,8 +319,10 @@ RULES: tuple[Rule, ...] = (
          lambda cfg, x: f"zero={cfg.zero}: ZeRO-2/3 of a mixture-of-experts model is not modelled; use zero=1 "
                         "(the distributed optimizer, as Megatron-Core's MoE runs) or zero=0"),
     Rule(("dp", "mbs"), lambda c, x: x.global_batch % (c.dp * c.mbs) == 0,
-         lambda cfg, x: f"global batch {x.global_batch} is not divisible by dp*mbs = {cfg.dp}*{cfg.mbs}; "
-                        "change --global-batch, dp or mbs"),
+         lambda cfg, x: (f"global batch {x.global_batch} is not divisible by dp*mbs = {cfg.dp}*{cfg.mbs}; "
+                         "change --global-batch, dp or mbs") if x.global_batch % cfg.mbs == 0 else
+                        (f"global batch {x.global_batch} is not divisible by mbs={cfg.mbs}, whatever dp; use an mbs "
+                         "that divides it, or change --global-batch")),
     Rule(("pp", "vpp", "dp", "mbs"),
          lambda c, x: (c.vpp == 1) | (microbatches(x.global_batch, c.dp, c.mbs) % c.pp == 0),
          lambda cfg, x: f"the interleaved schedule needs the number of micro-batches "
