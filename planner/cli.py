@@ -19,6 +19,7 @@ from planner.headroom import DEFAULT_FRACTION
 from runtime.options import add_run_arguments
 from specs.errors import ERROR_PREFIX, AutoparError
 from specs.files import integer, path_argument
+from specs.planfile import TrainConfig
 
 ONCE_HOW = {"plan": ", with comma-separated keys", "compare": ", with comma-separated keys",
             "vary": ": one key with comma-separated values (a sweep varies one thing)"}
@@ -76,7 +77,8 @@ def _add_common(p: argparse.ArgumentParser, batch_required: bool = True) -> None
 
 
 def _format(p: argparse.ArgumentParser, choices: tuple[str, ...] = ("table", "json")) -> None:
-    p.add_argument("--format", choices=choices, default="table")
+    p.add_argument("--format", choices=choices, default="table",
+                   help="table for people, json for tools (docs/contract.md); default %(default)s")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -101,7 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="kept for compatibility: every plan is one autopar's runtime executes; this only checks "
                          "that the model and its precision can be trained (specs/capabilities.py)")
     pl.add_argument("--out", type=path_argument, help="write the best plan to this plan file (JSON)")
-    pl.add_argument("--steps", type=integer, default=None, help="training steps recorded in the plan file")
+    pl.add_argument("--steps", type=integer, default=None,
+                    help="training steps recorded in the plan file, the length of its learning-rate schedule "
+                         f"(default: {TrainConfig.model_fields['steps'].default}; only with --out)")
     pl.add_argument("--verify", action="store_true",
                     help="also replay the best plan's pipeline ranks with the runtime on the meta device and compare "
                          "the bytes they keep alive with the memory model (needs torch)")
