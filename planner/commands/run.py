@@ -30,6 +30,8 @@ def run_command(args: argparse.Namespace) -> int:
     if plan_path is None:
         plan_path = str(_plan_default(cache_dir() / "default-plan.json", "its command" if args.dry_run else None))
     fresh = _fresh_prediction(plan_path)
+    if not args.dry_run:
+        _check_host_memory(plan_path)
     return launch(plan_path=plan_path, predicted_step_s=fresh and fresh.step_time_s,
                   predicted_memory_GiB=fresh and fresh.memory_GiB, **launch_options(args))
 
@@ -111,6 +113,47 @@ def _fresh_prediction(plan_path: str) -> Any:
     print(f"autopar: {plan_path} was edited since its prediction ({plan.prediction.get('step_time_s', 0):.4g} s "
           f"a step); re-estimated for {plan.config.short()}: {est.step_time_s:.4g} s", flush=True)
     return est
+
+
+def available_GiB() -> float | None:
+    """Memory this machine can still give (Linux's MemAvailable), or None where it does not say."""
+    try:
+        with open("/proc/meminfo") as f:
+            kib = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+    return kib / 2**20
+
+
+def _check_host_memory(plan_path: str) -> None:
+    """A plan whose ranks all train on this machine's CPU (a gloo plan, or a CUDA plan on a machine without CUDA,
+    run in fp32) keeps every rank's weights, optimizer state and activations in this machine's memory: refused
+    before launch when the memory model prices them above what the machine has available, where the kernel would
+    kill the run (or the machine) instead."""
+    from cost_models.step import estimate
+    from specs.planfile import load_plan
+    from specs.state import StateSpec
+
+    plan = load_plan(plan_path)
+    if plan.cluster.backend == "nccl" and _has_cuda() or plan.cluster.num_nodes > 1:
+        return  # on GPUs, or on several machines (run prints their commands)
+    free = available_GiB()
+    if free is None or "fp32" not in plan.cluster.gpu.peak_tflops:
+        return
+    cpu = plan.used_cluster.model_copy(update={"precision": "fp32", "backend": "gloo"})
+    est = estimate(plan.model, cpu, plan.config, plan.global_batch, validate=False, state=StateSpec.default("fp32"))
+    need = sum(est.stage_memory_GiB) * plan.world_size / plan.config.pp  # every rank of each stage
+    if need > free:
+        how = "" if plan.cluster.backend == "gloo" else " in fp32 (no CUDA here)"
+        raise AutoparError(f"{plan_path}: its {plan.world_size} ranks would train on this machine's CPU{how} and "
+                           f"need about {need:.1f} GiB by the memory model; this machine has {free:.1f} GiB "
+                           "available: run it on its cluster, or plan a smaller model or batch")
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _plan_default(path, then: str | None = None) -> str:

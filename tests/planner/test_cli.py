@@ -343,3 +343,30 @@ def test_the_best_plan_keys_line_is_never_wrapped(capsys):
                  "placement=ib+roce"]) == 0
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("best plan keys: "))
     assert len(line) > 140 and line.endswith("placement=ib+roce")
+
+
+def test_a_plan_too_big_for_this_machines_memory_is_refused_before_launch(tmp_path, capsys, monkeypatch):
+    """Every rank of a CPU run (a gloo plan, or a CUDA plan where there is no CUDA, in fp32) lives in this machine's
+    memory: when the memory model prices them above what it has available, `run` refuses in one line before any
+    worker starts, naming both; a plan that fits starts as before (here: a dry run, which checks nothing)."""
+    import planner.commands.run as run_cmd
+
+    small = tmp_path / "tiny.json"
+    assert main(["plan", "--model", "tiny", "--cluster", "cpu-gloo", "--gpus", "2", "--global-batch", "8",
+                 "--out", str(small)]) == 0
+    big = tmp_path / "big.json"
+    assert main(["plan", "--model", "llama3-8b", "--cluster", "dgx-a100", "--gpus", "8", "--global-batch", "8",
+                 "--seq", "512", "--out", str(big)]) == 0
+    capsys.readouterr()
+    monkeypatch.setattr(run_cmd, "available_GiB", lambda: 0.01)
+    monkeypatch.setattr(run_cmd, "_has_cuda", lambda: False)
+    assert main(["run", str(small), "--steps", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "its 2 ranks would train on this machine's CPU and need about" in err and "0.0 GiB available" in err
+    assert "\n" not in err
+    assert main(["run", str(big), "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "its 8 ranks would train on this machine's CPU in fp32 (no CUDA here)" in err
+    need = float(err.split("need about ")[1].split(" GiB")[0])
+    assert need > 100  # 8B parameters at 16 bytes each in fp32 with Adam, whatever the split: 120 GiB and more
+    assert main(["run", str(small), "--steps", "1", "--dry-run"]) == 0
