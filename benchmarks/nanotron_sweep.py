@@ -1,6 +1,6 @@
 """The Ultra-Scale Playbook's sweep: ~1,750 measured plans of four Llamas on 1-64 nodes of 8 H100s, priced.
 
-    python benchmarks/nanotron_sweep.py [--json out.json]
+    python benchmarks/nanotron_sweep.py [--json out.json] [--autopar-defaults]
 
 Hugging Face's nanotron runs (benchmarks/data/nanotron_ultrascale_h100.csv, source and stack in
 benchmarks/data/README.md): every combination of dp, tp, pp, micro-batch, accumulation and ZeRO-0/1 its authors ran
@@ -8,8 +8,11 @@ for 1B, 3B, 8B and 80B Llamas at 4,096 tokens and a 1M-token batch, each timed o
 largest published set of alternative plans of one model on one cluster we know of: what a planner has to rank.
 Each run is priced on the bundled dgx-h100 profile as nanotron ran it (:func:`plan_of`), nothing fitted; printed:
 step-time errors, the bands' coverage, and per (model, nodes) the rank correlation of predicted and measured steps
-and the regret of the model's pick (its fastest predicted plan's measured step over the measured best), then how
-the memory model's fit verdict compares with the runs that ran and those that crashed or ran out of memory.
+and the regret of the model's pick (its fastest predicted plan's measured step over the measured best) and of the
+best of its three fastest (what `autopar tune` keeps); the same on the sweep's own network as the playbook measured
+it (benchmarks/data/ultrascale-h100-efa.yaml), then with that profile calibrated on the runs tune would have made on
+a small allocation, the rest held out; last, how the memory model's fit verdict compares with the runs that ran and
+those that crashed or ran out of memory.
 """
 
 from __future__ import annotations

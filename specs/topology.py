@@ -63,8 +63,9 @@ class NodeGroup(Strict):
     intra_node: dict[str, float]  # {bandwidth_GBps, latency_us}; a profile file may leave it to the GPU's node link
     inter_node: GroupNetwork
     # measured collective fits of this group ({collective: {"intra"|"inter": fit}}), as a cluster profile's
-    # ``collectives``: taken from the group's own `autopar profile` output (``profile:`` in the file)
-    collectives: dict[str, dict[str, dict[str, float]]] = {}
+    # ``collectives``: taken from the group's own `autopar profile` output (``profile:`` in the file); each fit's fields
+    # (numbers, and a fit's ``busbw_by_nodes``) are checked as a CollectiveFit where the group's view is built
+    collectives: dict[str, dict[str, dict[str, Any]]] = {}
 
     @property
     def num_gpus(self) -> int:

@@ -108,8 +108,10 @@ def test_impossible_fixed_keys_say_why():
     m, c = load_model("gpt-7.5b"), load_cluster("dgx-a100", gpus=8)
     with pytest.raises(AutoparError, match="tp=5 does not divide"):
         search(m, c, 64, fixed={"tp": 5})
-    with pytest.raises(AutoparError, match=r"^--fix dp=1,mbs=2: global batch 7 is not divisible by dp\*mbs"):
+    with pytest.raises(AutoparError, match=r"^--fix dp=1,mbs=2: global batch 7 is not divisible by mbs=2, whatever dp"):
         search(m, c, 7, fixed={"tp": 8, "dp": 1, "mbs": 2})
+    with pytest.raises(AutoparError, match=r"^--fix dp=2,mbs=2: global batch 6 is not divisible by dp\*mbs = 2\*2"):
+        search(m, c, 6, fixed={"tp": 4, "dp": 2, "mbs": 2})
     one = ModelSpec(name="one", arch="gpt", num_layers=1, hidden_size=64, num_attention_heads=1, vocab_size=128,
                     seq_length=16)  # 8 GPUs can only be dp=8, which 7 sequences do not divide
     with pytest.raises(AutoparError, match=r"^no parallel configuration of 8 GPUs fits global batch 7 and the model "
