@@ -107,7 +107,7 @@ def group_commands(plan: PlanFile, worker: list[str], max_restarts: int = 0) -> 
     nodes = sum(count for _, _, count in runs)
     per_node = plan.cluster.node_gpus
     tail = " ".join(shlex.quote(a) for a in worker)
-    out = []
+    out = [f"# every node: MASTER_ADDR=<the host of node rank 0, the first {runs[0][0]} node>"]
     for g, first, count in runs:
         ranks = f"{first}" if count == 1 else f"{first}-{first + count - 1}"
         out.append(f"# group {g}, node ranks {ranks}: on its node i (i = 0..{count - 1})")

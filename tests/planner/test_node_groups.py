@@ -374,7 +374,9 @@ def test_groups_may_differ_in_gpus_per_node(tmp_path):
     assert "a run of 4 ranks on big" in placement_problem(("big+small",) * 4, 4, 2, 1, 4, *x)
     plan = make_plan(model, c, 64, ParallelConfig(tp=4, pp=2, dp=4, placement=("big", "small")))
     assert group_nodes(plan) == [("big", 0, 2), ("small", 2, 4)]
-    lines = [x for x in group_commands(plan, ["-m", "runtime.train", "p.json"]) if x.startswith("torchrun")]
+    printed = group_commands(plan, ["-m", "runtime.train", "p.json"])
+    assert printed[0] == "# every node: MASTER_ADDR=<the host of node rank 0, the first big node>"
+    lines = [x for x in printed if x.startswith("torchrun")]
     assert "--nnodes 6 --nproc-per-node 8 --node-rank $((0 + i))" in lines[0]
     assert "--nnodes 6 --nproc-per-node 4 --node-rank $((2 + i))" in lines[1]
     plain = make_plan(model, c, 64, ParallelConfig(tp=4, pp=2, dp=4))  # no placement: each node still gets its own
