@@ -61,12 +61,14 @@ def model_of(name: str) -> ModelSpec:
                      seq_length=SEQ, tie_embeddings=ffn < 10_000, attention="flash", dropout=0.0)
 
 
-def stage_layers(name: str, pp: int) -> tuple[int, ...]:
+def stage_layers(name: str, pp: int) -> tuple[int, ...] | None:
     """The decoder layers on each pipeline rank, as nanotron's build_model balances its blocks: each block costs
     what LlamaModel.get_block_compute_costs says (a decoder layer 4 h^2 + 3 h f, the LM head V h, the rest nothing),
-    and blocks go to a rank until their cumulative cost passes its share (rank + 1) / pp of the total. The ranks
-    end with the one holding the head: where the greedy split fills the head's rank early, the ranks after it hold
-    nothing and sit idle (1B at pp=8 or 16, 3B and 8B at pp=16, 8B at 32), and the pipeline is that much shorter."""
+    and blocks go to a rank until their cumulative cost passes its share (rank + 1) / pp of the total, the block
+    that passes it staying. None where the head passes a share before the last rank's: the blocks after it (the
+    cast to fp32 and the loss) then go to the next ranks, and the logits cross a pipeline boundary, a split
+    autopar's stages (the loss with the head, on the last) do not express (1B at pp=8 or 16, 3B and 8B at pp=16,
+    8B at 32)."""
     layers, hidden, _, ffn = MODELS[name]
     costs = [0] + [4 * hidden * hidden + 3 * ffn * hidden] * layers + [0, VOCAB * hidden, 0, 0]
     kinds = ["embedding"] + ["layer"] * layers + ["norm", "head", "cast", "loss"]
@@ -76,22 +78,26 @@ def stage_layers(name: str, pp: int) -> tuple[int, ...]:
         per_rank[rank] += kind == "layer"
         done += cost
         if kind == "head":
-            return tuple(per_rank[:rank + 1])
+            return tuple(per_rank) if rank == pp - 1 else None
         if done > total * (rank + 1) / pp:
             rank += 1
     raise AssertionError("the head is always placed")
 
 
-def plan_of(r: dict[str, str], own: bool = True) -> ParallelConfig:
+def plan_of(r: dict[str, str], own: bool = True) -> ParallelConfig | None:
     """A row's plan as nanotron ran it: tp in its REDUCE_SCATTER mode (Megatron's sequence parallelism) without
     an overlapped GEMM (its async communication only starts the gather early), the 1F1B engine over its own split
     of the layers (:func:`stage_layers`), no recompute, ZeRO-0 or ZeRO-1 (its ZeroDistributedOptimizer), and the
     data-parallel reduce inside the last micro-batch's backward (torch DDP's buckets, no_sync on the others).
-    ``own=False``: the layers split evenly, as autopar prices a plan that does not give its split."""
+    ``own=False``: the layers split evenly, as autopar prices a plan that does not give its split. None where
+    nanotron's split puts the loss on a rank of its own (:func:`stage_layers`; left out either way, so that both
+    price the same runs)."""
     tp, pp = int(r["tp"]), int(r["pp"])
-    layers = stage_layers(r["model"], pp) if pp > 1 and own else None
-    return ParallelConfig(tp=tp, pp=len(layers) if layers else 1, dp=int(r["dp"]), mbs=int(r["mbs"]), sp=tp > 1,
-                          tp_overlap=False, recompute="none", zero=int(r["zero"]), dp_overlap=True, layers=layers)
+    split = stage_layers(r["model"], pp) if pp > 1 else None
+    if pp > 1 and split is None:
+        return None
+    return ParallelConfig(tp=tp, pp=pp, dp=int(r["dp"]), mbs=int(r["mbs"]), sp=tp > 1, tp_overlap=False,
+                          recompute="none", zero=int(r["zero"]), dp_overlap=True, layers=split if own else None)
 
 
 DDP_BUCKET_PARAMS = 25 * 2**20 // 2  # the bench config's ddp_bucket_cap_mb: 25 (MiB of bf16 gradients)
@@ -151,19 +157,18 @@ def runs(own: bool = True) -> tuple[list[dict], list[str]]:
             continue
         nodes, cfg = int(r["nodes"]), plan_of(r, own)
         row = {"model": r["model"], "nodes": nodes, "plan": f"tp={r['tp']} pp={r['pp']} dp={dp} mbs={mbs}"
-               f"{' zero=1' if cfg.zero else ''}", "pp": cfg.pp, "zero": cfg.zero, "ran": r["status"] == "ran"}
+               f"{' zero=1' if r['zero'] != '0' else ''}", "pp": int(r["pp"]), "zero": int(r["zero"]),
+               "ran": r["status"] == "ran"}
         if row["ran"]:
             row["measured_s"] = int(r["global_batch"]) * SEQ / (float(r["tokens_per_s_per_gpu"]) * 8 * nodes)
             row["measured_GB"] = float(r["gpu_memory_GB"])
-        try:  # fewer GPUs where pipeline ranks sit idle
-            cluster = cluster_of(nodes).resized(gpus=cfg.tp * cfg.pp * cfg.dp)
-        except AutoparError:
-            row["refused"] = (f"nanotron's split leaves {int(r['pp']) - cfg.pp} of {r['pp']} pipeline ranks idle: "
-                              f"{cfg.tp * cfg.pp * cfg.dp} busy GPUs are not whole nodes, which a profile cannot say")
-            out.append(row)
-            continue
-        row["planfile"] = PlanFile(model=model_of(r["model"]), cluster=cluster, global_batch=int(r["global_batch"]),
-                                   seq=SEQ, parallel=cfg.to_dict(), state=state)
+        if cfg is None:
+            row["refused"] = ("nanotron's split puts the loss on a rank after the head's: the logits cross a pipeline "
+                              "boundary, which autopar's stages do not express")
+        else:
+            row["planfile"] = PlanFile(model=model_of(r["model"]), cluster=cluster_of(nodes),
+                                       global_batch=int(r["global_batch"]), seq=SEQ, parallel=cfg.to_dict(),
+                                       state=state)
         out.append(row)
     return out, notes
 
@@ -289,9 +294,12 @@ def main() -> int:
     price(out, base, "bundled_s")
     refused = [r for r in out if "refused" in r]
     timed = [r for r in out if r["ran"] and "refused" not in r]
+    apart = [r for r in refused if r["refused"].startswith("nanotron's split")]
+    ruled = [r for r in refused if r not in apart]
     print(f"{len(out)} rows: {sum(r['ran'] for r in out)} ran, {sum(not r['ran'] for r in out)} crashed or ran out of "
-          f"memory; {len(refused)} refused by autopar's rules"
-          + (f" (e.g. {refused[0]['model']} {refused[0]['plan']}: {refused[0]['refused']})" if refused else ""))
+          f"memory; left out: {len(apart)} ({sum(r['ran'] for r in apart)} ran) whose loss nanotron puts on a rank "
+          f"after the head's, {len(ruled)} refused by autopar's rules"
+          + (f" (e.g. {ruled[0]['model']} {ruled[0]['plan']}: {ruled[0]['refused']})" if ruled else ""))
     slow = [r for r in timed if r["measured_s"] > 3 * min(x["measured_s"] for x in timed
                                                            if (x["model"], x["nodes"]) == (r["model"], r["nodes"]))]
     print(f"runs measured more than 3x slower than the best plan of their model and cluster size: {len(slow)} of "

@@ -9,7 +9,7 @@ from functools import cached_property
 from typing import Annotated, Any, Literal, get_args
 
 import numpy as np
-from pydantic import Field, StrictInt, model_validator
+from pydantic import Field, StrictInt, field_validator, model_validator
 
 from specs.errors import AutoparError, did_you_mean
 from specs.parallel import entry_groups
@@ -146,10 +146,12 @@ class CollectiveFit(Strict):
     """alpha-beta fit measured by `autopar profile`: time = alpha + bytes / bus_bandwidth x factor, where a
     group of n > 2 ranks adds ``alpha_per_rank_us`` x (n - 2) to alpha (a ring's extra steps).
 
-    ``busbw_by_nodes`` (the inter level): the bus bandwidth measured with the group spanning each node count
-    ({nodes: GB/s}, every GPU of those nodes in it), for a network whose collectives slow as they span more nodes
-    (oversubscribed or shared fabrics); a group spanning a count between two measured ones gets their log-log
-    interpolation, one beyond them the nearest measured, and ``busbw_GBps`` is then unused."""
+    Across nodes a fit is one GPU's share (`autopar profile` measures one rank a node, every rank of the node at
+    once): a ring with k members a node gets k of them. ``busbw_by_nodes`` (the inter level): that share measured
+    with the group spanning each node count ({nodes: GB/s}; from nccl-tests run over every GPU of those nodes, their
+    bus bandwidth over the GPUs a node), for a network whose collectives slow as they span more nodes (oversubscribed
+    or shared fabrics); a group spanning a count between two measured ones gets their log-log interpolation, one
+    beyond them the nearest measured, and ``busbw_GBps`` is then unused."""
 
     alpha_us: float = Field(ge=0)
     busbw_GBps: float = Field(gt=0)
@@ -157,6 +159,14 @@ class CollectiveFit(Strict):
     r2: float | None = None  # goodness of the fit over the measured sizes and groups (written by the profiler)
     busbw_by_nodes: dict[Annotated[StrictInt, Field(ge=2)], Annotated[float, Field(gt=0)]] = Field(
         default_factory=dict)
+
+    @field_validator("busbw_by_nodes", mode="before")
+    @classmethod
+    def _node_counts(cls, v: Any) -> Any:
+        """Node counts as JSON writes them back (keys are text there: "2"), read as the whole numbers they are."""
+        if isinstance(v, dict):
+            return {int(k) if isinstance(k, str) and k.isdigit() else k: x for k, x in v.items()}
+        return v
 
     def busbw_at(self, nodes: np.ndarray) -> np.ndarray:
         """Bus bandwidth (GB/s) of a group spanning ``nodes`` nodes (numpy-broadcast)."""
@@ -244,6 +254,10 @@ class ClusterSpec(Strict):
         problem = self.precision_problem() or self.link_problem()
         if problem:
             raise ValueError(problem)
+        inside = [op for op, levels in self.collectives.items() if "intra" in levels and levels["intra"].busbw_by_nodes]
+        if inside:
+            raise ValueError(f"collectives.{inside[0]}.intra.busbw_by_nodes: node counts describe collectives across "
+                             "nodes; give them under inter")
         if self.num_gpus > MAX_GPUS:
             raise ValueError(f"gpus_per_node x num_nodes = {self.num_gpus:,} GPUs is beyond autopar's limit of "
                              f"{MAX_GPUS:,}; check the values")
@@ -317,6 +331,8 @@ class ClusterSpec(Strict):
         link = self.gpu.node_link
         if link is None or self.intra_node.bandwidth_GBps <= LINK_SLACK * link.bandwidth_GBps:
             return None
+        if self.calibration is not None and "comm" in self.calibration.scales:
+            return None  # scaled by a fit to measured runs (calibrate's comm scale), not a hand-typed datasheet value
         return (f"intra_node bandwidth_GBps {self.intra_node.bandwidth_GBps:g}: GPU {self.gpu.name} has "
                 f"{link.text()} inside a node; use at most {LINK_SLACK * link.bandwidth_GBps:g} ({LINK_SLACK:g}x its "
                 f"{link.bandwidth_GBps:g}), or leave intra_node out to use it")

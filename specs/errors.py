@@ -41,8 +41,17 @@ def _fields_at(cls: type[BaseModel] | None, path: tuple[Any, ...]) -> list[str]:
         if field is None:
             return []
         kinds = [field.annotation, *get_args(field.annotation)]
-        cls = next((k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)), None)
+        cls = next((k for k in kinds if _is_model(k)), None)
     return list(cls.model_fields) if cls is not None else []
+
+
+def _is_model(kind: Any) -> bool:
+    """Whether a field's type (or one of its arguments) is a pydantic model; a generic alias such as dict[str, X]
+    is not (Python 3.10 calls it a type, and issubclass would raise)."""
+    try:
+        return isinstance(kind, type) and issubclass(kind, BaseModel)
+    except TypeError:
+        return False
 
 
 def validation_message(err: ValidationError, cls: type[BaseModel] | None = None) -> str:

@@ -137,6 +137,27 @@ def test_the_comm_scale_reaches_bandwidths_measured_by_node_count():
         assert float(after.all_gather(big, n)) == pytest.approx(float(before.all_gather(big, n)) / 2, rel=1e-3)
 
 
+def test_bandwidths_by_node_count_survive_the_files_they_are_written_to(tmp_path):
+    """A calibrated profile (YAML, its node counts quoted as text) and a plan file (JSON, whose keys are text) read
+    back the same per-node-count bandwidths; a comm scale that takes NVLink past 1.25x its datasheet (a fit, not a
+    typo) still loads."""
+    from pathlib import Path
+
+    from planner.calibrate import calibrated, profile_yaml
+    from specs.cluster import Calibration
+    from specs.planfile import load_plan, make_plan, save_plan
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "ultrascale-h100-efa.yaml"
+    base = load_cluster(str(path), nodes=2)
+    fast = calibrated(base, Calibration(runs=3, scales={"comm": 2.0}, log_covariance=((0.01,),)))
+    (tmp_path / "cal.yaml").write_text(profile_yaml(fast, ["calibrated"]))
+    again = load_cluster(str(tmp_path / "cal.yaml"))
+    assert again.collectives["all_reduce"]["inter"].busbw_by_nodes == fast.collectives["all_reduce"]["inter"].busbw_by_nodes
+    plan = make_plan(load_model("llama3-8b"), base, 64, ParallelConfig(tp=8, dp=2))
+    save_plan(plan, tmp_path / "p.json")
+    assert load_plan(tmp_path / "p.json").cluster.collectives == base.collectives
+
+
 @pytest.mark.parametrize("content, message", [
     (None, "does not exist"),
     ("", "is empty"),

@@ -66,13 +66,16 @@ def test_the_layers_split_as_nanotron_balances_its_blocks():
     """Worked by hand from build_model's rule. 80B: a layer costs c = 4h^2 + 3hf, the head Vh = 1.103c, so rank 0's
     share is 40.55c and it takes layers until their sum passes it: 41; the rest and the head on rank 1. 1B: the head
     is 4c, the total 20c, each rank's share 2.5c: the ranks close after layers 3, 6, 8, 11, 13 and 16 and the head
-    passes the seventh share alone, so the eighth rank holds nothing."""
+    passes the seventh share, so the cast and the loss go to the eighth rank: the logits cross a pipeline boundary,
+    which autopar's stages do not express (None: left out). 1B at pp=4: shares of 5c, ranks of 6, 5 and 5 layers
+    and the head alone on the last, with the loss."""
     assert ns.stage_layers("80B", 2) == (41, 39)
-    assert ns.stage_layers("1B", 8) == (3, 3, 2, 3, 2, 3, 0)
+    assert ns.stage_layers("1B", 8) is None
+    assert ns.stage_layers("1B", 4) == (6, 5, 5, 0)
     for name, (layers, *_) in ns.MODELS.items():
         for pp in (2, 4, 8, 16):
-            if pp <= layers:
-                assert sum(ns.stage_layers(name, pp)) == layers
+            split = ns.stage_layers(name, pp) if pp <= layers else None
+            assert split is None or (len(split) == pp and sum(split) == layers)
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +87,7 @@ def bundled():
 
 def test_the_model_ranks_the_sweep_as_reported(bundled):
     """What RESULTS.md reports for the bundled profile: every run that ran is predicted to fit; per model and
-    cluster size the rank correlation is 0.66 at the median, and the best measured of the model's three fastest
+    cluster size the rank correlation is 0.67 at the median, and the best measured of the model's three fastest
     plans (what `autopar tune` would run) is within 5% of the measured best in 20 of 26 cases."""
     ran = [r for r in bundled if r["ran"] and "refused" not in r]
     assert all(r["predicted_fits"] for r in ran)

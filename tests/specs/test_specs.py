@@ -274,6 +274,10 @@ def test_bad_hf_configs(tmp_path, cfg, needle):
     ("intra_node: {bandwidth_GBps: .nan}", "finite"),
     ("intra_node: {bandwidth_GBps: 300}\ncollectives: {allreduce: {intra: {alpha_us: 1, busbw_GBps: 1}}}",
      "collectives"),
+    ("intra_node: {bandwidth_GBps: 300}\ncollectives: {all_reduce: {intra: {alpha_us: 1, busbw_GBps: 1, "
+     "alpha_per_rnk_us: 2}}}", r"unknown field 'collectives.all_reduce.intra.alpha_per_rnk_us'"),  # under a dict
+    ("intra_node: {bandwidth_GBps: 300}\ncollectives: {all_gather: {intra: {alpha_us: 1, busbw_GBps: 1, "
+     "busbw_by_nodes: {2: 5}}}}", "node counts describe collectives across nodes; give them under inter"),
     ("num_nodes: 2\ninter_node: {nic_bandwidth_GBps: 50, nics_per_node: 8}",  # bytes for bits: the name says which
      r"unknown field 'inter_node.nic_bandwidth_GBps' \(did you mean 'nic_bandwidth_Gbps'\?\)"),
 ])
