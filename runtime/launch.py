@@ -27,7 +27,7 @@ from specs.planfile import PlanFile, load_plan
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _local_devices() -> int | None:
+def local_gpus() -> int | None:
     """GPUs on this machine, or None when there are none (CPU ranks: any number)."""
     try:
         import torch
@@ -159,7 +159,7 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
     worker = _worker_args(plan_path, steps, data, metrics_out, checkpoint_dir, resume, checkpoint_every, quiet,
                           predicted_step_s, predicted_memory_GiB, mtbf_hours, collective_timeout, keep_checkpoints,
                           train_from_plan)
-    gpus = _local_devices()
+    gpus = local_gpus()
     if _spans_nodes(plan):
         print("autopar: this plan spans several nodes; run on every node:\n  " +
               "\n  ".join(multi_node_commands(plan, worker, max_restarts)), flush=True)
@@ -206,7 +206,7 @@ def check_checkpoints(root: Path, resume: bool, total_steps: int, plan: PlanFile
         from runtime.checkpoint import read_meta, same_run
         from runtime.trainer import executed_state
 
-        on_gpus = _local_devices() is not None or _spans_nodes(plan)
+        on_gpus = local_gpus() is not None or _spans_nodes(plan)
         same_run(last, read_meta(last), plan, executed_state(plan, torch.device("cuda" if on_gpus else "cpu")))
 
 

@@ -130,30 +130,28 @@ def _check_host_memory(plan_path: str) -> None:
     run in fp32) keeps every rank's weights, optimizer state and activations in this machine's memory: refused
     before launch when the memory model prices them above what the machine has available, where the kernel would
     kill the run (or the machine) instead."""
+    import torch
+
     from cost_models.step import estimate
+    from runtime.launch import local_gpus
+    from runtime.trainer import executed_state
     from specs.planfile import load_plan
-    from specs.state import StateSpec
 
     plan = load_plan(plan_path)
-    if plan.cluster.backend == "nccl" and _has_cuda() or plan.cluster.num_nodes > 1:
+    if plan.cluster.backend == "nccl" and local_gpus() is not None or plan.cluster.num_nodes > 1:
         return  # on GPUs, or on several machines (run prints their commands)
     free = available_GiB()
     if free is None or "fp32" not in plan.cluster.gpu.peak_tflops:
         return
     cpu = plan.used_cluster.model_copy(update={"precision": "fp32", "backend": "gloo"})
-    est = estimate(plan.model, cpu, plan.config, plan.global_batch, validate=False, state=StateSpec.default("fp32"))
+    est = estimate(plan.model, cpu, plan.config, plan.global_batch, validate=False,
+                   state=executed_state(plan, torch.device("cpu")))  # the state the CPU ranks keep
     need = sum(est.stage_memory_GiB) * plan.world_size / plan.config.pp  # every rank of each stage
     if need > free:
         how = "" if plan.cluster.backend == "gloo" else " in fp32 (no CUDA here)"
         raise AutoparError(f"{plan_path}: its {plan.world_size} ranks would train on this machine's CPU{how} and "
                            f"need about {need:.1f} GiB by the memory model; this machine has {free:.1f} GiB "
                            "available: run it on its cluster, or plan a smaller model or batch")
-
-
-def _has_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def _plan_default(path, then: str | None = None) -> str:

@@ -359,7 +359,7 @@ def test_a_plan_too_big_for_this_machines_memory_is_refused_before_launch(tmp_pa
                  "--seq", "512", "--out", str(big)]) == 0
     capsys.readouterr()
     monkeypatch.setattr(run_cmd, "available_GiB", lambda: 0.01)
-    monkeypatch.setattr(run_cmd, "_has_cuda", lambda: False)
+    monkeypatch.setattr("runtime.launch.local_gpus", lambda: None)
     assert main(["run", str(small), "--steps", "1"]) == 2
     err = capsys.readouterr().err.strip()
     assert "its 2 ranks would train on this machine's CPU and need about" in err and "0.0 GiB available" in err
