@@ -65,9 +65,11 @@ def check_run_options(plan: PlanFile, steps: int | None, checkpoint_dir: str | N
                       metrics_out: str | None, resume: bool, max_restarts: int = 0,
                       mtbf_hours: float | None = None, collective_timeout: float = COLLECTIVE_TIMEOUT_S,
                       inputs: dict[str, str | None] | None = None, keep_checkpoints: int | None = None,
-                      train_from_plan: bool = False) -> int:
-    """Refuse options that would only fail later (after training, at the first checkpoint or metrics write), and a
-    metrics file that is one of the run's ``inputs`` (what each is -> its path); returns the number of steps to run."""
+                      train_from_plan: bool = False, attempt: int = 0) -> int:
+    """Refuse options that would only fail later (after training, at the first checkpoint or metrics write), a
+    metrics file that is one of the run's ``inputs`` (what each is -> its path), and one holding an earlier run's
+    steps that a run from scratch (not ``resume``, the first ``attempt``) would overwrite; returns the number of
+    steps to run."""
     total = steps if steps is not None else plan.train.steps
     if steps_problem("--steps", total):
         raise AutoparError(steps_problem("--steps", total))
@@ -97,4 +99,18 @@ def check_run_options(plan: PlanFile, steps: int | None, checkpoint_dir: str | N
         check_output_dir(checkpoint_dir, "checkpoint directory")
     if metrics_out is not None:
         check_output_file(metrics_out, "metrics file", inputs)
+        if not resume and attempt == 0:
+            _check_not_overwriting(metrics_out, checkpoint_dir)
     return total
+
+
+def _check_not_overwriting(metrics_out: str, checkpoint_dir: str | None) -> None:
+    """A run from scratch writes its metrics file anew: refused where that file records an earlier run's steps
+    (its measurements would be lost, as a checkpoint folder holding a run's checkpoints is refused)."""
+    from runtime.metrics import last_step
+
+    reached = last_step(metrics_out)
+    if reached is not None:
+        go_on = " (--resume continues that run and appends to it)" if checkpoint_dir else ""
+        raise AutoparError(f"metrics file {metrics_out} holds an earlier run's metrics (to step {reached}); a run "
+                           f"from scratch would overwrite them: give another --metrics-out or delete it{go_on}")

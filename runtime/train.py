@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
                               mtbf_hours=args.mtbf_hours, collective_timeout=args.collective_timeout,
                               inputs={"plan file": args.plan, "--data file": args.data},
                               keep_checkpoints=args.keep_checkpoints,
-                              train_from_plan=args.train_from_plan)  # rank 0 writes metrics
+                              train_from_plan=args.train_from_plan, attempt=attempt)  # rank 0 writes metrics
     data_path, data_note = args.data, None
     if going_on:  # the run goes on with the data it trained on
         from runtime.checkpoint import resumed_data

@@ -224,6 +224,10 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
     cases.append((dict(plan_path=_plan(tmp_path), checkpoint_dir=str(held), resume=True, steps=8),
                   "is corrupt (unreadable meta.json)"))
     cases.append((dict(plan_path=_plan(tmp_path), checkpoint_dir=str(held)), "add --resume to continue that run"))
+    earlier = tmp_path / "earlier.jsonl"  # an earlier run's metrics: a run from scratch would overwrite them
+    earlier.write_text('{"step": 1, "loss": 5.0}\n{"step": 2, "loss": 4.5}\n')
+    cases.append((dict(plan_path=_plan(tmp_path), metrics_out=str(earlier)),
+                  f"metrics file {earlier} holds an earlier run's metrics (to step 2)"))
     cases.append((dict(plan_path=_plan(tmp_path), checkpoint_dir=str(held), resume=True, steps=2),
                   "is at step 3, and this run stops at step 2"))
     # a hand-edited plan file: wrong JSON types and values in 'parallel' and 'train'
@@ -609,6 +613,22 @@ def test_a_checkpoint_that_lost_its_meta_is_refused_and_never_kept_over_a_good_o
     (fresh / "step_00000020").mkdir(parents=True)  # never resume past it
     with pytest.raises(AutoparError, match="holds a run's checkpoints .the newest step_00000020."):
         launch(_plan(tmp_path), steps=4, checkpoint_dir=str(fresh), quiet=True)
+
+
+def test_a_metrics_file_is_overwritten_only_when_it_records_no_step(tmp_path):
+    """A run from scratch refuses a metrics file with an earlier run's steps; a resumed run and a restart append
+    to it, and a file of no step lines (an event, an empty file) is written anew."""
+    from runtime.options import check_run_options
+
+    plan = load_plan(_plan(tmp_path))
+    m = tmp_path / "m.jsonl"
+    m.write_text('{"event": "restart", "attempt": 1}\n')
+    assert check_run_options(plan, 4, None, None, str(m), resume=False) == 4
+    m.write_text('{"step": 3, "loss": 4.0}\n')
+    with pytest.raises(AutoparError, match="to step 3.*--resume continues that run"):
+        check_run_options(plan, 4, str(tmp_path / "ck"), None, str(m), resume=False)
+    assert check_run_options(plan, 4, str(tmp_path / "ck"), None, str(m), resume=True) == 4
+    assert check_run_options(plan, 4, str(tmp_path / "ck"), None, str(m), resume=False, attempt=1) == 4
 
 
 def test_checkpoints_written_before_the_data_file_was_recorded_resolved(tmp_path):
