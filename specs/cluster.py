@@ -400,5 +400,6 @@ class ClusterSpec(Strict):
         net = (f", {self.inter_node.nics_per_node}x{self.inter_node.nic_bandwidth_Gbps:.4g} Gb/s NICs per node"
                if self.inter_node else "")
         tp = ", tensor parallelism may span nodes" if self.tp_across_nodes and self.num_nodes > 1 else ""
+        ranks = "GPUs" if self.backend == "nccl" else "gloo ranks"  # what a CPU cluster runs in place of GPUs
         return (f"{self.name}: {self.num_nodes} x {self.gpus_per_node} {self.gpu.name} "
-                f"({self.num_gpus} GPUs), intra-node {self.intra_node.bandwidth_GBps:.4g} GB/s{net}{tp}")
+                f"({self.num_gpus} {ranks}), intra-node {self.intra_node.bandwidth_GBps:.4g} GB/s{net}{tp}")
