@@ -30,6 +30,7 @@ def run_command(args: argparse.Namespace) -> int:
     if plan_path is None:
         plan_path = str(_plan_default(cache_dir() / "default-plan.json", "its command" if args.dry_run else None))
     fresh = _fresh_prediction(plan_path)
+    _check_gpu_memory(plan_path, fresh)
     if not args.dry_run:
         _check_host_memory(plan_path)
     return launch(plan_path=plan_path, predicted_step_s=fresh and fresh.step_time_s,
@@ -107,12 +108,32 @@ def _fresh_prediction(plan_path: str) -> Any:
     from specs.planfile import load_plan
 
     plan = load_plan(plan_path)
-    if plan.prediction_is_current or not plan.prediction:
+    if plan.prediction and plan.prediction_is_current:
         return None
     est = estimate(plan.model, plan.used_cluster, plan.config, plan.global_batch, state=plan.state)
-    print(f"autopar: {plan_path} was edited since its prediction ({plan.prediction.get('step_time_s', 0):.4g} s "
-          f"a step); re-estimated for {plan.config.short()}: {est.step_time_s:.4g} s", flush=True)
+    why = (f"was edited since its prediction ({plan.prediction.get('step_time_s', 0):.4g} s a step); re-estimated"
+           if plan.prediction else "has no prediction; estimated")
+    print(f"autopar: {plan_path} {why} for {plan.config.short()}: {est.step_time_s:.4g} s", flush=True)
     return est
+
+
+def _check_gpu_memory(plan_path: str, fresh: Any) -> None:
+    """A GPU plan whose predicted peak on some pipeline stage is above its GPUs' memory (a plan file edited by hand:
+    the planner writes none) is refused before launch: it would run out of memory at its first step."""
+    from cost_models.step import estimate
+    from specs.planfile import load_plan
+
+    plan = load_plan(plan_path)
+    if plan.cluster.backend != "nccl":
+        return  # CPU ranks: the host-memory check
+    est = fresh or estimate(plan.model, plan.used_cluster, plan.config, plan.global_batch, state=plan.state)
+    over = [(i, m, c) for i, (m, c) in enumerate(zip(est.stage_memory_GiB, est.stage_capacity_GiB)) if m > c]
+    if over:
+        stage, need, have = max(over, key=lambda x: x[1] / x[2])
+        where = f" on pipeline stage {stage}" if plan.config.pp > 1 else ""
+        raise AutoparError(f"{plan_path}: {plan.config.short()} needs {need:.1f} GiB per GPU{where} by the memory "
+                           f"model, above the GPU's {have:g} GiB: it would run out of memory; re-plan with "
+                           "`autopar plan`, or add zero, recompute or more pipeline stages")
 
 
 def available_GiB() -> float | None:

@@ -464,6 +464,36 @@ def test_a_hand_edited_plan_is_re_estimated_at_load(tmp_path, capsys):
     assert load_plan(default_plan(tmp_path / "fresh.json")[0]).prediction_is_current
 
 
+def test_a_gpu_plan_edited_past_its_memory_is_refused_and_one_without_prediction_is_estimated(tmp_path, capsys):
+    """A GPU plan file edited by hand until the memory model prices it above the GPU's memory is refused before
+    launch, in one line (the planner never writes one); a plan file without a prediction gets one at launch."""
+    from cost_models.step import estimate
+    from planner.search import search
+
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100", gpus=8)
+    best = search(model, cluster, 64, top=1).plans[0]
+    path = tmp_path / "big.json"
+    save_plan(make_plan(model, cluster, 64, best.config, best.estimate.to_json()), path)
+    data = json.loads(path.read_text())
+    data["parallel"].update(tp=1, pp=1, dp=8, mbs=8, zero=0, recompute="none", sp=False, tp_overlap=False)
+    path.write_text(json.dumps(data))
+    plan = load_plan(path)
+    need = max(estimate(plan.model, plan.cluster, plan.config, 64, state=plan.state).stage_memory_GiB)
+    assert need > 80
+    assert main(["run", str(path), "--steps", "1", "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"needs {need:.1f} GiB per GPU by the memory model, above the GPU's 80 GiB" in err and "\n" not in err
+    bare = tmp_path / "bare.json"
+    data = json.loads(Path(_plan(tmp_path, gpus=4)).read_text())
+    data.pop("prediction", None)
+    bare.write_text(json.dumps(data))
+    assert main(["run", str(bare), "--steps", "1", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    plan = load_plan(bare)
+    step = estimate(plan.model, plan.cluster, plan.config, plan.global_batch, state=plan.state).step_time_s
+    assert "has no prediction; estimated for" in out and f"--predicted-step-time {step!r}" in out
+
+
 def test_a_plan_edited_in_model_cluster_or_state_is_not_current(tmp_path):
     """Not only the keys: a plan file whose model, cluster or state was edited by hand carries a prediction for
     something else; restoring the edit makes it current again, and a file stamped before the inputs were counts as
