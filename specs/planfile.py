@@ -87,6 +87,16 @@ class PlanFile(BaseModel):
                                  "write the plan again with `autopar plan --out`")
         return v
 
+    @field_validator("parallel")
+    @classmethod
+    def _dp_given(cls, v: dict[str, Any]) -> dict[str, Any]:
+        """A plan file says its data-parallel size: without it the plan would run on tp*pp*cp ranks, whatever
+        its cluster has (the planner always writes it)."""
+        if "dp" not in v:
+            raise ValueError("no dp: write it (tp*pp*cp*dp ranks run the plan), or write the plan "
+                             "with `autopar plan --out`")
+        return v
+
     @model_validator(mode="after")
     def _state(self) -> PlanFile:
         if self.state is None:

@@ -248,6 +248,10 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
         edited = tmp_path / f"edited-{section}-{key}.json"
         edited.write_text(json.dumps({**base, section: {**base[section], key: value}}))
         cases.append((dict(plan_path=str(edited)), expect))
+    for i, parallel in enumerate([{k: v for k, v in base["parallel"].items() if k != "dp"}, {}]):
+        no_dp = tmp_path / f"no-dp{i}.json"  # ran on tp*pp*cp ranks whatever its cluster had
+        no_dp.write_text(json.dumps({**base, "parallel": parallel}))
+        cases.append((dict(plan_path=str(no_dp)), "field 'parallel': no dp: write it (tp*pp*cp*dp ranks"))
     for kwargs, expect in cases:
         with pytest.raises(AutoparError) as err:
             launch(**kwargs, quiet=True)
