@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from hardware_profiles.groups import Layout, LinkPlan, grouped_profile, link_rounds, node_layout, rank_record
+from specs.cluster_loading import check_profile_out
 from specs.errors import AutoparError
-from specs.files import check_output_file
 
 
 def _torch():
@@ -372,7 +372,7 @@ def profile_command(args: argparse.Namespace, progress: Callable[[], bool] | Non
     from hardware_profiles.assemble import to_yaml, write_profile
 
     if os.environ.get("RANK", "0") == "0":  # rank 0 writes the profile
-        check_output_file(args.out, "profile")  # before minutes of measuring
+        check_profile_out(args.out, "profile")  # before minutes of measuring
     torch = _torch()
     show = sys.stderr.isatty() if progress is None else progress()
     under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ

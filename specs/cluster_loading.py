@@ -13,7 +13,7 @@ from typing import Any
 
 from specs.cluster import ClusterSpec, GPUSpec
 from specs.errors import AutoparError, did_you_mean, validated
-from specs.files import read_mapping
+from specs.files import check_output_file, read_mapping
 from specs.topology import DefaultLink, GroupLink, Link, NodeGroup, Topology
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "hardware_profiles"
@@ -45,6 +45,19 @@ def _profile_path(ref: str, kind: str, bundled: list[str], more: str = "") -> Pa
         raise AutoparError(f"unknown {what} '{ref}'{did_you_mean(ref, bundled)}; bundled {kind}: "
                            f"{', '.join(bundled)}{more}")
     return path
+
+
+def is_profile_data(data: Any) -> bool:
+    """Whether a file's content (read as YAML) is a cluster profile's: a mapping naming its GPU or node groups."""
+    return isinstance(data, dict) and ("gpu" in data or "node_groups" in data)
+
+
+def check_profile_out(path: str, what: str, inputs: dict[str, str | None] | None = None) -> None:
+    """``path`` can take a cluster profile: written as YAML, so named .yaml or .yml (a .json one would then fail to
+    load), and not a file of another kind (a model spec, a plan) that writing it would destroy."""
+    check_output_file(path, what, inputs, replaces=is_profile_data)
+    if Path(path).suffix.lower() not in (".yaml", ".yml"):
+        raise AutoparError(f"{what} {path}: profiles are written as YAML; name it .yaml or .yml")
 
 
 def load_gpu(ref: str | dict[str, Any]) -> GPUSpec:

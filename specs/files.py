@@ -8,6 +8,7 @@ import json
 import os
 import re
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +25,11 @@ def _same_file(a: Path, b: Path) -> bool:
 
 
 def check_output_file(path: str | Path, what: str, inputs: dict[str, str | Path | None] | None = None,
-                      instead: str = "give another file name") -> Path:
+                      instead: str = "give another file name", replaces: Callable[[Any], bool] | None = None) -> Path:
     """``path`` can be written as a file: not a directory, not one of the command's ``inputs`` (what each is ->
-    its path; writing there would destroy it: the error says to do ``instead``), and its folder exists or can be
-    created."""
+    its path; writing there would destroy it: the error says to do ``instead``), not a file of another kind than
+    it writes (``replaces`` says of a file's YAML/JSON content whether it is one of its kind; an empty file is
+    any kind), and its folder exists or can be created."""
     p = Path(path)
     if not str(path):
         raise AutoparError(f"the {what} path is empty; give a file name")
@@ -42,6 +44,9 @@ def check_output_file(path: str | Path, what: str, inputs: dict[str, str | Path 
     if p.exists():
         if not os.access(p, os.W_OK):
             raise AutoparError(f"cannot write {what} {p}: permission denied")
+        if replaces is not None and p.is_file() and p.stat().st_size and not replaces(_content(p)):
+            raise AutoparError(f"{p} exists and is not a {what}: writing the {what} there would destroy it; give "
+                               "another file name (or delete it first)")
         return p
     _check_creatable(p.parent if str(p.parent) else Path("."), p, what)
     return p
@@ -61,6 +66,14 @@ def _check_creatable(folder: Path, target: Path, what: str) -> None:
     except OSError as err:
         raise AutoparError(f"cannot write {what} {target}: nothing can be created in {existing} "
                            f"({err.strerror})") from None
+
+
+def _content(p: Path) -> Any:
+    """What a file holds read as YAML (JSON is YAML too), or None when it is not."""
+    try:
+        return yaml.safe_load(p.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
 
 
 def check_output_dir(path: str | Path, what: str) -> Path:

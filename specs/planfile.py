@@ -31,6 +31,11 @@ Beta = Annotated[float, Strict(), Field(ge=0.0, lt=1.0)]
 MAX_STEPS = 2**63  # steps are counted in 64-bit integers (checkpoint names, torch's step counters)
 
 
+def is_plan_data(data: Any) -> bool:
+    """Whether a file's content (read as JSON) is a plan file's, of any schema version."""
+    return isinstance(data, dict) and str(data.get("schema", "")).startswith(SCHEMA.split("/")[0] + "/")
+
+
 def steps_problem(flag: str, steps: int) -> str | None:
     """Why ``steps`` (given as ``flag``) is not a run's number of steps; None when it is."""
     return None if 1 <= steps < MAX_STEPS else f"{flag} must be at least 1 (and below 2^63), got {steps}"

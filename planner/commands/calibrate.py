@@ -22,9 +22,9 @@ from planner.calibrate import (
     relative_errors,
 )
 from planner.measured_runs import check_warmup, load_runs, named_plan_files
-from specs.cluster_loading import load_cluster
+from specs.cluster_loading import check_profile_out, load_cluster
 from specs.errors import AutoparError
-from specs.files import check_output_file, write_text_atomic
+from specs.files import write_text_atomic
 
 
 def calibrate_command(args: argparse.Namespace) -> int:
@@ -40,7 +40,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
     check_warmup(warmup)
     plans = getattr(args, "plan", None) or []
     named = [*(plans if isinstance(plans, list) else [plans]), *named_plan_files(list(args.metrics))]
-    check_output_file(args.out, "calibrated profile", {**{f"metrics file {m}": m for m in args.metrics},
+    check_profile_out(args.out, "calibrated profile", {**{f"metrics file {m}": m for m in args.metrics},
                                                        **{f"plan file {p}": p for p in named}})
     runs = load_runs(list(args.metrics), getattr(args, "plan", None), warmup)
     cluster_ref = getattr(args, "cluster", None)

@@ -71,8 +71,9 @@ def _check_options(args: argparse.Namespace, model: Any, cluster: Any) -> None:
     """One-line errors for options that cannot work, before the search."""
     if args.out:
         from specs.files import check_output_file
+        from specs.planfile import is_plan_data
 
-        check_output_file(args.out, "plan file", spec_files(args))  # before the search, not after
+        check_output_file(args.out, "plan file", spec_files(args), replaces=is_plan_data)  # before the search
     if args.runnable:
         from specs.capabilities import model_problem, state_problem
         from specs.state import StateSpec

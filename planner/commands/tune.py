@@ -19,12 +19,13 @@ def tune_command(args: argparse.Namespace) -> int:
     from planner.tune import check_trial_options, default_out_dir, tune, written_files
     from specs.files import check_output_dir, check_output_file
     from specs.parallel import parse_plan_keys
-    from specs.planfile import TrainConfig, load_plan, save_plan
+    from specs.planfile import TrainConfig, is_plan_data, load_plan, save_plan
 
     model, cluster = load_inputs(args)
     check_trial_options(args.trials, args.steps, args.warmup, args.time_limit)
     if args.out:
-        check_output_file(args.out, "plan file", {**spec_files(args), "--data file": args.data})
+        check_output_file(args.out, "plan file", {**spec_files(args), "--data file": args.data},
+                          replaces=is_plan_data)
     if args.dir:
         check_output_dir(args.dir, "trial folder")
         for what, path in written_files(Path(args.dir), args.trials).items():  # never over one of the inputs

@@ -9,6 +9,7 @@ import pytest
 
 from planner.cli import main
 from planner.space import divisors
+from specs.planfile import load_plan
 
 LLAMA = ("name: t\narch: llama\nnum_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\nffn_hidden_size: 128\n"
          "vocab_size: 100\nseq_length: 64\n")
@@ -368,6 +369,32 @@ def test_an_output_is_never_one_of_the_inputs(tmp_path, capsys):
         capsys, "whatif", "--model", str(spec), "--cluster", "dgx-a100", "--global-batch", "8", "--vary",
         "gpus=8,16", "--plot", str(spec))
     assert {p: p.read_bytes() for p in before} == before
+
+
+def test_an_output_never_replaces_a_file_of_another_kind(tmp_path, capsys):
+    """`plan --out` / `tune --out` replace only a plan file, `calibrate --out` / `profile --out` only a cluster
+    profile (named .yaml or .yml: a profile is YAML): a model spec, a plan or a profile of the user's in their way is
+    refused before anything is measured or written, byte for byte as it was; an empty file is anything's."""
+    spec = tmp_path / "m.yaml"
+    spec.write_text(LLAMA)
+    plan = tmp_path / "p.json"
+    assert main(["plan", *TINY, "--out", str(plan)]) == 0
+    assert main(["plan", *TINY, "--fix", "tp=2", "--out", str(plan)]) == 0  # a plan over a plan
+    metrics = tmp_path / "m.jsonl"
+    metrics.write_text('{"step": 1}\n')
+    capsys.readouterr()
+    before = {p: p.read_bytes() for p in (spec, plan)}
+    for argv, what in [(["plan", *TINY], "plan file"), (["tune", *TINY], "plan file"),
+                       (["calibrate", str(metrics)], "calibrated profile"), (["profile", "--quick"], "profile")]:
+        assert f"{spec} exists and is not a {what}: writing the {what} there would destroy it" in fails(
+            capsys, *argv, "--out", str(spec)), argv
+    for argv in (["calibrate", str(metrics)], ["profile", "--quick"]):
+        assert "profiles are written as YAML; name it .yaml or .yml" in fails(
+            capsys, *argv, "--out", str(tmp_path / "profile.json"))
+    assert {p: p.read_bytes() for p in before} == before
+    empty = tmp_path / "empty.json"
+    empty.write_text("")
+    assert main(["plan", *TINY, "--out", str(empty)]) == 0 and load_plan(empty).world_size == 4
 
 
 @pytest.mark.parametrize("argv,needle", [
