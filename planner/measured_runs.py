@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from specs.errors import AutoparError
-from specs.planfile import PlanFile, load_plan, made_for_difference, plan_from_data
+from specs.files import file_content
+from specs.planfile import PlanFile, is_plan_data, load_plan, made_for_difference, plan_from_data
 
 
 @dataclass
@@ -114,6 +115,9 @@ def _metrics_lines(path: str | Path, notes: bool = True) -> list[dict[str, Any]]
                 if notes:
                     print(f"note: metrics file {p}: skipped its last line {i}, cut off mid-write", file=sys.stderr)
                 continue
+            if is_plan_data(file_content(p)):
+                raise AutoparError(f"{p} is a plan file, not a metrics file: give the metrics file `autopar run "
+                                   f"{p} --metrics-out FILE` wrote (and this plan with --plan)") from None
             raise AutoparError(f"metrics file {p} line {i} is not valid JSON (truncated or corrupt?)") from None
         if not isinstance(obj, dict):
             raise AutoparError(f"metrics file {p} line {i} is not a JSON object")
@@ -174,6 +178,9 @@ def resolve_plan(ref: Any, metrics: Path, rows: list[dict[str, Any]] | None = No
     if isinstance(ref, dict):
         return plan_from_data(ref, f"metrics file {metrics}: embedded plan")
     path = plan_ref_path(str(ref), metrics)
+    if not Path(path).exists():  # moved or deleted since the run: a new plan of the same name would not be it
+        raise AutoparError(f"plan file {path}, which metrics file {metrics} ran, is not there any more; pass the "
+                           "plan file the run used with --plan")
     plan = load_plan(path)
     changed = _changed_since(rows or [], plan)
     if changed:

@@ -44,7 +44,7 @@ def check_output_file(path: str | Path, what: str, inputs: dict[str, str | Path 
     if p.exists():
         if not os.access(p, os.W_OK):
             raise AutoparError(f"cannot write {what} {p}: permission denied")
-        if replaces is not None and p.is_file() and p.stat().st_size and not replaces(_content(p)):
+        if replaces is not None and p.is_file() and p.stat().st_size and not replaces(file_content(p)):
             raise AutoparError(f"{p} exists and is not a {what}: writing the {what} there would destroy it; give "
                                "another file name (or delete it first)")
         return p
@@ -68,7 +68,7 @@ def _check_creatable(folder: Path, target: Path, what: str) -> None:
                            f"({err.strerror})") from None
 
 
-def _content(p: Path) -> Any:
+def file_content(p: Path) -> Any:
     """What a file holds read as YAML (JSON is YAML too), or None when it is not."""
     try:
         return yaml.safe_load(p.read_text())

@@ -402,7 +402,9 @@ def _plan_keys(text: str, flag: str) -> dict[str, Any]:
         if not item:
             continue
         if "=" not in item:
-            raise AutoparError(f"plan item '{item}' is not key=value; write e.g. \"tp=8,pp=2,mbs=1\"")
+            plan_file = (f" (a plan file holds its prediction; `autopar run {item} --dry-run` checks it)"
+                         if item.endswith(".json") else "")
+            raise AutoparError(f"plan item '{item}' is not key=value; write e.g. \"tp=8,pp=2,mbs=1\"{plan_file}")
         key, raw = (s.strip() for s in item.split("=", 1))
         key = key_name(key.lower())
         if key in out:

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, fiel
 from specs import __version__
 from specs.cluster import ClusterSpec
 from specs.errors import AutoparError, validation_message
-from specs.files import DuplicateKey, duplicate_text, parse_json, write_text_atomic
+from specs.files import DuplicateKey, duplicate_text, file_content, parse_json, write_text_atomic
 from specs.model import ModelSpec
 from specs.parallel import ParallelConfig
 from specs.rules import PlanContext, check_plan
@@ -209,10 +209,14 @@ def load_plan(path: str | Path) -> PlanFile:
     except OSError as err:
         raise AutoparError(f"cannot read plan file {p}: {err.strerror}") from None
     except (json.JSONDecodeError, UnicodeDecodeError):
+        if isinstance(file_content(p), dict):
+            raise AutoparError(f"{p} is YAML (a model spec or cluster profile?), not a plan file: plans are the JSON "
+                               "files `autopar plan --out` writes") from None
         raise AutoparError(
             f"plan file {p} is not valid JSON (truncated or corrupt?); re-create it with `autopar plan --out`"
         ) from None
     return plan_from_data(data, f"plan file {p}")
+
 
 
 def plan_from_data(data: Any, source: str) -> PlanFile:
@@ -221,6 +225,9 @@ def plan_from_data(data: Any, source: str) -> PlanFile:
     if not isinstance(data, dict):
         raise AutoparError(f"{source} must hold a JSON object")
     schema = data.get("schema")
+    if schema is None:
+        raise AutoparError(f"{source} is not a plan file (it has no \"schema\": \"{SCHEMA}\"); write one with "
+                           "`autopar plan --out`")
     if schema != SCHEMA:
         raise AutoparError(f"{source} has schema {schema!r}, this autopar reads {SCHEMA!r}; "
                            "re-create it with `autopar plan --out`")

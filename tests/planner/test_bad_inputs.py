@@ -397,6 +397,30 @@ def test_an_output_never_replaces_a_file_of_another_kind(tmp_path, capsys):
     assert main(["plan", *TINY, "--out", str(empty)]) == 0 and load_plan(empty).world_size == 4
 
 
+def test_a_file_of_another_kind_is_named_as_such(tmp_path, capsys):
+    """A model spec given to `run`, a plan given as a metrics file or to `estimate --plan`, a JSON file without a
+    plan's schema: each says what the file is and which command takes it, not "corrupt"."""
+    spec = tmp_path / "m.yaml"
+    spec.write_text(LLAMA)
+    plan = tmp_path / "p.json"
+    assert main(["plan", *TINY, "--out", str(plan)]) == 0
+    other = tmp_path / "config.json"
+    other.write_text('{"hidden_size": 64}')
+    capsys.readouterr()
+    assert f"{spec} is YAML (a model spec or cluster profile?), not a plan file" in fails(capsys, "run", str(spec))
+    assert f"plan file {other} is not a plan file (it has no \"schema\"" in fails(capsys, "run", str(other))
+    assert f"{plan} is a plan file, not a metrics file" in fails(
+        capsys, "calibrate", str(plan), "--out", str(tmp_path / "c.yaml"))
+    assert f"`autopar run {plan} --dry-run` checks it" in fails(capsys, "estimate", *TINY, "--plan", str(plan))
+    gone = tmp_path / "gone.json"  # the plan a run ran, moved since: a new plan of that name would not be it
+    metrics = tmp_path / "m.jsonl"
+    metrics.write_text("".join(json.dumps({"step": i, "step_time_s": 0.1, "plan": str(gone)}) + "\n"
+                               for i in range(1, 6)))
+    for command in (["calibrate", str(metrics), "--out", str(tmp_path / "c.yaml")], ["diagnose", str(metrics)]):
+        assert (f"plan file {gone}, which metrics file {metrics} ran, is not there any more; pass the plan file the "
+                "run used with --plan") in fails(capsys, *command)
+
+
 @pytest.mark.parametrize("argv,needle", [
     (["run", "--mtbf-hours", "inf", "--checkpoint-dir", "ck"], "--mtbf-hours must be a positive number"),
     (["run", "--collective-timeout", "inf"], "--collective-timeout must be a positive number"),
