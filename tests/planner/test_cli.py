@@ -104,6 +104,7 @@ def test_corrupt_and_mismatched_plan_files(tmp_path, capsys):
     code, _, err = run(capsys, "run", str(p))
     assert code == 2 and "schema" in err
     # keys edited to use 12 of two 8-GPU nodes: no part of the cluster; said of the plan file, not of --gpus
+    p = tmp_path / "edited.json"  # (plan --out refuses to replace a file that is not a plan, as the one above)
     assert run(capsys, "plan", "--model", "llama2-7b", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch",
                "64", "--out", str(p))[0] == 0
     data = json.loads(p.read_text())
