@@ -26,7 +26,7 @@ def run_command(args: argparse.Namespace) -> int:
     elif args.gpus is not None:
         raise AutoparError("--gpus is for --replan (a plan file fixes its own GPU count)")
     if plan_path is None and args.resume and args.checkpoint_dir:
-        plan_path = _checkpoint_plan(Path(args.checkpoint_dir))
+        plan_path = _checkpoint_plan(Path(args.checkpoint_dir), args.dry_run)
     if plan_path is None:
         plan_path = str(_plan_default(cache_dir() / "default-plan.json", "its command" if args.dry_run else None))
     fresh = _fresh_prediction(plan_path)
@@ -37,18 +37,34 @@ def run_command(args: argparse.Namespace) -> int:
                   predicted_memory_GiB=fresh and fresh.memory_GiB, **launch_options(args))
 
 
-def _checkpoint_plan(root: Path) -> str:
+def _checkpoint_plan(root: Path, dry_run: bool = False) -> str:
     """``run --resume --checkpoint-dir D`` without a plan file: the plan that wrote D's newest checkpoint, written
-    beside the checkpoints; returns its path."""
+    beside the checkpoints (a dry run writes nothing there: :func:`_written`); returns its path."""
     from runtime.checkpoint import saved_plan
-    from specs.planfile import save_plan
 
     plan = saved_plan(root)
-    path = root / "resumed-plan.json"
-    save_plan(plan, path)
+    path = _written(plan, root / "resumed-plan.json", dry_run)
     print(f"autopar: no plan file given: resuming under the plan of the newest checkpoint ({plan.config.short()} on "
-          f"{plan.world_size} GPUs); wrote it to {path}", flush=True)
+          f"{plan.world_size} GPUs); {_wrote(path, root / 'resumed-plan.json')}", flush=True)
     return str(path)
+
+
+def _written(plan: Any, path: Path, dry_run: bool) -> Path:
+    """Save ``plan`` to ``path``, or, in a dry run (which writes nothing of the user's), to a temporary file whose
+    path is returned instead."""
+    import tempfile
+
+    from specs.planfile import save_plan
+
+    if dry_run:
+        path = Path(tempfile.mkdtemp(prefix="autopar-dry-run-")) / path.name
+    save_plan(plan, path)
+    return path
+
+
+def _wrote(path: Path, meant: Path) -> str:
+    """What a run says of the plan it wrote to ``path`` (``meant``, unless a dry run put it elsewhere)."""
+    return f"wrote it to {path}" if path == meant else f"a dry run: not written to {meant}; shown from {path}"
 
 
 def _full_size(cluster: Any) -> Any:
@@ -72,7 +88,7 @@ def _replan(args: argparse.Namespace) -> str:
     from planner.search import search
     from planner.space import NoPlan
     from runtime.checkpoint import saved_plan
-    from specs.planfile import make_plan, save_plan
+    from specs.planfile import make_plan
 
     if args.gpus is not None and args.gpus < 1:
         raise AutoparError(f"--gpus must be at least 1, got {args.gpus}")
@@ -93,11 +109,13 @@ def _replan(args: argparse.Namespace) -> str:
         raise AutoparError(f"no plan of {old.model.name} with global batch {old.global_batch} fits on {args.gpus} "
                            f"GPUs of {cluster.name}; re-plan for more GPUs")
     best = res.plans[0]
-    path = Path(args.checkpoint_dir) / f"replanned-{args.gpus}gpus.json"
+    meant = Path(args.checkpoint_dir) / f"replanned-{args.gpus}gpus.json"
     pred = plan_prediction(old.model, cluster, best.config, best.estimate, old.global_batch, old.state)
-    save_plan(make_plan(old.model, cluster, old.global_batch, best.config, pred, old.train, old.state), path)
-    print(f"autopar: re-planned for {args.gpus} GPUs: {best.config.short()} (was {old.config.short()} on "
-          f"{old.world_size}), {best.estimate.step_time_s:.4g} s a step predicted; wrote {path}", flush=True)
+    path = _written(make_plan(old.model, cluster, old.global_batch, best.config, pred, old.train, old.state), meant,
+                    args.dry_run)
+    gpus = f"{args.gpus} GPU{'s' if args.gpus > 1 else ''}"
+    print(f"autopar: re-planned for {gpus}: {best.config.short()} (was {old.config.short()} on "
+          f"{old.world_size}), {best.estimate.step_time_s:.4g} s a step predicted; {_wrote(path, meant)}", flush=True)
     return str(path)
 
 

@@ -88,6 +88,12 @@ def test_resume_replans_for_the_gpus_there_are_now(tmp_path, capsys):
     assert main(["run", "--replan", "--resume", "--gpus", "5", "--checkpoint-dir", ck]) == 2  # 16 sequences, 5 ranks
     err = capsys.readouterr().err
     assert "global batch 16 (a resumed run keeps it) runs on 5 GPUs" in err and "change --global-batch" not in err
+    before = sorted(p.name for p in Path(ck).iterdir())  # a dry run writes nothing beside the checkpoints
+    for argv in (["--replan", "--gpus", "1"], []):
+        assert main(["run", "--resume", *argv, "--checkpoint-dir", ck, "--steps", "9", "--dry-run"]) == 0
+        out = capsys.readouterr().out
+        assert "a dry run: not written to" in out and "-m runtime.train /" in out and "--resume" in out
+    assert sorted(p.name for p in Path(ck).iterdir()) == before
 
 
 def test_a_rank_that_stops_is_named_and_nothing_is_left_running(tmp_path):
