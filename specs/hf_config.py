@@ -138,6 +138,25 @@ def _rope_scaling(cfg: dict[str, Any]) -> dict[str, Any] | None:
     return out
 
 
+def hf_notes(cfg: dict[str, Any]) -> list[str]:
+    """What of a Llama-style config autopar's blocks do not compute (the spec has no field for it): its MLP's
+    activation other than silu, the MLP's biases, the attention output's bias. Each is priced as the block autopar
+    computes (the same GEMMs) and trained as that block, so the command says so."""
+    if "n_embd" in cfg or str(cfg.get("model_type", "")).lower() in _GPT2_LIKE | {"nemotron"}:
+        return []
+    notes = []
+    act = cfg.get("hidden_act", "silu")
+    if act not in ("silu", "swish", None):
+        notes.append(f"hidden_act {act}: priced as autopar's SwiGLU MLP (the same GEMMs); `autopar run` trains it "
+                     "with silu, not this activation")
+    if cfg.get("mlp_bias") is True:
+        notes.append("mlp_bias: the MLP's biases are neither priced nor trained (autopar's Llama MLP has none)")
+    if cfg.get("attention_bias") is True:
+        notes.append("attention_bias: q, k and v keep their biases (qkv_bias); the output projection's bias is "
+                     "neither priced nor trained")
+    return notes
+
+
 def hf_to_spec(cfg: dict[str, Any], source: str) -> dict[str, Any]:
     """Translate a Hugging Face config.json (Llama/Mistral/Qwen2-style, GPT-2-style or Nemotron) to spec fields."""
     mtype = str(cfg.get("model_type", "")).lower()

@@ -8,17 +8,20 @@ from typing import Any
 
 from specs.errors import AutoparError, did_you_mean, validated
 from specs.files import read_mapping
-from specs.hf_config import hf_to_spec, looks_like_hf
+from specs.hf_config import hf_notes, hf_to_spec, looks_like_hf
 from specs.model import LIMITS, ModelSpec, size_problem
 
 PRESET_DIR = Path(__file__).parent / "presets"
 
 
-def model_from_dict(data: dict[str, Any], source: str) -> ModelSpec:
-    """Build a spec from a mapping in autopar's format or a Hugging Face config, with one-line errors."""
+def model_from_dict(data: dict[str, Any], source: str, notes: list[str] | None = None) -> ModelSpec:
+    """Build a spec from a mapping in autopar's format or a Hugging Face config, with one-line errors; ``notes``
+    gains what of a Hugging Face config the spec leaves out (:func:`specs.hf_config.hf_notes`)."""
     if not isinstance(data, dict):
         raise AutoparError(f"model spec {source}: expected a mapping of fields, got {type(data).__name__}")
     if looks_like_hf(data):
+        if notes is not None:
+            notes.extend(f"model {source}: {n}" for n in hf_notes(data))
         data = hf_to_spec(data, source)
     data = dict(data)
     data.setdefault("name", Path(source).stem if source else "model")
@@ -29,9 +32,10 @@ def list_presets() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
 
 
-def load_model(ref: str, seq: int | None = None) -> ModelSpec:
+def load_model(ref: str, seq: int | None = None, notes: list[str] | None = None) -> ModelSpec:
     """Resolve a model reference: preset name, spec/config file path (a folder: its config.json, as Hugging Face
-    models are downloaded), or ``pkg.module:factory``."""
+    models are downloaded), or ``pkg.module:factory``; ``notes`` gains what of a Hugging Face config the spec leaves
+    out."""
     path = Path(ref)
     if path.is_symlink() and not path.exists():
         raise AutoparError(f"model file {ref} is a link to nothing (broken, or a loop of links); give the file itself")
@@ -44,7 +48,7 @@ def load_model(ref: str, seq: int | None = None) -> ModelSpec:
         if not path.exists():
             raise AutoparError(
                 f"model file {ref} does not exist; give a preset ({', '.join(list_presets())}) or a path")
-        spec = model_from_dict(read_mapping(path, "model spec"), str(path))
+        spec = model_from_dict(read_mapping(path, "model spec"), str(path), notes)
     elif (PRESET_DIR / f"{ref}.yaml").exists():
         spec = model_from_dict(read_mapping(PRESET_DIR / f"{ref}.yaml", "preset"), ref)
     elif ":" in ref:

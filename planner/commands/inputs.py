@@ -18,7 +18,10 @@ def load_inputs(args: argparse.Namespace) -> tuple[Any, Any]:
     from specs.model import size_problem
     from specs.model_loading import load_model
 
-    model = load_model(args.model, args.seq)
+    notes: list[str] = []
+    model = load_model(args.model, args.seq, notes)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
     cluster = load_cluster(args.cluster, gpus=args.gpus, nodes=args.nodes)
     if args.allow_cross_node_tp:
         cluster = cluster.model_copy(update={"tp_across_nodes": True})

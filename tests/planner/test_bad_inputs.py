@@ -397,6 +397,25 @@ def test_an_output_never_replaces_a_file_of_another_kind(tmp_path, capsys):
     assert main(["plan", *TINY, "--out", str(empty)]) == 0 and load_plan(empty).world_size == 4
 
 
+def test_what_a_hf_config_has_and_autopar_does_not_compute_is_said(tmp_path, capsys):
+    """A Llama-style config's activation other than silu, MLP biases and output-projection bias have no place in the
+    spec: planning it says so on stderr, each once; a config without them says nothing."""
+    base = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 128}
+    cfg = tmp_path / "config.json"
+    for extra, notes in [({}, []), ({"hidden_act": "silu", "attention_bias": False}, []),
+                         ({"hidden_act": "gelu_pytorch_tanh"}, ["hidden_act gelu_pytorch_tanh: priced as autopar's "
+                                                                "SwiGLU MLP (the same GEMMs); `autopar run` trains it "
+                                                                "with silu"]),
+                         ({"mlp_bias": True, "attention_bias": True},
+                          ["mlp_bias: the MLP's biases are neither priced nor trained",
+                           "attention_bias: q, k and v keep their biases (qkv_bias); the output projection's bias"])]:
+        cfg.write_text(json.dumps({**base, **extra}))
+        assert main(["plan", "--model", str(cfg), "--cluster", "cpu-gloo", "--gpus", "2", "--global-batch", "8"]) == 0
+        err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: model")]
+        assert len(err) == len(notes) and all(n in line for n, line in zip(notes, err)), (extra, err)
+
+
 def test_a_file_of_another_kind_is_named_as_such(tmp_path, capsys):
     """A model spec given to `run`, a plan given as a metrics file or to `estimate --plan`, a JSON file without a
     plan's schema: each says what the file is and which command takes it, not "corrupt"."""
