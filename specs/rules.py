@@ -83,7 +83,8 @@ def _heads_ok(c: Candidates, x: PlanContext) -> np.ndarray:
 
 def _heads_why(cfg: ParallelConfig, x: PlanContext) -> str:
     heads, kv = x.model.num_attention_heads, x.model.kv_heads
-    ok = [t for t in range(1, kv + 1) if heads % t == 0 and kv % t == 0]
+    ok = [t for t in range(1, kv + 1) if heads % t == 0 and kv % t == 0 and x.gpus % t == 0  # ... that also fit
+          and (x.gpus_per_node is None or tp_node_problem(t, x.gpus, x.gpus_per_node, x.tp_across_nodes) is None)]
     failing = [f"{n} {what}" for n, what in ((heads, "attention heads"), (kv, "kv heads")) if n % cfg.tp]
     if kv == heads:  # no grouped-query attention: one count
         failing = failing[:1]

@@ -20,6 +20,12 @@ def test_tp_names_only_the_head_count_it_does_not_divide():
     assert plain.kv_heads == 8
     assert plan_problem(ParallelConfig(tp=3), PlanContext(plain, 3, 12)).startswith(
         "tp=3 does not divide the model's 8 attention heads;")
+    six = tiny.model_copy(update={"num_attention_heads": 6, "num_kv_heads": None, "hidden_size": 96})
+    # the degrees offered divide the heads, the GPUs and their nodes: not 3 or 6 on 8 GPUs, 4 a node
+    assert plan_problem(ParallelConfig(tp=4, dp=2), PlanContext(six, 8, 16, gpus_per_node=4)).endswith(
+        "choose tp from 1, 2")
+    assert plan_problem(ParallelConfig(tp=4, dp=3), PlanContext(six, 12, 24, gpus_per_node=12)).endswith(
+        "choose tp from 1, 2, 3, 6")
 
 
 def test_expert_parallelism_on_a_dense_model_is_one_reason_in_plan_and_estimate(capsys):
