@@ -239,10 +239,13 @@ def plan_from_data(data: Any, source: str) -> PlanFile:
         cfg = plan.config
         if plan.seq != plan.model.seq_length:
             raise AutoparError(f"seq {plan.seq} differs from the model's seq_length {plan.model.seq_length}")
-        check_plan(cfg, PlanContext.on(plan.model, plan.cluster, plan.global_batch, gpus=cfg.world))
-        if cfg.world > plan.cluster.num_gpus:
-            raise AutoparError(f"the plan needs {cfg.world} GPUs but its cluster {plan.cluster.name} has "
-                               f"{plan.cluster.num_gpus} GPUs; re-plan for this cluster")
+        if cfg.world > plan.cluster.num_gpus:  # before the rules: a batch that does not split is its consequence
+            raise AutoparError(f"the plan needs {cfg.world} GPUs ({cfg.short()}) but its cluster {plan.cluster.name} "
+                               f"has {plan.cluster.num_gpus} GPUs; re-plan for this cluster")
+        try:
+            check_plan(cfg, PlanContext.on(plan.model, plan.cluster, plan.global_batch, gpus=cfg.world))
+        except AutoparError as err:  # a plan file's batch is its global_batch, not a command's option
+            raise AutoparError(str(err).replace("--global-batch", "global_batch")) from None
         try:
             plan.used_cluster  # noqa: B018 - resizing is the check
         except AutoparError:

@@ -188,7 +188,7 @@ def test_bad_embedded_plans_are_one_line_errors(tmp_path, capsys):
             ({"parallel": {**plan["parallel"], "tp": "1"}}, "plan key tp must be an integer"),
             ({"parallel": {**plan["parallel"], "tp": 0}}, "tp must be at least 1"),
             ({"parallel": {**plan["parallel"], "pp": 2, "vpp": 3}}, "embedded plan"),
-            ({"parallel": {**plan["parallel"], "dp": 2}}, "the plan needs 2 GPUs but its cluster"),
+            ({"parallel": {**plan["parallel"], "dp": 2}}, "the plan needs 2 GPUs (tp=1 pp=1 dp=2"),
             ({"schema": "autopar.plan/9"}, "has schema 'autopar.plan/9'")]:
         bad = tmp_path / "bad.jsonl"
         bad.write_text("\n".join(json.dumps({**r, "plan": {**plan, **edit}} if i == 0 else r)

@@ -254,6 +254,12 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
         edited = tmp_path / f"edited-{section}-{key}.json"
         edited.write_text(json.dumps({**base, section: {**base[section], key: value}}))
         cases.append((dict(plan_path=str(edited)), expect))
+    for i, (edit, expect) in enumerate([  # a batch that does not split: the file's field, not an option
+            ({"global_batch": 7, "parallel": {**base["parallel"], "mbs": 2}}, "or change global_batch"),
+            ({"parallel": {**base["parallel"], "dp": 4}}, "the plan needs 16 GPUs (tp=2 pp=2 dp=4")]):
+        odd = tmp_path / f"odd{i}.json"
+        odd.write_text(json.dumps({**base, **edit}))
+        cases.append((dict(plan_path=str(odd)), expect))
     for i, parallel in enumerate([{k: v for k, v in base["parallel"].items() if k != "dp"}, {}]):
         no_dp = tmp_path / f"no-dp{i}.json"  # ran on tp*pp*cp ranks whatever its cluster had
         no_dp.write_text(json.dumps({**base, "parallel": parallel}))
