@@ -78,7 +78,7 @@ def estimate_batch(model: ModelSpec, cluster: ClusterSpec, c: Candidates, global
     "mixed" pipeline, those that may be among the k fastest (:func:`may_be_among`) get their uneven waves
     replayed. ``progress`` is called with (candidates priced, all candidates) as the work goes."""
     state = state or StateSpec.default(cluster.precision)
-    cm, comm = ComputeModel(cluster.gpu, cluster.precision), CommModel(cluster)
+    cm, comm = ComputeModel.of(cluster), CommModel(cluster)
     terms = layer_terms(model, cm, comm, c, state)
     floor = np.zeros(len(c))
     uneven = np.zeros(len(c), dtype=bool)  # interleaved chunks of unequal size: the closed form is not exact

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from specs.cluster import GPUSpec
+from specs.cluster import ClusterSpec, GPUSpec
 from specs.state import DTYPE_BYTES
 
 ArrayLike = np.ndarray | float | int
@@ -39,30 +39,37 @@ _TILES = ((1.0, 1.0, 1.0), (1.0, 0.5, 0.93), (0.5, 0.5, 0.80))
 class ComputeModel:
     """Kernel times on one GPU at one compute precision."""
 
-    def __init__(self, gpu: GPUSpec, precision: str = "bf16") -> None:
+    def __init__(self, gpu: GPUSpec, precision: str = "bf16", slowdown: float = 1.0) -> None:
+        """``slowdown``: every kernel that many times slower than the profile's rates (CPU ranks sharing cores,
+        ``ClusterSpec.compute_slowdown``; :meth:`of` passes it)."""
         self.gpu = gpu
         self.precision = precision
         self.eb = DTYPE_BYTES[precision]
-        self.peak = gpu.peak(precision)
+        self.peak = gpu.peak(precision) / slowdown
         self.e = gpu.efficiency
-        self.overhead = self.e.kernel_overhead_us * 1e-6
-        self.mem_bw = gpu.mem_bw
-        self.ew_bw = gpu.ew_bw
-        self.reduce_bw = gpu.reduce_bw
-        self.opt_bw = gpu.opt_bw
+        self.overhead = self.e.kernel_overhead_us * 1e-6 * slowdown
+        self.mem_bw = gpu.mem_bw / slowdown
+        self.ew_bw = gpu.ew_bw / slowdown
+        self.reduce_bw = gpu.reduce_bw / slowdown
+        self.opt_bw = gpu.opt_bw / slowdown
         self._table = None
         if gpu.gemm_table:
-            t = np.array([[p.m, p.n, p.k, p.tflops * 1e12] for p in gpu.gemm_table], dtype=float)
+            t = np.array([[p.m, p.n, p.k, p.tflops * 1e12 / slowdown] for p in gpu.gemm_table], dtype=float)
             measured = 2.0 * t[:, 0] * t[:, 1] * t[:, 2] / t[:, 3]
             ratio = measured / self._gemm_model(t[:, 0], t[:, 1], t[:, 2], 1.0)
             self._table = (np.log(t[:, :3]), ratio)
         self._attn: dict[float, np.ndarray] = {}  # head_dim -> rows (seq, fwd FLOP/s, bwd FLOP/s) by seq
         if gpu.attention_table:
-            a = np.array([[p.seq, p.head_dim, p.fwd_tflops * 1e12, p.bwd_tflops * 1e12]
+            a = np.array([[p.seq, p.head_dim, p.fwd_tflops * 1e12 / slowdown, p.bwd_tflops * 1e12 / slowdown]
                           for p in gpu.attention_table], dtype=float)
             for d in np.unique(a[:, 1]):
                 rows = a[a[:, 1] == d][:, [0, 2, 3]]
                 self._attn[float(d)] = rows[np.argsort(rows[:, 0])]
+
+    @classmethod
+    def of(cls, cluster: ClusterSpec) -> ComputeModel:
+        """The kernels of ``cluster``'s GPUs at its precision, as many ranks a node as it has."""
+        return cls(cluster.gpu, cluster.precision, cluster.compute_slowdown)
 
     # ---- GEMM ---------------------------------------------------------------------------------
     def _shape_eff(self, M: np.ndarray, N: np.ndarray, K: np.ndarray, batch: np.ndarray,

@@ -77,7 +77,7 @@ def priced_ledger(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, g
     layers = cfg.stage_layers(model.num_layers)
     redone = [cfg.recomputed_layers(j, n) for j, n in enumerate(layers)]
     c = Candidates.of(replace(cfg, layers=None, recompute_layers=None))  # the split is given below
-    lt = layer_terms(model, ComputeModel(cluster.gpu, cluster.precision), CommModel(cluster), c, state)
+    lt = layer_terms(model, ComputeModel.of(cluster), CommModel(cluster), c, state)
     held = stage_state(model, state, c, lt, np.array(layers, dtype=float), np.array(redone, dtype=float)).take(0)
     owned = float(owned_share(zero, d, 1))  # ZeRO: the slice of the gradients a rank reduces and updates
     summed_nb = tp_sum_buckets(held.buckets, held.tp_summed, zero, state)

@@ -125,7 +125,7 @@ def price_placed(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, gl
     views = {g: cluster.group_view(g) for e in dict.fromkeys(cfg.placement) for g in entry_groups(e)}
     models, costs = {}, {}
     for e in dict.fromkeys(cfg.placement):  # each group of the entry once
-        models[e] = {g: (ComputeModel(views[g].gpu, cluster.precision), _comm(cluster, views[g], e, c))
+        models[e] = {g: (ComputeModel.of(views[g]), _comm(cluster, views[g], e, c))
                      for g in entry_groups(e)}
         costs[e] = _worst([stage_costs(model, comm, state, c, _terms(model, views[g], e, cfg, state, cm, comm),
                                        layers, recomputed, cm.eb) for g, (cm, comm) in models[e].items()], StageCosts)

@@ -81,7 +81,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global
         costs, sim, tail, mem = placed.costs, placed.sim, placed.tail, placed.mem
         capacity, peak_flops = placed.capacity_GiB, placed.peak_flops
     else:
-        cm, comm = ComputeModel(cluster.gpu, cluster.precision), CommModel(cluster)
+        cm, comm = ComputeModel.of(cluster), CommModel(cluster)
         c = Candidates.of(cfg)
         layers, recomputed = stage_split(cfg, model.num_layers)
         costs = stage_costs(model, comm, state, c, terms or layer_terms(model, cm, comm, c, state), layers, recomputed,

@@ -101,6 +101,7 @@ def gpu_profile(device: dict[str, Any], compute: dict[str, Any], precision: str,
         **({"elementwise_bandwidth_GBps": _sig(ew_GBps)} if elementwise_Bps else {}),
         **({"reduce_bandwidth_GBps": _sig(compute["column_sum_Bps"] / 1e9)} if compute.get("column_sum_Bps") else {}),
         **({"optimizer_bandwidth_GBps": _sig(compute["adamw_Bps"] / 1e9)} if compute.get("adamw_Bps") else {}),
+        **({"cores": int(device["cores"])} if device.get("cores") else {}),  # CPUs: ranks that run at once
         "gemm_table": [{"m": m, "n": n, "k": k, "tflops": _sig(r / 1e12)} for m, n, k, r in gemm],
         "attention_table": [{"seq": a["seq"], "heads": a["heads"], "head_dim": a["head_dim"], "batch": a["batch"],
                              "fwd_tflops": _sig(fw / 1e12), "bwd_tflops": _sig(bw / 1e12)}

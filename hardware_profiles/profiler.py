@@ -120,8 +120,9 @@ def measure(rank: int, world: int, local: int, quick: bool, progress: bool,
             mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30 / local
         except (ValueError, OSError):
             mem = 16.0
+        usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         dev = {"type": "cpu", "name": f"{_cpu_model()} ({torch.get_num_threads()} thread(s) per rank)",
-               "memory_GiB": mem}
+               "memory_GiB": mem, "cores": max(1, usable // torch.get_num_threads())}  # ranks at once, a core each
     members = layout.members if layout else [list(range(world))]
     per_node = layout.per_node if layout else [local]
     rounds = link_rounds(layout.groups) if layout else []

@@ -92,7 +92,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
     if n_fit < top:  # few or none fit: the ones needing the least memory too
         rows = np.concatenate([rows, np.argsort(res.memory_GiB)[:8]])
     pool = [cands.config(int(i)) for i in rows]
-    terms = layer_terms(model, ComputeModel(cluster.gpu, cluster.precision), CommModel(cluster), cands.take(rows),
+    terms = layer_terms(model, ComputeModel.of(cluster), CommModel(cluster), cands.take(rows),
                         state)
     results: dict[ParallelConfig, PlanResult] = {}
     solves = 0

@@ -54,7 +54,7 @@ def stage_problem(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, g
                   headroom_GiB: float, state: StateSpec, terms: LayerTerms | None = None) -> StageProblem:
     """The ILP's inputs for one configuration, read off the cost model's own per-stage terms: each stage's
     costs with no layers (the embedding, head and sends), with one layer, and with one recomputed layer."""
-    cm, comm = ComputeModel(cluster.gpu, cluster.precision), CommModel(cluster)
+    cm, comm = ComputeModel.of(cluster), CommModel(cluster)
     c = Candidates.of(replace(cfg, layers=None, recompute_layers=None))
     lt = terms or layer_terms(model, cm, comm, c, state)
     nv, m = cfg.num_chunks, cfg.microbatches(global_batch)

@@ -98,6 +98,10 @@ class GPUSpec(Strict):
     # division); unset: the copy bandwidth (:attr:`mem_bw`)
     optimizer_bandwidth_GBps: float | None = Field(None, gt=0)
     node_link: NodeLink | None = None  # the intra-node link of its platform; None: not known (CPUs, custom GPUs)
+    # CPU profiles (`autopar profile` records it): how many ranks a node runs at once with a core each (its usable
+    # cores over the threads a rank used); the rates were measured so, and a node running more ranks shares them
+    # (ClusterSpec.compute_slowdown)
+    cores: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")
     def _check(self) -> GPUSpec:
@@ -383,6 +387,13 @@ class ClusterSpec(Strict):
         if self.inter_node is None:
             raise AutoparError(f"cluster {self.name} has no inter_node section, so it cannot hold {gpus} GPUs")
         return self.model_copy(update={"num_nodes": gpus // self.gpus_per_node})
+
+    @property
+    def compute_slowdown(self) -> float:
+        """How many times slower each rank computes than its GPU profile's rates: CPU ranks beyond the node's
+        measured cores take turns on them (1 on GPUs, and for CPU profiles that do not give their cores)."""
+        cores = self.gpu.cores
+        return max(1.0, self.gpus_per_node / cores) if cores else 1.0
 
     def summary(self) -> str:
         if self.node_groups:

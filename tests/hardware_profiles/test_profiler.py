@@ -54,6 +54,10 @@ def test_profile_loads_with_sane_tables(profile_path):
     # ... so each of its 8 ranks gets an eighth of the host's memory, not the half each of the 2 measured ranks had
     host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     assert g.memory_GiB * c.gpus_per_node == pytest.approx(host, rel=0.01)
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert g.cores == usable  # one thread a rank (OMP_NUM_THREADS=1): a rank a core; more ranks share them
+    ranks = min(8, 2 * usable)  # the node holds 8
+    assert c.resized(gpus=ranks).compute_slowdown == max(1.0, ranks / usable)
     assert len(g.gemm_table) == 18 and all(p.tflops > 0 and math.isfinite(p.tflops) for p in g.gemm_table)
     assert g.attention_table and all(a.fwd_tflops > 0 and a.bwd_tflops > 0 for a in g.attention_table)
     assert {a.head_dim for a in g.attention_table} == {16, 64}
