@@ -179,6 +179,15 @@ def publish(root: Path, tmp: Path, meta: dict[str, Any], keep: int = KEEP_CHECKP
     return final
 
 
+def no_checkpoint(root: Path) -> AutoparError:
+    """The error of a resume from ``root`` where it holds no checkpoint: a checkpoint's own folder given in place of
+    the checkpoint folder is named as such."""
+    if re.fullmatch(r"step_[0-9]+", root.name) and (root / "meta.json").is_file():
+        return AutoparError(f"{root} is one checkpoint; give the folder holding it, --checkpoint-dir {root.parent} "
+                            "(its newest checkpoint is resumed)")
+    return AutoparError(f"no checkpoint to resume from in {root}; run without --resume to start fresh")
+
+
 def saved_plan(root: Path) -> PlanFile:
     """The plan that wrote the newest checkpoint under ``root`` (what ``autopar run --resume`` without a plan file
     resumes under, and ``--replan`` re-plans)."""
@@ -186,7 +195,7 @@ def saved_plan(root: Path) -> PlanFile:
 
     ck = latest_checkpoint(root)
     if ck is None:
-        raise AutoparError(f"no checkpoint to resume from in {root}; run without --resume to start fresh")
+        raise no_checkpoint(root)
     try:
         data = read_meta(ck)["plan_file"]
     except (KeyError, TypeError):
@@ -399,7 +408,7 @@ def load_checkpoint(tr: Trainer, root: Path) -> int:
         raise broken
     ck = latest_checkpoint(root)
     if ck is None:
-        raise AutoparError(f"no checkpoint to resume from in {root}; run without --resume to start fresh")
+        raise no_checkpoint(root)
     meta = read_meta(ck)
     step = meta["step"]
     saved, mine = same_run(ck, meta, tr.plan, tr.state)

@@ -185,7 +185,7 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
 def check_checkpoints(root: Path, resume: bool, total_steps: int, plan: PlanFile | None = None) -> None:
     """What ``root`` holds suits the run: with ``resume`` a checkpoint short of ``total_steps``; without, no run's
     checkpoints (a fresh run would write over them and mix two runs in one folder)."""
-    from runtime.checkpoint import checkpoint_step, latest_checkpoint, newest_is_broken, step_folders
+    from runtime.checkpoint import checkpoint_step, latest_checkpoint, newest_is_broken, no_checkpoint, step_folders
 
     broken = newest_is_broken(root) if resume else None
     if broken:
@@ -196,7 +196,7 @@ def check_checkpoints(root: Path, resume: bool, total_steps: int, plan: PlanFile
                            "that run, or give an empty or new --checkpoint-dir")
     last = latest_checkpoint(root)
     if resume and last is None:
-        raise AutoparError(f"no checkpoint to resume from in {root}; run without --resume to start fresh")
+        raise no_checkpoint(root)
     if resume and checkpoint_step(last) >= total_steps:
         raise AutoparError(f"the checkpoint in {root} is at step {checkpoint_step(last)}, and this run stops at step "
                            f"{total_steps}: nothing to train; give a larger --steps")

@@ -67,9 +67,20 @@ def validation_message(err: ValidationError, cls: type[BaseModel] | None = None)
         missing = [str(e["loc"][-1]) for e in errors
                    if e.get("type") == "missing" and tuple(e["loc"][:-1]) == path[:-1]]
         return f"unknown field '{loc}'{did_you_mean(str(path[-1]), missing or _fields_at(cls, path[:-1]))}"
-    if first.get("type") == "missing":
+    kind = first.get("type")
+    if kind == "missing" and len(path) > 1 and isinstance(path[-1], int):  # a list one item short (betas: [0.9])
+        return f"field '{'.'.join(str(p) for p in path[:-1])}' needs {path[-1] + 1} items, got {path[-1]}"
+    if kind == "missing":
         return f"missing required field '{loc}'"
+    if kind in ("model_type", "model_attributes_type", "dict_type"):  # a section given as a number or text
+        msg = f"expected a section of fields (a mapping), got {_shown(first.get('input'))}"
     return f"field '{loc}': {msg}" if loc else msg
+
+
+def _shown(value: Any) -> str:
+    """A value as a spec file writes it, for an error line."""
+    return "nothing" if value is None else repr(value) if isinstance(value, str) else str(value).lower() \
+        if isinstance(value, bool) else str(value)
 
 
 def number_only(v: Any) -> Any:

@@ -201,8 +201,12 @@ def read_mapping(path: Path, what: str) -> dict[str, Any]:
             f" at line {err.lineno}" if isinstance(err, json.JSONDecodeError) else "")
         kind = "JSON" if path.suffix == ".json" else "YAML"
         raise AutoparError(f"{what} {path} is not valid {kind}{where}; fix the syntax") from None
+    if data is None:
+        raise AutoparError(f"{what} {path} is empty; write its fields (`key: value` lines)")
     if not isinstance(data, dict):
-        raise AutoparError(f"{what} {path} must hold a mapping of fields, not {type(data).__name__}")
+        shown = {"list": "a list", "str": "text", "int": "a number", "float": "a number", "bool": "true/false"}
+        raise AutoparError(f"{what} {path} must hold a mapping of fields (`key: value` lines), not "
+                           f"{shown.get(type(data).__name__, type(data).__name__)}")
     return data
 
 

@@ -68,6 +68,7 @@ def test_absurd_sizes_are_refused(capsys, argv, needle):
     ("head_dim: 3", "head_dim 3 is odd, but rotary position embeddings"),
     ("block: {params: -5, fwd_flops_per_token: 1, act_bytes_per_token: 1}", "block.params"),
     ("block: {params: 5, fwd_flops_per_token: -1, act_bytes_per_token: 1}", "block.fwd_flops_per_token"),
+    ("moe: 8", "field 'moe': expected a section of fields (a mapping), got 8"),
 ])
 def test_bad_model_specs(tmp_path, capsys, change, needle):
     key = change.split(":")[0]
@@ -414,6 +415,21 @@ def test_what_a_hf_config_has_and_autopar_does_not_compute_is_said(tmp_path, cap
         assert main(["plan", "--model", str(cfg), "--cluster", "cpu-gloo", "--gpus", "2", "--global-batch", "8"]) == 0
         err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: model")]
         assert len(err) == len(notes) and all(n in line for n, line in zip(notes, err)), (extra, err)
+
+
+def test_an_empty_or_shapeless_file_and_a_short_list_are_said_plainly(tmp_path, capsys):
+    """Not pydantic's or Python's words (NoneType, 'train.betas.1' missing): what the file or field lacks."""
+    spec = tmp_path / "m.yaml"
+    for text, needle in [("", f"model spec {spec} is empty; write its fields"),
+                         ("- a\n- b\n", "must hold a mapping of fields (`key: value` lines), not a list")]:
+        spec.write_text(text)
+        assert needle in fails(capsys, "estimate", "--model", str(spec), *ESTIMATE)
+    plan = tmp_path / "p.json"
+    assert main(["plan", *TINY, "--out", str(plan)]) == 0
+    data = json.loads(plan.read_text())
+    plan.write_text(json.dumps({**data, "train": {**data["train"], "betas": [0.9]}}))
+    capsys.readouterr()
+    assert "field 'train.betas' needs 2 items, got 1" in fails(capsys, "run", str(plan), "--dry-run")
 
 
 def test_a_file_of_another_kind_is_named_as_such(tmp_path, capsys):

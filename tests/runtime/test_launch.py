@@ -230,6 +230,8 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
     cases.append((dict(plan_path=_plan(tmp_path), checkpoint_dir=str(held), resume=True, steps=8),
                   "is corrupt (unreadable meta.json)"))
     cases.append((dict(plan_path=_plan(tmp_path), checkpoint_dir=str(held)), "add --resume to continue that run"))
+    cases.append((dict(plan_path=_plan(tmp_path), checkpoint_dir=str(held / "step_00000003"), resume=True),
+                  f"step_00000003 is one checkpoint; give the folder holding it, --checkpoint-dir {held}"))
     earlier = tmp_path / "earlier.jsonl"  # an earlier run's metrics: a run from scratch would overwrite them
     earlier.write_text('{"step": 1, "loss": 5.0}\n{"step": 2, "loss": 4.5}\n')
     cases.append((dict(plan_path=_plan(tmp_path), metrics_out=str(earlier)),
