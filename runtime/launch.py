@@ -179,7 +179,22 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
     if rc == 130:
         print(f"autopar: {interrupted(plan_path, steps or plan.train.steps, metrics_out, checkpoint_dir)}",
               file=sys.stderr, flush=True)
+    elif rc == 0 and not quiet:
+        print(f"autopar: {finished(total, metrics_out, checkpoint_dir)}", flush=True)
     return rc
+
+
+def finished(steps: int, metrics_out: str | None, checkpoint_dir: str | None) -> str:
+    """What a run that reached its last step left behind, and where."""
+    from runtime.checkpoint import latest_checkpoint
+
+    parts = [f"reached step {steps}"]
+    newest = latest_checkpoint(Path(checkpoint_dir)) if checkpoint_dir else None
+    if newest is not None:
+        parts.append(f"checkpoints in {checkpoint_dir} (newest {newest.name}; `--resume` goes on from it)")
+    if metrics_out:
+        parts.append(f"metrics in {metrics_out}")
+    return "; ".join(parts)
 
 
 def check_checkpoints(root: Path, resume: bool, total_steps: int, plan: PlanFile | None = None) -> None:

@@ -74,7 +74,10 @@ def test_resume_replans_for_the_gpus_there_are_now(tmp_path, capsys):
     assert main(["run", plan, "--steps", "4", "--checkpoint-dir", ck, "--metrics-out", str(m)]) == 0
     assert main(["run", "--resume", "--replan", "--gpus", "2", "--checkpoint-dir", ck, "--steps", "6",
                  "--metrics-out", str(m)]) == 0
-    assert "re-planned for 2 GPUs" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "re-planned for 2 GPUs" in out
+    assert out.rstrip().endswith(f"autopar: reached step 6; checkpoints in {ck} (newest step_00000006; `--resume` goes "
+                                 f"on from it); metrics in {m}")  # where the run left what it wrote
     new = load_plan(Path(ck) / "replanned-2gpus.json")
     assert new.world_size == 2 and new.global_batch == load_plan(plan).global_batch
     rows = _rows(m)
