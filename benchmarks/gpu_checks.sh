@@ -41,7 +41,7 @@ if part first; then
   for m in llama-1b "$OUT/gpt-1.3b.json" "$OUT/gpt-350m.json"; do
     n=$(basename "$m" .json)
     step "plan-$n" 200 bash -c "python -m planner.cli plan --model $m --cluster $OUT/h100.yaml --gpus 1 --global-batch 8 \
---out $OUT/$n.plan.json && python -m planner.cli run $OUT/$n.plan.json --steps 20 --metrics-out $OUT/$n.jsonl && \
+--out $OUT/$n.plan.json && rm -f $OUT/$n.jsonl && python -m planner.cli run $OUT/$n.plan.json --steps 20 --metrics-out $OUT/$n.jsonl && \
 python -m planner.cli diagnose $OUT/$n.jsonl --warmup 5"
   done
   step validate_h100 120 python benchmarks/validate_h100.py --gpu-profile "$OUT/h100.yaml" --json "$OUT/validate_h100.json"
@@ -55,7 +55,7 @@ if part second; then
   step tune 300 python -m planner.cli tune --model "$OUT/gpt-1.3b.json" --cluster "$OUT/h100.yaml" --gpus 1 \
     --global-batch 8 --trials 3 --steps 10 --warmup 3
   step moe 200 bash -c "python -m planner.cli plan --model tiny-moe --cluster dgx-h100 --gpus 1 --global-batch 8 \
---out $OUT/moe.json && python -m planner.cli run $OUT/moe.json --steps 5 --metrics-out $OUT/moe.jsonl"
+--out $OUT/moe.json && rm -f $OUT/moe.jsonl && python -m planner.cli run $OUT/moe.json --steps 5 --metrics-out $OUT/moe.jsonl"
   step attention_head_dim 60 python benchmarks/attention_head_dim.py --profile "$OUT/h100.yaml" --json "$OUT/head_dim.json"
 fi
 echo "logs in $OUT"

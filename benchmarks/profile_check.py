@@ -72,6 +72,7 @@ def profile_plan_run(work: Path, tag: str, profile: Path, model: str, batch: int
         args += ["--fix", fix]
     best = json.loads(autopar(*args))["plans"][0]
     metrics = work / f"metrics-{tag}.jsonl"
+    metrics.unlink(missing_ok=True)  # a rerun into the same --work: a fresh run refuses earlier metrics
     autopar("run", str(plan), "--steps", str(steps), "--metrics-out", str(metrics))
     med, logged, n = measured_step(metrics, warmup)
     pred = best["step_time_s"]

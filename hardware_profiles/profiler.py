@@ -122,7 +122,8 @@ def measure(rank: int, world: int, local: int, quick: bool, progress: bool,
             mem = 16.0
         usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         dev = {"type": "cpu", "name": f"{_cpu_model()} ({torch.get_num_threads()} thread(s) per rank)",
-               "memory_GiB": mem, "cores": max(1, usable // torch.get_num_threads())}  # ranks at once, a core each
+               # the ranks it runs at once at the rates measured: a core each, or as many as measured at once
+               "memory_GiB": mem, "cores": max(1, usable // torch.get_num_threads(), local)}
     members = layout.members if layout else [list(range(world))]
     per_node = layout.per_node if layout else [local]
     rounds = link_rounds(layout.groups) if layout else []

@@ -25,7 +25,7 @@ from specs.planfile import PlanFile
 def last_step(path: str | Path | None) -> int | None:
     """The last step a metrics file records (None when it records none, or is absent): where a run got to."""
     last = None
-    if path and Path(path).exists():
+    if path and Path(path).is_file():  # (not a pipe or a terminal: reading those would wait)
         for line in Path(path).read_text(errors="replace").splitlines():
             try:
                 last = int(json.loads(line)["step"])

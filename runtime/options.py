@@ -4,6 +4,7 @@ torch: the command line arguments, and the checks that refuse bad ones before an
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from specs.errors import AutoparError
 from specs.files import check_output_dir, check_output_file, integer, path_argument
@@ -107,10 +108,12 @@ def check_run_options(plan: PlanFile, steps: int | None, checkpoint_dir: str | N
 def _check_not_overwriting(metrics_out: str, checkpoint_dir: str | None) -> None:
     """A run from scratch writes its metrics file anew: refused where that file records an earlier run's steps
     (its measurements would be lost, as a checkpoint folder holding a run's checkpoints is refused)."""
+    from runtime.checkpoint import latest_checkpoint
     from runtime.metrics import last_step
 
     reached = last_step(metrics_out)
     if reached is not None:
-        go_on = " (--resume continues that run and appends to it)" if checkpoint_dir else ""
+        held = checkpoint_dir is not None and latest_checkpoint(Path(checkpoint_dir)) is not None
+        go_on = " (--resume continues that run and appends to it)" if held else ""
         raise AutoparError(f"metrics file {metrics_out} holds an earlier run's metrics (to step {reached}); a run "
                            f"from scratch would overwrite them: give another --metrics-out or delete it{go_on}")

@@ -98,9 +98,9 @@ class GPUSpec(Strict):
     # division); unset: the copy bandwidth (:attr:`mem_bw`)
     optimizer_bandwidth_GBps: float | None = Field(None, gt=0)
     node_link: NodeLink | None = None  # the intra-node link of its platform; None: not known (CPUs, custom GPUs)
-    # CPU profiles (`autopar profile` records it): how many ranks a node runs at once with a core each (its usable
-    # cores over the threads a rank used); the rates were measured so, and a node running more ranks shares them
-    # (ClusterSpec.compute_slowdown)
+    # CPU profiles (`autopar profile` records it): how many ranks a node runs at once at the rates measured (a core
+    # each: its usable cores over a rank's threads, or the ranks measured at once where more); a node running more
+    # ranks shares them (ClusterSpec.compute_slowdown)
     cores: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")

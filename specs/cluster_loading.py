@@ -53,10 +53,10 @@ def is_profile_data(data: Any) -> bool:
 
 
 def check_profile_out(path: str, what: str, inputs: dict[str, str | None] | None = None) -> None:
-    """``path`` can take a cluster profile: written as YAML, so named .yaml or .yml (a .json one would then fail to
-    load), and not a file of another kind (a model spec, a plan) that writing it would destroy."""
+    """``path`` can take a cluster profile: written as YAML, so not named .json (it would then be read as JSON and
+    fail to load), and not a file of another kind (a model spec, a plan) that writing it would destroy."""
     check_output_file(path, what, inputs, replaces=is_profile_data)
-    if Path(path).suffix.lower() not in (".yaml", ".yml"):
+    if Path(path).suffix.lower() == ".json":
         raise AutoparError(f"{what} {path}: profiles are written as YAML; name it .yaml or .yml")
 
 

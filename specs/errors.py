@@ -69,7 +69,7 @@ def validation_message(err: ValidationError, cls: type[BaseModel] | None = None)
         return f"unknown field '{loc}'{did_you_mean(str(path[-1]), missing or _fields_at(cls, path[:-1]))}"
     kind = first.get("type")
     if kind == "missing" and len(path) > 1 and isinstance(path[-1], int):  # a list one item short (betas: [0.9])
-        return f"field '{'.'.join(str(p) for p in path[:-1])}' needs {path[-1] + 1} items, got {path[-1]}"
+        return f"field '{'.'.join(str(p) for p in path[:-1])}' has too few items ({path[-1]})"
     if kind == "missing":
         return f"missing required field '{loc}'"
     if kind in ("model_type", "model_attributes_type", "dict_type"):  # a section given as a number or text

@@ -69,11 +69,16 @@ def _check_creatable(folder: Path, target: Path, what: str) -> None:
 
 
 def file_content(p: Path) -> Any:
-    """What a file holds read as YAML (JSON is YAML too), or None when it is not."""
+    """What a file holds read as YAML (JSON is YAML too); its text when it is not YAML (a file cut short), None
+    when it cannot be read as text."""
     try:
-        return yaml.safe_load(p.read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        text = p.read_text()
+    except (OSError, UnicodeDecodeError):
         return None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
 
 
 def check_output_dir(path: str | Path, what: str) -> Path:

@@ -32,8 +32,12 @@ MAX_STEPS = 2**63  # steps are counted in 64-bit integers (checkpoint names, tor
 
 
 def is_plan_data(data: Any) -> bool:
-    """Whether a file's content (read as JSON) is a plan file's, of any schema version."""
-    return isinstance(data, dict) and str(data.get("schema", "")).startswith(SCHEMA.split("/")[0] + "/")
+    """Whether a file's content (:func:`specs.files.file_content`) is a plan file's, of any schema version, or the
+    text of one cut short (a corrupt plan file, which `autopar plan --out` is told to write again)."""
+    family = SCHEMA.split("/")[0] + "/"
+    if isinstance(data, str):
+        return f'"schema": "{family}' in data
+    return isinstance(data, dict) and str(data.get("schema", "")).startswith(family)
 
 
 def steps_problem(flag: str, steps: int) -> str | None:
@@ -209,7 +213,8 @@ def load_plan(path: str | Path) -> PlanFile:
     except OSError as err:
         raise AutoparError(f"cannot read plan file {p}: {err.strerror}") from None
     except (json.JSONDecodeError, UnicodeDecodeError):
-        if isinstance(file_content(p), dict):
+        content = file_content(p)
+        if isinstance(content, dict) and not is_plan_data(content):  # (YAML also reads JSON with a stray comma)
             raise AutoparError(f"{p} is YAML (a model spec or cluster profile?), not a plan file: plans are the JSON "
                                "files `autopar plan --out` writes") from None
         raise AutoparError(

@@ -25,6 +25,10 @@ def load_inputs(args: argparse.Namespace) -> tuple[Any, Any]:
     cluster = load_cluster(args.cluster, gpus=args.gpus, nodes=args.nodes)
     if args.allow_cross_node_tp:
         cluster = cluster.model_copy(update={"tp_across_nodes": True})
+    if cluster.compute_slowdown > 1:  # a CPU profile's node holds more ranks than it runs at once
+        print(f"note: {cluster.name}: {cluster.gpus_per_node} ranks a node share its {cluster.gpu.cores} cores (each "
+              f"priced {cluster.compute_slowdown:.3g}x slower); --gpus {cluster.gpu.cores} plans a core each",
+              file=sys.stderr)
     b = args.global_batch
     problem = None if b is None else size_problem("--global-batch", b, MAX_GLOBAL_BATCH)
     if problem:

@@ -429,7 +429,35 @@ def test_an_empty_or_shapeless_file_and_a_short_list_are_said_plainly(tmp_path, 
     data = json.loads(plan.read_text())
     plan.write_text(json.dumps({**data, "train": {**data["train"], "betas": [0.9]}}))
     capsys.readouterr()
-    assert "field 'train.betas' needs 2 items, got 1" in fails(capsys, "run", str(plan), "--dry-run")
+    assert "field 'train.betas' has too few items (1)" in fails(capsys, "run", str(plan), "--dry-run")
+
+
+def test_a_corrupt_plan_is_called_corrupt_and_may_be_written_again(tmp_path, capsys):
+    """A plan file with a JSON slip YAML would forgive (a trailing comma) is not JSON, not "YAML"; a plan file cut
+    short is still a plan file: `plan --out` writes it again, as the error says to."""
+    plan = tmp_path / "p.json"
+    assert main(["plan", *TINY, "--out", str(plan)]) == 0
+    text = plan.read_text()
+    plan.write_text(text.rstrip().removesuffix("}") + ",}")
+    capsys.readouterr()
+    err = fails(capsys, "run", str(plan), "--dry-run")
+    assert "is not valid JSON (truncated or corrupt?)" in err and "YAML" not in err
+    plan.write_text(text[: len(text) // 2])
+    assert "is not valid JSON" in fails(capsys, "run", str(plan), "--dry-run")
+    assert main(["plan", *TINY, "--out", str(plan)]) == 0 and load_plan(plan).world_size == 4
+
+
+def test_a_cpu_node_of_more_ranks_than_cores_is_noted(tmp_path, capsys):
+    gpu = tmp_path / "cpu2.yaml"
+    gpu.write_text("name: cpu2\npeak_tflops: {fp32: 0.05}\nmemory_GiB: 16\nmemory_bandwidth_GBps: 10\ncores: 2\n")
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text("name: c\ngpu: cpu2.yaml\ngpus_per_node: 8\nbackend: gloo\nprecision: fp32\n"
+                       "intra_node: {bandwidth_GBps: 2, latency_us: 50}\n")
+    common = ["--model", "tiny", "--cluster", str(cluster), "--global-batch", "16"]
+    assert main(["plan", *common]) == 0
+    assert "note: c: 8 ranks a node share its 2 cores (each priced 4x slower); --gpus 2 plans a core each" in (
+        capsys.readouterr().err)
+    assert main(["plan", *common, "--gpus", "2"]) == 0 and "share its" not in capsys.readouterr().err
 
 
 def test_a_file_of_another_kind_is_named_as_such(tmp_path, capsys):

@@ -676,6 +676,11 @@ def test_a_metrics_file_is_overwritten_only_when_it_records_no_step(tmp_path):
     m.write_text('{"event": "restart", "attempt": 1}\n')
     assert check_run_options(plan, 4, None, None, str(m), resume=False) == 4
     m.write_text('{"step": 3, "loss": 4.0}\n')
+    with pytest.raises(AutoparError, match=r"to step 3\); a run from scratch would overwrite them: give another "
+                                           "--metrics-out or delete it$"):  # no checkpoint there to resume from
+        check_run_options(plan, 4, str(tmp_path / "ck"), None, str(m), resume=False)
+    (tmp_path / "ck" / "step_00000003").mkdir(parents=True)
+    (tmp_path / "ck" / "step_00000003" / "meta.json").write_text("{}")
     with pytest.raises(AutoparError, match="to step 3.*--resume continues that run"):
         check_run_options(plan, 4, str(tmp_path / "ck"), None, str(m), resume=False)
     assert check_run_options(plan, 4, str(tmp_path / "ck"), None, str(m), resume=True) == 4
