@@ -108,12 +108,11 @@ def check_run_options(plan: PlanFile, steps: int | None, checkpoint_dir: str | N
 def _check_not_overwriting(metrics_out: str, checkpoint_dir: str | None) -> None:
     """A run from scratch writes its metrics file anew: refused where that file records an earlier run's steps
     (its measurements would be lost, as a checkpoint folder holding a run's checkpoints is refused)."""
-    from runtime.checkpoint import latest_checkpoint
     from runtime.metrics import last_step
 
     reached = last_step(metrics_out)
-    if reached is not None:
-        held = checkpoint_dir is not None and latest_checkpoint(Path(checkpoint_dir)) is not None
+    if reached is not None:  # (a checkpoint is a step_N folder with its meta.json, runtime/checkpoint.py)
+        held = checkpoint_dir is not None and any(Path(checkpoint_dir).glob("step_*/meta.json"))
         go_on = " (--resume continues that run and appends to it)" if held else ""
         raise AutoparError(f"metrics file {metrics_out} holds an earlier run's metrics (to step {reached}); a run "
                            f"from scratch would overwrite them: give another --metrics-out or delete it{go_on}")
