@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from specs.errors import AutoparError
-from specs.files import file_content
+from specs.files import text_content
 from specs.planfile import PlanFile, is_plan_data, load_plan, made_for_difference, plan_from_data
 
 
@@ -115,7 +115,7 @@ def _metrics_lines(path: str | Path, notes: bool = True) -> list[dict[str, Any]]
                 if notes:
                     print(f"note: metrics file {p}: skipped its last line {i}, cut off mid-write", file=sys.stderr)
                 continue
-            if is_plan_data(file_content(p)):
+            if is_plan_data(text_content(text)):
                 raise AutoparError(f"{p} is a plan file, not a metrics file: give the metrics file `autopar run "
                                    f"{p} --metrics-out FILE` wrote (and this plan with --plan)") from None
             raise AutoparError(f"metrics file {p} line {i} is not valid JSON (truncated or corrupt?)") from None

@@ -55,6 +55,7 @@ from specs.state import StateSpec
 
 META = "meta.json"
 LATEST = "latest"
+STEP_NAME = re.compile(r"step_[0-9]+")  # a checkpoint's folder: the step it was written after
 CHUNK = 1 << 24  # bytes read at a time for a checksum
 FORMAT = 2  # 1: keys by plan (before resuming under other plans)
 SAME = ("model", "seq", "global_batch", "seed", "state")  # what a resuming plan must share with the checkpoint
@@ -182,7 +183,7 @@ def publish(root: Path, tmp: Path, meta: dict[str, Any], keep: int = KEEP_CHECKP
 def no_checkpoint(root: Path) -> AutoparError:
     """The error of a resume from ``root`` where it holds no checkpoint: a checkpoint's own folder given in place of
     the checkpoint folder is named as such."""
-    if re.fullmatch(r"step_[0-9]+", root.name) and (root / "meta.json").is_file():
+    if STEP_NAME.fullmatch(root.name) and (root / META).is_file():
         return AutoparError(f"{root} is one checkpoint; give the folder holding it, --checkpoint-dir {root.parent} "
                             "(its newest checkpoint is resumed)")
     return AutoparError(f"no checkpoint to resume from in {root}; run without --resume to start fresh")
@@ -312,7 +313,7 @@ def checkpoint_step(ck: Path) -> int:
 
 def step_folders(root: Path) -> list[Path]:
     """The ``step_N`` folders under ``root`` (not ``.partial`` ones, not other names), oldest step first."""
-    found = [p for p in root.glob("step_*") if re.fullmatch(r"step_[0-9]+", p.name) and p.is_dir()]
+    found = [p for p in root.glob("step_*") if STEP_NAME.fullmatch(p.name) and p.is_dir()]
     return sorted(found, key=checkpoint_step)
 
 

@@ -69,12 +69,15 @@ def _check_creatable(folder: Path, target: Path, what: str) -> None:
 
 
 def file_content(p: Path) -> Any:
-    """What a file holds read as YAML (JSON is YAML too); its text when it is not YAML (a file cut short), None
-    when it cannot be read as text."""
+    """What a file holds (:func:`text_content`), None when it cannot be read as text."""
     try:
-        text = p.read_text()
+        return text_content(p.read_text())
     except (OSError, UnicodeDecodeError):
         return None
+
+
+def text_content(text: str) -> Any:
+    """A file's text read as YAML (JSON is YAML too), or the text itself when it is not YAML (a file cut short)."""
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError:

@@ -29,10 +29,13 @@ def run_command(args: argparse.Namespace) -> int:
         plan_path = _checkpoint_plan(Path(args.checkpoint_dir), args.dry_run)
     if plan_path is None:
         plan_path = str(_plan_default(cache_dir() / "default-plan.json", "its command" if args.dry_run else None))
-    fresh = _fresh_prediction(plan_path)
-    _check_gpu_memory(plan_path, fresh)
+    from specs.planfile import load_plan
+
+    plan = load_plan(plan_path)  # once, for the checks before launch
+    fresh = _fresh_prediction(plan, plan_path)
+    _check_gpu_memory(plan, plan_path, fresh)
     if not args.dry_run:
-        _check_host_memory(plan_path)
+        _check_host_memory(plan, plan_path)
     return launch(plan_path=plan_path, predicted_step_s=fresh and fresh.step_time_s,
                   predicted_memory_GiB=fresh and fresh.memory_GiB, **launch_options(args))
 
@@ -119,13 +122,11 @@ def _replan(args: argparse.Namespace) -> str:
     return str(path)
 
 
-def _fresh_prediction(plan_path: str) -> Any:
+def _fresh_prediction(plan: Any, plan_path: str) -> Any:
     """The estimate of a plan file edited by hand since its prediction (its keys, batch, sequence, model, cluster or
     state changed), made again on the GPUs it uses, with a note; None when the plan's own prediction holds."""
     from cost_models.step import estimate
-    from specs.planfile import load_plan
 
-    plan = load_plan(plan_path)
     if plan.prediction and plan.prediction_is_current:
         return None
     est = estimate(plan.model, plan.used_cluster, plan.config, plan.global_batch, state=plan.state)
@@ -135,13 +136,11 @@ def _fresh_prediction(plan_path: str) -> Any:
     return est
 
 
-def _check_gpu_memory(plan_path: str, fresh: Any) -> None:
+def _check_gpu_memory(plan: Any, plan_path: str, fresh: Any) -> None:
     """A GPU plan whose predicted peak on some pipeline stage is above its GPUs' memory (a plan file edited by hand:
     the planner writes none) is refused before launch: it would run out of memory at its first step."""
     from cost_models.step import estimate
-    from specs.planfile import load_plan
 
-    plan = load_plan(plan_path)
     if plan.cluster.backend != "nccl":
         return  # CPU ranks: the host-memory check
     est = fresh or estimate(plan.model, plan.used_cluster, plan.config, plan.global_batch, state=plan.state)
@@ -164,7 +163,7 @@ def available_GiB() -> float | None:
     return kib / 2**20
 
 
-def _check_host_memory(plan_path: str) -> None:
+def _check_host_memory(plan: Any, plan_path: str) -> None:
     """A plan whose ranks all train on this machine's CPU (a gloo plan, or a CUDA plan on a machine without CUDA,
     run in fp32) keeps every rank's weights, optimizer state and activations in this machine's memory: refused
     before launch when the memory model prices them above what the machine has available, where the kernel would
@@ -174,9 +173,7 @@ def _check_host_memory(plan_path: str) -> None:
     from cost_models.step import estimate
     from runtime.launch import local_gpus
     from runtime.trainer import executed_state
-    from specs.planfile import load_plan
 
-    plan = load_plan(plan_path)
     if plan.cluster.backend == "nccl" and local_gpus() is not None or plan.cluster.num_nodes > 1:
         return  # on GPUs, or on several machines (run prints their commands)
     free = available_GiB()

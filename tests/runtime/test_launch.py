@@ -540,7 +540,7 @@ def test_a_plan_edited_in_model_cluster_or_state_is_not_current(tmp_path):
     path.write_text(json.dumps(data))
     plan = load_plan(path)
     assert plan.world_size == 2 < plan.cluster.num_gpus and plan.used_cluster.num_gpus == 2
-    assert _fresh_prediction(str(path)).step_time_s > 0
+    assert _fresh_prediction(plan, str(path)).step_time_s > 0
 
 
 @pytest.mark.parametrize("sizes,cfg", [
