@@ -25,7 +25,6 @@ import contextlib
 import json
 import math
 import os
-import re
 import shutil
 import zlib
 from pathlib import Path
@@ -36,6 +35,16 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
+from runtime.checkpoint_folder import (
+    LATEST,
+    META,
+    checkpoint_files,
+    checkpoint_step,
+    latest_checkpoint,
+    newest_is_broken,
+    no_checkpoint,
+    step_folders,
+)
 from runtime.data import SAMPLE_TEXT
 from runtime.options import KEEP_CHECKPOINTS
 from runtime.portable_state import (
@@ -53,9 +62,6 @@ from specs.model import ModelSpec
 from specs.planfile import PlanFile, TrainConfig
 from specs.state import StateSpec
 
-META = "meta.json"
-LATEST = "latest"
-STEP_NAME = re.compile(r"step_[0-9]+")  # a checkpoint's folder: the step it was written after
 CHUNK = 1 << 24  # bytes read at a time for a checksum
 FORMAT = 2  # 1: keys by plan (before resuming under other plans)
 SAME = ("model", "seq", "global_batch", "seed", "state")  # what a resuming plan must share with the checkpoint
@@ -88,11 +94,6 @@ def _crc32(path: Path) -> str:
         while chunk := f.read(CHUNK):
             crc = zlib.crc32(chunk, crc)
     return f"{crc:08x}"
-
-
-def checkpoint_files(folder: Path) -> list[str]:
-    """The files of a checkpoint folder a checksum covers: all but its meta.json, by name."""
-    return sorted(p.name for p in folder.iterdir() if p.is_file() and p.name != META)
 
 
 def checksums(folder: Path, files: list[str], share: int = 0, shares: int = 1) -> dict[str, str] | str:
@@ -178,15 +179,6 @@ def publish(root: Path, tmp: Path, meta: dict[str, Any], keep: int = KEEP_CHECKP
         if checkpoint_step(old) < checkpoint_step(kept[0]):
             shutil.rmtree(old, ignore_errors=True)
     return final
-
-
-def no_checkpoint(root: Path) -> AutoparError:
-    """The error of a resume from ``root`` where it holds no checkpoint: a checkpoint's own folder given in place of
-    the checkpoint folder is named as such."""
-    if STEP_NAME.fullmatch(root.name) and (root / META).is_file():
-        return AutoparError(f"{root} is one checkpoint; give the folder holding it, --checkpoint-dir {root.parent} "
-                            "(its newest checkpoint is resumed)")
-    return AutoparError(f"no checkpoint to resume from in {root}; run without --resume to start fresh")
 
 
 def saved_plan(root: Path) -> PlanFile:
@@ -304,42 +296,6 @@ def young_daly_interval_s(save_s: float, mtbf_s: float) -> float:
     """Seconds of training between checkpoints that lose the least time to saving and to redoing work after a
     failure (Young 1974; Daly 2006's first-order form): sqrt(2 x save time x mean time between failures)."""
     return math.sqrt(2.0 * save_s * mtbf_s)
-
-
-def checkpoint_step(ck: Path) -> int:
-    """The step a checkpoint directory (``step_N``) was written after."""
-    return int(ck.name.removeprefix("step_"))
-
-
-def step_folders(root: Path) -> list[Path]:
-    """The ``step_N`` folders under ``root`` (not ``.partial`` ones, not other names), oldest step first."""
-    found = [p for p in root.glob("step_*") if STEP_NAME.fullmatch(p.name) and p.is_dir()]
-    return sorted(found, key=checkpoint_step)
-
-
-def newest_is_broken(root: Path) -> AutoparError | None:
-    """The error for a checkpoint folder newer than the newest complete one that has no ``meta.json`` (a checkpoint
-    is renamed into place with it, so one without it lost it since), or None. Resuming from the one before without a
-    word would redo its steps and, as new checkpoints were kept, prune the good one."""
-    good = latest_checkpoint(root)
-    newer = [p for p in step_folders(root)
-             if not (p / META).exists() and (good is None or checkpoint_step(p) > checkpoint_step(good))]
-    if not newer:
-        return None
-    before = f"; delete it to resume from {good.name}" if good is not None else "; delete it to start afresh"
-    return AutoparError(f"checkpoint {newer[-1]} is corrupt (it has no {META}){before}")
-
-
-def latest_checkpoint(root: Path) -> Path | None:
-    """The newest complete checkpoint under ``root`` (``latest`` if valid, else the highest step_N)."""
-    try:
-        named = root / (root / LATEST).read_text().strip()
-        if (named / META).exists():
-            return named
-    except OSError:
-        pass
-    done = [p for p in step_folders(root) if (p / META).exists()]
-    return done[-1] if done else None
 
 
 def _normal(fp: dict[str, Any]) -> dict[str, Any]:

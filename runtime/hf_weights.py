@@ -28,7 +28,8 @@ import torch.distributed.checkpoint as dcp
 from pydantic import BaseModel
 from torch.distributed.checkpoint.api import CheckpointException
 
-from runtime.checkpoint import META, corrupt_error, corrupt_files, fingerprint, latest_checkpoint, publish, read_meta
+from runtime.checkpoint import corrupt_error, corrupt_files, fingerprint, publish, read_meta
+from runtime.checkpoint_folder import META, latest_checkpoint
 from runtime.dtypes import TORCH_DTYPES
 from specs.capabilities import model_problem
 from specs.errors import AutoparError

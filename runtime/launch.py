@@ -17,6 +17,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+from runtime.checkpoint_folder import checkpoint_step, latest_checkpoint, newest_is_broken, no_checkpoint, step_folders
 from runtime.data import SAMPLE_TEXT, TokenData
 from runtime.metrics import last_step
 from runtime.options import COLLECTIVE_TIMEOUT_S, add_run_arguments, check_run_options, launch_options
@@ -186,8 +187,6 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
 
 def finished(steps: int, metrics_out: str | None, checkpoint_dir: str | None) -> str:
     """What a run that reached its last step left behind, and where."""
-    from runtime.checkpoint import latest_checkpoint
-
     parts = [f"reached step {steps}"]
     newest = latest_checkpoint(Path(checkpoint_dir)) if checkpoint_dir else None
     if newest is not None:
@@ -200,8 +199,6 @@ def finished(steps: int, metrics_out: str | None, checkpoint_dir: str | None) ->
 def check_checkpoints(root: Path, resume: bool, total_steps: int, plan: PlanFile | None = None) -> None:
     """What ``root`` holds suits the run: with ``resume`` a checkpoint short of ``total_steps``; without, no run's
     checkpoints (a fresh run would write over them and mix two runs in one folder)."""
-    from runtime.checkpoint import checkpoint_step, latest_checkpoint, newest_is_broken, no_checkpoint, step_folders
-
     broken = newest_is_broken(root) if resume else None
     if broken:
         raise broken
@@ -237,8 +234,6 @@ def interrupted(plan_path: str, steps: int, metrics_out: str | None, checkpoint_
     text = f"interrupted after step {reached} of {steps}" if reached is not None else "interrupted"
     if not checkpoint_dir:
         return text + "; no checkpoints were kept (give --checkpoint-dir to be able to resume)"
-    from runtime.checkpoint import latest_checkpoint
-
     last = latest_checkpoint(Path(checkpoint_dir))
     if last is None:
         return text + f"; no complete checkpoint in {checkpoint_dir} yet: run again from the start"

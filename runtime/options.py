@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from runtime.checkpoint_folder import latest_checkpoint
 from specs.errors import AutoparError
 from specs.files import check_output_dir, check_output_file, integer, path_argument
 from specs.planfile import PlanFile, steps_problem
@@ -111,8 +112,8 @@ def _check_not_overwriting(metrics_out: str, checkpoint_dir: str | None) -> None
     from runtime.metrics import last_step
 
     reached = last_step(metrics_out)
-    if reached is not None:  # (a checkpoint is a step_N folder with its meta.json, runtime/checkpoint.py)
-        held = checkpoint_dir is not None and any(Path(checkpoint_dir).glob("step_*/meta.json"))
+    if reached is not None:
+        held = checkpoint_dir is not None and latest_checkpoint(Path(checkpoint_dir)) is not None
         go_on = " (--resume continues that run and appends to it)" if held else ""
         raise AutoparError(f"metrics file {metrics_out} holds an earlier run's metrics (to step {reached}); a run "
                            f"from scratch would overwrite them: give another --metrics-out or delete it{go_on}")

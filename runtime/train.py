@@ -35,6 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from runtime.checkpoint_folder import latest_checkpoint
 from runtime.comm_hooks import CommHooks
 from runtime.data import SAMPLE_TEXT, TokenData
 from runtime.metrics import MetricsLog, last_step
@@ -104,8 +105,6 @@ def _advise_interval(log: MetricsLog, step: int, save_s: float, step_s: float, m
 def diverged(step: int, loss: float, grad_norm: float, ckdir: Path | None) -> AutoparError:
     """The error that stops a run whose loss or gradient norm is no longer a number, before it is checkpointed (the
     checkpoints from before it are kept)."""
-    from runtime.checkpoint import latest_checkpoint
-
     ck = latest_checkpoint(ckdir) if ckdir is not None else None
     kept = (f"; the checkpoints before it are kept (the newest, {ck}, holds the weights this step started from: if "
             "they are already bad, delete it to resume from an earlier one)") if ck is not None else ""
@@ -195,8 +194,6 @@ def _check_divergence(ckdir: Path, attempt: int, rank: int) -> None:
 
 
 def _has_checkpoint(ckdir: Path) -> bool:
-    from runtime.checkpoint import latest_checkpoint
-
     return latest_checkpoint(ckdir) is not None
 
 

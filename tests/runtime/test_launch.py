@@ -641,7 +641,8 @@ def test_a_checkpoint_that_lost_its_meta_is_refused_and_never_kept_over_a_good_o
     """The newest checkpoint folder without meta.json (it is renamed into place with it) is a one-line corrupt
     error, not a silent resume from the one before; and pruning keeps complete checkpoints only, so the good one
     is never removed while a broken one stays."""
-    from runtime.checkpoint import latest_checkpoint, newest_is_broken, publish
+    from runtime.checkpoint import publish
+    from runtime.checkpoint_folder import latest_checkpoint, newest_is_broken
 
     root = tmp_path / "ck"
     for step in (12, 16):
