@@ -49,7 +49,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     for name, model_name, batch in CASES:
         cluster, model = load_cluster(name), load_model(model_name)
-        res = search(model, cluster, batch, top=1)
+        res = search(model, cluster, batch, top=1, headroom_GiB=0.0)
         best, homog = res.plans[0], res.homogeneous
         gain = homog.estimate.step_time_s / best.estimate.step_time_s - 1 if homog else float("nan")
         print(f"| {name} | {model_name} | {batch} | {best.config.short()} | {best.estimate.step_time_s:.3f} | "
@@ -63,7 +63,7 @@ def main() -> None:
         times = []
         for _ in range(args.runs):
             t0 = time.perf_counter()
-            res = search(model, cluster, batch, top=1)
+            res = search(model, cluster, batch, top=1, headroom_GiB=0.0)
             times.append(time.perf_counter() - t0)
         print(f"planning {model_name} on {cluster.name} ({cluster.num_gpus} GPUs, 3 groups): median "
               f"{statistics.median(times):.2f} s of {args.runs} (best {res.plans[0].config.short()}, "

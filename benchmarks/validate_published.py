@@ -129,7 +129,8 @@ def narayanan() -> list[dict]:
         # the paper's setting: full recompute of every layer, even layer split, no SP / ZeRO / overlap
         fixed = {"tp": tp, "pp": pp, "dp": gpus // (tp * pp), "cp": 1, "recompute": "full", "recompute_layers": None,
                  "layers": None, "sp": False, "zero": 0, "dp_overlap": False, "tp_overlap": False}
-        res = search(model, cluster, B, fixed=fixed, top=1, state=published_state(cluster, "narayanan2021"))
+        res = search(model, cluster, B, fixed=fixed, top=1, headroom_GiB=0.0,
+                     state=published_state(cluster, "narayanan2021"))
         best = res.plans[0]
         out.append({"model": model.name, "plan": best.config.short(), "measured_s": meas,
                     "predicted_s": best.estimate.step_time_s,
@@ -186,7 +187,7 @@ def price_bloom_plan(model: ModelSpec, cluster, row: dict[str, str], layers: tup
     fixed = {"tp": tp, "pp": pp, "dp": dp, "mbs": mbs, "vpp": 1, "cp": 1, "recompute": "full",
              "recompute_layers": None, "sp": False, "zero": 1, "dp_overlap": False, "tp_overlap": False,
              "layers": layers or (model.num_layers // pp,) * pp}
-    plans = search(model, cluster, B, fixed=fixed, top=1,
+    plans = search(model, cluster, B, fixed=fixed, top=1, headroom_GiB=0.0,
                    state=published_state(cluster, "bigscience_tr11_topology")).plans
     oom = row["sec_per_iteration"] == "oom"
     r = {"plan": f"tp={tp} pp={pp} dp={dp} mbs={mbs}", "tp": tp, "global_batch": B, "measured_oom": oom,

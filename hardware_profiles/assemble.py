@@ -25,6 +25,7 @@ from cost_models.compute import ATTN_BWD_RATIO, ComputeModel, attention_flops
 from hardware_profiles.fit import bus_factor, fit_alpha_beta
 from specs.cluster import Efficiency, GPUSpec
 from specs.cluster_loading import PROFILE_DIR, load_cluster, load_gpu
+from specs.topology import InterNode, Link
 
 # substring of torch.cuda.get_device_name() (lower case) -> bundled GPU profile (first match wins)
 _GPU_NAMES: tuple[tuple[str, str], ...] = (
@@ -69,8 +70,8 @@ def gpu_profile(device: dict[str, Any], compute: dict[str, Any], precision: str,
         base = load_gpu(bundled) if bundled else None
         if base is not None and precision in base.peak_tflops:
             peak = base.peak_tflops
-        else:  # unknown GPU: take the best measured GEMM as 80% of peak
-            peak = {precision: _sig(max(r for *_, r in gemm) / 0.8 / 1e12)}
+        else:  # unknown GPU: take the best measured GEMM as the default GEMM efficiency of its peak
+            peak = {precision: _sig(max(r for *_, r in gemm) / Efficiency.model_fields["gemm"].default / 1e12)}
         name = bundled or device["name"].lower().replace(" ", "-")
         datasheet_bw = base.memory_bandwidth_GBps if base else copy_GBps
         sm = device.get("sm_count") or (base.sm_count if base else GPUSpec.model_fields["sm_count"].default)
@@ -137,7 +138,8 @@ def cluster_profile(meas: dict[str, Any], name: str, kernel_overhead_s: float | 
     fits = collective_fits(meas.get("collectives", {}))
     base_name = _CLUSTERS.get(gpu["name"])
     base = load_cluster(base_name) if base_name and (PROFILE_DIR / "clusters" / f"{base_name}.yaml").exists() else None
-    intra: dict[str, Any] = dict(base.intra_node.model_dump()) if base else {"bandwidth_GBps": 100.0, "latency_us": 5.0}
+    intra: dict[str, Any] = (dict(base.intra_node.model_dump()) if base
+                             else {"bandwidth_GBps": 100.0, "latency_us": Link.model_fields["latency_us"].default})
     ring = [f["intra"]["busbw_GBps"] for c, f in fits.items() if c != "p2p" and "intra" in f]
     if ring:  # measured: the model's fallback link is what the collectives achieved
         intra = {"bandwidth_GBps": _sig(float(np.median(ring))), "efficiency": 1.0,
@@ -154,7 +156,8 @@ def cluster_profile(meas: dict[str, Any], name: str, kernel_overhead_s: float | 
     if inter_fits:
         out["inter_node"] = {"nic_bandwidth_Gbps": _sig(8 * float(np.median(inter_fits))), "nics_per_node": local,
                              "efficiency": 1.0,
-                             "latency_us": fits.get("p2p", {}).get("inter", {}).get("alpha_us", 5.0)}
+                             "latency_us": fits.get("p2p", {}).get("inter", {}).get(
+                                 "alpha_us", InterNode.model_fields["latency_us"].default)}
     elif base is not None and base.inter_node is not None:  # the bundled NICs per GPU, on this node's GPUs
         nics = max(1, round(base.inter_node.nics_per_node * per_node / base.gpus_per_node))
         out["inter_node"] = {**base.inter_node.model_dump(), "nics_per_node": nics}

@@ -73,7 +73,7 @@ def _price(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global_b
 
 
 def _better(a: PlanResult, b: PlanResult | None) -> bool:
-    return b is None or (a.estimate.fits, -a.estimate.step_time_s) > (b.estimate.fits, -b.estimate.step_time_s)
+    return b is None or a.rank_key() < b.rank_key()
 
 
 def _speeds(model: ModelSpec, cfg: ParallelConfig, priced: PlanResult) -> dict[str, float]:
@@ -135,7 +135,7 @@ def moved(model: ModelSpec, cluster: ClusterSpec, best: PlanResult, global_batch
         better = [c for c in tried if _better(c, best)]
         if not better:
             break
-        best = min(better, key=lambda c: c.estimate.step_time_s)
+        best = min(better, key=PlanResult.rank_key)
     return best
 
 
@@ -169,7 +169,7 @@ def place(model: ModelSpec, cluster: ClusterSpec, ranked: list[PlanResult], glob
         out = [_price(model, cluster, replace(cfg, placement=where, layers=split), global_batch, headroom_GiB, state)
                for cfg in _bases(ranked, len(ranked)) for where in placements(cluster, cfg, model.moe is not None)
                for split in splits(model.num_layers, cfg.pp * cfg.vpp)]
-        return sorted(out, key=lambda p: (not p.estimate.fits, p.estimate.step_time_s))
+        return sorted(out, key=PlanResult.rank_key)
     out = []
     orders_of: dict[tuple[tuple[int, int, int, int], bool], list[tuple[tuple[str, ...], dict[str, float]]]] = {}
     for base, kinds in _chosen(cluster, ranked, model.moe is not None):
@@ -183,12 +183,12 @@ def place(model: ModelSpec, cluster: ClusterSpec, ranked: list[PlanResult], glob
             ways = [w for w in placements(cluster, base, model.moe is not None) if splits_replicas(w) == split]
             tried = [t for w in ways for t in _orders(model, cluster, replace(base, placement=w), global_batch,
                                                        headroom_GiB, state)]
-            tried.sort(key=lambda t: (not t[0].estimate.fits, t[0].estimate.step_time_s))
+            tried.sort(key=lambda t: t[0].rank_key())
             out += [t[0] for t in tried]
             best_orders = list(dict.fromkeys(t[0].config.placement for t in tried))[:ORDERS]
             orders_of[shape, split] = [(w, next(sp for p, sp in tried if p.config.placement == w))
                                        for w in best_orders]
-    out.sort(key=lambda p: (not p.estimate.fits, p.estimate.step_time_s))
+    out.sort(key=PlanResult.rank_key)
     firsts = sorted({replace(p.config, layers=None): i for i, p in reversed(list(enumerate(out)))}.values())
     kept = {(shape, w) for (shape, split), orders in orders_of.items() if not split for w, _ in orders}
     per_order = sorted({_shape_order(out[i].config): i for i in reversed(firsts)
@@ -196,7 +196,7 @@ def place(model: ModelSpec, cluster: ClusterSpec, ranked: list[PlanResult], glob
     for i in sorted(set(firsts[:MOVED]) | set(per_order)):  # the best plans, and the best in each order
         out[i] = moved(model, cluster, out[i], global_batch, headroom_GiB, state)
     unique = {_plain(p.config): p for p in reversed(out)}  # a split equal to the even one is the even one
-    return sorted(unique.values(), key=lambda p: (not p.estimate.fits, p.estimate.step_time_s))
+    return sorted(unique.values(), key=PlanResult.rank_key)
 
 
 def _plain(cfg: ParallelConfig) -> ParallelConfig:

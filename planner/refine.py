@@ -26,6 +26,11 @@ class PlanResult:
     config: ParallelConfig
     estimate: Estimate
 
+    def rank_key(self) -> tuple[bool, float, float]:
+        """How plans are ranked everywhere: those that fit first, then the faster, then the one using less memory."""
+        e = self.estimate
+        return not e.fits, e.step_time_s, e.memory_GiB
+
     def row(self) -> dict[str, Any]:
         e = self.estimate
         return {"plan": self.config.short(), "parallel": self.config.to_dict(), "step_time_s": e.step_time_s,

@@ -28,6 +28,7 @@ from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
 from cost_models.pipeline import CLOSED_FORM_OPTIMISM, CLOSED_FORM_PESSIMISM
 from cost_models.stages import layer_terms
+from planner.headroom import headroom_for
 from planner.placement import place, placements
 from planner.refine import PlanResult, refine
 from planner.space import enumerate_space
@@ -67,13 +68,15 @@ class SearchResult:
 
 
 def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dict[str, Any] | None = None,
-           top: int = 5, exhaustive: bool = False, headroom_GiB: float = 0.0, refine_count: int | None = None,
+           top: int = 5, exhaustive: bool = False, headroom_GiB: float | None = None, refine_count: int | None = None,
            progress: Any = None, flags: dict[str, str] | None = None, state: StateSpec | None = None,
            place_groups: bool = True) -> SearchResult:
     """Find the fastest plans that fit; ``fixed`` holds plan keys constant (``flags``: the option each came
     from, for error messages; default ``--fix``). On a cluster of node groups (``place_groups``) the plans placed
-    on the groups compete with those that treat it as homogeneous at its slowest link."""
+    on the groups compete with those that treat it as homogeneous at its slowest link. ``headroom_GiB``: memory
+    kept free per GPU (None: the default, as ``autopar plan``'s, planner/headroom.py)."""
     fixed = dict(fixed or {})
+    headroom_GiB = headroom_for(headroom_GiB, cluster.gpu.memory_GiB)
     state = state or StateSpec.default(cluster.precision)
     t0 = time.perf_counter()
     if global_batch <= 0:
@@ -103,7 +106,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
         for r in found:
             results[r.config] = r
     plans = sorted((r for r in results.values() if r.estimate.fits),
-                   key=lambda r: (r.estimate.step_time_s, r.estimate.memory_GiB))
+                   key=PlanResult.rank_key)
     homogeneous = None
     if place_groups and cluster.node_groups and fixed.get("placement") is None:
         homogeneous = plans[0] if plans else None
@@ -111,7 +114,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
         placed = place(model, cluster, bases, global_batch, headroom_GiB, state, exhaustive)
         results.update({p.config: p for p in placed})
         plans = sorted(plans + [p for p in placed if p.estimate.fits],
-                       key=lambda r: (r.estimate.step_time_s, r.estimate.memory_GiB))
+                       key=PlanResult.rank_key)
     closest = None
     if not plans:
         allr = sorted(results.values(), key=lambda r: r.estimate.memory_GiB)
@@ -146,14 +149,14 @@ def _placeable(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed:
 
 def _fastest(plans: list[PlanResult]) -> list[PlanResult]:
     """``plans`` without repeats, fastest first."""
-    return sorted({r.config: r for r in plans}.values(), key=lambda r: (r.estimate.step_time_s, r.estimate.memory_GiB))
+    return sorted({r.config: r for r in plans}.values(), key=PlanResult.rank_key)
 
 
 GROW_LIMIT = 1 << 16  # the largest cluster :func:`min_gpus_to_fit` tries
 
 
 def min_gpus_to_fit(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dict[str, Any],
-                    headroom_GiB: float = 0.0, limit: int = GROW_LIMIT) -> int | None:
+                    headroom_GiB: float | None = None, limit: int = GROW_LIMIT) -> int | None:
     """The smallest power-of-two multiple of the cluster on which some plan fits (None past ``limit``); an
     AutoparError saying why when the cluster cannot grow (a profile without an inter-node network, node groups)."""
     g = cluster.num_gpus * 2

@@ -1,7 +1,7 @@
 """``autopar tune``: plan, then measure the finalists on the cluster and keep the one that is fastest in fact.
 
 The search's top distinct plans that the model cannot tell apart from the best (predicted within its ranking
-uncertainty, planner/uncertainty.py; at most ``--trials``, default 3) each run a few steps through the same
+uncertainty, planner/uncertainty.py; at most ``--trials``) each run a few steps through the same
 launcher as ``autopar run`` (``--steps``, the first ``--warmup`` discarded, the median of the rest), each under
 a time limit. A trial that fails (out of memory, an error, the time limit) is recorded and skipped. The profile is then
 fitted to the measured steps (``autopar calibrate``'s fit), the trials re-predicted with it, and the plan with
@@ -32,6 +32,7 @@ from planner.calibrate import (
     profile_yaml,
     step_sensitivity,
 )
+from planner.headroom import headroom_for
 from planner.measured_runs import Run, check_warmup, load_runs
 from planner.prediction import plan_prediction
 from planner.refine import PlanResult
@@ -150,7 +151,7 @@ def metrics_path(t: Trial) -> Path:
 
 def tune(model: ModelSpec, cluster: ClusterSpec, global_batch: int, out_dir: Path, fixed: dict[str, Any] | None,
          trials: int, steps: int, warmup: int, time_limit_s: float, data: str | None = None,
-         headroom_GiB: float = 0.0, progress: Callable[[int, int, Trial], None] | None = None,
+         headroom_GiB: float | None = None, progress: Callable[[int, int, Trial], None] | None = None,
          env: dict[str, str] | None = None) -> TuneResult:
     """Measure the best plan and those tied with it (:func:`finalists`, at most ``trials``) for ``steps`` steps
     each (plan files and metrics in ``out_dir``) and return them with the measured-best chosen;
@@ -158,7 +159,8 @@ def tune(model: ModelSpec, cluster: ClusterSpec, global_batch: int, out_dir: Pat
     from runtime.launch import launch  # the trials run through autopar run's launcher
 
     check_trial_options(trials, steps, warmup, time_limit_s)
-    found = prepare(model, cluster, global_batch, out_dir, fixed, trials, steps, headroom_GiB)
+    found = prepare(model, cluster, global_batch, out_dir, fixed, trials, steps,
+                    headroom_for(headroom_GiB, cluster.gpu.memory_GiB))
     runs: list[Run] = []
     stopped = False
     for i, t in enumerate(found):

@@ -186,7 +186,7 @@ def with_gpu(cluster: ClusterSpec, name: str) -> tuple[ClusterSpec, str | None]:
 
 
 def sweep(model: ModelSpec, cluster: ClusterSpec, global_batch: int, key: str, values: list[Any],
-          fixed: dict[str, Any], headroom_GiB: float | None = 0.0, compare: dict[str, Any] | None = None
+          fixed: dict[str, Any], headroom_GiB: float | None = None, compare: dict[str, Any] | None = None
           ) -> list[dict[str, Any]]:
     """Best plan at every value (a point with no fitting plan is {value, gpus, error}); ``headroom_GiB`` None:
     each point's default (planner/headroom.py: a share of that point's GPU memory).

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from specs.errors import AutoparError
 from specs.files import check_output_file
+from specs.parallel import KEYS, ParallelConfig
 
 AXIS = {"inter_node_bw": "inter-node bandwidth (Gb/s per NIC)", "intra_node_bw": "NVLink bandwidth (GB/s per GPU)",
         "gpus": "GPUs", "nodes": "nodes", "gpu": "GPU type", "nics_per_node": "NICs per node"}
@@ -28,16 +30,20 @@ MIN_EFF_SPAN = 0.1  # the efficiency axis spans at least this: differences below
 NO_PLAN = "no plan"  # where a point's bar or plan label would be, when it has none (none fits, or none is possible)
 
 
+SHORT = {"mbs": "mb", "vpp": "v", "zero": "z", "selective": "sel"}  # a plot label's shorter names
+NOT_LABELLED = ("recompute_layers", "dp_overlap", "tp_overlap", "layers", "placement")  # the table and JSON say these
+
+
 def plan_label(parallel: dict[str, Any]) -> str:
-    """A plan in a few characters, the same keys in the same order everywhere: ``tp8 pp4 dp32 cp2 v8 mb3 sp sel
-    z1`` (cp, v(pp), sp, recompute and ZeRO only when used)."""
-    p = parallel
-    parts = [f"tp{p['tp']}", f"pp{p['pp']}", f"dp{p['dp']}"]
-    parts += [f"cp{p['cp']}"] if p.get("cp", 1) > 1 else []
-    parts += [f"v{p['vpp']}"] if p.get("vpp", 1) > 1 else []
-    parts += [f"mb{p['mbs']}"] + (["sp"] if p.get("sp") else [])
-    parts += {"selective": ["sel"], "full": ["full"]}.get(p.get("recompute", "none"), [])
-    parts += [f"z{p['zero']}"] if p.get("zero") else []
+    """A plan in a few characters, its keys in the order they are declared (specs/parallel.py), those at their
+    default left out as :meth:`ParallelConfig.short` does: ``tp8 pp4 dp32 cp2 ep4 mb3 v8 sp sel z1``."""
+    parts = []
+    for f in fields(ParallelConfig):
+        k, info = f.name, KEYS[f.name]
+        if k in NOT_LABELLED or k not in parallel or (parallel[k] == f.default and not info.always_shown):
+            continue
+        v = parallel[k]
+        parts.append(k if info.kind == "bool" else SHORT.get(v, v) if k == "recompute" else f"{SHORT.get(k, k)}{v}")
     return " ".join(parts)
 
 

@@ -22,7 +22,8 @@ MAX_GPUS = 1 << 24  # far beyond any real cluster; keeps the search's divisor en
 class Efficiency(Strict):
     """Achieved fractions of datasheet peaks, used where no measured table covers a case.
 
-    Defaults are documented in docs/cost_model.md. They are per GPU type, never per model or plan.
+    The defaults below hold for a GPU profile that gives none; each bundled GPU profile sets its own, with its
+    sources (docs/cost_model.md, "Efficiency parameters"). They are per GPU type, never per model or plan.
     """
 
     gemm: float = 0.80  # fraction of peak a large, well-shaped GEMM sustains during training

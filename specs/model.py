@@ -21,6 +21,7 @@ from specs.moe import MoESpec
 LIMITS = {"num_layers": 10_000, "hidden_size": 1 << 20, "num_attention_heads": 1 << 16, "num_kv_heads": 1 << 16,
           "ffn_hidden_size": 1 << 22, "vocab_size": 1 << 24, "seq_length": 1 << 26, "head_dim": 1 << 16,
           "sliding_window": 1 << 26, "max_positions": 1 << 26}
+MAX_GLOBAL_BATCH = 1 << 20  # sequences per step: hundreds of times the largest published training batches
 # RoPE frequency scalings autopar computes (runtime/models/common.py), with the fields each needs; a spec may hold
 # others (Hugging Face's yarn, dynamic, longrope, ...): planned (the cost model does not price RoPE), not trained
 ROPE_SCALINGS = {"linear": ("factor",),

@@ -14,7 +14,7 @@ from specs import __version__
 from specs.cluster import ClusterSpec
 from specs.errors import AutoparError, validation_message
 from specs.files import DuplicateKey, duplicate_text, file_content, parse_json, write_text_atomic
-from specs.model import ModelSpec
+from specs.model import MAX_GLOBAL_BATCH, ModelSpec
 from specs.parallel import ParallelConfig
 from specs.rules import PlanContext, check_plan
 from specs.state import StateSpec
@@ -75,7 +75,7 @@ class PlanFile(BaseModel):
     created: str = ""
     model: ModelSpec
     cluster: ClusterSpec
-    global_batch: Int = Field(ge=1)
+    global_batch: Int = Field(ge=1, le=MAX_GLOBAL_BATCH)
     seq: Int = Field(ge=1)
     parallel: dict[str, Any]
     prediction: dict[str, Any] = Field(default_factory=dict)

@@ -137,12 +137,6 @@ class StateSpec(BaseModel):
         return 4 + self.param_bytes if self.master_weights else 0
 
     @property
-    def optimizer_traffic_bytes(self) -> int:
-        """Bytes per parameter one optimizer step moves: the fused AdamW's (:attr:`adamw_bytes`) and the master
-        copy's write-back (:attr:`master_copy_bytes`)."""
-        return self.adamw_bytes + self.master_copy_bytes
-
-    @property
     def accumulate_bytes(self) -> int:
         """Bytes per parameter one micro-batch's gradient accumulation moves beyond a plain weight-gradient GEMM: the
         backward's gradient (parameter precision) is read and added into the buffer (read and written) in a pass of

@@ -16,10 +16,15 @@ def estimate_command(args: argparse.Namespace) -> int:
     from planner.prediction import balanced_step_s, prediction_json
     from planner.uncertainty import band as uncertainty_band
     from planner.uncertainty import step_band
+    from specs.errors import AutoparError
     from specs.parallel import config_from_keys, parse_plan_keys
 
+    keys = parse_plan_keys(args.plan)
+    if not keys:  # an unset shell variable, most likely: not "price the defaults" without a word
+        raise AutoparError('--plan is empty; give the plan to price, e.g. --plan "tp=2,pp=2,mbs=1" (keys left out '
+                           'take their defaults: --plan "mbs=1" prices pure data parallelism)')
     model, cluster = load_inputs(args)
-    cfg = config_from_keys(parse_plan_keys(args.plan), cluster.num_gpus)
+    cfg = config_from_keys(keys, cluster.num_gpus)
     est = estimate(model, cluster, cfg, args.global_batch,
                    headroom_GiB=headroom_for(args.headroom, cluster.gpu.memory_GiB))
     spread, loose = calibration_spread(model, cluster, cfg, args.global_batch)

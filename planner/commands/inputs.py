@@ -9,13 +9,11 @@ from typing import Any
 
 from specs.errors import AutoparError
 
-MAX_GLOBAL_BATCH = 1 << 20  # sequences per step: hundreds of times the largest published training batches
-
 
 def load_inputs(args: argparse.Namespace) -> tuple[Any, Any]:
     """The model and the (resized) cluster of an estimate / plan / whatif command, with the common options checked."""
     from specs.cluster_loading import load_cluster
-    from specs.model import size_problem
+    from specs.model import MAX_GLOBAL_BATCH, size_problem
     from specs.model_loading import load_model
 
     notes: list[str] = []

@@ -149,7 +149,7 @@ def _choose(args: argparse.Namespace, model: Any, cluster: Any, res: Any) -> Cho
                   "close enough to it that the model's ranking uncertainty and what the calibration left unpinned "
                   "cannot order them")
         reason += (f" The next {tied} plan{'s are' if tied > 1 else ' is'} {within}: `autopar tune` with the same "
-                   "--model, --cluster, --global-batch and --fix measures the best of them (--trials, default 3).")
+                   "--model, --cluster, --global-batch and --fix measures the best of them.")
     if spreads[0][0] > LOOSE_SPREAD:
         reason += (f" The calibrated profile's runs leave this plan's step time uncertain (x/"
                    f"{math.exp(Z95 * spreads[0][0]):.2f} at 95%, mostly its {spreads[0][1]} scale, which they "

@@ -285,7 +285,7 @@ def test_the_optimizer_update_is_priced_at_the_measured_adamw_bandwidth():
     model, cfg = load_model("llama-1b"), ParallelConfig(mbs=1)
     base, halved = (estimate(model, c, cfg, 1).breakdown for c in (cluster, slow))
     state = StateSpec.default(cluster.precision)
-    assert state.adamw_bytes == 28 and state.optimizer_traffic_bytes == 28 + 4 + 2
+    assert state.adamw_bytes == 28 and state.master_copy_bytes == 4 + 2
     update = model.num_params * state.adamw_bytes / cluster.gpu.mem_bw
     assert halved["optimizer"] - base["optimizer"] == pytest.approx(update, rel=1e-3)
     assert halved["forward_compute"] == base["forward_compute"]

@@ -624,6 +624,7 @@ def test_a_node_groups_nics_refuse_true_and_false_as_numbers(tmp_path, capsys, n
     (lambda d: d["model"].update(num_layers=4.0), "field 'model.num_layers': expected a whole number, got 4.0"),
     (lambda d: d["model"].update(hidden_size=64.5), "expected a whole number, got 64.5"),
     (lambda d: d["train"].update(lr=1e-3, min_lr=1e-2), "train.min_lr 0.01 is above train.lr 0.001"),
+    (lambda d: d.update(global_batch=10**9), "field 'global_batch'"),  # the limit --global-batch has (specs.model)
 ])
 def test_hand_edited_plan_files_are_checked_exactly(tmp_path, capsys, edit, needle):
     """A plan file's whole numbers are whole (4.0 is refused as global_batch 16.0 is), and its schedule decays."""
@@ -644,3 +645,10 @@ def test_a_missing_group_profile_names_the_file_that_refers_to_it(tmp_path, caps
                     "default_between: {bandwidth_Gbps_per_node: 25}\n")
     err = fails(capsys, "plan", "--model", "tiny", "--cluster", str(path), "--global-batch", "8")
     assert f"cluster profile {path}: node_groups[0].profile: cluster profile nothere.yaml does not exist" in err
+
+
+def test_an_empty_plan_to_estimate_is_refused(capsys):
+    """`--plan "$PLAN"` with the variable unset priced the default plan without a word: refused, with an example."""
+    for empty in ("", " ", ","):
+        err = fails(capsys, "estimate", "--model", "tiny", *ESTIMATE[:-2], "--plan", empty)
+        assert "--plan is empty; give the plan to price" in err

@@ -378,3 +378,22 @@ def test_why_names_enough_savings_to_outweigh_what_it_names():
         assert "smaller savings" in saved or seconds(saved, "less") > total * 0.999, text
         checked += 1
     assert checked
+
+
+def test_the_python_api_keeps_the_commands_default_headroom(capsys):
+    """search() without a headroom keeps the share of each GPU `autopar plan` keeps (it used the whole GPU: the
+    library and the command picked different plans for llama3-8b on 8 A100s)."""
+    import json
+
+    from planner.cli import main
+    from planner.headroom import default_headroom_GiB
+
+    m, c = load_model("llama3-8b"), load_cluster("dgx-a100", gpus=8)
+    api = search(m, c, 16, top=1).plans[0]
+    assert main(["plan", "--model", "llama3-8b", "--cluster", "dgx-a100", "--gpus", "8", "--global-batch", "16",
+                 "--format", "json"]) == 0
+    cli = json.loads(capsys.readouterr().out)["plans"][0]
+    assert api.config.to_dict() == cli["parallel"]
+    assert api.estimate.memory_GiB <= c.gpu.memory_GiB - default_headroom_GiB(c.gpu.memory_GiB)
+    whole = search(m, c, 16, top=1, headroom_GiB=0.0).plans[0]  # the case differs: the default is not a no-op here
+    assert whole.config != api.config and whole.estimate.memory_GiB > api.estimate.memory_GiB

@@ -58,7 +58,9 @@ def test_every_point_labelled_and_nothing_overlaps(name, gpus, batch, key, value
 
 def test_labels_and_numbers():
     assert plan_label({"tp": 8, "pp": 4, "dp": 32, "cp": 2, "vpp": 8, "mbs": 3, "sp": True, "recompute": "selective",
-                       "zero": 1}) == "tp8 pp4 dp32 cp2 v8 mb3 sp sel z1"
+                       "zero": 1, "dp_overlap": True}) == "tp8 pp4 dp32 cp2 mb3 v8 sp sel z1"
+    assert plan_label({"tp": 2, "pp": 1, "dp": 8, "ep": 4, "etp": 2, "mbs": 1, "recompute": "full"}) == \
+        "tp2 pp1 dp8 ep4 etp2 mb1 full"  # an MoE plan's expert parallelism is on its label
     assert plan_label({"tp": 1, "pp": 1, "dp": 8, "cp": 1, "vpp": 1, "mbs": 1, "sp": False, "recompute": "none",
                        "zero": 0}) == "tp1 pp1 dp8 mb1"
     assert [si(x) for x in (950, 1234, 2.5e6, 7e5)] == ["950", "1.23k", "2.5M", "700k"]
