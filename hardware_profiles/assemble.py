@@ -14,7 +14,6 @@ own layers (layer_probe.py).
 
 from __future__ import annotations
 
-import datetime as _dt
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from cost_models.compute import ATTN_BWD_RATIO, ComputeModel, attention_flops
 from hardware_profiles.fit import bus_factor, fit_alpha_beta
 from specs.cluster import Efficiency, GPUSpec
 from specs.cluster_loading import PROFILE_DIR, load_cluster, load_gpu
+from specs.files import utc_now
 from specs.topology import InterNode, Link
 
 # substring of torch.cuda.get_device_name() (lower case) -> bundled GPU profile (first match wins)
@@ -169,7 +169,7 @@ def cluster_profile(meas: dict[str, Any], name: str, kernel_overhead_s: float | 
 def to_yaml(profile: dict[str, Any], meas: dict[str, Any], notes: list[str]) -> str:
     """The profile as YAML with a header saying what was measured, where and when."""
     dev = meas["device"]
-    when = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    when = utc_now()
     where = f"{meas['world']} rank(s), {meas['local']} per node, {meas['backend']}; device: {dev['name']}"
     if "groups" in meas:
         where = f"{meas['world']} rank(s), {meas['backend']}; node groups: " + ", ".join(

@@ -28,6 +28,7 @@ import yaml
 from planner.measured_runs import Run
 from planner.uncertainty import Z95
 from specs.cluster import CALIBRATION_SCALES, Calibration, ClusterSpec
+from specs.files import utc_now
 
 PARAMS = CALIBRATION_SCALES
 BOUND = math.log(8.0)  # scales stay within [1/8, 8]
@@ -249,6 +250,14 @@ def hardware_mismatch(scales: dict[str, float], runs: list[Run], fitted: np.ndar
 def relative_errors(pred: np.ndarray, runs: list[Run]) -> np.ndarray:
     """Each run's predicted / measured - 1."""
     return pred / np.array([r.measured_s for r in runs]) - 1.0
+
+
+def calibrated_profile_text(base: ClusterSpec, fit: Calibration, by: str, runs: str, more: list[str] | None = None
+                            ) -> str:
+    """The profile file ``by`` (a command) writes: ``base`` calibrated by ``fit``, headed by when and from what
+    (``runs``: "5 run(s)") it was fitted, its scales, and ``more`` lines."""
+    header = f"Calibrated by `{by}` at {utc_now()} from {runs}: {fitted_text(fit)}."
+    return profile_yaml(calibrated(base, fit), [header, *(more or [])])
 
 
 def profile_yaml(cluster: ClusterSpec, header: list[str]) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 
 from planner.headroom import DEFAULT_FRACTION
 from runtime.options import add_run_arguments
-from specs.errors import ERROR_PREFIX, AutoparError
+from specs.errors import ERROR_PREFIX, INTERRUPTED, AutoparError
 from specs.files import integer, path_argument
 from specs.planfile import TrainConfig
 
@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         return err.exit_code
     except KeyboardInterrupt:
         print("autopar: interrupted", file=sys.stderr)
-        return 130
+        return INTERRUPTED
     except BrokenPipeError:
         return 0
     except Exception as err:  # noqa: BLE001 - last resort: one line, no traceback unless asked

@@ -12,7 +12,6 @@ written and the commands to run them on every node printed, as `autopar run` pri
 
 from __future__ import annotations
 
-import datetime as _dt
 import re
 import sys
 import tempfile
@@ -24,12 +23,10 @@ from typing import Any
 import numpy as np
 
 from planner.calibrate import (
-    calibrated,
+    calibrated_profile_text,
     difference_spreads,
     fit_scales,
-    fitted_text,
     predict,
-    profile_yaml,
     step_sensitivity,
 )
 from planner.headroom import headroom_for
@@ -39,7 +36,7 @@ from planner.refine import PlanResult
 from planner.search import search
 from planner.uncertainty import tied_indices
 from specs.cluster import ClusterSpec
-from specs.errors import AutoparError
+from specs.errors import INTERRUPTED, AutoparError
 from specs.files import write_text_atomic
 from specs.model import ModelSpec
 from specs.planfile import TrainConfig, make_plan, save_plan
@@ -172,7 +169,7 @@ def tune(model: ModelSpec, cluster: ClusterSpec, global_batch: int, out_dir: Pat
         try:
             rc = launch(t.plan_path, steps=steps, data=data, metrics_out=str(metrics), quiet=True, env=env,
                         timeout_s=time_limit_s)
-            if rc == 130:  # Ctrl-C: the trial is cut short, and the user wants the tuning to stop
+            if rc == INTERRUPTED:  # Ctrl-C: the trial is cut short, and the user wants the tuning to stop
                 t.status, t.error, stopped = "interrupted", "stopped by Ctrl-C", True
             else:
                 run, = load_runs([str(metrics)], [t.plan_path], warmup)
@@ -193,9 +190,7 @@ def tune(model: ModelSpec, cluster: ClusterSpec, global_batch: int, out_dir: Pat
         t.calibrated_step_s = float(pred)
     chosen = min(done, key=lambda t: t.measured_step_s or np.inf)
     profile = out_dir / PROFILE
-    when = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    header = f"Calibrated by `autopar tune` at {when} from {len(runs)} trial(s): {fitted_text(fit)}."
-    write_text_atomic(profile, profile_yaml(calibrated(cluster, fit), [header]))
+    write_text_atomic(profile, calibrated_profile_text(cluster, fit, "autopar tune", f"{len(runs)} trial(s)"))
     return TuneResult(trials=found, chosen=chosen, profile_path=str(profile), scales=fit.scales, interrupted=stopped)
 
 

@@ -44,6 +44,7 @@ from runtime.checkpoint_folder import (
     newest_is_broken,
     no_checkpoint,
     step_folders,
+    step_name,
 )
 from runtime.data import SAMPLE_TEXT
 from runtime.options import KEEP_CHECKPOINTS
@@ -128,7 +129,7 @@ def corrupt_error(ck: Path, bad: list[str]) -> AutoparError:
 
 def save_checkpoint(tr: Trainer, root: Path, keep: int = KEEP_CHECKPOINTS) -> Path:
     """Write the state after ``tr.step`` completed steps; returns the checkpoint's directory."""
-    name = f"step_{tr.step:08d}"
+    name = step_name(tr.step)
     final, tmp = root / name, root / f"{name}.partial"
     rank0 = tr.g.rank == tr.g.ranks[0]
     if rank0:

@@ -28,6 +28,11 @@ def no_checkpoint(root: Path) -> AutoparError:
     return AutoparError(f"no checkpoint to resume from in {root}; run without --resume to start fresh")
 
 
+def step_name(step: int) -> str:
+    """The folder of the checkpoint written after ``step`` (``step_00000010``; while written, ``.partial`` added)."""
+    return f"step_{step:08d}"
+
+
 def checkpoint_step(ck: Path) -> int:
     """The step a checkpoint directory (``step_N``) was written after."""
     return int(ck.name.removeprefix("step_"))

@@ -29,7 +29,7 @@ from pydantic import BaseModel
 from torch.distributed.checkpoint.api import CheckpointException
 
 from runtime.checkpoint import corrupt_error, corrupt_files, fingerprint, publish, read_meta
-from runtime.checkpoint_folder import META, latest_checkpoint
+from runtime.checkpoint_folder import META, latest_checkpoint, step_name
 from runtime.dtypes import TORCH_DTYPES
 from specs.capabilities import model_problem
 from specs.errors import AutoparError
@@ -240,7 +240,7 @@ def import_hf(hf_dir: Path, plan: PlanFile, out: Path) -> Path:
         if state.master_weights:
             sd[f"master/{name}"] = t.contiguous()
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "step_00000000.partial"
+    tmp = out / f"{step_name(0)}.partial"
     with _single_process():
         dcp.save(sd, checkpoint_id=str(tmp), no_dist=True)
     return publish(out, tmp, {"step": 0, "samples": 0, "data": None, "total_steps": plan.train.steps,

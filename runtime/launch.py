@@ -21,11 +21,12 @@ from runtime.checkpoint_folder import checkpoint_step, latest_checkpoint, newest
 from runtime.data import SAMPLE_TEXT, TokenData
 from runtime.metrics import last_step
 from runtime.options import COLLECTIVE_TIMEOUT_S, add_run_arguments, check_run_options, launch_options
-from specs.errors import ERROR_PREFIX, WORKER_ERROR_PREFIX, AutoparError
+from specs.errors import ERROR_PREFIX, INTERRUPTED, WORKER_ERROR_PREFIX, AutoparError
 from specs.parallel import rank_group
 from specs.planfile import PlanFile, load_plan
 
 REPO = Path(__file__).resolve().parent.parent
+PORT = 29500  # node rank 0's rendezvous port in the printed multi-node commands (torchrun's default)
 
 
 def local_gpus() -> int | None:
@@ -66,9 +67,9 @@ def multi_node_commands(plan: PlanFile, worker: list[str], max_restarts: int = 0
     rdzv = "--rdzv-backend c10d --rdzv-id autopar" + (f" --max-restarts {max_restarts}" if max_restarts else "")
     # srun runs it through each node's bash, which finds node 0's host there: quoted whole for the shell it is typed in
     on_node = (f"torchrun --nnodes {nodes} --nproc-per-node {per_node} {rdzv} --rdzv-endpoint "
-               f"$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1):29500 {tail}")
+               f"$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1):{PORT} {tail}")
     return [
-        f"torchrun --nnodes {nodes} --nproc-per-node {per_node} {rdzv} --rdzv-endpoint $MASTER_ADDR:29500 {tail}",
+        f"torchrun --nnodes {nodes} --nproc-per-node {per_node} {rdzv} --rdzv-endpoint $MASTER_ADDR:{PORT} {tail}",
         f"srun --nodes {nodes} --ntasks-per-node 1 bash -c {shlex.quote(on_node)}",
     ]
 
@@ -114,7 +115,7 @@ def group_commands(plan: PlanFile, worker: list[str], max_restarts: int = 0) -> 
         out.append(f"# group {g}, node ranks {ranks}: on its node i (i = 0..{count - 1})")
         restarts = f"--max-restarts {max_restarts} " if max_restarts else ""
         out.append(f"torchrun --nnodes {nodes} --nproc-per-node {per_node[g]} --node-rank $(({first} + i)) "
-                   f"{restarts}--master-addr $MASTER_ADDR --master-port 29500 {tail}")
+                   f"{restarts}--master-addr $MASTER_ADDR --master-port {PORT} {tail}")
     return out
 
 
@@ -177,7 +178,7 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
     full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), full_env.get("PYTHONPATH")]))
     full_env.setdefault("OMP_NUM_THREADS", "1")
     rc = _run_workers(cmd, full_env, timeout_s)
-    if rc == 130:
+    if rc == INTERRUPTED:
         print(f"autopar: {interrupted(plan_path, steps or plan.train.steps, metrics_out, checkpoint_dir)}",
               file=sys.stderr, flush=True)
     elif rc == 0 and not quiet:
@@ -262,7 +263,7 @@ def _run_workers(cmd: list[str], env: dict[str, str], timeout_s: float | None = 
             proc.terminate()
             proc.wait()
             os.unlink(log_path)
-            return 130
+            return INTERRUPTED
         except subprocess.TimeoutExpired:
             proc.terminate()  # torchrun stops its workers
             try:

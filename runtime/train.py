@@ -46,7 +46,7 @@ from runtime.phase_clock import CudaMarks, PhaseClock
 from runtime.testing_hooks import StepHooks
 from runtime.trainer import Trainer, check_supported, peak_memory_GiB
 from runtime.worker_error import report
-from specs.errors import AutoparError
+from specs.errors import INTERRUPTED, AutoparError
 from specs.phases import PHASES
 from specs.planfile import PlanFile, load_plan
 
@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         report(str(err))
         return 2
     except KeyboardInterrupt:
-        return 130
+        return INTERRUPTED
     except Exception as err:  # noqa: BLE001 - one line per rank; AUTOPAR_DEBUG=1 for the traceback
         if os.environ.get("AUTOPAR_DEBUG"):
             traceback.print_exc()

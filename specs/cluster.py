@@ -276,11 +276,12 @@ class ClusterSpec(Strict):
         """Peak FLOP/s at the profile's precision of the GPUs a plan of ``pp`` pipeline ranks of ``stage_gpus``
         (tp x dp x cp) GPUs each runs on, what MFU divides by (the estimate's and the runtime's metrics alike): its
         GPUs', or under a node-group ``placement`` each pipeline rank's GPUs at their group's peak, split evenly over
-        the groups of an entry that splits the replicas."""
+        the groups of an entry that splits the replicas. CPU ranks sharing a node's cores share their peak too
+        (:attr:`compute_slowdown`): MFU is of the cores that compute, not of a core per rank."""
         if not placement:
-            return pp * stage_gpus * self.gpu.peak(self.precision)
-        return sum(stage_gpus // len(entry_groups(e)) * self.group_view(g).gpu.peak(self.precision)
-                   for e in placement for g in entry_groups(e))
+            return pp * stage_gpus * self.gpu.peak(self.precision) / self.compute_slowdown
+        return sum(stage_gpus // len(entry_groups(e)) * (v := self.group_view(g)).gpu.peak(self.precision)
+                   / v.compute_slowdown for e in placement for g in entry_groups(e))
 
     @property
     def groups(self) -> dict[str, int]:

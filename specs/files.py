@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import datetime as _dt
 import json
 import os
 import re
@@ -15,6 +16,11 @@ from typing import Any
 import yaml
 
 from specs.errors import AutoparError
+
+
+def utc_now() -> str:
+    """The time a file is written, as plan files and profiles record it: UTC, to the second, ISO 8601."""
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def _same_file(a: Path, b: Path) -> bool:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as _dt
 import hashlib
 import json
 from pathlib import Path
@@ -13,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, fiel
 from specs import __version__
 from specs.cluster import ClusterSpec
 from specs.errors import AutoparError, validation_message
-from specs.files import DuplicateKey, duplicate_text, file_content, parse_json, write_text_atomic
+from specs.files import DuplicateKey, duplicate_text, file_content, parse_json, utc_now, write_text_atomic
 from specs.model import MAX_GLOBAL_BATCH, ModelSpec
 from specs.parallel import ParallelConfig
 from specs.rules import PlanContext, check_plan
@@ -178,7 +177,7 @@ def make_plan(model: ModelSpec, cluster: ClusterSpec, global_batch: int, cfg: Pa
               state: StateSpec | None = None) -> PlanFile:
     return PlanFile(
         schema=SCHEMA,
-        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        created=utc_now(),
         model=model,
         cluster=cluster,
         global_batch=global_batch,

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import sys
 from pathlib import Path
 
@@ -13,12 +12,11 @@ import numpy as np
 from planner.calibrate import (
     PARAMS,
     bound_warning,
-    calibrated,
+    calibrated_profile_text,
     fit_scales,
     fitted_text,
     hardware_mismatch,
     predict,
-    profile_yaml,
     relative_errors,
 )
 from planner.measured_runs import check_warmup, load_runs, named_plan_files
@@ -69,10 +67,9 @@ def calibrate_command(args: argparse.Namespace) -> int:
     if warning:
         print(warning, file=sys.stderr)
     print(f"mean |error| {100 * mean0:.1f}% before, {100 * mean1:.1f}% after calibration ({len(runs)} run(s))")
-    when = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    header = [f"Calibrated by `autopar calibrate` at {when} from {len(runs)} run(s): {fitted}.",
-              f"Mean |predicted/measured - 1|: {100 * mean0:.1f}% before, {100 * mean1:.1f}% after."]
-    text = profile_yaml(calibrated(base, fit), header)
+    text = calibrated_profile_text(base, fit, "autopar calibrate", f"{len(runs)} run(s)",
+                                   [f"Mean |predicted/measured - 1|: {100 * mean0:.1f}% before, "
+                                    f"{100 * mean1:.1f}% after."])
     try:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(args.out, text)

@@ -11,7 +11,7 @@ from rich.markup import escape
 
 from planner.commands.inputs import load_inputs, spec_files
 from planner.headroom import headroom_for
-from specs.errors import ERROR_PREFIX, AutoparError
+from specs.errors import ERROR_PREFIX, INTERRUPTED, AutoparError
 
 
 def tune_command(args: argparse.Namespace) -> int:
@@ -84,7 +84,7 @@ def tune_command(args: argparse.Namespace) -> int:
         _print_trials(args, model, cluster, res, warning)
     if problem:
         print(f"{ERROR_PREFIX} {problem}", file=sys.stderr)
-        return 130 if res.interrupted else 2
+        return INTERRUPTED if res.interrupted else AutoparError.exit_code
     return 0
 
 

@@ -51,3 +51,16 @@ def test_a_step_on_shared_cores_computes_slower_and_communicates_as_before():
     two = ParallelConfig(dp=2, mbs=8)  # as many ranks as cores: nothing shared
     assert estimate(model, _cpu(2, 2), two, 16).step_time_s == pytest.approx(
         estimate(model, _cpu(None, 2), two, 16).step_time_s)
+
+
+def test_mfu_counts_the_cores_that_compute():
+    """8 ranks on 2 cores: MFU divides by 2 cores' peak, not 8 (it read 4x low), so as many ranks as cores and more
+    ranks on the same cores read alike where the step is compute (the runtime's metrics divide by the same)."""
+    model = load_model("tiny")
+    shared, alone = (estimate(model, _cpu(c, 8), ParallelConfig(dp=8, mbs=2), 16) for c in (2, None))
+    cluster = _cpu(2, 8)
+    peak2 = 2 * cluster.gpu.peak(cluster.precision)
+    assert cluster.peak_flops(1, 8) == pytest.approx(peak2)
+    assert shared.mfu == pytest.approx(shared.model_flops_per_step / (shared.step_time_s * peak2))
+    assert _cpu(None, 8).peak_flops(1, 8) == pytest.approx(8 * cluster.gpu.peak(cluster.precision))
+    assert alone.mfu == pytest.approx(alone.model_flops_per_step / (alone.step_time_s * 4 * peak2))
