@@ -22,7 +22,7 @@ from functools import lru_cache
 import numpy as np
 
 from cost_models.arrays import by_value
-from specs.schedules import Schedule, repeating_from, schedule_table
+from specs.schedules import Schedule, repeating_from, schedule_table, virtual_stage
 
 
 @dataclass
@@ -58,7 +58,7 @@ def simulate(sched: Schedule, fwd: list[float], bwd: list[float], pp: int) -> Si
         woke = -1
         while i < n_acts:
             kind, mb, chunk = acts[i]
-            v = chunk * pp + r
+            v = virtual_stage(r, chunk, pp)
             if kind == "F":
                 dep = 0.0 if v == 0 else end_f[v - 1][mb]
                 if dep == unset:
@@ -311,7 +311,7 @@ class _Levels:
 def _levels(pp: int, vpp: int, m: int) -> _Levels:
     nv = pp * vpp
     rank, back, mb, chunk = schedule_table(pp, vpp, m).T
-    v = chunk * pp + rank
+    v = virtual_stage(rank, chunk, pp)
     n = len(rank)
     ids = np.arange(n)
     where = np.full((2, nv, m), n)  # action id of (forward/backward, virtual stage, micro-batch)

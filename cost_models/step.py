@@ -16,6 +16,7 @@ import numpy as np
 
 from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
+from cost_models.headroom import usable_GiB
 from cost_models.memory import GiB, rank_memory
 from cost_models.params import per_rank
 from cost_models.pipeline import replayed, simulate_steps
@@ -67,11 +68,12 @@ class Estimate:
 
 
 def estimate(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global_batch: int,
-             headroom_GiB: float = 0.0, validate: bool = True, state: StateSpec | None = None,
+             headroom_GiB: float | None = 0.0, validate: bool = True, state: StateSpec | None = None,
              terms: LayerTerms | None = None) -> Estimate:
     """Predict step time, throughput, MFU and peak memory of ``cfg`` (exact: replays the schedule). ``state``:
     the model state's precisions and buckets (default: ``StateSpec.default`` of the cluster's precision);
-    ``terms``: ``cfg``'s layer terms when the caller has them (the search computes its finalists' at once)."""
+    ``terms``: ``cfg``'s layer terms when the caller has them (the search computes its finalists' at once).
+    ``headroom_GiB``: kept free on every GPU for the plan to fit (None: the default share of each stage's GPUs)."""
     if validate:
         check_plan(cfg, PlanContext.on(model, cluster, global_batch))
     state = state or StateSpec.default(cluster.precision)
@@ -123,7 +125,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global
         model_flops_per_step=mflops,
         mfu=mflops / (step * peak_flops),
         memory_GiB=stage_mem[worst],
-        fits=all(x <= cap - headroom_GiB for x, cap in zip(stage_mem, capacity)),
+        fits=all(x <= usable_GiB(headroom_GiB, cap) for x, cap in zip(stage_mem, capacity)),
         breakdown=breakdown,
         memory_breakdown=stage_parts[worst],
         bubble_fraction=breakdown["pipeline_bubble"] / step,

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from planner.headroom import DEFAULT_FRACTION
+from cost_models.headroom import DEFAULT_FRACTION
 from runtime.options import add_run_arguments
 from specs.errors import ERROR_PREFIX, INTERRUPTED, AutoparError
 from specs.files import integer, path_argument
@@ -32,7 +32,9 @@ class _Once(argparse.Action):
                  option_string: str | None = None) -> None:
         seen = namespace.__dict__.setdefault("_given", set())
         if self.dest in seen:
-            raise AutoparError(f"{option_string} is given twice; give it once" + ONCE_HOW.get(self.dest, ""))
+            names = " and ".join(self.option_strings)  # an option with another name: either counts (--trials, --top)
+            alias = f" ({names} are one option)" if len(self.option_strings) > 1 else ""
+            raise AutoparError(f"{option_string} is given twice{alias}; give it once" + ONCE_HOW.get(self.dest, ""))
         seen.add(self.dest)
         setattr(namespace, self.dest, values)
 

@@ -44,7 +44,7 @@ from planner.report import fmt_time
 from specs.errors import AutoparError
 from specs.phases import PHASES
 from specs.planfile import PlanFile
-from specs.schedules import build_schedule
+from specs.schedules import build_schedule, virtual_stage
 
 # the diagnosis's rows: (name, measured phases, estimate breakdown keys)
 ROWS = (("compute", ("forward", "backward"), ("forward_compute", "backward_compute", "recompute")),
@@ -115,7 +115,7 @@ def sends_per_rank(plan: PlanFile) -> np.ndarray:
     m, nv = cfg.microbatches(plan.global_batch), cfg.pp * cfg.vpp
     out = np.zeros(cfg.pp)
     for r, acts in enumerate(build_schedule(cfg.pp, cfg.vpp, m)):
-        v = [a.chunk * cfg.pp + r for a in acts]
+        v = [virtual_stage(r, a.chunk, cfg.pp) for a in acts]
         out[r] = sum(1 for a, vv in zip(acts, v) if (a.kind == "F" and vv < nv - 1) or (a.kind == "B" and vv > 0))
     return out
 
@@ -175,7 +175,7 @@ def replay_step(plan: PlanFile, ph: dict[str, np.ndarray], chunk_share: np.ndarr
             cf = comm * fwd / (fwd + bwd) if fwd + bwd > 0 else 0.0
             send = per_send[lock].max()
             for c in range(vpp):
-                v = c * pp + s
+                v = virtual_stage(s, c, pp)
                 f[v] = chunk_share[v] * (fwd + cf) / m + (send if v < pp * vpp - 1 else 0.0)
                 b[v] = chunk_share[v] * (bwd + comm - cf) / m + (send if v > 0 else 0.0)
         sim = simulate_steps(pp, vpp, m, f.tolist(), b.tolist())

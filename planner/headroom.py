@@ -1,27 +1,8 @@
-"""How much memory a plan may use: the default headroom kept free per GPU, and the warning for tight plans.
-
-The evidence (``python benchmarks/validate_published.py``, benchmarks/RESULTS.md): on BigScience's measured
-BLOOM sweep (18 plans that ran on 80 GiB A100s) the memory model's predicted peak is below the measured
-nvidia-smi peak by up to 7.7 GiB, 9.7% of the GPU; nvidia-smi counts what a run really needs: the CUDA context,
-NCCL's buffers and the caching allocator's blocks, which the model only approximates (memory.py's allowances).
-So a plan is chosen only if its predicted peak leaves 10% of the GPU free: every plan of that sweep would then
-have fitted as measured. ``--headroom 0`` uses the whole GPU (allowed, with a warning when the plan is tight).
-"""
+"""The caution printed when a chosen plan leaves less than the default headroom free (cost_models/headroom.py)."""
 
 from __future__ import annotations
 
-DEFAULT_FRACTION = 0.10  # of each GPU's memory, kept free by default
-MEASURED_EXCESS = 0.097  # the most a measured peak of that sweep ran above the model's, as a fraction of the GPU
-
-
-def default_headroom_GiB(gpu_GiB: float) -> float:
-    """The headroom used when none is given: DEFAULT_FRACTION of the GPU's memory."""
-    return DEFAULT_FRACTION * gpu_GiB
-
-
-def headroom_for(given: float | None, gpu_GiB: float) -> float:
-    """``given`` (GiB, as --headroom) or, when None, the default for a GPU of ``gpu_GiB``."""
-    return default_headroom_GiB(gpu_GiB) if given is None else given
+from cost_models.headroom import MEASURED_EXCESS, default_headroom_GiB
 
 
 def memory_warning(stage_GiB: list[float], capacity_GiB: list[float]) -> str | None:

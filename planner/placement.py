@@ -67,7 +67,7 @@ def proportional_layers(num_layers: int, speed: list[float]) -> tuple[int, ...]:
     return tuple(int(x) for x in out)
 
 
-def _price(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global_batch: int, headroom_GiB: float,
+def _price(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global_batch: int, headroom_GiB: float | None,
            state: StateSpec) -> PlanResult:
     return PlanResult(cfg, estimate(model, cluster, cfg, global_batch, headroom_GiB, state=state))
 
@@ -116,7 +116,7 @@ def fitted(model: ModelSpec, a: PlanResult, b: PlanResult) -> tuple[int, ...] | 
     return tuple(out) if len(per) <= model.num_layers else None
 
 
-def moved(model: ModelSpec, cluster: ClusterSpec, best: PlanResult, global_batch: int, headroom_GiB: float,
+def moved(model: ModelSpec, cluster: ClusterSpec, best: PlanResult, global_batch: int, headroom_GiB: float | None,
           state: StateSpec) -> PlanResult:
     """``best`` after single-layer moves to its fastest stage, from its slowest stage or from the pipeline rank
     that finishes last (its data-parallel reduce and optimizer included), while the step gets faster."""
@@ -139,7 +139,7 @@ def moved(model: ModelSpec, cluster: ClusterSpec, best: PlanResult, global_batch
     return best
 
 
-def _orders(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global_batch: int, headroom_GiB: float,
+def _orders(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global_batch: int, headroom_GiB: float | None,
             state: StateSpec) -> list[tuple[PlanResult, dict[str, float]]]:
     """A placed plan priced with its layers split evenly, by its groups' speed and as :func:`fitted` evens the stages
     out (only evenly when every stage is on the same groups), each with the groups' speeds."""
@@ -158,7 +158,7 @@ def _orders(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global_
 
 
 def place(model: ModelSpec, cluster: ClusterSpec, ranked: list[PlanResult], global_batch: int,
-          headroom_GiB: float, state: StateSpec, exhaustive: bool = False) -> list[PlanResult]:
+          headroom_GiB: float | None, state: StateSpec, exhaustive: bool = False) -> list[PlanResult]:
     """Placed versions of the homogeneous plans ``ranked`` (best first). For the first plan of each stage shape
     (tp, dp, cp, vpp) every order of the groups is priced with the layers split evenly, by group speed and as
     :func:`fitted` evens the stages out; the shape's other plans take its :data:`ORDERS` best orders, split by

@@ -54,7 +54,7 @@ def _ilp_may_help(model: ModelSpec, cfg: ParallelConfig, est: Estimate) -> bool:
 
 
 def refine(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global_batch: int,
-           headroom_GiB: float, fixed: dict[str, Any], state: StateSpec,
+           headroom_GiB: float | None, fixed: dict[str, Any], state: StateSpec,
            ilp: bool = True, terms: LayerTerms | None = None) -> tuple[list[PlanResult], bool]:
     """Exact estimates of ``cfg`` with an even split and, with ``ilp`` and where it may help, with the stage ILP's
     split / per-stage recompute; and whether the ILP was solved. ``terms``: ``cfg``'s layer terms, when known."""

@@ -26,9 +26,9 @@ import numpy as np
 from cost_models.batch import estimate_batch
 from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
+from cost_models.headroom import usable_GiB
 from cost_models.pipeline import CLOSED_FORM_OPTIMISM, CLOSED_FORM_PESSIMISM
 from cost_models.stages import layer_terms
-from planner.headroom import headroom_for
 from planner.placement import place, placements
 from planner.refine import PlanResult, refine
 from planner.space import enumerate_space
@@ -74,9 +74,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
     """Find the fastest plans that fit; ``fixed`` holds plan keys constant (``flags``: the option each came
     from, for error messages; default ``--fix``). On a cluster of node groups (``place_groups``) the plans placed
     on the groups compete with those that treat it as homogeneous at its slowest link. ``headroom_GiB``: memory
-    kept free per GPU (None: the default, as ``autopar plan``'s, planner/headroom.py)."""
+    kept free per GPU (None: the default, as ``autopar plan``'s, a share of each GPU: cost_models/headroom.py)."""
     fixed = dict(fixed or {})
-    headroom_GiB = headroom_for(headroom_GiB, cluster.gpu.memory_GiB)
     state = state or StateSpec.default(cluster.precision)
     t0 = time.perf_counter()
     if global_batch <= 0:
@@ -84,7 +83,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
     if fixed.get("recompute_layers") is not None:
         fixed.setdefault("recompute", "full")
     cands = enumerate_space(model, cluster, global_batch, fixed, exhaustive, flags)
-    cap = cluster.gpu.memory_GiB - headroom_GiB
+    cap = usable_GiB(headroom_GiB, cluster.gpu.memory_GiB)  # the first pass: the
+    # merged view's GPU on node groups (the smallest); placed plans are checked on each stage's own
     n_ref = refine_count or max(2 * top, 16)
     res = estimate_batch(model, cluster, cands, global_batch, state, "exact" if exhaustive else "mixed", progress,
                          fits_GiB=cap, keep=None if exhaustive else (n_ref, CLOSED_FORM_SLACK))
@@ -124,7 +124,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
 
 
 def _placeable(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dict[str, Any],
-               headroom_GiB: float, state: StateSpec, plans: list[PlanResult], exhaustive: bool = False
+               headroom_GiB: float | None, state: StateSpec, plans: list[PlanResult], exhaustive: bool = False
                ) -> list[PlanResult]:
     """The fastest homogeneous plans the node groups can hold: those whose pipeline ranks they hold whole, from
     ``plans``' own or (when none of them is, or ``exhaustive``: always) an exhaustive search over the pipeline depths

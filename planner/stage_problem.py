@@ -13,6 +13,7 @@ import numpy as np
 
 from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
+from cost_models.headroom import usable_GiB
 from cost_models.memory import GiB, fragmentation_bytes, reserved_bytes, state_per_param, temporary_bytes
 from cost_models.pipeline import inflight_profiles
 from cost_models.stages import LayerTerms, StageCosts, layer_terms, stage_costs
@@ -51,7 +52,7 @@ class StageSolution:
 
 
 def stage_problem(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global_batch: int,
-                  headroom_GiB: float, state: StateSpec, terms: LayerTerms | None = None) -> StageProblem:
+                  headroom_GiB: float | None, state: StateSpec, terms: LayerTerms | None = None) -> StageProblem:
     """The ILP's inputs for one configuration, read off the cost model's own per-stage terms: each stage's
     costs with no layers (the embedding, head and sends), with one layer, and with one recomputed layer."""
     cm, comm = ComputeModel.of(cluster), CommModel(cluster)
@@ -67,7 +68,7 @@ def stage_problem(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, g
         layer_time=float((u(plain) - u(base)).max()), recompute_time=float((u(redone) - u(plain)).max()),
         extra_time=u(base).tolist(), inflight=_inflight(cfg.pp, cfg.vpp, m),
         **_memory_terms(c, state, cluster.backend, base, plain, redone),
-        capacity=(cluster.gpu.memory_GiB - headroom_GiB) * GiB, allow_recompute=cfg.recompute == "full",
+        capacity=usable_GiB(headroom_GiB, cluster.gpu.memory_GiB) * GiB, allow_recompute=cfg.recompute == "full",
         fixed_layers=cfg.layers,
     )
 

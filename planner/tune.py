@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from cost_models.headroom import usable_GiB
 from planner.calibrate import (
     calibrated_profile_text,
     difference_spreads,
@@ -29,7 +30,6 @@ from planner.calibrate import (
     predict,
     step_sensitivity,
 )
-from planner.headroom import headroom_for
 from planner.measured_runs import Run, check_warmup, load_runs
 from planner.prediction import plan_prediction
 from planner.refine import PlanResult
@@ -83,12 +83,12 @@ def check_trial_options(trials: int, steps: int, warmup: int, time_limit_s: floa
 
 
 def prepare(model: ModelSpec, cluster: ClusterSpec, global_batch: int, out_dir: Path, fixed: dict[str, Any] | None,
-            trials: int, steps: int, headroom_GiB: float) -> list[Trial]:
+            trials: int, steps: int, headroom_GiB: float | None) -> list[Trial]:
     """The finalists (:func:`finalists`, at most ``trials``), each written to ``out_dir`` as a plan file that trains
     ``steps`` steps."""
     res = search(model, cluster, global_batch, fixed=fixed, top=trials, headroom_GiB=headroom_GiB)
     if not res.plans:
-        raise AutoparError(f"no plan fits in {cluster.gpu.memory_GiB - headroom_GiB:g} GiB per GPU on "
+        raise AutoparError(f"no plan fits in {usable_GiB(headroom_GiB, cluster.gpu.memory_GiB):g} GiB per GPU on "
                            f"{cluster.num_gpus} GPUs: nothing to tune (see `autopar plan`)")
     out_dir.mkdir(parents=True, exist_ok=True)
     removed = earlier_files(out_dir)
@@ -156,8 +156,7 @@ def tune(model: ModelSpec, cluster: ClusterSpec, global_batch: int, out_dir: Pat
     from runtime.launch import launch  # the trials run through autopar run's launcher
 
     check_trial_options(trials, steps, warmup, time_limit_s)
-    found = prepare(model, cluster, global_batch, out_dir, fixed, trials, steps,
-                    headroom_for(headroom_GiB, cluster.gpu.memory_GiB))
+    found = prepare(model, cluster, global_batch, out_dir, fixed, trials, steps, headroom_GiB)
     runs: list[Run] = []
     stopped = False
     for i, t in enumerate(found):
@@ -168,11 +167,11 @@ def tune(model: ModelSpec, cluster: ClusterSpec, global_batch: int, out_dir: Pat
             progress(i + 1, len(found), t)
         try:
             rc = launch(t.plan_path, steps=steps, data=data, metrics_out=str(metrics), quiet=True, env=env,
-                        timeout_s=time_limit_s)
+                        timeout_s=time_limit_s, resumable=False)
             if rc == INTERRUPTED:  # Ctrl-C: the trial is cut short, and the user wants the tuning to stop
                 t.status, t.error, stopped = "interrupted", "stopped by Ctrl-C", True
             else:
-                run, = load_runs([str(metrics)], [t.plan_path], warmup)
+                run, = load_runs([str(metrics)], [t.plan_path], warmup, more_steps="autopar tune --steps")
                 runs.append(run)
                 t.status, t.measured_step_s = "ok", run.measured_s
         except AutoparError as err:

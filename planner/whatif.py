@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from planner.headroom import headroom_for
+from cost_models.headroom import headroom_for, usable_GiB
 from planner.search import search
 from planner.space import check_fixed_keys
 from specs.cluster import ClusterSpec
@@ -65,17 +65,22 @@ def parse_vary(text: str) -> tuple[str, list[Any]]:
     if (base in GROUP_KEYS) != bool(group):
         raise AutoparError(f"--vary {key}: {base} names a node group (--vary {base}:<group>=...)" if not group
                            else f"--vary {key}: only {' and '.join(GROUP_KEYS)} take a node group")
-    items = [x.strip() for x in raw.split(",") if x.strip()]
-    if not items:
+    items = [x.strip() for x in raw.split(",")]
+    if not any(items):
         raise AutoparError(f"--vary {key}= needs at least one value")
+    if not all(items):
+        raise AutoparError(f"--vary {key}={raw.strip()} has an empty value (two commas, or one at an end); "
+                           "give the values once each, comma-separated")
     if key == "gpu":
         for g in items:
             try:
                 load_gpu(g)
             except AutoparError as err:
                 raise AutoparError(f"--vary gpu={g}: {err}") from None
+        _once_each(key, items)
         return key, items
     if base == "group_net":  # group names, checked against the cluster's groups (with_group)
+        _once_each(key, items)
         return key, items
     vals: list[Any] = []
     for x in items:
@@ -90,7 +95,16 @@ def parse_vary(text: str) -> tuple[str, list[Any]]:
             raise AutoparError(f"--vary {key} values must be finite and at least 0.01, got {x}" if base.endswith("_bw")
                                else f"--vary {key} values must be whole numbers of at least 1, got {x}")
         vals.append(v)
+    _once_each(key, vals)
     return key, vals
+
+
+def _once_each(key: str, values: list[Any]) -> None:
+    """A point given twice would be planned and drawn twice: refused, naming it."""
+    twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
+    if twice is not None:
+        raise AutoparError(f"--vary {key} gives {twice:g} twice; give each point once" if isinstance(twice, float)
+                           else f"--vary {key} gives {twice} twice; give each point once")
 
 
 def cluster_at(cluster: ClusterSpec, key: str, value: Any) -> tuple[ClusterSpec, str | None]:
@@ -189,7 +203,7 @@ def sweep(model: ModelSpec, cluster: ClusterSpec, global_batch: int, key: str, v
           fixed: dict[str, Any], headroom_GiB: float | None = None, compare: dict[str, Any] | None = None
           ) -> list[dict[str, Any]]:
     """Best plan at every value (a point with no fitting plan is {value, gpus, error}); ``headroom_GiB`` None:
-    each point's default (planner/headroom.py: a share of that point's GPU memory).
+    each point's default (cost_models/headroom.py: a share of each GPU's memory).
 
     ``compare`` holds the ``--compare`` keys, fixed on top of ``fixed`` (errors about them name --compare);
     ``placement=none`` among them plans a cluster of node groups as homogeneous at its slowest link instead of
@@ -222,8 +236,7 @@ def sweep(model: ModelSpec, cluster: ClusterSpec, global_batch: int, key: str, v
             if note:
                 pt["note"] = note
             pt["gpus"] = c.num_gpus
-            room = headroom_for(headroom_GiB, c.gpu.memory_GiB)
-            res = search(model, c, global_batch, fixed={**fixed, **compare}, top=1, headroom_GiB=room,
+            res = search(model, c, global_batch, fixed={**fixed, **compare}, top=1, headroom_GiB=headroom_GiB,
                          refine_count=12, flags=flags, place_groups=not homogeneous)
         except AutoparError as err:
             res, pt["error"] = None, str(err)
@@ -236,7 +249,8 @@ def sweep(model: ModelSpec, cluster: ClusterSpec, global_batch: int, key: str, v
         elif res is not None:
             close = res.closest
             need = (f"; the closest ({close.config.short()}) needs {close.estimate.memory_GiB:.1f} GiB per GPU, of "
-                    f"{c.gpu.memory_GiB - room:g} usable ({c.gpu.memory_GiB:g} less {room:g} headroom)"
+                    f"{usable_GiB(headroom_GiB, c.gpu.memory_GiB):g} usable ({c.gpu.memory_GiB:g} less "
+                    f"{headroom_for(headroom_GiB, c.gpu.memory_GiB):g} headroom)"
                     ) if close is not None else ""
             pt["error"] = f"no plan fits{need}"
         pts.append(pt)

@@ -111,6 +111,10 @@ class ParallelConfig:
         pp, dp = divmod(rest, self.dp)
         return {"pp": pp, "dp": dp, "cp": cp, "tp": tp}
 
+    def rank_of(self, pp: int, dp: int, cp: int, tp: int) -> int:
+        """The mesh position's rank (:meth:`rank_coords` inverted); with ``pp`` 0, its index among a stage's ranks."""
+        return ((pp * self.dp + dp) * self.cp + cp) * self.tp + tp
+
     def microbatches(self, global_batch: int) -> int:
         return microbatches(global_batch, self.dp, self.mbs)
 

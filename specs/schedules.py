@@ -9,7 +9,7 @@ activations flow through virtual stages 0, 1, ..., pp*vpp - 1.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -33,7 +33,9 @@ def repeating_from(pp: int) -> int:
     return 2 * pp
 
 
-def virtual_stage(rank: int, chunk: int, pp: int) -> int:
+def virtual_stage(rank: Any, chunk: Any, pp: int) -> Any:
+    """The virtual stage that model chunk ``chunk`` of pipeline rank ``rank`` holds (of ``pp`` ranks: chunk-major, so
+    stage ``v`` feeds ``v + 1`` on the next rank); element-wise on arrays."""
     return chunk * pp + rank
 
 

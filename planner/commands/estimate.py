@@ -6,7 +6,6 @@ import argparse
 import json
 
 from planner.commands.inputs import load_inputs
-from planner.headroom import headroom_for
 
 
 def estimate_command(args: argparse.Namespace) -> int:
@@ -26,7 +25,7 @@ def estimate_command(args: argparse.Namespace) -> int:
     model, cluster = load_inputs(args)
     cfg = config_from_keys(keys, cluster.num_gpus)
     est = estimate(model, cluster, cfg, args.global_batch,
-                   headroom_GiB=headroom_for(args.headroom, cluster.gpu.memory_GiB))
+                   headroom_GiB=args.headroom)
     spread, loose = calibration_spread(model, cluster, cfg, args.global_batch)
     balanced = balanced_step_s(model, cluster, cfg, args.global_batch)
     checked = None

@@ -10,8 +10,8 @@ from typing import Any
 
 from rich.markup import escape
 
+from cost_models.headroom import headroom_for
 from planner.commands.inputs import load_inputs, progress, spec_files
-from planner.headroom import headroom_for
 from specs.errors import AutoparError
 from specs.planfile import steps_problem
 
@@ -26,6 +26,7 @@ class Choice:
     spreads: list[tuple[float, str | None]]
     balanced: list[float | None]
     tied: int
+    more_tied: bool  # every refined plan after the best is tied: ``tied`` is a lower bound
     calibrated: bool
 
 
@@ -36,9 +37,9 @@ def plan_command(args: argparse.Namespace) -> int:
     model, cluster = load_inputs(args)
     _check_options(args, model, cluster)
     fixed = parse_plan_keys(args.fix, "--fix")
-    headroom = headroom_for(args.headroom, cluster.gpu.memory_GiB)
+    headroom = headroom_for(args.headroom, cluster.gpu.memory_GiB)  # (on node groups: on the smallest GPUs)
     res = search(model, cluster, args.global_batch, fixed=fixed, top=args.top, exhaustive=args.exhaustive,
-                 headroom_GiB=headroom, progress=progress(args.format))
+                 headroom_GiB=args.headroom, progress=progress(args.format))
     search_info = {"candidates": res.candidates, "seconds": round(res.seconds, 3), "exhaustive": res.exhaustive,
                    "headroom_GiB": headroom}
     if not res.plans:
@@ -99,7 +100,7 @@ def _no_plan(args: argparse.Namespace, model: Any, cluster: Any, res: Any, fixed
     from planner.search import GROW_LIMIT, min_gpus_to_fit
 
     try:
-        need, grow = min_gpus_to_fit(model, cluster, args.global_batch, fixed, headroom), ""
+        need, grow = min_gpus_to_fit(model, cluster, args.global_batch, fixed, args.headroom), ""
     except AutoparError as e:  # the cluster cannot grow: say why, not that no size fits
         need, grow = None, str(e)
     closest = res.closest
@@ -144,12 +145,13 @@ def _choose(args: argparse.Namespace, model: Any, cluster: Any, res: Any) -> Cho
     extra = difference_spreads(grads[:CALIBRATED_TIES], fit) if fit is not None else None
     balanced = [balanced_step_s(model, cluster, p.config, args.global_batch) for p in res.plans]
     tied, plain = tied_with_best(steps, extra), tied_with_best(steps)
+    more_tied = tied > 0 and tied == len(steps) - 1  # the plans priced exactly ran out before the ties did
     if tied:
         within = (f"within {tie_margin():.1%} of it, inside the model's ranking uncertainty" if tied == plain else
                   "close enough to it that the model's ranking uncertainty and what the calibration left unpinned "
                   "cannot order them")
-        reason += (f" The next {tied} plan{'s are' if tied > 1 else ' is'} {within}: `autopar tune` with the same "
-                   "--model, --cluster, --global-batch and --fix measures the best of them.")
+        count = f"{tied} or more plans are" if more_tied else f"{tied} plan{'s are' if tied > 1 else ' is'}"
+        reason += f" The next {count} {within}: `{_tune_line(args)}` measures the best of them."
     if spreads[0][0] > LOOSE_SPREAD:
         reason += (f" The calibrated profile's runs leave this plan's step time uncertain (x/"
                    f"{math.exp(Z95 * spreads[0][0]):.2f} at 95%, mostly its {spreads[0][1]} scale, which they "
@@ -158,7 +160,20 @@ def _choose(args: argparse.Namespace, model: Any, cluster: Any, res: Any) -> Cho
         reason += (f" The experts' load imbalance is not known, so the plans are priced with the busiest rank at "
                    f"{DEFAULT_LOAD_IMBALANCE:g}x the mean (memory too) and their bands reach down to balanced "
                    f"routing ({balanced[0]:.4g} s for this one); set moe.load_imbalance if you know it.")
-    return Choice(reason, spreads, balanced, tied, fit is not None)
+    return Choice(reason, spreads, balanced, tied, more_tied, fit is not None)
+
+
+def _tune_line(args: argparse.Namespace) -> str:
+    """The `autopar tune` command that measures what this `autopar plan` command planned."""
+    import shlex
+
+    line = ["autopar", "tune", "--model", args.model]
+    for flag, value in (("--cluster", args.cluster), ("--gpus", args.gpus), ("--nodes", args.nodes),
+                        ("--seq", args.seq), ("--global-batch", args.global_batch), ("--fix", args.fix or None),
+                        ("--headroom", args.headroom)):
+        line += [flag, f"{value:g}" if isinstance(value, float) else str(value)] if value is not None else []
+    line += ["--allow-cross-node-tp"] if args.allow_cross_node_tp else []
+    return " ".join(shlex.quote(x) for x in line)
 
 
 def _warning(res: Any) -> str | None:
@@ -178,7 +193,7 @@ def _print_json(res: Any, choice: Choice, search_info: dict[str, Any], checked: 
     warning = _warning(res)
     print(json.dumps({"plans": rows, "search": search_info, "why": choice.reason, **baseline,
                       "uncertainty": {"ranking_sigma": ranking_sigma(), "tie_margin": tie_margin(),
-                                      "tied_with_best": choice.tied},
+                                      "tied_with_best": choice.tied, "tied_more": choice.more_tied},
                       "warnings": [warning] if warning else [],
                       **({"memory_replay": checked} if checked is not None else {})}))
 

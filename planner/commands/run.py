@@ -9,7 +9,6 @@ from typing import Any
 
 from rich.markup import escape
 
-from planner.headroom import headroom_for
 from specs.errors import AutoparError
 
 
@@ -102,8 +101,7 @@ def _replan(args: argparse.Namespace) -> str:
     old = saved_plan(Path(args.checkpoint_dir))
     cluster = _full_size(old.cluster).resized(gpus=args.gpus)
     try:
-        res = search(old.model, cluster, old.global_batch, top=1,
-                     headroom_GiB=headroom_for(None, cluster.gpu.memory_GiB), state=old.state)
+        res = search(old.model, cluster, old.global_batch, top=1, state=old.state)
     except NoPlan as err:  # its advice may be to change what a resumed run keeps (the global batch)
         raise AutoparError(f"no plan of {old.model.name} with the checkpoint's global batch {old.global_batch} (a "
                            f"resumed run keeps it) runs on {args.gpus} GPUs ({err.problem or err}); re-plan for "

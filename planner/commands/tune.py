@@ -10,19 +10,23 @@ from pathlib import Path
 from rich.markup import escape
 
 from planner.commands.inputs import load_inputs, spec_files
-from planner.headroom import headroom_for
 from specs.errors import ERROR_PREFIX, INTERRUPTED, AutoparError
 
 
 def tune_command(args: argparse.Namespace) -> int:
     from planner.calibrate import bound_warning
     from planner.tune import check_trial_options, default_out_dir, tune, written_files
+    from specs.capabilities import execution_problem
     from specs.files import check_output_dir, check_output_file
     from specs.parallel import parse_plan_keys
     from specs.planfile import TrainConfig, is_plan_data, load_plan, save_plan
+    from specs.state import StateSpec
 
     model, cluster = load_inputs(args)
     check_trial_options(args.trials, args.steps, args.warmup, args.time_limit)
+    problem = execution_problem(model, StateSpec.default(cluster.precision))
+    if problem:  # every trial would fail on it after launch: one line now
+        raise AutoparError(f"tune trains its finalists, and {problem}")
     if args.out:
         check_output_file(args.out, "plan file", {**spec_files(args), "--data file": args.data},
                           replaces=is_plan_data)
@@ -31,13 +35,15 @@ def tune_command(args: argparse.Namespace) -> int:
         for what, path in written_files(Path(args.dir), args.trials).items():  # never over one of the inputs
             check_output_file(path, f"tune's {what}", {**spec_files(args), "--data file": args.data},
                               "give another --dir")
+            if args.out and path.resolve() == Path(args.out).resolve():  # the chosen plan over its own trial's file
+                raise AutoparError(f"--out {args.out} is {what} in --dir {args.dir}, which tune writes itself; "
+                                   "give --out another name")
     if args.data:
         from runtime.data import TokenData
 
         TokenData(args.data, model.seq_length, model.vocab_size, 0)  # a bad token file: one line now, not per trial
     out_dir = Path(args.dir) if args.dir else default_out_dir()
     fixed = parse_plan_keys(args.fix, "--fix")
-    headroom = headroom_for(args.headroom, cluster.gpu.memory_GiB)
     if cluster.num_nodes > 1:
         if not args.dir:
             raise AutoparError("--dir: on several nodes every node reads the trials' plans and writes their metrics "
@@ -47,7 +53,7 @@ def tune_command(args: argparse.Namespace) -> int:
             raise AutoparError("--out: on several nodes tune writes the trials' plans and prints their commands; "
                                "nothing is measured here to choose from, so leave --out out and keep the trial plan "
                                "whose median is the fastest")
-        return _tune_commands(args, model, cluster, out_dir, fixed, headroom)
+        return _tune_commands(args, model, cluster, out_dir, fixed, args.headroom)
     _check_tune_hardware(cluster)
     live = args.format != "json" and sys.stderr.isatty()
 
@@ -60,7 +66,7 @@ def tune_command(args: argparse.Namespace) -> int:
             print(text, file=sys.stderr if live else sys.stdout, flush=True)
 
     res = tune(model, cluster, args.global_batch, out_dir, fixed, args.trials, args.steps, args.warmup,
-               args.time_limit, args.data, headroom, report)
+               args.time_limit, args.data, args.headroom, report)
     chosen = res.chosen
     if args.out and chosen is not None:
         plan = load_plan(chosen.plan_path)
@@ -75,7 +81,8 @@ def tune_command(args: argparse.Namespace) -> int:
         first = next((t for t in res.trials if t.error), None)
         problem = (f"every trial failed (the first: {first.error if first else 'no error recorded'}); their plans and "
                    f"metrics are in {out_dir} (a failed trial's error names its log)")
-    warning = bound_warning(res.scales)
+    warning = bound_warning(res.scales, "profile this machine (`autopar profile --out mine.yaml`) and tune on "
+                                        "that profile (--cluster mine.yaml)")
     if args.format == "json":
         print(json.dumps({"trials": [t.row() for t in res.trials], "chosen": chosen.row() if chosen else None,
                           "profile": res.profile_path, "plan_file": args.out if chosen else None, "dir": str(out_dir),
@@ -126,7 +133,7 @@ def _print_trials(args: argparse.Namespace, model, cluster, res, warning: str | 
         con.print(escape(f"wrote {args.out}  (train it with: autopar run {args.out})"), soft_wrap=True)
 
 
-def _tune_commands(args: argparse.Namespace, model, cluster, out_dir, fixed, headroom: float) -> int:
+def _tune_commands(args: argparse.Namespace, model, cluster, out_dir, fixed, headroom: float | None) -> int:
     """A multi-node cluster: tune cannot start the trials from here, so it writes the finalists' plan files and
     prints what to run on the cluster, as `autopar run` does: each trial's per-node commands, then the fit."""
     import shlex

@@ -114,8 +114,7 @@ class ParallelGroups:
         return self.dp_hierarchy if self.dp_hierarchy is not None else self.dpcp_group
 
     def global_rank(self, pp: int, dp: int, cp: int, tp: int) -> int:
-        c = self.cfg
-        return self.ranks[((pp * c.dp + dp) * c.cp + cp) * c.tp + tp]
+        return self.ranks[self.cfg.rank_of(pp, dp, cp, tp)]
 
     def pp_peer(self, pp_rank: int) -> int:
         """Global rank of the same (dp, cp, tp) position on pipeline rank ``pp_rank`` (mod pp)."""
@@ -189,7 +188,7 @@ def build_groups(cfg: ParallelConfig, device_type: str, ranks: list[int] | None 
         return None
     coord = mesh.get_coordinate()
     assert coord is not None
-    block = (coord[1] * cfg.cp + coord[2]) * cfg.tp + coord[3]  # this rank's index among its stage's ranks
+    block = cfg.rank_of(0, *coord[1:])  # this rank's index among its stage's ranks
     return ParallelGroups(
         cfg=cfg, mesh=mesh, ranks=ranks, rank=me,
         pp_rank=coord[0], dp_rank=coord[1], cp_rank=coord[2], tp_rank=coord[3],

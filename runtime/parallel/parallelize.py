@@ -20,6 +20,7 @@ from runtime.parallel.recompute import apply_recompute
 from runtime.parallel.tensor_parallel import apply_tensor_parallel, param_shards
 from specs.model import ModelSpec
 from specs.parallel import ParallelConfig
+from specs.schedules import virtual_stage
 
 EMBED, HEAD = "embed.tok.weight", "head.out.weight"
 
@@ -39,7 +40,7 @@ def parallelize(model: Transformer, cfg: ParallelConfig,
     chunks: list[Transformer] = []
     infos: dict[str, ParamInfo] = {}
     for c in range(cfg.vpp):
-        v = c * cfg.pp + groups.pp_rank
+        v = virtual_stage(groups.pp_rank, c, cfg.pp)
         st = model.stage(stage_layer_ids(cfg, spec.num_layers, v), first=v == 0, last=v == nv - 1)
         apply_tensor_parallel(st, groups, cfg.sequence_parallel, cfg.tp_overlap)
         apply_expert_parallel(st, groups, cfg.sequence_parallel)

@@ -31,7 +31,7 @@ from runtime.parallel.mappings import all_gather_into
 from runtime.parallel.mesh import ParallelGroups
 from runtime.phase_clock import PhaseClock
 from specs.parallel import ParallelConfig
-from specs.schedules import Action, build_schedule
+from specs.schedules import Action, build_schedule, virtual_stage
 
 
 class P2P:
@@ -116,7 +116,7 @@ class PipelineRunner:
         loss_sum = torch.zeros((), device=self.device)
         phase = self.clock.phase
         for i, a in enumerate(self.schedule):
-            v = a.chunk * pp + r
+            v = virtual_stage(r, a.chunk, pp)
             first, last = v == 0, v == self.nv - 1
             if a.kind == "F":
                 if first:

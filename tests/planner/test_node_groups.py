@@ -417,3 +417,24 @@ def test_the_memory_warning_weighs_each_stage_against_its_own_gpus(capsys):
     best = out["plans"][0]
     assert not any("fills" in w for w in out.get("warnings", [])), out.get("warnings")
     assert max(best["stage_memory_GiB"]) > 48 * 0.9  # a stage above the L40S's threshold, on the A100s
+
+
+def test_the_default_headroom_is_each_stages_own_gpus_share():
+    """A plan fits when every stage leaves the default share of its own GPUs free: a stage of 74.5 GiB on the
+    A100s (80 GiB) does not fit by default, though it leaves more than 10% of the smallest GPU (48 GiB, the
+    merged view the headroom used to be taken from: 4.8 GiB on every GPU); a headroom given in GiB is the same on
+    every GPU."""
+    from cost_models.headroom import default_headroom_GiB
+    from specs.parallel import ParallelConfig
+
+    model, c = load_model("llama3-8b"), load_cluster("a100-l40s-mixed")
+    cfg = ParallelConfig(tp=1, pp=2, dp=16, cp=2, mbs=1, zero=1, dp_overlap=True, layers=(29, 3),
+                         placement=("a100", "l40s"))
+    est = estimate(model, c, cfg, 512, headroom_GiB=None)
+    assert est.stage_capacity_GiB == [80.0, 48.0]
+    assert 72.0 < est.stage_memory_GiB[0] < 80.0 - default_headroom_GiB(48.0)
+    assert not est.fits
+    assert estimate(model, c, cfg, 512, headroom_GiB=default_headroom_GiB(48.0)).fits
+    assert not estimate(model, c, cfg, 512, headroom_GiB=8.0).fits
+    for p in search(model, c, 512, top=8).plans:
+        assert all(m <= 0.9 * cap + 1e-9 for m, cap in zip(p.estimate.stage_memory_GiB, p.estimate.stage_capacity_GiB))

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from cost_models.batch import estimate_batch
+from cost_models.headroom import default_headroom_GiB
 from cost_models.step import estimate
 from planner import uncertainty
-from planner.headroom import default_headroom_GiB
 from planner.search import enumerate_space, search
 from specs.cluster_loading import load_cluster
 from specs.errors import AutoparError

@@ -385,8 +385,8 @@ def test_the_python_api_keeps_the_commands_default_headroom(capsys):
     library and the command picked different plans for llama3-8b on 8 A100s)."""
     import json
 
+    from cost_models.headroom import default_headroom_GiB
     from planner.cli import main
-    from planner.headroom import default_headroom_GiB
 
     m, c = load_model("llama3-8b"), load_cluster("dgx-a100", gpus=8)
     api = search(m, c, 16, top=1).plans[0]
