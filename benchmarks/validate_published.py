@@ -20,9 +20,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from cost_models.headroom import default_headroom_GiB  # noqa: E402
 from cost_models.memory import layer_activation_bytes  # noqa: E402
 from cost_models.step import estimate  # noqa: E402
-from planner.headroom import default_headroom_GiB  # noqa: E402
 from specs.cluster_loading import load_cluster  # noqa: E402
 from specs.model import ModelSpec  # noqa: E402
 from specs.parallel import RECOMPUTE_CODE, ParallelConfig  # noqa: E402

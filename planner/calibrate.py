@@ -219,14 +219,16 @@ def at_bound(scales: dict[str, float]) -> list[str]:
     return [f"{k} x{v:.3g}" for k, v in scales.items() if abs(math.log(v)) >= BOUND - 1e-6]
 
 
-def bound_warning(scales: dict[str, float]) -> str | None:
+def bound_warning(scales: dict[str, float],
+                  fix: str = "calibrate the profile of the machine they ran on (--cluster)") -> str | None:
     """A one-line caution when a fitted scale sits at its limit (x1/8 or x8): the runs are far from the profile's
-    hardware (timed on another machine, or on CPUs for a GPU profile), not a correction to trust."""
+    hardware (timed on another machine, or on CPUs for a GPU profile), not a correction to trust; ``fix`` says
+    what to do instead."""
     stuck = at_bound(scales)
     if not stuck:
         return None
     return (f"warning: {', '.join(stuck)} at the fit's limit (x1/8 .. x8): these runs did not run on the hardware "
-            "the profile describes; calibrate the profile of the machine they ran on (--cluster)")
+            f"the profile describes; {fix}")
 
 
 def hardware_mismatch(scales: dict[str, float], runs: list[Run], fitted: np.ndarray, cluster_ref: str | None,

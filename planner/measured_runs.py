@@ -156,8 +156,10 @@ def warm_up_only(source: str) -> AutoparError:
                         "compiles: not a measurement); run more steps, or give --warmup 0 to fit it anyway")
 
 
-def measured_median(rows: list[dict[str, Any]], warmup: int | None, source: str) -> tuple[float, int]:
-    """Median step time after the warm-up steps, and how many steps it is over (a note below MIN_STEPS)."""
+def measured_median(rows: list[dict[str, Any]], warmup: int | None, source: str,
+                    more_steps: str = "autopar run --steps") -> tuple[float, int]:
+    """Median step time after the warm-up steps, and how many steps it is over (a note below MIN_STEPS, naming
+    ``more_steps``, the option that measures longer runs)."""
     if only_warm_up(rows, warmup):
         raise warm_up_only(source)
     rows = sorted(rows, key=lambda r: r["step"])
@@ -168,7 +170,7 @@ def measured_median(rows: list[dict[str, Any]], warmup: int | None, source: str)
                            "run more steps or lower --warmup")
     if len(kept) < MIN_STEPS:
         print(f"warning: metrics file {source}: only {len(kept)} step(s) after the warm-up; a median of fewer than "
-              f"{MIN_STEPS} says little; measure longer runs (autopar run --steps)", file=sys.stderr)
+              f"{MIN_STEPS} says little; measure longer runs ({more_steps})", file=sys.stderr)
     return float(np.median(kept)), len(kept)
 
 
@@ -219,8 +221,10 @@ def named_plan_files(metrics: list[str]) -> list[Path]:
     return named
 
 
-def load_runs(metrics: list[str], plans: list[str] | None, warmup: int | None) -> list[Run]:
-    """Every metrics file with its plan (see the module docstring for how they are paired)."""
+def load_runs(metrics: list[str], plans: list[str] | None, warmup: int | None,
+              more_steps: str = "autopar run --steps") -> list[Run]:
+    """Every metrics file with its plan (see the module docstring for how they are paired); ``more_steps``: the
+    option a too-short run's warning names."""
     plans = plans or []
     if plans and len(plans) not in (1, len(metrics)):
         raise AutoparError(f"give one --plan for all metrics files or one per file ({len(metrics)}), "
@@ -258,7 +262,7 @@ def load_runs(metrics: list[str], plans: list[str] | None, warmup: int | None) -
             if only_warm_up(seg.rows, warmup):  # not a measurement: left out, with a note below
                 warm_only.append(source)
                 continue
-            med, n = measured_median(seg.rows, warmup, source)
+            med, n = measured_median(seg.rows, warmup, source, more_steps)
             logged = next((r.get("predicted_step_time_s") for r in seg.rows if r.get("predicted_step_time_s")), None)
             runs.append(Run(source, plan, med, n, logged))
     if changed:

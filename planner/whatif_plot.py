@@ -22,7 +22,7 @@ from typing import Any
 
 from specs.errors import AutoparError
 from specs.files import check_output_file
-from specs.parallel import KEYS, ParallelConfig
+from specs.parallel import KEYS, ParallelConfig, groups_text
 
 AXIS = {"inter_node_bw": "inter-node bandwidth (Gb/s per NIC)", "intra_node_bw": "NVLink bandwidth (GB/s per GPU)",
         "gpus": "GPUs", "nodes": "nodes", "gpu": "GPU type", "nics_per_node": "NICs per node"}
@@ -31,19 +31,23 @@ NO_PLAN = "no plan"  # where a point's bar or plan label would be, when it has n
 
 
 SHORT = {"mbs": "mb", "vpp": "v", "zero": "z", "selective": "sel"}  # a plot label's shorter names
-NOT_LABELLED = ("recompute_layers", "dp_overlap", "tp_overlap", "layers", "placement")  # the table and JSON say these
+NOT_LABELLED = ("recompute_layers", "dp_overlap", "tp_overlap", "layers")  # the table and JSON say these
 
 
 def plan_label(parallel: dict[str, Any]) -> str:
     """A plan in a few characters, its keys in the order they are declared (specs/parallel.py), those at their
-    default left out as :meth:`ParallelConfig.short` does: ``tp8 pp4 dp32 cp2 ep4 mb3 v8 sp sel z1``."""
+    default left out as :meth:`ParallelConfig.short` does: ``tp8 pp4 dp32 cp2 ep4 mb3 v8 sp sel z1``; on node groups
+    the groups of its pipeline ranks last (``ib*2/roce*2``)."""
     parts = []
     for f in fields(ParallelConfig):
         k, info = f.name, KEYS[f.name]
         if k in NOT_LABELLED or k not in parallel or (parallel[k] == f.default and not info.always_shown):
             continue
         v = parallel[k]
-        parts.append(k if info.kind == "bool" else SHORT.get(v, v) if k == "recompute" else f"{SHORT.get(k, k)}{v}")
+        if k == "placement":
+            parts.append(groups_text(v))
+        else:
+            parts.append(k if info.kind == "bool" else SHORT.get(v, v) if k == "recompute" else f"{SHORT.get(k, k)}{v}")
     return " ".join(parts)
 
 
@@ -79,14 +83,15 @@ def figure(curves: dict[str, list[dict[str, Any]]], key: str, model: str, cluste
     from matplotlib.transforms import blended_transform_factory
 
     scaling = key in ("gpus", "nodes")
+    values = [p["value"] for p in next(iter(curves.values()))]
+    categorical = key == "gpu" or any(isinstance(v, str) for v in values)  # bars: GPU types, group names
     fig, (top, low) = plt.subplots(2, 1, figsize=(9, 8), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
     names = list(curves)
-    values = [p["value"] for p in next(iter(curves.values()))]
     band = blended_transform_factory(top.transData, top.transAxes)  # x in data, y in the axes' height
     for i, name in enumerate(names[:2]):
         ok = [p for p in curves[name] if p.get("tokens_per_s")]
         label = "best plan" if name == "best" else _plain(name)
-        if key == "gpu":  # bars, their plans on top of them
+        if categorical:  # bars, their plans on top of them
             width = 0.8 / len(names)
             xs = [values.index(p["value"]) + (i - (len(names) - 1) / 2) * width for p in ok]
             top.bar(xs, [p["tokens_per_s"] for p in ok], width, label=label)
@@ -120,9 +125,9 @@ def figure(curves: dict[str, list[dict[str, Any]]], key: str, model: str, cluste
             per = base["tokens_per_s"] / base["value"]
             top.plot(xs, [per * x for x in xs], ":", color="grey", label="ideal (linear) scaling")
         top.set_yscale("log")
-    if key != "gpu":
+    if not categorical:
         _leave_room(top, top_band=0.42, bottom_band=0.4 if len(names) > 1 else 0.05, log=scaling)
-    if key == "gpu":
+    if categorical:
         top.set_xlim(-0.5, len(values) - 0.5)  # every GPU's place, a bar or "no plan" (shared with the lower axes)
         top.set_xticks(range(len(values)))
         top.set_xticklabels([_plain(str(v)) for v in values])
@@ -139,23 +144,33 @@ def figure(curves: dict[str, list[dict[str, Any]]], key: str, model: str, cluste
         span = (max(values) - min(values)) or abs(max(values)) or 1.0
         top.set_xlim(min(values) - 0.08 * span, max(values) + 0.08 * span)
     effs = [p["scaling_efficiency"] for pts in curves.values() for p in pts if p.get("tokens_per_s")]
-    if key != "gpu" and effs and max(effs) - min(effs) < MIN_EFF_SPAN:  # a spread of 1e-4 is not magnified
+    if not categorical and effs and max(effs) - min(effs) < MIN_EFF_SPAN:  # a spread of 1e-4 is not magnified
         mid = (max(effs) + min(effs)) / 2
         low.set_ylim(mid - MIN_EFF_SPAN / 2, mid + MIN_EFF_SPAN / 2)
     low.ticklabel_format(axis="y", useOffset=False)
     top.yaxis.set_major_formatter(FuncFormatter(si))
-    top.yaxis.set_minor_formatter(FuncFormatter(lambda v, pos: ""))
-    if key == "gpu":
+    lo, hi = top.get_ylim()
+    few = scaling and hi < 10 * lo  # a log axis spanning less than a decade may hold no major tick: label the minor
+    top.yaxis.set_minor_formatter(FuncFormatter(si if few else lambda v, pos: ""))
+    if categorical:
         top.margins(y=0.35)
     top.set_ylabel("tokens / s")
     low.set_ylabel("scaling efficiency (per-GPU vs smallest)" if scaling else "throughput relative to the best point")
-    low.set_xlabel(AXIS.get(key, key))
+    low.set_xlabel(axis_label(key))
     top.set_title(f"{_plain(model)} on {_plain(cluster)}: the best plan at each point", pad=24)
     top.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=3, fontsize=8, frameon=False)
     for ax in (top, low):
         ax.grid(alpha=0.3, which="major")
     fig.tight_layout(h_pad=2.5)
     return fig
+
+
+def axis_label(key: str) -> str:
+    """The x axis of a sweep of ``key`` (``group_bw:eth`` names its group), with its unit."""
+    base, _, group = key.partition(":")
+    groups = {"group_bw": f"Gb/s per NIC of node group {group}", "group_nodes": f"nodes of node group {group}",
+              "group_net": f"the NICs node group {group} has (those of the group named)"}
+    return groups.get(base) or AXIS.get(key, key)
 
 
 def _leave_room(ax: Any, top_band: float, bottom_band: float, log: bool) -> None:
@@ -169,7 +184,8 @@ def _leave_room(ax: Any, top_band: float, bottom_band: float, log: bool) -> None
     mid = (a + b) / 2
     a, b = mid - span / 2, mid + span / 2
     total = span / (1 - top_band - bottom_band)
-    ax.set_ylim(g(a - bottom_band * total), g(b + top_band * total))
+    low = g(a - bottom_band * total)
+    ax.set_ylim(low if log else max(low, 0.0), g(b + top_band * total))  # no negative tokens/s on a linear axis
 
 
 def plot(curves: dict[str, list[dict[str, Any]]], key: str, model: str, cluster: str, path: str) -> str:

@@ -126,12 +126,14 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
            predicted_step_s: float | None = None, predicted_memory_GiB: float | None = None,
            max_restarts: int = 0, mtbf_hours: float | None = None,
            collective_timeout: float = COLLECTIVE_TIMEOUT_S, keep_checkpoints: int | None = None,
-           train_from_plan: bool = False) -> int:
+           train_from_plan: bool = False, resumable: bool = True) -> int:
     """Validate everything cheap to validate, then run the plan under torchrun; returns 0 on success.
     ``max_restarts``: torchrun restarts every worker up to that many times after one dies; they resume from the
     latest checkpoint (``runtime.train`` reads torchrun's restart count).
     ``predicted_step_s`` / ``predicted_memory_GiB``: the step time and peak memory the metrics carry as predicted
     (the planner's fresh estimate of a plan edited since its prediction; default: the plan's).
+    ``resumable``: whether the caller can resume the run (`autopar run`): its Ctrl-C line then says how (a tune's
+    trial cannot: it says only where the trial stopped).
 
     Raises AutoparError (one line) for a bad plan, data file or checkpoint directory, a world size this
     machine cannot hold, failed workers, or workers still running after ``timeout_s`` seconds (stopped).
@@ -179,8 +181,8 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
     full_env.setdefault("OMP_NUM_THREADS", "1")
     rc = _run_workers(cmd, full_env, timeout_s)
     if rc == INTERRUPTED:
-        print(f"autopar: {interrupted(plan_path, steps or plan.train.steps, metrics_out, checkpoint_dir)}",
-              file=sys.stderr, flush=True)
+        line = interrupted(plan_path, steps or plan.train.steps, metrics_out, checkpoint_dir, resumable)
+        print(f"autopar: {line}", file=sys.stderr, flush=True)
     elif rc == 0 and not quiet:
         print(f"autopar: {finished(total, metrics_out, checkpoint_dir)}", flush=True)
     return rc
@@ -228,11 +230,14 @@ def _spans_nodes(plan: PlanFile) -> bool:
     return plan.cluster.num_nodes > 1 and plan.world_size > plan.cluster.gpus_per_node
 
 
-def interrupted(plan_path: str, steps: int, metrics_out: str | None, checkpoint_dir: str | None) -> str:
+def interrupted(plan_path: str, steps: int, metrics_out: str | None, checkpoint_dir: str | None,
+                resumable: bool = True) -> str:
     """One line after Ctrl-C: the step reached (from the metrics), the last complete checkpoint and the command
-    that resumes from it."""
+    that resumes from it (where the caller can resume at all)."""
     reached = last_step(metrics_out)
     text = f"interrupted after step {reached} of {steps}" if reached is not None else "interrupted"
+    if not resumable:
+        return text
     if not checkpoint_dir:
         return text + "; no checkpoints were kept (give --checkpoint-dir to be able to resume)"
     last = latest_checkpoint(Path(checkpoint_dir))

@@ -256,7 +256,7 @@ def model_from_module(ref: str, seq: int | None = None) -> ModelSpec:
         act_bytes_per_token=saved[i] / tokens * (2.0 / 4.0 if _is_fp32(model) else 1.0),
         elementwise_bytes_per_token=moved / tokens * (2.0 / 4.0 if _is_fp32(model) else 1.0),
     )
-    name = ref.split(":")[-1]
+    name = type(model).__name__  # the module's class (ToyLM), not the factory's name (build)
     try:
         return ModelSpec(
             name=name, arch="llama", num_layers=len(blocks), hidden_size=hidden,

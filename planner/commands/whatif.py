@@ -31,7 +31,10 @@ def whatif_command(args: argparse.Namespace) -> int:
                            f"{cluster.name}'s {cluster.gpus_per_node}; leave it out for nodes of "
                            f"{cluster.gpus_per_node}")
     fixed = parse_plan_keys(args.fix, "--fix")
-    more = parse_plan_keys(args.compare, "--compare") if args.compare else {}
+    more = parse_plan_keys(args.compare, "--compare") if args.compare is not None else {}
+    if args.compare is not None and not more:
+        raise AutoparError('--compare is empty; give the plan keys the second curve fixes, e.g. --compare '
+                           '"dp_overlap=false" (or leave --compare out)')
     if "placement" in more and not cluster.node_groups:
         raise AutoparError(f"--compare placement: cluster {cluster.name} has no node groups to place stages on; "
                            "placement compares plans on a cluster of node groups")

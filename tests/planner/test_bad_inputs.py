@@ -261,6 +261,8 @@ def test_an_option_given_twice_is_refused_and_fix_keys_add_up(capsys):
     """argparse would keep the last of two values silently: a value option given twice is one line, while several
     --fix options add their keys up (a key given twice is refused)."""
     assert "--gpus is given twice" in fails(capsys, "plan", *TINY, "--gpus", "8")
+    assert "--top is given twice (--trials and --top are one option)" in fails(capsys, "tune", *TINY, "--trials", "2",
+                                                                             "--top", "3")
     assert "--plan is given twice; give it once, with comma-separated keys" in fails(
         capsys, "estimate", "--model", "tiny", *ESTIMATE, "--plan", "tp=1")
     assert "--vary is given twice; give it once: one key with comma-separated values" in fails(
@@ -652,3 +654,19 @@ def test_an_empty_plan_to_estimate_is_refused(capsys):
     for empty in ("", " ", ","):
         err = fails(capsys, "estimate", "--model", "tiny", *ESTIMATE[:-2], "--plan", empty)
         assert "--plan is empty; give the plan to price" in err
+
+
+@pytest.mark.parametrize("vary, needle", [
+    ("gpus=16,16,32", "--vary gpus gives 16 twice; give each point once"),
+    ("inter_node_bw=100,100.0", "--vary inter_node_bw gives 100 twice"),
+    ("gpu=h100-sxm5-80gb,h100-sxm5-80gb", "--vary gpu gives h100-sxm5-80gb twice"),
+    ("gpus=16,,32", "--vary gpus=16,,32 has an empty value"),
+])
+def test_a_what_if_point_given_twice_or_empty_is_refused(capsys, vary, needle):
+    """Duplicate points were planned and drawn twice, and an empty item dropped without a word."""
+    argv = [a if not a.startswith("inter_node_bw=") else vary for a in WHATIF]
+    assert needle in fails(capsys, *argv)
+
+
+def test_an_empty_compare_is_refused(capsys):
+    assert "--compare is empty" in fails(capsys, *WHATIF, "--compare", "")

@@ -322,6 +322,20 @@ def test_plan_rows_carry_a_band_and_ties_recommend_tune(capsys):
     code, out, _ = run(capsys, "plan", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "512",
                        "--global-batch", "1024", "--format", "json", "--top", "1")
     assert json.loads(out)["uncertainty"]["tied_with_best"] == u["tied_with_best"]  # not only the plans shown
+    assert "autopar tune --model llama3-70b --cluster dgx-h100 --gpus 512 --global-batch 1024" in d["why"]  # the
+    # command that tunes what was planned (it left out --gpus: followed, it tuned one node)
+
+
+def test_a_tie_count_that_ran_out_of_exactly_priced_plans_says_so(capsys):
+    """Where every exactly priced plan after the best is tied with it, the count is a lower bound (it grew with
+    --top): the JSON says so, and "why" says "or more"."""
+    argv = ["plan", "--model", "tiny", "--cluster", "cpu-gloo", "--gpus", "2", "--global-batch", "8", "--format",
+            "json"]
+    code, out, _ = run(capsys, *argv)
+    few = json.loads(out)
+    assert code == 0 and few["uncertainty"]["tied_more"] is True and " or more plans are within" in few["why"]
+    code, out, _ = run(capsys, *argv, "--top", "30")
+    assert json.loads(out)["uncertainty"]["tied_with_best"] >= few["uncertainty"]["tied_with_best"]
 
 
 def test_a_reader_that_goes_away_ends_the_command_cleanly():

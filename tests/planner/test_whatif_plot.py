@@ -12,6 +12,7 @@ from planner.whatif import normalize, sweep, with_gpu
 from planner.whatif_plot import MIN_EFF_SPAN, NO_PLAN, figure, plan_label, si
 from specs.cluster_loading import load_cluster
 from specs.model_loading import load_model
+from specs.parallel import groups_text
 
 KINDS = [  # (model, gpus, batch, key, values, compare)
     ("llama3-70b", None, 512, "gpus", [64, 128, 256, 512, 1024], {"dp_overlap": False}),
@@ -147,3 +148,44 @@ def test_efficiencies_close_to_one_are_drawn_flat_without_an_offset():
     lo, hi = low.get_ylim()
     assert hi - lo == pytest.approx(MIN_EFF_SPAN) and lo < min(effs) <= max(effs) < hi
     assert low.yaxis.get_major_formatter().get_offset() == ""
+
+
+def test_a_sweep_of_group_names_is_drawn_as_bars_with_each_plans_placement():
+    """--vary group_net:eth=eth,roce sweeps names, not numbers: bars as for GPU types (it crashed computing an x
+    span of names), each labelled with its plan and where its stages sit, and an axis that names the group."""
+    model, cluster = load_model("llama3-8b"), load_cluster("ib-roce-eth-a100")
+    key = "group_net:eth"
+    curves = {"best": sweep(model, cluster, 512, key, ["eth", "roce"], {})}
+    normalize(curves, key)
+    fig = figure(curves, key, model.name, cluster.name)
+    fig.canvas.draw()
+    top, low = fig.axes[:2]
+    assert [t.get_text() for t in low.get_xticklabels()] == ["eth", "roce"]
+    assert "node group eth" in low.get_xlabel()
+    labels = sorted(t.get_text() for t in fig.findobj() if getattr(t, "get_gid", lambda: None)() == "plan-label")
+    placed = [p["parallel"]["placement"] for p in curves["best"]]
+    assert all(p for p in placed) and labels == sorted(plan_label(p["parallel"]) for p in curves["best"])
+    assert all(plan_label(p["parallel"]).endswith(" " + groups_text(p["parallel"]["placement"])) for p in curves["best"])
+
+
+def test_a_linear_axis_never_shows_negative_tokens_and_a_short_log_axis_keeps_its_numbers():
+    """The room left for the compared curve's labels went below zero tokens/s on a linear axis; a single point on a
+    log axis spanning less than a decade had no tick label to read its value from."""
+    model = load_model("llama3-8b")
+    cluster = load_cluster("ib-roce-eth-a100")
+    key = "group_bw:eth"
+    curves = {"best": sweep(model, cluster, 512, key, [25.0, 100.0], {}),
+              "placement=none": sweep(model, cluster, 512, key, [25.0, 100.0], {}, compare={"placement": ("none",)})}
+    normalize(curves, key)
+    top = figure(curves, key, model.name, cluster.name).axes[0]
+    assert top.get_ylim()[0] >= 0
+    tiny = load_model("tiny")
+    curves = {"best": sweep(tiny, load_cluster("cpu-gloo"), 16, "gpus", [2], {})}
+    normalize(curves, "gpus")
+    fig = figure(curves, "gpus", tiny.name, "cpu-gloo")
+    fig.canvas.draw()
+    top = fig.axes[0]
+    lo, hi = top.get_ylim()
+    texts = [t.get_text() for t in (*top.get_yticklabels(), *top.get_yticklabels(minor=True))
+             if t.get_text() and lo <= t.get_position()[1] <= hi]
+    assert texts, "no y tick label inside the axis"

@@ -76,6 +76,8 @@ def test_tune_bad_inputs_are_one_line_errors(tmp_path, capsys):
         (["--warmup", "-1"], "--warmup must be 0 or more"),
         (["--time-limit", "0"], "--time-limit must be more than 0 seconds"),
         (["--dir", str(tmp_path / "afile")], "exists and is not a folder"),
+        (["--out", str(tmp_path / "d" / "trial2.json")], "is trial 2's plan file in --dir"),  # the chosen plan over
+        # another trial's file: its metrics would then name a changed plan
     ]:
         (tmp_path / "afile").write_text("x")
         folder = [] if "--dir" in argv else ["--dir", str(tmp_path / "d")]

@@ -26,6 +26,7 @@ def test_counts_match_the_architecture():
     m = load_model(REF)
     assert (m.num_layers, m.hidden_size, m.vocab_size, m.seq_length, m.num_attention_heads) == (L, H, V, S, 8)
     assert "traced nn.Module" in m.summary() and "llama" not in m.summary()  # its own block, not a Llama's
+    assert m.name == type(toy_lm.build()).__name__  # named for its module's class, not for the factory (build)
     b = m.block
     # QKV 3h^2 + proj h^2 + MLP 8h^2 weights, 2 FLOPs per weight per token
     assert b.fwd_flops_per_token == 2 * 12 * H * H
