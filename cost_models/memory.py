@@ -85,12 +85,18 @@ def layer_activation_bytes(model: ModelSpec, eb: int, t: ArrayLike, cp: ArrayLik
 
 def end_activation_bytes(model: ModelSpec, eb: int, t: ArrayLike, cp: ArrayLike, mbs: ArrayLike, sp: ArrayLike,
                          state: StateSpec, whole_logits: bool
-                         ) -> tuple[np.ndarray, np.ndarray]:
-    """(embedding bytes stored per in-flight micro-batch on the first stage, LM-head + loss bytes on the last stage).
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(embedding bytes stored per in-flight micro-batch on the first stage, LM-head + loss bytes on the last stage,
+    the embedding's backward temporaries on the first stage).
 
-    The head's: its input and input gradient [tokens, h] (the whole sequence: under SP gathered), and the logits
-    over the vocabulary shard. With ``whole_logits`` (Megatron-LM's loss, and autopar's reference loss on CPUs)
-    all of them, 16-bit and an fp32 copy; else autopar's fused loss: one chunk of 16-bit logits
+    The embedding's backward: the gradient of its output over all the tokens (under TP also its masked copy, and under
+    SP the received shard it is gathered from) and its weight's dense gradient over the vocabulary shard, in the
+    parameters' precision, before it is added to the gradient buffer (a first stage of no layers peaked there 11-48%
+    above the model without it, `autopar estimate --verify`).
+    The head's: the final norm's input and its backward's fp32 working copy (over the local tokens), its input and
+    input gradient [tokens, h] (the whole sequence: under SP gathered), and the logits over the vocabulary shard.
+    With ``whole_logits`` (Megatron-LM's loss, and autopar's reference loss on CPUs) all of them, 16-bit and an fp32
+    copy; else autopar's fused loss: one chunk of 16-bit logits
     (``specs.state.fused_loss_rows``), an fp32 loss per token, and the weight shard's gradient, which it computes in
     the forward and keeps until the backward."""
     t, cp, mbs = (np.asarray(x, dtype=float) for x in (t, cp, mbs))
@@ -102,10 +108,13 @@ def end_activation_bytes(model: ModelSpec, eb: int, t: ArrayLike, cp: ArrayLike,
     # the head's input and input gradient over all the tokens (under SP the all-gathered input, beside the final
     # norm's local output it was gathered from)
     x_bytes = T * eb * model.hidden_size * (2.0 + np.where(sp, 1.0 / t, 0.0))
+    x_bytes = x_bytes + T * model.hidden_size * (eb + 4.0) / shard  # the final norm's
+    embed_work = (T * eb * model.hidden_size * (1.0 + (t > 1) + np.where(sp, 1.0 / t, 0.0))
+                  + vocab * model.hidden_size * state.param_bytes)
     if whole_logits:
-        return embed, x_bytes + T * (eb + 4.0) * vocab
+        return embed, x_bytes + T * (eb + 4.0) * vocab, embed_work
     return embed, x_bytes + fused_loss_rows(T, vocab) * vocab * eb + T * 4.0 + vocab * model.hidden_size * \
-        state.param_bytes
+        state.param_bytes, embed_work
 
 
 def reserved_bytes(backend: str) -> float:

@@ -162,6 +162,7 @@ class LayerTerms:
     act_work: np.ndarray  # temporary bytes of a layer's backward
     act_embed: np.ndarray
     act_head: np.ndarray
+    act_embed_work: np.ndarray  # temporary bytes of the embedding's backward
     byte_s: np.ndarray  # seconds per byte of an unfused memory-bound op (the gradient accumulation's adds)
 
     def take(self, idx: np.ndarray) -> LayerTerms:
@@ -185,11 +186,12 @@ def layer_terms(model: ModelSpec, cm: ComputeModel, comm: CommModel, c: Candidat
     whole = state.full_logits or comm.c.backend == "gloo"
     ec = end_cost(model, cm, comm, t, cp, b, s, whole, state.loss_fusion)
     full, ckpt, work = layer_activation_bytes(model, cm.eb, t, cp, b, s, rc, ep, etp)
-    emb, head = end_activation_bytes(model, cm.eb, t, cp, b, s, state, whole)
+    emb, head, emb_work = end_activation_bytes(model, cm.eb, t, cp, b, s, state, whole)
     parts = dict(fwd=lc.fwd, bwd=lc.bwd, core_fwd=lc.core_fwd, comm_f=lc.comm_fwd, comm_b=lc.comm_bwd,
                  ep_comm=lc.ep_comm,
                  embed_f=ec.embed_f, embed_b=ec.embed_b, head_f=ec.head_f, head_b=ec.head_b, act_full=full,
-                 act_ckpt=ckpt, act_work=work, act_embed=emb, act_head=head, byte_s=1.0 / cm.ew_bw)
+                 act_ckpt=ckpt, act_work=work, act_embed=emb, act_head=head, act_embed_work=emb_work,
+                 byte_s=1.0 / cm.ew_bw)
     return LayerTerms(**{k: np.broadcast_to(np.asarray(v, dtype=float), (len(uniq),))[inv] for k, v in parts.items()})
 
 
@@ -275,7 +277,8 @@ def stage_state(model: ModelSpec, state: StateSpec, c: Candidates, lt: LayerTerm
     scatter = zero_scatter_bytes(largest, _col(zero_in_effect(c.zero, c.dp * c.cp)), state, _col(c.dp_overlap))
     # the head's: under ZeRO-2/3 its bucket's reduce-scatter buffer is filled while its weight gradient is alive
     head_scatter = np.where(_scatters(c), head_params(model, _col(t), layers.shape[1]) * state.grad_reduce_bytes, 0.0)
-    work_bytes = np.maximum(np.where(layers > 0, work + scatter, 0.0), last * (_col(lt.act_head) + head_scatter))
+    work_bytes = np.maximum.reduce([np.where(layers > 0, work + scatter, 0.0),
+                                    last * (_col(lt.act_head) + head_scatter), first * _col(lt.act_embed_work)])
     return StageState(params=params, expert_params=experts, buckets=buckets,
                       tp_summed=summed, largest_bucket=largest, act_bytes=act_bytes, work_bytes=work_bytes)
 

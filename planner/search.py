@@ -155,6 +155,20 @@ def _fastest(plans: list[PlanResult]) -> list[PlanResult]:
 GROW_LIMIT = 1 << 16  # the largest cluster :func:`min_gpus_to_fit` tries
 
 
+def max_gpus_with_plans(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dict[str, Any]
+                        ) -> int | None:
+    """The largest power of two below the cluster's GPU count on which the model and batch have any plan at all (memory
+    aside), or None: what to suggest when no plan splits the batch and model over the cluster's GPUs."""
+    g = 1 << (cluster.num_gpus - 1).bit_length() - 1 if cluster.num_gpus > 1 else 0
+    while g >= 1:
+        try:
+            enumerate_space(model, cluster.resized(gpus=g), global_batch, fixed, False, None)
+            return g
+        except AutoparError:
+            g //= 2
+    return None
+
+
 def min_gpus_to_fit(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dict[str, Any],
                     headroom_GiB: float | None = None, limit: int = GROW_LIMIT) -> int | None:
     """The smallest power-of-two multiple of the cluster on which some plan fits (None past ``limit``); an

@@ -13,7 +13,7 @@ from typing import Any
 from cost_models.headroom import headroom_for, usable_GiB
 from planner.search import search
 from planner.space import check_fixed_keys
-from specs.cluster import ClusterSpec
+from specs.cluster import LINK_SLACK, ClusterSpec
 from specs.cluster_loading import PROFILE_DIR, cluster_from_dict, list_gpus, load_gpu
 from specs.errors import AutoparError, did_you_mean
 from specs.model import ModelSpec
@@ -120,7 +120,12 @@ def cluster_at(cluster: ClusterSpec, key: str, value: Any) -> tuple[ClusterSpec,
         return with_gpu(cluster, value)
     if key == "intra_node_bw":
         intra = cluster.intra_node.model_copy(update={"bandwidth_GBps": value})
-        return cluster.model_copy(update={"intra_node": intra}), None
+        out = cluster.model_copy(update={"intra_node": intra})
+        if out.link_problem() is None:
+            return out, None
+        link = cluster.gpu.node_link  # (a what-if may ask for more; a cluster profile may not claim it)
+        return out, (f"{value:g} GB/s per GPU is more than {LINK_SLACK:g}x the {link.text()} a {cluster.gpu.name} "
+                     "node has: a link its platform lacks")
     if cluster.inter_node is None:
         raise AutoparError(f"cluster {cluster.name} has no inter-node network to vary; use --gpus to span nodes")
     field = "nic_bandwidth_Gbps" if key == "inter_node_bw" else "nics_per_node"
@@ -185,8 +190,9 @@ def with_gpu(cluster: ClusterSpec, name: str) -> tuple[ClusterSpec, str | None]:
     swapped = cluster if gpu.name == cluster.gpu.name else cluster.model_copy(update={"gpu": gpu,
                                                                                       "calibration": None})
     problem = swapped.precision_problem()
-    if problem:
-        raise AutoparError(f"{cluster.name} with {name}: {problem}")
+    if problem:  # the sweep keeps the cluster's precision: its advice is a profile's (whatif has no precision option)
+        raise AutoparError(f"{cluster.name} with {name}: {problem} (in a cluster profile's precision: a sweep keeps "
+                           f"{cluster.name}'s)")
     link, intra = gpu.node_link, cluster.intra_node
     if gpu.name == cluster.gpu.name or link is None or link.bandwidth_GBps == intra.bandwidth_GBps:
         return swapped, None  # the cluster's own GPU keeps the cluster's (maybe measured) link

@@ -23,6 +23,11 @@ _UNPRICED = {"attn_logit_softcapping": "soft-capped attention scores",
 _GPT2_LIKE = {"gpt2"}
 
 
+def _context(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The context the config declares, kept beside the (capped) planned sequence for export-hf to write back."""
+    return {"context_length": _int(cfg, "max_position_embeddings")} if "max_position_embeddings" in cfg else {}
+
+
 def _window(cfg: dict[str, Any], mtype: str) -> int | None:
     """The sliding attention window a config's layers use (Mistral 7B v0.1, Phi-3 mini), or None: Qwen's configs
     carry a ``sliding_window`` that applies only with ``use_sliding_window``."""
@@ -100,6 +105,7 @@ def _nemotron(cfg: dict[str, Any], name: str) -> dict[str, Any]:
         "num_attention_heads": heads, "num_kv_heads": _int(cfg, "num_key_value_heads", heads),
         "ffn_hidden_size": _int(cfg, "intermediate_size"), "vocab_size": _int(cfg, "vocab_size"),
         "seq_length": min(_int(cfg, "max_position_embeddings", 4096), 8192),
+        **_context(cfg),
         "tie_embeddings": _bool(cfg, "tie_word_embeddings", False), "dropout": 0.0,
         "norm_eps": _float(cfg, "norm_eps", 1e-5), "rope_theta": _float(cfg, "rope_theta", 10000.0),
         "rotary_fraction": _float(cfg, "partial_rotary_factor", 0.5),
@@ -221,6 +227,7 @@ def hf_to_spec(cfg: dict[str, Any], source: str) -> dict[str, Any]:
             "ffn_hidden_size": _int(cfg, "intermediate_size"),
             "vocab_size": _int(cfg, "vocab_size"),
             "seq_length": min(_int(cfg, "max_position_embeddings", 4096), 8192, window or 8192),
+            **_context(cfg),
             "tie_embeddings": _bool(cfg, "tie_word_embeddings", mtype in _TIED_BY_DEFAULT),
             "norm_eps": _float(cfg, "rms_norm_eps", _RMS_EPS_DEFAULT.get(mtype, 1e-6)),
             "rope_theta": _float(cfg, "rope_theta", 10000.0),

@@ -20,7 +20,7 @@ from specs.moe import MoESpec
 # they catch typos and absurd values before they reach the search and the solver.
 LIMITS = {"num_layers": 10_000, "hidden_size": 1 << 20, "num_attention_heads": 1 << 16, "num_kv_heads": 1 << 16,
           "ffn_hidden_size": 1 << 22, "vocab_size": 1 << 24, "seq_length": 1 << 26, "head_dim": 1 << 16,
-          "sliding_window": 1 << 26, "max_positions": 1 << 26}
+          "sliding_window": 1 << 26, "max_positions": 1 << 26, "context_length": 1 << 26}
 MAX_GLOBAL_BATCH = 1 << 20  # sequences per step: hundreds of times the largest published training batches
 # RoPE frequency scalings autopar computes (runtime/models/common.py), with the fields each needs; a spec may hold
 # others (Hugging Face's yarn, dynamic, longrope, ...): planned (the cost model does not price RoPE), not trained
@@ -116,6 +116,9 @@ class ModelSpec(BaseModel):
     # learned positions for this many tokens at most (a Hugging Face GPT-2 config's n_positions: the rows its weights
     # hold), so longer sequences are refused; None (presets, specs): the table grows with the sequence
     max_positions: int | None = None
+    # the context a Hugging Face config declares (its max_position_embeddings), which the planned seq_length may be
+    # below: export-hf writes it back (None: seq_length); it neither plans nor trains anything
+    context_length: int | None = None
     block: BlockCounts | None = None  # set for traced custom models
     moe: MoESpec | None = None  # mixture-of-experts layers (specs/moe.py); None: every layer dense
 
@@ -204,9 +207,11 @@ class ModelSpec(BaseModel):
 
     def trained(self) -> dict[str, Any]:
         """The spec as training knows it, for telling whether two runs train one model: its JSON without what only
-        plans it (the MoE load imbalance; ``max_positions``, a bound on the sequence the planner may pick)."""
+        plans it (the MoE load imbalance; ``max_positions``, a bound on the sequence the planner may pick) and what
+        only describes it (``context_length``)."""
         out = self.model_dump(mode="json")
         out.pop("max_positions", None)
+        out.pop("context_length", None)
         if self.moe is not None:
             out["moe"] = self.moe.trained()
         return out

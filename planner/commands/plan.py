@@ -32,14 +32,18 @@ class Choice:
 
 def plan_command(args: argparse.Namespace) -> int:
     from planner.search import search
+    from planner.space import NoPlan
     from specs.parallel import parse_plan_keys
 
     model, cluster = load_inputs(args)
     _check_options(args, model, cluster)
     fixed = parse_plan_keys(args.fix, "--fix")
     headroom = headroom_for(args.headroom, cluster.gpu.memory_GiB)  # (on node groups: on the smallest GPUs)
-    res = search(model, cluster, args.global_batch, fixed=fixed, top=args.top, exhaustive=args.exhaustive,
-                 headroom_GiB=args.headroom, progress=progress(args.format))
+    try:
+        res = search(model, cluster, args.global_batch, fixed=fixed, top=args.top, exhaustive=args.exhaustive,
+                     headroom_GiB=args.headroom, progress=progress(args.format))
+    except NoPlan as err:
+        raise _too_many_gpus(err, args, model, cluster, fixed) from None
     search_info = {"candidates": res.candidates, "seconds": round(res.seconds, 3), "exhaustive": res.exhaustive,
                    "headroom_GiB": headroom}
     if not res.plans:
@@ -91,6 +95,21 @@ def _check_options(args: argparse.Namespace, model: Any, cluster: Any) -> None:
         raise AutoparError("--steps sets the training steps written into the plan file: give --out FILE with it")
     if args.steps is not None and steps_problem("--steps", args.steps):
         raise AutoparError(steps_problem("--steps", args.steps))
+
+
+def _too_many_gpus(err: AutoparError, args: argparse.Namespace, model: Any, cluster: Any, fixed: dict[str, Any]
+                   ) -> AutoparError:
+    """``err`` (no configuration at all), with a GPU count to plan instead where one has plans: a cluster of a GPU
+    count the batch and model do not split over (more than they can use, or of a factor such as 35) fails on a rule
+    about the batch, whose advice alone misleads."""
+    from planner.search import max_gpus_with_plans
+
+    fewer = None if fixed else max_gpus_with_plans(model, cluster, args.global_batch, fixed)  # (fixed keys: the
+    # error is about them)
+    if fewer is None:
+        return err
+    return AutoparError(f"{err}; or plan another number of GPUs (with this batch a plan of {model.name} exists on "
+                        f"{fewer:,}: --gpus {fewer})")
 
 
 def _no_plan(args: argparse.Namespace, model: Any, cluster: Any, res: Any, fixed: dict[str, Any], headroom: float,

@@ -395,8 +395,9 @@ def test_the_heads_memory_is_one_logits_chunk_of_the_fused_loss_or_the_whole_log
     plain = StateSpec.default("bf16")
     full = plain.model_copy(update={"full_logits": True})
     rows = 2048  # 2^26 // 32000 = 2097 rows at most: 4 chunks of 2048 (a multiple of 64)
-    fused = 2 * 2 * T * h + rows * V * 2 + 4 * T + V * h * 2
-    whole = 2 * 2 * T * h + T * (2 + 4) * V
+    norm = T * h * (2 + 4)  # the final norm's input and its backward's fp32 working copy
+    fused = 2 * 2 * T * h + norm + rows * V * 2 + 4 * T + V * h * 2
+    whole = 2 * 2 * T * h + norm + T * (2 + 4) * V
     c = Candidates.of(ParallelConfig(mbs=2))
     for cluster, state, expected in ((load_cluster("dgx-h100", gpus=1), plain, fused),
                                      (load_cluster("dgx-h100", gpus=1), full, whole),

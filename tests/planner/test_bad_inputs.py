@@ -670,3 +670,13 @@ def test_a_what_if_point_given_twice_or_empty_is_refused(capsys, vary, needle):
 
 def test_an_empty_compare_is_refused(capsys):
     assert "--compare is empty" in fails(capsys, *WHATIF, "--compare", "")
+
+
+def test_a_gpu_count_no_plan_splits_over_suggests_one_that_does(capsys):
+    """Selene's 4,480 GPUs (35 x 128) hold no plan of tiny at global batch 16: the batch rule's advice alone (change
+    the batch, dp or mbs) missed that another GPU count plans; the error names one that does."""
+    err = fails(capsys, "plan", "--model", "tiny", "--cluster", "selene", "--global-batch", "16")
+    assert "not divisible by dp*mbs" in err and "a plan of tiny exists on 4,096: --gpus 4096" in err
+    assert main(["plan", "--model", "tiny", "--cluster", "selene", "--gpus", "4096", "--global-batch", "16",
+                 "--format", "json"]) == 0
+    capsys.readouterr()

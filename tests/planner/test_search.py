@@ -397,3 +397,23 @@ def test_the_python_api_keeps_the_commands_default_headroom(capsys):
     assert api.estimate.memory_GiB <= c.gpu.memory_GiB - default_headroom_GiB(c.gpu.memory_GiB)
     whole = search(m, c, 16, top=1, headroom_GiB=0.0).plans[0]  # the case differs: the default is not a no-op here
     assert whole.config != api.config and whole.estimate.memory_GiB > api.estimate.memory_GiB
+
+
+def test_the_python_example_in_the_contract_runs(capsys):
+    """docs/contract.md's "Python" section is code a user copies: it runs, and plans what the command plans."""
+    import json
+    import re
+    from pathlib import Path
+
+    from planner.cli import main
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "contract.md").read_text()
+    code = re.findall(r"```python\n(.*?)```", text, re.S)[-1]
+    scope: dict = {}
+    exec(compile(code, "docs/contract.md", "exec"), scope)  # noqa: S102 - the documented example itself
+    printed = capsys.readouterr().out
+    assert main(["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "64", "--global-batch", "512",
+                 "--fix", "tp=8", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["plans"][0]["parallel"] == scope["best"].config.to_dict()
+    assert printed.startswith(scope["best"].config.short()) and scope["mine"].fits is not None
+    assert [p["value"] for p in scope["points"]] == [100.0, 400.0]

@@ -74,6 +74,7 @@ def test_a_gpu_point_without_the_clusters_precision_is_an_error_point():
     pts = sweep(model, cluster, 64, "gpu", ["a100-sxm4-80gb", "v100-sxm2-32gb"], {})
     assert pts[0].get("tokens_per_s") and "tokens_per_s" not in pts[1]
     assert "v100-sxm2-32gb has no bf16" in pts[1]["error"]
+    assert "in a cluster profile's precision" in pts[1]["error"]  # the advice is a profile's: whatif sets none
 
 
 def test_a_gpu_point_gets_its_own_node_link_and_says_so(capsys):
@@ -189,3 +190,12 @@ def test_a_linear_axis_never_shows_negative_tokens_and_a_short_log_axis_keeps_it
     texts = [t.get_text() for t in (*top.get_yticklabels(), *top.get_yticklabels(minor=True))
              if t.get_text() and lo <= t.get_position()[1] <= hi]
     assert texts, "no y tick label inside the axis"
+
+
+def test_an_intra_node_link_beyond_the_platforms_is_priced_with_a_note():
+    """--vary intra_node_bw=10000 on H100s: a what-if may ask for it (a profile may not claim it), so the point is
+    planned and says that its GPUs' platform has no such link; a link within reach says nothing."""
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100", gpus=64)
+    near, far = sweep(model, cluster, 512, "intra_node_bw", [450.0, 10000.0], {})
+    assert "note" not in near and far["tokens_per_s"] > 0
+    assert "more than 1.25x the NVLink/NVSwitch (450 GB/s per GPU)" in far["note"]

@@ -283,3 +283,18 @@ def test_a_fused_part_of_the_wrong_shape_is_one_line(tmp_path, capsys, weight):
     assert err.count("\n") == 1 and f"model.layers.2.{weight} has shape (3, 32), but the plan's model needs {need}" \
         in err, err
     assert not (tmp_path / "ck").exists()
+
+
+def test_export_writes_back_the_context_the_config_declares(tmp_path):
+    """A model planned from its config.json at a shorter sequence (--seq 128 of a 131,072-token Llama) is exported
+    with the context its config declared, not the planned sequence; what only describes the model is not part of
+    what a checkpoint's run must share."""
+    from runtime.hf_weights import hf_config
+
+    cfg = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 100, "max_position_embeddings": 131072}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    spec = load_model(str(tmp_path / "config.json"), seq=128)
+    assert spec.seq_length == 128 and hf_config(spec)["max_position_embeddings"] == 131072
+    assert spec.trained() == spec.model_copy(update={"context_length": None}).trained()
+    assert hf_config(spec.model_copy(update={"context_length": None}))["max_position_embeddings"] == 128
