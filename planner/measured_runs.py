@@ -24,6 +24,7 @@ import numpy as np
 
 from specs.errors import AutoparError
 from specs.files import text_content
+from specs.phases import is_step_line
 from specs.planfile import PlanFile, is_plan_data, load_plan, made_for_difference, plan_from_data
 
 
@@ -76,7 +77,7 @@ def read_segments(path: str | Path, notes: bool = True) -> list[Segment]:
     for obj in _metrics_lines(path, notes):
         if "plan" in obj:
             plan = obj["plan"]
-        if "step" not in obj or "step_time_s" not in obj:
+        if not is_step_line(obj):
             continue
         if segments and segments[-1].plan is None:
             segments[-1].plan = plan  # the lines before any plan entry are the first plan's
@@ -121,7 +122,7 @@ def _metrics_lines(path: str | Path, notes: bool = True) -> list[dict[str, Any]]
             raise AutoparError(f"metrics file {p} line {i} is not valid JSON (truncated or corrupt?)") from None
         if not isinstance(obj, dict):
             raise AutoparError(f"metrics file {p} line {i} is not a JSON object")
-        if "step" in obj and "step_time_s" in obj:
+        if is_step_line(obj):
             t, step = obj["step_time_s"], obj["step"]
             if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) or t <= 0:
                 raise AutoparError(f"metrics file {p} line {i}: step_time_s must be a positive number, got {t!r}")
@@ -130,7 +131,7 @@ def _metrics_lines(path: str | Path, notes: bool = True) -> list[dict[str, Any]]
         objs.append(obj)
     if not text.strip():
         raise AutoparError(f"metrics file {p} is empty")
-    if not any("step" in o and "step_time_s" in o for o in objs):
+    if not any(is_step_line(o) for o in objs):
         raise AutoparError(f"metrics file {p} has no step lines (objects with 'step' and 'step_time_s')")
     return objs
 

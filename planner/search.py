@@ -65,6 +65,8 @@ class SearchResult:
     # a cluster of node groups: the best plan of it seen as homogeneous at its slowest GPU and link (what the
     # placed plans above are compared with)
     homogeneous: PlanResult | None = None
+    # node groups: the exactly priced plans that fit the largest group's GPUs, fastest first (what may be placed)
+    roomy: list[PlanResult] = field(default_factory=list)
 
 
 def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dict[str, Any] | None = None,
@@ -83,17 +85,21 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
     if fixed.get("recompute_layers") is not None:
         fixed.setdefault("recompute", "full")
     cands = enumerate_space(model, cluster, global_batch, fixed, exhaustive, flags)
-    cap = usable_GiB(headroom_GiB, cluster.gpu.memory_GiB)  # the first pass: the
-    # merged view's GPU on node groups (the smallest); placed plans are checked on each stage's own
+    cap = usable_GiB(headroom_GiB, cluster.gpu.memory_GiB)  # the merged view's GPU on node groups (the smallest)
+    # plans to place on node groups may need only their largest GPUs' memory (each placed stage is checked on its own)
+    room = max((usable_GiB(headroom_GiB, cluster.group_view(g).gpu.memory_GiB) for g in cluster.groups), default=cap)
     n_ref = refine_count or max(2 * top, 16)
     res = estimate_batch(model, cluster, cands, global_batch, state, "exact" if exhaustive else "mixed", progress,
-                         fits_GiB=cap, keep=None if exhaustive else (n_ref, CLOSED_FORM_SLACK))
-    fits = res.memory_GiB <= cap
-    order = np.argsort(np.where(fits, res.step_time, np.inf), kind="stable")
-    n_fit = int(fits.sum())
-    rows = order[:min(n_ref, n_fit)]
-    if n_fit < top:  # few or none fit: the ones needing the least memory too
+                         fits_GiB=room, keep=None if exhaustive else (n_ref, CLOSED_FORM_SLACK))
+    rows = np.zeros(0, dtype=np.int64)
+    for limit in dict.fromkeys((cap, room)):  # the fastest that fit the merged view, and the pipelined ones whose
+        # stages larger GPUs may hold (placed whole on a group; an unpipelined plan's replicas span every group's GPUs)
+        fits = (res.memory_GiB <= limit) & ((cands.pp > 1) if limit > cap else True)
+        order = np.argsort(np.where(fits, res.step_time, np.inf), kind="stable")
+        rows = np.concatenate([rows, order[:min(n_ref, int(fits.sum()))]])
+    if int((res.memory_GiB <= cap).sum()) < top:  # few or none fit: the ones needing the least memory too
         rows = np.concatenate([rows, np.argsort(res.memory_GiB)[:8]])
+    rows = np.array(list(dict.fromkeys(rows.tolist())), dtype=np.int64)
     pool = [cands.config(int(i)) for i in rows]
     terms = layer_terms(model, ComputeModel.of(cluster), CommModel(cluster), cands.take(rows),
                         state)
@@ -107,10 +113,11 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
             results[r.config] = r
     plans = sorted((r for r in results.values() if r.estimate.fits),
                    key=PlanResult.rank_key)
+    roomy = _fastest([r for r in results.values() if r.estimate.memory_GiB <= room])
     homogeneous = None
     if place_groups and cluster.node_groups and fixed.get("placement") is None:
         homogeneous = plans[0] if plans else None
-        bases = _placeable(model, cluster, global_batch, fixed, headroom_GiB, state, plans, exhaustive)
+        bases = _placeable(model, cluster, global_batch, fixed, headroom_GiB, state, roomy, exhaustive)
         placed = place(model, cluster, bases, global_batch, headroom_GiB, state, exhaustive)
         results.update({p.config: p for p in placed})
         plans = sorted(plans + [p for p in placed if p.estimate.fits],
@@ -120,36 +127,40 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
         allr = sorted(results.values(), key=lambda r: r.estimate.memory_GiB)
         closest = allr[0] if allr else None
     return SearchResult(plans=plans[:top], candidates=len(cands), seconds=time.perf_counter() - t0,
-                        closest=closest, exhaustive=exhaustive, ranked=plans, homogeneous=homogeneous)
+                        closest=closest, exhaustive=exhaustive, ranked=plans, homogeneous=homogeneous, roomy=roomy)
 
 
 def _placeable(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dict[str, Any],
                headroom_GiB: float | None, state: StateSpec, plans: list[PlanResult], exhaustive: bool = False
                ) -> list[PlanResult]:
     """The fastest homogeneous plans the node groups can hold: those whose pipeline ranks they hold whole, from
-    ``plans``' own or (when none of them is, or ``exhaustive``: always) an exhaustive search over the pipeline depths
-    that give every group whole ranks, refining its :data:`EXHAUSTIVE_BASES` best; and the first of ``plans`` whose
-    every pipeline rank can be split over all the groups (``a+b``)."""
+    ``plans``' own (they fit the largest group's GPUs: placed, a stage may sit on them) or (when none of them is, or
+    ``exhaustive``: always) an exhaustive search over the pipeline depths that give every group whole ranks, refining
+    its :data:`EXHAUSTIVE_BASES` best; and the first of ``plans`` whose every pipeline rank can be split over all the
+    groups (``a+b``)."""
     sizes = list(cluster.groups.values())
     whole = [p for p in plans if all(n % (p.config.tp * p.config.dp * p.config.cp) == 0 for n in sizes)
              and p.config.pp > 1]
     moe = model.moe is not None
     split = [p for p in plans[:SPLIT_SCAN] if any(splits_replicas(w) for w in placements(cluster, p.config, moe))]
-    if (whole and not exhaustive) or "pp" in fixed:
+    mixed = len({cluster.group_view(g).gpu.memory_GiB for g in cluster.groups}) > 1  # GPUs of different memory: the
+    # fastest plans that fit the largest are mostly unpipelined, so the pipelined ones are searched for too
+    if (whole and not exhaustive and not mixed) or "pp" in fixed:
         return _fastest(whole + split)
     stage = math.gcd(*sizes)
     depths = [cluster.num_gpus // n for n in range(1, stage + 1) if stage % n == 0 and cluster.num_gpus // n > 1]
     try:
-        return _fastest(search(model, cluster, global_batch, fixed={**fixed, "pp": depths}, headroom_GiB=headroom_GiB,
-                      state=state, place_groups=False, exhaustive=exhaustive,
-                      refine_count=EXHAUSTIVE_BASES if exhaustive else None).ranked + split)
+        deeper = search(model, cluster, global_batch, fixed={**fixed, "pp": depths}, headroom_GiB=headroom_GiB,
+                        state=state, place_groups=False, exhaustive=exhaustive,
+                        refine_count=EXHAUSTIVE_BASES if exhaustive else None)
+        return _fastest(whole + deeper.roomy + split)
     except AutoparError:  # no such depth fits the rules (say, more stages than layers)
         return split
 
 
 def _fastest(plans: list[PlanResult]) -> list[PlanResult]:
-    """``plans`` without repeats, fastest first."""
-    return sorted({r.config: r for r in plans}.values(), key=PlanResult.rank_key)
+    """``plans`` without repeats, fastest first (whether they fit the merged view aside: placed, they may)."""
+    return sorted({r.config: r for r in plans}.values(), key=lambda r: (r.estimate.step_time_s, r.estimate.memory_GiB))
 
 
 GROW_LIMIT = 1 << 16  # the largest cluster :func:`min_gpus_to_fit` tries

@@ -14,7 +14,7 @@ from cost_models.headroom import headroom_for, usable_GiB
 from planner.search import search
 from planner.space import check_fixed_keys
 from specs.cluster import LINK_SLACK, ClusterSpec
-from specs.cluster_loading import PROFILE_DIR, cluster_from_dict, list_gpus, load_gpu
+from specs.cluster_loading import cluster_from_dict, list_clusters, list_gpus, load_cluster, load_gpu
 from specs.errors import AutoparError, did_you_mean
 from specs.model import ModelSpec
 from specs.parallel import LAYOUT, whole_number
@@ -134,8 +134,7 @@ def cluster_at(cluster: ClusterSpec, key: str, value: Any) -> tuple[ClusterSpec,
 
 def grouped_clusters() -> list[str]:
     """The bundled cluster profiles made of node groups (those a ``group_*`` sweep can vary)."""
-    return sorted(p.stem for p in (PROFILE_DIR / "clusters").glob("*.yaml")
-                  if any(line.startswith("node_groups:") for line in p.read_text().splitlines()))
+    return [name for name in list_clusters() if load_cluster(name).node_groups]
 
 
 def check_vary_key(cluster: ClusterSpec, key: str) -> None:

@@ -438,3 +438,18 @@ def test_the_default_headroom_is_each_stages_own_gpus_share():
     assert not estimate(model, c, cfg, 512, headroom_GiB=8.0).fits
     for p in search(model, c, 512, top=8).plans:
         assert all(m <= 0.9 * cap + 1e-9 for m, cap in zip(p.estimate.stage_memory_GiB, p.estimate.stage_capacity_GiB))
+
+
+def test_placed_plans_may_fill_the_larger_gpus_of_mixed_groups():
+    """On A100s (80 GiB) beside L40S (48 GiB), the plans placed on the groups come from those that fit the larger
+    GPUs, not only the smaller: the best llama3-8b plan fills its A100 stage past what an L40S may hold (it came
+    from the plans that fit an L40S everywhere, 6% slower), every stage within its own GPUs' headroom."""
+    from cost_models.headroom import usable_GiB
+
+    model, c = load_model("llama3-8b"), load_cluster("a100-l40s-mixed")
+    best = search(model, c, 512, top=1).plans[0].estimate
+    assert max(best.stage_memory_GiB) > usable_GiB(None, 48.0)
+    assert all(m <= usable_GiB(None, cap) for m, cap in zip(best.stage_memory_GiB, best.stage_capacity_GiB))
+    small = [p.estimate for p in search(model, c, 512, top=20).ranked
+             if all(m <= usable_GiB(None, 48.0) for m in p.estimate.stage_memory_GiB)]
+    assert small and best.step_time_s < min(e.step_time_s for e in small)
