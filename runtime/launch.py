@@ -20,7 +20,7 @@ from pathlib import Path
 from runtime.checkpoint_folder import checkpoint_step, latest_checkpoint, newest_is_broken, no_checkpoint, step_folders
 from runtime.data import SAMPLE_TEXT, TokenData
 from runtime.metrics import last_step
-from runtime.options import COLLECTIVE_TIMEOUT_S, add_run_arguments, check_run_options, launch_options
+from runtime.options import COLLECTIVE_TIMEOUT_S, add_run_arguments, check_run_options, launch_options, worker_argv
 from specs.errors import ERROR_PREFIX, INTERRUPTED, WORKER_ERROR_PREFIX, AutoparError
 from specs.parallel import rank_group
 from specs.planfile import PlanFile, load_plan
@@ -44,16 +44,11 @@ def _worker_args(plan_path: str, steps: int | None, data: str | None, metrics_ou
                  predicted_step_s: float | None = None, predicted_memory_GiB: float | None = None,
                  mtbf_hours: float | None = None, collective_timeout: float = COLLECTIVE_TIMEOUT_S,
                  keep_checkpoints: int | None = None, train_from_plan: bool = False) -> list[str]:
-    args = ["-m", "runtime.train", plan_path]
-    for flag, value in (("--steps", steps), ("--data", data), ("--metrics-out", metrics_out),
-                        ("--checkpoint-dir", checkpoint_dir), ("--checkpoint-every", checkpoint_every),
-                        ("--predicted-step-time", predicted_step_s), ("--predicted-memory", predicted_memory_GiB),
-                        ("--mtbf-hours", mtbf_hours), ("--collective-timeout", collective_timeout),
-                        ("--keep-checkpoints", keep_checkpoints)):
-        if value is not None:
-            args += [flag, str(value)]
-    return (args + (["--resume"] if resume else []) + (["--quiet"] if quiet else [])
-            + (["--train-from-plan"] if train_from_plan else []))
+    return ["-m", "runtime.train", *worker_argv(
+        plan_path, steps=steps, data=data, metrics_out=metrics_out, checkpoint_dir=checkpoint_dir,
+        checkpoint_every=checkpoint_every, predicted_step_time=predicted_step_s, predicted_memory=predicted_memory_GiB,
+        mtbf_hours=mtbf_hours, collective_timeout=collective_timeout, keep_checkpoints=keep_checkpoints, resume=resume,
+        quiet=quiet, train_from_plan=train_from_plan)]
 
 
 def multi_node_commands(plan: PlanFile, worker: list[str], max_restarts: int = 0) -> list[str]:

@@ -56,6 +56,34 @@ def add_worker_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress lines (errors and the metrics file stay)")
 
 
+def worker_parser(description: str | None = None) -> argparse.ArgumentParser:
+    """The command line of one training worker (``python -m runtime.train``, torchrun starts one per rank): the plan,
+    :func:`add_worker_arguments`, and the predictions the launcher re-estimated for a plan edited since."""
+    ap = argparse.ArgumentParser(prog="python -m runtime.train", description=description)
+    ap.add_argument("plan", help="plan file (autopar plan --out)")
+    add_worker_arguments(ap)
+    ap.add_argument("--predicted-step-time", type=float, metavar="S",
+                    help="the step time metrics carry as predicted (default: the plan's prediction)")
+    ap.add_argument("--predicted-memory", type=float, metavar="GIB",
+                    help="the peak memory per GPU metrics carry as predicted (default: the plan's prediction)")
+    return ap
+
+
+def worker_argv(plan_path: str, **values: object) -> list[str]:
+    """A worker's arguments (:func:`worker_parser`) for ``values`` by destination (``metrics_out="m.jsonl"``,
+    ``resume=True``); those None or False are left out, so the worker takes its default."""
+    actions = {a.dest: a for a in worker_parser()._actions if a.option_strings}
+    unknown = sorted(set(values) - set(actions))
+    if unknown:
+        raise TypeError(f"no worker argument for {', '.join(unknown)}")
+    out = [plan_path]
+    for dest, value in values.items():
+        if value is not None and value is not False:
+            flag = actions[dest].option_strings[0]
+            out += [flag] if value is True else [flag, str(value)]
+    return out
+
+
 def launch_options(a: argparse.Namespace) -> dict[str, object]:
     """The keyword arguments of ``runtime.launch.launch`` that the run arguments give (all but the plan)."""
     return dict(steps=a.steps, data=a.data, metrics_out=a.metrics_out, checkpoint_dir=a.checkpoint_dir,

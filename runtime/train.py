@@ -39,7 +39,7 @@ from runtime.checkpoint_folder import latest_checkpoint
 from runtime.comm_hooks import CommHooks
 from runtime.data import SAMPLE_TEXT, TokenData
 from runtime.metrics import MetricsLog, last_step
-from runtime.options import KEEP_CHECKPOINTS, add_worker_arguments, check_run_options
+from runtime.options import KEEP_CHECKPOINTS, check_run_options, worker_parser
 from runtime.parallel.mappings import all_gather_into
 from runtime.parallel.mesh import build_groups
 from runtime.phase_clock import CudaMarks, PhaseClock
@@ -52,14 +52,7 @@ from specs.planfile import PlanFile, load_plan
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m runtime.train", description=__doc__.splitlines()[0])
-    ap.add_argument("plan", help="plan file (autopar plan --out)")
-    add_worker_arguments(ap)
-    ap.add_argument("--predicted-step-time", type=float, metavar="S",
-                    help="the step time metrics carry as predicted (default: the plan's prediction)")
-    ap.add_argument("--predicted-memory", type=float, metavar="GIB",
-                    help="the peak memory per GPU metrics carry as predicted (default: the plan's prediction)")
-    return ap.parse_args(argv)
+    return worker_parser(__doc__.splitlines()[0]).parse_args(argv)
 
 
 def _gather_ranks(values: dict[str, float], group: dist.ProcessGroup, device: torch.device

@@ -702,3 +702,18 @@ def test_checkpoints_written_before_the_data_file_was_recorded_resolved(tmp_path
     meta.write_text(json.dumps({"format": FORMAT, "step": 3, "plan": {}, "data": "d/up.txt"}))
     with pytest.raises(AutoparError, match="a path relative to where that run started, not found from here"):
         resumed_data(root, None)
+
+
+def test_the_workers_command_line_reads_back_as_given():
+    """The launcher writes each worker's arguments from the worker's own parser (the flag names once): every value
+    it passes reads back as itself, and one the worker has no argument for is a programming error."""
+    from runtime.options import worker_argv, worker_parser
+
+    values = dict(steps=7, data="d.txt", metrics_out="m.jsonl", checkpoint_dir="ck", checkpoint_every=3,
+                  keep_checkpoints=4, resume=True, train_from_plan=True, mtbf_hours=12.5, collective_timeout=60.0,
+                  quiet=True, predicted_step_time=0.25, predicted_memory=1.5)
+    back = vars(worker_parser().parse_args(worker_argv("p.json", **values)))
+    assert back == {"plan": "p.json", **values}
+    assert worker_argv("p.json", resume=False, steps=None) == ["p.json"]
+    with pytest.raises(TypeError, match="no worker argument for max_restarts"):
+        worker_argv("p.json", max_restarts=2)
