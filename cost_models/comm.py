@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from specs.cluster import ClusterSpec
+from specs.cluster import ClusterSpec, bus_factor
 
 ArrayLike = np.ndarray | float | int
 
@@ -73,7 +73,8 @@ class CommModel:
 
     def _collective(self, name: str, nbytes: ArrayLike, size: ArrayLike, stride: ArrayLike,
                     volume: float, ring: bool = True) -> np.ndarray:
-        """``volume`` x (n-1)/n x bytes over the bottleneck bandwidth, plus latency; zero for n == 1.
+        """The bus factor (``specs.cluster.bus_factor``: ``volume`` x (n-1)/n) x bytes over the bottleneck bandwidth,
+        plus ``volume`` passes' latency; zero for n == 1.
 
         A measured fit for the group's level (nccl-tests convention; a group of n > 2 ranks adds the fit's
         per-rank latency for each member beyond two) replaces the analytic time; a level the profile did not
@@ -81,7 +82,7 @@ class CommModel:
         nbytes = np.asarray(nbytes, dtype=float)
         n = np.asarray(size, dtype=float)
         k, nodes = self.placement(n, stride)
-        factor = volume * (n - 1) / np.maximum(n, 1)
+        factor = bus_factor(name, n)
         t = volume * self._lat(k, nodes, ring) + nbytes * factor / self._bw(k, nodes)
         return np.where(n > 1, self._measured(name, t, nbytes, n, nodes, factor, k), 0.0)
 
@@ -127,7 +128,7 @@ class CommModel:
         inside = nbytes * (k - 1) / np.maximum(n, 1) / self.bw_intra
         across = nbytes * (n - k) / np.maximum(n, 1) / self.bw_nic
         t = np.maximum(inside, across) + self.lat_intra + np.where(nodes > 1, (nodes - 1) * self.lat_inter, 0.0)
-        return np.where(n > 1, self._measured("all_to_all", t, nbytes, n, nodes, (n - 1) / np.maximum(n, 1)), 0.0)
+        return np.where(n > 1, self._measured("all_to_all", t, nbytes, n, nodes, bus_factor("all_to_all", n)), 0.0)
 
     def p2p(self, nbytes: ArrayLike, cross_node: ArrayLike) -> np.ndarray:
         """One send/recv between neighbouring pipeline stages (every GPU of the node sending at once)."""

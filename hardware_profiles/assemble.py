@@ -21,8 +21,8 @@ import numpy as np
 import yaml
 
 from cost_models.compute import ATTN_BWD_RATIO, ComputeModel, attention_flops
-from hardware_profiles.fit import bus_factor, fit_alpha_beta
-from specs.cluster import Efficiency, GPUSpec
+from hardware_profiles.fit import fit_alpha_beta
+from specs.cluster import Efficiency, GPUSpec, bus_factor
 from specs.cluster_loading import PROFILE_DIR, load_cluster, load_gpu
 from specs.files import utc_now
 from specs.topology import InterNode, Link

@@ -27,8 +27,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from hardware_profiles.fit import COLLECTIVES, summarise
+from hardware_profiles.fit import summarise
 from hardware_profiles.timing import Timer
+from specs.cluster import COLLECTIVES
 from specs.errors import AutoparError
 
 # torch 2.12 renamed the tensor collectives; keep working on older releases.

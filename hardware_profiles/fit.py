@@ -4,7 +4,7 @@ Pure numpy (no torch), so the cost model's users and the tests can use it withou
 
 The alpha-beta convention is the cost model's (nccl-tests bus bandwidth): a collective moving ``nbytes`` per
 rank takes ``alpha + nbytes * factor / busbw`` seconds, with ``factor`` = 2(n-1)/n for all-reduce, (n-1)/n for
-all-gather, reduce-scatter and all-to-all, and 1 for point-to-point (:func:`bus_factor`).
+all-gather, reduce-scatter and all-to-all, and 1 for point-to-point (``specs.cluster.bus_factor``).
 """
 
 from __future__ import annotations
@@ -12,19 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
-
-
-def bus_factor(name: str, n: int) -> float:
-    """Bytes over the slowest link per byte of the message, in nccl-tests' bus-bandwidth convention."""
-    if name == "p2p":
-        return 1.0
-    if name == "all_reduce":
-        return 2.0 * (n - 1) / n
-    if name in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (n - 1) / n
-    raise ValueError(f"unknown collective {name!r}")
 
 
 @dataclass(frozen=True)

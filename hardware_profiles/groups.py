@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from hardware_profiles.assemble import _sig, cluster_profile
-from hardware_profiles.fit import COLLECTIVES, fit_alpha_beta
+from hardware_profiles.fit import fit_alpha_beta
+from specs.cluster import COLLECTIVES
 from specs.errors import AutoparError
 from specs.topology import GROUP_NAME, NIC_KINDS
 

@@ -100,10 +100,9 @@ def measure(rank: int, world: int, local: int, quick: bool, progress: bool,
 
     from hardware_profiles import collectives, compute_bench, layer_probe
     from hardware_profiles.assemble import gpu_profile
-    from hardware_profiles.fit import COLLECTIVES
     from hardware_profiles.timing import Timer
     from runtime.dtypes import TORCH_DTYPES
-    from specs.cluster import GPUSpec
+    from specs.cluster import COLLECTIVES, GPUSpec
 
     names = names or COLLECTIVES
     cuda = torch.cuda.is_available()
@@ -290,7 +289,7 @@ def _probe_fit(compute: dict[str, Any]) -> tuple[float | None, float | None]:
 def build(meas: dict[str, Any], name: str) -> tuple[dict[str, Any], list[str]]:
     """The cluster profile and notes for the user from rank 0's measurements."""
     from hardware_profiles.assemble import cluster_profile
-    from hardware_profiles.fit import COLLECTIVES
+    from specs.cluster import COLLECTIVES
 
     if "groups" in meas:
         return grouped_profile(meas, name, {g["name"]: _probe_fit(g["compute"]) for g in meas["groups"]})

@@ -187,6 +187,22 @@ class CollectiveFit(Strict):
 # What `autopar calibrate` can scale on a profile (planner/calibrate.py ``scaled``): the GEMM rate, the attention
 # rate, the memory-bound bandwidth, the fixed cost per kernel and the communication speed.
 Scale = Literal["gemm", "attention", "memory", "overhead", "comm"]
+Collective = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p"]  # what a profile measures
+COLLECTIVES: tuple[str, ...] = get_args(Collective)
+
+
+def bus_factor(name: str, n: Any) -> Any:
+    """Bytes over the slowest link per byte of the message for ``n`` ranks (a number or an array), in nccl-tests'
+    bus-bandwidth convention: 2(n-1)/n for all-reduce, (n-1)/n for all-gather, reduce-scatter and all-to-all, 1 for
+    point-to-point. The profiler's fits and the cost model's collectives use it alike."""
+    if name == "p2p":
+        return 1.0
+    share = (np.asarray(n, dtype=float) - 1) / np.maximum(n, 1)
+    if name == "all_reduce":
+        return 2.0 * share
+    if name in ("all_gather", "reduce_scatter", "all_to_all"):
+        return share
+    raise ValueError(f"unknown collective {name!r}")
 CALIBRATION_SCALES: tuple[str, ...] = get_args(Scale)
 
 
@@ -226,8 +242,7 @@ class ClusterSpec(Strict):
     tp_across_nodes: bool = False
     # measured collectives: {collective: {"intra"|"inter": fit}}; collective in all_reduce, all_gather,
     # reduce_scatter, p2p, all_to_all
-    collectives: dict[Literal["all_reduce", "all_gather", "reduce_scatter", "p2p", "all_to_all"],
-                      dict[Literal["intra", "inter"], CollectiveFit]] = Field(default_factory=dict)
+    collectives: dict[Collective, dict[Literal["intra", "inter"], CollectiveFit]] = Field(default_factory=dict)
     # Node groups (specs/topology.py): islands of nodes with their own GPUs and NICs. The fields above then
     # describe the whole cluster as if it were homogeneous at its slowest GPU and link (``homogeneous_view``).
     node_groups: tuple[NodeGroup, ...] = ()

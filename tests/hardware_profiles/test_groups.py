@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from hardware_profiles.collectives import group_levels, levels
-from hardware_profiles.fit import COLLECTIVES, bus_factor
 from hardware_profiles.groups import (
     LinkPlan,
     grouped_profile,
@@ -29,6 +28,7 @@ from hardware_profiles.groups import (
     rank_record,
 )
 from planner.cli import main
+from specs.cluster import COLLECTIVES, bus_factor
 from specs.cluster_loading import cluster_from_dict, load_cluster
 from specs.errors import AutoparError
 

@@ -16,8 +16,9 @@ import pytest
 from hardware_profiles import profiler
 from hardware_profiles.assemble import cluster_profile, match_gpu
 from hardware_profiles.collectives import levels
-from hardware_profiles.fit import COLLECTIVES, bus_factor, fit_alpha_beta, fit_nonneg
+from hardware_profiles.fit import fit_alpha_beta, fit_nonneg
 from planner.cli import main
+from specs.cluster import COLLECTIVES, bus_factor
 from specs.cluster_loading import load_cluster
 
 torch = pytest.importorskip("torch")
