@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from specs.errors import AutoparError
+from specs.model import ModelSpec
 
 _LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3", "gemma", "internlm2", "yi", "phi3", "mixtral", "qwen2_moe",
                "qwen3_moe", "olmoe"}  # phi3: fused qkv and
@@ -23,9 +24,21 @@ _UNPRICED = {"attn_logit_softcapping": "soft-capped attention scores",
 _GPT2_LIKE = {"gpt2"}
 
 
-def _context(cfg: dict[str, Any]) -> dict[str, Any]:
-    """The context the config declares, kept beside the (capped) planned sequence for export-hf to write back."""
-    return {"context_length": _int(cfg, "max_position_embeddings")} if "max_position_embeddings" in cfg else {}
+SEQ_CAP = 8192  # the sequence planned by default: the config's context (4096 when it gives none), at most this
+
+
+def _sequence(cfg: dict[str, Any], window: int | None = None) -> dict[str, Any]:
+    """The sequence planned by default (the context the config declares, up to :data:`SEQ_CAP` and the attention
+    window) and that context, kept for export-hf to write back."""
+    out: dict[str, Any] = {"seq_length": min(_int(cfg, "max_position_embeddings", 4096), SEQ_CAP, window or SEQ_CAP)}
+    if "max_position_embeddings" in cfg:
+        out["context_length"] = _int(cfg, "max_position_embeddings")
+    return out
+
+
+def _rope_theta(cfg: dict[str, Any]) -> float:
+    """The config's RoPE base, or transformers' default where it gives none (the model spec's default too)."""
+    return _float(cfg, "rope_theta", ModelSpec.model_fields["rope_theta"].default)
 
 
 def _window(cfg: dict[str, Any], mtype: str) -> int | None:
@@ -104,10 +117,9 @@ def _nemotron(cfg: dict[str, Any], name: str) -> dict[str, Any]:
         "num_layers": _int(cfg, "num_hidden_layers"), "hidden_size": _int(cfg, "hidden_size"),
         "num_attention_heads": heads, "num_kv_heads": _int(cfg, "num_key_value_heads", heads),
         "ffn_hidden_size": _int(cfg, "intermediate_size"), "vocab_size": _int(cfg, "vocab_size"),
-        "seq_length": min(_int(cfg, "max_position_embeddings", 4096), 8192),
-        **_context(cfg),
+        **_sequence(cfg),
         "tie_embeddings": _bool(cfg, "tie_word_embeddings", False), "dropout": 0.0,
-        "norm_eps": _float(cfg, "norm_eps", 1e-5), "rope_theta": _float(cfg, "rope_theta", 10000.0),
+        "norm_eps": _float(cfg, "norm_eps", 1e-5), "rope_theta": _rope_theta(cfg),
         "rotary_fraction": _float(cfg, "partial_rotary_factor", 0.5),
     }
     if "head_dim" in cfg:
@@ -226,11 +238,10 @@ def hf_to_spec(cfg: dict[str, Any], source: str) -> dict[str, Any]:
             "num_kv_heads": _int(cfg, "num_key_value_heads", heads),
             "ffn_hidden_size": _int(cfg, "intermediate_size"),
             "vocab_size": _int(cfg, "vocab_size"),
-            "seq_length": min(_int(cfg, "max_position_embeddings", 4096), 8192, window or 8192),
-            **_context(cfg),
+            **_sequence(cfg, window),
             "tie_embeddings": _bool(cfg, "tie_word_embeddings", mtype in _TIED_BY_DEFAULT),
             "norm_eps": _float(cfg, "rms_norm_eps", _RMS_EPS_DEFAULT.get(mtype, 1e-6)),
-            "rope_theta": _float(cfg, "rope_theta", 10000.0),
+            "rope_theta": _rope_theta(cfg),
             "qkv_bias": _bool(cfg, "attention_bias", mtype in ("qwen2", "qwen2_moe")),
         }
         if "head_dim" in cfg:
