@@ -358,11 +358,6 @@ class ModelSpec(BaseModel):
         vocab = np.ceil(self.vocab_size / np.asarray(t, dtype=float)) * self.hidden_size
         return norm + np.where(own_output, vocab, 0.0)
 
-    @cached_property
-    def layer_params(self) -> int:
-        """Parameters of one transformer layer (the average layer of a MoE model)."""
-        return int(round(float(self.layer_params_on(1))))
-
     @property
     def embedding_params(self) -> int:
         """Input embedding (tokens, plus learned positions for GPT)."""

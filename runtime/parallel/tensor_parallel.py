@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -143,15 +142,6 @@ class Nested:
 
 
 Sharding = ShardSpec | Nested
-
-
-def gather_full(t: torch.Tensor, spec: ShardSpec | None, group: dist.ProcessGroup) -> torch.Tensor:
-    """All-gather a sharded tensor over the tp group and assemble it (replicated tensors come back as is)."""
-    if spec is None:
-        return t
-    shards = [torch.empty_like(t) for _ in range(spec.size)]
-    dist.all_gather(shards, t.contiguous(), group=group)
-    return spec.assemble(shards)
 
 
 def _sharded(shape: tuple[int, ...], spec: ShardSpec, like: torch.Tensor) -> nn.Parameter:

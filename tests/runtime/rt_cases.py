@@ -19,7 +19,7 @@ from runtime.data import TokenData
 from runtime.parallel.buckets import ALIGN
 from runtime.parallel.mappings import all_gather_into
 from runtime.parallel.mesh import build_groups
-from runtime.parallel.tensor_parallel import Nested, gather_full
+from runtime.parallel.tensor_parallel import Nested, ShardSpec
 from runtime.trainer import Trainer
 from specs.cluster import ClusterSpec
 from specs.cluster_loading import cluster_from_dict, load_cluster
@@ -33,6 +33,15 @@ from specs.state import StateSpec
 
 TRAIN = TrainConfig(steps=3, lr=3e-3, min_lr=3e-4, warmup_steps=1, weight_decay=0.1, grad_clip=1.0, seed=7)
 
+
+
+def gather_full(t: torch.Tensor, spec: ShardSpec | None, group: dist.ProcessGroup) -> torch.Tensor:
+    """All-gather a sharded tensor over the tp group and assemble it (replicated tensors come back as is)."""
+    if spec is None:
+        return t
+    shards = [torch.empty_like(t) for _ in range(spec.size)]
+    dist.all_gather(shards, t.contiguous(), group=group)
+    return spec.assemble(shards)
 
 def case_spec(case: dict[str, Any]) -> ModelSpec:
     """A tiny model for a case: Llama (GQA where tp allows) or GPT (``activation``, ``linear_bias``,

@@ -10,7 +10,7 @@ from specs.errors import AutoparError
 from specs.model_loading import load_model
 from specs.parallel import ParallelConfig, config_from_keys, parse_plan_keys
 from specs.rules import PlanContext, check_plan
-from specs.schedules import build_schedule, check_schedule, interleaved_1f1b, one_f_one_b
+from specs.schedules import Action, Schedule, build_schedule, virtual_stage
 
 GPT = load_model("gpt3-175b")
 
@@ -93,6 +93,37 @@ def test_recompute_layers_per_stage():
 
 
 # ---- schedules ------------------------------------------------------------------------------------
+def check_schedule(sched: Schedule, pp: int, vpp: int, m: int) -> None:
+    """Raise ValueError if the table is incomplete or would deadlock (replay with unit durations)."""
+    want = {(k, i, c) for k in "FB" for i in range(m) for c in range(vpp)}
+    for r, acts in enumerate(sched):
+        if sorted(set(acts)) != sorted(acts) or set(acts) != {Action(*a) for a in want}:
+            raise ValueError(f"rank {r}: every F and B of every micro-batch and chunk must appear exactly once")
+    done: set[tuple[str, int, int]] = set()  # (kind, mb, vstage)
+    ptr = [0] * pp
+    nv = pp * vpp
+    progress = True
+    while progress:
+        progress = False
+        for r in range(pp):
+            while ptr[r] < len(sched[r]):
+                a = sched[r][ptr[r]]
+                v = virtual_stage(r, a.chunk, pp)
+                if a.kind == "F":
+                    ready = v == 0 or ("F", a.microbatch, v - 1) in done
+                else:
+                    ready = ("F", a.microbatch, v) in done and (v == nv - 1 or ("B", a.microbatch, v + 1) in done)
+                if not ready:
+                    break
+                done.add((a.kind, a.microbatch, v))
+                ptr[r] += 1
+                progress = True
+    stuck = [r for r in range(pp) if ptr[r] < len(sched[r])]
+    if stuck:
+        r = stuck[0]
+        raise ValueError(f"schedule deadlocks: rank {r} waits at {sched[r][ptr[r]]}")
+
+
 @pytest.mark.parametrize("pp,vpp,m", [(p, v, m) for p, v, m in itertools.product((1, 2, 3, 4, 8), (1, 2, 3), (1, 2, 4, 8, 12))
                                       if not (v > 1 and (p == 1 or m % p))])
 def test_schedules_complete_and_deadlock_free(pp, vpp, m):
@@ -101,7 +132,7 @@ def test_schedules_complete_and_deadlock_free(pp, vpp, m):
 
 def test_1f1b_warmup_and_inflight():
     pp, m = 4, 8
-    sched = one_f_one_b(pp, m)
+    sched = build_schedule(pp, 1, m)
     for r, acts in enumerate(sched):
         warm = 0
         while acts[warm].kind == "F":
@@ -117,7 +148,7 @@ def test_1f1b_warmup_and_inflight():
 def test_interleaved_matches_megatron_definition():
     """Forward k runs chunk (k // pp) % v on micro-batch (k // (pp v)) pp + k % pp; backwards mirror it."""
     pp, v, m = 4, 2, 8
-    sched = interleaved_1f1b(pp, v, m)
+    sched = build_schedule(pp, v, m)
     for r, acts in enumerate(sched):
         fwd = [a for a in acts if a.kind == "F"]
         bwd = [a for a in acts if a.kind == "B"]
@@ -130,7 +161,7 @@ def test_interleaved_matches_megatron_definition():
 
 
 def test_check_schedule_detects_deadlock():
-    sched = one_f_one_b(2, 2)
+    sched = build_schedule(2, 1, 2)
     bad = [list(sched[0]), list(reversed(sched[1]))]  # last rank starts with a backward it cannot run
     with pytest.raises(ValueError, match="deadlock"):
         check_schedule(bad, 2, 1, 2)
