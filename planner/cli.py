@@ -210,7 +210,7 @@ def _command(where: str) -> Callable[[argparse.Namespace], int]:
 COMMANDS = {name: _command(where) for name, where in {
     "estimate": "planner.commands.estimate:estimate_command", "plan": "planner.commands.plan:plan_command",
     "whatif": "planner.commands.whatif:whatif_command", "run": "planner.commands.run:run_command",
-    "tune": "planner.commands.tune:tune_command", "profile": "hardware_profiles.profiler:profile_command",
+    "tune": "planner.commands.tune:tune_command", "profile": "planner.commands.profile:profile_command",
     "calibrate": "planner.commands.calibrate:calibrate_command",
     "diagnose": "planner.commands.diagnose:diagnose_command",
     "import-hf": "planner.commands.hf:import_hf_command", "export-hf": "planner.commands.hf:export_hf_command",
