@@ -1,10 +1,10 @@
 """Plans placed on clusters of node groups against the same clusters planned as homogeneous at their slowest link.
 
 For each bundled grouped profile (hardware_profiles/clusters: ib-roce-a100, a100-h100-ib, ib-roce-eth-a100,
-a100-l40s-mixed) and
-model, `autopar plan`'s best placed plan beside the best plan that treats the cluster as homogeneous at its slowest
-GPU and link, both priced by the cost model; then the planning time of a 3-group, 1,024-GPU cluster (the
-ib-roce-eth-a100 groups at 64 / 32 / 32 nodes), median of runs in this process.
+a100-l40s-mixed) and model, the search's best placed plan (on the whole GPU: headroom 0, as these rows were first
+written) beside the best plan that treats the cluster as homogeneous at its slowest GPU and link, both priced by the
+cost model; then the planning time of a 3-group, 1,024-GPU cluster (the ib-roce-eth-a100 groups at 64 / 32 / 32
+nodes), median of runs in this process.
 
     python benchmarks/node_groups.py [--runs 3]
 """

@@ -1,8 +1,11 @@
-"""The caution printed when a chosen plan leaves less than the default headroom free (cost_models/headroom.py)."""
+"""What the planning commands say of memory: the caution printed when a chosen plan leaves less than the default
+headroom free (cost_models/headroom.py), and how much a plan may use."""
 
 from __future__ import annotations
 
-from cost_models.headroom import MEASURED_EXCESS, default_headroom_GiB
+from typing import Any
+
+from cost_models.headroom import MEASURED_EXCESS, default_headroom_GiB, usable_GiB
 
 
 def memory_warning(stage_GiB: list[float], capacity_GiB: list[float]) -> str | None:
@@ -17,3 +20,12 @@ def memory_warning(stage_GiB: list[float], capacity_GiB: list[float]) -> str | N
             f"{MEASURED_EXCESS:.1%} of the GPU above the model's (benchmarks/RESULTS.md), so keep the default "
             f"margin: leave --headroom out "
             f"(--headroom {margin:.3g})")
+
+
+def usable_text(headroom_GiB: float | None, cluster: Any) -> str:
+    """What a plan may use per GPU, in words: ``43.2 GiB per GPU``, or on node groups of different GPUs the smallest
+    and the largest (a placed stage is checked on its own group's GPUs)."""
+    sizes = sorted({cluster.group_view(g).gpu.memory_GiB for g in cluster.groups} or {cluster.gpu.memory_GiB})
+    low = f"{usable_GiB(headroom_GiB, sizes[0]):g} GiB per GPU"
+    high = usable_GiB(headroom_GiB, sizes[-1])
+    return low if len(sizes) == 1 else f"{low} on the smallest GPUs ({high:g} on the largest)"

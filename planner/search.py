@@ -8,8 +8,10 @@
    sure of replayed.
 3. The fastest that fit are re-priced with the exact model (schedule replay) after the ILP (planner/ilp.py,
    via planner/refine.py) has chosen their layer split and per-stage recompute; the result is sorted.
-4. On a cluster of node groups, steps 1-3 plan it as homogeneous at its slowest GPU and link; the best of those
-   plans are then placed on the groups (planner/placement.py) and the placed ones returned.
+4. On a cluster of node groups, steps 1-3 plan it as homogeneous at its slowest GPU and link (where its groups'
+   GPUs differ in memory, also the fastest pipelined plans only the larger GPUs hold); the best of those plans are
+   then placed on the groups (planner/placement.py), each stage checked on its own group's GPUs, and the placed ones
+   compete with the homogeneous.
 ``exhaustive=True`` drops the pruning of the space (every micro-batch size, interleave degree and cp) and
 replays every candidate's schedule table as the exact model does.
 """
@@ -89,17 +91,21 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
     # plans to place on node groups may need only their largest GPUs' memory (each placed stage is checked on its own)
     room = max((usable_GiB(headroom_GiB, cluster.group_view(g).gpu.memory_GiB) for g in cluster.groups), default=cap)
     n_ref = refine_count or max(2 * top, 16)
-    res = estimate_batch(model, cluster, cands, global_batch, state, "exact" if exhaustive else "mixed", progress,
-                         fits_GiB=room, keep=None if exhaustive else (n_ref, CLOSED_FORM_SLACK))
-    rows = np.zeros(0, dtype=np.int64)
-    for limit in dict.fromkeys((cap, room)):  # the fastest that fit the merged view, and the pipelined ones whose
-        # stages larger GPUs may hold (placed whole on a group; an unpipelined plan's replicas span every group's GPUs)
-        fits = (res.memory_GiB <= limit) & ((cands.pp > 1) if limit > cap else True)
-        order = np.argsort(np.where(fits, res.step_time, np.inf), kind="stable")
-        rows = np.concatenate([rows, order[:min(n_ref, int(fits.sum()))]])
-    if int((res.memory_GiB <= cap).sum()) < top:  # few or none fit: the ones needing the least memory too
+    mode, keep = "exact" if exhaustive else "mixed", None if exhaustive else (n_ref, CLOSED_FORM_SLACK)
+    res = estimate_batch(model, cluster, cands, global_batch, state, mode, progress, fits_GiB=cap, keep=keep)
+    fits = res.memory_GiB <= cap
+    order = np.argsort(np.where(fits, res.step_time, np.inf), kind="stable")
+    n_fit = int(fits.sum())
+    rows = order[:min(n_ref, n_fit)]
+    if n_fit < top:  # few or none fit: the ones needing the least memory too
         rows = np.concatenate([rows, np.argsort(res.memory_GiB)[:8]])
-    rows = np.array(list(dict.fromkeys(rows.tolist())), dtype=np.int64)
+    # node groups of different GPUs: also the fastest pipelined plans only their larger GPUs hold (placed, a group
+    # holds whole stages; an unpipelined plan's replicas span every group's GPUs, the smallest too)
+    roomier = np.nonzero((res.memory_GiB > cap) & (res.memory_GiB <= room) & (cands.pp > 1))[0]
+    if len(roomier):
+        more = estimate_batch(model, cluster, cands.take(roomier), global_batch, state, mode, fits_GiB=room, keep=keep)
+        order = np.argsort(more.step_time, kind="stable")[:n_ref]
+        rows = np.concatenate([rows, roomier[order[np.isfinite(more.step_time[order])]]])
     pool = [cands.config(int(i)) for i in rows]
     terms = layer_terms(model, ComputeModel.of(cluster), CommModel(cluster), cands.take(rows),
                         state)
@@ -142,7 +148,9 @@ def _placeable(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed:
     whole = [p for p in plans if all(n % (p.config.tp * p.config.dp * p.config.cp) == 0 for n in sizes)
              and p.config.pp > 1]
     moe = model.moe is not None
-    split = [p for p in plans[:SPLIT_SCAN] if any(splits_replicas(w) for w in placements(cluster, p.config, moe))]
+    cap = usable_GiB(headroom_GiB, cluster.gpu.memory_GiB)  # a split plan's every rank sits on the smallest GPUs too
+    split = [p for p in plans if p.estimate.memory_GiB <= cap][:SPLIT_SCAN]
+    split = [p for p in split if any(splits_replicas(w) for w in placements(cluster, p.config, moe))]
     mixed = len({cluster.group_view(g).gpu.memory_GiB for g in cluster.groups}) > 1  # GPUs of different memory: the
     # fastest plans that fit the largest are mostly unpipelined, so the pipelined ones are searched for too
     if (whole and not exhaustive and not mixed) or "pp" in fixed:
@@ -155,7 +163,7 @@ def _placeable(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed:
                         refine_count=EXHAUSTIVE_BASES if exhaustive else None)
         return _fastest(whole + deeper.roomy + split)
     except AutoparError:  # no such depth fits the rules (say, more stages than layers)
-        return split
+        return _fastest(whole + split)
 
 
 def _fastest(plans: list[PlanResult]) -> list[PlanResult]:

@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 
-from cost_models.headroom import usable_GiB
 from planner.calibrate import (
     calibrated_profile_text,
     difference_spreads,
@@ -30,6 +29,7 @@ from planner.calibrate import (
     predict,
     step_sensitivity,
 )
+from planner.headroom import usable_text
 from planner.measured_runs import Run, check_warmup, load_runs
 from planner.prediction import plan_prediction
 from planner.refine import PlanResult
@@ -88,8 +88,8 @@ def prepare(model: ModelSpec, cluster: ClusterSpec, global_batch: int, out_dir: 
     ``steps`` steps."""
     res = search(model, cluster, global_batch, fixed=fixed, top=trials, headroom_GiB=headroom_GiB)
     if not res.plans:
-        raise AutoparError(f"no plan fits in {usable_GiB(headroom_GiB, cluster.gpu.memory_GiB):g} GiB per GPU on "
-                           f"{cluster.num_gpus} GPUs: nothing to tune (see `autopar plan`)")
+        raise AutoparError(f"no plan fits in {usable_text(headroom_GiB, cluster)} on {cluster.num_gpus} GPUs: "
+                           "nothing to tune (see `autopar plan`)")
     out_dir.mkdir(parents=True, exist_ok=True)
     removed = earlier_files(out_dir)
     for p in removed:

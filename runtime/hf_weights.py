@@ -300,7 +300,7 @@ def hf_config(spec: ModelSpec) -> dict[str, object]:
         "model_type": "qwen2" if qwen else "mistral" if mistral else "llama", **window,
         "hidden_size": spec.hidden_size, "intermediate_size": spec.ffn, "num_hidden_layers": spec.num_layers,
         "num_attention_heads": spec.num_attention_heads, "num_key_value_heads": spec.kv_heads, "head_dim": spec.hd,
-        "vocab_size": spec.vocab_size, "max_position_embeddings": spec.context_length or spec.seq_length,
+        "vocab_size": spec.vocab_size, "max_position_embeddings": max(spec.context_length or 0, spec.seq_length),
         "rms_norm_eps": spec.norm_eps,
         "rope_theta": spec.rope_theta, "tie_word_embeddings": spec.tie_embeddings, "hidden_act": "silu",
         "torch_dtype": "float32", **({} if qwen else {"attention_bias": False, "mlp_bias": False}),

@@ -94,9 +94,9 @@ class MetricsLog:
                   f"mfu {100 * row['mfu']:.1f}%  mem {peak_memory_GiB:.2f} GiB{mem_pred}", flush=True)
             if row["mfu"] > 1 and not self.noted_peak:
                 self.noted_peak = True
-                gpu = self.plan.cluster.gpu
+                cluster = self.plan.cluster  # a rank's share of the peak (CPU ranks sharing cores: of theirs)
                 print(f"note: MFU above 100%: this machine computes faster than the profile's peak "
-                      f"({gpu.peak(self.plan.cluster.precision) / 1e12:g} TFLOP/s per rank, {gpu.name}); "
+                      f"({cluster.peak_flops(1, 1) / 1e12:g} TFLOP/s per rank, {cluster.gpu.name}); "
                       "`autopar profile` measures it", flush=True)
         return row
 

@@ -20,7 +20,7 @@ from specs.moe import MoESpec
 # they catch typos and absurd values before they reach the search and the solver.
 LIMITS = {"num_layers": 10_000, "hidden_size": 1 << 20, "num_attention_heads": 1 << 16, "num_kv_heads": 1 << 16,
           "ffn_hidden_size": 1 << 22, "vocab_size": 1 << 24, "seq_length": 1 << 26, "head_dim": 1 << 16,
-          "sliding_window": 1 << 26, "max_positions": 1 << 26, "context_length": 1 << 26}
+          "sliding_window": 1 << 26, "max_positions": 1 << 26}
 MAX_GLOBAL_BATCH = 1 << 20  # sequences per step: hundreds of times the largest published training batches
 # RoPE frequency scalings autopar computes (runtime/models/common.py), with the fields each needs; a spec may hold
 # others (Hugging Face's yarn, dynamic, longrope, ...): planned (the cost model does not price RoPE), not trained
@@ -118,12 +118,12 @@ class ModelSpec(BaseModel):
     max_positions: int | None = None
     # the context a Hugging Face config declares (its max_position_embeddings), which the planned seq_length may be
     # below: export-hf writes it back (None: seq_length); it neither plans nor trains anything
-    context_length: int | None = None
+    context_length: int | None = Field(None, ge=1)
     block: BlockCounts | None = None  # set for traced custom models
     moe: MoESpec | None = None  # mixture-of-experts layers (specs/moe.py); None: every layer dense
 
     _numbers = field_validator("dropout", "norm_eps", "rope_theta", "rotary_fraction", mode="before")(number_only)
-    _wholes = field_validator(*LIMITS, mode="before")(whole_only)
+    _wholes = field_validator(*LIMITS, "context_length", mode="before")(whole_only)
     _switches = field_validator("tie_embeddings", "qkv_bias", "linear_bias", mode="before")(
         lambda v: v if v is None else bool_only(v))
 

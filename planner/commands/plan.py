@@ -10,8 +10,9 @@ from typing import Any
 
 from rich.markup import escape
 
-from cost_models.headroom import headroom_for
+from cost_models.headroom import DEFAULT_FRACTION, headroom_for
 from planner.commands.inputs import load_inputs, progress, spec_files
+from planner.headroom import usable_text
 from specs.errors import AutoparError
 from specs.planfile import steps_problem
 
@@ -47,7 +48,7 @@ def plan_command(args: argparse.Namespace) -> int:
     search_info = {"candidates": res.candidates, "seconds": round(res.seconds, 3), "exhaustive": res.exhaustive,
                    "headroom_GiB": headroom}
     if not res.plans:
-        raise _no_plan(args, model, cluster, res, fixed, headroom, search_info)
+        raise _no_plan(args, model, cluster, res, fixed, search_info)
     choice = _choose(args, model, cluster, res)
     checked = None
     if args.verify:
@@ -112,7 +113,7 @@ def _too_many_gpus(err: AutoparError, args: argparse.Namespace, model: Any, clus
                         f"{fewer:,}: --gpus {fewer})")
 
 
-def _no_plan(args: argparse.Namespace, model: Any, cluster: Any, res: Any, fixed: dict[str, Any], headroom: float,
+def _no_plan(args: argparse.Namespace, model: Any, cluster: Any, res: Any, fixed: dict[str, Any],
              search_info: dict[str, Any]) -> AutoparError:
     """The error when no plan fits: the usable memory, what the closest plan needs, and how many GPUs would do (the
     JSON output first, with ``--format json``)."""
@@ -123,9 +124,9 @@ def _no_plan(args: argparse.Namespace, model: Any, cluster: Any, res: Any, fixed
     except AutoparError as e:  # the cluster cannot grow: say why, not that no size fits
         need, grow = None, str(e)
     closest = res.closest
-    msg = f"no plan fits in {cluster.gpu.memory_GiB - headroom:g} GiB per GPU on {cluster.num_gpus} GPUs"
+    msg = f"no plan fits in {usable_text(args.headroom, cluster)} on {cluster.num_gpus} GPUs"
     if args.headroom is None:
-        msg += f" (its {cluster.gpu.memory_GiB:g} GiB less the default headroom; --headroom 0 uses it all)"
+        msg += f" (less the default headroom, {DEFAULT_FRACTION:.0%} of each GPU; --headroom 0 uses it all)"
     if closest is not None:
         msg += f"; the closest ({closest.config.short()}) needs {closest.estimate.memory_GiB:.1f} GiB per GPU"
     if need:
@@ -170,7 +171,7 @@ def _choose(args: argparse.Namespace, model: Any, cluster: Any, res: Any) -> Cho
                   "close enough to it that the model's ranking uncertainty and what the calibration left unpinned "
                   "cannot order them")
         count = f"{tied} or more plans are" if more_tied else f"{tied} plan{'s are' if tied > 1 else ' is'}"
-        reason += f" The next {count} {within}: `{_tune_line(args)}` measures the best of them."
+        reason += f" The next {count} {within}: `{_tune_line(args, cluster.num_nodes > 1)}` measures the best of them."
     if spreads[0][0] > LOOSE_SPREAD:
         reason += (f" The calibrated profile's runs leave this plan's step time uncertain (x/"
                    f"{math.exp(Z95 * spreads[0][0]):.2f} at 95%, mostly its {spreads[0][1]} scale, which they "
@@ -182,8 +183,9 @@ def _choose(args: argparse.Namespace, model: Any, cluster: Any, res: Any) -> Cho
     return Choice(reason, spreads, balanced, tied, more_tied, fit is not None)
 
 
-def _tune_line(args: argparse.Namespace) -> str:
-    """The `autopar tune` command that measures what this `autopar plan` command planned."""
+def _tune_line(args: argparse.Namespace, nodes: bool) -> str:
+    """The `autopar tune` command that measures what this `autopar plan` command planned (on several ``nodes``, with
+    the folder every node shares, which tune needs there)."""
     import shlex
 
     line = ["autopar", "tune", "--model", args.model]
@@ -192,7 +194,7 @@ def _tune_line(args: argparse.Namespace) -> str:
                         ("--headroom", args.headroom)):
         line += [flag, f"{value:g}" if isinstance(value, float) else str(value)] if value is not None else []
     line += ["--allow-cross-node-tp"] if args.allow_cross_node_tp else []
-    return " ".join(shlex.quote(x) for x in line)
+    return " ".join(shlex.quote(x) for x in line) + (" --dir SHARED_FOLDER" if nodes else "")
 
 
 def _warning(res: Any) -> str | None:

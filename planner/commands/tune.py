@@ -36,8 +36,8 @@ def tune_command(args: argparse.Namespace) -> int:
             check_output_file(path, f"tune's {what}", {**spec_files(args), "--data file": args.data},
                               "give another --dir")
             if args.out and path.resolve() == Path(args.out).resolve():  # the chosen plan over its own trial's file
-                raise AutoparError(f"--out {args.out} is {what} in --dir {args.dir}, which tune writes itself; "
-                                   "give --out another name")
+                raise AutoparError(f"--out {args.out} would replace tune's {what} in --dir {args.dir}; give --out "
+                                   "another name")
     if args.data:
         from runtime.data import TokenData
 

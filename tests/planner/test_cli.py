@@ -160,7 +160,7 @@ def test_cross_node_tp_flag_estimate_plan_and_plan_file(tmp_path, capsys):
 
 
 def test_plan_keeps_the_default_headroom_and_warns_only_without_it(capsys):
-    """By default a plan leaves 10% of the GPU free (planner/headroom.py); --headroom 0 may choose a fuller plan,
+    """By default a plan leaves 10% of the GPU free (cost_models/headroom.py); --headroom 0 may choose a fuller plan,
     with a warning naming the margin that clears it."""
     base = ("--model", "llama3-70b", "--cluster", "dgx-h100", "--nodes", "8", "--global-batch", "1024",
             "--format", "json")
@@ -322,8 +322,9 @@ def test_plan_rows_carry_a_band_and_ties_recommend_tune(capsys):
     code, out, _ = run(capsys, "plan", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "512",
                        "--global-batch", "1024", "--format", "json", "--top", "1")
     assert json.loads(out)["uncertainty"]["tied_with_best"] == u["tied_with_best"]  # not only the plans shown
-    assert "autopar tune --model llama3-70b --cluster dgx-h100 --gpus 512 --global-batch 1024" in d["why"]  # the
-    # command that tunes what was planned (it left out --gpus: followed, it tuned one node)
+    assert "autopar tune --model llama3-70b --cluster dgx-h100 --gpus 512 --global-batch 1024 --dir SHARED_FOLDER" \
+        in d["why"]  # the command that tunes what was planned (it left out --gpus: followed, it tuned one node; and
+    # on several nodes tune needs the folder every node shares)
 
 
 def test_a_tie_count_that_ran_out_of_exactly_priced_plans_says_so(capsys):

@@ -128,7 +128,7 @@ def test_bloom_sweep_fits_and_memory(bloom_sweep):
 
 
 def test_default_headroom_covers_the_measured_peaks(bloom_sweep):
-    """The evidence for the default headroom (planner/headroom.py): no measured peak of the sweep was above the
+    """The evidence for the default headroom (cost_models/headroom.py): no measured peak of the sweep was above the
     predicted one by more than the default share of the 80 GiB GPU, so with it every plan chosen would have fit."""
     _, s = bloom_sweep
     assert 0 < s["max_under_GiB"] <= default_headroom_GiB(80.0), s

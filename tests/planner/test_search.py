@@ -415,5 +415,9 @@ def test_the_python_example_in_the_contract_runs(capsys):
     assert main(["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "64", "--global-batch", "512",
                  "--fix", "tp=8", "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["plans"][0]["parallel"] == scope["best"].config.to_dict()
-    assert printed.startswith(scope["best"].config.short()) and scope["mine"].fits is not None
+    assert printed.startswith(scope["best"].config.short())
+    assert main(["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "64", "--global-batch", "512",
+                 "--plan", "tp=4,pp=2,mbs=1", "--format", "json"]) == 0
+    cli = json.loads(capsys.readouterr().out)  # the example's headroom=None is the command's default
+    assert (cli["fits"], cli["memory_GiB"]) == (scope["mine"].fits, pytest.approx(scope["mine"].memory_GiB, rel=1e-5))
     assert [p["value"] for p in scope["points"]] == [100.0, 400.0]

@@ -298,3 +298,7 @@ def test_export_writes_back_the_context_the_config_declares(tmp_path):
     assert spec.seq_length == 128 and hf_config(spec)["max_position_embeddings"] == 131072
     assert spec.trained() == spec.model_copy(update={"context_length": None}).trained()
     assert hf_config(spec.model_copy(update={"context_length": None}))["max_position_embeddings"] == 128
+    longer = load_model(str(tmp_path / "config.json"), seq=8192).model_copy(update={"context_length": 2048})
+    assert hf_config(longer)["max_position_embeddings"] == 8192  # trained past its declared context: that length
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 2 ** 27}))
+    assert load_model(str(tmp_path / "config.json")).context_length == 2 ** 27  # describes: no size limit to refuse

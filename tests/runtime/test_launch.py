@@ -717,3 +717,13 @@ def test_the_workers_command_line_reads_back_as_given():
     assert worker_argv("p.json", resume=False, steps=None) == ["p.json"]
     with pytest.raises(TypeError, match="no worker argument for max_restarts"):
         worker_argv("p.json", max_restarts=2)
+
+
+def test_a_trial_stopped_by_ctrl_c_says_where_not_how_to_resume(tmp_path):
+    """`autopar run` says how to resume after Ctrl-C; a tune trial (which cannot be resumed) only where it stopped."""
+    from runtime.launch import interrupted
+
+    metrics = tmp_path / "m.jsonl"
+    metrics.write_text('{"step": 3, "step_time_s": 0.1}\n')
+    assert interrupted("p.json", 8, str(metrics), None, resumable=False) == "interrupted after step 3 of 8"
+    assert "give --checkpoint-dir" in interrupted("p.json", 8, str(metrics), None)

@@ -76,8 +76,8 @@ def test_tune_bad_inputs_are_one_line_errors(tmp_path, capsys):
         (["--warmup", "-1"], "--warmup must be 0 or more"),
         (["--time-limit", "0"], "--time-limit must be more than 0 seconds"),
         (["--dir", str(tmp_path / "afile")], "exists and is not a folder"),
-        (["--out", str(tmp_path / "d" / "trial2.json")], "is trial 2's plan file in --dir"),  # the chosen plan over
-        # another trial's file: its metrics would then name a changed plan
+        # the chosen plan over another trial's file: its metrics would then name a changed plan
+        (["--out", str(tmp_path / "d" / "trial2.json")], "would replace tune's trial 2's plan file in --dir"),
     ]:
         (tmp_path / "afile").write_text("x")
         folder = [] if "--dir" in argv else ["--dir", str(tmp_path / "d")]
@@ -86,6 +86,10 @@ def test_tune_bad_inputs_are_one_line_errors(tmp_path, capsys):
         assert len(err) == 1 and needle in err[0], err
     assert main(["tune", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch", "64"]) == 2
     assert "has no CUDA GPU" in capsys.readouterr().err  # a GPU profile is not calibrated on this CPU machine
+    # a model the runtime cannot train: one line before any trial (each trial failed on it after launch)
+    assert main(["tune", *ARGS[2:], "--model", "tests.fixtures.toy_lm:build", "--dir", str(tmp_path / "t")]) == 2
+    assert "tune trains its finalists, and model ToyLM was traced" in capsys.readouterr().err
+    assert not (tmp_path / "t").exists()
     # a --dir holding the profile tune reads under the name it writes its calibrated profile to: refused, unchanged
     own = tmp_path / "mine"
     own.mkdir()
