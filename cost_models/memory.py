@@ -84,7 +84,7 @@ def layer_activation_bytes(model: ModelSpec, eb: int, t: ArrayLike, cp: ArrayLik
 
 
 def end_activation_bytes(model: ModelSpec, eb: int, t: ArrayLike, cp: ArrayLike, mbs: ArrayLike, sp: ArrayLike,
-                         state: StateSpec, whole_logits: bool
+                         state: StateSpec, whole_logits: bool, reference: bool = False
                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(embedding bytes stored per in-flight micro-batch on the first stage, LM-head + loss bytes on the last stage,
     the embedding's backward temporaries on the first stage).
@@ -95,10 +95,10 @@ def end_activation_bytes(model: ModelSpec, eb: int, t: ArrayLike, cp: ArrayLike,
     above the model without it, `autopar estimate --verify`).
     The head's: the final norm's input and its backward's fp32 working copy (over the local tokens), its input and
     input gradient [tokens, h] (the whole sequence: under SP gathered), and the logits over the vocabulary shard.
-    With ``whole_logits`` (Megatron-LM's loss, and autopar's reference loss on CPUs) all of them, 16-bit and an fp32
-    copy; else autopar's fused loss: one chunk of 16-bit logits
-    (``specs.state.fused_loss_rows``), an fp32 loss per token, and the weight shard's gradient, which it computes in
-    the forward and keeps until the backward."""
+    With ``whole_logits`` (Megatron-LM's loss) all of them, 16-bit and an fp32 copy; autopar's ``reference`` loss
+    (on CPUs) three fp32 copies at its backward's peak (the log-softmax's saved output, its gradient, the logits');
+    else autopar's fused loss: one chunk of 16-bit logits (``specs.state.fused_loss_rows``), an fp32 loss per token,
+    and the weight shard's gradient, which it computes in the forward and keeps until the backward."""
     t, cp, mbs = (np.asarray(x, dtype=float) for x in (t, cp, mbs))
     sp = sp_in_effect(sp, t)
     T = mbs * model.seq_length / cp
@@ -111,6 +111,8 @@ def end_activation_bytes(model: ModelSpec, eb: int, t: ArrayLike, cp: ArrayLike,
     x_bytes = x_bytes + T * model.hidden_size * (eb + 4.0) / shard  # the final norm's
     embed_work = (T * eb * model.hidden_size * (1.0 + (t > 1) + np.where(sp, 1.0 / t, 0.0))
                   + vocab * model.hidden_size * state.param_bytes)
+    if reference:
+        return embed, x_bytes + T * 3 * 4.0 * vocab, embed_work
     if whole_logits:
         return embed, x_bytes + T * (eb + 4.0) * vocab, embed_work
     return embed, x_bytes + fused_loss_rows(T, vocab) * vocab * eb + T * 4.0 + vocab * model.hidden_size * \
