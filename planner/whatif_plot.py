@@ -162,7 +162,24 @@ def figure(curves: dict[str, list[dict[str, Any]]], key: str, model: str, cluste
     for ax in (top, low):
         ax.grid(alpha=0.3, which="major")
     fig.tight_layout(h_pad=2.5)
+    if categorical:
+        _room_above_bars(fig, top)
     return fig
+
+
+def _room_above_bars(fig: Any, ax: Any) -> None:
+    """Raise the bar axes' top so that the tallest bar's plan label (written upwards from the bar's top, a fixed
+    length in points) ends inside the axes: a long label (a placement) ran into the title."""
+    labels = [t for t in ax.texts if t.get_gid() == "plan-label"]
+    if not labels:
+        return
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    height = ax.bbox.height
+    need = max(t.get_window_extent(r).height for t in labels) + 8.0  # pixels above a bar, and a margin
+    tallest = max(t.xy[1] for t in labels)
+    if height > need:
+        ax.set_ylim(top=max(ax.get_ylim()[1], tallest * height / (height - need)))
 
 
 def axis_label(key: str) -> str:

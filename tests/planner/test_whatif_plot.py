@@ -167,6 +167,9 @@ def test_a_sweep_of_group_names_is_drawn_as_bars_with_each_plans_placement():
     placed = [p["parallel"]["placement"] for p in curves["best"]]
     assert all(p for p in placed) and labels == sorted(plan_label(p["parallel"]) for p in curves["best"])
     assert all(plan_label(p["parallel"]).endswith(" " + groups_text(p["parallel"]["placement"])) for p in curves["best"])
+    r = fig.canvas.get_renderer()  # the labels, longer with a placement, end inside the axes (they ran into the title)
+    for t in (t for t in top.texts if t.get_gid() == "plan-label"):
+        assert t.get_window_extent(r).y1 <= top.bbox.y1 + 1, t.get_text()
 
 
 def test_a_linear_axis_never_shows_negative_tokens_and_a_short_log_axis_keeps_its_numbers():
