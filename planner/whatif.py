@@ -77,34 +77,28 @@ def parse_vary(text: str) -> tuple[str, list[Any]]:
                 load_gpu(g)
             except AutoparError as err:
                 raise AutoparError(f"--vary gpu={g}: {err}") from None
-        _once_each(key, items)
-        return key, items
-    if base == "group_net":  # group names, checked against the cluster's groups (with_group)
-        _once_each(key, items)
-        return key, items
-    vals: list[Any] = []
-    for x in items:
-        try:
-            if not x.isascii():
-                raise ValueError(x)
-            v = float(x) if base.endswith("_bw") else whole_number(x)
-        except ValueError:
-            raise AutoparError(f"--vary {key} takes {'numbers' if base.endswith('_bw') else 'whole numbers'} "
-                               f"({VARY_KEYS[base]}), got '{x}'") from None
-        if not (v > 0 and math.isfinite(v)) or (base.endswith("_bw") and v < 0.01):
-            raise AutoparError(f"--vary {key} values must be finite and at least 0.01, got {x}" if base.endswith("_bw")
-                               else f"--vary {key} values must be whole numbers of at least 1, got {x}")
-        vals.append(v)
-    _once_each(key, vals)
+    # group_net's values are group names, checked against the cluster's groups (with_group)
+    vals = items if key == "gpu" or base == "group_net" else [_point(key, base, x) for x in items]
+    twice = next((v for i, v in enumerate(vals) if v in vals[:i]), None)
+    if twice is not None:  # it would be planned and drawn twice
+        raise AutoparError(f"--vary {key} gives {twice:g} twice; give each point once" if isinstance(twice, float)
+                           else f"--vary {key} gives {twice} twice; give each point once")
     return key, vals
 
 
-def _once_each(key: str, values: list[Any]) -> None:
-    """A point given twice would be planned and drawn twice: refused, naming it."""
-    twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
-    if twice is not None:
-        raise AutoparError(f"--vary {key} gives {twice:g} twice; give each point once" if isinstance(twice, float)
-                           else f"--vary {key} gives {twice} twice; give each point once")
+def _point(key: str, base: str, x: str) -> Any:
+    """One numeric value of ``--vary key=...``, checked."""
+    try:
+        if not x.isascii():
+            raise ValueError(x)
+        v = float(x) if base.endswith("_bw") else whole_number(x)
+    except ValueError:
+        raise AutoparError(f"--vary {key} takes {'numbers' if base.endswith('_bw') else 'whole numbers'} "
+                           f"({VARY_KEYS[base]}), got '{x}'") from None
+    if not (v > 0 and math.isfinite(v)) or (base.endswith("_bw") and v < 0.01):
+        raise AutoparError(f"--vary {key} values must be finite and at least 0.01, got {x}" if base.endswith("_bw")
+                           else f"--vary {key} values must be whole numbers of at least 1, got {x}")
+    return v
 
 
 def cluster_at(cluster: ClusterSpec, key: str, value: Any) -> tuple[ClusterSpec, str | None]:
