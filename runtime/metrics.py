@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import IO, Any
 
 from specs.errors import AutoparError
-from specs.phases import is_step_line
 from specs.planfile import PlanFile
 
 
@@ -29,11 +28,9 @@ def last_step(path: str | Path | None) -> int | None:
     if path and Path(path).is_file():  # (not a pipe or a terminal: reading those would wait)
         for line in Path(path).read_text(errors="replace").splitlines():
             try:
-                obj = json.loads(line)
-            except ValueError:
-                continue  # a line cut off mid-write
-            if is_step_line(obj) and isinstance(obj["step"], int):
-                last = obj["step"]
+                last = int(json.loads(line)["step"])
+            except (ValueError, KeyError, TypeError):
+                continue  # an event line, or one cut off mid-write
     return last
 
 

@@ -18,6 +18,7 @@ PHASES = ("data", "forward", "backward", "tp_cp_comm", "p2p_wait", "p2p_send", "
 
 
 def is_step_line(obj: object) -> bool:
-    """Whether a metrics line (``autopar run --metrics-out``, one JSON object a line) records a step: its ``step`` and
-    ``step_time_s``; the others are events (a restart, what it redid)."""
+    """Whether a metrics line (``autopar run --metrics-out``, one JSON object a line) records a measured step: its
+    ``step`` and ``step_time_s`` (what calibrate, diagnose and tune read); the others are events (a restart, what it
+    redid)."""
     return isinstance(obj, dict) and "step" in obj and "step_time_s" in obj
