@@ -8,13 +8,16 @@ their stderr goes to a log file, and a failure comes back as one :class:`Autopar
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from runtime.checkpoint_folder import checkpoint_step, latest_checkpoint, newest_is_broken, no_checkpoint, step_folders
@@ -176,7 +179,10 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
     full_env.setdefault("OMP_NUM_THREADS", "1")
     rc = _run_workers(cmd, full_env, timeout_s)
     if rc == INTERRUPTED:
-        line = interrupted(plan_path, steps or plan.train.steps, metrics_out, checkpoint_dir, resumable)
+        keep = [("--checkpoint-every", checkpoint_every), ("--keep-checkpoints", keep_checkpoints),
+                ("--max-restarts", max_restarts or None)]  # the resumed run keeps them (defaults otherwise)
+        line = interrupted(plan_path, steps or plan.train.steps, metrics_out, checkpoint_dir, resumable,
+                           [x for flag, v in keep if v is not None for x in (flag, str(v))])
         print(f"autopar: {line}", file=sys.stderr, flush=True)
     elif rc == 0 and not quiet:
         print(f"autopar: {finished(total, metrics_out, checkpoint_dir)}", flush=True)
@@ -226,9 +232,10 @@ def _spans_nodes(plan: PlanFile) -> bool:
 
 
 def interrupted(plan_path: str, steps: int, metrics_out: str | None, checkpoint_dir: str | None,
-                resumable: bool = True) -> str:
-    """One line after Ctrl-C: the step reached (from the metrics), the last complete checkpoint and the command
-    that resumes from it (where the caller can resume at all)."""
+                resumable: bool = True, options: list[str] | None = None) -> str:
+    """One line after Ctrl-C (or a stop signal): the step reached (from the metrics), the last complete checkpoint and
+    the command that resumes from it, with the run's checkpointing ``options`` (where the caller can resume at
+    all)."""
     reached = last_step(metrics_out)
     text = f"interrupted after step {reached} of {steps}" if reached is not None else "interrupted"
     if not resumable:
@@ -239,8 +246,26 @@ def interrupted(plan_path: str, steps: int, metrics_out: str | None, checkpoint_
     if last is None:
         return text + f"; no complete checkpoint in {checkpoint_dir} yet: run again from the start"
     again = ["autopar", "run", plan_path, "--checkpoint-dir", checkpoint_dir, "--resume"]
-    again += ["--steps", str(steps)] + (["--metrics-out", metrics_out] if metrics_out else [])
+    again += ["--steps", str(steps)] + (["--metrics-out", metrics_out] if metrics_out else []) + (options or [])
     return (text + f"; last complete checkpoint: {last}; resume with: " + " ".join(shlex.quote(a) for a in again))
+
+
+@contextlib.contextmanager
+def _stopped_by(*signals: int) -> Iterator[None]:
+    """While the workers run, a stop signal (a scheduler's or `kill`'s SIGTERM, a closed terminal's SIGHUP) stops
+    them as Ctrl-C does: without it this process died alone, and torchrun and its workers trained on."""
+    def stop(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    if threading.current_thread() is not threading.main_thread():  # (signals reach the main thread only)
+        yield
+        return
+    old = {s: signal.signal(s, stop) for s in signals}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
 
 
 def _run_workers(cmd: list[str], env: dict[str, str], timeout_s: float | None = None) -> int:
@@ -258,9 +283,10 @@ def _run_workers(cmd: list[str], env: dict[str, str], timeout_s: float | None = 
         reader = threading.Thread(target=pump, daemon=True)
         reader.start()
         try:
-            rc = proc.wait(timeout=timeout_s)
+            with _stopped_by(signal.SIGTERM, signal.SIGHUP):
+                rc = proc.wait(timeout=timeout_s)
         except KeyboardInterrupt:  # the interrupted line says what to do next; the log holds nothing to read
-            proc.terminate()
+            proc.terminate()  # torchrun stops its workers
             proc.wait()
             os.unlink(log_path)
             return INTERRUPTED

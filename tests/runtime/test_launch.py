@@ -430,9 +430,12 @@ def test_every_plan_the_planner_writes_is_accepted_by_run(tmp_path, capsys):
     assert written >= 20
 
 
-def test_ctrl_c_says_where_the_run_stopped_and_how_to_resume(tmp_path):
-    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it): one line with the step reached, the
-    last complete checkpoint and the command that resumes; no worker left behind; the resume command works."""
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_ctrl_c_says_where_the_run_stopped_and_how_to_resume(tmp_path, how):
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) or SIGTERM to `autopar run` alone (as `kill`
+    or a scheduler sends it; torchrun and its workers trained on without it): one line with the step reached, the
+    last complete checkpoint and the command that resumes, with the run's checkpoint interval; no worker left
+    behind; the resume command works."""
     import signal
     import time
 
@@ -445,7 +448,10 @@ def test_ctrl_c_says_where_the_run_stopped_and_how_to_resume(tmp_path):
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not (m.exists() and len(m.read_text().splitlines()) >= 5):
         time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGINT)
+    if how == "ctrl-c":
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130
     line = [x for x in err.splitlines() if x.startswith("autopar:")]
@@ -456,6 +462,11 @@ def test_ctrl_c_says_where_the_run_stopped_and_how_to_resume(tmp_path):
         os.killpg(proc.pid, 0)
     resume = line[0].split("resume with: ")[1].split()
     assert resume[:3] == ["autopar", "run", plan] and "--resume" in resume
+    assert resume[resume.index("--checkpoint-every") + 1] == "2"  # the run's own interval, not the plan's default
+    time.sleep(1)
+    steps = len(m.read_text().splitlines())
+    time.sleep(3)
+    assert len(m.read_text().splitlines()) == steps  # nothing trains on
 
 
 def test_a_hand_edited_plan_is_re_estimated_at_load(tmp_path, capsys):
