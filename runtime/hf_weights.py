@@ -29,7 +29,7 @@ from pydantic import BaseModel
 from torch.distributed.checkpoint.api import CheckpointException
 
 from runtime.checkpoint import corrupt_error, corrupt_files, fingerprint, publish, read_meta
-from runtime.checkpoint_folder import META, latest_checkpoint, step_name
+from runtime.checkpoint_folder import META, STEP_NAME, latest_checkpoint, newest_is_broken, step_name
 from runtime.dtypes import TORCH_DTYPES
 from specs.capabilities import model_problem
 from specs.errors import AutoparError
@@ -249,13 +249,26 @@ def import_hf(hf_dir: Path, plan: PlanFile, out: Path) -> Path:
 
 
 # ---- out --------------------------------------------------------------------------------------------
-def read_parameters(ckpt_dir: Path) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
-    """The model and its parameters (fp32 master copies where kept) of the newest checkpoint under ``ckpt_dir``."""
-    from torch.distributed.checkpoint import FileSystemReader
-
+def exported_checkpoint(ckpt_dir: Path) -> Path:
+    """The checkpoint ``export-hf`` reads: ``ckpt_dir`` itself where it is one (a ``step_N`` folder: an earlier step
+    chosen), else the newest under it, refused where a newer one is broken (resuming refuses it too; exporting the
+    one before without a word handed over older weights)."""
+    if STEP_NAME.fullmatch(ckpt_dir.name) and (ckpt_dir / META).is_file():
+        return ckpt_dir
+    broken = newest_is_broken(ckpt_dir) if ckpt_dir.is_dir() else None
+    if broken:
+        raise AutoparError(f"{broken} (or export an earlier one by its folder, {ckpt_dir}/step_N)")
     ck = latest_checkpoint(ckpt_dir)
     if ck is None:
-        raise AutoparError(f"no checkpoint in {ckpt_dir}; give the --checkpoint-dir of a run")
+        raise AutoparError(f"no checkpoint in {ckpt_dir}; give the --checkpoint-dir of a run, or one checkpoint's "
+                           "step_N folder in it")
+    return ck
+
+
+def read_parameters(ck: Path) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
+    """The model and its parameters (fp32 master copies where kept) of checkpoint ``ck`` (a ``step_N`` folder)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
     meta = read_meta(ck)
     bad = corrupt_files(ck, meta)
     if bad:
@@ -314,8 +327,9 @@ def _rope_scaling(spec: ModelSpec) -> dict[str, object]:
     return {"rope_type": sc.pop("type"), **sc}
 
 
-def export_hf(ckpt_dir: Path, out: Path) -> Path:
-    """Write ``config.json`` and ``model.safetensors`` of the newest checkpoint under ``ckpt_dir`` into ``out``."""
+def export_hf(ckpt_dir: Path, out: Path) -> tuple[Path, Path]:
+    """Write ``config.json`` and ``model.safetensors`` of :func:`exported_checkpoint` of ``ckpt_dir`` into ``out``;
+    returns ``out`` and the checkpoint exported."""
     from safetensors.torch import save_file
 
     check_output_dir(out, "Hugging Face model folder")
@@ -323,7 +337,8 @@ def export_hf(ckpt_dir: Path, out: Path) -> Path:
         raise AutoparError(f"{out} already holds a model; give a new directory, or one without a model in it")
     if out.is_dir() and latest_checkpoint(out) is not None:  # e.g. --out naming the checkpoint folder itself
         raise AutoparError(f"{out} holds a run's checkpoints; give a new directory, or one without checkpoints")
-    spec, params = read_parameters(ckpt_dir)
+    ck = exported_checkpoint(ckpt_dir)
+    spec, params = read_parameters(ck)
     tensors: dict[str, torch.Tensor] = {}
     for ours, parts in names(spec).items():
         if ours not in params:
@@ -340,4 +355,4 @@ def export_hf(ckpt_dir: Path, out: Path) -> Path:
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     default_mode(out / "model.safetensors")  # safetensors writes it private (0600); a model is shared like any file
     (out / "config.json").write_text(json.dumps(hf_config(spec), indent=1) + "\n")
-    return out
+    return out, ck

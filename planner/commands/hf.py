@@ -30,7 +30,7 @@ def import_hf_command(args: argparse.Namespace) -> int:
 
 
 def export_hf_command(args: argparse.Namespace) -> int:
-    out = _hf_weights().export_hf(Path(args.checkpoint_dir), Path(args.out))
-    print(f"wrote {out / 'config.json'} and {out / 'model.safetensors'}")
+    out, ck = _hf_weights().export_hf(Path(args.checkpoint_dir), Path(args.out))
+    print(f"wrote {out / 'config.json'} and {out / 'model.safetensors'} (the weights of {ck})")
     return 0
 

@@ -108,6 +108,14 @@ def test_bad_hugging_face_inputs_are_one_line_errors(tmp_path, capsys):
         assert err.count("\n") == 1 and ("must hold a mapping" in err or "twice" in err), err
     with pytest.raises(AutoparError, match="no checkpoint in"):
         export_hf(tmp_path / "nothing", tmp_path / "out")
+    (tmp_path / "older" / "step_00000002").mkdir(parents=True)  # a newer checkpoint broken: refused, not the one
+    (tmp_path / "older" / "step_00000002" / "meta.json").write_text("{}")  # before it exported without a word
+    (tmp_path / "older" / "step_00000004").mkdir()
+    with pytest.raises(AutoparError, match="step_00000004 is corrupt .*or export an earlier one by its folder"):
+        export_hf(tmp_path / "older", tmp_path / "out")
+    with pytest.raises(AutoparError, match="older/step_00000002 is corrupt"):  # the chosen step: its own meta read
+        export_hf(tmp_path / "older" / "step_00000002", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
     gpt = case_plan({"arch": "gpt", "steps": 2})
     with pytest.raises(AutoparError, match="supported for Llama-family"):
         import_hf(tmp_path / "hf", gpt, tmp_path / "ck2")
@@ -148,7 +156,8 @@ def test_what_import_and_export_refuse_before_writing(tmp_path, capsys):
         export_hf(tmp_path / "ck", tmp_path / "ck")  # into the checkpoint folder itself
     (tmp_path / "fine").mkdir()
     (tmp_path / "fine" / "tokenizer.json").write_text("{}")  # a folder with the tokenizer in it is fine
-    out = export_hf(tmp_path / "ck", tmp_path / "fine")
+    out, exported = export_hf(tmp_path / "ck", tmp_path / "fine")
+    assert exported == ck
     assert (out / "model.safetensors").stat().st_mode & 0o777 == 0o666 & ~_umask()  # not safetensors' private 0600
     meta_path = ck / "meta.json"
     good = json.loads(meta_path.read_text())
