@@ -34,6 +34,25 @@ def last_step(path: str | Path | None) -> int | None:
     return last
 
 
+def is_metrics_data(content: Any) -> bool:
+    """Whether a file's content (``specs.files.file_content``) is a metrics file's: JSON lines of steps and events
+    (its last line may be cut off mid-write). What `--metrics-out` may overwrite; any other file it would destroy."""
+    if isinstance(content, dict):  # one line
+        return "step" in content or "event" in content
+    if not isinstance(content, str):
+        return False
+    lines = [line for line in content.splitlines() if line.strip()]
+    objs = []
+    for i, line in enumerate(lines):
+        try:
+            objs.append(json.loads(line))
+        except ValueError:
+            if i < len(lines) - 1:
+                return False
+    return any(isinstance(o, dict) and ("step" in o or "event" in o) for o in objs) and all(
+        isinstance(o, dict) for o in objs)
+
+
 class MetricsLog:
     def __init__(self, plan: PlanFile, path: str | Path | None, total_steps: int, enabled: bool,
                  quiet: bool = False, append: bool = False, plan_path: str | None = None,

@@ -128,7 +128,9 @@ def check_run_options(plan: PlanFile, steps: int | None, checkpoint_dir: str | N
     if checkpoint_dir is not None:
         check_output_dir(checkpoint_dir, "checkpoint directory")
     if metrics_out is not None:
-        check_output_file(metrics_out, "metrics file", inputs)
+        from runtime.metrics import is_metrics_data
+
+        check_output_file(metrics_out, "metrics file", inputs, replaces=is_metrics_data)  # not a profile, say
         if not resume and attempt == 0:
             _check_not_overwriting(metrics_out, checkpoint_dir)
     return total

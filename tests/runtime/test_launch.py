@@ -235,6 +235,10 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
     cases.append((dict(plan_path=_plan(tmp_path), checkpoint_dir=str(held)), "add --resume to continue that run"))
     cases.append((dict(plan_path=_plan(tmp_path), checkpoint_dir=str(held / "step_00000003"), resume=True),
                   f"step_00000003 is one checkpoint; give the folder holding it, --checkpoint-dir {held}"))
+    profile = tmp_path / "mine.yaml"  # a file of another kind: the metrics would destroy it
+    profile.write_text(Path(REPO, "hardware_profiles", "clusters", "cpu-gloo.yaml").read_text())
+    cases.append((dict(plan_path=_plan(tmp_path), metrics_out=str(profile)), f"{profile} exists and is not a "
+                  "metrics file"))
     earlier = tmp_path / "earlier.jsonl"  # an earlier run's metrics: a run from scratch would overwrite them
     earlier.write_text('{"step": 1, "loss": 5.0}\n{"step": 2, "loss": 4.5}\n')
     cases.append((dict(plan_path=_plan(tmp_path), metrics_out=str(earlier)),
@@ -738,3 +742,16 @@ def test_a_trial_stopped_by_ctrl_c_says_where_not_how_to_resume(tmp_path):
     metrics.write_text('{"step": 3, "step_time_s": 0.1}\n')
     assert interrupted("p.json", 8, str(metrics), None, resumable=False) == "interrupted after step 3 of 8"
     assert "give --checkpoint-dir" in interrupted("p.json", 8, str(metrics), None)
+
+
+def test_a_metrics_file_is_told_from_other_files():
+    """--metrics-out may overwrite (or append to) a metrics file, whose last line may be cut off mid-write, and no
+    other kind of file."""
+    from runtime.metrics import is_metrics_data
+    from specs.files import text_content
+
+    ok = '{"step": 1, "step_time_s": 0.2}\n{"event": "restart", "attempt": 1}\n{"step": 2, "ste'
+    assert is_metrics_data(text_content(ok)) and is_metrics_data(text_content('{"step": 1}\n'))
+    for other in ("name: c\ngpus_per_node: 2\n", '{"schema": "autopar.plan/1"}', "a,b\n1,2\n",
+                  '{"step": 1}\nnot json\n{"step": 2}\n'):
+        assert not is_metrics_data(text_content(other)), other
