@@ -177,12 +177,18 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
     full_env = {**os.environ, **(env or {})}
     full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), full_env.get("PYTHONPATH")]))
     full_env.setdefault("OMP_NUM_THREADS", "1")
-    rc = _run_workers(cmd, full_env, timeout_s)
+    keep = [("--checkpoint-every", checkpoint_every), ("--keep-checkpoints", keep_checkpoints),
+            ("--max-restarts", max_restarts or None)]  # a resumed run keeps them (defaults otherwise)
+    options = [x for flag, v in keep if v is not None for x in (flag, str(v))]
+    try:
+        rc = _run_workers(cmd, full_env, timeout_s)
+    except AutoparError as err:  # a worker failed: where to go on from, unless the error says already
+        again = resume_command(plan_path, steps or plan.train.steps, metrics_out, checkpoint_dir, options)
+        if not resumable or again is None or "resume" in str(err):
+            raise
+        raise AutoparError(f"{err}; {again}") from None
     if rc == INTERRUPTED:
-        keep = [("--checkpoint-every", checkpoint_every), ("--keep-checkpoints", keep_checkpoints),
-                ("--max-restarts", max_restarts or None)]  # the resumed run keeps them (defaults otherwise)
-        line = interrupted(plan_path, steps or plan.train.steps, metrics_out, checkpoint_dir, resumable,
-                           [x for flag, v in keep if v is not None for x in (flag, str(v))])
+        line = interrupted(plan_path, steps or plan.train.steps, metrics_out, checkpoint_dir, resumable, options)
         print(f"autopar: {line}", file=sys.stderr, flush=True)
     elif rc == 0 and not quiet:
         print(f"autopar: {finished(total, metrics_out, checkpoint_dir)}", flush=True)
@@ -242,12 +248,22 @@ def interrupted(plan_path: str, steps: int, metrics_out: str | None, checkpoint_
         return text
     if not checkpoint_dir:
         return text + "; no checkpoints were kept (give --checkpoint-dir to be able to resume)"
-    last = latest_checkpoint(Path(checkpoint_dir))
-    if last is None:
+    again = resume_command(plan_path, steps, metrics_out, checkpoint_dir, options)
+    if again is None:
         return text + f"; no complete checkpoint in {checkpoint_dir} yet: run again from the start"
-    again = ["autopar", "run", plan_path, "--checkpoint-dir", checkpoint_dir, "--resume"]
+    return f"{text}; {again}"
+
+
+def resume_command(plan_path: str, steps: int, metrics_out: str | None, checkpoint_dir: str | None,
+                   options: list[str] | None = None) -> str | None:
+    """``last complete checkpoint: ...; resume with: autopar run ... --resume ...`` (the run's checkpointing
+    ``options`` kept), or None where there is no checkpoint to resume from."""
+    last = latest_checkpoint(Path(checkpoint_dir)) if checkpoint_dir else None
+    if last is None:
+        return None
+    again = ["autopar", "run", plan_path, "--checkpoint-dir", str(checkpoint_dir), "--resume"]
     again += ["--steps", str(steps)] + (["--metrics-out", metrics_out] if metrics_out else []) + (options or [])
-    return (text + f"; last complete checkpoint: {last}; resume with: " + " ".join(shlex.quote(a) for a in again))
+    return f"last complete checkpoint: {last}; resume with: " + " ".join(shlex.quote(a) for a in again)
 
 
 @contextlib.contextmanager
