@@ -11,7 +11,7 @@ reshards on load. So a checkpoint written under one plan (tp, pp, vpp, dp, cp, Z
 count) resumes under any other plan of the same model, sequence length, global batch, seed and state precisions;
 a different one of those is refused with a one-line error. A checkpoint is written to ``step_N.partial`` and
 renamed when complete, then ``latest`` is replaced atomically, so a rank killed mid-save leaves the previous
-checkpoint intact. The data position is the step count (the data order is a pure function of the step), kept
+checkpoint intact (and its ``.partial`` folder, removed by the next save that completes). The data position is the step count (the data order is a pure function of the step), kept
 in ``meta.json`` with the plan that wrote it. Each rank's RNG state is saved too and restored when the same plan
 resumes (dropout then continues exactly); another plan draws its dropout masks afresh. ``meta.json`` also holds a
 CRC-32 of every file of the checkpoint, worked out after the save and checked before a load (each rank reads a
@@ -38,6 +38,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from runtime.checkpoint_folder import (
     LATEST,
     META,
+    STEP_NAME,
     checkpoint_files,
     checkpoint_step,
     latest_checkpoint,
@@ -179,6 +180,9 @@ def publish(root: Path, tmp: Path, meta: dict[str, Any], keep: int = KEEP_CHECKP
     for old in folders:  # older than every kept one: complete or broken (a removal cut short), it goes
         if checkpoint_step(old) < checkpoint_step(kept[0]):
             shutil.rmtree(old, ignore_errors=True)
+    for cut in root.glob("step_*.partial"):  # saves a stopped run left half-written: a checkpoint's size each
+        if cut.is_dir() and STEP_NAME.fullmatch(cut.name.removesuffix(".partial")):
+            shutil.rmtree(cut, ignore_errors=True)
     return final
 
 
