@@ -11,7 +11,8 @@ reshards on load. So a checkpoint written under one plan (tp, pp, vpp, dp, cp, Z
 count) resumes under any other plan of the same model, sequence length, global batch, seed and state precisions;
 a different one of those is refused with a one-line error. A checkpoint is written to ``step_N.partial`` and
 renamed when complete, then ``latest`` is replaced atomically, so a rank killed mid-save leaves the previous
-checkpoint intact (and its ``.partial`` folder, removed by the next save that completes). The data position is the step count (the data order is a pure function of the step), kept
+checkpoint intact (and its ``.partial`` folder, removed by the next save that completes). The data position is the
+step count (the data order is a pure function of the step), kept
 in ``meta.json`` with the plan that wrote it. Each rank's RNG state is saved too and restored when the same plan
 resumes (dropout then continues exactly); another plan draws its dropout masks afresh. ``meta.json`` also holds a
 CRC-32 of every file of the checkpoint, worked out after the save and checked before a load (each rank reads a
