@@ -25,7 +25,7 @@ def memory_warning(stage_GiB: list[float], capacity_GiB: list[float]) -> str | N
 def usable_text(headroom_GiB: float | None, cluster: Any) -> str:
     """What a plan may use per GPU, in words: ``43.2 GiB per GPU``, or on node groups of different GPUs the smallest
     and the largest (a placed stage is checked on its own group's GPUs)."""
-    sizes = sorted({cluster.group_view(g).gpu.memory_GiB for g in cluster.groups} or {cluster.gpu.memory_GiB})
+    sizes = cluster.memory_sizes_GiB
     low = f"{usable_GiB(headroom_GiB, sizes[0]):g} GiB per GPU"
     high = usable_GiB(headroom_GiB, sizes[-1])
     return low if len(sizes) == 1 else f"{low} on the smallest GPUs ({high:g} on the largest)"

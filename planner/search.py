@@ -89,7 +89,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
     cands = enumerate_space(model, cluster, global_batch, fixed, exhaustive, flags)
     cap = usable_GiB(headroom_GiB, cluster.gpu.memory_GiB)  # the merged view's GPU on node groups (the smallest)
     # plans to place on node groups may need only their largest GPUs' memory (each placed stage is checked on its own)
-    room = max((usable_GiB(headroom_GiB, cluster.group_view(g).gpu.memory_GiB) for g in cluster.groups), default=cap)
+    room = max(cap, usable_GiB(headroom_GiB, cluster.memory_sizes_GiB[-1]))
     n_ref = refine_count or max(2 * top, 16)
     mode, keep = "exact" if exhaustive else "mixed", None if exhaustive else (n_ref, CLOSED_FORM_SLACK)
     res = estimate_batch(model, cluster, cands, global_batch, state, mode, progress, fits_GiB=cap, keep=keep)
@@ -151,7 +151,7 @@ def _placeable(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed:
     cap = usable_GiB(headroom_GiB, cluster.gpu.memory_GiB)  # a split plan's every rank sits on the smallest GPUs too
     split = [p for p in plans if p.estimate.memory_GiB <= cap][:SPLIT_SCAN]
     split = [p for p in split if any(splits_replicas(w) for w in placements(cluster, p.config, moe))]
-    mixed = len({cluster.group_view(g).gpu.memory_GiB for g in cluster.groups}) > 1  # GPUs of different memory: the
+    mixed = len(cluster.memory_sizes_GiB) > 1  # GPUs of different memory: the
     # fastest plans that fit the largest are mostly unpipelined, so the pipelined ones are searched for too
     if (whole and not exhaustive and not mixed) or "pp" in fixed:
         return _fastest(whole + split)

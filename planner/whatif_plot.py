@@ -84,7 +84,7 @@ def figure(curves: dict[str, list[dict[str, Any]]], key: str, model: str, cluste
 
     scaling = key in ("gpus", "nodes")
     values = [p["value"] for p in next(iter(curves.values()))]
-    categorical = key == "gpu" or any(isinstance(v, str) for v in values)  # bars: GPU types, group names
+    categorical = any(isinstance(v, str) for v in values)  # bars: GPU types, group names
     fig, (top, low) = plt.subplots(2, 1, figsize=(9, 8), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
     names = list(curves)
     band = blended_transform_factory(top.transData, top.transAxes)  # x in data, y in the axes' height

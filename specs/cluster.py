@@ -308,6 +308,11 @@ class ClusterSpec(Strict):
         """GPUs per node of each node group, in profile order (empty for a homogeneous cluster)."""
         return {g.name: g.gpus_per_node for g in self.node_groups}
 
+    @property
+    def memory_sizes_GiB(self) -> list[float]:
+        """The GPU memories of the cluster's node groups, each once, smallest first (homogeneous: its GPU's)."""
+        return sorted({self.group_view(g).gpu.memory_GiB for g in self.groups} or {self.gpu.memory_GiB})
+
     @cached_property
     def topology(self) -> Topology:
         """The node groups and the links between them as a graph (built once per profile)."""
