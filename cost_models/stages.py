@@ -183,11 +183,11 @@ def layer_terms(model: ModelSpec, cm: ComputeModel, comm: CommModel, c: Candidat
     lc = layer_cost(model, cm, comm, t, cp, b, s, o, ep, etp, pieces=dict(state.overlap_pieces),
                     sm_margin=dict(state.sm_margin))
     # the runtime's loss on CPUs (gloo) is its reference, over the whole logits; the fused kernel runs on GPUs
-    whole = state.full_logits or comm.c.backend == "gloo"
+    reference = comm.c.backend == "gloo" and not state.full_logits
+    whole = state.full_logits or reference
     ec = end_cost(model, cm, comm, t, cp, b, s, whole, state.loss_fusion)
     full, ckpt, work = layer_activation_bytes(model, cm.eb, t, cp, b, s, rc, ep, etp)
-    emb, head, emb_work = end_activation_bytes(model, cm.eb, t, cp, b, s, state, whole,
-                                               reference=comm.c.backend == "gloo" and not state.full_logits)
+    emb, head, emb_work = end_activation_bytes(model, cm.eb, t, cp, b, s, state, whole, reference)
     parts = dict(fwd=lc.fwd, bwd=lc.bwd, core_fwd=lc.core_fwd, comm_f=lc.comm_fwd, comm_b=lc.comm_bwd,
                  ep_comm=lc.ep_comm,
                  embed_f=ec.embed_f, embed_b=ec.embed_b, head_f=ec.head_f, head_b=ec.head_b, act_full=full,

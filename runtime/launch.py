@@ -183,12 +183,12 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
     try:
         rc = _run_workers(cmd, full_env, timeout_s)
     except AutoparError as err:  # a worker failed: where to go on from, unless the error says already
-        again = resume_command(plan_path, steps or plan.train.steps, metrics_out, checkpoint_dir, options)
+        again = resume_command(plan_path, total, metrics_out, checkpoint_dir, options)
         if not resumable or again is None or "resume" in str(err):
             raise
         raise AutoparError(f"{err}; {again}") from None
     if rc == INTERRUPTED:
-        line = interrupted(plan_path, steps or plan.train.steps, metrics_out, checkpoint_dir, resumable, options)
+        line = interrupted(plan_path, total, metrics_out, checkpoint_dir, resumable, options)
         print(f"autopar: {line}", file=sys.stderr, flush=True)
     elif rc == 0 and not quiet:
         print(f"autopar: {finished(total, metrics_out, checkpoint_dir)}", flush=True)
