@@ -45,6 +45,7 @@ from runtime.checkpoint_folder import (
     latest_checkpoint,
     newest_is_broken,
     no_checkpoint,
+    set_aside,
     step_folders,
     step_name,
 )
@@ -170,12 +171,14 @@ def publish(root: Path, tmp: Path, meta: dict[str, Any], keep: int = KEEP_CHECKP
         if isinstance(sums, str):
             raise AutoparError(f"checkpoint {tmp} could not be read back after saving ({sums})")
     (tmp / META).write_text(json.dumps({"format": FORMAT, **meta, "checksums": sums}, indent=1) + "\n")
-    if final.exists():
-        shutil.rmtree(final)
+    if final.exists():  # a checkpoint of this step from before a roll back (by hand): kept aside, not overwritten
+        set_aside(root, [final])
     os.replace(tmp, final)
     (root / f"{LATEST}.tmp").write_text(final.name + "\n")
     os.replace(root / f"{LATEST}.tmp", root / LATEST)
-    folders = step_folders(root)
+    # the run's own checkpoints: any newer one is from before a roll back (by hand), neither kept in place of the
+    # run's nor pruned
+    folders = [p for p in step_folders(root) if checkpoint_step(p) <= checkpoint_step(final)]
     complete = [p for p in folders if (p / META).is_file()]
     kept = complete[-keep:]  # complete ones only: a broken folder never counts as kept in place of a good one
     for old in folders:  # older than every kept one: complete or broken (a removal cut short), it goes

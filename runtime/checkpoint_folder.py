@@ -4,7 +4,9 @@ and loads them; the launcher and the run options only need to look)."""
 
 from __future__ import annotations
 
+import os
 import re
+import time
 from pathlib import Path
 
 from specs.errors import AutoparError
@@ -12,6 +14,7 @@ from specs.errors import AutoparError
 META = "meta.json"
 LATEST = "latest"
 STEP_NAME = re.compile(r"step_[0-9]+")  # a checkpoint's folder: the step it was written after
+ROLLED_BACK = "rolled-back-"  # the folder (time stamp added) the checkpoints after a rolled-back-to one move into
 
 
 def checkpoint_files(folder: Path) -> list[str]:
@@ -24,7 +27,8 @@ def no_checkpoint(root: Path) -> AutoparError:
     the checkpoint folder is named as such."""
     if STEP_NAME.fullmatch(root.name) and (root / META).is_file():
         return AutoparError(f"{root} is one checkpoint; give the folder holding it, --checkpoint-dir {root.parent} "
-                            "(its newest checkpoint is resumed)")
+                            f"(its newest checkpoint is resumed; add --resume-from {checkpoint_step(root)} for this "
+                            "one)")
     return AutoparError(f"no checkpoint to resume from in {root}; run without --resume to start fresh")
 
 
@@ -67,3 +71,67 @@ def latest_checkpoint(root: Path) -> Path | None:
         pass
     done = [p for p in step_folders(root) if (p / META).exists()]
     return done[-1] if done else None
+
+
+def resume_step(text: str) -> int:
+    """``--resume-from``'s value: a step (``10``) or a checkpoint's folder (``step_00000010``, a path to it)."""
+    name = Path(text).name
+    if STEP_NAME.fullmatch(name):
+        return checkpoint_step(Path(name))
+    try:
+        step = int(text)
+    except ValueError:
+        step = -1
+    if step < 0:
+        raise AutoparError(f"--resume-from takes a checkpoint's step (10) or folder (step_00000010), got {text!r}")
+    return step
+
+
+def point_latest(root: Path, step: int) -> Path:
+    """Make the checkpoint written after ``step`` the one a resume goes on from (``latest``); returns it. Refused
+    where it is not a complete checkpoint under ``root``, naming those there are."""
+    ck = root / step_name(step)
+    if not (ck / META).is_file():
+        held = [p.name for p in step_folders(root) if (p / META).is_file()]
+        there = f"those in it: {', '.join(held)}" if held else "it holds none"
+        what = "is not complete (it has no meta.json)" if ck.is_dir() else "does not exist"
+        raise AutoparError(f"checkpoint {ck} {what}; --resume-from takes one of the complete checkpoints in {root} "
+                           f"({there})")
+    (root / f"{LATEST}.tmp").write_text(ck.name + "\n")
+    os.replace(root / f"{LATEST}.tmp", root / LATEST)
+    return ck
+
+
+def set_aside(root: Path, folders: list[Path]) -> Path:
+    """Move checkpoint ``folders`` of ``root`` into a new ``rolled-back-<UTC time>`` folder beside them (out of the
+    run's sight: it neither resumes from nor prunes them, and no new checkpoint of the same step overwrites them);
+    returns that folder."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    dest = root / f"{ROLLED_BACK}{stamp}"
+    n = 1
+    while dest.exists():
+        n += 1
+        dest = root / f"{ROLLED_BACK}{stamp}-{n}"
+    dest.mkdir()
+    for f in folders:
+        os.replace(f, dest / f.name)
+    return dest
+
+
+def abandoned(root: Path) -> list[Path]:
+    """The ``step_N`` folders of ``root`` newer than the checkpoint a resume goes on from (``latest``, pointed at an
+    older one by ``--resume-from`` or by hand), which that resume abandons."""
+    ck = latest_checkpoint(root)
+    return [] if ck is None else [p for p in step_folders(root) if checkpoint_step(p) > checkpoint_step(ck)]
+
+
+def roll_back(root: Path) -> str | None:
+    """Set aside (:func:`set_aside`) the checkpoints a resume abandons (:func:`abandoned`), so that they are neither
+    deleted nor overwritten by the steps trained again. Returns what was done, in a line, or None."""
+    newer = abandoned(root)
+    if not newer:
+        return None
+    dest = set_aside(root, newer)
+    names = ", ".join(p.name for p in newer)
+    return (f"resuming from {latest_checkpoint(root).name}: the newer checkpoint{'s' if len(newer) > 1 else ''} "
+            f"{names} moved to {dest} (nothing is deleted: remove that folder when no longer wanted)")

@@ -20,7 +20,15 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from runtime.checkpoint_folder import checkpoint_step, latest_checkpoint, newest_is_broken, no_checkpoint, step_folders
+from runtime.checkpoint_folder import (
+    abandoned,
+    checkpoint_step,
+    latest_checkpoint,
+    newest_is_broken,
+    no_checkpoint,
+    roll_back,
+    step_folders,
+)
 from runtime.data import SAMPLE_TEXT, TokenData
 from runtime.metrics import last_step
 from runtime.options import COLLECTIVE_TIMEOUT_S, add_run_arguments, check_run_options, launch_options, worker_argv
@@ -152,6 +160,8 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
                               keep_checkpoints, train_from_plan)
     if checkpoint_dir:  # (a dry run only prints the command: this machine's devices may not be the workers')
         check_checkpoints(Path(checkpoint_dir), resume, total, None if dry_run else plan)
+    if resume and checkpoint_dir:  # from a checkpoint older than others (latest pointed back): they are set aside
+        _roll_back(Path(checkpoint_dir), dry_run)
     trained_on = data
     if resume and checkpoint_dir:  # the file the checkpoint's run trained on, unless --data gives another
         from runtime.checkpoint import resumed_data
@@ -230,6 +240,21 @@ def check_checkpoints(root: Path, resume: bool, total_steps: int, plan: PlanFile
 
         on_gpus = local_gpus() is not None or _spans_nodes(plan)
         same_run(last, read_meta(last), plan, executed_state(plan, torch.device("cuda" if on_gpus else "cpu")))
+
+
+def _roll_back(root: Path, dry_run: bool) -> None:
+    """Set aside the checkpoints newer than the one a resume goes on from (:func:`roll_back`), saying so; a dry run
+    says what the run would move."""
+    if dry_run:
+        newer = abandoned(root)
+        if newer:
+            print(f"autopar: a dry run moves nothing; the run would move {', '.join(p.name for p in newer)} (newer "
+                  f"than {latest_checkpoint(root).name}, which it resumes from) into a rolled-back folder in {root}",
+                  flush=True)
+        return
+    done = roll_back(root)
+    if done:  # (even with --quiet: it moved the user's files)
+        print(f"autopar: {done}", flush=True)
 
 
 def _spans_nodes(plan: PlanFile) -> bool:

@@ -6,15 +6,16 @@ peak_memory_GiB, peak_reserved_GiB, predicted_memory_GiB, plan`` (the plan file'
 ``peak_memory_GiB_per_rank``, ``peak_reserved_GiB_per_rank``, ``predicted_memory_GiB_per_rank`` (its pipeline
 stage's, from the plan's prediction). ``peak_memory_GiB`` and ``peak_reserved_GiB`` are
 the fullest rank's (CUDA: allocated and reserved by the caching allocator; CPU: the process's peak RSS, both),
-beside the memory the plan predicted per GPU. MFU = model FLOPs
-(``ModelSpec.model_flops_per_token``, no recompute) x tokens / (step time x the peak of the GPUs the plan runs
-on, ``ClusterSpec.peak_flops``: node groups each at their own) — the planner's estimate divides by the same, so the
-two compare directly.
+beside the memory the plan predicted per GPU (a loss or gradient norm that is not a number is written null: strict
+JSON). MFU = model FLOPs (``ModelSpec.model_flops_per_token``, no recompute) x tokens / (step time x the peak of
+the GPUs the plan runs on, ``ClusterSpec.peak_flops``: node groups each at their own) — the planner's estimate
+divides by the same, so the two compare directly.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import IO, Any
 
@@ -51,6 +52,18 @@ def is_metrics_data(content: Any) -> bool:
                 return False
     return any(isinstance(o, dict) and ("step" in o or "event" in o) for o in objs) and all(
         isinstance(o, dict) for o in objs)
+
+
+def _strict(value: Any) -> Any:
+    """``value`` with a number that is not finite (a loss that turned to nan) as null: strict JSON, which every
+    reader parses (``NaN`` is Python's extension)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_strict(v) for v in value]
+    return value
 
 
 class MetricsLog:
@@ -117,14 +130,14 @@ class MetricsLog:
         return row
 
     def event(self, **fields: object) -> None:
-        """A line that is not a step (``{"event": ...}``): what a restart lost and redid."""
+        """A line that is not a step (``{"event": ...}``): a resume, what a restart lost and redid."""
         self._write(fields)
 
     def _write(self, row: dict[str, Any]) -> None:
         if self.file is None:
             return
         try:
-            self.file.write(json.dumps(row) + "\n")
+            self.file.write(json.dumps(_strict(row), allow_nan=False) + "\n")
             self.file.flush()
         except OSError as err:  # a full disk, a device that refuses writes: say which file, and how to go on
             raise AutoparError(f"cannot write metrics file {self.file.name}: {err.strerror or err}; free space or "

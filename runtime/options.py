@@ -23,6 +23,10 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-restarts", type=integer, default=0, metavar="N",
                    help="when a worker dies, restart all workers up to N times, each resuming from the latest "
                         "checkpoint in --checkpoint-dir (torchrun's elastic restart; default 0)")
+    p.add_argument("--resume-from", metavar="STEP",
+                   help="resume from the checkpoint written after STEP (or its folder, step_00000010) in "
+                        "--checkpoint-dir instead of the newest: the newer ones are moved into a rolled-back-<time> "
+                        "folder there, not deleted (implies --resume)")
     p.add_argument("--replan", action="store_true",
                    help="with --resume and --gpus: plan the checkpoint's run again for the GPUs there are now (same "
                         "model and global batch), write that plan beside the checkpoints and continue under it")

@@ -163,6 +163,8 @@ def run(args: argparse.Namespace) -> int:
         if rank == 0 and not args.quiet:
             print(f"autopar: restart {attempt} after a worker failed: resuming after step {trainer.step}, "
                   f"redoing {lost} step(s)", flush=True)
+    elif resume:  # where a resumed run's lines begin (its first step is a warm-up again)
+        log.event(event="resume", resumed_after_step=trainer.step, plan_config=plan.config.short())
     if rank == 0 and not args.quiet:
         _say_what_runs(plan, device, trainer.step if resume else None, steps, carried,
                        data_note if attempt == 0 else None)

@@ -20,6 +20,8 @@ def run_command(args: argparse.Namespace) -> int:
     except ImportError as err:
         raise AutoparError(f"`autopar run` needs PyTorch: pip install torch ({err.name} is missing)") from None
     plan_path = args.plan
+    if args.resume_from is not None:
+        _point_back(args)
     if args.replan:
         plan_path = _replan(args)
     elif args.gpus is not None:
@@ -37,6 +39,25 @@ def run_command(args: argparse.Namespace) -> int:
         _check_host_memory(plan, plan_path)
     return launch(plan_path=plan_path, predicted_step_s=fresh and fresh.step_time_s,
                   predicted_memory_GiB=fresh and fresh.memory_GiB, **launch_options(args))
+
+
+def _point_back(args: argparse.Namespace) -> None:
+    """``--resume-from STEP``: roll the checkpoint folder back to that checkpoint first (``latest`` points at it, the
+    newer ones are set aside, saying where), then resume from it; a launch refused after that leaves the folder
+    rolled back, as asked."""
+    from runtime.checkpoint_folder import point_latest, resume_step, roll_back
+
+    if not args.checkpoint_dir:
+        raise AutoparError("--resume-from needs --checkpoint-dir (where the checkpoints are)")
+    step = resume_step(args.resume_from)
+    if args.dry_run:
+        raise AutoparError("--resume-from points the checkpoint folder at an earlier checkpoint, and a dry run "
+                           "changes nothing: drop --dry-run (or dry-run from the newest with --resume)")
+    point_latest(Path(args.checkpoint_dir), step)
+    done = roll_back(Path(args.checkpoint_dir))
+    if done:
+        print(f"autopar: {done}", flush=True)
+    args.resume = True
 
 
 def _checkpoint_plan(root: Path, dry_run: bool = False) -> str:

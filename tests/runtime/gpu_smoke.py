@@ -55,7 +55,7 @@ def _train(args: list[str], torchrun: bool = False, cpu: bool = False) -> list[d
                        capture_output=True, text=True)
     if r.returncode:
         raise SystemExit(f"failed: {args}\n{r.stderr[-3000:]}")
-    return [json.loads(x) for x in out.read_text().splitlines()]
+    return [row for x in out.read_text().splitlines() if "step" in (row := json.loads(x))]  # not a resume's event
 
 
 def _cp_blocks() -> float:

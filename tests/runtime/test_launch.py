@@ -27,7 +27,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    """A metrics file's step lines (not its events: a resume's, a restart's)."""
+    return [row for line in path.read_text().splitlines() if "step" in (row := json.loads(line))]
 
 
 def test_default_plan_is_the_tiny_cpu_plan(tmp_path):
@@ -37,8 +38,9 @@ def test_default_plan_is_the_tiny_cpu_plan(tmp_path):
     assert plan.prediction.get("step_time_s", 0) > 0
 
 
-def test_killed_rank_resumes_from_last_checkpoint(tmp_path):
-    """The default plan trains (loss drops); a rank killed before step 7 loses only steps 5-6 (checkpoint at 4).
+def test_killed_rank_resumes_from_last_checkpoint(tmp_path, capsys):
+    """The default plan trains (loss drops); a rank killed before step 7 loses only steps 5-6 (checkpoint at 4);
+    then rolled back to step 4 (``--resume-from``), it trains steps 5-8 again as they were, nothing deleted.
 
     The run is uninterrupted up to the kill, so its steps 5 and 6 are what the resumed run must redo exactly.
     (That a resumed loss curve equals an uninterrupted one over a whole run is test_dp_checkpoint's.)
@@ -65,6 +67,20 @@ def test_killed_rank_resumes_from_last_checkpoint(tmp_path):
                 "peak_memory_GiB", "peak_reserved_GiB", "predicted_memory_GiB"):
         assert all(isinstance(r[key], float) and r[key] > 0 for r in rows), key
     assert (ck / "latest").read_text().strip() == "step_00000008"
+    resumed = [json.loads(line) for line in m.read_text().splitlines() if '"event"' in line]
+    assert resumed == [{"event": "resume", "resumed_after_step": 4, "plan_config": load_plan(plan).config.short()}]
+
+    # rolled back to step 4: the step 8 checkpoint is set aside (neither deleted nor overwritten), 5-8 train again
+    old = (ck / "step_00000008" / "meta.json").read_text()
+    assert main(["run", plan, "--checkpoint-dir", str(ck), "--resume-from", "4", "--steps", "8", "--checkpoint-every",
+                 "4", "--metrics-out", str(m), "--quiet"]) == 0
+    aside = list(ck.glob("rolled-back-*"))
+    assert len(aside) == 1 and (aside[0] / "step_00000008" / "meta.json").read_text() == old
+    assert f"resuming from step_00000004: the newer checkpoint step_00000008 moved to {aside[0]}" in \
+        capsys.readouterr().out
+    assert (ck / "latest").read_text().strip() == "step_00000008" and (ck / "step_00000008" / "meta.json").exists()
+    assert [r["step"] for r in _rows(m)[-4:]] == [5, 6, 7, 8]
+    assert [r["loss"] for r in _rows(m)[-4:]] == [r["loss"] for r in rows[-4:]]  # the same steps again
 
 
 def test_resume_replans_for_the_gpus_there_are_now(tmp_path, capsys):
@@ -164,8 +180,12 @@ def test_a_diverged_run_is_not_restarted_into_the_same_divergence(tmp_path):
     with pytest.raises(AutoparError) as err:
         launch(plan, steps=6, checkpoint_dir=str(tmp_path / "ck"), checkpoint_every=1, max_restarts=2,
                metrics_out=str(m), quiet=True)
-    losses = [r["loss"] for r in _rows(m) if "loss" in r]
-    assert sum(x != x for x in losses) == 1, losses  # nan != nan: one diverged step, not one per attempt
+    def strict(word: str) -> None:
+        raise AssertionError(f"{word} in the metrics: not strict JSON")
+
+    rows = [json.loads(line, parse_constant=strict) for line in m.read_text().splitlines()]
+    losses = [r["loss"] for r in rows if "loss" in r]
+    assert sum(x is None for x in losses) == 1, losses  # the nan written null: one diverged step, not one per attempt
     assert "nan" in str(err.value)
 
 
@@ -682,6 +702,57 @@ def test_a_checkpoint_that_lost_its_meta_is_refused_and_never_kept_over_a_good_o
     (fresh / "step_00000020").mkdir(parents=True)  # never resume past it
     with pytest.raises(AutoparError, match="holds a run's checkpoints .the newest step_00000020."):
         launch(_plan(tmp_path), steps=4, checkpoint_dir=str(fresh), quiet=True)
+
+
+def test_a_roll_back_loses_no_checkpoint(tmp_path, capsys):
+    """Resuming from a checkpoint older than others (``latest`` edited by hand, or ``--resume-from``) sets the newer
+    ones aside in a rolled-back folder; a worker that saves over a step of such a folder (run by hand, without the
+    launcher) sets the old one aside too, and prunes only its own run's checkpoints."""
+    from runtime.checkpoint import publish
+    from runtime.checkpoint_folder import latest_checkpoint, point_latest, resume_step, roll_back
+
+    def folder(root: Path, step: int, mark: str = "") -> None:
+        (root / f"step_{step:08d}").mkdir(parents=True)
+        (root / f"step_{step:08d}" / "meta.json").write_text(mark or "{}")
+
+    root = tmp_path / "ck"
+    for step in (4, 8, 12):
+        folder(root, step, f'{{"old": {step}}}')
+    (root / "latest").write_text("step_00000004\n")  # pointed back by hand
+    plan = _plan(tmp_path)
+    assert launch(plan, steps=30, checkpoint_dir=str(root), resume=True, dry_run=True) == 0
+    assert "a dry run moves nothing; the run would move step_00000008, step_00000012 (newer than step_00000004" in \
+        capsys.readouterr().out
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_00000004", "step_00000008", "step_00000012"]
+    said = roll_back(root)
+    aside = next(root.glob("rolled-back-*"))
+    assert said.startswith(f"resuming from step_00000004: the newer checkpoints step_00000008, step_00000012 moved "
+                           f"to {aside}")
+    assert sorted(p.name for p in aside.iterdir()) == ["step_00000008", "step_00000012"]
+    assert roll_back(root) is None and latest_checkpoint(root).name == "step_00000004"
+
+    hand = tmp_path / "hand"  # the workers run by hand from a pointed-back latest: the launcher set nothing aside
+    for step in (4, 8, 12):
+        folder(hand, step, f'{{"old": {step}}}')
+    (hand / "latest").write_text("step_00000004\n")
+    (hand / "step_00000008.partial").mkdir()
+    publish(hand, hand / "step_00000008.partial", {"step": 8}, keep=1, sums={})
+    kept = next(hand.glob("rolled-back-*"))
+    assert (kept / "step_00000008" / "meta.json").read_text() == '{"old": 8}'  # not overwritten
+    assert json.loads((hand / "step_00000008" / "meta.json").read_text())["step"] == 8
+    assert (hand / "step_00000012").is_dir() and not (hand / "step_00000004").exists()  # its own older one pruned
+
+    assert [resume_step(t) for t in ("10", "step_00000010", str(root / "step_00000010"))] == [10, 10, 10]
+    for bad in ("ten", "-3", ""):
+        with pytest.raises(AutoparError, match="--resume-from takes a checkpoint's step"):
+            resume_step(bad)
+    with pytest.raises(AutoparError, match=r"step_00000006 does not exist; --resume-from takes one of the complete "
+                                           r"checkpoints in .*ck \(those in it: step_00000004\)"):
+        point_latest(root, 6)
+    for argv, want in ((["--resume-from", "4"], "--resume-from needs --checkpoint-dir"),
+                       (["--resume-from", "4", "--checkpoint-dir", str(root), "--dry-run"], "a dry run changes nothing")):
+        assert main(["run", plan, *argv]) == 2
+        assert want in capsys.readouterr().err
 
 
 def test_a_metrics_file_is_overwritten_only_when_it_records_no_step(tmp_path):
