@@ -318,7 +318,15 @@ def hf_config(spec: ModelSpec) -> dict[str, object]:
         "rope_theta": spec.rope_theta, "tie_word_embeddings": spec.tie_embeddings, "hidden_act": "silu",
         "torch_dtype": "float32", **({} if qwen else {"attention_bias": False, "mlp_bias": False}),
         **({} if spec.rope_scaling is None else {"rope_scaling": _rope_scaling(spec)}),
+        **token_ids(spec),
     }
+
+
+def token_ids(spec: ModelSpec) -> dict[str, object]:
+    """The special tokens' ids as a config writes them: those the model's Hugging Face config declared, the others
+    null (left out, transformers would assume Llama 2's 1 and 2, which a model trained on other tokens lacks)."""
+    known = spec.token_ids or {}
+    return {key: known.get(key) for key in ("bos_token_id", "eos_token_id", "pad_token_id")}
 
 
 def _rope_scaling(spec: ModelSpec) -> dict[str, object]:
@@ -355,4 +363,7 @@ def export_hf(ckpt_dir: Path, out: Path) -> tuple[Path, Path]:
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     default_mode(out / "model.safetensors")  # safetensors writes it private (0600); a model is shared like any file
     (out / "config.json").write_text(json.dumps(hf_config(spec), indent=1) + "\n")
+    ids = {k: v for k, v in token_ids(spec).items() if v is not None}
+    if ids:  # what generate() stops at and starts from (transformers reads it beside the config)
+        (out / "generation_config.json").write_text(json.dumps({**ids, "_from_model_config": True}, indent=1) + "\n")
     return out, ck

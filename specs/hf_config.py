@@ -177,6 +177,27 @@ def hf_notes(cfg: dict[str, Any]) -> list[str]:
 
 def hf_to_spec(cfg: dict[str, Any], source: str) -> dict[str, Any]:
     """Translate a Hugging Face config.json (Llama/Mistral/Qwen2-style, GPT-2-style or Nemotron) to spec fields."""
+    out = _spec_fields(cfg, source)
+    ids = _token_ids(cfg)
+    return {**out, "token_ids": ids} if ids else out
+
+
+def _token_ids(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The special tokens' ids the config declares (kept for export-hf to write back): those that are ids, or lists
+    of ids (an eos_token_id may list several); anything else (null, -1) is as good as absent."""
+    def is_id(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+    out = {}
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        v = cfg.get(key)
+        if is_id(v) or isinstance(v, list) and v and all(is_id(x) for x in v):
+            out[key] = v
+    return out
+
+
+def _spec_fields(cfg: dict[str, Any], source: str) -> dict[str, Any]:
+    """:func:`hf_to_spec` but the token ids."""
     mtype = str(cfg.get("model_type", "")).lower()
     path = Path(source)  # a model folder's config.json is named by its folder, any other file by its own name
     file_name = path.parent.name if path.name == "config.json" else path.stem

@@ -11,7 +11,7 @@ from functools import cached_property
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, field_validator, model_validator
 
 from specs.errors import AutoparError, bool_only, number_only, whole_only
 from specs.moe import MoESpec
@@ -21,6 +21,7 @@ from specs.moe import MoESpec
 LIMITS = {"num_layers": 10_000, "hidden_size": 1 << 20, "num_attention_heads": 1 << 16, "num_kv_heads": 1 << 16,
           "ffn_hidden_size": 1 << 22, "vocab_size": 1 << 24, "seq_length": 1 << 26, "head_dim": 1 << 16,
           "sliding_window": 1 << 26, "max_positions": 1 << 26}
+TokenIdName = Literal["bos_token_id", "eos_token_id", "pad_token_id"]  # the special tokens a spec may name
 MAX_GLOBAL_BATCH = 1 << 20  # sequences per step: hundreds of times the largest published training batches
 # RoPE frequency scalings autopar computes (runtime/models/common.py), with the fields each needs; a spec may hold
 # others (Hugging Face's yarn, dynamic, longrope, ...): planned (the cost model does not price RoPE), not trained
@@ -119,6 +120,9 @@ class ModelSpec(BaseModel):
     # the context a Hugging Face config declares (its max_position_embeddings), which the planned seq_length may be
     # below: export-hf writes it back (None: seq_length); it neither plans nor trains anything
     context_length: int | None = Field(None, ge=1)
+    # the special tokens' ids a Hugging Face config declares (bos_token_id, eos_token_id: an id or a list,
+    # pad_token_id), which export-hf writes back (None: not known, written null); they neither plan nor train anything
+    token_ids: dict[TokenIdName, NonNegativeInt | list[NonNegativeInt]] | None = None
     block: BlockCounts | None = None  # set for traced custom models
     moe: MoESpec | None = None  # mixture-of-experts layers (specs/moe.py); None: every layer dense
 
@@ -208,10 +212,11 @@ class ModelSpec(BaseModel):
     def trained(self) -> dict[str, Any]:
         """The spec as training knows it, for telling whether two runs train one model: its JSON without what only
         plans it (the MoE load imbalance; ``max_positions``, a bound on the sequence the planner may pick) and what
-        only describes it (``context_length``)."""
+        only describes it (``context_length``, ``token_ids``)."""
         out = self.model_dump(mode="json")
         out.pop("max_positions", None)
         out.pop("context_length", None)
+        out.pop("token_ids", None)
         if self.moe is not None:
             out["moe"] = self.moe.trained()
         return out

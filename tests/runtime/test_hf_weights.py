@@ -311,3 +311,34 @@ def test_export_writes_back_the_context_the_config_declares(tmp_path):
     assert hf_config(longer)["max_position_embeddings"] == 8192  # trained past its declared context: that length
     (tmp_path / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 2 ** 27}))
     assert load_model(str(tmp_path / "config.json")).context_length == 2 ** 27  # describes: no size limit to refuse
+
+
+def test_export_writes_the_special_tokens_the_config_declared(tmp_path):
+    """bos/eos/pad ids read from a model's config.json go back into the export's config and its
+    generation_config.json (what generate() stops at); a model that declared none exports them null, not
+    transformers' Llama 2 defaults (1, 2)."""
+    cfg = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 128256, "bos_token_id": 128000,
+           "eos_token_id": [128001, 128009], "pad_token_id": None}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    spec = load_model(str(tmp_path / "config.json"))
+    assert spec.token_ids == {"bos_token_id": 128000, "eos_token_id": [128001, 128009]}
+    assert spec.trained() == spec.model_copy(update={"token_ids": None}).trained()  # a resume need not share them
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "bos_token_id": -1, "eos_token_id": "x"}))
+    assert load_model(str(tmp_path / "config.json")).token_ids is None  # not ids: as if absent
+
+    for ids in ({"bos_token_id": 1, "eos_token_id": [2, 5]}, None):
+        plan = case_plan({"steps": 2})
+        plan = plan.model_copy(update={"model": plan.model.model_copy(update={"token_ids": ids})})
+        _hf_model("llama", tmp_path / "hf", bos_token_id=None, eos_token_id=None)
+        ck = tmp_path / f"ck{bool(ids)}"
+        import_hf(tmp_path / "hf", plan, ck)
+        out, _ = export_hf(ck, tmp_path / f"out{bool(ids)}")
+        config = transformers.AutoConfig.from_pretrained(out)
+        if ids:
+            gen = transformers.GenerationConfig.from_pretrained(out)
+            assert (gen.bos_token_id, gen.eos_token_id, gen.pad_token_id) == (1, [2, 5], None)
+            assert (config.bos_token_id, config.eos_token_id) == (1, [2, 5])
+        else:
+            assert not (out / "generation_config.json").exists()
+            assert (config.bos_token_id, config.eos_token_id) == (None, None)
