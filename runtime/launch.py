@@ -158,8 +158,8 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
     total = check_run_options(plan, steps, checkpoint_dir, checkpoint_every, metrics_out, resume, max_restarts,
                               mtbf_hours, collective_timeout, {"plan file": plan_path, "--data file": data},
                               keep_checkpoints, train_from_plan)
-    if checkpoint_dir:  # (a dry run only prints the command: this machine's devices may not be the workers')
-        check_checkpoints(Path(checkpoint_dir), resume, total, None if dry_run else plan)
+    if checkpoint_dir:
+        check_checkpoints(Path(checkpoint_dir), resume, total, plan, dry_run)
     if resume and checkpoint_dir:  # from a checkpoint older than others (latest pointed back): they are set aside
         _roll_back(Path(checkpoint_dir), dry_run)
     trained_on = data
@@ -216,9 +216,12 @@ def finished(steps: int, metrics_out: str | None, checkpoint_dir: str | None) ->
     return "; ".join(parts)
 
 
-def check_checkpoints(root: Path, resume: bool, total_steps: int, plan: PlanFile | None = None) -> None:
-    """What ``root`` holds suits the run: with ``resume`` a checkpoint short of ``total_steps``; without, no run's
-    checkpoints (a fresh run would write over them and mix two runs in one folder)."""
+def check_checkpoints(root: Path, resume: bool, total_steps: int, plan: PlanFile | None = None,
+                      dry_run: bool = False) -> None:
+    """What ``root`` holds suits the run: with ``resume`` a checkpoint short of ``total_steps`` of the same run as
+    ``plan``; without, no run's checkpoints (a fresh run would write over them and mix two runs in one folder). A
+    ``dry_run`` may be printing the command for other machines: a checkpoint of the plan's run on GPUs or on CPUs
+    (which keep another state) passes."""
     broken = newest_is_broken(root) if resume else None
     if broken:
         raise broken
@@ -238,8 +241,17 @@ def check_checkpoints(root: Path, resume: bool, total_steps: int, plan: PlanFile
         from runtime.checkpoint import read_meta, same_run
         from runtime.trainer import executed_state
 
+        meta = read_meta(last)
         on_gpus = local_gpus() is not None or _spans_nodes(plan)
-        same_run(last, read_meta(last), plan, executed_state(plan, torch.device("cuda" if on_gpus else "cpu")))
+        devices = ["cuda", "cpu"] if dry_run else ["cuda" if on_gpus else "cpu"]
+        refusals = []
+        for device in devices:
+            try:
+                same_run(last, meta, plan, executed_state(plan, torch.device(device)))
+                return
+            except AutoparError as err:
+                refusals.append(err)
+        raise refusals[0 if on_gpus else -1]
 
 
 def _roll_back(root: Path, dry_run: bool) -> None:

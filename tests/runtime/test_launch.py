@@ -252,6 +252,8 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
         {"format": FORMAT, "step": 3, "plan": fingerprint(longer, longer.state), "checksums": {}}))
     cases.append((dict(plan_path=_plan(tmp_path), checkpoint_dir=str(other), resume=True, steps=8),
                   "is of another run (seq: checkpoint has 64, this run 128)"))
+    cases.append((dict(plan_path=_plan(tmp_path), checkpoint_dir=str(other), resume=True, steps=8, dry_run=True),
+                  "is of another run (seq: checkpoint has 64, this run 128)"))  # a dry run checks it too
     cases.append((dict(plan_path=_plan(tmp_path), checkpoint_dir=str(held), resume=True, steps=8),
                   "is corrupt (unreadable meta.json)"))
     cases.append((dict(plan_path=_plan(tmp_path), checkpoint_dir=str(held)), "add --resume to continue that run"))
@@ -753,6 +755,21 @@ def test_a_roll_back_loses_no_checkpoint(tmp_path, capsys):
                        (["--resume-from", "4", "--checkpoint-dir", str(root), "--dry-run"], "a dry run changes nothing")):
         assert main(["run", plan, *argv]) == 2
         assert want in capsys.readouterr().err
+
+
+def test_a_dry_run_checks_the_checkpoint_for_the_machines_that_will_run_it(tmp_path, capsys):
+    """A dry run resuming a GPU plan's checkpoint (bf16 state) from a machine without GPUs passes (the command is
+    for the GPU nodes); the real launch here would train in fp32 on CPUs, another run, and is refused."""
+    plan = _plan(tmp_path, cluster="dgx-a100", gpus=4)
+    loaded = load_plan(plan)
+    ck = tmp_path / "ck" / "step_00000003"
+    ck.mkdir(parents=True)
+    (ck / "meta.json").write_text(json.dumps({"format": FORMAT, "step": 3, "checksums": {},
+                                              "plan": fingerprint(loaded, loaded.state)}))
+    assert launch(plan, steps=8, checkpoint_dir=str(ck.parent), resume=True, dry_run=True) == 0
+    assert "--resume" in capsys.readouterr().out
+    with pytest.raises(AutoparError, match="is of another run .state"):
+        launch(plan, steps=8, checkpoint_dir=str(ck.parent), resume=True)
 
 
 def test_a_metrics_file_is_overwritten_only_when_it_records_no_step(tmp_path):
