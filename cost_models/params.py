@@ -11,6 +11,7 @@ import numpy as np
 from cost_models.compute import ArrayLike
 from specs.model import ModelSpec
 from specs.parallel import sp_in_effect
+from specs.state import bucket_count
 
 
 def end_stages(nv: int) -> tuple[np.ndarray, np.ndarray]:
@@ -112,4 +113,4 @@ def zero3_regather(model: ModelSpec, t: ArrayLike, nv: int) -> np.ndarray:
 def gradient_buckets(groups: tuple[np.ndarray, ...], bucket_params: int) -> np.ndarray:
     """Data-parallel gradient buckets of each stage: each reduce group's parameters cut into equal buckets of at
     most ``bucket_params`` (what the runtime allocates; ZeRO-2/3 use a bucket per layer instead)."""
-    return sum(np.ceil(np.asarray(g) / bucket_params) for g in groups)
+    return sum(bucket_count(np.asarray(g), bucket_params) for g in groups)

@@ -38,6 +38,13 @@ OverlapGemm = Literal["qkv_fprop", "proj_fprop", "fc1_fprop", "fc2_fprop", "qkv_
 ForwardGemm = Literal["qkv_fprop", "proj_fprop", "fc1_fprop", "fc2_fprop"]
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 BUCKET_PARAMS = 40_000_000  # gradient bucket of the data-parallel reduce, in parameters (Megatron's default)
+
+
+def bucket_count(params: Any, bucket_params: int) -> Any:
+    """How many data-parallel gradient buckets a reduce group of ``params`` parameters is cut into (an int, or an
+    array of groups): ceil(params / bucket_params), equal buckets of at most ``bucket_params`` each. The cost model
+    prices that many reduces and the runtime allocates that many buckets."""
+    return -(-params // bucket_params)
 LOGITS_CHUNK_ELEMENTS = 1 << 26  # the fused loss's logits chunk (tokens x vocab shard): 128 MiB in bf16
 LOSS_BLOCK_V = 32768  # the widest vocab row the fused loss holds in registers at once: a wider row is read twice
 

@@ -31,6 +31,7 @@ from torch import nn
 
 from runtime.models.common import Transformer
 from runtime.parallel.params import DP_EMBED, ParamInfo, Reduce
+from specs.state import bucket_count
 
 Range = tuple[int, int]
 ALIGN = 64  # elements: where buckets (and their ZeRO slices) may start: 128 bytes of bf16, 256 of fp32
@@ -96,7 +97,7 @@ def bucket_bounds(n: int, bucket_params: int, unit: int = 1, align: int = 1) -> 
     """``[start, end)`` of each bucket of an ``n``-element reduce group: ``ceil(n / bucket_params)`` buckets of
     equal size (within ``unit``), each a multiple of ``unit x align`` elements (the last one padded), or of ``unit``
     alone where buckets that coarse would leave some empty (a ``bucket_params`` below ``unit x align``)."""
-    k = -(-n // bucket_params)
+    k = bucket_count(n, bucket_params)
     if -(-n // (unit * align)) >= k:
         unit *= align
     units = -(-n // unit)
