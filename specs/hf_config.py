@@ -21,7 +21,7 @@ _UNPRICED = {"attn_logit_softcapping": "soft-capped attention scores",
              "final_logit_softcapping": "soft-capped output logits",
              "sliding_window_pattern": "alternating local and global attention layers",
              "layer_types": "layers of different attention kinds"}
-_GPT2_LIKE = {"gpt2"}
+_GPT2_LIKE = {"gpt2", "gptj"}  # gptj: rotary, no learned positions
 
 
 SEQ_CAP = 8192  # the sequence planned by default: the config's context (4096 when it gives none), at most this
@@ -156,15 +156,24 @@ def _rope_scaling(cfg: dict[str, Any]) -> dict[str, Any] | None:
     return out
 
 
+_QK_NORM = {"qwen3": "each head's", "qwen3_moe": "each head's", "olmoe": "the whole projection's"}  # q/k RMSNorms
+_DEFAULT_ACT = {"gemma": "gelu_pytorch_tanh"}  # the MLP activation where the config names none (else silu)
+
+
 def hf_notes(cfg: dict[str, Any]) -> list[str]:
-    """What of a Llama-style config autopar's blocks do not compute (the spec has no field for it): its MLP's
-    activation other than silu, the MLP's biases, the attention output's bias. Each is priced as the block autopar
-    computes (the same GEMMs) and trained as that block, so the command says so."""
-    if "n_embd" in cfg or str(cfg.get("model_type", "")).lower() in _GPT2_LIKE | {"nemotron"}:
+    """What of a config autopar's blocks do not compute (the spec has no field for it): a Llama-style MLP's
+    activation other than silu, the MLP's biases, the attention output's bias, q/k norms, Gemma's norms and
+    embedding scale, GPT-J's parallel residual. Each is priced as the block autopar computes (the same GEMMs) and
+    trained as that block, so the command says so."""
+    mtype = str(cfg.get("model_type", "")).lower()
+    if mtype == "gptj":
+        return ["parallel residual (attention and MLP both read the block's input): priced as the same GEMMs; "
+                "`autopar run` trains autopar's GPT block (attention, then the MLP) instead"]
+    if "n_embd" in cfg or mtype in _GPT2_LIKE | {"nemotron"}:
         return []
     notes = []
-    act = cfg.get("hidden_act", "silu")
-    if act not in ("silu", "swish", None):
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act") or _DEFAULT_ACT.get(mtype, "silu")
+    if act not in ("silu", "swish"):
         notes.append(f"hidden_act {act}: priced as autopar's SwiGLU MLP (the same GEMMs); `autopar run` trains it "
                      "with silu, not this activation")
     if cfg.get("mlp_bias") is True:
@@ -172,6 +181,12 @@ def hf_notes(cfg: dict[str, Any]) -> list[str]:
     if cfg.get("attention_bias") is True:
         notes.append("attention_bias: q, k and v keep their biases (qkv_bias); the output projection's bias is "
                      "neither priced nor trained")
+    if mtype in _QK_NORM:
+        notes.append(f"q/k norms ({mtype}: an RMSNorm of {_QK_NORM[mtype]} queries and keys): neither priced nor "
+                     "trained (autopar's Llama attention has none); export-hf writes the trained model as a Llama")
+    if mtype == "gemma":
+        notes.append("gemma: RMSNorms scaling by 1 + weight and embeddings scaled by sqrt(hidden_size): priced the "
+                     "same; `autopar run` trains autopar's Llama block, which export-hf writes as a Llama")
     return notes
 
 
@@ -215,18 +230,17 @@ def _spec_fields(cfg: dict[str, Any], source: str) -> dict[str, Any]:
     if unpriced:
         raise AutoparError(f"Hugging Face config {source}: {unpriced} ({_UNPRICED[unpriced]}) is not something "
                            "autopar's cost model prices; write an autopar spec to plan it as a plain model")
-    gpt2_keys = "n_embd" in cfg
-    if mtype and mtype not in _LLAMA_LIKE | _GPT2_LIKE | {"nemotron"} and not gpt2_keys:
+    if mtype and mtype not in _LLAMA_LIKE | _GPT2_LIKE | {"nemotron"}:  # n_embd alone does not make a GPT-2
         raise AutoparError(
             f"Hugging Face config {source}: model_type '{mtype}' is not supported; autopar reads "
-            f"Llama-style ({', '.join(sorted(_LLAMA_LIKE))}), GPT-2-style and Nemotron configs, or write an autopar "
-            "spec")
+            f"Llama-style ({', '.join(sorted(_LLAMA_LIKE))}), GPT-2-style ({', '.join(sorted(_GPT2_LIKE))}) and "
+            "Nemotron configs, or write an autopar spec")
     cfg = {k: v for k, v in cfg.items() if not (v is None and k in _NULL_IS_DEFAULT)}
     rope = cfg.get("rope_parameters")  # transformers 5 writes rope_theta and partial_rotary_factor only in here
     if isinstance(rope, dict):
         cfg = {**{k: rope[k] for k in ("rope_theta", "partial_rotary_factor") if k in rope}, **cfg}
     try:
-        if mtype in ("gpt2", "gpt_neo", "gptj") or "n_embd" in cfg:
+        if mtype in _GPT2_LIKE or not mtype and "n_embd" in cfg:
             h = _int(cfg, "n_embd")
             rotary = mtype == "gptj" and cfg.get("rotary_dim") is not None
             positions = _int(cfg, "n_positions") if "n_positions" in cfg else _int(cfg, "n_ctx", 1024)

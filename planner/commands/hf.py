@@ -30,7 +30,11 @@ def import_hf_command(args: argparse.Namespace) -> int:
 
 
 def export_hf_command(args: argparse.Namespace) -> int:
+    import json
+
     out, ck = _hf_weights().export_hf(Path(args.checkpoint_dir), Path(args.out))
-    print(f"wrote {out / 'config.json'} and {out / 'model.safetensors'} (the weights of {ck})")
+    arch = json.loads((out / "config.json").read_text())["architectures"][0]
+    print(f"wrote {out / 'config.json'} and {out / 'model.safetensors'} (the weights of {ck}, as {arch}: the block "
+          "autopar trained)")
     return 0
 

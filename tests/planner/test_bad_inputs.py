@@ -401,8 +401,10 @@ def test_an_output_never_replaces_a_file_of_another_kind(tmp_path, capsys):
 
 
 def test_what_a_hf_config_has_and_autopar_does_not_compute_is_said(tmp_path, capsys):
-    """A Llama-style config's activation other than silu, MLP biases and output-projection bias have no place in the
-    spec: planning it says so on stderr, each once; a config without them says nothing."""
+    """A Llama-style config's activation other than silu, MLP biases, output-projection bias, q/k norms and Gemma's
+    norms have no place in the spec: planning it says so on stderr, each once; a config without them says nothing.
+    A config with GPT-2's key names but another model_type (StarCoder's multi-query gpt_bigcode, CTRL's dff) is not
+    read as a GPT-2."""
     base = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
             "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 128}
     cfg = tmp_path / "config.json"
@@ -412,11 +414,25 @@ def test_what_a_hf_config_has_and_autopar_does_not_compute_is_said(tmp_path, cap
                                                                 "with silu"]),
                          ({"mlp_bias": True, "attention_bias": True},
                           ["mlp_bias: the MLP's biases are neither priced nor trained",
-                           "attention_bias: q, k and v keep their biases (qkv_bias); the output projection's bias"])]:
+                           "attention_bias: q, k and v keep their biases (qkv_bias); the output projection's bias"]),
+                         ({"model_type": "qwen3", "head_dim": 16},
+                          ["q/k norms (qwen3: an RMSNorm of each head's queries and keys): neither priced nor trained"]),
+                         ({"model_type": "gemma", "head_dim": 16},  # no activation named: transformers' gelu (tanh)
+                          ["hidden_act gelu_pytorch_tanh: priced as", "gemma: RMSNorms scaling by 1 + weight"]),
+                         ({"model_type": "gemma", "hidden_activation": "gelu_pytorch_tanh", "hidden_act": "gelu"},
+                          ["hidden_act gelu_pytorch_tanh: priced as", "gemma: RMSNorms scaling by 1 + weight"])]:
         cfg.write_text(json.dumps({**base, **extra}))
         assert main(["plan", "--model", str(cfg), "--cluster", "cpu-gloo", "--gpus", "2", "--global-batch", "8"]) == 0
         err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: model")]
         assert len(err) == len(notes) and all(n in line for n, line in zip(notes, err)), (extra, err)
+    gpt2 = {"n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 128, "vocab_size": 256}
+    for mtype in ("gpt_bigcode", "ctrl", "codegen", "openai-gpt"):
+        cfg.write_text(json.dumps({**gpt2, "model_type": mtype, "multi_query": True, "dff": 512}))
+        assert f"model_type '{mtype}' is not supported" in fails(capsys, "plan", "--model", str(cfg), "--cluster",
+                                                                 "cpu-gloo", "--gpus", "2", "--global-batch", "8")
+    cfg.write_text(json.dumps({**gpt2, "model_type": "gptj", "rotary_dim": 8}))
+    assert main(["plan", "--model", str(cfg), "--cluster", "cpu-gloo", "--gpus", "2", "--global-batch", "8"]) == 0
+    assert "parallel residual (attention and MLP both read the block's input)" in capsys.readouterr().err
 
 
 def test_an_empty_or_shapeless_file_and_a_short_list_are_said_plainly(tmp_path, capsys):
