@@ -1,7 +1,7 @@
 """Plan any ``nn.Module``: build it on the meta device, trace it, count what the cost model needs.
 
 ``--model pkg.module:factory`` calls ``factory()`` under ``torch.device("meta")`` (no memory, no weights),
-finds the repeated transformer block (the longest ``nn.ModuleList`` of identical blocks), and measures on one
+finds the repeated transformer block (the longest outermost ``nn.ModuleList`` of identical blocks), and measures on one
 sequence of meta tensors:
 
 - matmul FLOPs per token of one block, from a ``make_fx`` trace of a middle block called with the arguments
@@ -86,20 +86,25 @@ def _find(obj: Any, names: tuple[str, ...]) -> int | None:
 
 
 def _blocks(model, ref: str):
-    """The longest ModuleList whose children share one type and parameter count."""
+    """The repeated transformer blocks: the longest of the outermost ModuleLists (a MoE layer's experts are a list
+    inside a block) whose children share one type and parameter count. An outermost list of blocks that differ
+    (dense and mixture-of-experts layers) is refused rather than planned as something inside them."""
     import torch.nn as nn
 
-    best = None
-    for name, mod in model.named_modules():
-        if isinstance(mod, nn.ModuleList) and len(mod) > 0:
-            kinds = {(type(m), sum(p.numel() for p in m.parameters())) for m in mod}
-            if len(kinds) == 1 and (best is None or len(mod) > len(best[1])):
-                best = (name, mod)
-    if best is None:
-        raise AutoparError(f"--model {ref}: could not find the repeated transformer blocks; autopar needs the model "
-                           "to keep them in an nn.ModuleList of identical blocks (e.g. self.layers = "
-                           "nn.ModuleList([Block() for _ in range(n)])) that its forward calls in order")
-    return best
+    lists = [(name, mod) for name, mod in model.named_modules() if isinstance(mod, nn.ModuleList) and len(mod) > 0]
+    outer = [(name, mod) for name, mod in lists if not any(name.startswith(f"{o}.") for o, _ in lists if o)]
+    same = [(name, mod) for name, mod in outer
+            if len({(type(m), sum(p.numel() for p in m.parameters())) for m in mod}) == 1]
+    if same:
+        return max(same, key=lambda x: len(x[1]))
+    if outer:
+        name = max(outer, key=lambda x: len(x[1]))[0]
+        raise AutoparError(f"--model {ref}: the blocks of {name} differ (in type or parameter count, e.g. dense and "
+                           "mixture-of-experts layers); autopar traces models whose repeated blocks are identical: "
+                           "describe it as a model spec (a moe: section says which layers are experts)")
+    raise AutoparError(f"--model {ref}: could not find the repeated transformer blocks; autopar needs the model "
+                       "to keep them in an nn.ModuleList of identical blocks (e.g. self.layers = "
+                       "nn.ModuleList([Block() for _ in range(n)])) that its forward calls in order")
 
 
 def _node_flops(node) -> float:
@@ -166,8 +171,6 @@ def model_from_module(ref: str, seq: int | None = None) -> ModelSpec:
     embeds = [m for m in model.modules() if isinstance(m, nn.Embedding)]
     if not embeds:
         raise AutoparError(f"--model {ref}: no nn.Embedding found; autopar plans token-input language models")
-    emb = max(embeds, key=lambda m: m.num_embeddings)
-    vocab, hidden = emb.num_embeddings, emb.embedding_dim
     s = seq or _find(model, SEQ_ATTRS) or 2048
     heads = _find(blocks[0], HEAD_ATTRS) or _find(model, HEAD_ATTRS)
     for sub in blocks[0].modules():
@@ -181,14 +184,31 @@ def model_from_module(ref: str, seq: int | None = None) -> ModelSpec:
     def grab(module, args, kwargs) -> None:
         captured.setdefault("call", (args, kwargs))
 
-    h = blocks[i].register_forward_pre_hook(grab, with_kwargs=True)
+    looked_up: dict[int, bool] = {}  # each embedding the forward called: with the token ids (or positions, ...)
+
+    def lookup(module, args) -> None:
+        t = args[0] if args else None
+        looked_up.setdefault(id(module), t is ids or getattr(t, "_base", None) is ids)  # the ids or a view of them
+
+    hooks = [blocks[i].register_forward_pre_hook(grab, with_kwargs=True),
+             *(e.register_forward_pre_hook(lookup) for e in embeds)]
     try:
         with _user_code(ref, "the forward failed on meta tensors"), torch.no_grad():
             model(ids)
     finally:
-        h.remove()
+        for h in hooks:
+            h.remove()
     if "call" not in captured:
         raise AutoparError(f"--model {ref}: the forward never called the repeated blocks ({prefix})")
+    # the vocabulary: the embedding the token ids index (a character model's 65 tokens, not its 256 positions)
+    tokens_in = [e for e in embeds if looked_up.get(id(e))] or embeds
+    emb = max(tokens_in, key=lambda m: m.num_embeddings)
+    vocab, hidden = emb.num_embeddings, emb.embedding_dim
+    short = [e for e in embeds if looked_up.get(id(e)) is False and e.num_embeddings < s]
+    if short and tokens_in is not embeds:  # (where the token embedding was told apart from the others)
+        raise AutoparError(f"--model {ref}: a sequence of {s} tokens is beyond the model's table of "
+                           f"{short[0].num_embeddings} positions (an nn.Embedding indexed by position); give --seq "
+                           f"{short[0].num_embeddings} or less")
     args, kwargs = captured["call"]
     with _user_code(ref, "tracing a block failed"):
         gm = make_fx(lambda *a: blocks[i](*a, **kwargs))(*args)

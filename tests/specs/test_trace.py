@@ -64,6 +64,23 @@ def test_cli_plan_with_module(capsys):
     assert code == 0 and json.loads(out)["plans"]
 
 
+def test_the_blocks_are_the_outermost_list_and_the_vocabulary_the_token_lookup():
+    """A MoE model's blocks are its layers, not the experts list inside each (8 experts > 4 layers); blocks that
+    differ (a dense first layer) are refused; a character model's vocabulary is its 65 tokens, not its larger
+    position table, and a sequence beyond that table is refused."""
+    m = load_model("tests.fixtures.toy_lm:moe")
+    assert (m.num_layers, m.num_attention_heads, m.vocab_size) == (4, 8, 65)
+    experts = 8 * (2 * H * H + 2 * H)
+    assert m.block.params == 4 * H * H + 4 * H + 4 * H + H * 8 + experts  # attention, norms, router, experts
+    with pytest.raises(AutoparError, match="the blocks of layers differ .in type or parameter count"):
+        load_model("tests.fixtures.toy_lm:mixed")
+    char = load_model("tests.fixtures.toy_lm:char")
+    assert (char.vocab_size, char.seq_length) == (65, S)
+    with pytest.raises(AutoparError, match=f"a sequence of {2 * S} tokens is beyond the model's table of {S} "
+                                           f"positions .* give --seq {S} or less"):
+        load_model("tests.fixtures.toy_lm:char", seq=2 * S)
+
+
 @pytest.mark.parametrize("ref,needle", [
     ("tests.fixtures.no_such_module:build", "cannot import"),
     ("tests.fixtures.toy_lm:missing", "has no callable missing"),
