@@ -184,6 +184,10 @@ def hf_notes(cfg: dict[str, Any]) -> list[str]:
     if mtype in _QK_NORM:
         notes.append(f"q/k norms ({mtype}: an RMSNorm of {_QK_NORM[mtype]} queries and keys): neither priced nor "
                      "trained (autopar's Llama attention has none); export-hf writes the trained model as a Llama")
+    window = _window(cfg, mtype) if isinstance(cfg.get("sliding_window"), int) else None
+    if window is not None and window < min(cfg.get("max_position_embeddings") or SEQ_CAP, SEQ_CAP):
+        notes.append(f"sliding_window {window}: planned at sequence {window} by default (autopar computes full "
+                     f"attention, the same as the window's up to {window} tokens); --seq may be at most {window}")
     if mtype == "gemma":
         notes.append("gemma: RMSNorms scaling by 1 + weight and embeddings scaled by sqrt(hidden_size): priced the "
                      "same; `autopar run` trains autopar's Llama block, which export-hf writes as a Llama")

@@ -415,6 +415,9 @@ def test_what_a_hf_config_has_and_autopar_does_not_compute_is_said(tmp_path, cap
                          ({"mlp_bias": True, "attention_bias": True},
                           ["mlp_bias: the MLP's biases are neither priced nor trained",
                            "attention_bias: q, k and v keep their biases (qkv_bias); the output projection's bias"]),
+                         ({"model_type": "mistral", "sliding_window": 100},  # Phi-3 mini's window is 2047
+                          ["sliding_window 100: planned at sequence 100 by default"]),
+                         ({"model_type": "mistral", "sliding_window": 4096}, []),  # beyond the context: no note
                          ({"model_type": "qwen3", "head_dim": 16},
                           ["q/k norms (qwen3: an RMSNorm of each head's queries and keys): neither priced nor trained"]),
                          ({"model_type": "gemma", "head_dim": 16},  # no activation named: transformers' gelu (tanh)
