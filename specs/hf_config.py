@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -325,6 +326,19 @@ def _moe_fields(cfg: dict[str, Any], mtype: str) -> dict[str, Any]:
         out.update(num_shared_experts=1, shared_ffn_hidden_size=_int(cfg, "shared_expert_intermediate_size"),
                    shared_expert_gate=True)
     return out
+
+
+_HF_NAMES = {"num_kv_heads": "num_key_value_heads", "num_layers": "num_hidden_layers",
+             "ffn_hidden_size": "intermediate_size", "norm_eps": "rms_norm_eps"}  # spec field -> a Llama config's key
+_GPT2_NAMES = {"hidden_size": "n_embd", "num_layers": "n_layer", "num_attention_heads": "n_head",
+               "ffn_hidden_size": "n_inner", "norm_eps": "layer_norm_epsilon"}
+
+
+def in_config_terms(message: str, cfg: dict[str, Any]) -> str:
+    """A model spec's error about a spec read from ``cfg`` with the config's own key names (num_key_value_heads,
+    not num_kv_heads), so that it names what to fix in the file."""
+    names = _GPT2_NAMES if "n_embd" in cfg else _HF_NAMES
+    return re.sub(r"\b(" + "|".join(names) + r")\b", lambda m: names[m.group(1)], message)
 
 
 def looks_like_hf(data: dict[str, Any]) -> bool:

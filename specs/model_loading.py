@@ -8,7 +8,7 @@ from typing import Any
 
 from specs.errors import AutoparError, did_you_mean, validated
 from specs.files import read_mapping
-from specs.hf_config import hf_notes, hf_to_spec, looks_like_hf
+from specs.hf_config import hf_notes, hf_to_spec, in_config_terms, looks_like_hf
 from specs.model import LIMITS, ModelSpec, size_problem
 
 PRESET_DIR = Path(__file__).parent / "presets"
@@ -22,7 +22,10 @@ def model_from_dict(data: dict[str, Any], source: str, notes: list[str] | None =
     if looks_like_hf(data):
         if notes is not None:
             notes.extend(f"model {source}: {n}" for n in hf_notes(data))
-        data = hf_to_spec(data, source)
+        try:
+            return validated(ModelSpec, hf_to_spec(data, source), f"Hugging Face config {source}")
+        except AutoparError as err:
+            raise AutoparError(in_config_terms(str(err), data)) from None
     data = dict(data)
     data.setdefault("name", Path(source).stem if source else "model")
     return validated(ModelSpec, data, f"model spec {source}")

@@ -107,3 +107,16 @@ def test_bad_rope_scaling_is_one_line(tmp_path, rope, want):
 def test_rope_scaling_needs_rope():
     with pytest.raises(ValidationError, match="rope_scaling scales RoPE, but this GPT has learned positions"):
         ModelSpec(**{**load_model("tiny-gpt").model_dump(), "rope_scaling": {"type": "linear", "factor": 2.0}})
+
+
+def test_a_config_that_makes_no_model_is_told_in_its_own_key_names(tmp_path):
+    """The spec's rule (heads a multiple of kv heads) said with the config's keys, so the error names what to fix."""
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({"model_type": "llama", "hidden_size": 576, "num_hidden_layers": 2, "num_attention_heads": 9,
+                             "num_key_value_heads": 4, "intermediate_size": 1536, "vocab_size": 49152}))
+    with pytest.raises(AutoparError, match=r"^Hugging Face config .*config.json: num_attention_heads 9 must be a "
+                                           r"multiple of num_key_value_heads 4$"):
+        load_model(str(p))
+    p.write_text(json.dumps({**GPT2, "n_embd": 770}))  # 770 wide, 12 heads
+    with pytest.raises(AutoparError, match=r": n_embd 770 is not divisible by n_head 12"):
+        load_model(str(p))
