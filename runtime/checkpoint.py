@@ -130,8 +130,10 @@ def corrupt_error(ck: Path, bad: list[str]) -> AutoparError:
     return AutoparError(f"checkpoint {ck} is corrupt ({bad[0]} {what}{more}); delete it to use an earlier one")
 
 
-def save_checkpoint(tr: Trainer, root: Path, keep: int = KEEP_CHECKPOINTS) -> Path:
-    """Write the state after ``tr.step`` completed steps; returns the checkpoint's directory."""
+def save_checkpoint(tr: Trainer, root: Path, keep: int = KEEP_CHECKPOINTS,
+                    options: dict[str, int | None] | None = None) -> Path:
+    """Write the state after ``tr.step`` completed steps; returns the checkpoint's directory. ``options``: the
+    checkpointing options the run was given (:data:`CARRIED`), which a resume without them keeps."""
     name = step_name(tr.step)
     final, tmp = root / name, root / f"{name}.partial"
     rank0 = tr.g.rank == tr.g.ranks[0]
@@ -155,6 +157,7 @@ def save_checkpoint(tr: Trainer, root: Path, keep: int = KEEP_CHECKPOINTS) -> Pa
         data = None if tr.data.path == SAMPLE_TEXT else str(tr.data.path.resolve())  # None: the bundled sample
         publish(root, tmp, {"step": tr.step, "samples": tr.step * tr.plan.global_batch, "data": data,
                             "total_steps": tr.steps, "plan": fingerprint(tr.plan, tr.state),
+                            "options": {k: v for k, v in (options or {}).items() if k in CARRIED},
                             "plan_file": tr.plan.model_dump(mode="json", by_alias=True)}, keep, sums)
     dist.barrier(group=tr.g.world)
     return final
@@ -233,6 +236,26 @@ def resumed_train(plan: PlanFile, root: Path) -> tuple[PlanFile, str | None]:
     return plan.model_copy(update={"train": theirs}), ("resuming with the checkpoint's training settings, as its run "
                                                         "had them: " + ", ".join(changed) + " (--train-from-plan "
                                                         "takes the plan's)")
+
+
+# The checkpointing options a resumed run keeps from the run that wrote its checkpoint unless given again (and their
+# smallest values): a resume that forgot `--keep-checkpoints 4` would otherwise prune what that run kept
+CARRIED = {"checkpoint_every": 0, "keep_checkpoints": 1}
+
+
+def resumed_options(root: Path, given: dict[str, int | None]) -> tuple[dict[str, int | None], str | None]:
+    """``given`` (the run's :data:`CARRIED` options, None where not given) with those the newest checkpoint's run was
+    given filled in, and a note naming them (None when none is carried)."""
+    saved = _trained_meta(root).get("options")
+    saved = saved if isinstance(saved, dict) else {}
+    out, kept = dict(given), []
+    for key, least in CARRIED.items():
+        v = saved.get(key)
+        if out.get(key) is None and isinstance(v, int) and not isinstance(v, bool) and v >= least:
+            out[key] = v
+            kept.append(f"--{key.replace('_', '-')} {v}")
+    note = f"keeping the checkpoint's run's {' and '.join(kept)} (give them to change)" if kept else None
+    return out, note
 
 
 def resumed_data(root: Path, given: str | None) -> tuple[str | None, str | None]:

@@ -4,9 +4,12 @@ and loads them; the launcher and the run options only need to look)."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from specs.errors import AutoparError
@@ -14,6 +17,7 @@ from specs.errors import AutoparError
 META = "meta.json"
 LATEST = "latest"
 STEP_NAME = re.compile(r"step_[0-9]+")  # a checkpoint's folder: the step it was written after
+LOCK = ".autopar-lock"  # held by the `autopar run` training into the folder (its process id written in it)
 ROLLED_BACK = "rolled-back-"  # the folder (time stamp added) the checkpoints after a rolled-back-to one move into
 
 
@@ -62,12 +66,13 @@ def newest_is_broken(root: Path) -> AutoparError | None:
 
 
 def latest_checkpoint(root: Path) -> Path | None:
-    """The newest complete checkpoint under ``root`` (``latest`` if valid, else the highest step_N)."""
+    """The checkpoint a resume goes on from: the one ``latest`` names (a complete ``step_N`` folder of ``root``: the
+    newest, or an older one it was pointed back to), else the highest complete step_N."""
     try:
-        named = root / (root / LATEST).read_text().strip()
-        if (named / META).exists():
-            return named
-    except OSError:
+        name = (root / LATEST).read_text().strip()
+        if STEP_NAME.fullmatch(name) and (root / name / META).exists():  # a step folder here, nothing elsewhere
+            return root / name
+    except (OSError, ValueError):  # absent, unreadable, not text
         pass
     done = [p for p in step_folders(root) if (p / META).exists()]
     return done[-1] if done else None
@@ -135,3 +140,28 @@ def roll_back(root: Path) -> str | None:
     names = ", ".join(p.name for p in newer)
     return (f"resuming from {latest_checkpoint(root).name}: the newer checkpoint{'s' if len(newer) > 1 else ''} "
             f"{names} moved to {dest} (nothing is deleted: remove that folder when no longer wanted)")
+
+
+@contextlib.contextmanager
+def in_use(root: Path) -> Iterator[None]:
+    """Hold ``root`` for one run while the block runs (an advisory lock on its ``.autopar-lock``, released when the
+    process ends however it ends): a second run into the same folder (a scheduler's requeue while the first still
+    trains) is refused in one line instead of both writing, renaming and pruning each other's checkpoints."""
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / LOCK, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.seek(0)
+            who = f.read().strip()
+            by = f" (process {who})" if who.isdigit() else ""
+            raise AutoparError(f"checkpoint folder {root} is in use by another run{by}; wait for it to end or give "
+                               "another --checkpoint-dir") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

@@ -345,6 +345,11 @@ def export_hf(ckpt_dir: Path, out: Path) -> tuple[Path, Path]:
         raise AutoparError(f"{out} already holds a model; give a new directory, or one without a model in it")
     if out.is_dir() and latest_checkpoint(out) is not None:  # e.g. --out naming the checkpoint folder itself
         raise AutoparError(f"{out} holds a run's checkpoints; give a new directory, or one without checkpoints")
+    inside = next((p for p in (out, *out.resolve().parents) if STEP_NAME.fullmatch(p.name) and (p / META).is_file()),
+                  None)
+    if inside is not None:  # pruning the checkpoint would remove the export with it
+        raise AutoparError(f"{out} is inside checkpoint {inside}, which is removed with all it holds when newer "
+                           "checkpoints are kept in its place; give a folder outside it")
     ck = exported_checkpoint(ckpt_dir)
     spec, params = read_parameters(ck)
     tensors: dict[str, torch.Tensor] = {}

@@ -23,6 +23,7 @@ from pathlib import Path
 from runtime.checkpoint_folder import (
     abandoned,
     checkpoint_step,
+    in_use,
     latest_checkpoint,
     newest_is_broken,
     no_checkpoint,
@@ -160,8 +161,6 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
                               keep_checkpoints, train_from_plan)
     if checkpoint_dir:
         check_checkpoints(Path(checkpoint_dir), resume, total, plan, dry_run)
-    if resume and checkpoint_dir:  # from a checkpoint older than others (latest pointed back): they are set aside
-        _roll_back(Path(checkpoint_dir), dry_run)
     trained_on = data
     if resume and checkpoint_dir:  # the file the checkpoint's run trained on, unless --data gives another
         from runtime.checkpoint import resumed_data
@@ -173,6 +172,8 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
                           train_from_plan)
     gpus = local_gpus()
     if _spans_nodes(plan):
+        if resume and checkpoint_dir:  # the folder the nodes share, seen from here (where it is not, nothing moves)
+            _roll_back(Path(checkpoint_dir), dry_run)
         print("autopar: this plan spans several nodes; run on every node:\n  " +
               "\n  ".join(multi_node_commands(plan, worker, max_restarts)), flush=True)
         return 0
@@ -182,6 +183,8 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
            *(["--max-restarts", str(max_restarts)] if max_restarts else []), *worker]
     if dry_run:
+        if resume and checkpoint_dir:
+            _roll_back(Path(checkpoint_dir), True)
         print(" ".join(shlex.quote(c) for c in cmd), flush=True)
         return 0
     full_env = {**os.environ, **(env or {})}
@@ -190,13 +193,18 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
     keep = [("--checkpoint-every", checkpoint_every), ("--keep-checkpoints", keep_checkpoints),
             ("--max-restarts", max_restarts or None)]  # a resumed run keeps them (defaults otherwise)
     options = [x for flag, v in keep if v is not None for x in (flag, str(v))]
-    try:
-        rc = _run_workers(cmd, full_env, timeout_s)
-    except AutoparError as err:  # a worker failed: where to go on from, unless the error says already
-        again = resume_command(plan_path, total, metrics_out, checkpoint_dir, options)
-        if not resumable or again is None or "resume" in str(err):
-            raise
-        raise AutoparError(f"{err}; {again}") from None
+    with in_use(Path(checkpoint_dir)) if checkpoint_dir else contextlib.nullcontext():  # one run at a time in it
+        if resume and checkpoint_dir:  # from a checkpoint older than others (latest pointed back): set aside
+            _roll_back(Path(checkpoint_dir), False)
+        try:
+            rc = _run_workers(cmd, full_env, timeout_s)
+        except AutoparError as err:  # a worker failed: where to go on from, unless the error says already (or
+            # is about that checkpoint: a corrupt one)
+            again = resume_command(plan_path, total, metrics_out, checkpoint_dir, options)
+            last = latest_checkpoint(Path(checkpoint_dir)) if checkpoint_dir else None
+            if not resumable or again is None or "resume" in str(err) or str(last) in str(err):
+                raise
+            raise AutoparError(f"{err}; {again}") from None
     if rc == INTERRUPTED:
         line = interrupted(plan_path, total, metrics_out, checkpoint_dir, resumable, options)
         print(f"autopar: {line}", file=sys.stderr, flush=True)
@@ -285,6 +293,9 @@ def interrupted(plan_path: str, steps: int, metrics_out: str | None, checkpoint_
         return text
     if not checkpoint_dir:
         return text + "; no checkpoints were kept (give --checkpoint-dir to be able to resume)"
+    last = latest_checkpoint(Path(checkpoint_dir))
+    if last is not None and checkpoint_step(last) >= steps:  # stopped after the last step's checkpoint
+        return f"{text}; the run's last checkpoint, {last}, is at its last step: nothing is left to train"
     again = resume_command(plan_path, steps, metrics_out, checkpoint_dir, options)
     if again is None:
         return text + f"; no complete checkpoint in {checkpoint_dir} yet: run again from the start"
@@ -361,18 +372,22 @@ def _run_workers(cmd: list[str], env: dict[str, str], timeout_s: float | None = 
 
 def _failure(log: str, errors: list[str], rc: int) -> str:
     """One line on why the workers failed: torchrun's root cause if a worker died of a signal (the others'
-    errors are then only about the lost peer), else the first error a worker printed."""
+    errors are then only about the lost peer) unless the workers stopped with one of autopar's errors first, else
+    the first error a worker printed."""
     root = log.rpartition("Root Cause (first observed failure):")[2]
     rank = re.search(r"rank\s*:\s*(\d+)", root)
     code = re.search(r"exitcode\s*:\s*(-?\d+)[^(\n]*(?:\(pid: \d+\))?\s*(\(\w+\))?", root)
+    own = [e for e in errors if rank and f"rank {rank.group(1)}:" in e]
     if rank and code and int(code.group(1)) < 0:
+        said = [e for e in errors if not re.match(r"rank \d+: ", _worker_text(e))]  # autopar's own errors, not a
+        if said:  # lost peer's exception: the workers said why before one died (aborting on its way out)
+            return _worker_text(said[0])
         sig = (code.group(2) or f"signal {-int(code.group(1))}").strip("()")
         return f"training failed: worker rank {rank.group(1)} was killed by {sig}"
     hang = [e for e in errors if "stopped making progress" in e]  # the watchdog's verdict: the cause, not a symptom
     if hang:
         return _worker_text(hang[0])
     if errors:
-        own = [e for e in errors if rank and f"rank {rank.group(1)}:" in e]
         return _worker_text((own or errors)[0])
     return f"training failed: torchrun exited with status {rc}"
 

@@ -129,11 +129,15 @@ def run(args: argparse.Namespace) -> int:
                               inputs={"plan file": args.plan, "--data file": args.data},
                               keep_checkpoints=args.keep_checkpoints,
                               train_from_plan=args.train_from_plan, attempt=attempt)  # rank 0 writes metrics
-    data_path, data_note = args.data, None
-    if going_on:  # the run goes on with the data it trained on
-        from runtime.checkpoint import resumed_data
+    data_path, notes = args.data, []
+    if going_on:  # the run goes on with the data it trained on, checkpointed as it was
+        from runtime.checkpoint import resumed_data, resumed_options
 
         data_path, data_note = resumed_data(ckdir, args.data)
+        kept, kept_note = resumed_options(ckdir, {"checkpoint_every": args.checkpoint_every,
+                                                  "keep_checkpoints": args.keep_checkpoints})
+        args.checkpoint_every, args.keep_checkpoints = kept["checkpoint_every"], kept["keep_checkpoints"]
+        notes = [n for n in (data_note, kept_note) if n]
     data = TokenData(data_path or SAMPLE_TEXT, plan.seq, plan.model.vocab_size, plan.train.seed)
     device = _start_process_group(plan, rank, world, attempt)
     groups = build_groups(plan.config, device.type, tied_embeddings=plan.model.tie_embeddings,
@@ -166,8 +170,7 @@ def run(args: argparse.Namespace) -> int:
     elif resume:  # where a resumed run's lines begin (its first step is a warm-up again)
         log.event(event="resume", resumed_after_step=trainer.step, plan_config=plan.config.short())
     if rank == 0 and not args.quiet:
-        _say_what_runs(plan, device, trainer.step if resume else None, steps, carried,
-                       data_note if attempt == 0 else None)
+        _say_what_runs(plan, device, trainer.step if resume else None, steps, carried, notes if attempt == 0 else [])
     _train(args, trainer, log, clock, watch, StepHooks.from_env(rank, attempt, plan.config.short()), ckdir)
     log.close()
     comm.stop()
@@ -212,14 +215,14 @@ def _start_process_group(plan: PlanFile, rank: int, world: int, attempt: int) ->
 
 
 def _say_what_runs(plan: PlanFile, device: torch.device, resumed_after: int | None, steps: int, carried: str | None,
-                   data_note: str | None) -> None:
+                   notes: list[str]) -> None:
     """Rank 0's opening lines: what trains where and from where, what a resume carried over, and notes on the
     schedule's length and a CUDA plan run on CPUs."""
     backend = "nccl" if device.type == "cuda" else "gloo"
     where = f"resuming after step {resumed_after}" if resumed_after is not None else "from scratch"
     print(f"autopar: training {plan.model.name} on {plan.world_size} {backend} ranks ({plan.config.short()}), "
           f"global batch {plan.global_batch} x {plan.seq} tokens, {steps} steps, {where}", flush=True)
-    for note in (carried, data_note):  # only a resume carries settings over
+    for note in (carried, *notes):  # only a resume carries settings over
         if note:
             print(f"autopar: note: {note}", flush=True)
     if steps > plan.train.steps:
@@ -268,7 +271,8 @@ def _train(args: argparse.Namespace, trainer: Trainer, log: MetricsLog, clock: P
             from runtime.checkpoint import save_checkpoint
 
             t_save = time.perf_counter()
-            save_checkpoint(trainer, ckdir, args.keep_checkpoints or KEEP_CHECKPOINTS)
+            save_checkpoint(trainer, ckdir, args.keep_checkpoints or KEEP_CHECKPOINTS,
+                            {"checkpoint_every": args.checkpoint_every, "keep_checkpoints": args.keep_checkpoints})
             if advise:
                 advise = False
                 _advise_interval(log, trainer.step, time.perf_counter() - t_save, step_s, args.mtbf_hours, every,

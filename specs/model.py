@@ -212,11 +212,12 @@ class ModelSpec(BaseModel):
     def trained(self) -> dict[str, Any]:
         """The spec as training knows it, for telling whether two runs train one model: its JSON without what only
         plans it (the MoE load imbalance; ``max_positions``, a bound on the sequence the planner may pick) and what
-        only describes it (``context_length``, ``token_ids``)."""
+        only describes it (``name``, ``context_length``, ``token_ids``)."""
         out = self.model_dump(mode="json")
         out.pop("max_positions", None)
         out.pop("context_length", None)
         out.pop("token_ids", None)
+        out.pop("name", None)  # what it is called (a preset's name, an exported folder's) is not what it computes
         if self.moe is not None:
             out["moe"] = self.moe.trained()
         return out

@@ -45,7 +45,7 @@ def _point_back(args: argparse.Namespace) -> None:
     """``--resume-from STEP``: roll the checkpoint folder back to that checkpoint first (``latest`` points at it, the
     newer ones are set aside, saying where), then resume from it; a launch refused after that leaves the folder
     rolled back, as asked."""
-    from runtime.checkpoint_folder import point_latest, resume_step, roll_back
+    from runtime.checkpoint_folder import in_use, no_checkpoint, point_latest, resume_step, roll_back
 
     if not args.checkpoint_dir:
         raise AutoparError("--resume-from needs --checkpoint-dir (where the checkpoints are)")
@@ -53,8 +53,11 @@ def _point_back(args: argparse.Namespace) -> None:
     if args.dry_run:
         raise AutoparError("--resume-from points the checkpoint folder at an earlier checkpoint, and a dry run "
                            "changes nothing: drop --dry-run (or dry-run from the newest with --resume)")
-    point_latest(Path(args.checkpoint_dir), step)
-    done = roll_back(Path(args.checkpoint_dir))
+    if not Path(args.checkpoint_dir).is_dir():
+        raise no_checkpoint(Path(args.checkpoint_dir))
+    with in_use(Path(args.checkpoint_dir)):  # not under a run training into it
+        point_latest(Path(args.checkpoint_dir), step)
+        done = roll_back(Path(args.checkpoint_dir))
     if done:
         print(f"autopar: {done}", flush=True)
     args.resume = True

@@ -154,6 +154,10 @@ def test_what_import_and_export_refuse_before_writing(tmp_path, capsys):
         export_hf(tmp_path / "ck", tmp_path / "busy")
     with pytest.raises(AutoparError, match="holds a run's checkpoints"):
         export_hf(tmp_path / "ck", tmp_path / "ck")  # into the checkpoint folder itself
+    for into in (ck, ck / "hf"):  # inside a checkpoint: pruning it would remove the export
+        with pytest.raises(AutoparError, match=f"is inside checkpoint {ck}, which is removed with all it holds"):
+            export_hf(tmp_path / "ck", into)
+    assert not (ck / "hf").exists()
     (tmp_path / "fine").mkdir()
     (tmp_path / "fine" / "tokenizer.json").write_text("{}")  # a folder with the tokenizer in it is fine
     out, exported = export_hf(tmp_path / "ck", tmp_path / "fine")
@@ -324,6 +328,7 @@ def test_export_writes_the_special_tokens_the_config_declared(tmp_path):
     spec = load_model(str(tmp_path / "config.json"))
     assert spec.token_ids == {"bos_token_id": 128000, "eos_token_id": [128001, 128009]}
     assert spec.trained() == spec.model_copy(update={"token_ids": None}).trained()  # a resume need not share them
+    assert spec.trained() == spec.model_copy(update={"name": "exported"}).trained()  # nor a name
     (tmp_path / "config.json").write_text(json.dumps({**cfg, "bos_token_id": -1, "eos_token_id": "x"}))
     assert load_model(str(tmp_path / "config.json")).token_ids is None  # not ids: as if absent
 

@@ -72,8 +72,10 @@ def test_killed_rank_resumes_from_last_checkpoint(tmp_path, capsys):
 
     # rolled back to step 4: the step 8 checkpoint is set aside (neither deleted nor overwritten), 5-8 train again
     old = (ck / "step_00000008" / "meta.json").read_text()
-    assert main(["run", plan, "--checkpoint-dir", str(ck), "--resume-from", "4", "--steps", "8", "--checkpoint-every",
-                 "4", "--metrics-out", str(m), "--quiet"]) == 0
+    assert json.loads((ck / "step_00000008" / "meta.json").read_text())["options"] == {
+        "checkpoint_every": 4, "keep_checkpoints": None}  # what a resume without them keeps
+    assert main(["run", plan, "--checkpoint-dir", str(ck), "--resume-from", "4", "--steps", "8", "--metrics-out",
+                 str(m), "--quiet"]) == 0
     aside = list(ck.glob("rolled-back-*"))
     assert len(aside) == 1 and (aside[0] / "step_00000008" / "meta.json").read_text() == old
     assert f"resuming from step_00000004: the newer checkpoint step_00000008 moved to {aside[0]}" in \
@@ -718,10 +720,12 @@ def test_a_roll_back_loses_no_checkpoint(tmp_path, capsys):
         (root / f"step_{step:08d}" / "meta.json").write_text(mark or "{}")
 
     root = tmp_path / "ck"
-    for step in (4, 8, 12):
-        folder(root, step, f'{{"old": {step}}}')
-    (root / "latest").write_text("step_00000004\n")  # pointed back by hand
     plan = _plan(tmp_path)
+    loaded = load_plan(plan)
+    for step in (4, 8, 12):
+        folder(root, step, json.dumps({"format": FORMAT, "step": step, "checksums": {},
+                                       "plan": fingerprint(loaded, loaded.state)}))
+    (root / "latest").write_text("step_00000004\n")  # pointed back by hand
     assert launch(plan, steps=30, checkpoint_dir=str(root), resume=True, dry_run=True) == 0
     assert "a dry run moves nothing; the run would move step_00000008, step_00000012 (newer than step_00000004" in \
         capsys.readouterr().out
@@ -832,6 +836,61 @@ def test_a_trial_stopped_by_ctrl_c_says_where_not_how_to_resume(tmp_path):
     metrics.write_text('{"step": 3, "step_time_s": 0.1}\n')
     assert interrupted("p.json", 8, str(metrics), None, resumable=False) == "interrupted after step 3 of 8"
     assert "give --checkpoint-dir" in interrupted("p.json", 8, str(metrics), None)
+    ck = tmp_path / "ck" / "step_00000008"  # stopped after its last step's checkpoint: no resume to suggest
+    ck.mkdir(parents=True)
+    (ck / "meta.json").write_text("{}")
+    assert interrupted("p.json", 8, str(metrics), str(ck.parent)).endswith(
+        f"the run's last checkpoint, {ck}, is at its last step: nothing is left to train")
+    assert "resume with" in interrupted("p.json", 9, str(metrics), str(ck.parent))
+
+
+def test_a_resume_keeps_the_checkpointing_its_run_was_given():
+    """--keep-checkpoints and --checkpoint-every given to the run that wrote the checkpoint hold for a resume that
+    does not give them (a plain --resume would otherwise prune what that run kept), and a resume's own win."""
+    import tempfile
+
+    from runtime.checkpoint import resumed_options
+
+    with tempfile.TemporaryDirectory() as d:
+        ck = Path(d) / "step_00000004"
+        ck.mkdir()
+        meta = {"format": FORMAT, "step": 4, "plan": {}, "checksums": {}, "data": None,
+                "options": {"checkpoint_every": 1, "keep_checkpoints": 4}}
+        (ck / "meta.json").write_text(json.dumps(meta))
+        none = {"checkpoint_every": None, "keep_checkpoints": None}
+        assert resumed_options(Path(d), none) == (
+            {"checkpoint_every": 1, "keep_checkpoints": 4},
+            "keeping the checkpoint's run's --checkpoint-every 1 and --keep-checkpoints 4 (give them to change)")
+        assert resumed_options(Path(d), {**none, "keep_checkpoints": 2}) == (
+            {"checkpoint_every": 1, "keep_checkpoints": 2},
+            "keeping the checkpoint's run's --checkpoint-every 1 (give them to change)")
+        meta["options"] = {"checkpoint_every": "x", "keep_checkpoints": 0}  # not options: as if none were given
+        (ck / "meta.json").write_text(json.dumps(meta))
+        assert resumed_options(Path(d), none) == (none, None)
+
+
+def test_a_checkpoint_folder_is_one_run_s_and_its_latest_names_one_of_its_own(tmp_path):
+    """A second run into a folder a run holds is refused before any worker starts; ``latest`` naming a folder
+    elsewhere, or holding bytes that are not text, is not followed (the newest complete checkpoint is)."""
+    from runtime.checkpoint_folder import in_use, latest_checkpoint
+
+    root = tmp_path / "ck"
+    with in_use(root), pytest.raises(AutoparError, match=rf"checkpoint folder .*ck is in use by another run "
+                                                         rf"\(process {os.getpid()}\); wait for it to end"):
+        launch(_plan(tmp_path), steps=2, checkpoint_dir=str(root))
+    with in_use(root):  # released when the run ends
+        pass
+    for step in (2, 4):
+        (root / f"step_{step:08d}").mkdir()
+        (root / f"step_{step:08d}" / "meta.json").write_text("{}")
+    other = tmp_path / "other" / "step_00000009"
+    other.mkdir(parents=True)
+    (other / "meta.json").write_text("{}")
+    for text in (b"../other/step_00000009\n", b"\xff\xfe", str(other).encode()):
+        (root / "latest").write_bytes(text)
+        assert latest_checkpoint(root) == root / "step_00000004"
+    (root / "latest").write_text("step_00000002\n")  # pointed back: followed
+    assert latest_checkpoint(root) == root / "step_00000002"
 
 
 def test_a_metrics_file_is_told_from_other_files():
