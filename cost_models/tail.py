@@ -38,7 +38,7 @@ from cost_models.pipeline import Replay
 from cost_models.stages import StageCosts
 from specs.model import ModelSpec
 from specs.parallel import Candidates, edp, zero_in_effect
-from specs.state import StateSpec
+from specs.state import StateSpec, bucket_count
 
 
 @dataclass
@@ -68,7 +68,7 @@ def tied_grad_bytes(model: ModelSpec, state: StateSpec, t: ArrayLike, zero: Arra
 def tp_sum_buckets(buckets: ArrayLike, summed: ArrayLike, zero: ArrayLike, state: StateSpec) -> np.ndarray:
     """The all-reduces of :func:`tp_sum` per stage: one per bucket (ZeRO-2/3's per-layer buckets all hold
     some), else the summed parameters in buckets of their own."""
-    return np.where(np.asarray(zero) >= 2, buckets, np.ceil(np.asarray(summed) / state.bucket_params))
+    return np.where(np.asarray(zero) >= 2, buckets, bucket_count(np.asarray(summed), state.bucket_params))
 
 
 def step_reductions(tp: ArrayLike, pp: ArrayLike, zero: ArrayLike, gpus: int,
@@ -95,7 +95,7 @@ def tp_sum(comm: CommModel, state: StateSpec, costs: StageCosts, pp: int, vpp: i
 
 def expert_buckets(experts: ArrayLike, state: StateSpec) -> np.ndarray:
     """Of a chunk's ZeRO-0/1 gradient buckets, the routed experts' (a reduce group of their own; 0 without)."""
-    return np.ceil(np.asarray(experts, dtype=float) / state.bucket_params)
+    return bucket_count(np.asarray(experts, dtype=float), state.bucket_params)
 
 
 def _col(x) -> np.ndarray:

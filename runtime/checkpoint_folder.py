@@ -5,9 +5,11 @@ and loads them; the launcher and the run options only need to look)."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import re
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -142,26 +144,66 @@ def roll_back(root: Path) -> str | None:
             f"{names} moved to {dest} (nothing is deleted: remove that folder when no longer wanted)")
 
 
+_HELD: set[Path] = set()  # the checkpoint folders this process holds (:func:`in_use` within itself is a no-op)
+
+
 @contextlib.contextmanager
 def in_use(root: Path) -> Iterator[None]:
     """Hold ``root`` for one run while the block runs (an advisory lock on its ``.autopar-lock``, released when the
     process ends however it ends): a second run into the same folder (a scheduler's requeue while the first still
-    trains) is refused in one line instead of both writing, renaming and pruning each other's checkpoints."""
+    trains) is refused in one line instead of both writing, renaming and pruning each other's checkpoints. On a file
+    system without locks the block runs unlocked, with a note. A folder the block leaves holding nothing is removed."""
+    key = root.resolve()
+    if key in _HELD:
+        yield
+        return
+    made = not root.exists()
     root.mkdir(parents=True, exist_ok=True)
     with open(root / LOCK, "a+") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            f.seek(0)
-            who = f.read().strip()
-            by = f" (process {who})" if who.isdigit() else ""
-            raise AutoparError(f"checkpoint folder {root} is in use by another run{by}; wait for it to end or give "
-                               "another --checkpoint-dir") from None
+        except OSError as err:
+            if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                print(f"autopar: note: the file system of {root} has no locks ({err.strerror}); nothing stops a "
+                      "second run from training into it at the same time", file=sys.stderr, flush=True)
+            else:
+                f.seek(0)
+                who = f.read().strip()
+                by = f" (process {who})" if who.isdigit() else ""
+                raise AutoparError(f"checkpoint folder {root} is in use by another run{by}; wait for it to end or "
+                                   "give another --checkpoint-dir") from None
         f.seek(0)
         f.truncate()
         f.write(f"{os.getpid()}\n")
         f.flush()
+        _HELD.add(key)
         try:
             yield
         finally:
+            _HELD.discard(key)
+            if made and [p.name for p in root.iterdir()] == [LOCK]:  # a run refused before it wrote anything
+                (root / LOCK).unlink()
+                root.rmdir()
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def pointed_back(root: Path, step: int) -> Iterator[Path]:
+    """``latest`` pointed at the checkpoint of ``step`` (:func:`point_latest`) while the block runs, which sets the
+    newer ones aside (:func:`roll_back`) once the run's checks pass; a block that fails before that (a refused run)
+    puts ``latest`` back as it was, so that a refused ``--resume-from`` changes nothing."""
+    try:
+        before: bytes | None = (root / LATEST).read_bytes()
+    except OSError:
+        before = None
+    ck = point_latest(root, step)
+    try:
+        yield ck
+    except BaseException:
+        if abandoned(root):  # nothing was set aside: the folder as it was
+            if before is None:
+                (root / LATEST).unlink(missing_ok=True)
+            else:
+                (root / f"{LATEST}.tmp").write_bytes(before)
+                os.replace(root / f"{LATEST}.tmp", root / LATEST)
+        raise

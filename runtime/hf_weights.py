@@ -35,7 +35,7 @@ from specs.capabilities import model_problem
 from specs.errors import AutoparError
 from specs.files import check_output_dir, default_mode, read_mapping
 from specs.hf_config import looks_like_hf
-from specs.model import ModelSpec
+from specs.model import TOKEN_ID_NAMES, ModelSpec
 from specs.model_loading import load_model
 from specs.moe import MoESpec
 from specs.planfile import PlanFile
@@ -326,7 +326,7 @@ def token_ids(spec: ModelSpec) -> dict[str, object]:
     """The special tokens' ids as a config writes them: those the model's Hugging Face config declared, the others
     null (left out, transformers would assume Llama 2's 1 and 2, which a model trained on other tokens lacks)."""
     known = spec.token_ids or {}
-    return {key: known.get(key) for key in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    return {key: known.get(key) for key in TOKEN_ID_NAMES}
 
 
 def _rope_scaling(spec: ModelSpec) -> dict[str, object]:

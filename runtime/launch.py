@@ -145,55 +145,56 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
     Raises AutoparError (one line) for a bad plan, data file or checkpoint directory, a world size this
     machine cannot hold, failed workers, or workers still running after ``timeout_s`` seconds (stopped).
     """
-    plan = load_plan(plan_path)
-    world = plan.world_size
-    if nproc is not None and nproc != world:
-        raise AutoparError(f"the plan needs {world} processes ({plan.config.short()}), not {nproc}")
-    from runtime.trainer import check_supported
+    with in_use(Path(checkpoint_dir)) if checkpoint_dir and not dry_run else contextlib.nullcontext():
+        # (one run at a time in the folder, from its checks to its end)
+        plan = load_plan(plan_path)
+        world = plan.world_size
+        if nproc is not None and nproc != world:
+            raise AutoparError(f"the plan needs {world} processes ({plan.config.short()}), not {nproc}")
+        from runtime.trainer import check_supported
 
-    check_supported(plan)
-    if resume and checkpoint_dir and not train_from_plan:  # the steps the workers run: the schedule they take
-        from runtime.checkpoint import resumed_train
+        check_supported(plan)
+        if resume and checkpoint_dir and not train_from_plan:  # the steps the workers run: the schedule they take
+            from runtime.checkpoint import resumed_train
 
-        plan, _ = resumed_train(plan, Path(checkpoint_dir))
-    total = check_run_options(plan, steps, checkpoint_dir, checkpoint_every, metrics_out, resume, max_restarts,
-                              mtbf_hours, collective_timeout, {"plan file": plan_path, "--data file": data},
-                              keep_checkpoints, train_from_plan)
-    if checkpoint_dir:
-        check_checkpoints(Path(checkpoint_dir), resume, total, plan, dry_run)
-    trained_on = data
-    if resume and checkpoint_dir:  # the file the checkpoint's run trained on, unless --data gives another
-        from runtime.checkpoint import resumed_data
+            plan, _ = resumed_train(plan, Path(checkpoint_dir))
+        total = check_run_options(plan, steps, checkpoint_dir, checkpoint_every, metrics_out, resume, max_restarts,
+                                  mtbf_hours, collective_timeout, {"plan file": plan_path, "--data file": data},
+                                  keep_checkpoints, train_from_plan)
+        if checkpoint_dir:
+            check_checkpoints(Path(checkpoint_dir), resume, total, plan, dry_run)
+        trained_on = data
+        if resume and checkpoint_dir:  # the file the checkpoint's run trained on, unless --data gives another
+            from runtime.checkpoint import resumed_data
 
-        trained_on, _ = resumed_data(Path(checkpoint_dir), data)
-    TokenData(trained_on or SAMPLE_TEXT, plan.seq, plan.model.vocab_size, plan.train.seed)  # one-line errors now
-    worker = _worker_args(plan_path, steps, data, metrics_out, checkpoint_dir, resume, checkpoint_every, quiet,
-                          predicted_step_s, predicted_memory_GiB, mtbf_hours, collective_timeout, keep_checkpoints,
-                          train_from_plan)
-    gpus = local_gpus()
-    if _spans_nodes(plan):
-        if resume and checkpoint_dir:  # the folder the nodes share, seen from here (where it is not, nothing moves)
-            _roll_back(Path(checkpoint_dir), dry_run)
-        print("autopar: this plan spans several nodes; run on every node:\n  " +
-              "\n  ".join(multi_node_commands(plan, worker, max_restarts)), flush=True)
-        return 0
-    if gpus is not None and world > gpus:
-        raise AutoparError(f"the plan needs {world} GPUs but this machine has {gpus}; run it on its cluster "
-                           f"({plan.cluster.name}) or re-plan with --gpus {gpus}")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
-           *(["--max-restarts", str(max_restarts)] if max_restarts else []), *worker]
-    if dry_run:
-        if resume and checkpoint_dir:
-            _roll_back(Path(checkpoint_dir), True)
-        print(" ".join(shlex.quote(c) for c in cmd), flush=True)
-        return 0
-    full_env = {**os.environ, **(env or {})}
-    full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), full_env.get("PYTHONPATH")]))
-    full_env.setdefault("OMP_NUM_THREADS", "1")
-    keep = [("--checkpoint-every", checkpoint_every), ("--keep-checkpoints", keep_checkpoints),
-            ("--max-restarts", max_restarts or None)]  # a resumed run keeps them (defaults otherwise)
-    options = [x for flag, v in keep if v is not None for x in (flag, str(v))]
-    with in_use(Path(checkpoint_dir)) if checkpoint_dir else contextlib.nullcontext():  # one run at a time in it
+            trained_on, _ = resumed_data(Path(checkpoint_dir), data)
+        TokenData(trained_on or SAMPLE_TEXT, plan.seq, plan.model.vocab_size, plan.train.seed)  # one-line errors now
+        worker = _worker_args(plan_path, steps, data, metrics_out, checkpoint_dir, resume, checkpoint_every, quiet,
+                              predicted_step_s, predicted_memory_GiB, mtbf_hours, collective_timeout, keep_checkpoints,
+                              train_from_plan)
+        gpus = local_gpus()
+        if _spans_nodes(plan):
+            if resume and checkpoint_dir:  # the folder the nodes share, seen from here (where it is not, nothing moves)
+                _roll_back(Path(checkpoint_dir), dry_run)
+            print("autopar: this plan spans several nodes; run on every node:\n  " +
+                  "\n  ".join(multi_node_commands(plan, worker, max_restarts)), flush=True)
+            return 0
+        if gpus is not None and world > gpus:
+            raise AutoparError(f"the plan needs {world} GPUs but this machine has {gpus}; run it on its cluster "
+                               f"({plan.cluster.name}) or re-plan with --gpus {gpus}")
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
+               *(["--max-restarts", str(max_restarts)] if max_restarts else []), *worker]
+        if dry_run:
+            if resume and checkpoint_dir:
+                _roll_back(Path(checkpoint_dir), True)
+            print(" ".join(shlex.quote(c) for c in cmd), flush=True)
+            return 0
+        full_env = {**os.environ, **(env or {})}
+        full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), full_env.get("PYTHONPATH")]))
+        full_env.setdefault("OMP_NUM_THREADS", "1")
+        keep = [("--checkpoint-every", checkpoint_every), ("--keep-checkpoints", keep_checkpoints),
+                ("--max-restarts", max_restarts or None)]  # a resumed run keeps them (defaults otherwise)
+        options = [x for flag, v in keep if v is not None for x in (flag, str(v))]
         if resume and checkpoint_dir:  # from a checkpoint older than others (latest pointed back): set aside
             _roll_back(Path(checkpoint_dir), False)
         try:
@@ -205,12 +206,12 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
             if not resumable or again is None or "resume" in str(err) or str(last) in str(err):
                 raise
             raise AutoparError(f"{err}; {again}") from None
-    if rc == INTERRUPTED:
-        line = interrupted(plan_path, total, metrics_out, checkpoint_dir, resumable, options)
-        print(f"autopar: {line}", file=sys.stderr, flush=True)
-    elif rc == 0 and not quiet:
-        print(f"autopar: {finished(total, metrics_out, checkpoint_dir)}", flush=True)
-    return rc
+        if rc == INTERRUPTED:
+            line = interrupted(plan_path, total, metrics_out, checkpoint_dir, resumable, options)
+            print(f"autopar: {line}", file=sys.stderr, flush=True)
+        elif rc == 0 and not quiet:
+            print(f"autopar: {finished(total, metrics_out, checkpoint_dir)}", flush=True)
+        return rc
 
 
 def finished(steps: int, metrics_out: str | None, checkpoint_dir: str | None) -> str:
@@ -380,8 +381,8 @@ def _failure(log: str, errors: list[str], rc: int) -> str:
     own = [e for e in errors if rank and f"rank {rank.group(1)}:" in e]
     if rank and code and int(code.group(1)) < 0:
         said = [e for e in errors if not re.match(r"rank \d+: ", _worker_text(e))]  # autopar's own errors, not a
-        if said:  # lost peer's exception: the workers said why before one died (aborting on its way out)
-            return _worker_text(said[0])
+        if said and int(code.group(1)) == -signal.SIGABRT:  # lost peer's exception: the workers said why before
+            return _worker_text(said[0])  # one aborted on its way out (a kill, say the OOM killer's, is the cause)
         sig = (code.group(2) or f"signal {-int(code.group(1))}").strip("()")
         return f"training failed: worker rank {rank.group(1)} was killed by {sig}"
     hang = [e for e in errors if "stopped making progress" in e]  # the watchdog's verdict: the cause, not a symptom
@@ -410,8 +411,9 @@ def main(argv: list[str] | None = None) -> int:
         if a.plan is None:
             raise AutoparError("give a plan file (`autopar plan ... --out plan.json`); `autopar run` with no plan "
                                "plans and trains a tiny default model")
-        if a.replan or a.gpus is not None:
-            raise AutoparError("--replan and --gpus plan again: use `autopar run --resume --replan --gpus N`")
+        if a.replan or a.gpus is not None or a.resume_from is not None:
+            raise AutoparError("--replan, --gpus and --resume-from are `autopar run`'s: use `autopar run --resume "
+                               "--replan --gpus N` or `autopar run PLAN --resume-from STEP`")
         return launch(a.plan, **launch_options(a))
     except AutoparError as err:
         print(f"{ERROR_PREFIX} {err}", file=sys.stderr)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from specs.errors import AutoparError
-from specs.model import ModelSpec
+from specs.model import TOKEN_ID_NAMES, ModelSpec
 
 _LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3", "gemma", "internlm2", "yi", "phi3", "mixtral", "qwen2_moe",
                "qwen3_moe", "olmoe"}  # phi3: fused qkv and
@@ -185,8 +185,12 @@ def hf_notes(cfg: dict[str, Any]) -> list[str]:
     if mtype in _QK_NORM:
         notes.append(f"q/k norms ({mtype}: an RMSNorm of {_QK_NORM[mtype]} queries and keys): neither priced nor "
                      "trained (autopar's Llama attention has none); export-hf writes the trained model as a Llama")
-    window = _window(cfg, mtype) if isinstance(cfg.get("sliding_window"), int) else None
-    if window is not None and window < min(cfg.get("max_position_embeddings") or SEQ_CAP, SEQ_CAP):
+    try:
+        window = _window(cfg, mtype)
+        unbounded = _sequence(cfg)["seq_length"]  # the sequence planned by default without the window
+    except ValueError:  # a bad field: reading the config says so
+        window = None
+    if window is not None and window < unbounded:
         notes.append(f"sliding_window {window}: planned at sequence {window} by default (autopar computes full "
                      f"attention, the same as the window's up to {window} tokens); --seq may be at most {window}")
     if mtype == "gemma":
@@ -209,7 +213,7 @@ def _token_ids(cfg: dict[str, Any]) -> dict[str, Any]:
         return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
     out = {}
-    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+    for key in TOKEN_ID_NAMES:
         v = cfg.get(key)
         if is_id(v) or isinstance(v, list) and v and all(is_id(x) for x in v):
             out[key] = v
@@ -336,8 +340,11 @@ _GPT2_NAMES = {"hidden_size": "n_embd", "num_layers": "n_layer", "num_attention_
 
 def in_config_terms(message: str, cfg: dict[str, Any]) -> str:
     """A model spec's error about a spec read from ``cfg`` with the config's own key names (num_key_value_heads,
-    not num_kv_heads), so that it names what to fix in the file."""
+    not num_kv_heads) where the config holds that key, so that it names what to fix in the file."""
     names = _GPT2_NAMES if "n_embd" in cfg else _HF_NAMES
+    names = {ours: theirs for ours, theirs in names.items() if theirs in cfg}
+    if not names:
+        return message
     return re.sub(r"\b(" + "|".join(names) + r")\b", lambda m: names[m.group(1)], message)
 
 

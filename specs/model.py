@@ -8,7 +8,7 @@ reference to one. Every problem is an :class:`AutoparError` with a one-line mess
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, field_validator, model_validator
@@ -22,6 +22,7 @@ LIMITS = {"num_layers": 10_000, "hidden_size": 1 << 20, "num_attention_heads": 1
           "ffn_hidden_size": 1 << 22, "vocab_size": 1 << 24, "seq_length": 1 << 26, "head_dim": 1 << 16,
           "sliding_window": 1 << 26, "max_positions": 1 << 26}
 TokenIdName = Literal["bos_token_id", "eos_token_id", "pad_token_id"]  # the special tokens a spec may name
+TOKEN_ID_NAMES: tuple[str, ...] = get_args(TokenIdName)
 MAX_GLOBAL_BATCH = 1 << 20  # sequences per step: hundreds of times the largest published training batches
 # RoPE frequency scalings autopar computes (runtime/models/common.py), with the fields each needs; a spec may hold
 # others (Hugging Face's yarn, dynamic, longrope, ...): planned (the cost model does not price RoPE), not trained

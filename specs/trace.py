@@ -204,7 +204,8 @@ def model_from_module(ref: str, seq: int | None = None) -> ModelSpec:
     tokens_in = [e for e in embeds if looked_up.get(id(e))] or embeds
     emb = max(tokens_in, key=lambda m: m.num_embeddings)
     vocab, hidden = emb.num_embeddings, emb.embedding_dim
-    short = [e for e in embeds if looked_up.get(id(e)) is False and e.num_embeddings < s]
+    declared = _find(model, SEQ_ATTRS)  # a learned position table: not indexed by the ids, the declared length
+    short = [e for e in embeds if looked_up.get(id(e)) is False and e.num_embeddings == declared and declared < s]
     if short and tokens_in is not embeds:  # (where the token embedding was told apart from the others)
         raise AutoparError(f"--model {ref}: a sequence of {s} tokens is beyond the model's table of "
                            f"{short[0].num_embeddings} positions (an nn.Embedding indexed by position); give --seq "

@@ -4,6 +4,7 @@ when edited by hand."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -19,34 +20,40 @@ def run_command(args: argparse.Namespace) -> int:
         from runtime.options import launch_options
     except ImportError as err:
         raise AutoparError(f"`autopar run` needs PyTorch: pip install torch ({err.name} is missing)") from None
-    plan_path = args.plan
-    if args.resume_from is not None:
-        _point_back(args)
-    if args.replan:
-        plan_path = _replan(args)
-    elif args.gpus is not None:
-        raise AutoparError("--gpus is for --replan (a plan file fixes its own GPU count)")
-    if plan_path is None and args.resume and args.checkpoint_dir:
-        plan_path = _checkpoint_plan(Path(args.checkpoint_dir), args.dry_run)
-    if plan_path is None:
-        plan_path = str(_plan_default(cache_dir() / "default-plan.json", "its command" if args.dry_run else None))
-    from specs.planfile import load_plan
+    from runtime.checkpoint_folder import in_use, pointed_back
 
-    plan = load_plan(plan_path)  # once, for the checks before launch
-    fresh = _fresh_prediction(plan, plan_path)
-    _check_gpu_memory(plan, plan_path, fresh)
-    if not args.dry_run:
-        _check_host_memory(plan, plan_path)
-    return launch(plan_path=plan_path, predicted_step_s=fresh and fresh.step_time_s,
-                  predicted_memory_GiB=fresh and fresh.memory_GiB, **launch_options(args))
+    root = Path(args.checkpoint_dir) if args.checkpoint_dir else None
+    step = _resume_from(args)
+    with in_use(root) if root is not None and not args.dry_run else contextlib.nullcontext(), \
+            pointed_back(root, step) if step is not None else contextlib.nullcontext():  # type: ignore[arg-type]
+        # one run at a time in the folder from here to its end; --resume-from's latest put back if it is refused
+        plan_path = args.plan
+        if args.replan:
+            plan_path = _replan(args)
+        elif args.gpus is not None:
+            raise AutoparError("--gpus is for --replan (a plan file fixes its own GPU count)")
+        if plan_path is None and args.resume and args.checkpoint_dir:
+            plan_path = _checkpoint_plan(Path(args.checkpoint_dir), args.dry_run)
+        if plan_path is None:
+            plan_path = str(_plan_default(cache_dir() / "default-plan.json", "its command" if args.dry_run else None))
+        from specs.planfile import load_plan
+
+        plan = load_plan(plan_path)  # once, for the checks before launch
+        fresh = _fresh_prediction(plan, plan_path)
+        _check_gpu_memory(plan, plan_path, fresh)
+        if not args.dry_run:
+            _check_host_memory(plan, plan_path)
+        return launch(plan_path=plan_path, predicted_step_s=fresh and fresh.step_time_s,
+                      predicted_memory_GiB=fresh and fresh.memory_GiB, **launch_options(args))
 
 
-def _point_back(args: argparse.Namespace) -> None:
-    """``--resume-from STEP``: roll the checkpoint folder back to that checkpoint first (``latest`` points at it, the
-    newer ones are set aside, saying where), then resume from it; a launch refused after that leaves the folder
-    rolled back, as asked."""
-    from runtime.checkpoint_folder import in_use, no_checkpoint, point_latest, resume_step, roll_back
+def _resume_from(args: argparse.Namespace) -> int | None:
+    """``--resume-from STEP``'s step, checked (None when not given): the run resumes from that checkpoint; ``latest``
+    points at it from here, and the launch sets the newer ones aside once the run's checks pass."""
+    from runtime.checkpoint_folder import no_checkpoint, resume_step
 
+    if args.resume_from is None:
+        return None
     if not args.checkpoint_dir:
         raise AutoparError("--resume-from needs --checkpoint-dir (where the checkpoints are)")
     step = resume_step(args.resume_from)
@@ -55,12 +62,8 @@ def _point_back(args: argparse.Namespace) -> None:
                            "changes nothing: drop --dry-run (or dry-run from the newest with --resume)")
     if not Path(args.checkpoint_dir).is_dir():
         raise no_checkpoint(Path(args.checkpoint_dir))
-    with in_use(Path(args.checkpoint_dir)):  # not under a run training into it
-        point_latest(Path(args.checkpoint_dir), step)
-        done = roll_back(Path(args.checkpoint_dir))
-    if done:
-        print(f"autopar: {done}", flush=True)
     args.resume = True
+    return step
 
 
 def _checkpoint_plan(root: Path, dry_run: bool = False) -> str:

@@ -755,15 +755,30 @@ def test_a_roll_back_loses_no_checkpoint(tmp_path, capsys):
     with pytest.raises(AutoparError, match=r"step_00000006 does not exist; --resume-from takes one of the complete "
                                            r"checkpoints in .*ck \(those in it: step_00000004\)"):
         point_latest(root, 6)
+    other = tmp_path / "other.json"  # a refused --resume-from (another run's plan) changes nothing in the folder
+    save_plan(make_plan(load_model("tiny"), load_cluster("cpu-gloo"), 32, ParallelConfig(tp=2, pp=2)), other)
+    folder(root, 16, json.dumps({"format": FORMAT, "step": 16, "checksums": {}, "plan": fingerprint(loaded, loaded.state)}))
+    (root / "latest").write_text("step_00000016\n")
+    before = sorted(p.name for p in root.iterdir())
+    assert main(["run", str(other), "--checkpoint-dir", str(root), "--resume-from", "4", "--steps", "30"]) == 2
+    assert "is of another run (global_batch: checkpoint has 16, this run 32)" in capsys.readouterr().err
+    assert sorted(p.name for p in root.iterdir() if p.name != ".autopar-lock") == before
+    assert (root / "latest").read_text() == "step_00000016\n"
+    fresh = tmp_path / "fresh"  # a refused fresh run leaves no folder behind (nor its lock file)
+    assert main(["run", str(other), "--checkpoint-dir", str(fresh), "--steps", "0"]) == 2
+    assert not fresh.exists()
     for argv, want in ((["--resume-from", "4"], "--resume-from needs --checkpoint-dir"),
                        (["--resume-from", "4", "--checkpoint-dir", str(root), "--dry-run"], "a dry run changes nothing")):
         assert main(["run", plan, *argv]) == 2
         assert want in capsys.readouterr().err
 
 
-def test_a_dry_run_checks_the_checkpoint_for_the_machines_that_will_run_it(tmp_path, capsys):
+def test_a_dry_run_checks_the_checkpoint_for_the_machines_that_will_run_it(tmp_path, capsys, monkeypatch):
     """A dry run resuming a GPU plan's checkpoint (bf16 state) from a machine without GPUs passes (the command is
     for the GPU nodes); the real launch here would train in fp32 on CPUs, another run, and is refused."""
+    import runtime.launch
+
+    monkeypatch.setattr(runtime.launch, "local_gpus", lambda: None)  # (this test's machine has none)
     plan = _plan(tmp_path, cluster="dgx-a100", gpus=4)
     loaded = load_plan(plan)
     ck = tmp_path / "ck" / "step_00000003"
@@ -872,14 +887,21 @@ def test_a_resume_keeps_the_checkpointing_its_run_was_given():
 def test_a_checkpoint_folder_is_one_run_s_and_its_latest_names_one_of_its_own(tmp_path):
     """A second run into a folder a run holds is refused before any worker starts; ``latest`` naming a folder
     elsewhere, or holding bytes that are not text, is not followed (the newest complete checkpoint is)."""
+    import fcntl
+
     from runtime.checkpoint_folder import in_use, latest_checkpoint
 
     root = tmp_path / "ck"
-    with in_use(root), pytest.raises(AutoparError, match=rf"checkpoint folder .*ck is in use by another run "
-                                                         rf"\(process {os.getpid()}\); wait for it to end"):
-        launch(_plan(tmp_path), steps=2, checkpoint_dir=str(root))
-    with in_use(root):  # released when the run ends
-        pass
+    root.mkdir()
+    with open(root / ".autopar-lock", "w") as other:  # another process's run holds it (its own lock, its pid)
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        other.write("4242\n")
+        other.flush()
+        with pytest.raises(AutoparError, match=r"checkpoint folder .*ck is in use by another run \(process 4242\); "
+                                               "wait for it to end"):
+            launch(_plan(tmp_path), steps=2, checkpoint_dir=str(root))
+    with in_use(root), in_use(root):  # released when the run ends; a run holding it may enter again
+        assert (root / ".autopar-lock").read_text() == f"{os.getpid()}\n"
     for step in (2, 4):
         (root / f"step_{step:08d}").mkdir()
         (root / f"step_{step:08d}" / "meta.json").write_text("{}")

@@ -33,11 +33,13 @@ def test_a_doubled_line_is_read_as_one_message():
 
 
 def test_a_worker_that_aborts_after_its_error_is_reported_by_its_error():
-    """A rank that printed autopar's error and then died of a signal on its way out (an abort in a library's
-    teardown) is reported by its error; a rank killed without one by the signal, not by its peers' lost-peer
-    exceptions."""
+    """A rank that printed autopar's error and then aborted on its way out (in a library's teardown) is reported by
+    its error; a rank killed (SIGKILL), or aborted without one, by the signal, not by its peers' lost-peer
+    exceptions or what they made of the loss."""
     log = "Root Cause (first observed failure):\n[0]:\n  rank      : 1 (local_rank: 1)\n  exitcode  : -6 (pid: 7)\n"
     corrupt = f"{WORKER_ERROR_PREFIX} checkpoint ck/step_00000004 is corrupt (.metadata is missing)\n"
     peer = f"{WORKER_ERROR_PREFIX} rank 0: RuntimeError: Connection closed by peer\n"
     assert _failure(log, [peer, corrupt], 1) == "checkpoint ck/step_00000004 is corrupt (.metadata is missing)"
     assert _failure(log, [peer], 1) == "training failed: worker rank 1 was killed by signal 6"
+    killed = log.replace("-6", "-9")  # killed (the OOM killer): the cause, whatever the others made of it
+    assert _failure(killed, [peer, corrupt], 1) == "training failed: worker rank 1 was killed by signal 9"

@@ -117,6 +117,23 @@ def test_a_config_that_makes_no_model_is_told_in_its_own_key_names(tmp_path):
     with pytest.raises(AutoparError, match=r"^Hugging Face config .*config.json: num_attention_heads 9 must be a "
                                            r"multiple of num_key_value_heads 4$"):
         load_model(str(p))
+    p.write_text(json.dumps({"model_type": "nemotron", "hidden_size": 64, "num_hidden_layers": 2, "norm_eps": -1,
+                             "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 256}))
+    with pytest.raises(AutoparError, match=r": norm_eps must be zero or positive"):  # Nemotron's own key
+        load_model(str(p))
     p.write_text(json.dumps({**GPT2, "n_embd": 770}))  # 770 wide, 12 heads
     with pytest.raises(AutoparError, match=r": n_embd 770 is not divisible by n_head 12"):
         load_model(str(p))
+
+
+def test_the_window_note_names_the_sequence_planned():
+    """A window shorter than the sequence planned without it (the config's context, or 4,096 where it gives none)
+    is said; one longer is not; a config whose fields are bad says nothing here (reading it says what is wrong)."""
+    from specs.hf_config import hf_notes
+
+    base = {"model_type": "mistral", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "intermediate_size": 128, "vocab_size": 256}
+    assert not [n for n in hf_notes({**base, "sliding_window": 6000}) if "sliding_window" in n]  # planned at 4096
+    assert [n for n in hf_notes({**base, "sliding_window": 2047}) if n.startswith("sliding_window 2047: planned at "
+                                                                                 "sequence 2047")]
+    assert hf_notes({**base, "sliding_window": 2047, "max_position_embeddings": None}) == []

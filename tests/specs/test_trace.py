@@ -79,6 +79,8 @@ def test_the_blocks_are_the_outermost_list_and_the_vocabulary_the_token_lookup()
     with pytest.raises(AutoparError, match=f"a sequence of {2 * S} tokens is beyond the model's table of {S} "
                                            f"positions .* give --seq {S} or less"):
         load_model("tests.fixtures.toy_lm:char", seq=2 * S)
+    seg = load_model("tests.fixtures.toy_lm:segmented", seq=4 * S)  # a 2-row token-type table bounds nothing
+    assert (seg.vocab_size, seg.seq_length) == (V, 4 * S)
 
 
 @pytest.mark.parametrize("ref,needle", [
