@@ -8,7 +8,9 @@ Model: five scales on the profile, each a factor on what it measures (:data:`PAR
 table and ``efficiency.gemm``), attention rate (attention table, ``efficiency.attention_*``), memory-bound
 bandwidth, the fixed cost per kernel, and communication speed (collective bandwidths up, latencies down).
 Every run is re-estimated with the cost model on the scaled profile; the scales minimise the squared log
-error between predicted and measured step times (Levenberg-Marquardt on log-scales, bounded to
+error between predicted and measured step times, and, where the metrics time every rank's phases, between the
+estimate's compute and the run's (forward and backward of its critical stage: what tells a slow GEMM from a slow
+collective) (Levenberg-Marquardt on log-scales, bounded to
 [1/8, 8], with a weak pull towards 1 (:data:`PRIOR`) so that parameters the runs cannot tell apart
 stay near the profile's values: one run yields about the smallest change that explains it). The
 updated profile is written as a cluster YAML that ``plan / estimate / whatif --cluster`` accept. A fit with a
@@ -77,8 +79,8 @@ def scaled(cluster: ClusterSpec, s: dict[str, float]) -> ClusterSpec:
     return cluster.model_copy(update=upd)
 
 
-def predict(runs: list[Run], base: ClusterSpec, s: dict[str, float]) -> np.ndarray:
-    """Each run's step time re-estimated on ``base`` (sized as the run's plan) with scales ``s``."""
+def _estimates(runs: list[Run], base: ClusterSpec, s: dict[str, float]) -> list[Any]:
+    """Each run's estimate on ``base`` (sized as the run's plan) with scales ``s``."""
     from cost_models.step import estimate
 
     out = []
@@ -87,23 +89,41 @@ def predict(runs: list[Run], base: ClusterSpec, s: dict[str, float]) -> np.ndarr
         cl = scaled(base.model_copy(update={"gpus_per_node": pc.gpus_per_node, "num_nodes": pc.num_nodes,
                                             "precision": pc.precision}), s)
         out.append(estimate(r.plan.model, cl, r.plan.config, r.plan.global_batch, validate=False,
-                            state=r.plan.state).step_time_s)
-    return np.array(out)
+                            state=r.plan.state))
+    return out
+
+
+def predict(runs: list[Run], base: ClusterSpec, s: dict[str, float]) -> np.ndarray:
+    """Each run's step time re-estimated on ``base`` (sized as the run's plan) with scales ``s``."""
+    return np.array([e.step_time_s for e in _estimates(runs, base, s)])
+
+
+COMPUTE = ("forward_compute", "backward_compute", "recompute")  # the estimate's parts a run's compute phases time
+
+
+def _log_errors(runs: list[Run], base: ClusterSpec, s: dict[str, float]) -> np.ndarray:
+    """The fit's observations, log predicted / measured: each run's step, then the compute of its critical stage
+    for each run whose metrics time every rank's phases (a step's time alone cannot tell slow GEMMs from a slow
+    collective; its compute can)."""
+    ests = _estimates(runs, base, s)
+    steps = [math.log(e.step_time_s / r.measured_s) for e, r in zip(ests, runs)]
+    compute = [math.log(sum(e.breakdown[k] for k in COMPUTE) / r.stage_compute_s[e.critical_rank])
+               for e, r in zip(ests, runs) if r.stage_compute_s and sum(e.breakdown[k] for k in COMPUTE) > 0]
+    return np.array(steps + compute)
 
 
 # ---- the fit --------------------------------------------------------------------------------------
 def fit_scales(runs: list[Run], base: ClusterSpec, params: tuple[str, ...] = PARAMS, iters: int = 30
                ) -> Calibration:
-    """Levenberg-Marquardt on log-scales: min sum (log pred - log measured)^2 + PRIOR |log s|^2, bounded. The
-    objective is a Gaussian posterior (runs' log errors RUN_NOISE, a prior PRIOR_LOG_SD on each log-scale), so its
-    curvature at the optimum gives the scales' log covariance: a scale the runs cannot see keeps the prior's spread,
-    one they pin gets a narrow one."""
-    y = np.log([r.measured_s for r in runs])
+    """Levenberg-Marquardt on log-scales: min sum (log pred - log measured)^2 + PRIOR |log s|^2 over the runs' steps
+    and their compute (:func:`_log_errors`), bounded. The objective is a Gaussian posterior (log errors RUN_NOISE, a
+    prior PRIOR_LOG_SD on each log-scale), so its curvature at the optimum gives the scales' log covariance: a scale
+    the runs cannot see keeps the prior's spread, one they pin gets a narrow one."""
     x = np.zeros(len(params))
+    observed = len(_log_errors(runs, base, {}))
 
     def resid(v: np.ndarray) -> np.ndarray:
-        pred = predict(runs, base, dict(zip(params, np.exp(v))))
-        return np.concatenate([np.log(pred) - y, math.sqrt(PRIOR) * v])
+        return np.concatenate([_log_errors(runs, base, dict(zip(params, np.exp(v)))), math.sqrt(PRIOR) * v])
 
     def jacobian(v: np.ndarray, r: np.ndarray, h: float = 1e-4) -> np.ndarray:
         return np.stack([(resid(v + h * np.eye(len(v))[j]) - r) / h for j in range(len(v))], axis=1)
@@ -127,7 +147,7 @@ def fit_scales(runs: list[Run], base: ClusterSpec, params: tuple[str, ...] = PAR
     J = jacobian(x, r)
     # the runs' own misfit, where it exceeds the noise the fit allowed, widens everything (a model that cannot
     # follow the runs knows less than their count says)
-    noise2 = max(RUN_NOISE ** 2, float(np.mean(r[:len(runs)] ** 2)))
+    noise2 = max(RUN_NOISE ** 2, float(np.mean(r[:observed] ** 2)))
     cov = noise2 * np.linalg.inv(J.T @ J)  # the prior's rows keep J^T J invertible
     cov = (cov + cov.T) / 2
     for j in np.flatnonzero(np.abs(x) >= BOUND - 1e-9):  # at a bound the optimum is not a minimum: keep the prior's
@@ -220,13 +240,23 @@ def at_bound(scales: dict[str, float]) -> list[str]:
 
 
 def bound_warning(scales: dict[str, float],
-                  fix: str = "calibrate the profile of the machine they ran on (--cluster)") -> str | None:
+                  fix: str = "calibrate the profile of the machine they ran on (--cluster)",
+                  runs: list[Run] | None = None) -> str | None:
     """A one-line caution when a fitted scale sits at its limit (x1/8 or x8): the runs are far from the profile's
     hardware (timed on another machine, or on CPUs for a GPU profile), not a correction to trust; ``fix`` says
-    what to do instead."""
+    what to do instead. Where the limit is communication's and ``runs`` put more CPU ranks on a node than it has
+    cores, that is said instead: their collectives wait for peers the cores are not running, which no profile of
+    the machine prices."""
     stuck = at_bound(scales)
     if not stuck:
         return None
+    crowded = [r.plan.used_cluster for r in runs or [] if r.plan.used_cluster.compute_slowdown > 1]
+    if crowded and abs(math.log(scales.get("comm", 1.0))) >= BOUND - 1e-6:
+        c = max(crowded, key=lambda c: c.compute_slowdown)
+        return (f"warning: {', '.join(stuck)} at the fit's limit (x1/8 .. x8): runs put {c.gpus_per_node} ranks on "
+                f"{c.gpu.cores} cores, where a collective waits for peers the cores are not running (the model "
+                f"prices the cores' shared compute, not that wait); fit runs of at most {c.gpu.cores} ranks a node "
+                "for a profile of the machine")
     return (f"warning: {', '.join(stuck)} at the fit's limit (x1/8 .. x8): these runs did not run on the hardware "
             f"the profile describes; {fix}")
 

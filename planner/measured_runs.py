@@ -37,6 +37,10 @@ class Run:
     measured_s: float
     steps: int
     logged_prediction_s: float | None
+    # each pipeline stage's compute (forward + backward, the median rank of the stage over the steps after the
+    # warm-up), where the lines carry every rank's phases: what the fit sets beside the estimate's compute, so that a
+    # slow collective is not read as slow GEMMs
+    stage_compute_s: tuple[float, ...] | None = None
 
 
 @dataclass
@@ -134,6 +138,28 @@ def _metrics_lines(path: str | Path, notes: bool = True) -> list[dict[str, Any]]
     if not any(is_step_line(o) for o in objs):
         raise AutoparError(f"metrics file {p} has no step lines (objects with 'step' and 'step_time_s')")
     return objs
+
+
+def stage_compute(rows: list[dict[str, Any]], kept: int, plan: PlanFile) -> tuple[float, ...] | None:
+    """Each pipeline stage's compute seconds (:attr:`Run.stage_compute_s`) over the last ``kept`` steps of ``rows``,
+    or None where a line lacks every rank's forward and backward times."""
+    world, cfg = plan.world_size, plan.config
+    per_rank = []
+    for r in sorted(rows, key=lambda r: r["step"])[len(rows) - kept:]:
+        ph = r.get("phases_s")
+        f, b = (ph.get("forward"), ph.get("backward")) if isinstance(ph, dict) else (None, None)
+        if not (isinstance(f, list) and isinstance(b, list) and len(f) == len(b) == world):
+            return None
+        try:
+            per_rank.append([float(x) + float(y) for x, y in zip(f, b)])
+        except (TypeError, ValueError):
+            return None
+    if not per_rank:
+        return None
+    median = np.median(np.array(per_rank), axis=0)
+    stage = np.array([cfg.rank_coords(r)["pp"] for r in range(world)])
+    out = tuple(float(np.median(median[stage == s])) for s in range(cfg.pp))
+    return out if all(math.isfinite(x) and x > 0 for x in out) else None
 
 
 def check_warmup(warmup: int | None) -> None:
@@ -265,7 +291,7 @@ def load_runs(metrics: list[str], plans: list[str] | None, warmup: int | None,
                 continue
             med, n = measured_median(seg.rows, warmup, source, more_steps)
             logged = next((r.get("predicted_step_time_s") for r in seg.rows if r.get("predicted_step_time_s")), None)
-            runs.append(Run(source, plan, med, n, logged))
+            runs.append(Run(source, plan, med, n, logged, stage_compute(seg.rows, n, plan)))
     if changed:
         print(f"note: left out {len(changed)} run(s) whose plan file has changed since ({', '.join(changed)}): "
               "the file no longer says what they ran", file=sys.stderr)

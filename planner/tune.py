@@ -16,7 +16,7 @@ import re
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +68,7 @@ class TuneResult:
     profile_path: str | None
     scales: dict[str, float]
     interrupted: bool = False  # Ctrl-C stopped a trial; the trials after it did not run
+    runs: list[Run] = field(default_factory=list)  # the trials that ran, as measured runs (what the fit saw)
 
 
 def check_trial_options(trials: int, steps: int, warmup: int, time_limit_s: float) -> None:
@@ -190,7 +191,8 @@ def tune(model: ModelSpec, cluster: ClusterSpec, global_batch: int, out_dir: Pat
     chosen = min(done, key=lambda t: t.measured_step_s or np.inf)
     profile = out_dir / PROFILE
     write_text_atomic(profile, calibrated_profile_text(cluster, fit, "autopar tune", f"{len(runs)} trial(s)"))
-    return TuneResult(trials=found, chosen=chosen, profile_path=str(profile), scales=fit.scales, interrupted=stopped)
+    return TuneResult(trials=found, chosen=chosen, profile_path=str(profile), scales=fit.scales, interrupted=stopped,
+                      runs=runs)
 
 
 def finalists(plans: list[PlanResult], k: int, extra: list[float] | None = None) -> list[PlanResult]:

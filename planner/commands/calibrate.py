@@ -63,7 +63,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
     fitted = fitted_text(fit)
     mean0, mean1 = float(np.mean(np.abs(e0))), float(np.mean(np.abs(e1)))
     print(f"fitted scales (x/ their 95% spread): {fitted}")
-    warning = bound_warning(fit.scales)
+    warning = bound_warning(fit.scales, runs=runs)
     if warning:
         print(warning, file=sys.stderr)
     print(f"mean |error| {100 * mean0:.1f}% before, {100 * mean1:.1f}% after calibration ({len(runs)} run(s))")

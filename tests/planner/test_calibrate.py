@@ -289,6 +289,19 @@ def test_scales_at_the_fits_limit_are_warned_about():
     assert bound_warning({"gemm": 0.9, "memory": 1.3}) is None
     warning = bound_warning({"gemm": 0.125, "memory": 1.3, "overhead": 8.0})
     assert "gemm x0.125" in warning and "overhead x8" in warning and "memory" not in warning
+    from planner.measured_runs import Run
+    from specs.cluster_loading import load_cluster
+    from specs.model_loading import load_model
+    from specs.parallel import ParallelConfig
+    from specs.planfile import make_plan
+
+    cpu = load_cluster("cpu-gloo", gpus=4)  # four ranks on a machine measured to have two cores
+    cpu = cpu.model_copy(update={"gpu": cpu.gpu.model_copy(update={"cores": 2})})
+    run = Run("m.jsonl", make_plan(load_model("tiny"), cpu, 16, ParallelConfig(dp=4)), 0.2, 10, None)
+    crowded = bound_warning({"comm": 0.125}, runs=[run])
+    assert "runs put 4 ranks on 2 cores, where a collective waits for peers the cores are not running" in crowded
+    assert "did not run on the hardware" not in crowded
+    assert "did not run on the hardware" in bound_warning({"gemm": 0.125}, runs=[run])  # not the network's limit
 
 
 def _two_plan_metrics(tmp_path, base, truth, steps=(8, 6)):

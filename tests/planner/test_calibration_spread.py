@@ -202,3 +202,19 @@ def test_a_fit_far_off_never_knows_less_than_the_prior():
         assert all(sd <= PRIOR_LOG_SD * (1 + 1e-9) for sd in scale_sd(fit).values()), scale_sd(fit)
         widest = max(float(part.split("x/")[1].split(",")[0].rstrip(")")) for part in fitted_text(fit).split("(")[1:])
         assert widest == pytest.approx(math.exp(Z95 * PRIOR_LOG_SD), abs=0.01)
+
+
+def test_a_run_s_compute_tells_a_slow_collective_from_slow_gemms():
+    """One data-parallel run whose step is slow from its gradient reduce (its network 5x slower than the profile),
+    its compute as priced: from the step alone the fit cannot tell which scale is off, and the GEMMs take their
+    share of the blame; with the run's compute phases beside it, the GEMMs stay as priced and the network takes it."""
+    from planner.calibrate import COMPUTE, _estimates
+
+    base = load_cluster("dgx-a100", gpus=16)
+    plan = make_plan(_model(1024), base, 64, ParallelConfig(dp=16, mbs=4, dp_overlap=False))
+    truth = _estimates([Run("", plan, 1.0, 1, None)], base, {"comm": 0.2})[0]
+    compute = sum(truth.breakdown[k] for k in COMPUTE)
+    step_only = fit_scales([Run("", plan, truth.step_time_s, 10, None)], base)
+    both = fit_scales([Run("", plan, truth.step_time_s, 10, None, (compute,))], base)
+    assert step_only.scales["gemm"] < 0.5 and step_only.scales["comm"] > 0.5  # 2.8x slow GEMMs, as a user saw
+    assert both.scales["gemm"] == pytest.approx(1.0, abs=0.1) and both.scales["comm"] == pytest.approx(0.2, rel=0.2)
