@@ -396,11 +396,11 @@ class ClusterSpec(Strict):
             raise AutoparError(f"--gpus must be positive, got {gpus}")
         if gpus <= self.gpus_per_node:
             full = self.full_node_gpus or self.gpus_per_node
-            return self.model_copy(update={"num_nodes": 1, "gpus_per_node": gpus,
+            return self.model_copy(update={"num_nodes": 1, "gpus_per_node": gpus, "gpu": self._rank_share(gpus),
                                            "full_node_gpus": full if gpus < full else None})
         if self.full_node_gpus and self.num_nodes == 1:  # part of a node, grown: the real node again
-            return self.model_copy(update={"gpus_per_node": self.full_node_gpus, "full_node_gpus": None}
-                                   ).resized(gpus=gpus)
+            return self.model_copy(update={"gpus_per_node": self.full_node_gpus, "full_node_gpus": None,
+                                           "gpu": self._rank_share(self.full_node_gpus)}).resized(gpus=gpus)
         if gpus % self.gpus_per_node:
             raise AutoparError(
                 f"--gpus {gpus} is not a whole number of {self.name} nodes ({self.gpus_per_node} GPUs each); "
@@ -409,6 +409,13 @@ class ClusterSpec(Strict):
         if self.inter_node is None:
             raise AutoparError(f"cluster {self.name} has no inter_node section, so it cannot hold {gpus} GPUs")
         return self.model_copy(update={"num_nodes": gpus // self.gpus_per_node})
+
+    def _rank_share(self, ranks: int) -> GPUSpec:
+        """The GPU profile of one of ``ranks`` ranks on a node: a GPU's own, or, for CPU ranks (gloo), whose memory is
+        the host's, shared by the ranks on it, the host's memory over ``ranks`` instead of ``gpus_per_node``."""
+        if self.backend != "gloo" or ranks == self.gpus_per_node:
+            return self.gpu
+        return self.gpu.model_copy(update={"memory_GiB": self.gpu.memory_GiB * self.gpus_per_node / ranks})
 
     @property
     def compute_slowdown(self) -> float:

@@ -327,6 +327,18 @@ def test_cluster_resize():
         load_cluster("dgx-a100", gpus=12)
     with pytest.raises(AutoparError, match="unknown cluster 'dgx-a10'"):
         load_cluster("dgx-a10")
+    assert load_cluster("dgx-a100", gpus=2).gpu.memory_GiB == 80  # a GPU's memory is its own
+
+
+def test_cpu_ranks_share_the_host_s_memory():
+    """A CPU profile's memory per rank is the host's over its ranks: fewer ranks each hold more (a 312M-parameter
+    model planned for one rank of a measured 23 GiB machine was refused for 23/8 GiB), and the node grown back
+    shares it as before."""
+    cpu = load_cluster("cpu-gloo")
+    host = cpu.gpu.memory_GiB * cpu.gpus_per_node
+    for ranks in (1, 2, 4, 8):
+        assert load_cluster("cpu-gloo", gpus=ranks).gpu.memory_GiB * ranks == host
+    assert cpu.resized(gpus=2).resized(gpus=8) == cpu and cpu.resized(gpus=2).resized(gpus=4).gpu.memory_GiB == host / 4
 
 
 def test_cluster_file_errors(tmp_path):
