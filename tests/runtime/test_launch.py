@@ -699,7 +699,8 @@ def test_a_checkpoint_that_lost_its_meta_is_refused_and_never_kept_over_a_good_o
     (root / "step_00000008").mkdir()  # an old folder a removal was cut short in: removed by the next pruning
     (root / "step_00000024.partial").mkdir()
     publish(root, root / "step_00000024.partial", {"step": 24}, keep=2, sums={})
-    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_00000016", "step_00000020", "step_00000024"]
+    assert sorted(p.name for p in root.iterdir()) == [".autopar-lock", "latest", "step_00000016", "step_00000020",
+                                                      "step_00000024"]  # (the lock of the run refused above)
     # (the interrupted save's step_00000007.partial goes too: a checkpoint's size of disk no run would read)
     assert latest_checkpoint(root).name == "step_00000024" and newest_is_broken(root) is None
     fresh = tmp_path / "fresh"  # a fresh run is refused a folder holding any step folder, broken or not: it could
