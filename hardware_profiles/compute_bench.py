@@ -168,6 +168,7 @@ def run_all(device: torch.device, precision: str, quick: bool,
     tick("memory", 1.0)
     out["tiny_op_s"] = time_tiny_op(timer)
     tick("overhead", 1.0)
+    out["timing_spread"] = timer.spread()
     return out
 
 

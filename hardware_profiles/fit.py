@@ -80,6 +80,9 @@ def fit_nonneg(A: np.ndarray, y: np.ndarray, w: np.ndarray | None = None) -> np.
     return x
 
 
+BUSY = 0.25  # a median spread of repeated timing windows above this: the machine was not idle while measured
+
+
 def summarise(samples: list[float] | np.ndarray, how: str = "median") -> float:
     """One number from repeated timings (seconds).
 

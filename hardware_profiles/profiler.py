@@ -136,6 +136,7 @@ def measure(rank: int, world: int, local: int, quick: bool, progress: bool,
             mine = GPUSpec(**gpu_profile(dev, comp, precision))
             timer = Timer(device, min_window_s=0.02, repeats=3 if quick else 5, sync=sync)
             comp["probes"] = layer_probe.measure(timer, mine, precision, TORCH_DTYPES[precision])
+            comp["timing_spread"] = max(comp["timing_spread"], timer.spread())
         bar.tick("layer probes", 1.0)
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, {"device": dev, "compute": comp}, group=meta)
@@ -186,6 +187,7 @@ def combine(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
     for key in ("column_sum_Bps", "adamw_Bps"):
         if key in first:
             out[key] = float(np.median([r[key] for r in per_rank]))
+    out["timing_spread"] = max(r.get("timing_spread", 0.0) for r in per_rank)  # the busiest rank's
     if first.get("probes"):
         out["probes"] = [{**p, "seconds": med("probes", i, "seconds"), "compute_s": med("probes", i, "compute_s")}
                          for i, p in enumerate(first["probes"])]
@@ -286,6 +288,7 @@ def _probe_fit(compute: dict[str, Any]) -> tuple[float | None, float | None]:
 def build(meas: dict[str, Any], name: str) -> tuple[dict[str, Any], list[str]]:
     """The cluster profile and notes for the user from rank 0's measurements."""
     from hardware_profiles.assemble import cluster_profile
+    from hardware_profiles.fit import BUSY
     from specs.cluster import COLLECTIVES
 
     if "groups" in meas:
@@ -298,6 +301,11 @@ def build(meas: dict[str, Any], name: str) -> tuple[dict[str, Any], list[str]]:
                 "one node, and no bundled cluster of this device to take inter-node links from: the profile has no "
                 "inter_node section, so it plans this node only (run under torchrun on several nodes, or add an "
                 "inter_node section by hand, to plan more)")
+    spread = meas["compute"].get("timing_spread", 0.0)
+    if spread > BUSY:
+        notes.append(f"the machine was busy while measured: repeated timings of one thing differed by {spread:.0%} "
+                     "(median); its rates may be low and another run may differ: profile again with nothing else "
+                     "running")
     if meas["world"] == 1:
         notes.append("one rank: no peer to measure collectives with; the links use the model's defaults")
         notes.append(one_node)

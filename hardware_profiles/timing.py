@@ -7,6 +7,7 @@ import math
 import time
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from hardware_profiles.fit import summarise
@@ -24,6 +25,7 @@ class Timer:
         self.repeats = repeats
         self.warmup = warmup
         self.sync_ranks = sync  # a barrier: every rank starts each round together (a CPU shared by ranks)
+        self.spreads: list[float] = []  # each measurement's (slowest - fastest) / median window: how busy it was
 
     def sync(self) -> None:
         if self.cuda:
@@ -56,7 +58,19 @@ class Timer:
         """Seconds per call of ``fn`` over ``repeats`` windows."""
         self.sync_ranks()
         iters = self.iterations(fn)
-        return summarise([self.window(fn, iters) for _ in range(self.repeats)], self.stat)
+        return self._summary([self.window(fn, iters) for _ in range(self.repeats)])
+
+    def _summary(self, samples: list[float]) -> float:
+        """The windows' summary (:func:`summarise`), their spread noted in :attr:`spreads`."""
+        mid = float(np.median(samples))
+        if mid > 0:
+            self.spreads.append((max(samples) - min(samples)) / mid)
+        return summarise(samples, self.stat)
+
+    def spread(self) -> float:
+        """The median spread of the measurements so far (0 when none): above ``hardware_profiles.fit.BUSY`` the
+        machine was busy."""
+        return float(np.median(self.spreads)) if self.spreads else 0.0
 
     def many(self, fns: list[Callable[[], object]], tick: Callable[[float], None] = lambda _: None) -> list[float]:
         """Seconds per call of each function, the repeats taken in rounds over all of them.
@@ -73,4 +87,4 @@ class Timer:
             for i, fn in enumerate(fns):
                 samples[i].append(self.window(fn, iters[i]))
                 tick(1.0 / self.repeats)
-        return [summarise(s, self.stat) for s in samples]
+        return [self._summary(s) for s in samples]

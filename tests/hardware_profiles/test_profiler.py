@@ -336,3 +336,19 @@ def test_layer_probe_splits_a_layers_price_into_its_parts():
         cluster = load_cluster("dgx-h100", gpus=1)
         whole = layer_cost(spec, ComputeModel(gpu, "bf16"), CommModel(cluster), 1, 1, batch, False, False)
         assert compute < float(whole.fwd + whole.bwd)  # the memory-bound part is left out
+
+
+@pytest.mark.slow
+def test_a_busy_machine_is_said(measured):
+    """Each measurement's repeated windows are compared: the profile carries the spread, and a busy one (the
+    repeats of one thing 25% apart or more, as on a machine sharing its cores) is a note to profile again."""
+    from hardware_profiles.timing import Timer
+
+    assert 0 <= measured["compute"]["timing_spread"] < 10
+    timer = Timer(torch.device("cpu"), repeats=3)
+    assert timer.spread() == 0 and timer._summary([1.0, 1.5, 1.0]) > 0 and timer.spread() == pytest.approx(0.5)
+    busy = {**measured, "compute": {**measured["compute"], "timing_spread": 0.5}}
+    assert any("the machine was busy while measured: repeated timings of one thing differed by 50%" in n
+               for n in profiler.build(busy, "mine")[1])
+    calm = {**measured, "compute": {**measured["compute"], "timing_spread": 0.1}}
+    assert not any("busy" in n for n in profiler.build(calm, "mine")[1])
