@@ -51,6 +51,9 @@ def estimate_command(args: argparse.Namespace) -> int:
     if balanced is not None:
         unpinned += (f"; its low end from balanced routing, {balanced:.4g} s predicted: the experts' load imbalance "
                      f"is not known (moe.load_imbalance sets it)")
+    if cluster.backend == "gloo" and cluster.calibration is None:  # the bands' runs are GPU runs
+        unpinned += ("; measured on GPUs: CPU ranks, whose timings vary with what else the machine runs, fall "
+                     "outside it more often (`autopar tune` measures them)")
     held = f"{uncertainty_band(cfg.pp > 1).coverage:.0%}"
     con.print(f"band    {band[0]:.4g} .. {band[1]:.4g} s a step (holds {held} of runs like the validation's, "
               f"docs/cost_model.md \"How sure it is\"{unpinned})")

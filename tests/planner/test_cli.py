@@ -386,3 +386,12 @@ def test_a_plan_too_big_for_this_machines_memory_is_refused_before_launch(tmp_pa
     need = float(err.split("need about ")[1].split(" GiB")[0])
     assert need > 100  # 8B parameters at 16 bytes each in fp32 with Adam, whatever the split: 120 GiB and more
     assert main(["run", str(small), "--steps", "1", "--dry-run"]) == 0
+
+
+def test_a_cpu_estimate_s_band_says_it_comes_from_gpu_runs(capsys):
+    """The band's residuals are GPU runs: on CPU ranks (gloo, not calibrated) the line says so and names tune."""
+    for cluster, said in (("cpu-gloo", True), ("dgx-a100", False)):
+        assert main(["estimate", "--model", "tiny", "--cluster", cluster, "--gpus", "1", "--global-batch", "8",
+                     "--plan", "mbs=8"]) == 0
+        band = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("band"))
+        assert ("measured on GPUs: CPU ranks" in band) == said, band
