@@ -118,6 +118,11 @@ class ParallelConfig:
     def microbatches(self, global_batch: int) -> int:
         return microbatches(global_batch, self.dp, self.mbs)
 
+    def __post_init__(self) -> None:
+        r = self.recompute_layers
+        if isinstance(r, tuple) and len(r) == self.pp * self.vpp and len(set(r)) == 1:  # one count per stage, all
+            object.__setattr__(self, "recompute_layers", r[0])  # the same: that count (one plan, one form in JSON)
+
     def stage_layers(self, num_layers: int) -> tuple[int, ...]:
         """Layers per virtual stage in pipeline order (virtual stage j = chunk * pp + rank)."""
         return self.layers if self.layers is not None else default_split(num_layers, self.num_chunks)

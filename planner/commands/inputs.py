@@ -58,6 +58,9 @@ def progress(fmt: str):
     start = time.perf_counter()
 
     def report(done: int, total: int) -> None:
+        if done >= total:  # the work is done: the line is cleared for what follows (a table, an error)
+            print(f"\r{' ' * 62}\r", end="", file=sys.stderr, flush=True)
+            return
         text = progress_line(done, total, time.perf_counter() - start)
         print(f"\r  {text:<60}", end="", file=sys.stderr, flush=True)
 

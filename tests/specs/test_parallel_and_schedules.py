@@ -167,3 +167,12 @@ def test_check_schedule_detects_deadlock():
         check_schedule(bad, 2, 1, 2)
     with pytest.raises(ValueError, match="exactly once"):
         check_schedule([sched[0][:-1], sched[1]], 2, 1, 2)
+
+
+def test_one_recompute_count_per_stage_all_equal_is_that_count():
+    """The search's per-stage counts that are all one count are that count: one plan, one form in plan and estimate
+    JSON ([31] and 31 read as two plans); counts that differ, or of another length (a mistake), stay as given."""
+    one = ParallelConfig(pp=2, recompute="full", recompute_layers=(3, 3))
+    assert one == ParallelConfig(pp=2, recompute="full", recompute_layers=3) and one.to_dict()["recompute_layers"] == 3
+    assert ParallelConfig(pp=2, recompute="full", recompute_layers=(3, 2)).recompute_layers == (3, 2)
+    assert ParallelConfig(pp=2, recompute="full", recompute_layers=(3, 3, 3)).recompute_layers == (3, 3, 3)
