@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from planner.commands.inputs import load_inputs
 
@@ -59,7 +60,23 @@ def estimate_command(args: argparse.Namespace) -> int:
               f"docs/cost_model.md \"How sure it is\"{unpinned})")
     for tab in estimate_tables(est, "estimate"):
         con.print(tab)
+    if not est.fits:
+        con.print(f"fits    no: {_overflow(est, args.headroom, cfg.pp)}")
     if checked is not None:
         con.print(memory_check_table(checked))
     return 0
 
+
+
+def _overflow(est: Any, headroom_GiB: float | None, pp: int) -> str:
+    """Why a plan does not fit, in words: the fullest stage against what its GPU may hold (its memory less the
+    headroom: --headroom, or the default share)."""
+    from cost_models.headroom import headroom_for
+
+    stage, (need, gpu) = max(enumerate(zip(est.stage_memory_GiB, est.stage_capacity_GiB)),
+                             key=lambda x: x[1][0] / x[1][1])
+    keep = headroom_for(headroom_GiB, gpu)
+    where = f" on pipeline stage {stage}" if pp > 1 else ""
+    how = "--headroom" if headroom_GiB is not None else "the default headroom; --headroom sets another"
+    return (f"{need:.1f} GiB per GPU{where}, above the {gpu - keep:.3g} GiB a plan may use ({gpu:g} GiB less "
+            f"{keep:.3g} GiB kept free: {how}); add zero, recompute or pipeline stages, or plan with `autopar plan`")

@@ -395,3 +395,16 @@ def test_a_cpu_estimate_s_band_says_it_comes_from_gpu_runs(capsys):
                      "--plan", "mbs=8"]) == 0
         band = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("band"))
         assert ("measured on GPUs: CPU ranks" in band) == said, band
+
+
+def test_an_estimate_that_does_not_fit_says_by_how_much(capsys):
+    """`estimate` of a plan over the GPU's memory says the fullest stage's need against what a plan may use (the
+    GPU less its headroom), not only "fits: no"."""
+    assert main(["estimate", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "64", "--global-batch",
+                 "512", "--plan", "tp=8,dp=8,mbs=2,sp=true,zero=2"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert re.search(r"fits no: \d+\.\d GiB per GPU, above the 72 GiB a plan may use \(80 GiB less 8 GiB kept free: "
+                     r"the default headroom", out), out
+    assert main(["estimate", "--model", "tiny", "--cluster", "dgx-h100", "--gpus", "1", "--global-batch", "8",
+                 "--plan", "mbs=8"]) == 0
+    assert "fits no" not in capsys.readouterr().out
