@@ -76,7 +76,12 @@ def why(best: PlanResult, other: PlanResult) -> str:
         if len(saves) < len(all_saves) and -sum(d for d, _ in saves) <= sum(d for d, _ in all_costs):
             named.append("smaller savings")  # what is named does not outweigh the costs alone
         text += ": " + _listed(named)
-        if costs:
+        if costs and gain < 0.05:  # a tie: the two sides cancel
+            text += ", offset by"
+            text += " " + _listed([f"{_fmt(d)} more {PART_NAMES.get(k, k)}" for d, k in costs])
+            if len(costs) < len(all_costs):
+                text += f" ({_fmt(sum(d for d, _ in all_costs))} more in all)"
+        elif costs:
             text += " outweighs" if len(named) == 1 else " outweigh"
             text += " " + _listed([f"{_fmt(d)} more {PART_NAMES.get(k, k)}" for d, k in costs])
             if len(costs) < len(all_costs):

@@ -26,10 +26,12 @@ class PlanResult:
     config: ParallelConfig
     estimate: Estimate
 
-    def rank_key(self) -> tuple[bool, float, float]:
-        """How plans are ranked everywhere: those that fit first, then the faster, then the one using less memory."""
+    def rank_key(self) -> tuple[bool, float, float, float]:
+        """How plans are ranked everywhere: those that fit first, then the faster, then (a tie) the one recomputing
+        less (recompute that only fills a wait on the network costs real time where the network is faster than
+        priced), then the one using less memory."""
         e = self.estimate
-        return not e.fits, e.step_time_s, e.memory_GiB
+        return not e.fits, e.step_time_s, e.breakdown.get("recompute", 0.0), e.memory_GiB
 
     def row(self) -> dict[str, Any]:
         e = self.estimate

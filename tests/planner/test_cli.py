@@ -408,3 +408,16 @@ def test_an_estimate_that_does_not_fit_says_by_how_much(capsys):
     assert main(["estimate", "--model", "tiny", "--cluster", "dgx-h100", "--gpus", "1", "--global-batch", "8",
                  "--plan", "mbs=8"]) == 0
     assert "fits no" not in capsys.readouterr().out
+
+
+def test_a_tie_goes_to_the_plan_recomputing_less_and_why_says_it_is_a_tie(capsys):
+    """Llama 3 70B on 64 H100s: selective recompute fills only a wait on the network, the two plans tie exactly; the
+    one without it is chosen (its recompute would cost real time on a network faster than priced) and "why" says
+    the two sides cancel, not that one outweighs the other."""
+    assert main(["plan", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "64", "--global-batch", "128",
+                 "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    best, second = out["plans"][:2]
+    assert best["step_time_s"] == pytest.approx(second["step_time_s"], rel=1e-9)
+    assert best["parallel"]["recompute"] == "none" and second["parallel"]["recompute"] == "selective"
+    assert "less recomputation, offset by" in out["why"] and "outweigh" not in out["why"]
