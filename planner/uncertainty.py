@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -67,6 +68,12 @@ def _stored() -> dict[str, list[dict[str, Any]]]:
             or any(len(rows) < 2 for rows in sets.values())):
         raise AutoparError(f"{RESIDUALS} needs positive ratios, both plan kinds and two rows per set; {regenerate}")
     return sets
+
+
+def sharded_rows(sets: dict[str, list[dict[str, Any]]] | None = None) -> int:
+    """The validation rows whose plan sharded gradients or parameters (ZeRO-2/3): a band has seen such runs only
+    where this is above 0."""
+    return sum(1 for rows in _sets(sets).values() for r in rows if re.search(r"\bzero=[23]\b", str(r.get("plan"))))
 
 
 def band(pipelined: bool, sets: dict[str, list[dict[str, Any]]] | None = None) -> Band:

@@ -149,7 +149,7 @@ def _choose(args: argparse.Namespace, model: Any, cluster: Any, res: Any) -> Cho
     from planner.calibrate import CALIBRATED_TIES, LOOSE_SPREAD, difference_spreads, spread_of, step_sensitivity
     from planner.explain import placement_reason, runner_up, why
     from planner.prediction import balanced_step_s
-    from planner.uncertainty import Z95, tie_margin, tied_with_best
+    from planner.uncertainty import Z95, sharded_rows, tie_margin, tied_with_best
     from specs.moe import DEFAULT_LOAD_IMBALANCE
 
     other = runner_up(res.ranked)
@@ -172,6 +172,11 @@ def _choose(args: argparse.Namespace, model: Any, cluster: Any, res: Any) -> Cho
                   "cannot order them")
         count = f"{tied} or more plans are" if more_tied else f"{tied} plan{'s are' if tied > 1 else ' is'}"
         reason += f" The next {count} {within}: `{_tune_line(args, cluster.num_nodes > 1)}` measures the best of them."
+    best = res.plans[0].config
+    if best.zero >= 2 and best.dp * best.cp > 1 and fit is None and not sharded_rows():
+        reason += (f" No run behind the bands sharded gradients or parameters as ZeRO-{best.zero} does: this plan's "
+                   "band is that of plans that did not, and its data-parallel traffic hides under its compute only "
+                   "if overlapped as priced; `autopar tune` measures it.")
     if spreads[0][0] > LOOSE_SPREAD:
         reason += (f" The calibrated profile's runs leave this plan's step time uncertain (x/"
                    f"{math.exp(Z95 * spreads[0][0]):.2f} at 95%, mostly its {spreads[0][1]} scale, which they "

@@ -421,3 +421,9 @@ def test_a_tie_goes_to_the_plan_recomputing_less_and_why_says_it_is_a_tie(capsys
     assert best["step_time_s"] == pytest.approx(second["step_time_s"], rel=1e-9)
     assert best["parallel"]["recompute"] == "none" and second["parallel"]["recompute"] == "selective"
     assert "less recomputation, offset by" in out["why"] and "outweigh" not in out["why"]
+    from planner.uncertainty import sharded_rows
+
+    assert ("No run behind the bands sharded gradients or parameters as ZeRO-3 does" in out["why"]) == (
+        best["parallel"]["zero"] == 3 and sharded_rows() == 0)  # the band borrowed from plans that did not shard
+    assert sharded_rows({"a": [{"plan": "tp=8 zero=3", "ratio": 1.0, "pipelined": False},
+                               {"plan": "tp=8 zero=1", "ratio": 1.0, "pipelined": True}]}) == 1
