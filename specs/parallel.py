@@ -361,6 +361,8 @@ def _parse_value(key: str, raw: str, flag: str) -> Any:
     """One ``--plan`` / ``--fix`` value, typed and range-checked (errors name ``flag``)."""
     info, low = KEYS[key], raw.strip().lower()
     value: Any
+    if raw.startswith("=") and info.kind != "groups":  # tp==2: one = too many
+        raise AutoparError(f"plan key {key}: '{key}={raw}' has one '=' too many; write {key}={raw.lstrip('=')}")
     if "=" in raw and info.kind != "groups":
         together = f"{key}={raw}"
         raise AutoparError(f"plan key {key}: '{raw}' holds another key=value; separate keys with commas, as in "

@@ -521,6 +521,7 @@ def test_a_file_of_another_kind_is_named_as_such(tmp_path, capsys):
     (["estimate", "--model", "tiny", *ESTIMATE[:-1], "tp=1_0"], "plan key tp takes an integer, got '1_0'"),
     (["estimate", "--model", "tiny", *ESTIMATE[:-1], "tp=2 pp=2"],
      "plan key tp: '2 pp=2' holds another key=value; separate keys with commas, as in \"tp=2,pp=2\""),
+    (["estimate", "--model", "tiny", *ESTIMATE[:-1], "tp==2"], "plan key tp: 'tp==2' has one '=' too many; write tp=2"),
     (["plan", "--model", "tiny", "--cluster", "cpu-gloo", "--gpus", "4", "--global-batch", "64", "--fix", "mbs=3"],
      "global batch 64 is not divisible by mbs=3, whatever dp"),
     (["plan", "--model", "tiny", "--cluster", "ib-roce-a100", "--global-batch", "128", "--fix",
