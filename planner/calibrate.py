@@ -107,8 +107,9 @@ def _log_errors(runs: list[Run], base: ClusterSpec, s: dict[str, float]) -> np.n
     collective; its compute can)."""
     ests = _estimates(runs, base, s)
     steps = [math.log(e.step_time_s / r.measured_s) for e, r in zip(ests, runs)]
-    compute = [math.log(sum(e.breakdown[k] for k in COMPUTE) / r.stage_compute_s[e.critical_rank])
-               for e, r in zip(ests, runs) if r.stage_compute_s and sum(e.breakdown[k] for k in COMPUTE) > 0]
+    priced = [sum(e.breakdown[k] for k in COMPUTE) for e in ests]
+    compute = [math.log(c / r.stage_compute_s[e.critical_rank])
+               for e, r, c in zip(ests, runs, priced) if r.stage_compute_s and c > 0]
     return np.array(steps + compute)
 
 
@@ -120,7 +121,6 @@ def fit_scales(runs: list[Run], base: ClusterSpec, params: tuple[str, ...] = PAR
     prior PRIOR_LOG_SD on each log-scale), so its curvature at the optimum gives the scales' log covariance: a scale
     the runs cannot see keeps the prior's spread, one they pin gets a narrow one."""
     x = np.zeros(len(params))
-    observed = len(_log_errors(runs, base, {}))
 
     def resid(v: np.ndarray) -> np.ndarray:
         return np.concatenate([_log_errors(runs, base, dict(zip(params, np.exp(v)))), math.sqrt(PRIOR) * v])
@@ -129,6 +129,7 @@ def fit_scales(runs: list[Run], base: ClusterSpec, params: tuple[str, ...] = PAR
         return np.stack([(resid(v + h * np.eye(len(v))[j]) - r) / h for j in range(len(v))], axis=1)
 
     r = resid(x)
+    observed = len(r) - len(params)  # the runs' steps and compute; the prior's rows follow
     lam = 1e-3
     for _ in range(iters):
         J = jacobian(x, r)

@@ -39,7 +39,7 @@ from rich.table import Table
 
 from cost_models.pipeline import simulate_steps
 from cost_models.step import Estimate, estimate
-from planner.measured_runs import measured_median
+from planner.measured_runs import measured_median, stages
 from planner.report import fmt_time
 from specs.errors import AutoparError
 from specs.phases import PHASES
@@ -118,11 +118,6 @@ def sends_per_rank(plan: PlanFile) -> np.ndarray:
         v = [virtual_stage(r, a.chunk, cfg.pp) for a in acts]
         out[r] = sum(1 for a, vv in zip(acts, v) if (a.kind == "F" and vv < nv - 1) or (a.kind == "B" and vv > 0))
     return out
-
-
-def stages(plan: PlanFile) -> np.ndarray:
-    """Each rank's pipeline stage."""
-    return np.array([plan.config.rank_coords(r)["pp"] for r in range(plan.config.world)])
 
 
 def _measures(plan: PlanFile, ph: dict[str, np.ndarray], stage_work: np.ndarray

@@ -140,6 +140,11 @@ def _metrics_lines(path: str | Path, notes: bool = True) -> list[dict[str, Any]]
     return objs
 
 
+def stages(plan: PlanFile) -> np.ndarray:
+    """Each rank's pipeline stage."""
+    return np.array([plan.config.rank_coords(r)["pp"] for r in range(plan.config.world)])
+
+
 def stage_compute(rows: list[dict[str, Any]], kept: int, plan: PlanFile) -> tuple[float, ...] | None:
     """Each pipeline stage's compute seconds (:attr:`Run.stage_compute_s`) over the last ``kept`` steps of ``rows``,
     or None where a line lacks every rank's forward and backward times."""
@@ -156,8 +161,7 @@ def stage_compute(rows: list[dict[str, Any]], kept: int, plan: PlanFile) -> tupl
             return None
     if not per_rank:
         return None
-    median = np.median(np.array(per_rank), axis=0)
-    stage = np.array([cfg.rank_coords(r)["pp"] for r in range(world)])
+    median, stage = np.median(np.array(per_rank), axis=0), stages(plan)
     out = tuple(float(np.median(median[stage == s])) for s in range(cfg.pp))
     return out if all(math.isfinite(x) and x > 0 for x in out) else None
 

@@ -37,7 +37,6 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from runtime.checkpoint_folder import (
-    LATEST,
     META,
     STEP_NAME,
     checkpoint_files,
@@ -48,6 +47,7 @@ from runtime.checkpoint_folder import (
     set_aside,
     step_folders,
     step_name,
+    write_latest,
 )
 from runtime.data import SAMPLE_TEXT
 from runtime.options import KEEP_CHECKPOINTS
@@ -177,8 +177,7 @@ def publish(root: Path, tmp: Path, meta: dict[str, Any], keep: int = KEEP_CHECKP
     if final.exists():  # a checkpoint of this step from before a roll back (by hand): kept aside, not overwritten
         set_aside(root, [final])
     os.replace(tmp, final)
-    (root / f"{LATEST}.tmp").write_text(final.name + "\n")
-    os.replace(root / f"{LATEST}.tmp", root / LATEST)
+    write_latest(root, f"{final.name}\n".encode())
     # the run's own checkpoints: any newer one is from before a roll back (by hand), neither kept in place of the
     # run's nor pruned
     folders = [p for p in step_folders(root) if checkpoint_step(p) <= checkpoint_step(final)]

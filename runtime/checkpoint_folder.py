@@ -94,6 +94,12 @@ def resume_step(text: str) -> int:
     return step
 
 
+def write_latest(root: Path, content: bytes) -> None:
+    """Replace ``root``'s ``latest`` with ``content`` atomically (a crash leaves the old one or the new one)."""
+    (root / f"{LATEST}.tmp").write_bytes(content)
+    os.replace(root / f"{LATEST}.tmp", root / LATEST)
+
+
 def point_latest(root: Path, step: int) -> Path:
     """Make the checkpoint written after ``step`` the one a resume goes on from (``latest``); returns it. Refused
     where it is not a complete checkpoint under ``root``, naming those there are."""
@@ -104,8 +110,7 @@ def point_latest(root: Path, step: int) -> Path:
         what = "is not complete (it has no meta.json)" if ck.is_dir() else "does not exist"
         raise AutoparError(f"checkpoint {ck} {what}; --resume-from takes one of the complete checkpoints in {root} "
                            f"({there})")
-    (root / f"{LATEST}.tmp").write_text(ck.name + "\n")
-    os.replace(root / f"{LATEST}.tmp", root / LATEST)
+    write_latest(root, f"{ck.name}\n".encode())
     return ck
 
 
@@ -211,6 +216,5 @@ def pointed_back(root: Path, step: int) -> Iterator[Path]:
             if before is None:
                 (root / LATEST).unlink(missing_ok=True)
             else:
-                (root / f"{LATEST}.tmp").write_bytes(before)
-                os.replace(root / f"{LATEST}.tmp", root / LATEST)
+                write_latest(root, before)
         raise

@@ -173,20 +173,18 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
                               predicted_step_s, predicted_memory_GiB, mtbf_hours, collective_timeout, keep_checkpoints,
                               train_from_plan)
         gpus = local_gpus()
+        if not _spans_nodes(plan) and gpus is not None and world > gpus:
+            raise AutoparError(f"the plan needs {world} GPUs but this machine has {gpus}; run it on its cluster "
+                               f"({plan.cluster.name}) or re-plan with --gpus {gpus}")
+        if resume and checkpoint_dir:  # from a checkpoint older than others (latest pointed back): set aside, the run
+            _roll_back(Path(checkpoint_dir), dry_run)  # checked (several nodes: their shared folder, seen from here)
         if _spans_nodes(plan):
-            if resume and checkpoint_dir:  # the folder the nodes share, seen from here (where it is not, nothing moves)
-                _roll_back(Path(checkpoint_dir), dry_run)
             print("autopar: this plan spans several nodes; run on every node:\n  " +
                   "\n  ".join(multi_node_commands(plan, worker, max_restarts)), flush=True)
             return 0
-        if gpus is not None and world > gpus:
-            raise AutoparError(f"the plan needs {world} GPUs but this machine has {gpus}; run it on its cluster "
-                               f"({plan.cluster.name}) or re-plan with --gpus {gpus}")
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
                *(["--max-restarts", str(max_restarts)] if max_restarts else []), *worker]
         if dry_run:
-            if resume and checkpoint_dir:
-                _roll_back(Path(checkpoint_dir), True)
             print(" ".join(shlex.quote(c) for c in cmd), flush=True)
             return 0
         full_env = {**os.environ, **(env or {})}
@@ -195,8 +193,6 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
         keep = [("--checkpoint-every", checkpoint_every), ("--keep-checkpoints", keep_checkpoints),
                 ("--max-restarts", max_restarts or None)]  # a resumed run keeps them (defaults otherwise)
         options = [x for flag, v in keep if v is not None for x in (flag, str(v))]
-        if resume and checkpoint_dir:  # from a checkpoint older than others (latest pointed back): set aside
-            _roll_back(Path(checkpoint_dir), False)
         try:
             rc = _run_workers(cmd, full_env, timeout_s)
         except AutoparError as err:  # a worker failed: where to go on from, unless the error says already (or
