@@ -29,3 +29,10 @@ def headroom_for(given: float | None, gpu_GiB: float) -> float:
 def usable_GiB(given: float | None, gpu_GiB: float) -> float:
     """What a plan may use of a GPU of ``gpu_GiB``: its memory less :func:`headroom_for`."""
     return gpu_GiB - headroom_for(given, gpu_GiB)
+
+
+def fullest(stage_GiB: list[float], capacity_GiB: list[float]) -> tuple[int, float, float]:
+    """(stage, GiB, GPU GiB) of the pipeline stage whose peak is the largest share of its GPU's memory (node groups:
+    each stage on its own GPUs)."""
+    stage = max(range(len(stage_GiB)), key=lambda i: stage_GiB[i] / capacity_GiB[i])
+    return stage, stage_GiB[stage], capacity_GiB[stage]

@@ -16,7 +16,7 @@ import numpy as np
 
 from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
-from cost_models.headroom import usable_GiB
+from cost_models.headroom import fullest, usable_GiB
 from cost_models.memory import GiB, rank_memory
 from cost_models.params import per_rank
 from cost_models.pipeline import replayed, simulate_steps
@@ -49,6 +49,11 @@ class Estimate:
     stage_time_s: list[float] = field(default_factory=list)
     critical_rank: int = 0
     stage_capacity_GiB: list[float] = field(default_factory=list)  # each stage's GPU memory (node groups: its own)
+
+    @property
+    def fullest_stage(self) -> tuple[int, float, float]:
+        """(pipeline stage, its GiB, its GPU's GiB) of the stage that fills its GPU the most (:func:`fullest`)."""
+        return fullest(self.stage_memory_GiB, self.stage_capacity_GiB)
 
     def to_json(self) -> dict[str, Any]:
         r = lambda x: float(f"{x:.6g}")  # noqa: E731

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from cost_models.headroom import MEASURED_EXCESS, default_headroom_GiB, usable_GiB
+from cost_models.headroom import MEASURED_EXCESS, default_headroom_GiB, fullest, usable_GiB
 
 
 def memory_warning(stage_GiB: list[float], capacity_GiB: list[float]) -> str | None:
     """A one-line caution when a chosen plan's predicted peak on some pipeline stage (``stage_GiB``) leaves less than
     the default headroom of that stage's GPUs (``capacity_GiB``: on node groups each stage's own) free (only
     possible with a smaller --headroom), or None."""
-    used_GiB, gpu_GiB = max(zip(stage_GiB, capacity_GiB), key=lambda s: s[0] / s[1])
+    _, used_GiB, gpu_GiB = fullest(stage_GiB, capacity_GiB)
     if used_GiB <= gpu_GiB - default_headroom_GiB(gpu_GiB):
         return None
     margin = default_headroom_GiB(gpu_GiB)

@@ -73,8 +73,7 @@ def _overflow(est: Any, headroom_GiB: float | None, pp: int) -> str:
     headroom: --headroom, or the default share)."""
     from cost_models.headroom import headroom_for
 
-    stage, (need, gpu) = max(enumerate(zip(est.stage_memory_GiB, est.stage_capacity_GiB)),
-                             key=lambda x: x[1][0] / x[1][1])
+    stage, need, gpu = est.fullest_stage
     keep = headroom_for(headroom_GiB, gpu)
     where = f" on pipeline stage {stage}" if pp > 1 else ""
     how = "--headroom" if headroom_GiB is not None else "the default headroom; --headroom sets another"

@@ -169,9 +169,8 @@ def _check_gpu_memory(plan: Any, plan_path: str, fresh: Any) -> None:
     if plan.cluster.backend != "nccl":
         return  # CPU ranks: the host-memory check
     est = fresh or estimate(plan.model, plan.used_cluster, plan.config, plan.global_batch, state=plan.state)
-    over = [(i, m, c) for i, (m, c) in enumerate(zip(est.stage_memory_GiB, est.stage_capacity_GiB)) if m > c]
-    if over:
-        stage, need, have = max(over, key=lambda x: x[1] / x[2])
+    stage, need, have = est.fullest_stage
+    if need > have:
         where = f" on pipeline stage {stage}" if plan.config.pp > 1 else ""
         raise AutoparError(f"{plan_path}: {plan.config.short()} needs {need:.1f} GiB per GPU{where} by the memory "
                            f"model, above the GPU's {have:g} GiB: it would run out of memory; re-plan with "
