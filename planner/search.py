@@ -190,16 +190,28 @@ def max_gpus_with_plans(model: ModelSpec, cluster: ClusterSpec, global_batch: in
 
 def min_gpus_to_fit(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dict[str, Any],
                     headroom_GiB: float | None = None, limit: int = GROW_LIMIT) -> int | None:
-    """The smallest power-of-two multiple of the cluster on which some plan fits (None past ``limit``); an
-    AutoparError saying why when the cluster cannot grow (a profile without an inter-node network, node groups)."""
-    g = cluster.num_gpus * 2
-    while g <= limit:
-        bigger = cluster.resized(gpus=g)
+    """A cluster size on which some plan fits, or None past ``limit``: the smallest power-of-two multiple of the
+    cluster, then, past a node, bisected over whole nodes between it and its half (96 GPUs too few for a model:
+    128, not 192); an AutoparError saying why when the cluster cannot grow (a profile without an inter-node
+    network, node groups)."""
+
+    def fits(g: int) -> bool:
+        bigger = cluster.resized(gpus=g)  # raises when the cluster cannot grow: the caller says why
         try:
             res = search(model, bigger, global_batch, fixed=fixed, top=1, headroom_GiB=headroom_GiB, refine_count=4)
         except AutoparError:
-            res = None
-        if res is not None and res.plans:
-            return g
+            return False
+        return bool(res.plans)
+
+    g = cluster.num_gpus * 2
+    while g <= limit and not fits(g):
         g *= 2
-    return None
+    if g > limit:
+        return None
+    node = cluster.full_node_gpus or cluster.gpus_per_node  # a part of a node grows into whole ones
+    lo, hi = max(g // 2, cluster.num_gpus) // node, g // node  # in whole nodes: lo does not fit, hi does
+    if g // 2 >= node:
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if fits(mid * node) else (mid, hi)
+    return hi * node if g // 2 >= node else g

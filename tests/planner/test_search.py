@@ -104,6 +104,17 @@ def test_nothing_fits_reports_closest_and_min_gpus():
     assert bigger.plans  # and that size really fits
 
 
+def test_min_gpus_is_bisected_over_whole_nodes():
+    """96 H100s are too few for Llama 3 405B; doubling fits (192), but so do fewer whole nodes: the suggestion is the
+    smallest node count between them that fits, and the node below it does not."""
+    m, c = load_model("llama3-405b"), load_cluster("dgx-h100", gpus=96)
+    assert not search(m, c, 512, top=1).plans
+    need = min_gpus_to_fit(m, c, 512, {})
+    assert need is not None and 96 < need < 192 and need % c.gpus_per_node == 0
+    assert search(m, c.resized(gpus=need), 512, top=1, refine_count=4).plans
+    assert not search(m, c.resized(gpus=need - c.gpus_per_node), 512, top=1, refine_count=4).plans
+
+
 def test_impossible_fixed_keys_say_why():
     m, c = load_model("gpt-7.5b"), load_cluster("dgx-a100", gpus=8)
     with pytest.raises(AutoparError, match="tp=5 does not divide"):
