@@ -129,8 +129,11 @@ def _no_plan(args: argparse.Namespace, model: Any, cluster: Any, res: Any, fixed
         msg += f" (less the default headroom, {DEFAULT_FRACTION:.0%} of each GPU; --headroom 0 uses it all)"
     if closest is not None:
         msg += f"; the closest ({closest.config.short()}) needs {closest.estimate.memory_GiB:.1f} GiB per GPU"
+    odd = _seq_rules_out_cp(args, model, cluster, fixed)
+    if odd:
+        msg += f"; {odd}"
     if need:
-        msg += f"; try --gpus {need}"
+        msg += f"; {'or ' if odd else ''}try --gpus {need}"
     elif grow:
         msg += f"; a larger cluster is not tried ({grow}): use GPUs with more memory or a profile that grows"
     else:
@@ -141,6 +144,28 @@ def _no_plan(args: argparse.Namespace, model: Any, cluster: Any, res: Any, fixed
         print(json.dumps({"plans": [], "search": search_info, "error": msg, "min_gpus": need,
                           "closest": closest.row() if closest else None}))
     return AutoparError(msg)
+
+
+def _seq_rules_out_cp(args: argparse.Namespace, model: Any, cluster: Any, fixed: dict[str, Any]) -> str:
+    """When the sequence length splits over no context-parallel size of the cluster (an odd ``--seq``), and a
+    length a multiple of 256 near it plans: say so, as it is the length, not the memory, that rules the plans out."""
+    from planner.search import search
+    from specs.rules import cp_split_problem
+
+    seq, n = model.seq_length, cluster.num_gpus
+    sizes = [c for c in range(2, n + 1) if n % c == 0]
+    if "cp" in fixed or seq < 256 or not sizes or not all(cp_split_problem(seq, c) for c in sizes):
+        return ""
+    near = -(-seq // 256) * 256
+    try:
+        res = search(model.model_copy(update={"seq_length": near}), cluster, args.global_batch, fixed=fixed, top=1,
+                     headroom_GiB=args.headroom, refine_count=4)
+    except AutoparError:
+        return ""
+    if not res.plans:
+        return ""
+    return (f"--seq {seq} rules out context parallelism ({cp_split_problem(seq, 2)}), which splits a long "
+            f"sequence's activations over GPUs: --seq {near} fits ({res.plans[0].config.short()})")
 
 
 def _choose(args: argparse.Namespace, model: Any, cluster: Any, res: Any) -> Choice:

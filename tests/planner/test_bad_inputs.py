@@ -627,6 +627,21 @@ def test_no_plan_fits_on_a_cluster_that_cannot_grow_says_why(capsys):
     assert "try --gpus" in err
 
 
+def test_an_odd_seq_that_rules_out_cp_is_named_when_nothing_fits(capsys):
+    """At 131,071 tokens no context-parallel split exists, so no plan of Llama 3 70B fits 64 H100s; the error names
+    the length and the length that plans (which does), not only a memory shortfall and more GPUs."""
+    err = fails(capsys, "plan", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "64", "--global-batch",
+                "64", "--seq", "131071")
+    assert "--seq 131071 rules out context parallelism" in err and "--seq 131072 fits (" in err, err
+    assert "cp=" in err.split("--seq 131072 fits (")[1]
+    assert main(["plan", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "64", "--global-batch", "64",
+                 "--seq", "131072"]) == 0
+    capsys.readouterr()
+    err = fails(capsys, "plan", "--model", "llama3-70b", "--cluster", "dgx-a100", "--gpus", "2", "--global-batch",
+                "8")  # a length that splits: no word of it
+    assert "rules out context parallelism" not in err
+
+
 @pytest.mark.parametrize("nics", ["nic_bandwidth_Gbps: true, nics_per_node: 8", "nic_bandwidth_Gbps: 400, nics_per_node: false",
                                   "nic_bandwidth_Gbps: 400, nics_per_node: 8, latency_us: true"])
 def test_a_node_groups_nics_refuse_true_and_false_as_numbers(tmp_path, capsys, nics):
