@@ -184,6 +184,17 @@ def _dense_why(cfg: ParallelConfig, x: PlanContext) -> str:
             f"spec); {x.model.name} is dense, use ep=1 and etp=1")
 
 
+def _expert_split_why(cfg: ParallelConfig, x: PlanContext) -> str:
+    """Why ep*etp does not divide the stage's dp*cp*tp: the example's split, or, when ep*etp divides no split of
+    the GPUs at all, that (the example's dp/cp/tp were not the user's choice)."""
+    split = cfg.ep * cfg.etp
+    where = "(the experts are split over a stage's data-, context- and tensor-parallel ranks)"
+    if x.gpus % split:
+        return (f"ep*etp = {cfg.ep}*{cfg.etp} must divide a stage's dp*cp*tp, a divisor of the {x.gpus} GPUs, "
+                f"which {split} is not {where}")
+    return f"ep*etp = {cfg.ep}*{cfg.etp} must divide dp*cp*tp = {cfg.dp}*{cfg.cp}*{cfg.tp} {where}"
+
+
 def _ep_why(cfg: ParallelConfig, x: PlanContext) -> str:
     if x.model.moe is None:  # a dense model: the same line whichever rule sees it first
         return _dense_why(cfg, x)
@@ -307,8 +318,7 @@ RULES: tuple[Rule, ...] = (
     Rule(("ep", "etp"), lambda c, x: (x.model.moe is not None) | ((c.ep == 1) & (c.etp == 1)), _dense_why),
     Rule(("ep",), lambda c, x: _experts(x) % c.ep == 0, _ep_why),
     Rule(("tp", "cp", "dp", "ep", "etp"), lambda c, x: (c.tp * c.cp * c.dp) % (c.ep * c.etp) == 0,
-         lambda cfg, x: f"ep*etp = {cfg.ep}*{cfg.etp} must divide dp*cp*tp = {cfg.dp}*{cfg.cp}*{cfg.tp} (the experts "
-                        "are split over a stage's data-, context- and tensor-parallel ranks)"),
+         _expert_split_why),
     Rule(("etp",), lambda c, x: (x.gpus_per_node is None) | (x.gpus <= (x.gpus_per_node or 0))
          | ((x.gpus_per_node or 1) % c.etp == 0),
          lambda cfg, x: f"etp={cfg.etp} would straddle nodes of {x.gpus_per_node} GPUs; use an etp that divides "

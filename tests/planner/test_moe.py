@@ -177,7 +177,8 @@ EST = ["estimate", "--cluster", "cpu-gloo", "--gpus", "4", "--global-batch", "8"
     (MOE % 7, "tp=1", "experts_per_token 7 is more than moe.num_experts 6"),
     (MOE % 2, "tp=2,ep=2", "with MoE layers needs sp=true"),
     (MOE % 2, "tp=1,ep=2,zero=2", "ZeRO-2/3 of a mixture-of-experts model is not modelled"),
-    (MOE % 2, "tp=1,ep=2,etp=4", "must divide dp*cp*tp"),
+    (MOE % 2, "tp=1,pp=2,ep=2,etp=2", "ep*etp = 2*2 must divide dp*cp*tp = 2*1*1"),
+    (MOE % 2, "etp=3", "ep*etp = 1*3 must divide a stage's dp*cp*tp, a divisor of the 4 GPUs, which 3 is not"),
     (None, "tp=1,ep=2", "expert parallelism needs a mixture-of-experts model"),
 ])
 def test_bad_moe_input_is_one_line(tmp_path, capsys, spec, plan, needle):
