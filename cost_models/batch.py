@@ -59,7 +59,7 @@ Pipeline = Literal["closed", "mixed", "exact"]
 
 def estimate_batch(model: ModelSpec, cluster: ClusterSpec, c: Candidates, global_batch: int,
                    state: StateSpec | None = None, pipeline: Pipeline = "mixed",
-                   progress: Callable[[int, int], None] | None = None,
+                   progress: Callable[..., None] | None = None,
                    fits_GiB: float | None = None, keep: tuple[int, float] | None = None) -> BatchResult:
     """Step time (s) and peak memory per GPU (GiB) of every candidate of ``c``.
 
@@ -76,7 +76,8 @@ def estimate_batch(model: ModelSpec, cluster: ClusterSpec, c: Candidates, global
     communication and ZeRO traffic: ``stages.rank_work``), in growing batches, until the next bound is above that
     mark. The others' time is left infinite (not worked out: they cannot be among the fastest). Then, with the
     "mixed" pipeline, those that may be among the k fastest (:func:`may_be_among`) get their uneven waves
-    replayed. ``progress`` is called with (candidates priced, all candidates) as the work goes."""
+    replayed. ``progress`` is called with (candidates priced, all candidates[, share of
+    the work done]) as the work goes."""
     state = state or StateSpec.default(cluster.precision)
     cm, comm = ComputeModel.of(cluster), CommModel(cluster)
     terms = layer_terms(model, cm, comm, c, state)
@@ -189,24 +190,36 @@ def _mask(n: int, rows: np.ndarray) -> np.ndarray:
 
 def _time(model: ModelSpec, cm: ComputeModel, comm: CommModel, state: StateSpec, gpus: int, groups: list[_Group],
           chosen: np.ndarray, step: np.ndarray, pipeline: Pipeline, uneven_only: bool = False,
-          progress: Callable[[int, int], None] | None = None) -> None:
+          progress: Callable[..., None] | None = None) -> None:
     """Write into ``step`` the step time of the ``chosen`` candidates ([N] mask), group by group (``uneven_only``:
     only in the interleaved groups whose chunks differ in size; ``progress``: told the candidates of the groups
-    done so far)."""
-    done = 0
-    for grp in groups:
-        done += len(grp.idx)
-        if progress:
-            progress(done - len(grp.idx), len(step))
+    done so far, and the share of the work done: with the "exact" pipeline each candidate's replay takes time in
+    proportion to its schedule's actions, pp x vpp x micro-batches, so the deep pipelines, priced last, would make
+    a rate of candidates promise too early an end)."""
+    exact = pipeline == "exact"
+
+    def work(grp: _Group, rows: np.ndarray) -> float:
+        return float(np.sum(grp.m[rows]) * grp.pp * grp.vpp) if exact else float(len(rows))
+
+    picked = [np.nonzero(chosen[grp.idx])[0] for grp in groups]
+    total = sum(work(g, r) for g, r in zip(groups, picked)) or 1.0
+    done, worked = 0, 0.0
+    for grp, rows in zip(groups, picked):
         chunks_differ = _chunks_differ(grp.vpp, grp.layers)
-        rows = np.nonzero(chosen[grp.idx])[0]
         if not len(rows) or uneven_only and not chunks_differ:
+            done += len(grp.idx)
             continue
-        g, m = grp.c.take(rows), grp.m[rows]
-        costs = stage_costs(model, comm, state, g, grp.lt.take(rows), grp.layers, grp.recomputed[rows], cm.eb,
-                            held=grp.held.take(grp.each[rows]))
         replay = {"exact": table_replay, "mixed": wave_replay if chunks_differ else closed_form}
-        pipe = replay.get(pipeline, closed_form)(costs.f, costs.b, grp.pp, grp.vpp, m)
-        step[grp.idx[rows]] = rank_tail(model, cm, comm, state, g, costs, pipe, m, gpus).step_time
+        for part in np.array_split(rows, max(1, len(rows) // 2048)) if exact else [rows]:  # a replay's progress
+            if progress:
+                progress(done, len(step), worked / total)
+            g, m = grp.c.take(part), grp.m[part]
+            costs = stage_costs(model, comm, state, g, grp.lt.take(part), grp.layers, grp.recomputed[part], cm.eb,
+                                held=grp.held.take(grp.each[part]))
+            pipe = replay.get(pipeline, closed_form)(costs.f, costs.b, grp.pp, grp.vpp, m)
+            step[grp.idx[part]] = rank_tail(model, cm, comm, state, g, costs, pipe, m, gpus).step_time
+            worked += work(grp, part)
+            done += len(part)
+        done += len(grp.idx) - len(rows)
     if progress:
-        progress(done, len(step))
+        progress(done, len(step), 1.0)

@@ -42,11 +42,13 @@ def spec_files(args: argparse.Namespace) -> dict[str, str | None]:
     return {"model spec": args.model, "cluster profile": args.cluster}
 
 
-def progress_line(done: int, total: int, elapsed_s: float) -> str:
-    """``priced 1,200/17,709 candidates, about 14 s left`` (the rate so far carried to the end)."""
+def progress_line(done: int, total: int, elapsed_s: float, share: float | None = None) -> str:
+    """``priced 1,200/17,709 candidates, about 14 s left``: the rate so far carried to the end, of the work done
+    (``share``, where the pricing knows it) or else of the candidates."""
     line = f"priced {done:,}/{total:,} candidates"
-    if 0 < done < total and elapsed_s > 0:
-        left = elapsed_s / done * (total - done)
+    part = share if share is not None else done / total if total else 0.0
+    if 0 < part < 1 and elapsed_s > 0:
+        left = elapsed_s / part * (1 - part)
         line += f", about {left:.0f} s left" if left < 120 else f", about {left / 60:.0f} min left"
     return line
 
@@ -57,11 +59,11 @@ def progress(fmt: str):
         return None
     start = time.perf_counter()
 
-    def report(done: int, total: int) -> None:
+    def report(done: int, total: int, share: float | None = None) -> None:
         if done >= total:  # the work is done: the line is cleared for what follows (a table, an error)
             print(f"\r{' ' * 62}\r", end="", file=sys.stderr, flush=True)
             return
-        text = progress_line(done, total, time.perf_counter() - start)
+        text = progress_line(done, total, time.perf_counter() - start, share)
         print(f"\r  {text:<60}", end="", file=sys.stderr, flush=True)
 
     return report

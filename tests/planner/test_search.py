@@ -335,16 +335,20 @@ def test_keys_are_named_with_the_option_they_came_from():
 
 
 def test_exhaustive_search_reports_progress_with_time_left():
-    """--exhaustive reports as it replays, group by group, up to every candidate; the line carries the rate so
-    far to the end."""
+    """--exhaustive reports as it replays, up to every candidate, with the share of the work done: a replay takes
+    time in proportion to its schedule (pp x vpp x micro-batches), and the deep pipelines come last, so the share
+    runs behind the count of candidates and the time left is carried from it (it no longer grows as they come)."""
     from planner.commands.inputs import progress_line
 
-    seen: list[tuple[int, int]] = []
+    seen: list[tuple[int, int, float]] = []
     m, c = load_model("tiny"), load_cluster("cpu-gloo", gpus=8)
-    res = search(m, c, 16, exhaustive=True, progress=lambda d, t: seen.append((d, t)))
-    assert len(seen) > 2 and seen[-1] == (res.candidates, res.candidates)
-    assert [d for d, _ in seen] == sorted(d for d, _ in seen)
+    res = search(m, c, 16, exhaustive=True, progress=lambda d, t, share=None: seen.append((d, t, share)))
+    assert len(seen) > 2 and seen[-1] == (res.candidates, res.candidates, 1.0)
+    assert [d for d, _, _ in seen] == sorted(d for d, _, _ in seen)
+    assert [s for *_, s in seen] == sorted(s for *_, s in seen)
+    assert any(0 < s < d / t for d, t, s in seen)  # the shallow pipelines first: less work than their count
     assert progress_line(1200, 17709, 1.0) == "priced 1,200/17,709 candidates, about 14 s left"
+    assert progress_line(1200, 17709, 1.0, share=0.5) == "priced 1,200/17,709 candidates, about 1 s left"
     assert progress_line(100, 17709, 2.0).endswith("about 6 min left")
     assert progress_line(0, 10, 0.0) == progress_line(10, 10, 3.0).replace("10/10", "0/10")
 
