@@ -20,6 +20,7 @@ META = "meta.json"
 LATEST = "latest"
 STEP_NAME = re.compile(r"step_[0-9]+")  # a checkpoint's folder: the step it was written after
 LOCK = ".autopar-lock"  # held by the `autopar run` training into the folder (its process id written in it)
+HELD_ENV = "AUTOPAR_CHECKPOINT_LOCK_HELD"  # the folder (resolved) whose lock the launcher of these workers holds
 ROLLED_BACK = "rolled-back-"  # the folder (time stamp added) the checkpoints after a rolled-back-to one move into
 
 
@@ -197,6 +198,15 @@ def in_use(root: Path) -> Iterator[None]:
                 (root / LOCK).unlink()
                 root.rmdir()
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def held_by_rank(root: Path | None, rank: int) -> contextlib.AbstractContextManager[None]:
+    """A worker's hold on its checkpoint folder: rank 0 takes it (:func:`in_use`) unless the `autopar run` that
+    started it holds it already (``HELD_ENV``), so that workers started by hand with torchrun, or on each node of
+    a multi-node plan, are one run per folder too."""
+    if root is None or rank != 0 or os.environ.get(HELD_ENV) == str(root.resolve()):
+        return contextlib.nullcontext()
+    return in_use(root)
 
 
 @contextlib.contextmanager

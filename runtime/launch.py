@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from runtime.checkpoint_folder import (
+    HELD_ENV,
     abandoned,
     checkpoint_step,
     in_use,
@@ -190,6 +191,8 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
         full_env = {**os.environ, **(env or {})}
         full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), full_env.get("PYTHONPATH")]))
         full_env.setdefault("OMP_NUM_THREADS", "1")
+        if checkpoint_dir:  # held here: the workers' rank 0 does not take it again
+            full_env[HELD_ENV] = str(Path(checkpoint_dir).resolve())
         keep = [("--checkpoint-every", checkpoint_every), ("--keep-checkpoints", keep_checkpoints),
                 ("--max-restarts", max_restarts or None)]  # a resumed run keeps them (defaults otherwise)
         options = [x for flag, v in keep if v is not None for x in (flag, str(v))]

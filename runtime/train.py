@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from runtime.checkpoint_folder import latest_checkpoint
+from runtime.checkpoint_folder import held_by_rank, latest_checkpoint
 from runtime.comm_hooks import CommHooks
 from runtime.data import SAMPLE_TEXT, TokenData
 from runtime.metrics import MetricsLog, last_step
@@ -282,7 +282,9 @@ def _train(args: argparse.Namespace, trainer: Trainer, log: MetricsLog, clock: P
 def main(argv: list[str] | None = None) -> int:
     rank = os.environ.get("RANK", "0")
     try:
-        return run(parse_args(argv))
+        args = parse_args(argv)
+        with held_by_rank(Path(args.checkpoint_dir) if args.checkpoint_dir else None, int(rank)):
+            return run(args)
     except AutoparError as err:
         report(str(err))
         return 2

@@ -916,6 +916,36 @@ def test_a_checkpoint_folder_is_one_run_s_and_its_latest_names_one_of_its_own(tm
     assert latest_checkpoint(root) == root / "step_00000002"
 
 
+def test_workers_started_by_hand_hold_the_folder_too(tmp_path, monkeypatch, capfd):
+    """A worker started by hand with torchrun (or on a node of a multi-node plan) takes the folder's lock as rank
+    0, so a second run into a folder another run holds is refused before it joins a process group; workers of an
+    `autopar run` (which holds it and says so in their environment) and ranks other than 0 leave it to their
+    launcher."""
+    import contextlib
+    import fcntl
+
+    from runtime import train
+    from runtime.checkpoint_folder import HELD_ENV, held_by_rank
+
+    root = tmp_path / "ck"
+    root.mkdir()
+    plan = _plan(tmp_path, tp=1, pp=1, gpus=1)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.delenv(HELD_ENV, raising=False)
+    with open(root / ".autopar-lock", "w") as other:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        other.write("4242\n")
+        other.flush()
+        assert train.main([plan, "--steps", "1", "--checkpoint-dir", str(root)]) == 2
+        assert "is in use by another run (process 4242)" in capfd.readouterr().err and not list(root.glob("step_*"))
+        monkeypatch.setenv(HELD_ENV, str(root.resolve()))
+        assert isinstance(held_by_rank(root, 0), contextlib.nullcontext)
+    monkeypatch.delenv(HELD_ENV)
+    assert isinstance(held_by_rank(root, 1), contextlib.nullcontext)
+    assert isinstance(held_by_rank(None, 0), contextlib.nullcontext)
+    assert not isinstance(held_by_rank(root, 0), contextlib.nullcontext)
+
+
 def test_a_metrics_file_is_told_from_other_files():
     """--metrics-out may overwrite (or append to) a metrics file, whose last line may be cut off mid-write, and no
     other kind of file."""
