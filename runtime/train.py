@@ -66,17 +66,27 @@ def _gather_ranks(values: dict[str, float], group: dist.ProcessGroup, device: to
     return {k: [float(f"{x:.6g}") for x in rows[i]] for i, k in enumerate(names)}
 
 
-def _attempt() -> int:
-    """How many times torchrun has restarted the workers (0: the first run)."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+def _attempt(world: int) -> int:
+    """Which start of the run's workers this is (0: the first), the same on every node.
+
+    torchrun's restart count is its own node's: when a worker dies, its node's agent counts a restart, but the
+    healthy nodes' agents restart theirs as a change of membership and count none, so the nodes would disagree on
+    whether to resume and meet in different stores (a hang). Where the agents share one store across restarts (the
+    default), each worker adds one to a count of starts in it: every start of the run's ``world`` workers adds
+    ``world``. Elsewhere (a store made afresh each round) the restart count is all there is."""
+    count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    if "MASTER_ADDR" not in os.environ or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return count
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+    return (store.add("autopar/starts", 1) - 1) // world
 
 
-def _store(use: str, host: bool = False) -> dist.Store:
-    """The run's rendezvous store (torchrun's), under a prefix of this attempt's and ``use``'s own: torchrun's agent
-    keeps one store across restarts, where a restarted attempt would otherwise read the previous one's addresses
-    (and be refused). ``host``: this process serves it (rank 0, when torchrun's agent does not)."""
+def _store(use: str, attempt: int, host: bool = False) -> dist.Store:
+    """The run's rendezvous store (torchrun's), under a prefix of this ``attempt``'s and ``use``'s own: torchrun's
+    agent keeps one store across restarts, where a restarted attempt would otherwise read the previous one's
+    addresses (and be refused). ``host``: this process serves it (rank 0, when torchrun's agent does not)."""
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=host)
-    return dist.PrefixStore(f"autopar/attempt_{_attempt()}/{use}", store)
+    return dist.PrefixStore(f"autopar/attempt_{attempt}/{use}", store)
 
 
 def _advise_interval(log: MetricsLog, step: int, save_s: float, step_s: float, mtbf_hours: float, every: int,
@@ -114,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
                            f"{world} were started; use `autopar run` or torchrun --nproc-per-node {plan.world_size}")
     check_supported(plan)
     ckdir = Path(args.checkpoint_dir) if args.checkpoint_dir else None
-    attempt = _attempt()
+    attempt = _attempt(world)
     going_on = ckdir is not None and (args.resume or attempt > 0)
     if ckdir is not None:
         _check_divergence(ckdir, attempt, rank)
@@ -148,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
     if "MASTER_ADDR" in os.environ:  # under torchrun: a store every rank reaches
         from runtime.watchdog import Watchdog
 
-        watch = Watchdog(groups, _store("watchdog"), args.collective_timeout).start()
+        watch = Watchdog(groups, _store("watchdog", attempt), args.collective_timeout).start()
         comm.add(watch)
     comm.start()
     trainer = Trainer(plan, groups, device, data, steps, clock)
@@ -205,7 +215,7 @@ def _start_process_group(plan: PlanFile, rank: int, world: int, attempt: int) ->
         torch.cuda.set_device(device)
     if "MASTER_ADDR" in os.environ and attempt:
         agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-        dist.init_process_group(backend, store=_store("rendezvous", host=not agent and rank == 0), rank=rank,
+        dist.init_process_group(backend, store=_store("rendezvous", attempt, host=not agent and rank == 0), rank=rank,
                                 world_size=world)
     elif "MASTER_ADDR" in os.environ:
         dist.init_process_group(backend)

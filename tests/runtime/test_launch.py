@@ -170,6 +170,45 @@ def test_max_restarts_heals_a_killed_rank(tmp_path):
     assert [r["loss"] for r in lines if "step" in r][-1] == _rows(clean)[-1]["loss"]
 
 
+def test_max_restarts_heals_a_run_over_two_nodes(tmp_path):
+    """Two torchrun agents as two nodes (c10d rendezvous, one rank each), rank 0 killed before step 5 while rank 1
+    is busy in its own work (not in a collective that would fail with its peer): the first node's agent counts a
+    restart, the other's restarts its worker as a change of membership and counts none (as with NCCL, where a dead
+    peer fails no call at once); the workers agree that this is the run's second start all the same, resume from
+    step 4's checkpoint together and finish with an uninterrupted run's loss (they met in different stores and
+    hung before)."""
+    import socket
+
+    from runtime.launch import REPO
+
+    plan = _plan(tmp_path, tp=1, pp=1, dp=2, mbs=4, gpus=2)
+    clean, healed = tmp_path / "clean.jsonl", tmp_path / "healed.jsonl"
+    assert launch(plan, steps=8, metrics_out=str(clean), quiet=True) == 0
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "AUTOPAR_FAULT": "5:0",
+           "AUTOPAR_HANG": "5:1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+           "--rdzv-backend", "c10d", "--rdzv-id", "two-nodes", "--rdzv-endpoint", f"127.0.0.1:{port}",
+           "--max-restarts", "1", "-m", "runtime.train", plan, "--steps", "8", "--quiet",
+           "--metrics-out", str(healed), "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "2",
+           "--collective-timeout", "60"]
+    nodes = [subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    try:
+        outs = [n.communicate(timeout=300)[1] for n in nodes]
+    finally:
+        for n in nodes:
+            n.kill()
+    assert [n.returncode for n in nodes] == [0, 0], [o[-600:] for o in outs]
+    lines = [json.loads(line) for line in healed.read_text().splitlines()]
+    assert [r for r in lines if r.get("event") == "restart"] == [
+        {"event": "restart", "attempt": 1, "resumed_after_step": 4, "lost_steps": 0}]
+    assert [r["step"] for r in lines if "step" in r] == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert _rows(healed)[-1]["loss"] == pytest.approx(_rows(clean)[-1]["loss"], rel=1e-6)
+
+
 def test_a_diverged_run_is_not_restarted_into_the_same_divergence(tmp_path):
     """`--max-restarts`: a run whose loss turns to nan stops; torchrun's restarts would resume from the same
     checkpoint with the same settings and diverge again, so each stops before training (one nan step in all), and
