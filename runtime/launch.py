@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from runtime.checkpoint_folder import (
@@ -336,7 +336,8 @@ def _run_workers(cmd: list[str], env: dict[str, str], timeout_s: float | None = 
     fd, log_path = tempfile.mkstemp(prefix="autopar-run-", suffix=".log")
     errors: list[str] = []
     with os.fdopen(fd, "w") as log:
-        proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, errors="replace")
+        proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, errors="replace",
+                                preexec_fn=_ends_with(os.getpid()))
 
         def pump() -> None:
             for line in proc.stderr:  # type: ignore[union-attr]
@@ -368,6 +369,22 @@ def _run_workers(cmd: list[str], env: dict[str, str], timeout_s: float | None = 
         os.unlink(log_path)
         return 0
     raise AutoparError(f"{_failure(Path(log_path).read_text(errors='replace'), errors, rc)} (workers' log: {log_path})")
+
+
+def _ends_with(parent: int) -> Callable[[], None] | None:
+    """For torchrun's process: a SIGTERM when this process ends however it ends (a SIGKILL from a scheduler or the
+    OOM killer included), which torchrun passes on to its workers; else they trained on, orphaned, into a checkpoint
+    folder whose lock had gone with this process. Linux only (prctl's PR_SET_PDEATHSIG); elsewhere None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    def arm() -> None:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # ended already, before the line above
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm
 
 
 def _failure(log: str, errors: list[str], rc: int) -> str:

@@ -177,6 +177,8 @@ def test_max_restarts_heals_a_run_over_two_nodes(tmp_path):
     peer fails no call at once); the workers agree that this is the run's second start all the same, resume from
     step 4's checkpoint together and finish with an uninterrupted run's loss (they met in different stores and
     hung before)."""
+    import contextlib
+    import signal
     import socket
 
     from runtime.launch import REPO
@@ -195,12 +197,13 @@ def test_max_restarts_heals_a_run_over_two_nodes(tmp_path):
            "--metrics-out", str(healed), "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "2",
            "--collective-timeout", "60"]
     nodes = [subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              text=True) for _ in range(2)]
+                              text=True, start_new_session=True) for _ in range(2)]
     try:
         outs = [n.communicate(timeout=300)[1] for n in nodes]
     finally:
-        for n in nodes:
-            n.kill()
+        for n in nodes:  # the agents and any worker left (a hung run)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(n.pid, signal.SIGKILL)
     assert [n.returncode for n in nodes] == [0, 0], [o[-600:] for o in outs]
     lines = [json.loads(line) for line in healed.read_text().splitlines()]
     assert [r for r in lines if r.get("event") == "restart"] == [
@@ -535,6 +538,36 @@ def test_ctrl_c_says_where_the_run_stopped_and_how_to_resume(tmp_path, how):
     time.sleep(1)
     steps = len(m.read_text().splitlines())
     time.sleep(3)
+    assert len(m.read_text().splitlines()) == steps  # nothing trains on
+
+
+def test_a_killed_launcher_takes_its_workers_with_it(tmp_path):
+    """SIGKILL to `autopar run` (a scheduler's, the OOM killer's: nothing of it runs after) stops torchrun and its
+    workers too; they trained on, orphaned, into a checkpoint folder whose lock had gone with it."""
+    import signal
+    import time
+
+    plan = str(default_plan(tmp_path / "p.json")[0])
+    m = tmp_path / "m.jsonl"
+    cmd = [sys.executable, "-m", "planner.cli", "run", plan, "--steps", "400", "--metrics-out", str(m)]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (m.exists() and len(m.read_text().splitlines()) >= 3):
+        time.sleep(0.2)
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 60
+    try:
+        while time.monotonic() < deadline:
+            os.killpg(proc.pid, 0)  # raises once torchrun and every worker are gone
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError("torchrun or its workers outlived the killed launcher by 60 s")
+    except ProcessLookupError:
+        pass
+    steps = len(m.read_text().splitlines())
+    time.sleep(2)
     assert len(m.read_text().splitlines()) == steps  # nothing trains on
 
 
