@@ -130,6 +130,17 @@ def corrupt_error(ck: Path, bad: list[str]) -> AutoparError:
     return AutoparError(f"checkpoint {ck} is corrupt ({bad[0]} {what}{more}); delete it to use an earlier one")
 
 
+def _cause(err: BaseException) -> str:
+    """What went wrong, in a few words: a DCP failure's first rank's exception (a file system's error by its own
+    words: "No space left on device"), or the error's first line."""
+    if isinstance(err, CheckpointException) and err.failures:
+        err = next(iter(err.failures.values()))[0]
+    if isinstance(err, OSError) and err.strerror:
+        return err.strerror
+    text = str(err).strip()
+    return text.splitlines()[0][:200] if text else type(err).__name__
+
+
 def save_checkpoint(tr: Trainer, root: Path, keep: int = KEEP_CHECKPOINTS,
                     options: dict[str, int | None] | None = None) -> Path:
     """Write the state after ``tr.step`` completed steps; returns the checkpoint's directory. ``options``: the
@@ -141,7 +152,13 @@ def save_checkpoint(tr: Trainer, root: Path, keep: int = KEEP_CHECKPOINTS,
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     dist.barrier(group=tr.g.world)
-    dcp.save(state_dict(tr), checkpoint_id=str(tmp), process_group=tr.g.world, planner=SavePlanner())
+    try:
+        dcp.save(state_dict(tr), checkpoint_id=str(tmp), process_group=tr.g.world, planner=SavePlanner())
+    except (Exception, CheckpointException) as err:  # DCP raises on every rank when any rank fails
+        if rank0:
+            shutil.rmtree(tmp, ignore_errors=True)  # (space a full disk needs)
+        raise AutoparError(f"cannot write checkpoint {final} ({_cause(err)}); the previous checkpoint is kept: "
+                           "free space or give another --checkpoint-dir, and resume") from None
     dist.barrier(group=tr.g.world)
     n = dist.get_world_size(tr.g.world)
     names: list[list[str] | None] = [checkpoint_files(tmp) if rank0 else None]  # one listing for all ranks

@@ -300,7 +300,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return INTERRUPTED
-    except Exception as err:  # noqa: BLE001 - one line per rank; AUTOPAR_DEBUG=1 for the traceback
+    except BaseException as err:  # noqa: BLE001 - one line per rank (some libraries' errors, DCP's
+        # CheckpointException, derive from BaseException); AUTOPAR_DEBUG=1 for the traceback
+        if isinstance(err, (SystemExit, GeneratorExit)):
+            raise
         if os.environ.get("AUTOPAR_DEBUG"):
             traceback.print_exc()
         msg = " ".join(str(err).split())[:300]

@@ -541,6 +541,34 @@ def test_ctrl_c_says_where_the_run_stopped_and_how_to_resume(tmp_path, how):
     assert len(m.read_text().splitlines()) == steps  # nothing trains on
 
 
+def test_a_checkpoint_that_cannot_be_written_is_one_line_with_its_cause(tmp_path):
+    """A full disk under a checkpoint save (DCP raises a CheckpointException, a BaseException, holding each rank's
+    OSError): one line naming the file system's error and what to do, no traceback, the partial folder removed
+    (it holds space a full disk needs); the checkpoint before it kept."""
+    plan = _plan(tmp_path, tp=1, pp=1, gpus=1)
+    ck = tmp_path / "ck"
+    script = (
+        "import errno, os, sys\n"
+        "import torch.distributed.checkpoint as dcp\n"
+        "from torch.distributed.checkpoint.api import CheckpointException\n"
+        "real, calls = dcp.save, []\n"
+        "def full(*a, **k):\n"
+        "    calls.append(1)\n"
+        "    if len(calls) == 1: return real(*a, **k)\n"
+        "    raise CheckpointException('save failed', {0: (OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), None)})\n"
+        "dcp.save = full\n"
+        "from runtime.train import main\n"
+        f"sys.exit(main([{plan!r}, '--steps', '3', '--checkpoint-dir', {str(ck)!r}, '--checkpoint-every', '1',"
+        " '--quiet']))\n")
+    out = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip().splitlines() == [
+        f"autopar error: cannot write checkpoint {ck}/step_00000002 (No space left on device); the previous "
+        "checkpoint is kept: free space or give another --checkpoint-dir, and resume"], out.stderr
+    assert sorted(p.name for p in ck.iterdir() if p.name.startswith("step_")) == ["step_00000001"]
+
+
 def test_a_killed_launcher_takes_its_workers_with_it(tmp_path):
     """SIGKILL to `autopar run` (a scheduler's, the OOM killer's: nothing of it runs after) stops torchrun and its
     workers too; they trained on, orphaned, into a checkpoint folder whose lock had gone with it."""
