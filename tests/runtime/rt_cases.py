@@ -154,18 +154,19 @@ def _trainer(rank: int, case: dict[str, Any], data_path: str, steps: int | None 
 
 
 def equivalence(rank: int, case: dict[str, Any], data_path: str) -> dict[str, Any] | None:
-    """Gradients after step 1's backward, and the losses of ``steps`` steps."""
+    """Gradients after step 1's backward and their norm, and the losses of ``steps`` steps."""
     tr, groups = _trainer(rank, case, data_path)
     if tr is None:
         return None
     try:
         loss_sum = tr.forward_backward()
         grads = full_grads(tr)
-        losses = [tr.finish_step(loss_sum).loss]
+        first = tr.finish_step(loss_sum)
+        losses = [first.loss]
         while tr.step < tr.steps:
             losses.append(tr.train_step().loss)
         params = {n: p.detach().float().numpy().copy() for c in tr.chunks for n, p in c.named_parameters()}
-        return {"grads": grads, "losses": losses, "params": params if groups.tp == 1 and groups.dp_rank == 0 else None,
+        return {"grads": grads, "losses": losses, "grad_norm": first.grad_norm, "params": params if groups.tp == 1 and groups.dp_rank == 0 else None,
                 "hierarchical": groups.dp_hierarchy is not None, "misaligned": _misaligned(tr.dp)}
     finally:
         dist.barrier(group=groups.world)

@@ -35,21 +35,21 @@ def reference_run(plan: PlanFile, data_path: str) -> dict[str, Any]:
     rest = [p for p in named.values() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": tc.weight_decay}, {"params": rest, "weight_decay": 0.0}],
                             lr=tc.lr, betas=tc.betas, eps=tc.eps, foreach=False)
-    grads, losses = None, []
+    grads, losses, norms = None, [], []
     for step in range(tc.steps):
         inp, tgt = data.batch(step, plan.global_batch)
         loss = model(inp, tgt)
         loss.backward()
         if grads is None:
             grads = {n: p.grad.detach().numpy().copy() for n, p in named.items()}
-        torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)))
         for group in opt.param_groups:
             group["lr"] = schedule_lr(step, tc.lr, tc.min_lr, tc.warmup_steps, tc.steps)
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
     params = {n: p.detach().numpy().copy() for n, p in named.items()}
-    return {"grads": grads, "losses": losses, "params": params}
+    return {"grads": grads, "losses": losses, "params": params, "grad_norm": norms[0]}
 
 
 def rel_err(a: np.ndarray, b: np.ndarray) -> float:
