@@ -31,6 +31,7 @@ from cost_models.compute import ComputeModel
 from cost_models.headroom import usable_GiB
 from cost_models.pipeline import CLOSED_FORM_OPTIMISM, CLOSED_FORM_PESSIMISM
 from cost_models.stages import layer_terms
+from planner.headroom import check_headroom
 from planner.placement import place, placements
 from planner.refine import PlanResult, refine
 from planner.space import enumerate_space
@@ -84,6 +85,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
     t0 = time.perf_counter()
     if global_batch <= 0:
         raise AutoparError(f"--global-batch must be positive, got {global_batch}")
+    check_headroom(headroom_GiB, cluster)
     if fixed.get("recompute_layers") is not None:
         fixed.setdefault("recompute", "full")
     cands = enumerate_space(model, cluster, global_batch, fixed, exhaustive, flags)

@@ -19,7 +19,7 @@ import numpy as np
 from specs.cluster import ClusterSpec
 from specs.errors import AutoparError
 from specs.model import ModelSpec
-from specs.parallel import KEYS, RECOMPUTE, SEARCHED, Candidates, ParallelConfig, key_text
+from specs.parallel import KEYS, RECOMPUTE, SEARCHED, Candidates, ParallelConfig, key_text, typed_keys
 from specs.rules import RULES, PlanContext, Rule
 
 PRUNED_MAX_MBS = 32
@@ -199,6 +199,7 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, global_batch: int, f
                     exhaustive: bool = False, flags: dict[str, str] | None = None) -> Candidates:
     """Every valid configuration, honouring ``fixed`` keys (one value, or a list of allowed values). Raises
     :class:`NoPlan` when none is left, naming each fixed key's option (``flags[key]``, default ``--fix``)."""
+    fixed = typed_keys(fixed)  # (the API's callers give Python values: an unknown key or a wrong type is refused)
     x = PlanContext.on(model, cluster, global_batch)
     unsearched = {k: fixed.get(k, ParallelConfig.__dataclass_fields__[k].default) for k in KEYS
                   if not KEYS[k].searched}
@@ -234,6 +235,7 @@ def check_fixed_keys(model: ModelSpec, fixed: dict[str, Any], global_batch: int,
     """Refuse fixed keys that break a rule whatever the cluster (what-if sweeps check this before the sweep):
     the rules that read only fixed keys (checked on as many GPUs as the fixed sizes use, and with no node size,
     the rules about the cluster hold)."""
+    fixed = typed_keys(fixed)
     single = {k: v for k, v in fixed.items() if not allows_several(v)}
     cfg = ParallelConfig(**single)
     x = PlanContext(model, cfg.world, global_batch)

@@ -147,6 +147,32 @@ def metrics_path(t: Trial) -> Path:
     return metrics_beside(Path(t.plan_path))
 
 
+def check_tunable(model: ModelSpec, cluster: ClusterSpec, here: bool = True) -> None:
+    """Refuse what every trial would fail on after its launch: a model the runtime cannot train and, for trials
+    run ``here``, a cluster of several nodes (`autopar tune --dir` prints their commands instead) or a GPU profile
+    on a machine without CUDA (the trials would run on CPUs)."""
+    from specs.capabilities import execution_problem
+    from specs.state import StateSpec
+
+    problem = execution_problem(model, StateSpec.default(cluster.precision))
+    if problem:
+        raise AutoparError(f"tune trains its finalists, and {problem}")
+    if not here:
+        return
+    if cluster.num_nodes > 1:
+        raise AutoparError(f"tune measures its trials on this machine, and the {cluster.num_gpus} GPUs span "
+                           f"{cluster.num_nodes} nodes: `autopar tune ... --dir <shared folder>` writes the trials' "
+                           "plans and prints the commands that run them on every node")
+    if cluster.backend == "gloo":  # a CPU profile: the trials run where it describes
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise AutoparError(f"--cluster {cluster.name} describes {cluster.gpu.name} GPUs, but this machine has no CUDA "
+                           "GPU: tune measures its trials here; run it on that cluster, or tune for this machine with "
+                           "--cluster cpu-gloo")
+
+
 def tune(model: ModelSpec, cluster: ClusterSpec, global_batch: int, out_dir: Path, fixed: dict[str, Any] | None,
          trials: int, steps: int, warmup: int, time_limit_s: float, data: str | None = None,
          headroom_GiB: float | None = None, progress: Callable[[int, int, Trial], None] | None = None,
@@ -157,6 +183,7 @@ def tune(model: ModelSpec, cluster: ClusterSpec, global_batch: int, out_dir: Pat
     from runtime.launch import launch  # the trials run through autopar run's launcher
 
     check_trial_options(trials, steps, warmup, time_limit_s)
+    check_tunable(model, cluster)
     found = prepare(model, cluster, global_batch, out_dir, fixed, trials, steps, headroom_GiB)
     runs: list[Run] = []
     stopped = False

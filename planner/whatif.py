@@ -209,6 +209,7 @@ def sweep(model: ModelSpec, cluster: ClusterSpec, global_batch: int, key: str, v
     placing plans on its groups. Errors that would fail every point (bad keys, a network the cluster does not
     have) are raised first.
     """
+    key, values = parse_vary(f"{key}={','.join(map(str, values))}")  # the command's checks for the API's callers
     compare = dict(compare or {})
     homogeneous = compare.get("placement") == ("none",)
     if homogeneous:

@@ -357,6 +357,21 @@ def _typed_value(key: str, v: Any) -> Any:
     return v
 
 
+def typed_keys(keys: dict[str, Any]) -> dict[str, Any]:
+    """Plan keys given as Python values (the API's ``fixed``): each a plan key, of its type and range, one value or
+    a list or set of allowed values (a tuple is one value: ``layers``, ``placement``); the same one-line errors as a
+    plan file's."""
+    out: dict[str, Any] = {}
+    for k, v in keys.items():
+        key_name(k)
+        whole = KEYS[k].kind in ("counts", "groups")  # a list of numbers or names is one value of these
+        several = isinstance(v, set) or isinstance(v, list) and (
+            not whole or bool(v) and all(isinstance(x, (list, tuple)) for x in v))
+        one = lambda x, k=k: _typed_value(k, list(x) if isinstance(x, tuple) else x)  # noqa: E731
+        out[k] = [one(x) for x in v] if several else one(v)
+    return out
+
+
 def _parse_value(key: str, raw: str, flag: str) -> Any:
     """One ``--plan`` / ``--fix`` value, typed and range-checked (errors name ``flag``)."""
     info, low = KEYS[key], raw.strip().lower()

@@ -7,6 +7,7 @@ import sys
 import time
 from typing import Any
 
+from planner.headroom import check_headroom
 from specs.errors import AutoparError
 
 
@@ -31,9 +32,7 @@ def load_inputs(args: argparse.Namespace) -> tuple[Any, Any]:
     problem = None if b is None else size_problem("--global-batch", b, MAX_GLOBAL_BATCH)
     if problem:
         raise AutoparError(problem)
-    h = args.headroom
-    if h is not None and not (h == h and 0 <= h < cluster.gpu.memory_GiB):  # h == h: not NaN
-        raise AutoparError(f"--headroom must be between 0 and the GPU's {cluster.gpu.memory_GiB:g} GiB, got {h}")
+    check_headroom(args.headroom, cluster)
     return model, cluster
 
 

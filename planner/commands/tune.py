@@ -15,18 +15,14 @@ from specs.errors import ERROR_PREFIX, INTERRUPTED, AutoparError
 
 def tune_command(args: argparse.Namespace) -> int:
     from planner.calibrate import bound_warning
-    from planner.tune import check_trial_options, default_out_dir, tune, written_files
-    from specs.capabilities import execution_problem
+    from planner.tune import check_trial_options, check_tunable, default_out_dir, tune, written_files
     from specs.files import check_output_dir, check_output_file
     from specs.parallel import parse_plan_keys
     from specs.planfile import TrainConfig, is_plan_data, load_plan, save_plan
-    from specs.state import StateSpec
 
     model, cluster = load_inputs(args)
     check_trial_options(args.trials, args.steps, args.warmup, args.time_limit)
-    problem = execution_problem(model, StateSpec.default(cluster.precision))
-    if problem:  # every trial would fail on it after launch: one line now
-        raise AutoparError(f"tune trains its finalists, and {problem}")
+    check_tunable(model, cluster, here=False)  # (here: on one node, below)
     if args.out:
         check_output_file(args.out, "plan file", {**spec_files(args), "--data file": args.data},
                           replaces=is_plan_data)
@@ -54,7 +50,6 @@ def tune_command(args: argparse.Namespace) -> int:
                                "nothing is measured here to choose from, so leave --out out and keep the trial plan "
                                "whose median is the fastest")
         return _tune_commands(args, model, cluster, out_dir, fixed, args.headroom)
-    _check_tune_hardware(cluster)
     live = args.format != "json" and sys.stderr.isatty()
 
     def report(i: int, n: int, t) -> None:
@@ -93,18 +88,6 @@ def tune_command(args: argparse.Namespace) -> int:
         print(f"{ERROR_PREFIX} {problem}", file=sys.stderr)
         return INTERRUPTED if res.interrupted else AutoparError.exit_code
     return 0
-
-
-def _check_tune_hardware(cluster) -> None:
-    """Refuse to calibrate a GPU profile with trials that would run here on CPUs."""
-    if cluster.backend == "gloo":  # a CPU profile: the trials run where it describes
-        return
-    import torch
-
-    if not torch.cuda.is_available():
-        raise AutoparError(f"--cluster {cluster.name} describes {cluster.gpu.name} GPUs, but this machine has no CUDA "
-                           "GPU: tune measures its trials here; run it on that cluster, or tune for this machine with "
-                           "--cluster cpu-gloo")
 
 
 def _print_trials(args: argparse.Namespace, model, cluster, res, warning: str | None) -> None:

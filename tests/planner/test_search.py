@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 
@@ -393,6 +394,35 @@ def test_why_names_enough_savings_to_outweigh_what_it_names():
         assert "smaller savings" in saved or seconds(saved, "less") > total * 0.999, text
         checked += 1
     assert checked
+
+
+def test_the_python_api_checks_its_inputs_as_the_commands_do(tmp_path):
+    """The functions the commands are thin over refuse what the commands refuse, in the same words: an unknown or
+    mistyped plan key, a headroom outside the GPU, a what-if key or value the command would not take, a tune whose
+    trials could not run here."""
+    from planner.tune import tune
+    from planner.whatif import sweep
+
+    m, c = load_model("llama3-8b"), load_cluster("dgx-h100", gpus=16)
+    for fixed, needle in [({"tpp": 8}, "unknown plan key 'tpp' (did you mean 'tp'?)"),
+                          ({"sp": "false", "tp": 8}, 'plan key sp must be true or false, got "false"'),
+                          ({"tp": 0}, "plan key tp must be at least 1"),
+                          ({"layers": (16, "x"), "pp": 2}, "plan key layers must be a list of integers")]:
+        with pytest.raises(AutoparError, match=re.escape(needle)):
+            search(m, c, 512, fixed=fixed, top=1)
+    assert search(m, c, 512, fixed={"tp": [2, 4], "layers": (16, 16)}, top=1).plans[0].config.tp in (2, 4)
+    with pytest.raises(AutoparError, match="--headroom must be between 0 and the GPU's 80 GiB, got -50"):
+        search(m, c, 512, top=1, headroom_GiB=-50)
+    for key, values, needle in [("bogus", [1], "cannot vary 'bogus'"),
+                                ("inter_node_bw", [-5.0], "values must be finite and at least 0.01, got -5.0"),
+                                ("gpus", [16, 16], "gives 16 twice")]:
+        with pytest.raises(AutoparError, match=re.escape(needle)):
+            sweep(m, c, 512, key, values, {})
+    with pytest.raises(AutoparError, match="has no CUDA GPU"):
+        tune(m, c.resized(gpus=8), 64, tmp_path, None, 2, 4, 1, 60.0)
+    with pytest.raises(AutoparError, match="span 2 nodes: `autopar tune ... --dir <shared folder>`"):
+        tune(m, c, 64, tmp_path, None, 2, 4, 1, 60.0)
+    assert not list(tmp_path.iterdir())  # nothing launched, nothing written
 
 
 def test_the_python_api_keeps_the_commands_default_headroom(capsys):
