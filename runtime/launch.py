@@ -40,6 +40,8 @@ from specs.planfile import PlanFile, load_plan
 
 REPO = Path(__file__).resolve().parent.parent
 PORT = 29500  # node rank 0's rendezvous port in the printed multi-node commands (torchrun's default)
+SHARED = ("the paths are absolute: keep them on a file system every node mounts; MASTER_ADDR: node rank 0's host, "
+          "set on each node")
 
 
 def local_gpus() -> int | None:
@@ -74,7 +76,8 @@ def multi_node_commands(plan: PlanFile, worker: list[str], max_restarts: int = 0
     tail = " ".join(shlex.quote(a) for a in worker)
     rdzv = "--rdzv-backend c10d --rdzv-id autopar" + (f" --max-restarts {max_restarts}" if max_restarts else "")
     # srun runs it through each node's bash, which finds node 0's host there: quoted whole for the shell it is typed in
-    on_node = (f"torchrun --nnodes {nodes} --nproc-per-node {per_node} {rdzv} --rdzv-endpoint "
+    on_node = (f"torchrun --nnodes {nodes} --nproc-per-node {per_node} "
+               f"{rdzv.replace('--rdzv-id autopar', '--rdzv-id autopar-$SLURM_JOB_ID')} --rdzv-endpoint "
                f"$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1):{PORT} {tail}")
     return [
         f"torchrun --nnodes {nodes} --nproc-per-node {per_node} {rdzv} --rdzv-endpoint $MASTER_ADDR:{PORT} {tail}",
@@ -85,8 +88,14 @@ def multi_node_commands(plan: PlanFile, worker: list[str], max_restarts: int = 0
 def worker_command(plan_path: str, steps: int, metrics_out: str, data: str | None = None) -> list[str]:
     """What to run on every node of a multi-node plan for ``steps`` steps with metrics (:func:`multi_node_commands`,
     as `autopar run` prints them)."""
+    plan_path, data, metrics_out = (_absolute(p) for p in (plan_path, data, metrics_out))
     return multi_node_commands(load_plan(plan_path), _worker_args(plan_path, steps, data, metrics_out, None, False,
                                                                   None, False))
+
+
+def _absolute(path: str | None) -> str | None:
+    """A path as every node reads it (the commands for other nodes run in a folder of their own)."""
+    return None if path is None else str(Path(path).absolute())
 
 
 def group_nodes(plan: PlanFile) -> list[tuple[str, int, int]]:
@@ -180,7 +189,11 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
         if resume and checkpoint_dir:  # from a checkpoint older than others (latest pointed back): set aside, the run
             _roll_back(Path(checkpoint_dir), dry_run)  # checked (several nodes: their shared folder, seen from here)
         if _spans_nodes(plan):
-            print("autopar: this plan spans several nodes; run on every node:\n  " +
+            worker = _worker_args(str(_absolute(plan_path)), steps, _absolute(data), _absolute(metrics_out),
+                                  _absolute(checkpoint_dir), resume, checkpoint_every, quiet, predicted_step_s,
+                                  predicted_memory_GiB, mtbf_hours, collective_timeout, keep_checkpoints,
+                                  train_from_plan)
+            print(f"autopar: this plan spans several nodes; run on every node ({SHARED}):\n  " +
                   "\n  ".join(multi_node_commands(plan, worker, max_restarts)), flush=True)
             return 0
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),

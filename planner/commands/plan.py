@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 from dataclasses import dataclass
 from typing import Any
 
@@ -274,5 +275,6 @@ def _print_tables(args: argparse.Namespace, model: Any, cluster: Any, res: Any, 
         from specs.state import StateSpec
 
         problem = execution_problem(model, StateSpec.default(cluster.precision))
-        how = f"autopar run cannot execute it: {problem}" if problem else f"train it with: autopar run {args.out}"
+        how = (f"autopar run cannot execute it: {problem}" if problem
+               else f"train it with: autopar run {shlex.quote(args.out)}")
         con.print(escape(f"wrote {args.out}  ({how})"), soft_wrap=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -113,7 +114,7 @@ def _print_trials(args: argparse.Namespace, model, cluster, res, warning: str | 
     if warning:
         con.print(escape(warning))
     if args.out:
-        con.print(escape(f"wrote {args.out}  (train it with: autopar run {args.out})"), soft_wrap=True)
+        con.print(escape(f"wrote {args.out}  (train it with: autopar run {shlex.quote(args.out)})"), soft_wrap=True)
 
 
 def _tune_commands(args: argparse.Namespace, model, cluster, out_dir, fixed, headroom: float | None) -> int:

@@ -347,12 +347,17 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
         assert expect in str(err.value) and "\n" not in str(err.value), (kwargs, str(err.value))
 
 
-def test_multi_node_plan_prints_the_commands(tmp_path, capsys):
+def test_multi_node_plan_prints_the_commands(tmp_path, capsys, monkeypatch):
+    """The lines for every node name the plan and the outputs by absolute paths (each node's shell is in a folder of
+    its own), say where MASTER_ADDR comes from, and give srun's rendezvous the job's id."""
     path = _plan(tmp_path, cluster="dgx-h100", gpus=16, tp=4, pp=2, dp=2)
-    assert launch(path, steps=5, quiet=True) == 0
+    monkeypatch.chdir(tmp_path)
+    assert launch(Path(path).name, steps=5, quiet=True, metrics_out="out/m.jsonl", checkpoint_dir="ck") == 0
     out = capsys.readouterr().out
     assert "torchrun --nnodes 2 --nproc-per-node 8" in out and "srun --nodes 2" in out
-    assert f"-m runtime.train {path} --steps 5" in out
+    assert f"-m runtime.train {path} --steps 5 --metrics-out {tmp_path / 'out' / 'm.jsonl'} --checkpoint-dir " \
+           f"{tmp_path / 'ck'} " in out
+    assert "MASTER_ADDR: node rank 0's host" in out and "--rdzv-id autopar-$SLURM_JOB_ID" in out
 
 
 def test_the_printed_commands_survive_a_path_that_needs_quoting(tmp_path):
