@@ -268,7 +268,9 @@ def _train(args: argparse.Namespace, trainer: Trainer, log: MetricsLog, clock: P
             alloc, reserved = peak_memory_GiB(trainer.device)
             every_rank = _gather_ranks({**phases, "allocated": alloc, "reserved": reserved}, trainer.g.world,
                                        trainer.device)
-        log.record(trainer.step, st.loss, st.grad_norm, st.lr, step_s, st.peak_memory_GiB, st.peak_reserved_GiB,
+        peak = (st.peak_memory_GiB, st.peak_reserved_GiB) if every_rank is None else (  # read later than the
+            max(every_rank["allocated"]), max(every_rank["reserved"]))  # step's: the ranks' largest, as the metrics say
+        log.record(trainer.step, st.loss, st.grad_norm, st.lr, step_s, *peak,
                    None if every_rank is None else {p: every_rank[p] for p in PHASES},
                    None if every_rank is None else (every_rank["allocated"], every_rank["reserved"]))
         if not (math.isfinite(st.loss) and math.isfinite(st.grad_norm)):  # every rank sees the same two numbers

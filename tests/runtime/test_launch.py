@@ -66,6 +66,9 @@ def test_killed_rank_resumes_from_last_checkpoint(tmp_path, capsys):
     for key in ("loss", "grad_norm", "lr", "step_time_s", "predicted_step_time_s", "tokens_per_s", "mfu",
                 "peak_memory_GiB", "peak_reserved_GiB", "predicted_memory_GiB"):
         assert all(isinstance(r[key], float) and r[key] > 0 for r in rows), key
+    for r in rows:  # the fullest rank's, as the per-rank peaks beside it say
+        assert r["peak_memory_GiB"] == max(r["peak_memory_GiB_per_rank"]), r
+        assert r["peak_reserved_GiB"] == max(r["peak_reserved_GiB_per_rank"]), r
     assert (ck / "latest").read_text().strip() == "step_00000008"
     resumed = [json.loads(line) for line in m.read_text().splitlines() if '"event"' in line]
     assert resumed == [{"event": "resume", "resumed_after_step": 4, "plan_config": load_plan(plan).config.short()}]
