@@ -145,8 +145,7 @@ class PlanFile(BaseModel):
         made_for = self.prediction.get("for")
         if made_for is None:
             return True
-        now = self.made_for
-        return all(made_for.get(k) == v for k, v in now.items() if k in made_for or k != "inputs")
+        return made_for_difference(made_for, self) is None
 
 
 MADE_FOR_PARTS = {"parallel": "its parallel keys", "global_batch": "its global batch", "seq": "its sequence length",
@@ -157,8 +156,17 @@ def made_for_difference(stamped: dict[str, Any], plan: PlanFile) -> str | None:
     """What of ``plan`` differs from the plan a stamp (:attr:`PlanFile.made_for`) was made for, in words; None when
     nothing stamped differs."""
     now = plan.made_for
-    changed = [MADE_FOR_PARTS[k] for k in MADE_FOR_PARTS if k in stamped and stamped[k] != now[k]]
+    changed = [MADE_FOR_PARTS[k] for k in MADE_FOR_PARTS
+               if (k in stamped or k != "inputs") and _stamp_part(k, stamped.get(k)) != _stamp_part(k, now[k])]
     return ", ".join(changed) or None
+
+
+def _stamp_part(key: str, value: Any) -> Any:
+    """A stamp's part as compared: parallel keys left out of a file (an older or a hand-written one) at their
+    defaults, so that writing a default out, or leaving it out, is no edit."""
+    if key != "parallel" or not isinstance(value, dict):
+        return value
+    return {**{k: f.default for k, f in ParallelConfig.__dataclass_fields__.items()}, **value}
 
 
 def _made_for(parallel: dict[str, Any], global_batch: int, seq: int, model: ModelSpec, cluster: ClusterSpec,

@@ -694,6 +694,17 @@ def test_a_plan_edited_in_model_cluster_or_state_is_not_current(tmp_path):
         assert load_plan(path).prediction_is_current, part
     path.write_text(json.dumps(data))
     assert load_plan(path).prediction_is_current
+    # parallel keys at their defaults left out (a file written before they existed, or by hand): no edit
+    short = json.loads(json.dumps(data))
+    defaults = {k: f.default for k, f in ParallelConfig.__dataclass_fields__.items()}
+    short["parallel"] = {k: v for k, v in data["parallel"].items() if v != defaults[k] or k in ("tp", "pp", "dp")}
+    assert len(short["parallel"]) < len(data["parallel"])
+    path.write_text(json.dumps(short))
+    assert load_plan(path).prediction_is_current
+    short["parallel"]["recompute"] = "full"  # ... but a key given at another value is
+    path.write_text(json.dumps(short))
+    assert not load_plan(path).prediction_is_current
+    path.write_text(json.dumps(data))
     # keys edited to use 2 of the cluster's 4 GPUs: re-estimated on those 2 (it was a rule error about 4 GPUs)
     from planner.commands.run import _fresh_prediction
 
