@@ -163,7 +163,7 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
             raise AutoparError(f"the plan needs {world} processes ({plan.config.short()}), not {nproc}")
         from runtime.trainer import check_supported
 
-        check_supported(plan)
+        check_supported(plan, plan_path)
         if resume and checkpoint_dir and not train_from_plan:  # the steps the workers run: the schedule they take
             from runtime.checkpoint import resumed_train
 

@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     if world != plan.world_size:
         raise AutoparError(f"plan {args.plan} needs {plan.world_size} processes ({plan.config.short()}) but "
                            f"{world} were started; use `autopar run` or torchrun --nproc-per-node {plan.world_size}")
-    check_supported(plan)
+    check_supported(plan, args.plan)
     ckdir = Path(args.checkpoint_dir) if args.checkpoint_dir else None
     attempt = _attempt(world)
     going_on = ckdir is not None and (args.resume or attempt > 0)

@@ -43,11 +43,12 @@ class StepStats:
     peak_reserved_GiB: float  # ... CUDA max_memory_reserved (what the caching allocator held); CPU: the same RSS
 
 
-def check_supported(plan: PlanFile) -> None:
-    """A one-line error for a plan this runtime does not execute (``specs/capabilities.py`` says what it does)."""
+def check_supported(plan: PlanFile, source: str | None = None) -> None:
+    """A one-line error for a plan this runtime does not execute (``specs/capabilities.py`` says what it does),
+    naming the plan file ``source`` it was read from."""
     problem = execution_problem(plan.model, plan.state)
     if problem:
-        raise AutoparError(problem)
+        raise AutoparError(f"plan file {source}: {problem}" if source else problem)
 
 
 def executed_state(plan: PlanFile, device: torch.device) -> StateSpec:

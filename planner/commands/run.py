@@ -39,6 +39,9 @@ def run_command(args: argparse.Namespace) -> int:
         from specs.planfile import load_plan
 
         plan = load_plan(plan_path)  # once, for the checks before launch
+        from runtime.trainer import check_supported
+
+        check_supported(plan, plan_path)  # (before a note on its prediction: a refusal is one line)
         fresh = _fresh_prediction(plan, plan_path)
         _check_gpu_memory(plan, plan_path, fresh)
         if not args.dry_run:

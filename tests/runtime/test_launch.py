@@ -676,6 +676,20 @@ def test_a_gpu_plan_edited_past_its_memory_is_refused_and_one_without_prediction
     assert "has no prediction; estimated for" in out and f"--predicted-step-time {step!r}" in out
 
 
+def test_a_plan_the_runtime_cannot_run_is_refused_in_one_line(tmp_path, capsys):
+    """A plan file edited into one the runtime does not execute (fused gradient accumulation) is refused in one line
+    naming the file, before any note on its edited prediction."""
+    path = tmp_path / "p.json"
+    default_plan(path)
+    data = json.loads(path.read_text())
+    data["state"]["fused_accumulation"] = True
+    path.write_text(json.dumps(data))
+    assert main(["run", str(path), "--steps", "1"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, (out, err)
+    assert err.startswith(f"autopar: error: plan file {path}: state.fused_accumulation=true"), err
+
+
 def test_a_plan_edited_in_model_cluster_or_state_is_not_current(tmp_path):
     """Not only the keys: a plan file whose model, cluster or state was edited by hand carries a prediction for
     something else; restoring the edit makes it current again, and a file stamped before the inputs were counts as
