@@ -55,6 +55,9 @@ def why(best: PlanResult, other: PlanResult) -> str:
     a, b = best.estimate, other.estimate
     diffs = [f"{k}={key_text(getattr(best.config, k))} vs {key_text(getattr(other.config, k))}"
              for k in SEARCHED if getattr(best.config, k) != getattr(other.config, k)]
+    if best.config.placement != other.config.placement:
+        diffs.append(f"placement={key_text(best.config.placement or ('none',))} vs "
+                     f"{key_text(other.config.placement or ('none',))}")
     if best.config.layers != other.config.layers:
         diffs.append("a different layer split")
     if best.config.recompute_layers != other.config.recompute_layers and best.config.recompute == "full":

@@ -252,12 +252,12 @@ def explain_placement(cfg: ParallelConfig, num_layers: int) -> str:
     for g, run in itertools.groupby(range(cfg.pp), key=lambda r: cfg.placement[r]):  # type: ignore[index]
         ranks = list(run)
         held = "/".join(str(layers[j]) for r in ranks for j in range(r, cfg.pp * cfg.vpp, cfg.pp))
-        span = f"{ranks[0]}" if len(ranks) == 1 else f"{ranks[0]}-{ranks[-1]}"
+        span = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks[0]}-{ranks[-1]}"
         names = entry_groups(g)
         share = cfg.dp // len(names)
         where = g if len(names) == 1 else " and ".join(f"{n} ({names.count(n) * share} dp replicas)"
                                                        for n in dict.fromkeys(names))
-        parts.append(f"pipeline ranks {span} on {where} ({held} layers)")
+        parts.append(f"pipeline {span} on {where} ({held} layers)")
     split = splits_replicas(cfg.placement)
     inside = "tp" + (", cp" if cfg.cp > 1 else "") + (" and dp" if cfg.dp > 1 and not split else "")
     crossing = ("the data-parallel reduce crosses between groups hierarchically (reduce-scatter inside each group, "
