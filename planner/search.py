@@ -192,9 +192,10 @@ def max_gpus_with_plans(model: ModelSpec, cluster: ClusterSpec, global_batch: in
 
 def min_gpus_to_fit(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dict[str, Any],
                     headroom_GiB: float | None = None, limit: int = GROW_LIMIT) -> int | None:
-    """A cluster size on which some plan fits, or None past ``limit``: the smallest power-of-two multiple of the
-    cluster, then, past a node, bisected over whole nodes between it and its half (96 GPUs too few for a model:
-    128, not 192); an AutoparError saying why when the cluster cannot grow (a profile without an inter-node
+    """A cluster size on which some plan fits, or None past ``limit``: the first doubling of the cluster that fits
+    (in whole nodes past one), then, past a node, bisected over whole nodes between it and its half (96 GPUs too few
+    for a model: 112, not 192; fitting is not always monotone in the node count, so a smaller size may fit too); an
+    AutoparError saying why when the cluster cannot grow (a profile without an inter-node
     network, node groups)."""
 
     def fits(g: int) -> bool:
@@ -205,12 +206,16 @@ def min_gpus_to_fit(model: ModelSpec, cluster: ClusterSpec, global_batch: int, f
             return False
         return bool(res.plans)
 
-    g = cluster.num_gpus * 2
+    node = cluster.full_node_gpus or cluster.gpus_per_node  # a part of a node grows into whole ones
+
+    def grown(g: int) -> int:
+        return g if g <= node else -(-g // node) * node
+
+    g = grown(cluster.num_gpus * 2)
     while g <= limit and not fits(g):
-        g *= 2
+        g = grown(g * 2)
     if g > limit:
         return None
-    node = cluster.full_node_gpus or cluster.gpus_per_node  # a part of a node grows into whole ones
     lo, hi = max(g // 2, cluster.num_gpus) // node, g // node  # in whole nodes: lo does not fit, hi does
     if g // 2 >= node:
         while hi - lo > 1:

@@ -130,11 +130,17 @@ def corrupt_error(ck: Path, bad: list[str]) -> AutoparError:
     return AutoparError(f"checkpoint {ck} is corrupt ({bad[0]} {what}{more}); delete it to use an earlier one")
 
 
+def _first_failure(err: BaseException) -> BaseException:
+    """The exception behind a DCP failure (its first failing rank's), or ``err`` itself."""
+    if isinstance(err, CheckpointException) and err.failures:
+        return next(iter(err.failures.values()))[0]
+    return err
+
+
 def _cause(err: BaseException) -> str:
     """What went wrong, in a few words: a DCP failure's first rank's exception (a file system's error by its own
     words: "No space left on device"), or the error's first line."""
-    if isinstance(err, CheckpointException) and err.failures:
-        err = next(iter(err.failures.values()))[0]
+    err = _first_failure(err)
     if isinstance(err, OSError) and err.strerror:
         return err.strerror
     text = str(err).strip()
@@ -157,8 +163,12 @@ def save_checkpoint(tr: Trainer, root: Path, keep: int = KEEP_CHECKPOINTS,
     except (Exception, CheckpointException) as err:  # DCP raises on every rank when any rank fails
         if rank0:
             shutil.rmtree(tmp, ignore_errors=True)  # (space a full disk needs)
-        raise AutoparError(f"cannot write checkpoint {final} ({_cause(err)}); the previous checkpoint is kept: "
-                           "free space or give another --checkpoint-dir, and resume") from None
+        before = latest_checkpoint(root)
+        kept = f"; the checkpoint before it ({before.name}) is kept" if before is not None else ""
+        if isinstance(_first_failure(err), OSError):  # the file system's: what to do about it
+            raise AutoparError(f"cannot write checkpoint {final} ({_cause(err)}){kept}: free space or give another "
+                               "--checkpoint-dir" + (", and resume" if kept else "")) from None
+        raise AutoparError(f"checkpoint {final} was not written ({_cause(err)}){kept}") from None
     dist.barrier(group=tr.g.world)
     n = dist.get_world_size(tr.g.world)
     names: list[list[str] | None] = [checkpoint_files(tmp) if rank0 else None]  # one listing for all ranks
@@ -432,8 +442,7 @@ def load_checkpoint(tr: Trainer, root: Path) -> int:
     try:
         dcp.load(state, checkpoint_id=str(ck), process_group=tr.g.world, planner=LoadPlanner())
     except (Exception, CheckpointException) as err:  # DCP raises on every rank when any rank fails
-        first = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
-        raise AutoparError(f"checkpoint {ck} is corrupt or incomplete ({first}); delete it to resume from an "
+        raise AutoparError(f"checkpoint {ck} is corrupt or incomplete ({_cause(err)}); delete it to resume from an "
                            "earlier one") from None
     take_loaded(state, pieces, infos)
     restore(tr, pieces)

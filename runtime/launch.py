@@ -74,13 +74,16 @@ def multi_node_commands(plan: PlanFile, worker: list[str], max_restarts: int = 0
     nodes = -(-plan.world_size // plan.cluster.gpus_per_node)
     per_node = plan.world_size // nodes
     tail = " ".join(shlex.quote(a) for a in worker)
-    rdzv = "--rdzv-backend c10d --rdzv-id autopar" + (f" --max-restarts {max_restarts}" if max_restarts else "")
+
+    def rdzv(run_id: str) -> str:
+        return f"--rdzv-backend c10d --rdzv-id {run_id}" + (f" --max-restarts {max_restarts}" if max_restarts else "")
+
     # srun runs it through each node's bash, which finds node 0's host there: quoted whole for the shell it is typed in
-    on_node = (f"torchrun --nnodes {nodes} --nproc-per-node {per_node} "
-               f"{rdzv.replace('--rdzv-id autopar', '--rdzv-id autopar-$SLURM_JOB_ID')} --rdzv-endpoint "
-               f"$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1):{PORT} {tail}")
+    on_node = (f"torchrun --nnodes {nodes} --nproc-per-node {per_node} {rdzv('autopar-$SLURM_JOB_ID')} "
+               f"--rdzv-endpoint $(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1):{PORT} {tail}")
     return [
-        f"torchrun --nnodes {nodes} --nproc-per-node {per_node} {rdzv} --rdzv-endpoint $MASTER_ADDR:{PORT} {tail}",
+        f"torchrun --nnodes {nodes} --nproc-per-node {per_node} {rdzv('autopar')} --rdzv-endpoint $MASTER_ADDR:{PORT} "
+        f"{tail}",
         f"srun --nodes {nodes} --ntasks-per-node 1 bash -c {shlex.quote(on_node)}",
     ]
 
@@ -146,7 +149,7 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
            train_from_plan: bool = False, resumable: bool = True) -> int:
     """Validate everything cheap to validate, then run the plan under torchrun; returns 0 on success.
     ``max_restarts``: torchrun restarts every worker up to that many times after one dies; they resume from the
-    latest checkpoint (``runtime.train`` reads torchrun's restart count).
+    latest checkpoint (``runtime.train`` works out which start of the workers it is: ``_attempt``).
     ``predicted_step_s`` / ``predicted_memory_GiB``: the step time and peak memory the metrics carry as predicted
     (the planner's fresh estimate of a plan edited since its prediction; default: the plan's).
     ``resumable``: whether the caller can resume the run (`autopar run`): its Ctrl-C line then says how (a tune's
@@ -179,20 +182,18 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
 
             trained_on, _ = resumed_data(Path(checkpoint_dir), data)
         TokenData(trained_on or SAMPLE_TEXT, plan.seq, plan.model.vocab_size, plan.train.seed)  # one-line errors now
-        worker = _worker_args(plan_path, steps, data, metrics_out, checkpoint_dir, resume, checkpoint_every, quiet,
-                              predicted_step_s, predicted_memory_GiB, mtbf_hours, collective_timeout, keep_checkpoints,
-                              train_from_plan)
+        spans = _spans_nodes(plan)
+        at = _absolute if spans else (lambda p: p)  # each node's shell is in a folder of its own
+        worker = _worker_args(str(at(plan_path)), steps, at(data), at(metrics_out), at(checkpoint_dir), resume,
+                              checkpoint_every, quiet, predicted_step_s, predicted_memory_GiB, mtbf_hours,
+                              collective_timeout, keep_checkpoints, train_from_plan)
         gpus = local_gpus()
-        if not _spans_nodes(plan) and gpus is not None and world > gpus:
+        if not spans and gpus is not None and world > gpus:
             raise AutoparError(f"the plan needs {world} GPUs but this machine has {gpus}; run it on its cluster "
                                f"({plan.cluster.name}) or re-plan with --gpus {gpus}")
         if resume and checkpoint_dir:  # from a checkpoint older than others (latest pointed back): set aside, the run
             _roll_back(Path(checkpoint_dir), dry_run)  # checked (several nodes: their shared folder, seen from here)
-        if _spans_nodes(plan):
-            worker = _worker_args(str(_absolute(plan_path)), steps, _absolute(data), _absolute(metrics_out),
-                                  _absolute(checkpoint_dir), resume, checkpoint_every, quiet, predicted_step_s,
-                                  predicted_memory_GiB, mtbf_hours, collective_timeout, keep_checkpoints,
-                                  train_from_plan)
+        if spans:
             print(f"autopar: this plan spans several nodes; run on every node ({SHARED}):\n  " +
                   "\n  ".join(multi_node_commands(plan, worker, max_restarts)), flush=True)
             return 0
@@ -387,15 +388,18 @@ def _run_workers(cmd: list[str], env: dict[str, str], timeout_s: float | None = 
 def _ends_with(parent: int) -> Callable[[], None] | None:
     """For torchrun's process: a SIGTERM when this process ends however it ends (a SIGKILL from a scheduler or the
     OOM killer included), which torchrun passes on to its workers; else they trained on, orphaned, into a checkpoint
-    folder whose lock had gone with this process. Linux only (prctl's PR_SET_PDEATHSIG); elsewhere None."""
+    folder whose lock had gone with this process. Linux only (prctl's PR_SET_PDEATHSIG); elsewhere None. prctl is
+    looked up here, so that the forked child only calls it (no loading or allocating between fork and exec)."""
     if not sys.platform.startswith("linux"):
         return None
     import ctypes
 
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
     def arm() -> None:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
         if os.getppid() != parent:  # ended already, before the line above
-            os.kill(os.getpid(), signal.SIGTERM)
+            os._exit(1)
 
     return arm
 

@@ -69,13 +69,16 @@ def _gather_ranks(values: dict[str, float], group: dist.ProcessGroup, device: to
 def _attempt(world: int) -> int:
     """Which start of the run's workers this is (0: the first), the same on every node.
 
-    torchrun's restart count is its own node's: when a worker dies, its node's agent counts a restart, but the
-    healthy nodes' agents restart theirs as a change of membership and count none, so the nodes would disagree on
-    whether to resume and meet in different stores (a hang). Where the agents share one store across restarts (the
-    default), each worker adds one to a count of starts in it: every start of the run's ``world`` workers adds
-    ``world``. Elsewhere (a store made afresh each round) the restart count is all there is."""
+    On one node torchrun's restart count says it. On several it is each node's own: when a worker dies, its node's
+    agent counts a restart, but the healthy nodes' agents restart theirs as a change of membership and count none,
+    so the nodes would disagree on whether to resume and meet in different stores (a hang). Where the agents share
+    one store across restarts (the default), each worker adds one to a count of starts in it, first thing: every
+    start of the run's ``world`` workers adds ``world`` (a worker killed before it adds leaves the count short and
+    the next start's ranks apart: the window is the worker's first seconds). Elsewhere (a store made afresh each
+    round) the restart count is all there is."""
     count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-    if "MASTER_ADDR" not in os.environ or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+    nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1") or 1)
+    if nodes == 1 or "MASTER_ADDR" not in os.environ or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return count
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
     return (store.add("autopar/starts", 1) - 1) // world
@@ -117,14 +120,14 @@ def diverged(step: int, loss: float, grad_norm: float, ckdir: Path | None) -> Au
 
 def run(args: argparse.Namespace) -> int:
     """One rank's run: check the plan and options, go on from a checkpoint (a resume or a restart), train, save."""
-    plan = load_plan(args.plan)
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    attempt = _attempt(world)  # first: a start counted by every worker (several nodes)
+    plan = load_plan(args.plan)
     if world != plan.world_size:
         raise AutoparError(f"plan {args.plan} needs {plan.world_size} processes ({plan.config.short()}) but "
                            f"{world} were started; use `autopar run` or torchrun --nproc-per-node {plan.world_size}")
     check_supported(plan, args.plan)
     ckdir = Path(args.checkpoint_dir) if args.checkpoint_dir else None
-    attempt = _attempt(world)
     going_on = ckdir is not None and (args.resume or attempt > 0)
     if ckdir is not None:
         _check_divergence(ckdir, attempt, rank)

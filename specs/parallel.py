@@ -358,18 +358,29 @@ def _typed_value(key: str, v: Any) -> Any:
 
 
 def typed_keys(keys: dict[str, Any]) -> dict[str, Any]:
-    """Plan keys given as Python values (the API's ``fixed``): each a plan key, of its type and range, one value or
-    a list or set of allowed values (a tuple is one value: ``layers``, ``placement``); the same one-line errors as a
-    plan file's."""
+    """Plan keys given as Python values (the API's ``fixed``): each a plan key, of its type and range (numpy scalars
+    taken as Python's); one value, or for a searched key a list or set of allowed values (``layers``, ``placement``
+    and ``recompute_layers`` take one value: a list of counts or names is that value); the same one-line errors as
+    a plan file's."""
     out: dict[str, Any] = {}
     for k, v in keys.items():
         key_name(k)
-        whole = KEYS[k].kind in ("counts", "groups")  # a list of numbers or names is one value of these
-        several = isinstance(v, set) or isinstance(v, list) and (
-            not whole or bool(v) and all(isinstance(x, (list, tuple)) for x in v))
-        one = lambda x, k=k: _typed_value(k, list(x) if isinstance(x, tuple) else x)  # noqa: E731
-        out[k] = [one(x) for x in v] if several else one(v)
+        several = isinstance(v, (set, frozenset)) or isinstance(v, list) and KEYS[k].searched
+        if several and not KEYS[k].searched:
+            raise AutoparError(f"plan key {k} takes one value, got a set of {len(v)}")
+        out[k] = [_one_key(k, x) for x in v] if several else _one_key(k, v)
     return out
+
+
+def _one_key(key: str, v: Any) -> Any:
+    """One Python value of a plan key, typed and checked (:func:`_typed_value`)."""
+    plain = lambda x: x.item() if isinstance(x, np.generic) else x  # noqa: E731
+    v = [plain(x) for x in v] if isinstance(v, (list, tuple)) else plain(v)
+    try:
+        json.dumps(v)
+    except TypeError:
+        raise AutoparError(f"plan key {key} takes {KEYS[key].kind} values, got a {type(v).__name__}") from None
+    return _typed_value(key, v)
 
 
 def _parse_value(key: str, raw: str, flag: str) -> Any:

@@ -154,7 +154,8 @@ MADE_FOR_PARTS = {"parallel": "its parallel keys", "global_batch": "its global b
 
 def made_for_difference(stamped: dict[str, Any], plan: PlanFile) -> str | None:
     """What of ``plan`` differs from the plan a stamp (:attr:`PlanFile.made_for`) was made for, in words; None when
-    nothing stamped differs."""
+    nothing differs (a stamp without ``inputs``, from before they were stamped, counts as current in them; one
+    without its keys, batch or sequence does not)."""
     now = plan.made_for
     changed = [MADE_FOR_PARTS[k] for k in MADE_FOR_PARTS
                if (k in stamped or k != "inputs") and _stamp_part(k, stamped.get(k)) != _stamp_part(k, now[k])]

@@ -158,15 +158,18 @@ def _seq_rules_out_cp(args: argparse.Namespace, model: Any, cluster: Any, fixed:
     if "cp" in fixed or seq < 256 or not sizes or not all(cp_split_problem(seq, c) for c in sizes):
         return ""
     near = -(-seq // 256) * 256
+    if near == seq:
+        return ""
     try:
-        res = search(model.model_copy(update={"seq_length": near}), cluster, args.global_batch, fixed=fixed, top=1,
+        res = search(model.with_seq(near), cluster, args.global_batch, fixed=fixed, top=1,
                      headroom_GiB=args.headroom, refine_count=4)
-    except AutoparError:
+    except AutoparError:  # (a length the model cannot take, say beyond its learned positions)
         return ""
     if not res.plans:
         return ""
-    return (f"--seq {seq} rules out context parallelism ({cp_split_problem(seq, 2)}), which splits a long "
-            f"sequence's activations over GPUs: --seq {near} fits ({res.plans[0].config.short()})")
+    sp = " and, an odd length, sequence parallelism" if seq % 2 else ""
+    return (f"sequence length {seq} rules out context parallelism ({cp_split_problem(seq, 2)}){sp}, which split a "
+            f"long sequence's activations over GPUs: --seq {near} fits ({res.plans[0].config.short()})")
 
 
 def _choose(args: argparse.Namespace, model: Any, cluster: Any, res: Any) -> Choice:

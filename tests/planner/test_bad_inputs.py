@@ -632,7 +632,8 @@ def test_an_odd_seq_that_rules_out_cp_is_named_when_nothing_fits(capsys):
     the length and the length that plans (which does), not only a memory shortfall and more GPUs."""
     err = fails(capsys, "plan", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "64", "--global-batch",
                 "64", "--seq", "131071")
-    assert "--seq 131071 rules out context parallelism" in err and "--seq 131072 fits (" in err, err
+    assert "sequence length 131071 rules out context parallelism" in err and "--seq 131072 fits (" in err, err
+    assert "and, an odd length, sequence parallelism" in err
     assert "cp=" in err.split("--seq 131072 fits (")[1]
     assert main(["plan", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "64", "--global-batch", "64",
                  "--seq", "131072"]) == 0

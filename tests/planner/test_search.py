@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import re
 
+import numpy as np
 import pytest
 
 from cost_models.step import estimate
@@ -114,6 +115,10 @@ def test_min_gpus_is_bisected_over_whole_nodes():
     assert need is not None and 96 < need < 192 and need % c.gpus_per_node == 0
     assert search(m, c.resized(gpus=need), 512, top=1, refine_count=4).plans
     assert not search(m, c.resized(gpus=need - c.gpus_per_node), 512, top=1, refine_count=4).plans
+    part = load_cluster("dgx-h100", gpus=6)  # part of a node: grows into whole nodes (12 GPUs is not a size)
+    need = min_gpus_to_fit(load_model("llama3-70b"), part, 64, {})
+    assert need is not None and need % 8 == 0
+    assert search(load_model("llama3-70b"), part.resized(gpus=need), 64, top=1, refine_count=4).plans
 
 
 def test_impossible_fixed_keys_say_why():
@@ -396,7 +401,7 @@ def test_why_names_enough_savings_to_outweigh_what_it_names():
     assert checked
 
 
-def test_the_python_api_checks_its_inputs_as_the_commands_do(tmp_path):
+def test_the_python_api_checks_its_inputs_as_the_commands_do(tmp_path, monkeypatch):
     """The functions the commands are thin over refuse what the commands refuse, in the same words: an unknown or
     mistyped plan key, a headroom outside the GPU, a what-if key or value the command would not take, a tune whose
     trials could not run here."""
@@ -411,6 +416,9 @@ def test_the_python_api_checks_its_inputs_as_the_commands_do(tmp_path):
         with pytest.raises(AutoparError, match=re.escape(needle)):
             search(m, c, 512, fixed=fixed, top=1)
     assert search(m, c, 512, fixed={"tp": [2, 4], "layers": (16, 16)}, top=1).plans[0].config.tp in (2, 4)
+    assert search(m, c, 512, fixed={"tp": np.int64(2), "sp": np.bool_(True)}, top=1).plans[0].config.tp == 2
+    with pytest.raises(AutoparError, match="plan key layers must be a list of integers"):  # one split, not a choice
+        search(m, c, 512, fixed={"layers": [(16, 16), (8, 24)], "pp": 2}, top=1)
     with pytest.raises(AutoparError, match="--headroom must be between 0 and the GPU's 80 GiB, got -50"):
         search(m, c, 512, top=1, headroom_GiB=-50)
     for key, values, needle in [("bogus", [1], "cannot vary 'bogus'"),
@@ -418,6 +426,8 @@ def test_the_python_api_checks_its_inputs_as_the_commands_do(tmp_path):
                                 ("gpus", [16, 16], "gives 16 twice")]:
         with pytest.raises(AutoparError, match=re.escape(needle)):
             sweep(m, c, 512, key, values, {})
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # (as here, on a GPU machine too)
     with pytest.raises(AutoparError, match="has no CUDA GPU"):
         tune(m, c.resized(gpus=8), 64, tmp_path, None, 2, 4, 1, 60.0)
     with pytest.raises(AutoparError, match="span 2 nodes: `autopar tune ... --dir <shared folder>`"):
