@@ -551,14 +551,14 @@ def test_ctrl_c_says_where_the_run_stopped_and_how_to_resume(tmp_path, how):
 
 def test_the_gradient_norm_is_the_plans_alike(tmp_path):
     """The gradient norm clipping reads (and the metrics report) of the tiny model's 0.8M-parameter buckets: one
-    rank and two ZeRO-1 ranks (each norming its half of every bucket) agree to 1e-8 (CPU's fp32 norm, adding a
+    rank and two ZeRO-1 ranks (each norming its half of every bucket) agree to 1e-6 (CPU's fp32 norm, adding a
     bucket's squares one after another, had them 2e-5 apart)."""
     norms = []
     for keys in (dict(tp=1, pp=1, dp=1, mbs=4, gpus=1), dict(tp=1, pp=1, dp=2, mbs=4, zero=1, gpus=2)):
         m = tmp_path / f"m{len(norms)}.jsonl"
         assert launch(_plan(tmp_path, **keys), steps=1, metrics_out=str(m), quiet=True) == 0
         norms.append(_rows(m)[0]["grad_norm"])
-    assert norms[1] == pytest.approx(norms[0], rel=1e-8), norms
+    assert norms[1] == pytest.approx(norms[0], rel=1e-6), norms
 
 
 def test_a_checkpoint_that_cannot_be_written_is_one_line_with_its_cause(tmp_path):
