@@ -34,8 +34,12 @@ def measured():
 def profile_path(measured, tmp_path_factory):
     """The profile written by `autopar profile --quick --out ...` (CLI path, on the cached measurements)."""
     out = tmp_path_factory.mktemp("prof") / "my-cpu.yaml"
+    import planner.commands.profile as command
+
     mp = pytest.MonkeyPatch()
-    mp.setattr(profiler, "run_local", lambda nproc, quick, progress=True: measured)
+    # (the command's own name for it: patching the profiler's alone let the command measure again, and the fits
+    # then described other timings than ``measured``)
+    mp.setattr(command, "run_local", lambda nproc, quick, progress=True: measured)
     try:
         assert main(["profile", "--quick", "--out", str(out)]) == 0
     finally:
