@@ -216,9 +216,10 @@ def min_gpus_to_fit(model: ModelSpec, cluster: ClusterSpec, global_batch: int, f
         g = grown(g * 2)
     if g > limit:
         return None
+    if g // 2 < node:  # within a node: its sizes are the doublings
+        return g
     lo, hi = max(g // 2, cluster.num_gpus) // node, g // node  # in whole nodes: lo does not fit, hi does
-    if g // 2 >= node:
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if fits(mid * node) else (mid, hi)
-    return hi * node if g // 2 >= node else g
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fits(mid * node) else (mid, hi)
+    return hi * node
