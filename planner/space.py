@@ -19,7 +19,7 @@ import numpy as np
 from specs.cluster import ClusterSpec
 from specs.errors import AutoparError
 from specs.model import ModelSpec
-from specs.parallel import KEYS, RECOMPUTE, SEARCHED, Candidates, ParallelConfig, key_text, typed_keys
+from specs.parallel import DEFAULTS, KEYS, RECOMPUTE, SEARCHED, Candidates, ParallelConfig, key_text, typed_keys
 from specs.rules import RULES, PlanContext, Rule
 
 PRUNED_MAX_MBS = 32
@@ -201,7 +201,7 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, global_batch: int, f
     :class:`NoPlan` when none is left, naming each fixed key's option (``flags[key]``, default ``--fix``)."""
     fixed = typed_keys(fixed)  # (the API's callers give Python values: an unknown key or a wrong type is refused)
     x = PlanContext.on(model, cluster, global_batch)
-    unsearched = {k: fixed.get(k, ParallelConfig.__dataclass_fields__[k].default) for k in KEYS
+    unsearched = {k: fixed.get(k, DEFAULTS[k]) for k in KEYS
                   if not KEYS[k].searched}
     if unsearched["recompute_layers"] is not None:
         fixed = {"recompute": "full", **fixed}

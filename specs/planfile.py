@@ -14,7 +14,7 @@ from specs.cluster import ClusterSpec
 from specs.errors import AutoparError, validation_message
 from specs.files import DuplicateKey, duplicate_text, file_content, parse_json, utc_now, write_text_atomic
 from specs.model import MAX_GLOBAL_BATCH, ModelSpec
-from specs.parallel import ParallelConfig
+from specs.parallel import DEFAULTS, ParallelConfig
 from specs.rules import PlanContext, check_plan
 from specs.state import StateSpec
 
@@ -167,7 +167,7 @@ def _stamp_part(key: str, value: Any) -> Any:
     defaults, so that writing a default out, or leaving it out, is no edit."""
     if key != "parallel" or not isinstance(value, dict):
         return value
-    return {**{k: f.default for k, f in ParallelConfig.__dataclass_fields__.items()}, **value}
+    return {**DEFAULTS, **value}
 
 
 def _made_for(parallel: dict[str, Any], global_batch: int, seq: int, model: ModelSpec, cluster: ClusterSpec,
