@@ -157,17 +157,36 @@ class ComputeModel:
         return np.asarray(nbytes, dtype=float) / self.opt_bw + kernels * self.overhead
 
     # ---- attention core ------------------------------------------------------------------------
+    def _attention_rates(self, sk: ArrayLike, d: float) -> tuple[np.ndarray, np.ndarray]:
+        """The measured table's forward and backward FLOP/s at key length ``sk`` and head dim ``d``: linear in
+        log(seq) within each measured head dim, then linear in log(head dim) between the two measured dims around
+        ``d`` (the nearest measured dim outside their range: no extrapolation). The rate per FLOP falls at small
+        head dims (less work per loaded tile: on an H200 at seq 2048, cuDNN's kernel ran 0.77x / 0.82x the head
+        dim 128 rate forward / backward at head dim 64; benchmarks/RESULTS.md, session 29)."""
+        key = np.log(np.asarray(sk, dtype=float))
+
+        def at(dim: float) -> tuple[np.ndarray, np.ndarray]:
+            rows = self._attn[dim]
+            seqs = np.log(rows[:, 0])
+            return np.interp(key, seqs, rows[:, 1]), np.interp(key, seqs, rows[:, 2])
+
+        dims = np.array(sorted(self._attn))
+        x = float(np.clip(np.log(d), np.log(dims[0]), np.log(dims[-1])))
+        hi = int(min(np.searchsorted(np.log(dims), x), len(dims) - 1))
+        lo = max(hi - 1, 0)
+        if lo == hi:
+            return at(float(dims[hi]))
+        w = (x - np.log(dims[lo])) / (np.log(dims[hi]) - np.log(dims[lo]))
+        (f0, b0), (f1, b1) = at(float(dims[lo])), at(float(dims[hi]))
+        return f0 + w * (f1 - f0), b0 + w * (b1 - b0)
+
     def flash_attention(self, batch_heads: ArrayLike, sq: ArrayLike, sk: ArrayLike, d: ArrayLike,
                         causal_frac: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
-        """Fused attention forward and backward (backward does ATTN_BWD_RATIO x the forward's matmul work)."""
+        """Fused attention forward and backward (backward does ATTN_BWD_RATIO x the forward's matmul work), at
+        the profile's measured rates for this key length and head dim where it has an attention table."""
         flops = attention_flops(batch_heads, sq, sk, d, causal_frac)
         if self._attn:
-            dims = np.array(sorted(self._attn))
-            nearest = dims[np.argmin(np.abs(np.log(dims) - np.log(np.mean(d))))]
-            rows = self._attn[float(nearest)]
-            key = np.log(np.asarray(sk, dtype=float))
-            fwd_rate = np.interp(key, np.log(rows[:, 0]), rows[:, 1])
-            bwd_rate = np.interp(key, np.log(rows[:, 0]), rows[:, 2])
+            fwd_rate, bwd_rate = self._attention_rates(sk, float(np.mean(d)))
             return flops / fwd_rate, ATTN_BWD_RATIO * flops / bwd_rate
         fwd_rate = self.peak * self.e.attention_fwd
         bwd_rate = self.peak * self.e.attention_bwd

@@ -320,6 +320,9 @@ def end_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t: ArrayLike, 
     chunks = 1.0 if whole_logits else np.ceil(T / fused_loss_rows(T, shard))
     ce_f = cm.memory(logits * fb + (chunks - 1) * shard * h * 2 * eb, chunks * fk)
     ce_b = cm.memory(logits * bb, bk)
-    head_f = norm_f + lm_f + ce_f + comm_t["head", "fwd"]
-    head_b = norm_b + lm_b + ce_b + comm_t["head", "bwd"]
+    # autopar's fused loss makes the head's input and weight gradients in its forward, chunk by chunk (the backward
+    # only scales them): its gradient GEMMs run in the forward pass, which the pipeline schedule and diagnose see
+    grads_f = 0.0 if whole_logits else lm_b
+    head_f = norm_f + lm_f + grads_f + ce_f + comm_t["head", "fwd"]
+    head_b = norm_b + lm_b - grads_f + ce_b + comm_t["head", "bwd"]
     return EndCost(embed_f=embed_f, embed_b=embed_b, head_f=head_f, head_b=head_b)

@@ -367,6 +367,28 @@ def test_flash_attention_time_scales_quadratically():
     assert np.isfinite(float(b2))
 
 
+def test_flash_attention_reads_the_measured_rate_at_the_head_dim():
+    """A measured table at head dims 64 and 128 (the profiler's GPU grid): each measured dim is priced at its own
+    rate, a dim between them linearly in log(head dim), a dim outside at the nearest measured one."""
+    from specs.cluster import AttentionPoint
+
+    rates = {64: (300.0, 200.0), 128: (500.0, 400.0)}  # TFLOP/s forward, backward at both sequence lengths
+    table = [AttentionPoint(seq=s, heads=16, head_dim=d, batch=1, fwd_tflops=f, bwd_tflops=b)
+             for d, (f, b) in rates.items() for s in (1024, 4096)]
+    cm = ComputeModel(load_gpu("h100-sxm5-80gb").model_copy(update={"attention_table": table}), "bf16")
+
+    def measured_rates(d: float) -> tuple[float, float]:
+        f, b = cm.flash_attention(8, 2048, 2048, d, 0.5)
+        flops = 4.0 * 8 * 2048 * 2048 * d * 0.5
+        return flops / float(f) / 1e12, 2.5 * flops / float(b) / 1e12
+
+    assert measured_rates(64) == pytest.approx(rates[64])
+    assert measured_rates(128) == pytest.approx(rates[128])
+    assert measured_rates(2 ** 6.5) == pytest.approx((400.0, 300.0))  # halfway in log(head dim)
+    assert measured_rates(32) == pytest.approx(rates[64])
+    assert measured_rates(256) == pytest.approx(rates[128])
+
+
 @pytest.mark.parametrize("gpus,cfg,shard_add", [(1, ParallelConfig(mbs=2), 0.0),
                                                  (2, ParallelConfig(mbs=2, dp=2, zero=2), 3 * 4 / 2)])
 def test_gradient_accumulation_is_a_pass_per_micro_batch_unless_the_gemms_fuse_it(gpus, cfg, shard_add):
@@ -551,6 +573,24 @@ def test_the_loss_is_priced_as_each_stack_runs_it():
     one_block, two_reads = loss_traffic(2, False, False, 1, 32000), loss_traffic(2, False, False, 1, 50000)
     assert float(one_block[0]) == 4 and float(two_reads[0]) == 6  # read once or twice, write the gradient
     assert float(loss_traffic(2, False, False, 2, 16000)[1]) == 2  # vocab-parallel: statistics, then gradient
+
+
+def test_the_fused_loss_makes_the_heads_gradients_in_its_forward():
+    """autopar's chunked loss computes the LM head's input and weight gradients in its forward (its backward only
+    scales them; kernels.py times its 'fwd' with them): those GEMMs are priced in the forward pass, where the
+    pipeline schedule and `autopar diagnose` meet them. A whole-logits loss (Megatron's) makes them in the backward."""
+    from cost_models.layer import end_cost
+
+    cm = ComputeModel(load_gpu("h100-sxm5-80gb"), "bf16")
+    comm = CommModel(load_cluster("dgx-h100", gpus=1))
+    model = load_model("llama-1b")
+    T, h, V = model.seq_length, model.hidden_size, model.vocab_size
+    lm_f, lm_b = (float(x) for x in cm.gemm_fwd_bwd(T, V, h))
+    norm_b = float(cm.memory(T * h * 3 * 2, 2))
+    ours, whole = end_cost(model, cm, comm, 1, 1, 1, False), end_cost(model, cm, comm, 1, 1, 1, False, True, False)
+    assert float(ours.head_b) == pytest.approx(norm_b)  # no GEMM left in the backward
+    assert float(ours.head_f) > lm_f + lm_b
+    assert float(whole.head_b) > norm_b + lm_b
 
 
 def test_loss_fusion_describes_a_loss_over_the_whole_logits():
