@@ -50,7 +50,7 @@ python -m planner.cli diagnose $OUT/$n.jsonl --warmup 5"
   step smoke 300 python tests/runtime/gpu_smoke.py
 fi
 if part second; then
-  step single_gpu_step 400 python benchmarks/single_gpu_step.py --mbs 2 4 --peers compiled,liger --json "$OUT/step.json"
+  step single_gpu_step 400 python benchmarks/single_gpu_step.py --mbs 2 4 --peers compiled,liger --backends auto,native --json "$OUT/step.json"
   step kernels 300 python benchmarks/kernels.py --json "$OUT/kernels.json"
   step tune 300 python -m planner.cli tune --model "$OUT/gpt-1.3b.json" --cluster "$OUT/h100.yaml" --gpus 1 \
     --global-batch 8 --trials 3 --steps 10 --warmup 3

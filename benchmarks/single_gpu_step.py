@@ -1,14 +1,15 @@
 """One GPU, the issue's reference shape: autopar's runtime (tp=pp=dp=1) against the peers, in one run.
 
     python benchmarks/single_gpu_step.py [--mbs 2] [--steps 10] [--peers compiled,hf-eager,liger]
-                                         [--profile] [--json out.json]
+                                         [--profile] [--backends auto,native] [--json out.json]
 
 Reference shape: Llama hidden 2048, 16 layers, 16 heads, ffn 5504, vocab 32000, seq 4096 (the `llama-1b`
 preset), bf16 parameters with fp32 gradients and master weights (the plan's default state), AdamW.
 MFU = tokens/s x (6 x (params - input embedding) + 12 x layers x hidden x seq) / 989e12. Our step goes
 through the runtime's Trainer exactly as `autopar run` does (one rank, NCCL). Peers (benchmarks/peers/) run
-as separate processes right after, same GPU, same session. Prints a table and one `RESULT {json}` line;
-exits with a message if there is no CUDA GPU.
+as separate processes right after, same GPU, same session. ``--backends auto,native`` runs our step with our
+Triton norms and again with torch's own fused norms (runtime.kernels.set_backend). Prints a table and one
+`RESULT {json}` line; exits with a message if there is no CUDA GPU.
 """
 
 from __future__ import annotations
@@ -61,11 +62,17 @@ def one_rank_trainer(spec, cluster_name: str, mbs: int, steps: int, device: str,
     return Trainer(plan, groups, dev, data, steps), plan, dev
 
 
-def ours(mbs: int, steps: int, warmup: int, profile: bool, model: str = "llama-1b", device: str = "cuda") -> dict:
+def ours(mbs: int, steps: int, warmup: int, profile: bool, model: str = "llama-1b", device: str = "cuda",
+         backend: str = "auto") -> dict:
+    """The runtime's step, its kernels on ``backend`` (runtime.kernels.set_backend: 'auto' our Triton kernels on
+    CUDA, 'native' torch's own fused norms instead of ours)."""
     import torch
     import torch.distributed as dist
 
+    import runtime.kernels as K
     from specs.model_loading import load_model
+
+    K.set_backend(backend)
 
     spec = load_model(model)
     total = warmup + steps
@@ -85,7 +92,8 @@ def ours(mbs: int, steps: int, warmup: int, profile: bool, model: str = "llama-1
     n = spec.num_params
     ftok = 6 * (n - spec.vocab_size * spec.hidden_size) + 12 * spec.num_layers * spec.hidden_size * spec.seq_length
     tok = mbs * spec.seq_length / dt
-    out = {"impl": "autopar", "mb": mbs, "params": n, "tokens_s": round(tok), "mfu": round(tok * ftok / PEAK, 4),
+    out = {"impl": "autopar" if backend == "auto" else f"autopar/{backend}", "mb": mbs, "params": n,
+           "tokens_s": round(tok), "mfu": round(tok * ftok / PEAK, 4),
            "peak_gb": round(torch.cuda.max_memory_allocated() / 2**30, 1) if cuda else None,
            "step_ms": round(dt * 1e3, 2),
            "loss": round(st.loss, 4)}
@@ -124,13 +132,20 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--peers", default="compiled", help=f"comma list of {', '.join(PEERS)} (or 'none')")
     ap.add_argument("--profile", action="store_true", help="print the top CUDA kernels of our step")
+    ap.add_argument("--backends", default="auto",
+                    help="comma list of our kernel backends to run: auto (our Triton kernels), native (torch's own "
+                         "fused norms); default auto")
+    ap.add_argument("--model", default="llama-1b",
+                    help="our step's model (preset or spec file; default the reference shape, the only one the "
+                         "peers run: give --peers none with another)")
     ap.add_argument("--json", help="write all results here")
     ap.add_argument("--cpu-smoke", action="store_true", help="run our step for the tiny model on CPU (a check)")
     args = ap.parse_args()
     import torch
 
     if args.cpu_smoke:
-        print("RESULT", json.dumps(ours(2, 2, 1, False, model="tiny", device="cpu")))
+        for backend in args.backends.split(","):
+            print("RESULT", json.dumps(ours(2, 2, 1, False, model="tiny", device="cpu", backend=backend)))
         return 0
     if not torch.cuda.is_available():
         print("single_gpu_step: no CUDA GPU here; run this on a machine with one (see benchmarks/RESULTS.md)")
@@ -138,12 +153,15 @@ def main() -> int:
     rows = []
     for mbs in args.mbs:
         # ours in a child process per micro-batch size (a clean allocator and process group each time)
-        code = (f"import json,sys; sys.path.insert(0,{str(ROOT)!r}); import benchmarks.single_gpu_step as b; "
-                f"print('RESULT', json.dumps(b.ours({mbs}, {args.steps}, {args.warmup}, {args.profile})))")
-        r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=900)
-        print(r.stdout[-6000:], end="")
-        m = re.search(r"^RESULT (.*)$", r.stdout, re.M)
-        rows.append(json.loads(m.group(1)) if m else {"impl": "autopar", "mb": mbs, "error": r.stderr[-600:]})
+        for backend in args.backends.split(","):
+            code = (f"import json,sys; sys.path.insert(0,{str(ROOT)!r}); import benchmarks.single_gpu_step as b; "
+                    f"print('RESULT', json.dumps(b.ours({mbs}, {args.steps}, {args.warmup}, {args.profile}, "
+                    f"model={args.model!r}, backend={backend!r})))")
+            r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=900)
+            print(r.stdout[-6000:], end="")
+            m = re.search(r"^RESULT (.*)$", r.stdout, re.M)
+            rows.append(json.loads(m.group(1)) if m else {"impl": f"autopar/{backend}", "mb": mbs,
+                                                          "error": r.stderr[-600:]})
         for name in [p for p in args.peers.split(",") if p and p != "none"]:
             rows.append(peer(name, mbs, args.steps))
     dev = torch.cuda.get_device_name()
@@ -151,7 +169,7 @@ def main() -> int:
     print(f"{'impl':16} {'mb':>3} {'tokens/s':>10} {'MFU':>7} {'peak GiB':>8}  vs first peer")
     for mbs in args.mbs:
         group = [r for r in rows if r.get("mb") == mbs]
-        base = next((r for r in group if r["impl"] != "autopar" and "tokens_s" in r), None)
+        base = next((r for r in group if not r["impl"].startswith("autopar") and "tokens_s" in r), None)
         for r in group:
             if "error" in r:
                 print(f"{r['impl']:16} {mbs:3d}  error: {r['error'][:200]}")

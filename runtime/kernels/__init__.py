@@ -7,14 +7,15 @@ k ``[batch, seq, kv_heads, head_dim]``; cos/sin are ``[seq, head_dim // 2]``
 
 Backend (:func:`set_backend`): ``"auto"`` runs the Triton kernel when the input is a CUDA tensor and the
 torch reference otherwise; ``"torch"`` always runs the reference; ``"triton"`` always runs the kernel, on
-CPU tensors too when ``TRITON_INTERPRET=1`` (Triton's interpreter, used by the tests).
+CPU tensors too when ``TRITON_INTERPRET=1`` (Triton's interpreter, used by the tests); ``"native"`` is
+``"auto"`` with the plain norms on torch's own fused ``F.rms_norm`` / ``F.layer_norm``.
 Each op lives in ``<op>_op.py``: Triton kernels, the autograd Function and the torch reference beside it.
 """
 
 import torch
 import torch.distributed as dist
 
-from ._utils import get_backend, set_backend, use_triton
+from ._utils import get_backend, native_norms, set_backend, use_triton
 from .cross_entropy_op import (
     linear_cross_entropy_reference,
     linear_cross_entropy_triton,
@@ -35,6 +36,8 @@ __all__ = [
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``x * rsqrt(mean(x^2, -1) + eps) * weight`` (fp32 math, output in ``x.dtype``)."""
+    if native_norms():
+        return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight.to(x.dtype), eps)
     if use_triton(x):
         return rms_norm_triton(x, weight, eps)
     return rms_norm_reference(x, weight, eps)
@@ -50,6 +53,9 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
     """LayerNorm over the last dim (fp32 math, output in ``x.dtype``); ``bias`` may be None."""
+    if native_norms():
+        return torch.nn.functional.layer_norm(x, (x.shape[-1],), weight.to(x.dtype),
+                                              None if bias is None else bias.to(x.dtype), eps)
     if use_triton(x):
         return layer_norm_triton(x, weight, bias, eps)
     return layer_norm_reference(x, weight, bias, eps)

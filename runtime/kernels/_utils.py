@@ -21,15 +21,18 @@ import torch
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None  # optional: the torch references need nothing
 
-_BACKENDS = ("auto", "triton", "torch")
+_BACKENDS = ("auto", "triton", "torch", "native")
 _backend = "auto"
 
 
 def set_backend(name: str) -> None:
-    """Force 'triton' or 'torch' kernels, or 'auto' (Triton on CUDA tensors, torch references otherwise)."""
+    """Force 'triton' or 'torch' kernels, or 'auto' (Triton on CUDA tensors, torch references otherwise), or
+    'native': as 'auto', except that the plain norms run torch's own fused ``F.rms_norm`` / ``F.layer_norm`` on
+    every device (a GPU session measured them 3-4x faster forward + backward than our kernels in the kernel
+    benchmark; `benchmarks/single_gpu_step.py --backend` compares whole steps before it becomes the default)."""
     global _backend
     if name not in _BACKENDS:
-        raise ValueError(f"kernel backend must be auto, triton or torch, got {name!r}")
+        raise ValueError(f"kernel backend must be auto, triton, torch or native, got {name!r}")
     _backend = name
 
 
@@ -43,6 +46,11 @@ def interpret_enabled() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on", "y")
 
 
+def native_norms() -> bool:
+    """Whether the plain norms run torch's own fused ops (backend 'native')."""
+    return _backend == "native"
+
+
 def use_triton(x: torch.Tensor) -> bool:
     """Whether an op on ``x`` runs the Triton kernel (True) or the torch reference (False)."""
     if _backend == "torch":
@@ -53,7 +61,7 @@ def use_triton(x: torch.Tensor) -> bool:
         if _backend == "triton":
             raise RuntimeError("kernel backend 'triton' was forced but triton is not importable")
         return False
-    if _backend == "auto":
+    if _backend in ("auto", "native"):
         return False
     # forced 'triton' on a non-CUDA tensor: only the interpreter can run it
     if HAS_TRITON and x.device.type == "cpu" and interpret_enabled():

@@ -77,3 +77,37 @@ def test_lazy_kernel_builds_on_first_launch():
     assert lk._built == {}
     assert _utils.next_pow2(37) == 64 and _utils.next_pow2(64) == 64 and _utils.next_pow2(1) == 1
     assert _utils.cdiv(7, 2) == 4
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+def test_native_backend_runs_torchs_fused_norms(monkeypatch, op, dtype, tol):
+    """Backend 'native': the plain norms go to torch's own ``F.rms_norm`` / ``F.layer_norm`` (none of our
+    Functions), with the reference's values and gradients; the other ops keep 'auto''s choice (references on CPU)."""
+    torch.manual_seed(0)
+    x0 = torch.randn(6, 8).to(dtype)
+    w0 = (1 + 0.1 * torch.randn(8)).to(dtype)
+    b0 = (0.1 * torch.randn(8)).to(dtype)
+
+    def run(backend: str):
+        K.set_backend(backend)
+        x, w, b = (t.clone().requires_grad_() for t in (x0, w0, b0))
+        y = K.rms_norm(x, w, 1e-6) if op == "rms_norm" else K.layer_norm(x, w, b, 1e-6)
+        y.float().pow(2).sum().backward()
+        grads = [x.grad, w.grad] + ([b.grad] if op == "layer_norm" else [])
+        return y, grads
+
+    ref, ref_grads = run("torch")
+    fused = []
+    original = getattr(torch.nn.functional, op)
+    monkeypatch.setattr(torch.nn.functional, op, lambda *a, **k: fused.append(op) or original(*a, **k))
+    calls = _count_applies(monkeypatch)
+    out, grads = run("native")
+    assert fused == [op] and calls == []
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float(), ref.float(), atol=tol, rtol=tol)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g.float(), r.float(), atol=tol * 10, rtol=tol)
+    calls.clear()
+    K.swiglu(x0.float(), x0.float())
+    assert calls == []
