@@ -13,7 +13,7 @@ shared machine are noisy, so both numbers are printed).
 gpu-gemm: every shape of the profile's GEMM table is timed again with torch.utils.benchmark (torch's own
 timer, a different method from the profiler's CUDA events); target: every shape within 5%. The cost model's
 time for the shapes the three models below ask for is printed beside torch's too (interpolation check), and beside
-those shapes run as the runtime's linear layers run them (x @ W^T + bias).
+those shapes run as the runtime's linear layers run them (x @ W^T, and with a bias in the epilogue).
 gpu-plans: three model shapes that fit one GPU are planned on the profile with --gpus 1 and run; target:
 predicted within 10% of the measured median step time.
 """
@@ -138,12 +138,13 @@ def check_gpu_gemm(prof: Path) -> list[dict[str, Any]]:
         return Timer("torch.matmul(a, b)", globals={"torch": torch, "a": a, "b": b}).blocked_autorange(
             min_run_time=0.1).median
 
-    def linear_time(m: int, n: int, k: int) -> float:
-        """The same product as the runtime's forward runs it: x (m x k) times a weight (n x k) transposed, plus a
-        bias in cuBLAS's epilogue (session 29: the step's GEMMs ran ~20% faster than the table's matmuls)."""
+    def linear_time(m: int, n: int, k: int, bias: bool) -> float:
+        """The product as the runtime's linear layers run it: x (m x k) times a weight (n x k) transposed, with a
+        bias in cuBLAS's epilogue where ``bias`` (GPT's column-parallel qkv and MLP-in layers; row-parallel ones add
+        theirs after the reduction). Session 29: the step's GEMMs ran ~20% faster than the table's matmuls."""
         x = torch.randn(m, k, device="cuda", dtype=dtype)
         w = torch.randn(n, k, device="cuda", dtype=dtype)
-        b = torch.randn(n, device="cuda", dtype=dtype)
+        b = torch.randn(n, device="cuda", dtype=dtype) if bias else None
         return Timer("F.linear(x, w, b)", globals={"F": torch.nn.functional, "x": x, "w": w, "b": b}
                      ).blocked_autorange(min_run_time=0.1).median
 
@@ -166,13 +167,13 @@ def check_gpu_gemm(prof: Path) -> list[dict[str, Any]]:
                   (T, h, f), (T, m.vocab_size, h)}
         for M, N, K in sorted(shapes):
             t_torch = torch_time(M, N, K)
-            t_linear = linear_time(M, N, K)
+            t_linear, t_bias = linear_time(M, N, K, False), linear_time(M, N, K, True)
             t_model = float(cm.gemm(M, N, K))
-            rows.append({"m": M, "n": N, "k": K, "torch_s": t_torch, "linear_s": t_linear, "model_s": t_model,
-                         "error": t_model / t_torch - 1.0, "kind": f"model {key}"})
-            print(f"  {key:<9} {M}x{N}x{K}: torch {1e3 * t_torch:.3f} ms, as the runtime's linear layer "
-                  f"{1e3 * t_linear:.3f} ms, cost model {1e3 * t_model:.3f} ms ({100 * (t_model / t_torch - 1):+.1f}%)",
-                  flush=True)
+            rows.append({"m": M, "n": N, "k": K, "torch_s": t_torch, "linear_s": t_linear, "linear_bias_s": t_bias,
+                         "model_s": t_model, "error": t_model / t_torch - 1.0, "kind": f"model {key}"})
+            print(f"  {key:<9} {M}x{N}x{K}: torch.matmul {1e3 * t_torch:.3f} ms, x @ W^T {1e3 * t_linear:.3f} ms, "
+                  f"with a bias in the epilogue {1e3 * t_bias:.3f} ms, cost model {1e3 * t_model:.3f} ms "
+                  f"({100 * (t_model / t_torch - 1):+.1f}%)", flush=True)
     return rows
 
 

@@ -321,7 +321,8 @@ def end_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t: ArrayLike, 
     ce_f = cm.memory(logits * fb + (chunks - 1) * shard * h * 2 * eb, chunks * fk)
     ce_b = cm.memory(logits * bb, bk)
     # autopar's fused loss makes the head's input and weight gradients in its forward, chunk by chunk (the backward
-    # only scales them): its gradient GEMMs run in the forward pass, which the pipeline schedule and diagnose see
+    # only scales them): its gradient GEMMs are priced in the forward pass (the breakdown's forward_compute, the
+    # last stage's forward in the schedule's replay), as the runtime runs them
     grads_f = 0.0 if whole_logits else lm_b
     head_f = norm_f + lm_f + grads_f + ce_f + comm_t["head", "fwd"]
     head_b = norm_b + lm_b - grads_f + ce_b + comm_t["head", "bwd"]

@@ -24,6 +24,7 @@ from cost_models.placement import price_placed
 from cost_models.stages import LayerTerms, layer_terms, stage_costs, stage_split
 from cost_models.tail import rank_tail
 from specs.cluster import ClusterSpec
+from specs.json_numbers import sig6
 from specs.model import ModelSpec
 from specs.parallel import Candidates, ParallelConfig
 from specs.rules import PlanContext, check_plan
@@ -56,7 +57,7 @@ class Estimate:
         return fullest(self.stage_memory_GiB, self.stage_capacity_GiB)
 
     def to_json(self) -> dict[str, Any]:
-        r = lambda x: float(f"{x:.6g}")  # noqa: E731
+        r = sig6
         return {
             "step_time_s": r(self.step_time_s),
             "tokens_per_s": r(self.tokens_per_s),

@@ -42,13 +42,15 @@ from cost_models.step import Estimate, estimate
 from planner.measured_runs import measured_median, stages
 from planner.report import fmt_time
 from specs.errors import AutoparError
-from specs.phases import PHASES
+from specs.json_numbers import rounded
+from specs.phases import LATER_PHASES, PHASES
 from specs.planfile import PlanFile
 from specs.schedules import build_schedule, virtual_stage
 
 # the diagnosis's rows: (name, measured phases, estimate breakdown keys)
 ROWS = (("compute", ("forward", "backward"), ("forward_compute", "backward_compute", "recompute")),
         ("tp/cp comm", ("tp_cp_comm",), ("tp_cp_comm",)),
+        ("ep comm", ("ep_comm",), ("ep_comm",)),
         ("pipeline p2p + bubble", ("p2p_wait", "p2p_send"), ("pp_p2p", "pipeline_bubble")),
         ("exposed dp comm", ("dp_comm",), ("dp_comm_exposed",)),
         ("optimizer", ("optimizer",), ("optimizer",)),
@@ -81,7 +83,7 @@ class Diagnosis:
     ranks: list[dict[str, Any]]  # {"rank", "coords", <phase>: seconds}
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return rounded(asdict(self))
 
 
 # ---- reading --------------------------------------------------------------------------------------
@@ -91,6 +93,8 @@ def rank_phases(rows: list[dict[str, Any]], world: int, source: str) -> dict[str
     for r in rows:
         ph = r.get("phases_s")
         sizes = {len(v) for v in ph.values() if isinstance(v, list)} if isinstance(ph, dict) else set()
+        if isinstance(ph, dict) and len(sizes) == 1:  # a file from before a phase was added: none of its time
+            ph = {**{p: [0.0] * next(iter(sizes)) for p in LATER_PHASES}, **ph}
         if len(sizes) == 1 and sizes != {world} and all(isinstance(ph.get(p), list) for p in PHASES):
             raise AutoparError(f"metrics file {source}: step {r['step']} has phase times for {sizes.pop()} ranks, but "
                                f"the plan runs {world}; pass the plan that run used (--plan), or pick its steps "
@@ -166,7 +170,7 @@ def replay_step(plan: PlanFile, ph: dict[str, np.ndarray], chunk_share: np.ndarr
         for s in range(pp):
             lock = [r for r, c in enumerate(coords) if c["pp"] == s and c["dp"] == dp]  # tp x cp in lockstep
             fwd, bwd = ph["forward"][lock].max(), ph["backward"][lock].max()
-            comm = ph["tp_cp_comm"][lock].min()
+            comm = ph["tp_cp_comm"][lock].min() + ph["ep_comm"][lock].min()
             cf = comm * fwd / (fwd + bwd) if fwd + bwd > 0 else 0.0
             send = per_send[lock].max()
             for c in range(vpp):
@@ -262,12 +266,17 @@ def diagnosis_tables(d: Diagnosis, plan_keys: str) -> list[Table | str]:
     for r in d.ranks[:64]:
         mark = "*" if r["rank"] in slow else ""
         ranks.add_row(f"{r['rank']}{mark}", _where(r["coords"]), *(fmt_time(r[c]) for c in cols))
-    out: list[Table | str] = [head, phases, ranks]
+    out: list[Table | str] = [head, phases]
+    if abs(total["measured_s"] - d.measured_step_s) > 0.01 * d.measured_step_s:
+        out.append(f"(each row is its phase's median over the steps, on the stage's ranks: the rows add up to "
+                   f"{fmt_time(total['measured_s'])}, the step's own median is {fmt_time(d.measured_step_s)})")
+    out.append(ranks)
     if len(d.ranks) > 64:
         out.append(f"({len(d.ranks) - 64} more ranks in --format json)")
     for s in d.stragglers:
         out.append(f"[bold]straggler:[/bold] rank {s.rank} ({_where(s.coords)}): {s.phase} {s.ratio:.2f}x its peers "
-                   f"({fmt_time(s.seconds)} a step where they would take {fmt_time(s.peers_seconds)})")
+                   f"({fmt_time(s.seconds)} a step where they would take {fmt_time(s.peers_seconds)}, in its fastest "
+                   "quarter of steps: slow in most steps, not in a few)")
     if not d.stragglers:
         out.append("no stragglers: every rank's compute and sends are within the threshold of its peers'")
     out.append(f"the schedule replayed with the measured times: {fmt_time(d.replay_s)} a step (measured "

@@ -10,6 +10,7 @@ from cost_models.step import estimate
 from planner.calibrate import calibration_spread
 from planner.uncertainty import step_band
 from specs.cluster import ClusterSpec
+from specs.json_numbers import sig6
 from specs.model import ModelSpec
 from specs.parallel import ParallelConfig
 from specs.state import StateSpec
@@ -21,7 +22,7 @@ def prediction_json(est: Any, cfg: ParallelConfig, spread: float = 0.0, calibrat
     of ``cfg`` whose calibration spread (planner/calibrate.py) is ``spread``; ``calibrated``: the profile carries a
     calibration; ``balanced_s``: :func:`balanced_step_s`, where the band reaches down to."""
     out = {"parallel": cfg.to_dict(), **est.to_json(),
-           "step_time_band_s": list(step_band(cfg.pp, est.step_time_s, spread, balanced_s))}
+           "step_time_band_s": [sig6(x) for x in step_band(cfg.pp, est.step_time_s, spread, balanced_s)]}
     if calibrated:
         out["calibration_log_sd"] = round(spread, 6)
     if balanced_s is not None:
@@ -45,3 +46,19 @@ def plan_prediction(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig,
     spread, _ = calibration_spread(model, cluster, cfg, global_batch, state)
     return prediction_json(est, cfg, spread, cluster.calibration is not None,
                            balanced_step_s(model, cluster, cfg, global_batch, state))
+
+
+def tuned_note(prediction: dict[str, Any] | None, plan_name: str) -> str | None:
+    """A line for a plan `autopar tune` wrote (its prediction carries the measured and calibrated steps): the
+    plan's own prediction is priced on the profile it was planned on, the calibrated one on the profile tune fitted
+    to the trials, which a later run and diagnose are compared against only when planned on that profile."""
+    p = prediction or {}
+    measured, calibrated = p.get("measured_step_time_s"), p.get("calibrated_step_time_s")
+    if not isinstance(measured, (int, float)) or not isinstance(calibrated, (int, float)):
+        return None
+    where = p.get("calibrated_profile")
+    on = f"its calibrated profile ({where})" if where else "its calibrated profile"
+    again = f": plan on --cluster {where} to predict with the measurements folded in" if where else ""
+    return (f"{plan_name} was tuned: `autopar tune` measured it at {measured:.4g} s a step and {on} prices it at "
+            f"{calibrated:.4g} s; the prediction compared here ({p.get('step_time_s', 0):.4g} s) is on the profile it "
+            f"was planned on{again}")

@@ -38,6 +38,7 @@ from planner.uncertainty import tied_indices
 from specs.cluster import ClusterSpec
 from specs.errors import INTERRUPTED, AutoparError
 from specs.files import write_text_atomic
+from specs.json_numbers import sig6
 from specs.model import ModelSpec
 from specs.planfile import TrainConfig, make_plan, save_plan
 
@@ -56,8 +57,9 @@ class Trial:
     error: str | None = None
 
     def row(self) -> dict[str, Any]:
-        return {"parallel": self.parallel, "plan": self.short, "predicted_step_s": self.predicted_step_s,
-                "measured_step_s": self.measured_step_s, "calibrated_step_s": self.calibrated_step_s,
+        return {"parallel": self.parallel, "plan": self.short, "predicted_step_s": sig6(self.predicted_step_s),
+                "measured_step_s": self.measured_step_s,
+                "calibrated_step_s": None if self.calibrated_step_s is None else sig6(self.calibrated_step_s),
                 "status": self.status, "error": self.error, "plan_file": self.plan_path}
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from specs.errors import AutoparError
+from specs.json_numbers import sig6
 from specs.planfile import PlanFile
 
 
@@ -78,8 +79,10 @@ class MetricsLog:
         self.flops = plan.model.model_flops_per_token(plan.seq) * self.tokens
         cfg = plan.config
         self.peak = plan.cluster.peak_flops(cfg.pp, cfg.tp * cfg.dp * cfg.cp, cfg.placement)
-        self.predicted = predicted_step_s or plan.prediction.get("step_time_s")  # a fresh estimate, when given
-        self.predicted_memory = predicted_memory_GiB or plan.prediction.get("memory_GiB")
+        # a fresh estimate when given, written as the plan's prediction is (6 significant digits)
+        pred = plan.prediction
+        self.predicted = sig6(predicted_step_s) if predicted_step_s else pred.get("step_time_s")
+        self.predicted_memory = sig6(predicted_memory_GiB) if predicted_memory_GiB else pred.get("memory_GiB")
         self.gpu = gpu  # the progress line shows the predicted memory beside the measured one only on GPUs (a CPU
         # rank's peak RSS also counts the interpreter and its libraries)
         self.noted_peak = False  # an MFU above 100% is explained once

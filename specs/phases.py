@@ -5,6 +5,8 @@
   communication inside them;
 - ``tp_cp_comm``: tensor-, sequence- and context-parallel collectives inside forward and backward (waits for
   slower peers included);
+- ``ep_comm``: a MoE model's expert-parallel all-to-alls and expert tensor-parallel collectives inside forward and
+  backward (the estimate's ``ep_comm``);
 - ``p2p_wait``: blocked on a pipeline receive (the transfer, and the bubble while the neighbour works), and at
   the step's end until the last sends are received;
 - ``p2p_send``: starting the sends of activations and gradients;
@@ -14,7 +16,9 @@
 - ``other``: the rest (the step's loss and memory reductions, Python between phases).
 """
 
-PHASES = ("data", "forward", "backward", "tp_cp_comm", "p2p_wait", "p2p_send", "dp_comm", "optimizer", "other")
+PHASES = ("data", "forward", "backward", "tp_cp_comm", "ep_comm", "p2p_wait", "p2p_send", "dp_comm", "optimizer",
+          "other")
+LATER_PHASES = ("ep_comm",)  # added after metrics files were first written: a file without one read as zeros
 
 
 def is_step_line(obj: object) -> bool:

@@ -102,6 +102,10 @@ def diagnose_command(args: argparse.Namespace) -> int:
     else:
         raise AutoparError(f"metrics file {args.metrics} does not say which plan it ran; pass --plan PLAN.json")
     d = diagnose(plan, rows, warmup, args.threshold, str(args.metrics), name)
+    from planner.prediction import tuned_note
+
+    tuned = tuned_note(plan.prediction if plan.prediction_is_current else None, name)
+    note = "\n".join(x for x in (note, tuned) if x) or None
     if note:
         print(note, file=sys.stderr)  # stdout holds the diagnosis (one JSON object with --format json)
     if args.format == "json":

@@ -43,6 +43,10 @@ def run_command(args: argparse.Namespace) -> int:
 
         check_supported(plan, plan_path)  # (before a note on its prediction: a refusal is one line)
         fresh = _fresh_prediction(plan, plan_path)
+        from planner.prediction import tuned_note
+
+        if fresh is None and (note := tuned_note(plan.prediction, plan_path)):
+            print(f"autopar: {note}", flush=True)
         _check_gpu_memory(plan, plan_path, fresh)
         if not args.dry_run:
             _check_host_memory(plan, plan_path)

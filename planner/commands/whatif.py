@@ -11,6 +11,7 @@ from rich.markup import escape
 
 from planner.commands.inputs import load_inputs, spec_files
 from specs.errors import AutoparError
+from specs.json_numbers import rounded
 
 
 def whatif_command(args: argparse.Namespace) -> int:
@@ -53,7 +54,7 @@ def whatif_command(args: argparse.Namespace) -> int:
 
         plot_path = plot(curves, key, model.name, cluster.name, args.plot)
     if args.format == "json":
-        print(json.dumps({"vary": key, "values": values, "curves": curves}))
+        print(json.dumps({"vary": key, "values": values, "curves": rounded(curves)}))
         return 0
     if args.format == "csv":
         import csv
@@ -62,7 +63,7 @@ def whatif_command(args: argparse.Namespace) -> int:
 
         w = csv.writer(sys.stdout)
         w.writerow(csv_header(key))
-        w.writerows(csv_rows(curves, key))
+        w.writerows(csv_rows(rounded(curves), key))
         return 0
     from planner.report import console, print_inputs, whatif_table
 

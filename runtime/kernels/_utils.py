@@ -29,7 +29,8 @@ def set_backend(name: str) -> None:
     """Force 'triton' or 'torch' kernels, or 'auto' (Triton on CUDA tensors, torch references otherwise), or
     'native': as 'auto', except that the plain norms run torch's own fused ``F.rms_norm`` / ``F.layer_norm`` on
     every device (a GPU session measured them 3-4x faster forward + backward than our kernels in the kernel
-    benchmark; `benchmarks/single_gpu_step.py --backend` compares whole steps before it becomes the default)."""
+    benchmark; `benchmarks/single_gpu_step.py --backends auto,native` compares whole steps before it becomes the
+    default)."""
     global _backend
     if name not in _BACKENDS:
         raise ValueError(f"kernel backend must be auto, triton, torch or native, got {name!r}")

@@ -577,8 +577,9 @@ def test_the_loss_is_priced_as_each_stack_runs_it():
 
 def test_the_fused_loss_makes_the_heads_gradients_in_its_forward():
     """autopar's chunked loss computes the LM head's input and weight gradients in its forward (its backward only
-    scales them; kernels.py times its 'fwd' with them): those GEMMs are priced in the forward pass, where the
-    pipeline schedule and `autopar diagnose` meet them. A whole-logits loss (Megatron's) makes them in the backward."""
+    scales them; kernels.py times its 'fwd' with them): those GEMMs are priced in the forward pass (the breakdown's
+    forward_compute). A whole-logits loss (Megatron's, and the CPU ranks' reference loss) makes them in the
+    backward."""
     from cost_models.layer import end_cost
 
     cm = ComputeModel(load_gpu("h100-sxm5-80gb"), "bf16")

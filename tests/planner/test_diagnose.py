@@ -189,9 +189,68 @@ def test_the_shares_of_the_gap_add_up_with_a_total_row():
     rows = [("compute", 0.5, 0.8), ("tp/cp comm", 0.1, 0.15), ("optimizer", 0.05, 0.05), ("other", 0.0, 0.05)]
     phases = [{"phase": n, "predicted_s": p, "measured_s": m, "gap_s": m - p} for n, p, m in rows]
     d = Diagnosis("p.json", 10, 1.3, 0.65, 0, phases, [], 1.3, 1.3, [])  # the step's median: above the rows' 1.05
-    table = diagnosis_tables(d, "tp=2")[1]
+    parts = diagnosis_tables(d, "tp=2")
+    table = parts[1]
+    assert "the rows add up to 1.050 s, the step's own median is 1.300 s" in parts[2]  # said, not left to puzzle
     cells = [list(c._cells) for c in table.columns]
     assert cells[0][-1] == "total" and cells[4][-1] == "100%"
     shares = [int(s.rstrip("%")) for s in cells[4][:-1]]
     assert shares == [75, 12, 0, 12] and abs(sum(shares) - 100) <= 1  # 12.5% rounds to even
     assert cells[2][-1] == "1.050 s" and cells[3][-1] == "+400.00 ms"
+
+
+def test_a_moe_plans_all_to_all_has_a_row_and_the_predicted_rows_add_up_to_the_step(tmp_path, capsys):
+    """The estimate's ``ep_comm`` (a MoE model's all-to-alls) is a row of its own beside the measured ``ep_comm``
+    phase, so the predicted rows add up to the predicted step; a metrics file written before that phase existed
+    (no ``ep_comm`` in its ``phases_s``) reads as no such time."""
+    plan = make_plan(load_model("tiny-moe"), load_cluster("cpu-gloo", gpus=2), 8, ParallelConfig(dp=2, ep=2))
+    path = tmp_path / "moe.json"
+    save_plan(plan, path)
+
+    def metrics(with_ep: bool):
+        lines = []
+        for step in range(1, 7):
+            ph = {p: [0.05 if p in ("forward", "backward") else 0.01 if p == "ep_comm" else 0.0] * 2 for p in PHASES}
+            if not with_ep:
+                del ph["ep_comm"]
+            lines.append({"step": step, "step_time_s": sum(v[0] for v in ph.values()), "plan": str(path),
+                          "phases_s": ph})
+        m = tmp_path / f"m{int(with_ep)}.jsonl"
+        m.write_text("".join(json.dumps(x) + "\n" for x in lines))
+        return m
+
+    for with_ep in (True, False):
+        assert main(["diagnose", str(metrics(with_ep)), "--format", "json"]) == 0
+        d = json.loads(capsys.readouterr().out)
+        rows = {r["phase"]: r for r in d["phases"]}
+        assert sum(r["predicted_s"] for r in d["phases"]) == pytest.approx(d["predicted_step_s"], rel=1e-5)
+        assert rows["ep comm"]["predicted_s"] > 0
+        assert rows["ep comm"]["measured_s"] == pytest.approx(0.01 if with_ep else 0.0)
+        assert rows["compute"]["measured_s"] == pytest.approx(0.1)
+
+
+def test_a_tuned_plan_says_what_tune_measured_beside_its_own_prediction(tmp_path, capsys):
+    """A plan `autopar tune` wrote carries the measured and calibrated steps and the calibrated profile: diagnose
+    says so (its comparison is with the plan's own prediction, on the profile it was planned on)."""
+    from planner.prediction import tuned_note
+
+    path = tmp_path / "best.json"
+    assert main(["plan", "--model", "tiny", "--cluster", "cpu-gloo", "--gpus", "2", "--global-batch", "8",
+                 "--out", str(path)]) == 0
+    capsys.readouterr()
+    raw = json.loads(path.read_text())
+    assert tuned_note(raw["prediction"], "best.json") is None  # a plain plan: nothing to say
+    raw["prediction"].update(measured_step_time_s=0.0658, calibrated_step_time_s=0.0774,
+                             calibrated_profile=str(tmp_path / "t" / "calibrated.yaml"))
+    path.write_text(json.dumps(raw))
+    ph = {p: [0.03 if p in ("forward", "backward") else 0.0] * 2 for p in PHASES}
+    m = tmp_path / "m.jsonl"
+    m.write_text("".join(json.dumps({"step": s, "step_time_s": 0.06, "plan": str(path), "phases_s": ph}) + "\n"
+                         for s in range(1, 6)))
+    assert main(["diagnose", str(m), "--format", "json"]) == 0
+    cap = capsys.readouterr()
+    assert json.loads(cap.out)["measured_step_s"] == pytest.approx(0.06)
+    line = next(x for x in cap.err.splitlines() if "was tuned" in x)
+    assert "0.0658 s" in line and "0.0774 s" in line and f"--cluster {tmp_path / 't' / 'calibrated.yaml'}" in line
+    assert main(["run", str(path), "--dry-run"]) == 0  # run says the same before it starts
+    assert line.split(": `autopar tune`")[1] in capsys.readouterr().out

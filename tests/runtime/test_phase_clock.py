@@ -41,6 +41,9 @@ def test_exclusive_times_and_communication_by_group():
     clock.entered("all_reduce", "world")  # a group with no phase of its own stays in compute
     marks.t = 6.0
     clock.left("all_reduce", "world")
+    clock.entered("all_to_all", "ep")  # a MoE layer's dispatch: expert-parallel communication
+    marks.t = 6.25
+    clock.left("all_to_all", "ep")
     clock.leave()
     with clock.phase("optimizer"):
         clock.entered("all_reduce", "tp")  # outside compute: the enclosing phase's (the norm's reduction)
@@ -50,7 +53,7 @@ def test_exclusive_times_and_communication_by_group():
     got = clock.take()
     assert set(got) == set(PHASES)
     assert got == {**dict.fromkeys(PHASES, 0.0), "other": 1.0 + 2.5, "forward": 2.0 + 0.5 + 1.0, "tp_cp_comm": 1.0,
-                   "dp_comm": 0.5, "optimizer": 1.5}
+                   "ep_comm": 0.25, "dp_comm": 0.5, "optimizer": 1.5 - 0.25}
     assert sum(got.values()) == 10.0
     marks.t = 12.0
     assert clock.take()["other"] == 2.0  # the next step starts where the last was taken

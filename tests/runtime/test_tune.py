@@ -36,6 +36,7 @@ def test_tune_keeps_the_fastest_measured_trial_and_skips_one_past_its_limit(tmp_
     assert chosen.config.short() == top[2]
     assert chosen.prediction["measured_step_time_s"] == trials[2]["measured_step_s"]
     assert load_cluster(res["profile"]).gpu.name == load_cluster("cpu-gloo").gpu.name
+    assert chosen.prediction["calibrated_profile"] == str(Path(res["profile"]).resolve())
     assert all(t["calibrated_step_s"] > 0 for t in trials if t["status"] == "ok")
     assert chosen.train.steps == TrainConfig().steps  # the plan written trains as `plan --out` would, not 5 steps
     assert load_plan(trials[0]["plan_file"]).train.steps == 5  # the trials' own plans keep their short runs
