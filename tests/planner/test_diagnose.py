@@ -254,3 +254,24 @@ def test_a_tuned_plan_says_what_tune_measured_beside_its_own_prediction(tmp_path
     assert "0.0658 s" in line and "0.0774 s" in line and f"--cluster {tmp_path / 't' / 'calibrated.yaml'}" in line
     assert main(["run", str(path), "--dry-run"]) == 0  # run says the same before it starts
     assert line.split(": `autopar tune`")[1] in capsys.readouterr().out
+
+
+def test_one_plans_prediction_reads_the_same_in_plan_whatif_and_diagnose(tmp_path, capsys):
+    """The same plan's predicted step is written to the same digits by `plan`, `whatif` and `diagnose` (and the plan
+    file), so their outputs join on it."""
+    path = tmp_path / "p.json"
+    args = ["--model", "tiny", "--cluster", "cpu-gloo", "--global-batch", "8"]
+    assert main(["plan", *args, "--gpus", "2", "--out", str(path), "--format", "json"]) == 0
+    planned = json.loads(capsys.readouterr().out)["plans"][0]
+    assert main(["whatif", *args, "--vary", "gpus=2", "--format", "json"]) == 0
+    point = json.loads(capsys.readouterr().out)["curves"]["best"][0]
+    assert point["parallel"] == planned["parallel"]
+    ph = {p: [0.03 if p in ("forward", "backward") else 0.0] * 2 for p in PHASES}
+    m = tmp_path / "m.jsonl"
+    m.write_text("".join(json.dumps({"step": s, "step_time_s": 0.06, "plan": str(path), "phases_s": ph}) + "\n"
+                         for s in range(1, 6)))
+    assert main(["diagnose", str(m), "--format", "json"]) == 0
+    diagnosed = json.loads(capsys.readouterr().out)
+    stored = json.loads(path.read_text())["prediction"]["step_time_s"]
+    assert planned["step_time_s"] == point["step_time_s"] == diagnosed["predicted_step_s"] == stored
+    assert point["step_time_s"] == float(f"{point['step_time_s']:.6g}")
