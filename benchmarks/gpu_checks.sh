@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every single-GPU check in one go, for a short GPU lease: logs and JSON land in OUT (default ./gpu-out).
 #
-#   bash benchmarks/gpu_checks.sh [OUT] [first|second|all]
+#   bash benchmarks/gpu_checks.sh [OUT] [first|second|third|all]
 #
 # Runs, each under its own time limit so one stuck step cannot eat the lease: the runtime smoke (NCCL/bf16,
 # resume, cp blocks, throughput), `autopar profile` of this GPU, the reference shape against torch.compile and
@@ -12,13 +12,17 @@
 # model (benchmarks/gemm_pieces.py) and the MoE grouped-GEMM run. About 18 minutes on one H100: more than one
 # 15-minute lease, so PART runs half of them: `first` (profile, optimizer, the three plans, validate_h100, wgrad,
 # pieces, smoke: about 8 minutes) or `second` (profile again, peers, kernels, tune, MoE, attention head dims:
-# about 10); default all.
+# about 10); `third` (profile again, then session 29's follow-ups: our norms against torch's fused ones in whole
+# steps of llama-1b and GPT 350M, and the table's GEMMs against the models' shapes as the runtime runs them: planned at
+# about 6); default all. nvidia-smi samples the SM clock, power and throttle reasons every 250 ms into OUT/smi.csv
+# throughout (the clock a workload settles at under the power cap moves its GEMM rate).
 # Needs, besides PyTorch and Triton: pydantic, pulp, highspy (and liger-kernel for the Liger peer).
 set -u
-case ${1:-} in first|second|all) set -- gpu-out "$1";; esac  # `gpu_checks.sh first` means the first half into gpu-out
+case ${1:-} in first|second|third|all) set -- gpu-out "$1";; esac  # `gpu_checks.sh first`: the first part into gpu-out
 OUT=${1:-gpu-out}
 PART=${2:-all}
-case $PART in first|second|all) ;; *) echo "gpu_checks.sh: PART must be first, second or all, not '$PART'" >&2; exit 2;; esac
+case $PART in first|second|third|all) ;; *) echo "gpu_checks.sh: PART must be first, second, third or all, not '$PART'" >&2
+  exit 2;; esac
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
@@ -29,12 +33,16 @@ step() {  # step NAME SECONDS COMMAND...: run with a limit, log to OUT/NAME.log,
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
   echo "$name: rc=$? $(( $(date +%s) - t0 ))s"
 }
-part() { [ "$PART" = all ] || [ "$PART" = "$1" ]; }  # part first|second: whether this run does that half
+part() { [ "$PART" = all ] || [ "$PART" = "$1" ]; }  # part first|second|third: whether this run does that part
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 python -c "import json; from benchmarks.profile_check import GPU_MODELS as M; [json.dump(M[k], open('$OUT/' + k + '.json', 'w')) for k in ('gpt-350m', 'gpt-1.3b')]"
+nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,clocks_event_reasons.active --format=csv -lms 250 \
+  > "$OUT/smi.csv" 2>&1 &
+SMI=$!
+trap 'kill $SMI 2>/dev/null' EXIT
 step profile 300 python -m planner.cli profile --nproc 1 --out "$OUT/h100.yaml"
 if part first; then
   step optimizer_step 150 python benchmarks/optimizer_step.py --profile "$OUT/h100.yaml" --json "$OUT/optimizer_step.json"
@@ -57,5 +65,12 @@ if part second; then
   step moe 200 bash -c "python -m planner.cli plan --model tiny-moe --cluster dgx-h100 --gpus 1 --global-batch 8 \
 --out $OUT/moe.json && rm -f $OUT/moe.jsonl && python -m planner.cli run $OUT/moe.json --steps 5 --metrics-out $OUT/moe.jsonl"
   step attention_head_dim 60 python benchmarks/attention_head_dim.py --profile "$OUT/h100.yaml" --json "$OUT/head_dim.json"
+fi
+if part third; then
+  step native_llama 300 python benchmarks/single_gpu_step.py --mbs 2 4 --peers compiled --backends auto,native \
+    --json "$OUT/native_llama.json"
+  step native_gpt 200 python benchmarks/single_gpu_step.py --mbs 8 --peers none --backends auto,native \
+    --model "$OUT/gpt-350m.json" --json "$OUT/native_gpt.json"
+  step gemm_layouts 150 python benchmarks/profile_check.py gpu-gemm --profile "$OUT/h100.yaml" --json "$OUT/gemm.json"
 fi
 echo "logs in $OUT"
