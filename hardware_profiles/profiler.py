@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from hardware_profiles.groups import Layout, LinkPlan, grouped_profile, link_rounds, node_layout, rank_record
-from specs.errors import AutoparError
+from specs.errors import AutoparError, needs_torch
 
 
 def load_torch():
@@ -40,7 +40,7 @@ def load_torch():
     try:
         import torch
     except ImportError as err:
-        raise AutoparError(f"`autopar profile` needs PyTorch: pip install torch ({err.name} is missing)") from None
+        raise needs_torch("`autopar profile`", err) from None
     return torch
 
 

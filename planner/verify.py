@@ -13,13 +13,16 @@ from typing import Any
 
 from cost_models.memory import GiB
 from cost_models.step import Estimate
-from specs.errors import AutoparError
+from specs.errors import AutoparError, needs_torch
 from specs.planfile import PlanFile
 
 
 def memory_check(plan: PlanFile, est: Estimate) -> list[dict[str, Any]]:
     """One row per pipeline rank: replayed and predicted state and peak (GiB) and the peak's relative error."""
-    from runtime.memory_replay import replay_rank  # torch: only when asked
+    try:
+        from runtime.memory_replay import replay_rank  # torch: only when asked
+    except ImportError as err:
+        raise needs_torch("--verify (it replays the runtime on the meta device)", err) from None
 
     if plan.model.moe is not None:
         raise AutoparError(f"--verify does not replay mixture-of-experts models yet ({plan.model.name}: routing needs "

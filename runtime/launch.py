@@ -203,7 +203,11 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
             print(" ".join(shlex.quote(c) for c in cmd), flush=True)
             return 0
         full_env = {**os.environ, **(env or {})}
-        full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), full_env.get("PYTHONPATH")]))
+        # autopar's own packages first: `-m` would put the current folder first on the workers' path, where a
+        # project's own `runtime` or `specs` package would shadow ours (Python >= 3.11 honours PYTHONSAFEPATH); the
+        # current folder stays on the path, last, for a model factory the user keeps beside the plan
+        full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), full_env.get("PYTHONPATH"), os.getcwd()]))
+        full_env["PYTHONSAFEPATH"] = "1"
         full_env.setdefault("OMP_NUM_THREADS", "1")
         if checkpoint_dir:  # held here: the workers' rank 0 does not take it again
             full_env[HELD_ENV] = str(Path(checkpoint_dir).resolve())

@@ -40,7 +40,8 @@ def add_worker_arguments(p: argparse.ArgumentParser) -> None:
                    help="stop after this many steps in all (default: the run's train.steps); the learning-rate "
                         "schedule stays the run's (the plan's; on --resume the checkpoint's, see --train-from-plan)")
     p.add_argument("--data", type=path_argument,
-                   help="token file (.npy, .bin/.u16, .u32) or .txt; default: a bundled text sample")
+                   help="token file (.npy, .bin/.u16, .u32) or .txt (tokenised by byte, the tokens cached under "
+                        "~/.cache/autopar or $AUTOPAR_CACHE); default: a bundled text sample")
     p.add_argument("--metrics-out", type=path_argument, help="write JSON lines of per-step metrics here")
     p.add_argument("--checkpoint-dir", type=path_argument, help="save checkpoints here")
     p.add_argument("--checkpoint-every", type=integer, help="steps between checkpoints (default: the plan's)")

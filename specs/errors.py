@@ -24,6 +24,12 @@ class AutoparError(Exception):
         super().__init__(" ".join(message.split()))
 
 
+def needs_torch(what: str, err: ImportError) -> AutoparError:
+    """The one-line error for ``what`` (a command or option) on an install without the `run` extra's PyTorch."""
+    return AutoparError(f"{what} needs PyTorch ({err.name or 'torch'} is missing): pip install 'autopar[run]' "
+                        "(on a machine without a GPU, `pip install torch==2.13.0` first takes the CPU build)")
+
+
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """Return ``" (did you mean 'x'?)"`` for the closest choice, else the choices that begin with ``word`` (a short
     name of several: 'h100' -> 'h100-pcie-80gb' or 'h100-sxm5-80gb'), or an empty string."""

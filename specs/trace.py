@@ -28,7 +28,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from specs.errors import AutoparError, validation_message
+from specs.errors import AutoparError, needs_torch, validation_message
 from specs.model import BlockCounts, ModelSpec
 
 MATMUL_OPS = ("mm", "addmm", "bmm", "baddbmm", "convolution")
@@ -160,8 +160,8 @@ def model_from_module(ref: str, seq: int | None = None) -> ModelSpec:
         import torch
         import torch.nn as nn
         from torch.fx.experimental.proxy_tensor import make_fx
-    except ImportError:
-        raise AutoparError("--model pkg.module:factory needs PyTorch: pip install torch") from None
+    except ImportError as err:
+        raise needs_torch("--model pkg.module:factory", err) from None
     fn = _factory(ref)
     with _user_code(ref, "the factory failed on the meta device"), torch.device("meta"):
         model = fn()

@@ -10,7 +10,7 @@ from typing import Any
 
 from rich.markup import escape
 
-from specs.errors import AutoparError
+from specs.errors import AutoparError, needs_torch
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -19,7 +19,7 @@ def run_command(args: argparse.Namespace) -> int:
         from runtime.launch import launch
         from runtime.options import launch_options
     except ImportError as err:
-        raise AutoparError(f"`autopar run` needs PyTorch: pip install torch ({err.name} is missing)") from None
+        raise needs_torch("`autopar run`", err) from None
     from runtime.checkpoint_folder import in_use, pointed_back
 
     root = Path(args.checkpoint_dir) if args.checkpoint_dir else None

@@ -716,3 +716,18 @@ def test_a_gpu_count_no_plan_splits_over_suggests_one_that_does(capsys):
     assert main(["plan", "--model", "tiny", "--cluster", "selene", "--gpus", "4096", "--global-batch", "16",
                  "--format", "json"]) == 0
     capsys.readouterr()
+
+
+@pytest.mark.parametrize("missing,argv", [
+    ("runtime.memory_replay", ["estimate", "--model", "tiny", *ESTIMATE, "--verify"]),
+    ("runtime.memory_replay", ["plan", *TINY, "--verify"]),
+    ("runtime.launch", ["run", "--dry-run"]),
+])
+def test_a_command_that_needs_torch_says_how_to_install_it(capsys, monkeypatch, missing, argv):
+    """On an install without the `run` extra (no PyTorch) the commands and options that need it say so in one line,
+    naming the extra (--verify said "internal error: ModuleNotFoundError" once)."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, missing, None)  # its import fails as torch's absence would make it fail
+    line = fails(capsys, *argv)
+    assert "needs PyTorch" in line and "pip install 'autopar[run]'" in line

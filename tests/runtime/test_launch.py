@@ -1120,3 +1120,18 @@ def test_a_metrics_file_is_told_from_other_files():
     for other in ("name: c\ngpus_per_node: 2\n", '{"schema": "autopar.plan/1"}', "a,b\n1,2\n",
                   '{"step": 1}\nnot json\n{"step": 2}\n'):
         assert not is_metrics_data(text_content(other)), other
+
+
+def test_a_project_folder_with_its_own_runtime_package_does_not_shadow_autopars(tmp_path, monkeypatch):
+    """The workers start as `-m runtime.train`, which would put the current folder first on their path: a project
+    there with its own `runtime`, `specs` or `planner` package broke every run ("No module named runtime.train")."""
+    for pkg in ("runtime", "specs", "planner"):
+        (tmp_path / pkg).mkdir()
+        (tmp_path / pkg / "__init__.py").write_text("")
+    plan = tmp_path / "p.json"
+    save_plan(make_plan(load_model("tiny"), load_cluster("cpu-gloo", gpus=1), 2, ParallelConfig()), plan)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    m = tmp_path / "m.jsonl"
+    assert launch(str(plan), steps=1, quiet=True, metrics_out=str(m)) == 0
+    assert [r["step"] for r in _rows(m)] == [1]
