@@ -113,8 +113,9 @@ class MoECost:
 
     fwd: np.ndarray  # compute, forward
     bwd: np.ndarray  # compute, backward
-    comm_fwd: np.ndarray  # exposed all-to-all (and etp) communication, forward
+    comm_fwd: np.ndarray  # exposed all-to-all (and etp) communication, forward, and the aux loss's all-reduce
     comm_bwd: np.ndarray
+    seq_fwd: np.ndarray | float = 0.0  # of comm_fwd, the aux loss's all-reduce over the sequence's tp x cp ranks
 
 
 def moe_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t: ArrayLike, cp: ArrayLike, mbs: ArrayLike,
@@ -147,6 +148,9 @@ def moe_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t: ArrayLike, 
              ("all_to_all", "etp"): lambda n: comm.all_to_all(n, etp, 1),
              ("all_reduce", "seq"): lambda n: np.where(n > 0, comm.all_reduce(n, t * cp, 1), 0.0)}
     comm_t = {"fwd": 0.0, "bwd": 0.0}
+    seq = 0.0
     for ps, op, group, what in MOE_LAYER_OPS:
-        comm_t[ps] = comm_t[ps] + by_op[op, group](msgs[group, what][0])
-    return MoECost(fwd=fwd, bwd=bwd, comm_fwd=comm_t["fwd"], comm_bwd=comm_t["bwd"])
+        took = by_op[op, group](msgs[group, what][0])
+        comm_t[ps] = comm_t[ps] + took
+        seq = seq + (took if group == "seq" else 0.0)
+    return MoECost(fwd=fwd, bwd=bwd, comm_fwd=comm_t["fwd"], comm_bwd=comm_t["bwd"], seq_fwd=seq)

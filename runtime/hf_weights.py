@@ -205,7 +205,10 @@ def import_hf(hf_dir: Path, plan: PlanFile, out: Path) -> Path:
     problem = model_problem(spec)
     if problem:
         raise AutoparError(problem)
-    for key in _SHAPE:
+    # every layer a mixture of experts: the dense MLP's width is a number no weight has (Mixtral's config keeps the
+    # experts' width there; a spec may keep another)
+    unused = {"ffn"} if _mixtral_like(spec) else set()
+    for key in (k for k in _SHAPE if k not in unused):
         theirs, ours = (_shown(getattr(s, key)) for s in (hf_spec, spec))
         if theirs != ours:
             raise AutoparError(f"{cfg} has {key}={theirs!r} but the plan's model has {ours!r}; plan for this model "

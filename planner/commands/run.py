@@ -47,6 +47,12 @@ def run_command(args: argparse.Namespace) -> int:
 
         if fresh is None and (note := tuned_note(plan.prediction, plan_path)):
             print(f"autopar: {note}", flush=True)
+        moe = plan.model.moe
+        if moe is not None and moe.capacity_factor is not None:
+            print(f"autopar: {plan.model.name}'s capacity factor {moe.capacity_factor:g} prices its experts' buffers "
+                  "(padded to that many times the mean load, fewer tokens where under 1); the runtime routes dropless: "
+                  "every expert takes the tokens routed to it, so the run's steps follow the routing instead",
+                  flush=True)
         _check_gpu_memory(plan, plan_path, fresh)
         if not args.dry_run:
             _check_host_memory(plan, plan_path)

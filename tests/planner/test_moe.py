@@ -253,3 +253,42 @@ def test_published_moe_rows_map_onto_valid_plans():
     for row in rows:
         out = validate_moe.predict(row)
         assert out["predicted_tflops"] > 0 and out["measured_tflops"] > 0
+
+
+def test_the_aux_loss_all_reduce_is_tensor_parallel_communication_not_expert_parallel():
+    """The aux loss's counts are all-reduced over a sequence's tp x cp ranks (the runtime's phase clock books that
+    group to tp_cp_comm): priced there too, so a plan without expert parallelism has no ep_comm, and with it
+    ep_comm is the all-to-alls alone."""
+    model, cluster = load_model("tiny-moe"), load_cluster("cpu-gloo", gpus=4)
+    assert model.moe.aux_loss_coef > 0
+    plain = estimate(model, cluster, ParallelConfig(tp=2, dp=2, sp=True), 8)
+    assert plain.breakdown["ep_comm"] == 0.0
+    no_aux = model.model_copy(update={"moe": model.moe.model_copy(update={"aux_loss_coef": 0.0})})
+    without = estimate(no_aux, cluster, ParallelConfig(tp=2, dp=2, sp=True), 8)
+    assert plain.breakdown["tp_cp_comm"] > without.breakdown["tp_cp_comm"]  # the aux all-reduce is there
+    with_ep = [estimate(m, cluster, ParallelConfig(tp=2, dp=2, ep=2, sp=True), 8) for m in (model, no_aux)]
+    assert with_ep[0].breakdown["ep_comm"] == pytest.approx(with_ep[1].breakdown["ep_comm"])
+
+
+def test_run_says_a_capacity_factor_is_priced_not_applied(tmp_path, capsys):
+    """A spec's capacity factor prices the experts' padded (or, under 1, capped) buffers; the runtime routes
+    dropless, and `autopar run` says so before it starts instead of leaving the steps to disagree silently."""
+    spec = load_model("tiny-moe")
+    spec = spec.model_copy(update={"moe": spec.moe.model_copy(update={"capacity_factor": 0.5})})
+    (tmp_path / "m.json").write_text(json.dumps(spec.model_dump(mode="json", exclude_none=True)))
+    plan = tmp_path / "p.json"
+    assert main(["plan", "--model", str(tmp_path / "m.json"), "--cluster", "cpu-gloo", "--gpus", "2",
+                 "--global-batch", "8", "--out", str(plan)]) == 0
+    capsys.readouterr()
+    assert main(["run", str(plan), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "capacity factor 0.5 prices" in out and "routes dropless" in out
+    assert main(["run", str(_tiny_moe_plan(tmp_path)), "--dry-run"]) == 0
+    assert "capacity factor" not in capsys.readouterr().out
+
+
+def _tiny_moe_plan(tmp_path):
+    path = tmp_path / "plain.json"
+    assert main(["plan", "--model", "tiny-moe", "--cluster", "cpu-gloo", "--gpus", "2", "--global-batch", "8",
+                 "--out", str(path)]) == 0
+    return path

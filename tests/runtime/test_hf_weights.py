@@ -347,3 +347,18 @@ def test_export_writes_the_special_tokens_the_config_declared(tmp_path):
         else:
             assert not (out / "generation_config.json").exists()
             assert (config.bos_token_id, config.eos_token_id) == (None, None)
+
+
+def test_an_all_moe_plan_imports_whatever_dense_width_its_spec_keeps(tmp_path, capsys):
+    """Every layer a mixture of experts: the spec's ffn_hidden_size is used by no layer, so it need not equal the
+    Hugging Face config's intermediate_size (Mixtral keeps the experts' width there); the experts' width must."""
+    plan = case_plan({"moe": "mixtral", "tp": 1, "pp": 1})
+    _hf_model("mixtral", tmp_path / "hf")
+    wide = plan.model.model_copy(update={"ffn_hidden_size": 96})
+    path = tmp_path / "plan.json"
+    path.write_text(plan.model_copy(update={"model": wide}).model_dump_json(by_alias=True))
+    assert main(["import-hf", str(tmp_path / "hf"), "--plan", str(path), "--out", str(tmp_path / "ck")]) == 0
+    narrow = wide.model_copy(update={"moe": wide.moe.model_copy(update={"moe_ffn_hidden_size": 32})})
+    path.write_text(plan.model_copy(update={"model": narrow}).model_dump_json(by_alias=True))
+    assert main(["import-hf", str(tmp_path / "hf"), "--plan", str(path), "--out", str(tmp_path / "ck2")]) == 2
+    assert "has moe=" in capsys.readouterr().err

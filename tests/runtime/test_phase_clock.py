@@ -44,6 +44,9 @@ def test_exclusive_times_and_communication_by_group():
     clock.entered("all_to_all", "ep")  # a MoE layer's dispatch: expert-parallel communication
     marks.t = 6.25
     clock.left("all_to_all", "ep")
+    clock.entered("all_reduce", "cptp")  # the aux loss's counts over a sequence's cp x tp shards: tp/cp
+    marks.t = 6.5
+    clock.left("all_reduce", "cptp")
     clock.leave()
     with clock.phase("optimizer"):
         clock.entered("all_reduce", "tp")  # outside compute: the enclosing phase's (the norm's reduction)
@@ -52,8 +55,8 @@ def test_exclusive_times_and_communication_by_group():
     marks.t = 10.0
     got = clock.take()
     assert set(got) == set(PHASES)
-    assert got == {**dict.fromkeys(PHASES, 0.0), "other": 1.0 + 2.5, "forward": 2.0 + 0.5 + 1.0, "tp_cp_comm": 1.0,
-                   "ep_comm": 0.25, "dp_comm": 0.5, "optimizer": 1.5 - 0.25}
+    assert got == {**dict.fromkeys(PHASES, 0.0), "other": 1.0 + 2.5, "forward": 2.0 + 0.5 + 1.0,
+                   "tp_cp_comm": 1.0 + 0.25, "ep_comm": 0.25, "dp_comm": 0.5, "optimizer": 1.5 - 0.5}
     assert sum(got.values()) == 10.0
     marks.t = 12.0
     assert clock.take()["other"] == 2.0  # the next step starts where the last was taken
