@@ -183,6 +183,7 @@ def save_checkpoint(tr: Trainer, root: Path, keep: int = KEEP_CHECKPOINTS,
         sums = {k: v for part in every if isinstance(part, dict) for k, v in part.items()}
         data = None if tr.data.path == SAMPLE_TEXT else str(tr.data.path.resolve())  # None: the bundled sample
         publish(root, tmp, {"step": tr.step, "samples": tr.step * tr.plan.global_batch, "data": data,
+                            "data_file": data_stamp(data),
                             "total_steps": tr.steps, "plan": fingerprint(tr.plan, tr.state),
                             "options": {k: v for k, v in (options or {}).items() if k in CARRIED},
                             "plan_file": tr.plan.model_dump(mode="json", by_alias=True)}, keep, sums)
@@ -284,24 +285,42 @@ def resumed_options(root: Path, given: dict[str, int | None]) -> tuple[dict[str,
     return out, note
 
 
+def data_stamp(path: str | None) -> dict[str, int] | None:
+    """What a checkpoint records of the data file its run trained on, to notice a file changed before a resume: its
+    size and modification time (None: the bundled sample, or a file that cannot be read)."""
+    try:
+        st = Path(path).stat() if path is not None else None
+    except OSError:
+        return None
+    return None if st is None else {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
 def resumed_data(root: Path, given: str | None) -> tuple[str | None, str | None]:
     """The token file a run resumed from ``root``'s newest checkpoint trains on, and a note (or None): ``given``
-    (--data) when given (noted when the checkpoint's run trained on another file), else the file that run trained
-    on (None: the bundled sample, or a step-0 checkpoint of ``import-hf``, which trained on nothing)."""
-    saved = _trained_meta(root).get("data")
+    (--data) when given (noted when the checkpoint's run trained on another file, the bundled sample included), else
+    the file that run trained on (None: the bundled sample, or a step-0 checkpoint of ``import-hf``, which trained on
+    nothing); noted too when that file changed since (its windows, and so the samples after the resume, move)."""
+    meta = _trained_meta(root)
+    saved = meta.get("data")
     if isinstance(saved, str) and Path(saved).parts[-3:] == SAMPLE_TEXT.parts[-3:]:
         saved = None  # the bundled sample, as checkpoints written before it was recorded as None named it
     if not isinstance(saved, str):
-        return given, None
-    if given is not None:
-        if Path(given).resolve() == Path(saved).resolve():
-            return given, None
+        trained = bool(meta) and given is not None  # import-hf's step 0 trained on nothing: no note
+        return given, f"training on --data {given}; the checkpoint's run trained on the bundled sample" if trained \
+            else None
+    if given is not None and Path(given).resolve() != Path(saved).resolve():
         return given, f"training on --data {given}; the checkpoint's run trained on {saved}"
-    if not Path(saved).is_file():
+    if given is None and not Path(saved).is_file():
         where = "" if Path(saved).is_absolute() else " (a path relative to where that run started, not found from here)"
         raise AutoparError(f"the checkpoint's run trained on {saved}{where}, which is not there any more; give --data "
                            "FILE (that file where it is now, or another to go on with)")
-    return saved, f"training on the checkpoint's data file {saved} (--data gives another)"
+    stamp, now = meta.get("data_file"), data_stamp(saved)
+    if isinstance(stamp, dict) and now is not None and stamp != now:
+        return given or saved, (f"{saved} changed since the checkpoint's run trained on it ({stamp.get('bytes')} -> "
+                                f"{now['bytes']} bytes, modified since): the samples after the resume are drawn from "
+                                "its windows as they are now, not as the run would have gone on")
+    return given or saved, None if given is not None else \
+        f"training on the checkpoint's data file {saved} (--data gives another)"
 
 
 def _trained_meta(root: Path) -> dict[str, Any]:

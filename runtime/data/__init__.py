@@ -26,7 +26,7 @@ from specs.errors import AutoparError
 
 SAMPLE_TEXT = Path(__file__).with_name("sample.txt")
 _RAW = {".bin": np.uint16, ".u16": np.uint16, ".u32": np.uint32}
-_FULL_CHECK = 1 << 27  # files up to this many tokens are range-checked whole when opened
+_CHUNK = 1 << 24  # tokens read at a time: the range check and the .txt tokeniser stream a file of any size
 
 
 def cache_dir() -> Path:
@@ -34,17 +34,30 @@ def cache_dir() -> Path:
 
 
 def tokenize_text(path: Path) -> Path:
-    """Byte-level tokens of a text file, cached as ``<cache>/<name>-<hash>.u16`` (written atomically)."""
+    """Byte-level tokens of a text file, cached as ``<cache>/<name>-<hash>.u16`` (written atomically), the file read
+    in chunks (a text of any size takes a chunk's memory)."""
+    digest = hashlib.sha256()
     try:
-        raw = path.read_bytes()
+        with open(path, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                digest.update(chunk)
     except OSError as err:
         raise AutoparError(f"cannot read data file {path}: {err.strerror}") from None
-    out = cache_dir() / f"{path.stem}-{hashlib.sha256(raw).hexdigest()[:12]}.u16"
-    if not out.exists():
+    out = cache_dir() / f"{path.stem}-{digest.hexdigest()[:12]}.u16"
+    if out.exists():
+        return out
+    tmp = out.with_suffix(f".tmp{os.getpid()}")
+    try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(f".tmp{os.getpid()}")
-        np.frombuffer(raw, dtype=np.uint8).astype(np.uint16).tofile(tmp)
+        with open(path, "rb") as f, open(tmp, "wb") as w:
+            while chunk := f.read(_CHUNK):
+                np.frombuffer(chunk, dtype=np.uint8).astype(np.uint16).tofile(w)
         os.replace(tmp, out)
+    except OSError as err:
+        if tmp.parent.is_dir():
+            tmp.unlink(missing_ok=True)
+        raise AutoparError(f"cannot write the tokens of {path} to the cache {out.parent} ({err.strerror}); set "
+                           "AUTOPAR_CACHE to a folder with room") from None
     return out
 
 
@@ -53,15 +66,21 @@ def open_tokens(path: str | Path) -> np.ndarray:
     p = Path(path)
     if not p.exists():
         raise AutoparError(f"data file {p} does not exist; give a token file (.npy, .bin/.u16, .u32) or a .txt file")
+    if p.is_dir():
+        raise AutoparError(f"data file {p} is a directory; give a token file (.npy, .bin/.u16, .u32) or a .txt file")
     if p.is_file() and p.stat().st_size == 0:  # np.memmap cannot map an empty file; name the user's file
         raise AutoparError(f"data file {p} is empty (0 tokens); give a file of tokens or text")
-    if p.suffix == ".txt":
-        p = tokenize_text(p)
+    suffix = p.suffix.lower()
+    if suffix == ".txt":
+        p, suffix = tokenize_text(p), ".u16"
     try:
-        if p.suffix == ".npy":
+        if suffix == ".npy":
             arr = np.load(p, mmap_mode="r")
-        elif p.suffix in _RAW:
-            dtype = np.dtype(_RAW[p.suffix])
+            if not isinstance(arr, np.ndarray):  # np.savez's archive of several arrays
+                raise AutoparError(f"data file {p} is an archive of several arrays (np.savez); save the tokens as one "
+                                   "1-D array with np.save")
+        elif suffix in _RAW:
+            dtype = np.dtype(_RAW[suffix])
             if p.stat().st_size % dtype.itemsize:
                 raise AutoparError(f"data file {p}: size {p.stat().st_size} bytes is not a whole number of "
                                    f"{dtype.name} tokens (truncated, or not a {dtype.name} token file?)")
@@ -70,10 +89,35 @@ def open_tokens(path: str | Path) -> np.ndarray:
             raise AutoparError(f"data file {p}: unknown format '{p.suffix}'; use .npy, .bin/.u16 (uint16), "
                                ".u32 (uint32) or .txt")
     except (ValueError, OSError, EOFError) as err:
-        raise AutoparError(f"data file {p} cannot be read as tokens ({str(err) or 'empty or truncated'})") from None
+        why = "not a .npy array of numbers" if "allow_pickle" in str(err) else str(err) or "empty or truncated"
+        raise AutoparError(f"data file {p} cannot be read as tokens ({why})") from None
+    if arr.dtype.byteorder == ">":
+        raise AutoparError(f"data file {p} holds big-endian {arr.dtype.name} tokens; save them little-endian "
+                           "(array.astype('<u2') or '<u4')")
     if arr.dtype not in (np.uint16, np.uint32, np.int32, np.int64) or arr.ndim != 1:
         raise AutoparError(f"data file {p}: expected a 1-D array of uint16/uint32 tokens, got {arr.dtype} {arr.shape}")
     return arr
+
+
+def token_range(arr: np.ndarray) -> tuple[int, int]:
+    """The smallest and largest token of ``arr`` (a memory map of a token file), read from the file in chunks: the
+    whole file is checked before training, in a chunk's memory whatever its size (a mapped read would count every
+    page in the process's resident memory)."""
+    name, offset = getattr(arr, "filename", None), getattr(arr, "offset", 0)
+    if name is None:
+        return int(arr.min()), int(arr.max())
+    lo, hi = None, None
+    with open(name, "rb") as f:
+        f.seek(offset)
+        left = len(arr)
+        while left:
+            chunk = np.fromfile(f, dtype=arr.dtype, count=min(_CHUNK, left))
+            if not chunk.size:
+                break
+            left -= chunk.size
+            a, b = int(chunk.min()), int(chunk.max())
+            lo, hi = (a, b) if lo is None else (min(lo, a), max(hi, b))
+    return (lo, hi) if lo is not None else (0, 0)
 
 
 class TokenData:
@@ -86,14 +130,10 @@ class TokenData:
         if self.windows < 1:
             raise AutoparError(f"data file {path} holds {len(self.tokens)} tokens, fewer than one sequence of "
                                f"{seq + 1}; use a larger file, or plan with a shorter sequence (autopar plan --seq N)")
-        if len(self.tokens) <= _FULL_CHECK:
-            self._check(np.asarray(self.tokens))
+        self._check(*token_range(self.tokens))
         self._perm: dict[int, np.ndarray] = {}
 
-    def _check(self, toks: np.ndarray) -> None:
-        if not toks.size:
-            return
-        lo, hi = int(toks.min()), int(toks.max())
+    def _check(self, lo: int, hi: int) -> None:
         if lo < 0:
             raise AutoparError(f"data file {self.path} has token id {lo}: token ids are 0 or more; check how it was "
                                "written (a signed type that overflowed, or padding marked -1)")
@@ -111,10 +151,7 @@ class TokenData:
         """Samples ``start .. start+count-1`` of the run as ``[count, seq + 1]`` int64 tokens."""
         starts = [self._window(j) * self.seq for j in range(start, start + count)]
         rows = [self.tokens[a:a + self.seq + 1] for a in starts]
-        out = np.stack(rows).astype(np.int64)
-        if len(self.tokens) > _FULL_CHECK:
-            self._check(out)
-        return out
+        return np.stack(rows).astype(np.int64)
 
     def batch(self, step: int, global_batch: int, dp_rank: int = 0, dp: int = 1,
               positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -836,9 +836,17 @@ def test_a_resumed_run_goes_on_with_the_data_it_trained_on(tmp_path):
     ck2 = str(tmp_path / "ck2")
     moved = tmp_path / "moved.txt"
     assert train("--steps", "1", "--data", str(moved), "--checkpoint-dir", ck2, "--quiet").returncode == 0
+    with moved.open("a") as f:  # the file changes under the checkpoint: its windows move, which the resume says
+        f.write(" epsilon" * 5000)
+    r = train("--steps", "2", "--checkpoint-dir", ck2, "--resume")
+    assert r.returncode == 0 and f"{moved} changed since the checkpoint's run trained on it" in r.stdout, r.stderr
+    ck3 = str(tmp_path / "ck3")  # a run on the bundled sample resumed on a file of the user's: said too
+    assert train("--steps", "1", "--checkpoint-dir", ck3, "--quiet").returncode == 0
+    r = train("--steps", "2", "--checkpoint-dir", ck3, "--resume", "--data", str(moved))
+    assert r.returncode == 0 and "the checkpoint's run trained on the bundled sample" in r.stdout, r.stderr
     moved.unlink()
     with pytest.raises(AutoparError, match="which is not there any more; give --data FILE"):
-        launch(plan, steps=2, checkpoint_dir=ck2, resume=True, quiet=True)
+        launch(plan, steps=3, checkpoint_dir=ck2, resume=True, quiet=True)
 
 
 def test_a_checkpoint_that_lost_its_meta_is_refused_and_never_kept_over_a_good_one(tmp_path):

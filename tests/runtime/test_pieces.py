@@ -284,3 +284,39 @@ def test_a_checkpoint_written_before_new_spec_fields_still_belongs_to_its_run():
     assert _run_of(_normal(other)) != _run_of(_normal(today))
     broken = {**old, "model": {"name": "x"}}  # corrupt: stays as it is, another run
     assert _run_of(_normal(broken)) != _run_of(_normal(today))
+
+
+def test_every_token_is_checked_before_training_and_odd_files_are_one_line(tmp_path, monkeypatch):
+    """The range check reads the whole file in chunks before the first step (a file of any size: a bad token late in
+    a large file ended a run at its step instead, with advice to resume into the same token); files that are not
+    token files say what they are."""
+    import runtime.data as data
+
+    monkeypatch.setattr(data, "_CHUNK", 7)  # many chunks: the last one holds the bad token
+    toks = np.arange(1000, dtype=np.uint16) % 200
+    toks[-1] = 999
+    toks.tofile(tmp_path / "late.u16")
+    with pytest.raises(AutoparError, match="token id 999"):
+        TokenData(tmp_path / "late.u16", seq=16, vocab_size=256, seed=0)
+    assert data.token_range(np.load(_saved(tmp_path / "ok.npy", toks[:-1]), mmap_mode="r")) == (0, 199)
+    (tmp_path / "dir.u16").mkdir()
+    np.save(tmp_path / "be.npy", toks.astype(">u2"))
+    np.savez(tmp_path / "z.npz", a=toks)
+    (tmp_path / "z.npz").rename(tmp_path / "z.npy")
+    (tmp_path / "t.npy").write_text("not numbers")
+    for name, msg in (("dir.u16", "is a directory"), ("be.npy", "big-endian"), ("z.npy", "archive of several"),
+                      ("t.npy", "not a .npy array of numbers")):
+        with pytest.raises(AutoparError, match=msg):
+            open_tokens(tmp_path / name)
+    (tmp_path / "UP.TXT").write_text("abc")  # suffixes in any case
+    np.testing.assert_array_equal(open_tokens(tmp_path / "UP.TXT"), list(b"abc"))
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("AUTOPAR_CACHE", str(tmp_path / "file"))  # the cache a file: one line, not FileExistsError
+    (tmp_path / "new.txt").write_text("xyz")
+    with pytest.raises(AutoparError, match="set AUTOPAR_CACHE to a folder"):
+        open_tokens(tmp_path / "new.txt")
+
+
+def _saved(path, arr):
+    np.save(path, arr)
+    return path
