@@ -25,11 +25,23 @@ class _Console(Console):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more reaches the closed pipe
         raise BrokenPipeError
 
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        """As rich prints, except that a table narrower than its content folds its cells onto more lines instead of
+        cutting them short: "685.6k" cut to "685…" would read as another number."""
+        for obj in objects:
+            if isinstance(obj, Table):
+                for col in obj.columns:
+                    col.overflow = "fold"
+        super().print(*objects, **kwargs)
+
 
 def console() -> Console:
-    con = _Console(highlight=False, soft_wrap=False)
+    """The console the commands print their tables to: 140 columns when stdout is not a terminal; no escape codes at
+    all (bold and italics neither) where NO_COLOR is set."""
+    plain = {"color_system": None} if os.environ.get("NO_COLOR") else {}
+    con = _Console(highlight=False, soft_wrap=False, **plain)
     if not con.is_terminal:
-        con = _Console(highlight=False, soft_wrap=False, width=140)
+        con = _Console(highlight=False, soft_wrap=False, width=140, **plain)
     return con
 
 

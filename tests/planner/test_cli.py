@@ -427,3 +427,32 @@ def test_a_tie_goes_to_the_plan_recomputing_less_and_why_says_it_is_a_tie(capsys
         best["parallel"]["zero"] == 3 and sharded_rows() == 0)  # the band borrowed from plans that did not shard
     assert sharded_rows({"a": [{"plan": "tp=8 zero=3", "ratio": 1.0, "pipelined": False},
                                {"plan": "tp=8 zero=1", "ratio": 1.0, "pipelined": True}]}) == 1
+
+
+def test_a_narrow_terminal_folds_table_cells_and_no_color_means_no_escapes(monkeypatch):
+    """A table wider than the terminal folds its cells onto more lines ("685.6k" cut to "685…" would read as another
+    number); with NO_COLOR set the console writes no escape codes at all, bold and italics included."""
+    from rich.table import Table
+
+    from planner.report import _Console, console
+
+    table = Table(title="plans")
+    for col in ("plan", "tokens/s", "MFU"):
+        table.add_column(col)
+    table.add_row("tp=1 pp=1 dp=64 mbs=1 zero=2 dp_overlap", "685.6k", "62.7%")
+    out = io.StringIO()
+    _Console(file=out, width=30, color_system=None).print(table)
+    text = out.getvalue()
+    assert "…" not in text and "685." in text and "6k" in text
+    monkeypatch.setenv("FORCE_COLOR", "1")  # as on a terminal
+    out = io.StringIO()
+    con = console()
+    con.file = out
+    con.print(table)
+    assert "\x1b[" in out.getvalue()
+    monkeypatch.setenv("NO_COLOR", "1")
+    out = io.StringIO()
+    con = console()
+    con.file = out
+    con.print(table)
+    assert "\x1b[" not in out.getvalue()
