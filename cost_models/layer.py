@@ -268,14 +268,14 @@ def layer_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t: ArrayLike
 
     fwd = gemm_fwd + core_f + ew_f
     bwd = gemm_bwd + core_b + ew_b
-    ep_f = ep_b = 0.0
+    ep_f = ep_b = seq = 0.0
     if model.moe is not None:  # the MoE layers' routed part
         mc, phi = moe_cost(model, cm, comm, t, cp, mbs, ep, etp), model.moe_fraction
         fwd, bwd = fwd + phi * mc.fwd, bwd + phi * mc.bwd
         ep_f, ep_b = phi * mc.comm_fwd, phi * mc.comm_bwd
-    # ep_comm: the expert-parallel collectives; the aux loss's all-reduce runs on the tensor/context-parallel ranks'
-    # group, where the runtime's phase clock times it (tp_cp_comm)
-    seq = phi * mc.seq_fwd if model.moe is not None else 0.0
+        # of those, the aux loss's all-reduce runs on the tensor/context-parallel ranks' group, where the runtime's
+        # phase clock times it (tp_cp_comm): ep_comm is the expert-parallel collectives alone
+        seq = phi * mc.seq_fwd
     return LayerCost(fwd=fwd, bwd=bwd, core_fwd=core_f, comm_fwd=tp_f + cp_f + ep_f, comm_bwd=tp_b + cp_b + ep_b,
                      ep_comm=ep_f + ep_b - seq)
 

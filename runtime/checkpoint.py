@@ -305,9 +305,9 @@ def resumed_data(root: Path, given: str | None) -> tuple[str | None, str | None]
     if isinstance(saved, str) and Path(saved).parts[-3:] == SAMPLE_TEXT.parts[-3:]:
         saved = None  # the bundled sample, as checkpoints written before it was recorded as None named it
     if not isinstance(saved, str):
-        trained = bool(meta) and given is not None  # import-hf's step 0 trained on nothing: no note
-        return given, f"training on --data {given}; the checkpoint's run trained on the bundled sample" if trained \
-            else None
+        if meta and given is not None:  # (import-hf's step 0 trained on nothing: no meta, no note)
+            return given, f"training on --data {given}; the checkpoint's run trained on the bundled sample"
+        return given, None
     if given is not None and Path(given).resolve() != Path(saved).resolve():
         return given, f"training on --data {given}; the checkpoint's run trained on {saved}"
     if given is None and not Path(saved).is_file():
@@ -319,8 +319,9 @@ def resumed_data(root: Path, given: str | None) -> tuple[str | None, str | None]
         return given or saved, (f"{saved} changed since the checkpoint's run trained on it ({stamp.get('bytes')} -> "
                                 f"{now['bytes']} bytes, modified since): the samples after the resume are drawn from "
                                 "its windows as they are now, not as the run would have gone on")
-    return given or saved, None if given is not None else \
-        f"training on the checkpoint's data file {saved} (--data gives another)"
+    if given is not None:
+        return given, None
+    return saved, f"training on the checkpoint's data file {saved} (--data gives another)"
 
 
 def _trained_meta(root: Path) -> dict[str, Any]:
