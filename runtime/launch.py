@@ -31,7 +31,7 @@ from runtime.checkpoint_folder import (
     roll_back,
     step_folders,
 )
-from runtime.data import SAMPLE_TEXT, TokenData
+from runtime.data import CHECKED_ENV, SAMPLE_TEXT, TokenData
 from runtime.metrics import last_step
 from runtime.options import COLLECTIVE_TIMEOUT_S, add_run_arguments, check_run_options, launch_options, worker_argv
 from specs.errors import ERROR_PREFIX, INTERRUPTED, WORKER_ERROR_PREFIX, AutoparError
@@ -215,6 +215,7 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
         full_env.setdefault("OMP_NUM_THREADS", "1")
         if checkpoint_dir:  # held here: the workers' rank 0 does not take it again
             full_env[HELD_ENV] = str(Path(checkpoint_dir).resolve())
+        full_env[CHECKED_ENV] = tokens.verdict()  # the data file checked here: its workers do not read it again
         keep = [("--checkpoint-every", checkpoint_every), ("--keep-checkpoints", keep_checkpoints),
                 ("--max-restarts", max_restarts or None)]  # a resumed run keeps them (defaults otherwise)
         options = [x for flag, v in keep if v is not None for x in (flag, str(v))]

@@ -16,6 +16,7 @@ depends on the plan, and resuming at step ``k`` needs nothing but ``k``.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from specs.errors import AutoparError
 SAMPLE_TEXT = Path(__file__).with_name("sample.txt")
 _RAW = {".bin": np.uint16, ".u16": np.uint16, ".u32": np.uint32}
 _CHUNK = 1 << 24  # tokens read at a time: the range check and the .txt tokeniser stream a file of any size
+CHECKED_ENV = "AUTOPAR_DATA_CHECKED"  # the launcher's verdict on the data file, for its workers (TokenData.verdict)
 
 
 def cache_dir() -> Path:
@@ -120,18 +122,47 @@ def token_range(arr: np.ndarray) -> tuple[int, int]:
     return (lo, hi) if lo is not None else (0, 0)
 
 
+def _file_identity(path: Path) -> dict[str, object]:
+    st = path.stat()
+    return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def _launcher_verdict(path: Path) -> dict | None:
+    """The launcher's verdict (``CHECKED_ENV``) where it is about this file unchanged since, else None."""
+    raw = os.environ.get(CHECKED_ENV)
+    if not raw:
+        return None
+    try:
+        known = json.loads(raw)
+        same = {k: known[k] for k in ("path", "size", "mtime_ns")} == _file_identity(path)
+        tokens = Path(known["tokens"])
+        lo, hi = known["range"]
+    except (ValueError, KeyError, TypeError, OSError):
+        return None
+    return known if same and tokens.is_file() and isinstance(lo, int) and isinstance(hi, int) else None
+
+
 class TokenData:
     """Fixed-length training windows from a token file, sampled deterministically (see module docstring)."""
 
     def __init__(self, path: str | Path, seq: int, vocab_size: int, seed: int) -> None:
         self.path, self.seq, self.vocab, self.seed = Path(path), seq, vocab_size, seed
-        self.tokens = open_tokens(path)
+        known = _launcher_verdict(self.path)  # the launcher read this very file already: its tokens and range
+        self.tokens = open_tokens(known["tokens"] if known else path)
         self.windows = (len(self.tokens) - 1) // seq
         if self.windows < 1:
             raise AutoparError(f"data file {path} holds {len(self.tokens)} tokens, fewer than one sequence of "
                                f"{seq + 1}; use a larger file, or plan with a shorter sequence (autopar plan --seq N)")
-        self._check(*token_range(self.tokens))
+        self.range = tuple(known["range"]) if known else token_range(self.tokens)
+        self._check(*self.range)
         self._perm: dict[int, np.ndarray] = {}
+
+    def verdict(self) -> str:
+        """This file's check for the launcher to hand its workers (``CHECKED_ENV``): the file as it was when read
+        (path, size, modification time), the token file it came to (a .txt file's cached tokens) and its range. A
+        worker whose file still matches skips the whole-file read (one scan at start, not one per rank)."""
+        tokens = Path(getattr(self.tokens, "filename", None) or self.path)  # (a memory map knows its file)
+        return json.dumps({**_file_identity(self.path), "tokens": str(tokens.resolve()), "range": list(self.range)})
 
     def _check(self, lo: int, hi: int) -> None:
         if lo < 0:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -320,3 +321,33 @@ def test_every_token_is_checked_before_training_and_odd_files_are_one_line(tmp_p
 def _saved(path, arr):
     np.save(path, arr)
     return path
+
+
+def test_workers_take_the_launchers_verdict_on_an_unchanged_data_file(tmp_path, monkeypatch):
+    """The launcher checks the data file once and hands its verdict to its workers (one scan at start, not one per
+    rank); a file changed since, or a verdict about another file, is read and checked again."""
+    import runtime.data as data
+
+    scans = []
+    real = data.token_range
+    monkeypatch.setattr(data, "token_range", lambda arr: scans.append(1) or real(arr))
+    toks = np.arange(1000, dtype=np.uint16) % 200
+    toks.tofile(tmp_path / "a.u16")
+    first = TokenData(tmp_path / "a.u16", seq=16, vocab_size=256, seed=0)
+    monkeypatch.setenv(data.CHECKED_ENV, first.verdict())
+    again = TokenData(tmp_path / "a.u16", seq=16, vocab_size=256, seed=0)
+    assert len(scans) == 1 and again.range == (0, 199)
+    assert torch.equal(again.batch(3, 8)[0], first.batch(3, 8)[0])
+    with pytest.raises(AutoparError, match="vocabulary is 100"):  # the range is still held against this model
+        TokenData(tmp_path / "a.u16", seq=16, vocab_size=100, seed=0)
+    toks[-1] = 999
+    toks.tofile(tmp_path / "a.u16")  # rewritten (a new modification time): checked again
+    os.utime(tmp_path / "a.u16", ns=(1, 1))
+    with pytest.raises(AutoparError, match="token id 999"):
+        TokenData(tmp_path / "a.u16", seq=16, vocab_size=256, seed=0)
+    monkeypatch.setenv("AUTOPAR_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "t.txt").write_bytes(bytes(range(60, 120)) * 4)
+    text = TokenData(tmp_path / "t.txt", seq=16, vocab_size=256, seed=0)
+    monkeypatch.setenv(data.CHECKED_ENV, text.verdict())
+    monkeypatch.setattr(data, "tokenize_text", lambda p: pytest.fail("tokenised again"))
+    assert TokenData(tmp_path / "t.txt", seq=16, vocab_size=256, seed=0).range == (60, 119)
