@@ -1,6 +1,6 @@
-"""Hugging Face weights in and out of autopar checkpoints (Llama, Mistral and Qwen2 layouts: GQA, QKV biases,
-tied embeddings, llama3 and linear RoPE scaling; Mixtral's mixture of experts). Other model_types are refused before
-a weight is read: their weights mean something else in transformers (Gemma's norms and MLP, Phi-3's fusions).
+"""Hugging Face weights in and out of autopar checkpoints, for the layouts :mod:`runtime.hf_layouts` maps (Llama,
+Mistral, Qwen2, Mixtral and GPT-2). Other model_types are refused before a weight is read: their weights mean
+something else in transformers (Gemma's norms and MLP, Phi-3's fusions).
 
 * ``autopar import-hf HF_DIR --plan plan.json --out CKPT``: the directory's ``config.json`` must describe the
   plan's model; its safetensors weights (``model.safetensors`` or the shards an index file lists) become a step-0
@@ -10,9 +10,7 @@ a weight is read: their weights mean something else in transformers (Gemma's nor
   as ``config.json`` + ``model.safetensors`` that ``transformers`` loads with ``from_pretrained``.
 
 Checkpoints hold each parameter whole by model name (:mod:`runtime.portable_state`), so neither direction cares
-which plan wrote or reads them. autopar fuses q/k/v into ``attn.qkv`` and gate/up into ``mlp.gate_up`` (rows in
-that order), and stacks a MoE layer's experts (``mlp.experts.gate_up`` [E, 2f, h]: each expert's w1 then w3;
-``mlp.experts.down`` [E, h, f]: its w2); the rest is a renaming. Both run in one process, without a process group.
+which plan wrote or reads them. Both run in one process, without a process group.
 """
 
 from __future__ import annotations
@@ -31,96 +29,31 @@ from torch.distributed.checkpoint.api import CheckpointException
 from runtime.checkpoint import corrupt_error, corrupt_files, fingerprint, publish, read_meta
 from runtime.checkpoint_folder import META, STEP_NAME, latest_checkpoint, newest_is_broken, step_name
 from runtime.dtypes import TORCH_DTYPES
+from runtime.hf_layouts import (
+    GPT2_PREFIX,
+    check_importable,
+    hf_config,
+    is_buffer,
+    mixtral_like,
+    names,
+    part_shapes,
+    rows,
+    stacked,
+    token_ids,
+    transposed,
+)
 from specs.capabilities import model_problem
 from specs.errors import AutoparError
 from specs.files import check_output_dir, default_mode, read_mapping
 from specs.hf_config import looks_like_hf
-from specs.model import TOKEN_ID_NAMES, ModelSpec
+from specs.model import ModelSpec
 from specs.model_loading import load_model
 from specs.moe import MoESpec
 from specs.planfile import PlanFile
 
-_LAYER = {  # autopar name in layer i -> Hugging Face name(s) in model.layers.i (several: fused, in row order)
-    "attn_norm.weight": ("input_layernorm.weight",),
-    "attn.qkv.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
-    "attn.qkv.bias": ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"),
-    "attn.proj.weight": ("self_attn.o_proj.weight",),
-    "mlp_norm.weight": ("post_attention_layernorm.weight",),
-    "mlp.gate_up.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
-    "mlp.down.weight": ("mlp.down_proj.weight",),
-}
-_MOE = "block_sparse_moe"  # Mixtral's MoE layer
-# the model_types whose weights mean what autopar's Llama blocks compute (others, e.g. Gemma's (1 + w) norms and
-# GeLU MLP, or Phi-3's fused projections, are planned from their config but not imported)
-_IMPORTS = ("llama", "mistral", "mixtral", "qwen2")
 # what a config must share with the plan's model
 _SHAPE = ("arch", "num_layers", "hidden_size", "num_attention_heads", "kv_heads", "hd", "ffn", "vocab_size",
-          "tie_embeddings", "qkv_bias", "norm_eps", "rope_theta", "rope_scaling", "rope_dims", "moe")
-_ENDS = {"embed.tok.weight": "model.embed_tokens.weight", "head.norm.weight": "model.norm.weight",
-         "head.out.weight": "lm_head.weight"}
-
-
-def names(spec: ModelSpec) -> dict[str, tuple[str, ...]]:
-    """Every autopar parameter of a Llama-family model with the Hugging Face tensors it is made of."""
-    if spec.arch != "llama":
-        raise AutoparError(f"model {spec.name} is a GPT (arch gpt): Hugging Face weights are supported for "
-                           "Llama-family models (Llama, Mistral, Qwen2)")
-    if spec.rope_dims != spec.hd:
-        raise AutoparError(f"model {spec.name} rotates {spec.rope_dims} of each head's {spec.hd} dimensions "
-                           "(rotary_fraction): Hugging Face's Llama, Mistral, Qwen2 and Mixtral rotate all of them, so "
-                           "these weights have no Hugging Face counterpart autopar can read or write")
-    moe = spec.moe
-    if moe is not None and not _mixtral_like(spec):
-        raise AutoparError(f"model {spec.name} is a mixture of experts other than Mixtral's (every layer MoE, softmax "
-                           "top-k renormalised, no shared experts, no QKV biases): Hugging Face weights are supported "
-                           "for Mixtral's layout")
-    out: dict[str, tuple[str, ...]] = {"embed.tok.weight": (_ENDS["embed.tok.weight"],)}
-    for i in range(spec.num_layers):
-        for ours, theirs in _LAYER.items():
-            if ours == "attn.qkv.bias" and not spec.qkv_bias or moe is not None and ours.startswith("mlp."):
-                continue
-            out[f"layers.{i}.{ours}"] = tuple(f"model.layers.{i}.{t}" for t in theirs)
-        if moe is not None:
-            experts = range(moe.num_experts)
-            out[f"layers.{i}.mlp.router.weight"] = (f"model.layers.{i}.{_MOE}.gate.weight",)
-            out[f"layers.{i}.mlp.experts.gate_up"] = tuple(f"model.layers.{i}.{_MOE}.experts.{e}.{w}.weight"
-                                                           for e in experts for w in ("w1", "w3"))
-            out[f"layers.{i}.mlp.experts.down"] = tuple(f"model.layers.{i}.{_MOE}.experts.{e}.w2.weight"
-                                                        for e in experts)
-    out["head.norm.weight"] = (_ENDS["head.norm.weight"],)
-    if not spec.tie_embeddings:
-        out["head.out.weight"] = (_ENDS["head.out.weight"],)
-    return out
-
-
-def _mixtral_like(spec: ModelSpec) -> bool:
-    m = spec.moe
-    return m is not None and (m.layer_freq, m.first_dense_layers, m.num_shared_experts, m.router, m.norm_topk_prob,
-                              spec.qkv_bias) == (1, 0, 0, "softmax", True, False)
-
-
-def _rows(spec: ModelSpec, ours: str) -> tuple[int, ...]:
-    """The rows of each Hugging Face tensor a fused or stacked parameter is made of (stacked: its leading dims
-    merged), in order."""
-    if "qkv" in ours:
-        return (spec.q_width, spec.kv_width, spec.kv_width)
-    if ours.endswith("experts.gate_up"):
-        return (spec.moe.moe_ffn_hidden_size,) * (2 * spec.moe.num_experts)  # type: ignore[union-attr]
-    if ours.endswith("experts.down"):
-        return (spec.hidden_size,) * spec.moe.num_experts  # type: ignore[union-attr]
-    return (spec.ffn, spec.ffn)
-
-
-def _stacked(ours: str) -> bool:
-    return ours.endswith(("experts.gate_up", "experts.down"))
-
-
-def _part_shapes(spec: ModelSpec, ours: str, parts: int, shape: tuple[int, ...]) -> list[tuple[int, ...]]:
-    """The shape of each of the ``parts`` Hugging Face tensors parameter ``ours`` (of ``shape``) is made of."""
-    if parts == 1:
-        return [shape]
-    rest = shape[2:] if _stacked(ours) else shape[1:]
-    return [(rows, *rest) for rows in _rows(spec, ours)]
+          "tie_embeddings", "qkv_bias", "norm_eps", "rope_theta", "rope_scaling", "rope_dims", "position_rows", "moe")
 
 
 def _shown(value: object) -> object:
@@ -128,20 +61,6 @@ def _shown(value: object) -> object:
     if isinstance(value, MoESpec):
         return value.trained()  # the load imbalance only prices the model
     return value.model_dump(exclude_none=True) if isinstance(value, BaseModel) else value
-
-
-def _check_importable(cfg: Path, raw: dict[str, object]) -> None:
-    """Refuse, before any weight is read, a config whose weights autopar's Llama blocks would compute otherwise."""
-    mtype = raw.get("model_type")
-    if mtype not in _IMPORTS:
-        what = f"model_type '{mtype}'" if mtype else "no model_type"
-        raise AutoparError(f"{cfg} has {what}: import-hf reads {', '.join(_IMPORTS)} weights only (those autopar's "
-                           "blocks compute as transformers does); plan the model from its config and train it from "
-                           "autopar's initialisation instead")
-    act = raw.get("hidden_act", "silu")
-    if act != "silu":
-        raise AutoparError(f"{cfg} has hidden_act '{act}': autopar's Llama blocks compute SwiGLU (silu) MLPs only, "
-                           "so import-hf cannot read these weights")
 
 
 # ---- in ---------------------------------------------------------------------------------------------
@@ -186,7 +105,7 @@ def _shapes(plan: PlanFile) -> dict[str, tuple[int, ...]]:
 
 def import_hf(hf_dir: Path, plan: PlanFile, out: Path) -> Path:
     """Write a step-0 checkpoint of ``plan`` from the Hugging Face model in ``hf_dir``; returns its directory."""
-    wanted = names(plan.model)  # refuses a GPT plan first
+    wanted = names(plan.model)  # refuses a model of no supported layout first
     check_output_dir(out, "checkpoint folder")
     held = latest_checkpoint(out)
     if held is not None:
@@ -199,7 +118,7 @@ def import_hf(hf_dir: Path, plan: PlanFile, out: Path) -> Path:
     if not looks_like_hf(raw):
         raise AutoparError(f"{cfg} is not a Hugging Face config (no model_type or num_hidden_layers); give the "
                            "directory of a Hugging Face model")
-    _check_importable(cfg, raw)
+    check_importable(cfg, raw)
     hf_spec = load_model(str(cfg))  # read as `--model` reads it: one-line errors, keys given twice refused
     spec = plan.model
     problem = model_problem(spec)
@@ -207,15 +126,17 @@ def import_hf(hf_dir: Path, plan: PlanFile, out: Path) -> Path:
         raise AutoparError(problem)
     # every layer a mixture of experts: the dense MLP's width is a number no weight has (Mixtral's config keeps the
     # experts' width there; a spec may keep another)
-    unused = {"ffn"} if _mixtral_like(spec) else set()
+    unused = {"ffn"} if mixtral_like(spec) else set()
     for key in (k for k in _SHAPE if k not in unused):
         theirs, ours = (_shown(getattr(s, key)) for s in (hf_spec, spec))
         if theirs != ours:
             raise AutoparError(f"{cfg} has {key}={theirs!r} but the plan's model has {ours!r}; plan for this model "
                                f"(autopar plan --model {cfg} ...)")
     weights = _read_safetensors(hf_dir)
+    if spec.arch == "gpt" and not any(k.startswith(GPT2_PREFIX) for k in weights):  # the original GPT-2 files
+        weights = {k if k == "lm_head.weight" else GPT2_PREFIX + k: v for k, v in weights.items()}
     if spec.tie_embeddings:
-        weights.pop(_ENDS["head.out.weight"], None)  # some tied checkpoints store the copy too
+        weights.pop("lm_head.weight", None)  # some tied checkpoints store the copy too
     shapes = _shapes(plan)
     params, used = {}, set()
     for ours, parts in wanted.items():
@@ -223,17 +144,19 @@ def import_hf(hf_dir: Path, plan: PlanFile, out: Path) -> Path:
         if missing:
             raise AutoparError(f"{hf_dir} has no weight {missing[0]}: not a complete {spec.arch} checkpoint of "
                                f"{spec.num_layers} layers")
-        for part, need in zip(parts, _part_shapes(spec, ours, len(parts), shapes[ours])):
+        for part, need in zip(parts, part_shapes(spec, ours, len(parts), shapes[ours])):
             if tuple(weights[part].shape) != need:
                 raise AutoparError(f"{hf_dir}: {part} has shape {tuple(weights[part].shape)}, but the plan's model "
                                    f"needs {need}; the weights are not of this model")
         params[ours] = torch.cat([weights[p].float() for p in parts]) if len(parts) > 1 else weights[parts[0]].float()
+        if transposed(spec, ours):  # GPT-2's Conv1D: [in, out]
+            params[ours] = params[ours].t()
         params[ours] = params[ours].view(shapes[ours])  # stacked experts: [E * rows, cols] -> [E, rows, cols]
         used.update(parts)
-    extra = sorted(set(weights) - used - {k for k in weights if k.endswith("rotary_emb.inv_freq")})
+    extra = sorted(k for k in set(weights) - used if not is_buffer(k))
     if extra:
         raise AutoparError(f"{hf_dir} has weights autopar's model does not have (e.g. {extra[0]}); autopar reads "
-                           "Llama, Mistral, Qwen2 and Mixtral layouts")
+                           "Llama, Mistral, Qwen2, Mixtral and GPT-2 layouts")
     state = plan.state
     sd: dict[str, torch.Tensor] = {}
     for name, t in params.items():
@@ -299,45 +222,6 @@ def read_parameters(ck: Path) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
     return spec, params
 
 
-def hf_config(spec: ModelSpec) -> dict[str, object]:
-    """A ``config.json`` for the model: Mixtral when it has MoE layers, Qwen2 when it has QKV biases, else Llama."""
-    qwen = spec.qkv_bias
-    if spec.moe is not None:
-        moe = spec.moe
-        return {**hf_config(spec.model_copy(update={"moe": None, "ffn_hidden_size": moe.moe_ffn_hidden_size})),
-                "architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
-                "num_local_experts": moe.num_experts, "num_experts_per_tok": moe.experts_per_token,
-                "router_aux_loss_coef": moe.aux_loss_coef, "output_router_logits": False}
-    window = {"sliding_window": spec.sliding_window, **({"use_sliding_window": True} if qwen else {})} if (
-        spec.sliding_window is not None) else {}
-    mistral = bool(window) and not qwen  # Llama's config has no sliding window; Mistral's (the same blocks) has
-    return {
-        "architectures": ["Qwen2ForCausalLM" if qwen else "MistralForCausalLM" if mistral else "LlamaForCausalLM"],
-        "model_type": "qwen2" if qwen else "mistral" if mistral else "llama", **window,
-        "hidden_size": spec.hidden_size, "intermediate_size": spec.ffn, "num_hidden_layers": spec.num_layers,
-        "num_attention_heads": spec.num_attention_heads, "num_key_value_heads": spec.kv_heads, "head_dim": spec.hd,
-        "vocab_size": spec.vocab_size, "max_position_embeddings": max(spec.context_length or 0, spec.seq_length),
-        "rms_norm_eps": spec.norm_eps,
-        "rope_theta": spec.rope_theta, "tie_word_embeddings": spec.tie_embeddings, "hidden_act": "silu",
-        "torch_dtype": "float32", **({} if qwen else {"attention_bias": False, "mlp_bias": False}),
-        **({} if spec.rope_scaling is None else {"rope_scaling": _rope_scaling(spec)}),
-        **token_ids(spec),
-    }
-
-
-def token_ids(spec: ModelSpec) -> dict[str, object]:
-    """The special tokens' ids as a config writes them: those the model's Hugging Face config declared, the others
-    null (left out, transformers would assume Llama 2's 1 and 2, which a model trained on other tokens lacks)."""
-    known = spec.token_ids or {}
-    return {key: known.get(key) for key in TOKEN_ID_NAMES}
-
-
-def _rope_scaling(spec: ModelSpec) -> dict[str, object]:
-    """The model's RoPE scaling as transformers writes it (``rope_type`` and its fields)."""
-    sc = spec.rope_scaling.model_dump(exclude_none=True)  # type: ignore[union-attr]
-    return {"rope_type": sc.pop("type"), **sc}
-
-
 def export_hf(ckpt_dir: Path, out: Path) -> tuple[Path, Path]:
     """Write ``config.json`` and ``model.safetensors`` of :func:`exported_checkpoint` of ``ckpt_dir`` into ``out``;
     returns ``out`` and the checkpoint exported."""
@@ -361,11 +245,11 @@ def export_hf(ckpt_dir: Path, out: Path) -> tuple[Path, Path]:
             raise AutoparError(f"the checkpoint in {ckpt_dir} has no parameter {ours}; it is incomplete")
         t = params[ours].float()
         if len(parts) == 1:
-            tensors[parts[0]] = t.contiguous()
+            tensors[parts[0]] = (t.t() if transposed(spec, ours) else t).contiguous()
             continue
-        if _stacked(ours):
+        if stacked(ours):
             t = t.reshape(-1, t.shape[-1])
-        for name, piece in zip(parts, t.split(_rows(spec, ours))):
+        for name, piece in zip(parts, t.split(rows(spec, ours))):
             tensors[name] = piece.contiguous()
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})

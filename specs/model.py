@@ -212,10 +212,9 @@ class ModelSpec(BaseModel):
 
     def trained(self) -> dict[str, Any]:
         """The spec as training knows it, for telling whether two runs train one model: its JSON without what only
-        plans it (the MoE load imbalance; ``max_positions``, a bound on the sequence the planner may pick) and what
-        only describes it (``name``, ``context_length``, ``token_ids``)."""
+        plans it (the MoE load imbalance) and what only describes it (``name``, ``context_length``, ``token_ids``);
+        ``max_positions`` counts (the rows of a learned position table)."""
         out = self.model_dump(mode="json")
-        out.pop("max_positions", None)
         out.pop("context_length", None)
         out.pop("token_ids", None)
         out.pop("name", None)  # what it is called (a preset's name, an exported folder's) is not what it computes
@@ -350,9 +349,15 @@ class ModelSpec(BaseModel):
         return 2 * h + self._share(moe_share) * h * (self.moe.num_experts + (1 if self.moe.shared_expert_gate else 0))
 
     @property
+    def position_rows(self) -> int:
+        """Rows of GPT's learned position table: ``max_positions`` where given (a GPT-2 config's ``n_positions``),
+        else the sequence; 0 with RoPE."""
+        return (self.max_positions or self.seq_length) if self.learned_positions else 0
+
+    @property
     def position_params(self) -> int:
         """GPT's learned position embedding (every tensor-parallel rank holds it whole); none with RoPE."""
-        return self.seq_length * self.hidden_size if self.learned_positions else 0
+        return self.position_rows * self.hidden_size
 
     def embedding_params_on(self, t: Any = 1) -> Any:
         """The input embedding on one GPU: a vocabulary shard (padded to a multiple of t), GPT's positions whole."""

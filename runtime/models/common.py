@@ -228,7 +228,7 @@ class Embedding(nn.Module):
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         self.tok = TokenEmbedding(spec.vocab_size, spec.hidden_size)
-        self.pos = LearnedPositions(spec.seq_length, spec.hidden_size) if spec.learned_positions else None
+        self.pos = LearnedPositions(spec.position_rows, spec.hidden_size) if spec.learned_positions else None
         self.dropout_p = spec.dropout_p if spec.arch == "gpt" else 0.0
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:

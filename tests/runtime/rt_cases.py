@@ -45,7 +45,7 @@ def gather_full(t: torch.Tensor, spec: ShardSpec | None, group: dist.ProcessGrou
 
 def case_spec(case: dict[str, Any]) -> ModelSpec:
     """A tiny model for a case: Llama (GQA where tp allows) or GPT (``activation``, ``linear_bias``,
-    ``rotary_fraction`` as given), 4
+    ``rotary_fraction``, ``max_positions`` as given), 4
     layers, hidden 32, vocab 64, seq 16 (``seq``);
     ``moe``: its layers 0 and 2 a mixture of 8 experts, top-2, one shared expert ("gated": Qwen's sigmoid gate on it,
     "sigmoid": a sigmoid router), or "mixtral": every layer 4 experts, top-2."""
@@ -57,7 +57,7 @@ def case_spec(case: dict[str, Any]) -> ModelSpec:
         ffn_hidden_size=64 if llama else 96, vocab_size=case.get("vocab", 64), seq_length=case.get("seq", 16),
         tie_embeddings=case.get("tied", False), dropout=case.get("dropout", 0.0), attention=case.get("attention"),
         qkv_bias=case.get("qkv_bias", False), activation=case.get("activation"), linear_bias=case.get("linear_bias"),
-        rotary_fraction=case.get("rotary_fraction"),
+        rotary_fraction=case.get("rotary_fraction"), max_positions=case.get("max_positions"),
         moe=_case_moe(case.get("moe")),
     )
 

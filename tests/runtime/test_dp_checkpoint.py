@@ -238,7 +238,8 @@ def test_pipeline_sends_are_tensor_parallel_slices(pool, tokens64):
 def test_what_only_plans_a_model_does_not_make_another_run():
     """A checkpoint of a MoE model written when plan files held load_imbalance 1.5 (no load_imbalance_known), and
     one whose plan gives the imbalance later (as `plan` advises), are of the same run as the spec now; the same
-    holds for import-hf's check of the moe section. max_positions (a planning bound) likewise."""
+    holds for import-hf's check of the moe section. A GPT's max_positions sizes its learned position table: another
+    run."""
     from runtime.checkpoint import _normal, _run_of
     from runtime.hf_weights import _shown
     from specs.model_loading import load_model
@@ -266,4 +267,4 @@ def test_what_only_plans_a_model_does_not_make_another_run():
     assert _run_of(_normal(fp(other.model_dump(mode="json")))) != now  # what training computes still counts
     gpt = load_model("tiny-gpt")
     bounded = gpt.model_copy(update={"max_positions": 4096})
-    assert _run_of(_normal(fp(bounded.model_dump(mode="json")))) == _run_of(_normal(fp(gpt.model_dump(mode="json"))))
+    assert _run_of(_normal(fp(bounded.model_dump(mode="json")))) != _run_of(_normal(fp(gpt.model_dump(mode="json"))))

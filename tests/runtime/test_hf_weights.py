@@ -26,21 +26,29 @@ VARIANTS = {  # tiny models as rt_cases.case_spec builds them (hidden 32, 4 laye
     "qwen2-qkv-bias": (dict(qkv_bias=True), transformers.Qwen2Config, {}),
     "llama-tied": (dict(tied=True), transformers.LlamaConfig, {"tie_word_embeddings": True}),
     "mixtral": (dict(moe="mixtral"), transformers.MixtralConfig, {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    # GPT-2: Conv1D projections (stored transposed), learned positions (a table longer than the sequence), biases
+    "gpt2": (dict(arch="gpt", max_positions=24), transformers.GPT2Config, {}),
+    "gpt2-tied": (dict(arch="gpt", tied=True), transformers.GPT2Config, {"tie_word_embeddings": True}),
 }
 
 
 def _hf_model(kind: str, path, **more) -> transformers.PreTrainedModel:
     """A randomly initialised transformers model of the case's shape (its config fields ``more`` added), saved as
     safetensors in ``path``."""
-    _, config_cls, extra = VARIANTS[kind]
-    cfg = config_cls(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+    case, config_cls, extra = VARIANTS[kind]
+    if config_cls is transformers.GPT2Config:
+        shape = dict(n_embd=32, n_layer=4, n_head=4, n_inner=96, vocab_size=64, layer_norm_epsilon=1e-5,
+                     n_positions=case.get("max_positions", 16), resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    else:
+        shape = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
                      num_key_value_heads=2, vocab_size=64, rms_norm_eps=1e-5, rope_theta=10000.0,
-                     **{"max_position_embeddings": 16, "tie_word_embeddings": False, **extra, **more})
+                     max_position_embeddings=16)
+    cfg = config_cls(**{**shape, "tie_word_embeddings": False, **extra, **more})
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg).float().eval()
     with torch.no_grad():  # transformers initialises norms to one and biases to zero: make them count
         for name, p in model.named_parameters():
-            if "norm" in name or name.endswith("bias"):
+            if "norm" in name or ".ln_" in name or name.endswith("bias"):
                 p.add_(0.1 * torch.randn_like(p))
     model.save_pretrained(path, safe_serialization=True)
     return model
@@ -75,7 +83,9 @@ def test_import_train_export_matches_transformers(pool, tokens64, tmp_path, kind
     back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").float().eval()
     step3 = pool.run("rt_cases:train_with_checkpoints", case, tokens64, str(tmp_path / "ck"), [], True, 3)[0]
     assert len(step3) == 1 and step3[0] == pytest.approx(_hf_loss(back, data, 2, plan.global_batch), abs=1e-5)
-    assert back.config.tie_word_embeddings == (kind == "llama-tied")
+    assert back.config.tie_word_embeddings == kind.endswith("-tied")
+    if kind.startswith("gpt2"):  # the whole position table, rows past the sequence included, went in and out
+        assert back.config.n_positions == hf.config.n_positions
 
 
 def test_bad_hugging_face_inputs_are_one_line_errors(tmp_path, capsys):
@@ -116,9 +126,13 @@ def test_bad_hugging_face_inputs_are_one_line_errors(tmp_path, capsys):
     with pytest.raises(AutoparError, match="older/step_00000002 is corrupt"):  # the chosen step: its own meta read
         export_hf(tmp_path / "older" / "step_00000002", tmp_path / "out")
     assert not (tmp_path / "out").exists()
-    gpt = case_plan({"arch": "gpt", "steps": 2})
-    with pytest.raises(AutoparError, match="supported for Llama-family"):
+    gpt = case_plan({"arch": "gpt", "activation": "squared_relu", "steps": 2})
+    with pytest.raises(AutoparError, match="squared_relu MLP, where GPT-2's is GeLU with biases: Hugging Face "
+                                           "weights are supported for GPT-2's block and the Llama family"):
         import_hf(tmp_path / "hf", gpt, tmp_path / "ck2")
+    _hf_model("llama", tmp_path / "hf2")
+    with pytest.raises(AutoparError, match="has arch='llama' but the plan's model has 'gpt'"):
+        import_hf(tmp_path / "hf2", case_plan({"arch": "gpt", "steps": 2}), tmp_path / "ck2")
     from runtime.hf_weights import names
 
     partial = case_plan({"steps": 2}).model.model_copy(update={"rotary_fraction": 0.5})  # Hugging Face's rotate all
@@ -258,7 +272,7 @@ def test_import_refuses_weights_autopar_would_compute_otherwise(tmp_path, mtype)
     load_model(str(hf))  # planned
     plan = case_plan({"steps": 2})
     want = f"has model_type '{mtype}'" if mtype else "has no model_type"
-    with pytest.raises(AutoparError, match=f"{want}: import-hf reads llama, mistral, mixtral, qwen2 weights only"):
+    with pytest.raises(AutoparError, match=f"{want}: import-hf reads llama, mistral, mixtral, qwen2, gpt2 weights only"):
         import_hf(hf, plan, tmp_path / "ck")
     assert not (tmp_path / "ck").exists()
 
@@ -362,3 +376,33 @@ def test_an_all_moe_plan_imports_whatever_dense_width_its_spec_keeps(tmp_path, c
     path.write_text(plan.model_copy(update={"model": narrow}).model_dump_json(by_alias=True))
     assert main(["import-hf", str(tmp_path / "hf"), "--plan", str(path), "--out", str(tmp_path / "ck2")]) == 2
     assert "has moe=" in capsys.readouterr().err
+
+
+def test_gpt2_as_openai_published_it_and_what_it_refuses(tmp_path):
+    """The original GPT-2 files name their tensors without ``transformer.``, keep no lm_head (tied) and carry the
+    causal-mask buffers of older transformers: they import to the same weights as transformers' own save. GPT-2
+    configs whose weights autopar's block would compute otherwise are refused before a weight is read."""
+    from safetensors.torch import load_file, save_file
+
+    from runtime.hf_weights import read_parameters
+
+    plan = case_plan({"arch": "gpt", "tied": True, "steps": 2})
+    _hf_model("gpt2-tied", tmp_path / "hf")
+    ours = read_parameters(import_hf(tmp_path / "hf", plan, tmp_path / "ck"))[1]
+    full = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    old = {k.removeprefix("transformer."): v for k, v in full.items() if k != "lm_head.weight"}
+    old.update({f"h.{i}.attn.bias": torch.tril(torch.ones(1, 1, 16, 16)) for i in range(4)})
+    (tmp_path / "old").mkdir()
+    save_file(old, str(tmp_path / "old" / "model.safetensors"))
+    (tmp_path / "old" / "config.json").write_text((tmp_path / "hf" / "config.json").read_text())
+    theirs = read_parameters(import_hf(tmp_path / "old", plan, tmp_path / "ck-old"))[1]
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    assert torch.equal(ours["layers.0.attn.qkv.weight"], full["transformer.h.0.attn.c_attn.weight"].t())
+    cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+    for bad, want in (({"activation_function": "gelu"}, "activation_function 'gelu': autopar's GPT MLP computes "
+                                                        "GeLU's tanh approximation"),
+                      ({"scale_attn_by_inverse_layer_idx": True}, "scales attention other than by 1/sqrt")):
+        (tmp_path / "hf" / "config.json").write_text(json.dumps({**cfg, **bad}))
+        with pytest.raises(AutoparError, match=want):
+            import_hf(tmp_path / "hf", plan, tmp_path / "ck-bad")
+    assert not (tmp_path / "ck-bad").exists()

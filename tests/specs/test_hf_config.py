@@ -35,13 +35,14 @@ def test_a_config_file_is_named_by_its_own_name(tmp_path):
 
 
 def test_learned_positions_bound_the_sequence(tmp_path, capsys):
-    """A GPT-2 config's weights hold n_positions positions: a longer --seq is one line, as a sliding window's is; a
-    preset is a shape, and its table grows with the sequence."""
+    """A GPT-2 config's weights hold n_positions positions (its table, whatever the sequence): a longer --seq is one
+    line, as a sliding window's is; a preset is a shape, and its table grows with the sequence."""
     p = tmp_path / "config.json"
     p.write_text(json.dumps(GPT2))
     m = load_model(str(p))
     assert (m.seq_length, m.max_positions) == (1024, 1024)
-    assert load_model(str(p), seq=512).position_params == 512 * 768
+    assert load_model(str(p), seq=512).position_params == 1024 * 768  # the whole table, whatever the sequence
+    assert load_model("tiny-gpt", seq=512).position_params == 512 * load_model("tiny-gpt").hidden_size
     with pytest.raises(AutoparError, match="2048 is beyond .*'s 1024 learned positions .*--seq 1024"):
         load_model(str(p), seq=2048)
     assert main(["plan", "--model", str(p), "--cluster", "dgx-a100", "--gpus", "8", "--global-batch", "8",
