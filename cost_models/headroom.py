@@ -10,6 +10,10 @@ have fitted as measured. ``--headroom 0`` uses the whole GPU (allowed, with a wa
 
 from __future__ import annotations
 
+from typing import Any
+
+from specs.errors import AutoparError
+
 DEFAULT_FRACTION = 0.10  # of each GPU's memory, kept free by default
 MEASURED_EXCESS = 0.097  # the most a measured peak of that sweep ran above the model's, as a fraction of the GPU
 
@@ -36,3 +40,10 @@ def fullest(stage_GiB: list[float], capacity_GiB: list[float]) -> tuple[int, flo
     each stage on its own GPUs)."""
     stage = max(range(len(stage_GiB)), key=lambda i: stage_GiB[i] / capacity_GiB[i])
     return stage, stage_GiB[stage], capacity_GiB[stage]
+
+
+def check_headroom(headroom_GiB: float | None, cluster: Any) -> None:
+    """Refuse a headroom that is not a share of the GPU's memory (negative, NaN, all of it or more)."""
+    h = headroom_GiB
+    if h is not None and not (h == h and 0 <= h < cluster.gpu.memory_GiB):  # h == h: not NaN
+        raise AutoparError(f"--headroom must be between 0 and the GPU's {cluster.gpu.memory_GiB:g} GiB, got {h}")

@@ -16,7 +16,7 @@ import numpy as np
 
 from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
-from cost_models.headroom import fullest, usable_GiB
+from cost_models.headroom import check_headroom, fullest, usable_GiB
 from cost_models.memory import GiB, rank_memory
 from cost_models.params import per_rank
 from cost_models.pipeline import replayed, simulate_steps
@@ -82,6 +82,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global
     ``headroom_GiB``: kept free on every GPU for the plan to fit (None: the default share of each stage's GPUs)."""
     if validate:
         check_plan(cfg, PlanContext.on(model, cluster, global_batch))
+        check_headroom(headroom_GiB, cluster)
     state = state or StateSpec.default(cluster.precision)
     pp, vpp, m = cfg.pp, cfg.vpp, cfg.microbatches(global_batch)
     if cfg.placement is not None:  # on the cluster's node groups

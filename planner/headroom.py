@@ -6,14 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 from cost_models.headroom import MEASURED_EXCESS, default_headroom_GiB, fullest, usable_GiB
-from specs.errors import AutoparError
-
-
-def check_headroom(headroom_GiB: float | None, cluster: Any) -> None:
-    """Refuse a headroom that is not a share of the GPU's memory (negative, NaN, all of it or more)."""
-    h = headroom_GiB
-    if h is not None and not (h == h and 0 <= h < cluster.gpu.memory_GiB):  # h == h: not NaN
-        raise AutoparError(f"--headroom must be between 0 and the GPU's {cluster.gpu.memory_GiB:g} GiB, got {h}")
 
 
 def memory_warning(stage_GiB: list[float], capacity_GiB: list[float]) -> str | None:

@@ -28,10 +28,9 @@ import numpy as np
 from cost_models.batch import estimate_batch
 from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
-from cost_models.headroom import usable_GiB
+from cost_models.headroom import check_headroom, usable_GiB
 from cost_models.pipeline import CLOSED_FORM_OPTIMISM, CLOSED_FORM_PESSIMISM
 from cost_models.stages import layer_terms
-from planner.headroom import check_headroom
 from planner.placement import place, placements
 from planner.refine import PlanResult, refine
 from planner.space import enumerate_space

@@ -14,6 +14,7 @@ from typing import Any
 from cost_models.memory import GiB
 from cost_models.step import Estimate
 from specs.errors import AutoparError, needs_torch
+from specs.json_numbers import rounded
 from specs.planfile import PlanFile
 
 
@@ -35,9 +36,9 @@ def memory_check(plan: PlanFile, est: Estimate) -> list[dict[str, Any]]:
         r = replay_rank(plan, p)
         state = parts["weights"] + parts["gradients"] + parts["optimizer"]
         peak = state + parts["activations"] + parts["temporary"]
-        rows.append({"pp_rank": r.pp_rank, "state_GiB": r.state_bytes / GiB, "predicted_state_GiB": state,
-                     "peak_GiB": r.peak_bytes / GiB, "predicted_peak_GiB": peak,
-                     "peak_error": peak / (r.peak_bytes / GiB) - 1 if r.peak_bytes else 0.0})
+        rows.append(rounded({"pp_rank": r.pp_rank, "state_GiB": r.state_bytes / GiB, "predicted_state_GiB": state,
+                             "peak_GiB": r.peak_bytes / GiB, "predicted_peak_GiB": peak,
+                             "peak_error": peak / (r.peak_bytes / GiB) - 1 if r.peak_bytes else 0.0}))
     if sys.stderr.isatty():
         print(file=sys.stderr)
     return rows

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from cost_models.headroom import headroom_for, usable_GiB
+from cost_models.headroom import check_headroom, headroom_for, usable_GiB
 from planner.search import search
 from planner.space import check_fixed_keys
 from specs.cluster import LINK_SLACK, ClusterSpec
@@ -217,6 +217,7 @@ def sweep(model: ModelSpec, cluster: ClusterSpec, global_batch: int, key: str, v
     flags = {k: "--compare" for k in compare}
     check_fixed_keys(model, fixed, global_batch)
     check_fixed_keys(model, compare, global_batch, flags)
+    check_headroom(headroom_GiB, cluster)  # (a GPU type swept to may still be too small for it: that point says so)
     if key in ("inter_node_bw", "nics_per_node") and not cluster.node_groups:
         if cluster.inter_node is None:
             raise AutoparError(f"--vary {key}: cluster {cluster.name} has no inter_node section (it is one node), "

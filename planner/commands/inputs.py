@@ -7,7 +7,7 @@ import sys
 import time
 from typing import Any
 
-from planner.headroom import check_headroom
+from cost_models.headroom import check_headroom
 from specs.errors import AutoparError
 
 

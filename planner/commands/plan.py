@@ -241,14 +241,15 @@ def _warning(res: Any) -> str | None:
 def _print_json(res: Any, choice: Choice, search_info: dict[str, Any], checked: Any) -> None:
     from planner.prediction import prediction_json
     from planner.uncertainty import ranking_sigma, tie_margin
+    from specs.json_numbers import rounded
 
     rows = [prediction_json(p.estimate, p.config, spread, choice.calibrated, low)
             for p, (spread, _), low in zip(res.plans, choice.spreads, choice.balanced)]
     baseline = {"homogeneous_baseline": res.homogeneous.row()} if res.homogeneous is not None else {}
     warning = _warning(res)
     print(json.dumps({"plans": rows, "search": search_info, "why": choice.reason, **baseline,
-                      "uncertainty": {"ranking_sigma": ranking_sigma(), "tie_margin": tie_margin(),
-                                      "tied_with_best": choice.tied, "tied_more": choice.more_tied},
+                      "uncertainty": rounded({"ranking_sigma": ranking_sigma(), "tie_margin": tie_margin(),
+                                              "tied_with_best": choice.tied, "tied_more": choice.more_tied}),
                       "warnings": [warning] if warning else [],
                       **({"memory_replay": checked} if checked is not None else {})}))
 

@@ -456,3 +456,30 @@ def test_a_narrow_terminal_folds_table_cells_and_no_color_means_no_escapes(monke
     con.file = out
     con.print(table)
     assert "\x1b[" not in out.getvalue()
+
+
+def _floats(obj):
+    if isinstance(obj, float):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _floats(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _floats(v)
+
+
+def test_every_json_number_is_written_to_6_significant_digits(capsys):
+    """docs/contract.md: predictions are written to 6 significant digits everywhere, the memory replay's rows and
+    the ranking uncertainty included."""
+    pytest.importorskip("torch")  # --verify replays the runtime
+    common = ["--model", "tiny", "--cluster", "cpu-gloo", "--gpus", "2", "--global-batch", "8", "--format", "json"]
+    for argv in (["plan", *common, "--verify"], ["estimate", *common, "--plan", "tp=2", "--verify"],
+                 ["whatif", *common[:4], *common[6:], "--vary", "gpus=1,2"]):
+        code, out, err = run(capsys, *argv)
+        assert code == 0, err
+        data = json.loads(out)
+        floats = list(_floats(data))
+        assert floats and all(float(f"{x:.6g}") == x for x in floats), [x for x in floats if float(f"{x:.6g}") != x]
+        if argv[0] != "whatif":
+            assert data["memory_replay"], argv

@@ -17,6 +17,7 @@ from specs.cluster_loading import load_cluster
 from specs.errors import AutoparError
 from specs.model import ModelSpec
 from specs.model_loading import load_model
+from specs.parallel import ParallelConfig
 from specs.rules import PlanContext, check_plan
 
 EXHAUSTIVE_CASES = [  # (model, seq, cluster, gpus, global batch, fixed): small enough to replay every candidate
@@ -419,8 +420,13 @@ def test_the_python_api_checks_its_inputs_as_the_commands_do(tmp_path, monkeypat
     assert search(m, c, 512, fixed={"tp": np.int64(2), "sp": np.bool_(True)}, top=1).plans[0].config.tp == 2
     with pytest.raises(AutoparError, match="plan key layers must be a list of integers"):  # one split, not a choice
         search(m, c, 512, fixed={"layers": [(16, 16), (8, 24)], "pp": 2}, top=1)
-    with pytest.raises(AutoparError, match="--headroom must be between 0 and the GPU's 80 GiB, got -50"):
-        search(m, c, 512, top=1, headroom_GiB=-50)
+    for bad in (-50, 1000):  # as the commands refuse it: search, estimate and sweep alike
+        with pytest.raises(AutoparError, match=f"--headroom must be between 0 and the GPU's 80 GiB, got {bad}"):
+            search(m, c, 512, top=1, headroom_GiB=bad)
+        with pytest.raises(AutoparError, match=f"--headroom must be between 0 and the GPU's 80 GiB, got {bad}"):
+            estimate(m, c, ParallelConfig(tp=8, dp=c.num_gpus // 8), 512, headroom_GiB=bad)
+        with pytest.raises(AutoparError, match=f"--headroom must be between 0 and the GPU's 80 GiB, got {bad}"):
+            sweep(m, c, 512, "inter_node_bw", [100.0], {}, headroom_GiB=bad)
     for key, values, needle in [("bogus", [1], "cannot vary 'bogus'"),
                                 ("inter_node_bw", [-5.0], "values must be finite and at least 0.01, got -5.0"),
                                 ("gpus", [16, 16], "gives 16 twice")]:
