@@ -41,6 +41,7 @@ from runtime.checkpoint_folder import (
     STEP_NAME,
     checkpoint_files,
     checkpoint_step,
+    instead_of,
     latest_checkpoint,
     newest_is_broken,
     no_checkpoint,
@@ -123,11 +124,11 @@ def corrupt_files(ck: Path, meta: dict[str, Any], share: int = 0, shares: int = 
     return bad
 
 
-def corrupt_error(ck: Path, bad: list[str]) -> AutoparError:
+def corrupt_error(ck: Path, bad: list[str], exporting: bool = False) -> AutoparError:
     """The error for a checkpoint whose files ``bad`` do not match their checksums."""
     more = f", and {len(bad) - 1} more files" if len(bad) > 1 else ""
     what = "does not match the checksum it was saved with" if (ck / bad[0]).exists() else "is missing"
-    return AutoparError(f"checkpoint {ck} is corrupt ({bad[0]} {what}{more}); delete it to use an earlier one")
+    return AutoparError(f"checkpoint {ck} is corrupt ({bad[0]} {what}{more}); {instead_of(ck, exporting)}")
 
 
 def _first_failure(err: BaseException) -> BaseException:
@@ -254,8 +255,9 @@ def resumed_train(plan: PlanFile, root: Path) -> tuple[PlanFile, str | None]:
     try:
         theirs = TrainConfig.model_validate({**saved, **{k: getattr(plan.train, k) for k in OWN_TRAIN}})
     except ValueError:
-        raise AutoparError(f"checkpoint {latest_checkpoint(root)} is corrupt (its {META} holds an invalid train "
-                           "section); delete it to use an earlier one") from None
+        ck = latest_checkpoint(root)
+        raise AutoparError(f"checkpoint {ck} is corrupt (its {META} holds an invalid train section); "
+                           f"{instead_of(ck)}") from None
     changed = [f"{k} {getattr(theirs, k)} (the plan has {getattr(plan.train, k)})" for k in TrainConfig.model_fields
                if getattr(theirs, k) != getattr(plan.train, k)]
     if not changed:
@@ -417,8 +419,7 @@ def read_meta(ck: Path) -> dict[str, Any]:
         if not isinstance(sums, dict) or not all(isinstance(v, str) for v in sums.values()):
             raise ValueError("bad checksums")
     except (OSError, ValueError, KeyError, TypeError):
-        raise AutoparError(f"checkpoint {ck} is corrupt (unreadable {META}); delete it to use an "
-                           "earlier one") from None
+        raise AutoparError(f"checkpoint {ck} is corrupt (unreadable {META}); {instead_of(ck)}") from None
     if meta.get("format") != FORMAT:
         raise AutoparError(f"checkpoint {ck} has format {meta.get('format', 1)}, this autopar reads format {FORMAT}; "
                            "use the autopar that wrote it (or start without --resume)")
@@ -462,8 +463,7 @@ def load_checkpoint(tr: Trainer, root: Path) -> int:
     try:
         dcp.load(state, checkpoint_id=str(ck), process_group=tr.g.world, planner=LoadPlanner())
     except (Exception, CheckpointException) as err:  # DCP raises on every rank when any rank fails
-        raise AutoparError(f"checkpoint {ck} is corrupt or incomplete ({_cause(err)}); delete it to resume from an "
-                           "earlier one") from None
+        raise AutoparError(f"checkpoint {ck} is corrupt or incomplete ({_cause(err)}); {instead_of(ck)}") from None
     take_loaded(state, pieces, infos)
     restore(tr, pieces)
     if same_plan:

@@ -60,25 +60,46 @@ def newest_is_broken(root: Path) -> AutoparError | None:
     is renamed into place with it, so one without it lost it since), or None. Resuming from the one before without a
     word would redo its steps and, as new checkpoints were kept, prune the good one."""
     good = latest_checkpoint(root)
+    if good is not None and good == _named_by_latest(root):  # ``latest`` names it (pointed back by --resume-from
+        return None  # or by hand): what is newer is abandoned, set aside by the resume (roll_back), not its newest
     newer = [p for p in step_folders(root)
              if not (p / META).exists() and (good is None or checkpoint_step(p) > checkpoint_step(good))]
     if not newer:
         return None
-    before = f"; delete it to resume from {good.name}" if good is not None else "; delete it to start afresh"
-    return AutoparError(f"checkpoint {newer[-1]} is corrupt (it has no {META}){before}")
+    return AutoparError(f"checkpoint {newer[-1]} is corrupt (it has no {META}); {instead_of(newer[-1])}")
+
+
+def instead_of(ck: Path, exporting: bool = False) -> str:
+    """What to do about checkpoint ``ck``, found corrupt: go on from (or export) the complete one before it;
+    ``--resume-from`` sets ``ck`` aside rather than deleting it."""
+    before = [p for p in step_folders(ck.parent) if (p / META).exists() and checkpoint_step(p) < checkpoint_step(ck)]
+    if not before:
+        return "no earlier checkpoint is there to use instead" if exporting else "delete it to start afresh"
+    if exporting:
+        return f"export the one before it instead ({before[-1]})"
+    step = checkpoint_step(before[-1])
+    return f"go on from the one before it with --resume-from {step} (which sets this one aside), or delete it"
 
 
 def latest_checkpoint(root: Path) -> Path | None:
     """The checkpoint a resume goes on from: the one ``latest`` names (a complete ``step_N`` folder of ``root``: the
     newest, or an older one it was pointed back to), else the highest complete step_N."""
+    named = _named_by_latest(root)
+    if named is not None:
+        return named
+    done = [p for p in step_folders(root) if (p / META).exists()]
+    return done[-1] if done else None
+
+
+def _named_by_latest(root: Path) -> Path | None:
+    """The complete checkpoint the ``latest`` file names, or None."""
     try:
         name = (root / LATEST).read_text().strip()
         if STEP_NAME.fullmatch(name) and (root / name / META).exists():  # a step folder here, nothing elsewhere
             return root / name
     except (OSError, ValueError):  # absent, unreadable, not text
         pass
-    done = [p for p in step_folders(root) if (p / META).exists()]
-    return done[-1] if done else None
+    return None
 
 
 def resume_step(text: str) -> int:

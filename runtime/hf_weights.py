@@ -27,7 +27,7 @@ from pydantic import BaseModel
 from torch.distributed.checkpoint.api import CheckpointException
 
 from runtime.checkpoint import corrupt_error, corrupt_files, fingerprint, publish, read_meta
-from runtime.checkpoint_folder import META, STEP_NAME, latest_checkpoint, newest_is_broken, step_name
+from runtime.checkpoint_folder import META, STEP_NAME, instead_of, latest_checkpoint, newest_is_broken, step_name
 from runtime.dtypes import TORCH_DTYPES
 from runtime.hf_layouts import (
     GPT2_PREFIX,
@@ -198,13 +198,13 @@ def read_parameters(ck: Path) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
     meta = read_meta(ck)
     bad = corrupt_files(ck, meta)
     if bad:
-        raise corrupt_error(ck, bad)
+        raise corrupt_error(ck, bad, exporting=True)
     try:
         spec = ModelSpec(**meta["plan"]["model"])
         stored = FileSystemReader(str(ck)).read_metadata().state_dict_metadata
     except Exception:  # noqa: BLE001 - any unreadable meta.json or .metadata
-        raise AutoparError(f"checkpoint {ck} is corrupt (unreadable {META} or .metadata); delete it to use an "
-                           "earlier one") from None
+        raise AutoparError(f"checkpoint {ck} is corrupt (unreadable {META} or .metadata); "
+                           f"{instead_of(ck, exporting=True)}") from None
     kind = "master" if any(k.startswith("master/") for k in stored) else "param"
     sd = {k: torch.empty(md.size, dtype=md.properties.dtype) for k, md in stored.items()
           if k.startswith(kind + "/")}
@@ -212,13 +212,13 @@ def read_parameters(ck: Path) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
         with _single_process():
             dcp.load(sd, checkpoint_id=str(ck), no_dist=True)
     except (Exception, CheckpointException) as err:  # noqa: BLE001 - DCP wraps the reader's errors (a BaseException)
-        raise AutoparError(f"checkpoint {ck} is corrupt or incomplete ({type(err).__name__}); delete it to use an "
-                           "earlier one") from None
+        raise AutoparError(f"checkpoint {ck} is corrupt or incomplete ({type(err).__name__}); "
+                           f"{instead_of(ck, exporting=True)}") from None
     params = {k.split("/", 1)[1]: v for k, v in sd.items()}
     extra = sorted(set(params) - set(names(spec)))
     if extra:
         raise AutoparError(f"checkpoint {ck} holds parameters its model ({spec.num_layers} layers) does not have "
-                           f"(e.g. {extra[0]}): its {META} does not describe it; delete it to use an earlier one")
+                           f"(e.g. {extra[0]}): its {META} does not describe it; {instead_of(ck, exporting=True)}")
     return spec, params
 
 

@@ -185,7 +185,7 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
         if total * plan.global_batch > tokens.windows:  # the run reads the file more than once: said, not silent
             print(f"autopar: {trained_on or 'the bundled sample'} holds {tokens.windows:,} sequences of {plan.seq} "
                   f"tokens; the run's {total * plan.global_batch:,} read it "
-                  f"{total * plan.global_batch / tokens.windows:.1f} times over, in a new order each pass", flush=True)
+                  f"{total * plan.global_batch / tokens.windows:.3g} times over, in a new order each pass", flush=True)
         spans = _spans_nodes(plan)
         at = _absolute if spans else (lambda p: p)  # each node's shell is in a folder of its own
         worker = _worker_args(str(at(plan_path)), steps, at(data), at(metrics_out), at(checkpoint_dir), resume,

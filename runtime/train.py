@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from runtime.checkpoint_folder import held_by_rank, latest_checkpoint
+from runtime.checkpoint_folder import held_by_rank, instead_of, latest_checkpoint
 from runtime.comm_hooks import CommHooks
 from runtime.data import SAMPLE_TEXT, TokenData
 from runtime.metrics import MetricsLog, last_step
@@ -113,7 +113,7 @@ def diverged(step: int, loss: float, grad_norm: float, ckdir: Path | None) -> Au
     checkpoints from before it are kept)."""
     ck = latest_checkpoint(ckdir) if ckdir is not None else None
     kept = (f"; the checkpoints before it are kept (the newest, {ck}, holds the weights this step started from: if "
-            "they are already bad, delete it to resume from an earlier one)") if ck is not None else ""
+            f"they are already bad, {instead_of(ck)})") if ck is not None else ""
     return AutoparError(f"step {step}: the loss is {loss:g} and the gradient norm {grad_norm:g}, so training stopped "
                         f"without saving it{kept}; lower train.lr in the plan (and resume with --train-from-plan)")
 

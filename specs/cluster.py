@@ -435,8 +435,8 @@ class ClusterSpec(Strict):
             names = list(self.groups)
             links = [f"{a}-{b} {topo.between(a, b)[0]:.4g} Gb/s per node" for i, a in enumerate(names)
                      for b in names[i + 1:]]
-            return (f"{self.name}: {self.num_gpus} GPUs in node groups {', '.join(parts)}; between groups "
-                    f"{', '.join(links)}")
+            between = f"; between groups {', '.join(links)}" if links else ""  # (one group: no link between)
+            return f"{self.name}: {self.num_gpus} GPUs in node groups {', '.join(parts)}{between}"
         net = (f", {self.inter_node.nics_per_node}x{self.inter_node.nic_bandwidth_Gbps:.4g} Gb/s NICs per node"
                if self.inter_node else "")
         tp = ", tensor parallelism may span nodes" if self.tp_across_nodes and self.num_nodes > 1 else ""

@@ -11,7 +11,7 @@ from cost_models.headroom import check_headroom
 from specs.errors import AutoparError
 
 
-def load_inputs(args: argparse.Namespace) -> tuple[Any, Any]:
+def load_inputs(args: argparse.Namespace, cores_note: bool = True) -> tuple[Any, Any]:
     """The model and the (resized) cluster of an estimate / plan / whatif command, with the common options checked."""
     from specs.cluster_loading import load_cluster
     from specs.model import MAX_GLOBAL_BATCH, size_problem
@@ -24,7 +24,7 @@ def load_inputs(args: argparse.Namespace) -> tuple[Any, Any]:
     cluster = load_cluster(args.cluster, gpus=args.gpus, nodes=args.nodes)
     if args.allow_cross_node_tp:
         cluster = cluster.model_copy(update={"tp_across_nodes": True})
-    if cluster.compute_slowdown > 1:  # a CPU profile's node holds more ranks than it runs at once
+    if cores_note and cluster.compute_slowdown > 1:  # a CPU profile's node holds more ranks than it runs at once
         print(f"note: {cluster.name}: {cluster.gpus_per_node} ranks a node share its {cluster.gpu.cores} cores (each "
               f"priced {cluster.compute_slowdown:.3g}x slower); --gpus {cluster.gpu.cores} plans a core each",
               file=sys.stderr)

@@ -15,15 +15,16 @@ from specs.json_numbers import rounded
 
 
 def whatif_command(args: argparse.Namespace) -> int:
-    from planner.whatif import parse_vary, sweep
+    from planner.whatif import cluster_at, parse_vary, sweep
     from specs.parallel import parse_plan_keys
 
-    model, cluster = load_inputs(args)
+    key, values = parse_vary(args.vary)
+    resized = key in ("gpus", "nodes")
+    model, cluster = load_inputs(args, cores_note=not resized)  # (sized per point: said per point below)
     if args.plot:
         from planner.whatif_plot import plot_file
 
         plot_file(args.plot, spec_files(args))  # a bad path fails now, not after the sweep
-    key, values = parse_vary(args.vary)
     given = "--nodes" if args.nodes else "--gpus" if args.gpus and key == "gpus" else None
     if key in ("gpus", "nodes") and given:  # (--gpus N with --vary nodes: nodes of N GPUs)
         raise AutoparError(f"--vary {key} sets the cluster's size at each point; leave out {given}")
@@ -31,6 +32,10 @@ def whatif_command(args: argparse.Namespace) -> int:
         raise AutoparError(f"--gpus {args.gpus} with --vary nodes: --gpus there sets the GPUs of each node, at most "
                            f"{cluster.name}'s {cluster.gpus_per_node}; leave it out for nodes of "
                            f"{cluster.gpus_per_node}")
+    shared = [v for v in values if resized and cluster_at(cluster, key, v)[0].compute_slowdown > 1]
+    if shared:  # a CPU profile's node holding more ranks than it has cores at these points
+        print(f"note: {cluster.name}: at {key}={','.join(map(str, shared))} a node's ranks share its "
+              f"{cluster.gpu.cores} cores (each priced slower by ranks / cores)", file=sys.stderr)
     fixed = parse_plan_keys(args.fix, "--fix")
     more = parse_plan_keys(args.compare, "--compare") if args.compare is not None else {}
     if args.compare is not None and not more:

@@ -864,9 +864,14 @@ def test_a_checkpoint_that_lost_its_meta_is_refused_and_never_kept_over_a_good_o
     (root / "step_00000007.partial").mkdir()  # an interrupted save: not a checkpoint, not broken
     err = newest_is_broken(root)
     assert err is not None and "checkpoint" in str(err) and "step_00000020 is corrupt (it has no meta.json)" in str(err)
-    assert "delete it to resume from step_00000016" in str(err)
+    assert "go on from the one before it with --resume-from 16 (which sets this one aside), or delete it" in str(err)
     with pytest.raises(AutoparError, match="step_00000020 is corrupt"):
         launch(_plan(tmp_path), steps=30, checkpoint_dir=str(root), resume=True, quiet=True)
+    from runtime.checkpoint_folder import abandoned, point_latest
+
+    point_latest(root, 16)  # what that --resume-from does: the broken one is then abandoned (set aside), not newest
+    assert newest_is_broken(root) is None and [p.name for p in abandoned(root)] == ["step_00000020"]
+    (root / "latest").unlink()
     (root / "step_00000008").mkdir()  # an old folder a removal was cut short in: removed by the next pruning
     (root / "step_00000024.partial").mkdir()
     publish(root, root / "step_00000024.partial", {"step": 24}, keep=2, sums={})
