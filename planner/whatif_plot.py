@@ -7,7 +7,7 @@ Three kinds, each drawn the way its axis reads best:
 - GPU type: a bar chart, one bar per GPU (grouped by curve with ``--compare``), the names horizontal; a GPU
   without a plan has "no plan" written where its bar would stand (on line plots, where its plan would be named).
 Every point carries its best plan (:func:`plan_label`), written vertically so neighbouring labels never cross
-(line plots: in bands along the top and the bottom of the axes, clear of the data; bars: on the bar);
+(line plots: in strips above and below the throughput axes, clear of the data; bars: on the bar);
 throughput reads in k/M tokens per second; the figure is saved with nothing clipped. A ``--compare`` curve is
 drawn beside the best one (one compared curve: the command takes one).
 """
@@ -85,9 +85,13 @@ def figure(curves: dict[str, list[dict[str, Any]]], key: str, model: str, cluste
     scaling = key in ("gpus", "nodes")
     values = [p["value"] for p in next(iter(curves.values()))]
     categorical = any(isinstance(v, str) for v in values)  # bars: GPU types, group names
-    fig, (top, low) = plt.subplots(2, 1, figsize=(9, 8), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
     names = list(curves)
-    band = blended_transform_factory(top.transData, top.transAxes)  # x in data, y in the axes' height
+    if categorical:
+        fig, (top, low) = plt.subplots(2, 1, figsize=(9, 8), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+        head = top
+    else:
+        fig, top, low, strips = _line_axes(plt, curves, len(names[:2]))
+        head = strips[0]
     for i, name in enumerate(names[:2]):
         ok = [p for p in curves[name] if p.get("tokens_per_s")]
         label = "best plan" if name == "best" else _plain(name)
@@ -109,14 +113,17 @@ def figure(curves: dict[str, list[dict[str, Any]]], key: str, model: str, cluste
         xs = [p["value"] for p in ok]
         line, = top.plot(xs, [p["tokens_per_s"] for p in ok], "-o" if i == 0 else "--s", label=label)
         low.plot(xs, [p["scaling_efficiency"] for p in ok], "-o" if i == 0 else "--s", label=label)
-        for x, p in zip(xs, ok):  # the best curve's plans along the top, the compared curve's along the bottom
-            top.text(x, 0.98 if i == 0 else 0.02, _plain(plan_label(p["parallel"])), transform=band, rotation=90,
-                     ha="center", va="top" if i == 0 else "bottom", fontsize=7, color=line.get_color(),
-                     gid="plan-label")
+        band = blended_transform_factory(strips[i].transData, strips[i].transAxes)  # x in data, y in its height
+        # the best curve's plans in the strip above the throughput, the compared curve's in the strip below it, each
+        # written from the edge next to the data
+        y, va = (0.02, "bottom") if i == 0 else (0.98, "top")
+        for x, p in zip(xs, ok):
+            strips[i].text(x, y, _plain(plan_label(p["parallel"])), transform=band, rotation=90, ha="center", va=va,
+                           fontsize=7, color=line.get_color(), gid="plan-label")
         for p in curves[name]:  # a point tried without a plan: "no plan" where its plan would be named
             if not p.get("tokens_per_s"):
-                top.text(p["value"], 0.98 if i == 0 else 0.02, NO_PLAN, transform=band, rotation=90, ha="center",
-                         va="top" if i == 0 else "bottom", fontsize=7, color="grey", gid="no-plan")
+                strips[i].text(p["value"], y, NO_PLAN, transform=band, rotation=90, ha="center", va=va, fontsize=7,
+                               color="grey", gid="no-plan")
     if scaling:
         ok = [p for p in curves[names[0]] if p.get("tokens_per_s")]
         if ok:
@@ -126,7 +133,7 @@ def figure(curves: dict[str, list[dict[str, Any]]], key: str, model: str, cluste
             top.plot(xs, [per * x for x in xs], ":", color="grey", label="ideal (linear) scaling")
         top.set_yscale("log")
     if not categorical:
-        _leave_room(top, top_band=0.42, bottom_band=0.4 if len(names) > 1 else 0.05, log=scaling)
+        _leave_room(top, log=scaling)
     if categorical:
         top.set_xlim(-0.5, len(values) - 0.5)  # every GPU's place, a bar or "no plan" (shared with the lower axes)
         top.set_xticks(range(len(values)))
@@ -157,12 +164,13 @@ def figure(curves: dict[str, list[dict[str, Any]]], key: str, model: str, cluste
     top.set_ylabel("tokens / s")
     low.set_ylabel("scaling efficiency (per-GPU vs smallest)" if scaling else "throughput relative to the best point")
     low.set_xlabel(axis_label(key))
-    top.set_title(f"{_plain(model)} on {_plain(cluster)}: the best plan at each point", pad=24)
-    top.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=3, fontsize=8, frameon=False)
+    head.set_title(f"{_plain(model)} on {_plain(cluster)}: the best plan at each point", pad=24)
+    handles, texts = top.get_legend_handles_labels()
+    head.legend(handles, texts, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=3, fontsize=8, frameon=False)
     for ax in (top, low):
         ax.grid(alpha=0.3, which="major")
-    fig.tight_layout(h_pad=2.5)
     if categorical:
+        fig.tight_layout(h_pad=2.5)
         _room_above_bars(fig, top)
     return fig
 
@@ -190,19 +198,35 @@ def axis_label(key: str) -> str:
     return groups.get(base) or AXIS.get(key, key)
 
 
-def _leave_room(ax: Any, top_band: float, bottom_band: float, log: bool) -> None:
-    """Set the y limits so that the data sit between a band at the top and one at the bottom of the axes
-    (fractions of its height), where the plan labels go."""
+def _line_axes(plt: Any, curves: dict[str, list[dict[str, Any]]], n: int) -> tuple[Any, Any, Any, list[Any]]:
+    """A line plot's figure: a strip for the best curve's plan labels, the throughput axes, a strip for the compared
+    curve's labels (``n`` = 2), the efficiency axes; the strips as tall as the longest label, so that the data have
+    their axes' whole height. Returns (figure, throughput axes, efficiency axes, strips)."""
+    shown = [plan_label(p["parallel"]) if p.get("tokens_per_s") else NO_PLAN for pts in curves.values() for p in pts]
+    strip = 0.2 + 0.058 * max(map(len, shown), default=len(NO_PLAN))  # inches: 7-point characters, upright
+    heights = [strip, 3.4, *([strip] if n > 1 else []), 2.4]
+    fig = plt.figure(figsize=(9, sum(heights) + 1.2), layout="constrained")  # (room for the title, legend, labels)
+    grid = fig.add_gridspec(len(heights), 1, height_ratios=heights)
+    top = fig.add_subplot(grid[1])
+    low = fig.add_subplot(grid[-1], sharex=top)
+    strips = [fig.add_subplot(grid[0], sharex=top), *([fig.add_subplot(grid[2], sharex=top)] if n > 1 else [])]
+    for ax in strips:
+        ax.set_axis_off()
+    top.tick_params(labelbottom=False)
+    return fig, top, low, strips
+
+
+def _leave_room(ax: Any, log: bool) -> None:
+    """Set the y limits a little beyond the data (a log axis at least a quarter of an e-fold wide, a linear one from
+    zero where the data are near it: no negative tokens/s)."""
     lo, hi = ax.dataLim.y0, ax.dataLim.y1
     f = (lambda v: math.log(v)) if log else (lambda v: v)
     g = (lambda v: math.exp(v)) if log else (lambda v: v)
     a, b = f(lo), f(hi)
     span = max(b - a, 0.25 if log else 0.25 * max(abs(hi), 1.0))
     mid = (a + b) / 2
-    a, b = mid - span / 2, mid + span / 2
-    total = span / (1 - top_band - bottom_band)
-    low = g(a - bottom_band * total)
-    ax.set_ylim(low if log else max(low, 0.0), g(b + top_band * total))  # no negative tokens/s on a linear axis
+    a, b = mid - 0.6 * span, mid + 0.6 * span
+    ax.set_ylim(g(a) if log else max(g(a), 0.0), g(b))
 
 
 def plot(curves: dict[str, list[dict[str, Any]]], key: str, model: str, cluster: str, path: str) -> str:
