@@ -221,12 +221,14 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
         options = [x for flag, v in keep if v is not None for x in (flag, str(v))]
         try:
             rc = _run_workers(cmd, full_env, timeout_s)
-        except AutoparError as err:  # a worker failed: where to go on from, unless the error says already (or
+        except AutoparError as caught:  # a worker failed: where to go on from, unless the error says already (or
             # is about that checkpoint: a corrupt one)
+            moved = tokens.changed()  # (a truncated file kills a worker with SIGBUS, which names no file)
+            err = AutoparError(f"{moved.partition('; ')[0]}: {caught}; {moved.partition('; ')[2]}") if moved else caught
             again = resume_command(plan_path, total, metrics_out, checkpoint_dir, options)
             last = latest_checkpoint(Path(checkpoint_dir)) if checkpoint_dir else None
-            if not resumable or again is None or "resume" in str(err) or str(last) in str(err):
-                raise
+            if not resumable or again is None or "resume" in str(caught) or str(last) in str(caught):
+                raise err from None
             raise AutoparError(f"{err}; {again}") from None
         if rc == INTERRUPTED:
             line = interrupted(plan_path, total, metrics_out, checkpoint_dir, resumable, options)

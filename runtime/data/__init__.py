@@ -156,6 +156,21 @@ class TokenData:
         self.range = tuple(known["range"]) if known else token_range(self.tokens)
         self._check(*self.range)
         self._perm: dict[int, np.ndarray] = {}
+        self._identity = _file_identity(self.path)
+
+    def changed(self) -> str | None:
+        """A line saying the data file was rewritten or removed since it was read (a run's memory map of it then reads
+        past its end, a SIGBUS, or other tokens), or None."""
+        try:
+            now = _file_identity(self.path)
+        except OSError:
+            return f"data file {self.path} was removed while the run read it; give --data a file that stays"
+        if now == self._identity:
+            return None
+        size = (f" (size {self._identity['size']:,} -> {now['size']:,} bytes)" if now["size"] != self._identity["size"]
+                else "")
+        return (f"data file {self.path} was rewritten while the run read it{size}; write new data to a new file "
+                "and give that to --data")
 
     def verdict(self) -> str:
         """This file's check for the launcher to hand its workers (``CHECKED_ENV``): the file as it was when read

@@ -351,3 +351,16 @@ def test_workers_take_the_launchers_verdict_on_an_unchanged_data_file(tmp_path, 
     monkeypatch.setenv(data.CHECKED_ENV, text.verdict())
     monkeypatch.setattr(data, "tokenize_text", lambda p: pytest.fail("tokenised again"))
     assert TokenData(tmp_path / "t.txt", seq=16, vocab_size=256, seed=0).range == (60, 119)
+
+
+def test_a_data_file_rewritten_or_removed_during_a_run_is_named(tmp_path):
+    """A worker reading a memory-mapped file truncated under it dies of SIGBUS, which names no file: the launcher asks
+    its TokenData whether the file changed since it was read, and says so."""
+    toks = np.arange(1000, dtype=np.uint16) % 200
+    toks.tofile(tmp_path / "a.u16")
+    data = TokenData(tmp_path / "a.u16", seq=16, vocab_size=256, seed=0)
+    assert data.changed() is None
+    toks[:100].tofile(tmp_path / "a.u16")
+    assert "a.u16 was rewritten while the run read it (size 2,000 -> 200 bytes)" in data.changed()
+    (tmp_path / "a.u16").unlink()
+    assert "a.u16 was removed while the run read it" in data.changed()
