@@ -230,9 +230,11 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return COMMANDS[args.command](args)
     except AutoparError as err:
+        _clear_progress()
         print(f"{ERROR_PREFIX} {err}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
+        _clear_progress()
         print("autopar: interrupted", file=sys.stderr)
         return INTERRUPTED
     except BrokenPipeError:
@@ -247,3 +249,11 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _clear_progress() -> None:
+    """Blank a progress line a long search or replay left on the terminal, so that the line after starts clean."""
+    if sys.stderr.isatty():
+        import shutil
+
+        print("\r" + " " * (shutil.get_terminal_size().columns - 1) + "\r", end="", file=sys.stderr, flush=True)

@@ -8,32 +8,46 @@ activations and temporaries (the allocator's share, ``allocator_and_reserved``, 
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 from cost_models.memory import GiB
 from cost_models.step import Estimate
 from specs.errors import AutoparError, needs_torch
 from specs.json_numbers import rounded
+from specs.model import ModelSpec
 from specs.planfile import PlanFile
+
+
+def check_verifiable(model: ModelSpec) -> None:
+    """Refuse ``--verify`` where it cannot replay (no torch, a mixture-of-experts model): before a search, not after."""
+    try:
+        import runtime.memory_replay  # noqa: F401 - torch: only when asked
+    except ImportError as err:
+        raise needs_torch("--verify (it replays the runtime on the meta device)", err) from None
+    if model.moe is not None:
+        raise AutoparError(f"--verify does not replay mixture-of-experts models yet ({model.name}: routing needs "
+                           "real token values, which the meta device has none of); leave out --verify")
 
 
 def memory_check(plan: PlanFile, est: Estimate) -> list[dict[str, Any]]:
     """One row per pipeline rank: replayed and predicted state and peak (GiB) and the peak's relative error."""
-    try:
-        from runtime.memory_replay import replay_rank  # torch: only when asked
-    except ImportError as err:
-        raise needs_torch("--verify (it replays the runtime on the meta device)", err) from None
+    check_verifiable(plan.model)
+    from runtime.memory_replay import replay_rank
 
-    if plan.model.moe is not None:
-        raise AutoparError(f"--verify does not replay mixture-of-experts models yet ({plan.model.name}: routing needs "
-                           "real token values, which the meta device has none of); leave out --verify")
     rows = []
     for p, parts in enumerate(est.stage_memory_breakdown):
         if sys.stderr.isatty():
             print(f"\rreplaying pipeline rank {p + 1}/{len(est.stage_memory_breakdown)} on the meta device",
                   end="", file=sys.stderr, flush=True)
-        r = replay_rank(plan, p)
+        with _ctrl_c_kept() as pressed:
+            r = replay_rank(plan, p)
+        if pressed:  # Ctrl-C landed in a tensor's finalizer, where Python prints and drops it: stop here instead
+            raise KeyboardInterrupt
         state = parts["weights"] + parts["gradients"] + parts["optimizer"]
         peak = state + parts["activations"] + parts["temporary"]
         rows.append(rounded({"pp_rank": r.pp_rank, "state_GiB": r.state_bytes / GiB, "predicted_state_GiB": state,
@@ -42,3 +56,23 @@ def memory_check(plan: PlanFile, est: Estimate) -> list[dict[str, Any]]:
     if sys.stderr.isatty():
         print(file=sys.stderr)
     return rows
+
+
+@contextlib.contextmanager
+def _ctrl_c_kept() -> Iterator[list[bool]]:
+    """While the block runs, Ctrl-C raises as usual and is also recorded (the list holds True): the replay frees
+    meta tensors in finalizers, and a KeyboardInterrupt raised inside one is printed and dropped by Python."""
+    pressed: list[bool] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield pressed
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        pressed.append(True)
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGINT, handler)
+    try:
+        yield pressed
+    finally:
+        signal.signal(signal.SIGINT, old)

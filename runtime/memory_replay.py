@@ -81,7 +81,7 @@ class LiveBytes(TorchDispatchMode):
         self.peak = max(self.peak, self.live)
 
     def _free(self, key: int) -> None:
-        self.live -= self._bytes.pop(key)
+        self.live -= self._bytes.pop(key, 0)  # (0: a finalizer cut short by Ctrl-C may run again at exit)
 
     def _track(self, t: torch.Tensor) -> None:
         storage = t.untyped_storage()

@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,13 +52,14 @@ def plan_command(args: argparse.Namespace) -> int:
     if not res.plans:
         raise _no_plan(args, model, cluster, res, fixed, search_info)
     choice = _choose(args, model, cluster, res)
-    checked = None
-    if args.verify:
+    def verified() -> list[dict[str, Any]] | None:  # --verify's replay (the tables print the plan before it)
+        if not args.verify:
+            return None
         from planner.verify import memory_check
         from specs.planfile import make_plan
 
-        checked = memory_check(make_plan(model, cluster, args.global_batch, res.plans[0].config),
-                               res.plans[0].estimate)
+        return memory_check(make_plan(model, cluster, args.global_batch, res.plans[0].config), res.plans[0].estimate)
+
     if args.out:
         from planner.prediction import prediction_json
         from specs.planfile import TrainConfig, make_plan, save_plan
@@ -68,9 +70,9 @@ def plan_command(args: argparse.Namespace) -> int:
         train = TrainConfig(steps=args.steps) if args.steps else TrainConfig()
         save_plan(make_plan(model, cluster, args.global_batch, best.config, pred, train), args.out)
     if args.format == "json":
-        _print_json(res, choice, search_info, checked)
+        _print_json(res, choice, search_info, verified())
     else:
-        _print_tables(args, model, cluster, res, choice, checked)
+        _print_tables(args, model, cluster, res, choice, verified)
     return 0
 
 
@@ -91,6 +93,10 @@ def _check_options(args: argparse.Namespace, model: Any, cluster: Any) -> None:
         problem = model_problem(model)
         if problem:
             raise AutoparError(f"--runnable: {problem}")
+    if args.verify:
+        from planner.verify import check_verifiable
+
+        check_verifiable(model)
     if args.top < 1:
         raise AutoparError(f"--top must be at least 1, got {args.top}")
     if args.steps is not None and not args.out:
@@ -254,7 +260,8 @@ def _print_json(res: Any, choice: Choice, search_info: dict[str, Any], checked: 
                       **({"memory_replay": checked} if checked is not None else {})}))
 
 
-def _print_tables(args: argparse.Namespace, model: Any, cluster: Any, res: Any, choice: Choice, checked: Any) -> None:
+def _print_tables(args: argparse.Namespace, model: Any, cluster: Any, res: Any, choice: Choice,
+                  verified: Callable[[], Any]) -> None:
     from planner.report import console, estimate_tables, memory_check_table, plans_table, print_inputs
     from planner.uncertainty import step_band
 
@@ -268,6 +275,7 @@ def _print_tables(args: argparse.Namespace, model: Any, cluster: Any, res: Any, 
     con.print(f"[bold]why:[/bold] {escape(choice.reason)}")
     for tab in estimate_tables(res.plans[0].estimate, "best plan")[1:]:
         con.print(tab)
+    checked = verified()  # (its replay may take minutes on a large model: the plan is on the screen by then)
     if checked is not None:
         con.print(memory_check_table(checked))
     con.print(escape(f"best plan keys: {res.plans[0].config.as_keys()}"), soft_wrap=True)  # copied whole into --fix
