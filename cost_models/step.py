@@ -3,7 +3,8 @@ rank's tail (tail.py) and memory (memory.py), composed into step time, throughpu
 
 The vectorised model the search ranks candidates with (batch.py) composes the same functions and differs only
 in the pipeline: a closed form instead of the replay (``pipeline.closed_form``). The step time is the
-slowest rank's finish; its breakdown follows that rank. Memory is the peak over ranks. The symbols and what
+slowest rank's finish; its breakdown follows the busiest rank (its waiting the pipeline bubble). Memory is the peak
+over ranks. The symbols and what
 overlaps with what are in docs/cost_model.md.
 """
 
@@ -48,7 +49,7 @@ class Estimate:
     stage_memory_GiB: list[float] = field(default_factory=list)
     stage_memory_breakdown: list[dict[str, float]] = field(default_factory=list)
     stage_time_s: list[float] = field(default_factory=list)
-    critical_rank: int = 0
+    critical_rank: int = 0  # the pipeline rank the breakdown follows: the busiest (least idle)
     stage_capacity_GiB: list[float] = field(default_factory=list)  # each stage's GPU memory (node groups: its own)
 
     @property
@@ -102,20 +103,27 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global
         capacity, peak_flops = [cluster.gpu.memory_GiB] * pp, cluster.peak_flops(pp, cfg.tp * cfg.dp * cfg.cp)
     step = float(tail.step_time[0])
 
-    crit = int(np.argmax(tail.finish[0]))  # the breakdown follows the rank that finishes last
-    mine = lambda x: float(m * per_rank(x, pp, vpp)[0, crit].sum())  # noqa: E731 - a rank's share of a step
-    breakdown = {
-        "forward_compute": mine(costs.fwd),
-        "backward_compute": mine(costs.bwd),
-        "recompute": mine(costs.recompute),
-        "tp_cp_comm": mine(costs.comm_f + costs.comm_b - costs.ep_comm),
-        "ep_comm": mine(costs.ep_comm),
-        "pp_p2p": mine(costs.send_f + costs.send_b),
-        "pipeline_bubble": sim.rank_end[crit] - sim.rank_busy[crit],
-        "dp_comm_exposed": float(tail.dp_exposed[0, crit] + tail.gather[0, crit] + tail.tied[0])
-        + mine(costs.zero_f + costs.zero_b),
-        "optimizer": float(tail.optimizer[0, crit] + tail.norm[0]),
-    }
+    def work(r: int) -> dict[str, float]:  # what pipeline rank r does in a step, all but its waiting
+        mine = lambda x: float(m * per_rank(x, pp, vpp)[0, r].sum())  # noqa: E731 - a rank's share of a step
+        return {
+            "forward_compute": mine(costs.fwd),
+            "backward_compute": mine(costs.bwd),
+            "recompute": mine(costs.recompute),
+            "tp_cp_comm": mine(costs.comm_f + costs.comm_b - costs.ep_comm),
+            "ep_comm": mine(costs.ep_comm),
+            "pp_p2p": mine(costs.send_f + costs.send_b),
+            "dp_comm_exposed": float(tail.dp_exposed[0, r] + tail.gather[0, r] + tail.tied[0])
+            + mine(costs.zero_f + costs.zero_b),
+            "optimizer": float(tail.optimizer[0, r] + tail.norm[0]),
+        }
+
+    # The breakdown follows the busiest rank (the one with the least waiting; of equals, the one that finishes last):
+    # the rank that finishes last may be a light one (an embedding-only first stage) that mostly waits on the others,
+    # whose compute would read as the plan's and whose waiting as its pipeline bubble.
+    works = [work(r) for r in range(pp)]
+    crit = max(range(pp), key=lambda r: (round(sum(works[r].values()), 12), tail.finish[0, r]))
+    breakdown = {**works[crit], "pipeline_bubble": max(0.0, step - sum(works[crit].values()))}
+    breakdown = {k: breakdown[k] for k in (*list(works[crit])[:6], "pipeline_bubble", *list(works[crit])[6:])}
     parts = {"weights": mem.weights, "gradients": mem.grads, "optimizer": mem.optimizer,
              "activations": mem.activations, "temporary": mem.temporary,
              "allocator_and_reserved": mem.allocator_and_reserved}

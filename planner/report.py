@@ -89,7 +89,7 @@ def estimate_tables(est: Estimate, title: str) -> list[Table]:
     if pp > 1:  # where the bubble comes from: an uneven stage makes the others wait
         # virtual stage k (of pp x vpp) runs on pipeline rank k % pp
         work = " / ".join(fmt_time(sum(est.stage_time_s[r::pp])) for r in range(pp))
-        bd = Table(title=f"step time on the critical pipeline rank ({est.critical_rank} of {pp})",
+        bd = Table(title=f"step time as the busiest pipeline rank spends it (rank {est.critical_rank} of {pp})",
                    header_style="bold", min_width=64, caption_justify="left",
                    caption=f"a micro-batch's forward + backward by pipeline rank: {work}; the bubble is the wait for "
                            "the pipeline to fill and for slower ranks")

@@ -134,7 +134,8 @@ def test_sends_between_groups_cross_their_link():
     cfg = ParallelConfig(tp=8, pp=4, dp=4, mbs=1, sp=True, zero=1, dp_overlap=True)
     blocks = estimate(model, c, replace(cfg, placement=("ib", "ib", "roce", "roce")), 512)
     mixed = estimate(model, c, replace(cfg, placement=("ib", "roce", "ib", "roce")), 512)
-    assert mixed.breakdown["pp_p2p"] > 1.5 * blocks.breakdown["pp_p2p"]
+    # every stage's micro-batch time holds its blocking sends: the same compute, more time on the slow link
+    assert sum(mixed.stage_time_s) > sum(blocks.stage_time_s) * 1.01
     assert mixed.step_time_s > blocks.step_time_s
 
 
