@@ -170,7 +170,9 @@ def hf_notes(cfg: dict[str, Any]) -> list[str]:
     if mtype == "gptj":
         return ["parallel residual (attention and MLP both read the block's input): priced as the same GEMMs; "
                 "`autopar run` trains autopar's GPT block (attention, then the MLP) instead"]
-    if "n_embd" in cfg or mtype in _GPT2_LIKE | {"nemotron"}:
+    if "n_embd" in cfg or mtype in _GPT2_LIKE:
+        return _gpt2_notes(cfg)
+    if mtype == "nemotron":
         return []
     notes = []
     act = cfg.get("hidden_activation") or cfg.get("hidden_act") or _DEFAULT_ACT.get(mtype, "silu")
@@ -196,6 +198,20 @@ def hf_notes(cfg: dict[str, Any]) -> list[str]:
     if mtype == "gemma":
         notes.append("gemma: RMSNorms scaling by 1 + weight and embeddings scaled by sqrt(hidden_size): priced the "
                      "same; `autopar run` trains autopar's Llama block, which export-hf writes as a Llama")
+    return notes
+
+
+def _gpt2_notes(cfg: dict[str, Any]) -> list[str]:
+    """What of a GPT-2 config autopar's GPT block does not compute: an activation other than GeLU's tanh form,
+    attention scaled otherwise than by 1/sqrt(head dim)."""
+    notes = []
+    act = cfg.get("activation_function", "gelu_new")
+    if act not in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
+        notes.append(f"activation_function {act}: priced as autopar's GeLU MLP (the same GEMMs); `autopar run` trains "
+                     "it with GeLU (tanh form), not this activation")
+    if cfg.get("scale_attn_weights") is False or cfg.get("scale_attn_by_inverse_layer_idx"):
+        notes.append("scale_attn_weights / scale_attn_by_inverse_layer_idx: priced the same; `autopar run` scales "
+                     "attention scores by 1/sqrt(head dim) only")
     return notes
 
 
@@ -251,7 +267,12 @@ def _spec_fields(cfg: dict[str, Any], source: str) -> dict[str, Any]:
     try:
         if mtype in _GPT2_LIKE or not mtype and "n_embd" in cfg:
             h = _int(cfg, "n_embd")
-            rotary = mtype == "gptj" and cfg.get("rotary_dim") is not None
+            gptj = mtype == "gptj"  # RoPE on rotary_dim of each head's dimensions (transformers: 64 when left out,
+            # the whole head when null), untied, no dropout by default; GPT-2 learns positions, tied, dropout 0.1
+            hd = h // max(1, _int(cfg, "n_head"))
+            dims = (hd if cfg.get("rotary_dim", 64) is None else _int(cfg, "rotary_dim", min(64, hd))) if gptj else 0
+            if gptj and not 0 < dims <= hd:
+                raise ValueError(f"rotary_dim {dims} must be between 1 and the head dimension {hd} (n_embd / n_head)")
             positions = _int(cfg, "n_positions") if "n_positions" in cfg else _int(cfg, "n_ctx", 1024)
             return {
                 "name": str(name),
@@ -262,12 +283,11 @@ def _spec_fields(cfg: dict[str, Any], source: str) -> dict[str, Any]:
                 "ffn_hidden_size": _int(cfg, "n_inner", 4 * h),
                 "vocab_size": _int(cfg, "vocab_size"),
                 "seq_length": positions,
-                "tie_embeddings": _bool(cfg, "tie_word_embeddings", True),
-                "dropout": _float(cfg, "resid_pdrop", 0.1),
+                "tie_embeddings": _bool(cfg, "tie_word_embeddings", not gptj),
+                "dropout": _float(cfg, "resid_pdrop", 0.0 if gptj else 0.1),
                 "norm_eps": _float(cfg, "layer_norm_epsilon", 1e-5),
                 # GPT-J rotates rotary_dim of each head's dimensions and has no learned positions
-                **({"rotary_fraction": _int(cfg, "rotary_dim") / (h // _int(cfg, "n_head"))} if rotary else
-                   {"max_positions": positions}),  # learned positions: its weights hold this many
+                **({"rotary_fraction": dims / hd} if gptj else {"max_positions": positions}),  # learned: this many
             }
         if mtype == "nemotron":
             return _nemotron(cfg, str(name))

@@ -95,7 +95,8 @@ def cp_split_problem(seq: int, cp: int) -> str | None:
     """Why ``seq`` tokens cannot be split over ``cp`` context-parallel ranks (each takes two of ``2 cp`` equal
     chunks, one early and one late, so causal attention's work is balanced); None when they can."""
     if seq % (2 * cp):
-        return f"seq {seq} must be divisible by 2*cp = {2 * cp} (load-balanced causal split)"
+        return (f"seq {seq} must be divisible by 2*cp = {2 * cp} (load-balanced causal split); plan another --seq "
+                "or a smaller cp")
     return None
 
 
@@ -200,7 +201,7 @@ def _ep_why(cfg: ParallelConfig, x: PlanContext) -> str:
         return _dense_why(cfg, x)
     n = _experts(x)
     return f"ep={cfg.ep} does not divide the model's {n} experts; choose ep from " + ", ".join(
-        str(e) for e in range(1, n + 1) if n % e == 0)
+        str(e) for e in range(1, n + 1) if n % e == 0 and x.gpus % (e * cfg.etp) == 0)  # (... that also fit)
 
 
 def _sp_on(c: Candidates) -> np.ndarray:
@@ -285,7 +286,8 @@ RULES: tuple[Rule, ...] = (
     Rule(("tp",), _tp_node_ok, lambda cfg, x: f"tp={cfg.tp} " + str(
         tp_node_problem(cfg.tp, x.gpus, x.gpus_per_node or x.gpus, x.tp_across_nodes))),
     Rule(("cp",), lambda c, x: (c.cp == 1) | (x.model.attn_impl == "flash"),
-         lambda cfg, x: "cp > 1 needs attention: flash in the model spec (ring attention is blockwise)"),
+         lambda cfg, x: "cp > 1 needs attention: flash in the model spec (ring attention is blockwise; a Hugging "
+                        "Face config is read with its family's default: write a YAML spec from it to set it)"),
     Rule(("cp",), lambda c, x: (c.cp == 1) | (x.model.dropout_p == 0),
          lambda cfg, x: f"cp > 1 needs the model without attention dropout (dropout: 0 in the model spec; it has "
                         f"{x.model.dropout_p:g})"),
@@ -342,7 +344,7 @@ RULES: tuple[Rule, ...] = (
     Rule(("sp", "tp", "cp"), lambda c, x: ~_sp_on(c) | (x.model.seq_length % (c.cp * c.tp) == 0),
          lambda cfg, x: f"sp=true with tp={cfg.tp} needs seq {x.model.seq_length}"
                         f"{f' / cp={cfg.cp}' if cfg.cp > 1 else ''} divisible by tp (sequence parallelism splits "
-                        "it tp ways)"),
+                        "it tp ways); plan another --seq, or sp=false"),
     Rule(("tp_overlap", "sp", "tp"), lambda c, x: ~c.tp_overlap | _sp_on(c),
          lambda cfg, x: "tp_overlap=true needs sp=true and tp > 1 (it splits the SP all-gather/reduce-scatter)"),
     Rule(("tp", "tp_overlap"),

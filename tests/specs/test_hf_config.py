@@ -138,3 +138,33 @@ def test_the_window_note_names_the_sequence_planned():
     assert [n for n in hf_notes({**base, "sliding_window": 2047}) if n.startswith("sliding_window 2047: planned at "
                                                                                  "sequence 2047")]
     assert hf_notes({**base, "sliding_window": 2047, "max_position_embeddings": None}) == []
+
+
+def test_gptj_and_gpt2_configs_read_with_their_own_defaults_and_notes(tmp_path, capsys):
+    """GPT-J's defaults are not GPT-2's (untied, no dropout, RoPE on 64 dimensions: the whole head when rotary_dim is
+    null); a GPT-2 config whose activation or attention scaling autopar's GPT block does not compute is planned as
+    that block with a note, as a Llama config's hidden_act is."""
+    p = tmp_path / "config.json"
+    gptj = {**GPT2, "model_type": "gptj", "n_embd": 2048, "n_head": 16}  # head dim 128
+    p.write_text(json.dumps(gptj))
+    m = load_model(str(p))
+    assert (m.tie_embeddings, m.dropout, m.rope_dims, m.max_positions) == (False, 0.0, 64, None)
+    p.write_text(json.dumps({**gptj, "rotary_dim": None}))
+    assert load_model(str(p)).rope_dims == 128
+    p.write_text(json.dumps({**gptj, "rotary_dim": 256}))
+    with pytest.raises(AutoparError, match="rotary_dim 256 must be between 1 and the head dimension 128"):
+        load_model(str(p))
+    m = load_model(_write(tmp_path / "gpt2.json", GPT2))
+    assert (m.tie_embeddings, m.dropout, m.max_positions) == (True, 0.1, 1024)
+    notes: list[str] = []
+    load_model(_write(tmp_path / "relu.json", {**GPT2, "activation_function": "relu", "scale_attn_weights": False}),
+               notes=notes)
+    assert len(notes) == 2 and "activation_function relu" in notes[0] and "1/sqrt(head dim) only" in notes[1]
+    notes.clear()
+    load_model(_write(tmp_path / "plain.json", GPT2), notes=notes)
+    assert notes == []
+
+
+def _write(path, data) -> str:
+    path.write_text(json.dumps(data))
+    return str(path)
