@@ -52,6 +52,7 @@ def plan_command(args: argparse.Namespace) -> int:
     if not res.plans:
         raise _no_plan(args, model, cluster, res, fixed, search_info)
     choice = _choose(args, model, cluster, res)
+    fewer = _fewer_gpus(args, model, cluster, res, fixed)
     def verified() -> list[dict[str, Any]] | None:  # --verify's replay (the tables print the plan before it)
         if not args.verify:
             return None
@@ -70,10 +71,45 @@ def plan_command(args: argparse.Namespace) -> int:
         train = TrainConfig(steps=args.steps) if args.steps else TrainConfig()
         save_plan(make_plan(model, cluster, args.global_batch, best.config, pred, train), args.out)
     if args.format == "json":
-        _print_json(res, choice, search_info, verified())
+        _print_json(res, choice, search_info, verified(), fewer)
     else:
-        _print_tables(args, model, cluster, res, choice, verified)
+        _print_tables(args, model, cluster, res, choice, verified, fewer)
     return 0
+
+
+FEWER_GAIN = 0.02  # a subset of the GPUs is mentioned when its best plan is this much faster in tokens/s
+
+
+def _fewer_gpus(args: argparse.Namespace, model: Any, cluster: Any, res: Any, fixed: dict[str, Any]
+                ) -> dict[str, Any] | None:
+    """Where the cluster's node count is no power of two, the best plan on the largest power of two of its nodes,
+    when that is faster outright (fewer GPUs, more tokens/s: a count whose factors fit no good split, such as 560
+    nodes' 35, forces a deep or uneven pipeline or a poor data-parallel size); else None."""
+    from planner.search import search
+
+    nodes = cluster.num_nodes
+    whole_nodes = cluster.num_gpus == nodes * cluster.gpus_per_node
+    if cluster.node_groups or nodes < 3 or nodes & (nodes - 1) == 0 or not whole_nodes:
+        return None
+    fewer = 1 << (nodes.bit_length() - 1)
+    try:
+        sub = search(model, cluster.resized(nodes=fewer), args.global_batch, fixed=fixed, top=1,
+                     headroom_GiB=args.headroom, refine_count=4)
+    except AutoparError:  # (fixed keys that do not fit the smaller cluster)
+        return None
+    if not sub.plans or sub.plans[0].estimate.tokens_per_s < (1 + FEWER_GAIN) * res.plans[0].estimate.tokens_per_s:
+        return None
+    best = sub.plans[0]
+    return {"gpus": fewer * cluster.gpus_per_node, "nodes": fewer, "plan": best.config.short(),
+            "parallel": best.config.to_dict(), "tokens_per_s": best.estimate.tokens_per_s,
+            "gain": best.estimate.tokens_per_s / res.plans[0].estimate.tokens_per_s - 1}
+
+
+def _fewer_text(fewer: dict[str, Any], cluster: Any) -> str:
+    plan = fewer["plan"].split(" layers=")[0]  # (its layer split is in the plan it writes)
+    return (f"on {fewer['gpus']:,} of the {cluster.num_gpus:,} GPUs ({fewer['nodes']} nodes) the best plan, {plan}, "
+            f"gives {fewer['gain']:.0%} more tokens/s than the best on all {cluster.num_nodes} nodes, whose count "
+            f"allows no better split: plan with --gpus {fewer['gpus']}")
 
 
 def _check_options(args: argparse.Namespace, model: Any, cluster: Any) -> None:
@@ -244,7 +280,8 @@ def _warning(res: Any) -> str | None:
     return memory_warning(best.stage_memory_GiB, best.stage_capacity_GiB)
 
 
-def _print_json(res: Any, choice: Choice, search_info: dict[str, Any], checked: Any) -> None:
+def _print_json(res: Any, choice: Choice, search_info: dict[str, Any], checked: Any,
+                fewer: dict[str, Any] | None) -> None:
     from planner.prediction import prediction_json
     from planner.uncertainty import ranking_sigma, tie_margin
     from specs.json_numbers import rounded
@@ -257,11 +294,12 @@ def _print_json(res: Any, choice: Choice, search_info: dict[str, Any], checked: 
                       "uncertainty": rounded({"ranking_sigma": ranking_sigma(), "tie_margin": tie_margin(),
                                               "tied_with_best": choice.tied, "tied_more": choice.more_tied}),
                       "warnings": [warning] if warning else [],
+                      **({"fewer_gpus": rounded(fewer)} if fewer is not None else {}),
                       **({"memory_replay": checked} if checked is not None else {})}))
 
 
 def _print_tables(args: argparse.Namespace, model: Any, cluster: Any, res: Any, choice: Choice,
-                  verified: Callable[[], Any]) -> None:
+                  verified: Callable[[], Any], fewer: dict[str, Any] | None) -> None:
     from planner.report import console, estimate_tables, memory_check_table, plans_table, print_inputs
     from planner.uncertainty import step_band
 
@@ -273,6 +311,8 @@ def _print_tables(args: argparse.Namespace, model: Any, cluster: Any, res: Any, 
                            for p, (spread, _), low in zip(res.plans, choice.spreads, choice.balanced)],
                           f"top {len(res.plans)} plans"))
     con.print(f"[bold]why:[/bold] {escape(choice.reason)}")
+    if fewer is not None:
+        con.print(f"[bold]fewer GPUs:[/bold] {escape(_fewer_text(fewer, cluster))}")
     for tab in estimate_tables(res.plans[0].estimate, "best plan")[1:]:
         con.print(tab)
     checked = verified()  # (its replay may take minutes on a large model: the plan is on the screen by then)

@@ -483,3 +483,20 @@ def test_every_json_number_is_written_to_6_significant_digits(capsys):
         assert floats and all(float(f"{x:.6g}") == x for x in floats), [x for x in floats if float(f"{x:.6g}") != x]
         if argv[0] != "whatif":
             assert data["memory_replay"], argv
+
+
+def test_plan_says_when_fewer_gpus_train_faster(capsys):
+    """Selene's 560 nodes (4,480 GPUs): GPT-3 175B's best plan there needs a 35-stage pipeline, and 512 of the
+    nodes train faster outright; plan says so (table and JSON). A power-of-two cluster has nothing to say."""
+    code, out, err = run(capsys, "plan", "--model", "gpt3-175b", "--cluster", "selene", "--global-batch", "1536",
+                         "--format", "json")
+    assert code == 0, err
+    data = json.loads(out)
+    fewer, best = data["fewer_gpus"], data["plans"][0]
+    assert fewer["gpus"] == 4096 and fewer["tokens_per_s"] > 1.02 * best["tokens_per_s"]
+    assert fewer["gain"] == pytest.approx(fewer["tokens_per_s"] / best["tokens_per_s"] - 1, rel=1e-4)
+    code, out, err = run(capsys, "plan", "--model", "gpt3-175b", "--cluster", "selene", "--global-batch", "1536")
+    assert code == 0 and "fewer GPUs: on 4,096 of the 4,480 GPUs (512 nodes)" in " ".join(out.split())
+    code, out, err = run(capsys, "plan", "--model", "gpt3-175b", "--cluster", "selene", "--gpus", "4096",
+                         "--global-batch", "1536", "--format", "json")
+    assert code == 0 and "fewer_gpus" not in json.loads(out)
