@@ -8,6 +8,7 @@ marked (``plan_changed``) in the table; the plot is whatif_plot.py's.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from cost_models.headroom import check_headroom, headroom_for, usable_GiB
@@ -199,10 +200,11 @@ def with_gpu(cluster: ClusterSpec, name: str) -> tuple[ClusterSpec, str | None]:
 
 
 def sweep(model: ModelSpec, cluster: ClusterSpec, global_batch: int, key: str, values: list[Any],
-          fixed: dict[str, Any], headroom_GiB: float | None = None, compare: dict[str, Any] | None = None
-          ) -> list[dict[str, Any]]:
+          fixed: dict[str, Any], headroom_GiB: float | None = None, compare: dict[str, Any] | None = None,
+          progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
     """Best plan at every value (a point with no fitting plan is {value, gpus, error}); ``headroom_GiB`` None:
-    each point's default (cost_models/headroom.py: a share of each GPU's memory).
+    each point's default (cost_models/headroom.py: a share of each GPU's memory); ``progress(done, total)`` is
+    told after each point.
 
     ``compare`` holds the ``--compare`` keys, fixed on top of ``fixed`` (errors about them name --compare);
     ``placement=none`` among them plans a cluster of node groups as homogeneous at its slowest link instead of
@@ -255,6 +257,8 @@ def sweep(model: ModelSpec, cluster: ClusterSpec, global_batch: int, key: str, v
                     ) if close is not None else ""
             pt["error"] = f"no plan fits{need}"
         pts.append(pt)
+        if progress is not None:
+            progress(len(pts), len(values))
     normalize({"curve": pts}, key)
     prev = None
     for p in pts:

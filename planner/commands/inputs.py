@@ -41,10 +41,11 @@ def spec_files(args: argparse.Namespace) -> dict[str, str | None]:
     return {"model spec": args.model, "cluster profile": args.cluster}
 
 
-def progress_line(done: int, total: int, elapsed_s: float, share: float | None = None) -> str:
+def progress_line(done: int, total: int, elapsed_s: float, share: float | None = None, what: str = "candidates"
+                  ) -> str:
     """``priced 1,200/17,709 candidates, about 14 s left``: the rate so far carried to the end, of the work done
     (``share``, where the pricing knows it) or else of the candidates."""
-    line = f"priced {done:,}/{total:,} candidates"
+    line = f"priced {done:,}/{total:,} {what}"
     part = share if share is not None else done / total if total else 0.0
     if 0 < part < 1 and elapsed_s > 0:
         left = elapsed_s / part * (1 - part)
@@ -52,8 +53,9 @@ def progress_line(done: int, total: int, elapsed_s: float, share: float | None =
     return line
 
 
-def progress(fmt: str):
-    """A progress callback printing to stderr for long work (never on stdout, so JSON stays clean)."""
+def progress(fmt: str, what: str = "candidates"):
+    """A progress callback printing to stderr for long work (never on stdout, so JSON stays clean): ``what`` is
+    priced."""
     if not sys.stderr.isatty():
         return None
     start = time.perf_counter()
@@ -62,7 +64,7 @@ def progress(fmt: str):
         if done >= total:  # the work is done: the line is cleared for what follows (a table, an error)
             print(f"\r{' ' * 62}\r", end="", file=sys.stderr, flush=True)
             return
-        text = progress_line(done, total, time.perf_counter() - start, share)
+        text = progress_line(done, total, time.perf_counter() - start, share, what)
         print(f"\r  {text:<60}", end="", file=sys.stderr, flush=True)
 
     return report

@@ -9,7 +9,7 @@ from typing import Any
 
 from rich.markup import escape
 
-from planner.commands.inputs import load_inputs, spec_files
+from planner.commands.inputs import load_inputs, progress, spec_files
 from specs.errors import AutoparError
 from specs.json_numbers import rounded
 
@@ -44,9 +44,17 @@ def whatif_command(args: argparse.Namespace) -> int:
     if "placement" in more and not cluster.node_groups:
         raise AutoparError(f"--compare placement: cluster {cluster.name} has no node groups to place stages on; "
                            "placement compares plans on a cluster of node groups")
-    curves: dict[str, Any] = {"best": sweep(model, cluster, args.global_batch, key, values, fixed, args.headroom)}
+    report = progress(args.format, "points")  # (on a terminal: a sweep of large models takes a while)
+    n = len(values) * (2 if args.compare is not None else 1)
+
+    def told(first: int) -> Any:  # the points of one curve, counted among both curves'
+        return None if report is None else lambda done, _total: report(first + done, n)
+
+    curves: dict[str, Any] = {"best": sweep(model, cluster, args.global_batch, key, values, fixed, args.headroom,
+                                            progress=told(0))}
     if args.compare:
-        curves[args.compare] = sweep(model, cluster, args.global_batch, key, values, fixed, args.headroom, more)
+        curves[args.compare] = sweep(model, cluster, args.global_batch, key, values, fixed, args.headroom, more,
+                                     progress=told(len(values)))
     if not any(p.get("tokens_per_s") for p in curves["best"]):  # a --compare curve may be all errors
         first = curves["best"][0]
         raise AutoparError(f"no point of the sweep has a plan; at {key}={first['value']}: {first['error']}")

@@ -358,6 +358,10 @@ def test_exhaustive_search_reports_progress_with_time_left():
     assert progress_line(1200, 17709, 1.0, share=0.5) == "priced 1,200/17,709 candidates, about 1 s left"
     assert progress_line(100, 17709, 2.0).endswith("about 6 min left")
     assert progress_line(0, 10, 0.0) == progress_line(10, 10, 3.0).replace("10/10", "0/10")
+    told: list[tuple[int, int]] = []  # a what-if sweep says each point it has priced
+    sweep(m, c, 16, "gpus", [8, 16], {}, progress=lambda d, t: told.append((d, t)))
+    assert told == [(1, 2), (2, 2)]
+    assert progress_line(1, 4, 1.0, what="points") == "priced 1/4 points, about 3 s left"
 
 
 def test_tune_measures_only_the_plans_tied_with_the_best():
