@@ -247,13 +247,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def _clear_progress() -> None:
     """Blank a progress line a long search or replay left on the terminal, so that the line after starts clean."""
     if sys.stderr.isatty():
         import shutil
 
         print("\r" + " " * (shutil.get_terminal_size().columns - 1) + "\r", end="", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
