@@ -53,12 +53,25 @@ def progress_line(done: int, total: int, elapsed_s: float, share: float | None =
     return line
 
 
+PLAIN_EVERY_S = 30.0  # off a terminal (a batch job's log), a progress line at most this often, after as long
+
+
 def progress(fmt: str, what: str = "candidates"):
     """A progress callback printing to stderr for long work (never on stdout, so JSON stays clean): ``what`` is
-    priced."""
-    if not sys.stderr.isatty():
-        return None
+    priced. On a terminal one line rewritten in place; elsewhere (a Slurm log) a plain line every
+    :data:`PLAIN_EVERY_S` seconds once the work has taken that long."""
     start = time.perf_counter()
+    if not sys.stderr.isatty():
+        last = [start]
+
+        def plain(done: int, total: int, share: float | None = None) -> None:
+            now = time.perf_counter()
+            if done < total and now - last[0] >= PLAIN_EVERY_S:
+                last[0] = now
+                print(f"autopar: {progress_line(done, total, now - start, share, what)}", file=sys.stderr,
+                      flush=True)
+
+        return plain
 
     def report(done: int, total: int, share: float | None = None) -> None:
         if done >= total:  # the work is done: the line is cleared for what follows (a table, an error)

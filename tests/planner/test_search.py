@@ -364,6 +364,21 @@ def test_exhaustive_search_reports_progress_with_time_left():
     assert progress_line(1, 4, 1.0, what="points") == "priced 1/4 points, about 3 s left"
 
 
+def test_progress_off_a_terminal_is_a_plain_line_now_and_then(monkeypatch, capsys):
+    """A batch job's log (stderr not a terminal) gets a plain progress line every 30 s of long work, none for work
+    shorter than that, and no carriage returns."""
+    import planner.commands.inputs as inputs
+
+    clock = iter([0.0, 5.0, 31.0, 40.0, 65.0, 70.0])
+    monkeypatch.setattr(inputs.time, "perf_counter", lambda: next(clock))
+    report = inputs.progress("table")  # (capsys: stderr is no terminal)
+    for done in (1, 2, 3, 4, 5):
+        report(done, 6)
+    err = capsys.readouterr().err
+    assert err.splitlines() == ["autopar: priced 2/6 candidates, about 62 s left",
+                                "autopar: priced 4/6 candidates, about 33 s left"] and "\r" not in err
+
+
 def test_tune_measures_only_the_plans_tied_with_the_best():
     """`autopar tune` runs the best plan and those the model cannot tell from it (within its ranking
     uncertainty), at most --trials of them: a plan predicted clearly slower gets no trial."""
