@@ -112,6 +112,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global
             "tp_cp_comm": mine(costs.comm_f + costs.comm_b - costs.ep_comm),
             "ep_comm": mine(costs.ep_comm),
             "pp_p2p": mine(costs.send_f + costs.send_b),
+            "pipeline_bubble": 0.0,  # (its waiting: set for the rank the breakdown follows, below)
             "dp_comm_exposed": float(tail.dp_exposed[0, r] + tail.gather[0, r] + tail.tied[0])
             + mine(costs.zero_f + costs.zero_b),
             "optimizer": float(tail.optimizer[0, r] + tail.norm[0]),
@@ -123,7 +124,6 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global
     works = [work(r) for r in range(pp)]
     crit = max(range(pp), key=lambda r: (round(sum(works[r].values()), 12), tail.finish[0, r]))
     breakdown = {**works[crit], "pipeline_bubble": max(0.0, step - sum(works[crit].values()))}
-    breakdown = {k: breakdown[k] for k in (*list(works[crit])[:6], "pipeline_bubble", *list(works[crit])[6:])}
     parts = {"weights": mem.weights, "gradients": mem.grads, "optimizer": mem.optimizer,
              "activations": mem.activations, "temporary": mem.temporary,
              "allocator_and_reserved": mem.allocator_and_reserved}

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from specs.errors import AutoparError
+from specs.hf_config import GPT2_TANH_GELU, gpt2_scales_otherwise
 from specs.model import TOKEN_ID_NAMES, ModelSpec
 
 _LAYER = {  # autopar name in layer i -> Hugging Face name(s) in model.layers.i (several: fused, in row order)
@@ -40,7 +41,6 @@ GPT2_PREFIX = "transformer."  # GPT2LMHeadModel's; the original GPT-2 files (GPT
 IMPORTS = ("llama", "mistral", "mixtral", "qwen2", "gpt2")
 # buffers some files carry beside the weights: RoPE's frequencies, GPT-2's causal mask (older transformers)
 _BUFFERS = ("rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias")
-_TANH_GELU = ("gelu_new", "gelu_pytorch_tanh")  # GeLU's tanh approximation: what autopar's GPT MLP computes
 
 
 def names(spec: ModelSpec) -> dict[str, tuple[str, ...]]:
@@ -157,10 +157,10 @@ def check_importable(cfg: Path, raw: dict[str, object]) -> None:
                            "autopar's initialisation instead")
     if mtype == "gpt2":
         act = raw.get("activation_function", "gelu_new")
-        if act not in _TANH_GELU:
+        if act not in GPT2_TANH_GELU:
             raise AutoparError(f"{cfg} has activation_function '{act}': autopar's GPT MLP computes GeLU's tanh "
-                               f"approximation ({' or '.join(_TANH_GELU)}), so import-hf cannot read these weights")
-        if raw.get("scale_attn_by_inverse_layer_idx") or raw.get("scale_attn_weights") is False:
+                               f"approximation ({', '.join(GPT2_TANH_GELU)}), so import-hf cannot read these weights")
+        if gpt2_scales_otherwise(raw):
             raise AutoparError(f"{cfg} scales attention other than by 1/sqrt(head dim) (scale_attn_weights, "
                                "scale_attn_by_inverse_layer_idx): autopar's attention cannot compute these weights")
         return

@@ -224,7 +224,8 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
         except AutoparError as caught:  # a worker failed: where to go on from, unless the error says already (or
             # is about that checkpoint: a corrupt one)
             moved = tokens.changed()  # (a truncated file kills a worker with SIGBUS, which names no file)
-            err = AutoparError(f"{moved.partition('; ')[0]}: {caught}; {moved.partition('; ')[2]}") if moved else caught
+            err = AutoparError(f"{moved}: {caught}; give --data a file that stays as it is for the whole run"
+                               ) if moved else caught
             again = resume_command(plan_path, total, metrics_out, checkpoint_dir, options)
             last = latest_checkpoint(Path(checkpoint_dir)) if checkpoint_dir else None
             if not resumable or again is None or "resume" in str(caught) or str(last) in str(caught):

@@ -201,15 +201,23 @@ def hf_notes(cfg: dict[str, Any]) -> list[str]:
     return notes
 
 
+GPT2_TANH_GELU = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")  # GeLU's tanh form: what autopar's GPT MLP computes
+
+
+def gpt2_scales_otherwise(cfg: dict[str, Any]) -> bool:
+    """Whether a GPT-2 config scales attention scores otherwise than by 1/sqrt(head dim) (autopar's only scaling)."""
+    return cfg.get("scale_attn_weights") is False or bool(cfg.get("scale_attn_by_inverse_layer_idx"))
+
+
 def _gpt2_notes(cfg: dict[str, Any]) -> list[str]:
     """What of a GPT-2 config autopar's GPT block does not compute: an activation other than GeLU's tanh form,
     attention scaled otherwise than by 1/sqrt(head dim)."""
     notes = []
     act = cfg.get("activation_function", "gelu_new")
-    if act not in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
+    if act not in GPT2_TANH_GELU:
         notes.append(f"activation_function {act}: priced as autopar's GeLU MLP (the same GEMMs); `autopar run` trains "
                      "it with GeLU (tanh form), not this activation")
-    if cfg.get("scale_attn_weights") is False or cfg.get("scale_attn_by_inverse_layer_idx"):
+    if gpt2_scales_otherwise(cfg):
         notes.append("scale_attn_weights / scale_attn_by_inverse_layer_idx: priced the same; `autopar run` scales "
                      "attention scores by 1/sqrt(head dim) only")
     return notes

@@ -53,6 +53,7 @@ def plan_command(args: argparse.Namespace) -> int:
         raise _no_plan(args, model, cluster, res, fixed, search_info)
     choice = _choose(args, model, cluster, res)
     fewer = _fewer_gpus(args, model, cluster, res, fixed)
+
     def verified() -> list[dict[str, Any]] | None:  # --verify's replay (the tables print the plan before it)
         if not args.verify:
             return None

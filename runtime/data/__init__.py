@@ -159,25 +159,24 @@ class TokenData:
         self._identity = _file_identity(self.path)
 
     def changed(self) -> str | None:
-        """A line saying the data file was rewritten or removed since it was read (a run's memory map of it then reads
-        past its end, a SIGBUS, or other tokens), or None."""
+        """What became of the data file since it was read, where it was rewritten or removed (a run's memory map of
+        it then reads past its end, a SIGBUS, or other tokens), or None."""
         try:
             now = _file_identity(self.path)
         except OSError:
-            return f"data file {self.path} was removed while the run read it; give --data a file that stays"
+            return f"data file {self.path} was removed while the run read it"
         if now == self._identity:
             return None
         size = (f" (size {self._identity['size']:,} -> {now['size']:,} bytes)" if now["size"] != self._identity["size"]
                 else "")
-        return (f"data file {self.path} was rewritten while the run read it{size}; write new data to a new file "
-                "and give that to --data")
+        return f"data file {self.path} was rewritten while the run read it{size}"
 
     def verdict(self) -> str:
         """This file's check for the launcher to hand its workers (``CHECKED_ENV``): the file as it was when read
         (path, size, modification time), the token file it came to (a .txt file's cached tokens) and its range. A
         worker whose file still matches skips the whole-file read (one scan at start, not one per rank)."""
         tokens = Path(getattr(self.tokens, "filename", None) or self.path)  # (a memory map knows its file)
-        return json.dumps({**_file_identity(self.path), "tokens": str(tokens.resolve()), "range": list(self.range)})
+        return json.dumps({**self._identity, "tokens": str(tokens.resolve()), "range": list(self.range)})
 
     def _check(self, lo: int, hi: int) -> None:
         if lo < 0:
