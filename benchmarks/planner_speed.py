@@ -1,11 +1,12 @@
 """How fast `autopar plan` finds a plan: wall time of the whole command and of the search alone.
 
-    python benchmarks/planner_speed.py [--repeat 3] [--json out.json]
+    python benchmarks/planner_speed.py [--repeat 3] [--json out.json] [--exhaustive]
 
 Cases (issue goals): GPT-3 175B on 1024 A100s (goal <= 2 s) and the 1T GPT on 3072 A100s (goal <= 5 s), two
 smaller ones, and two Llama 3 405B cases new users found slow (fixed keys on 16,384 GPUs; 128 GPUs with a batch
 of 8, whose long interleaved pipelines make hard stage ILPs). Prints candidates evaluated and median seconds
-over --repeat runs.
+over --repeat runs. ``--exhaustive`` times `autopar plan --exhaustive`'s search instead (no pruning, every
+candidate's schedule replayed) on the EXHAUSTIVE cases.
 """
 
 from __future__ import annotations
@@ -34,13 +35,45 @@ CASES = [  # (model, cluster, gpus, global batch, --fix, goal in seconds)
     ("llama3-405b", "dgx-h100", 16384, 2048, "tp=8,pp=16", None),  # fixed keys: never slower than a free search
     ("llama3-405b", "dgx-h100", 128, 8, "", None),  # long interleaved pipelines: hard stage ILPs
 ]
+EXHAUSTIVE = [  # (model, cluster, gpus, global batch)
+    ("llama3-8b", "dgx-a100", 64, 512),
+    ("gpt3-175b", "dgx-a100", 1024, 1536),
+    ("llama3-70b", "dgx-a100", 512, 1024),
+]
+
+
+def exhaustive(repeat: int) -> list[dict]:
+    """The search of `autopar plan --exhaustive` on each EXHAUSTIVE case: candidates and median seconds."""
+    rows = []
+    print(f"{'model':12} {'gpus':>5} {'candidates':>10} {'search s':>9}  best plan")
+    for model, cluster, gpus, batch in EXHAUSTIVE:
+        m, c = load_model(model), load_cluster(cluster, gpus=gpus)
+        times, res = [], None
+        for _ in range(repeat):
+            t = time.perf_counter()
+            res = search(m, c, batch, exhaustive=True)
+            times.append(time.perf_counter() - t)
+        row = {"model": model, "cluster": cluster, "gpus": gpus, "global_batch": batch, "candidates": res.candidates,
+               "search_s": statistics.median(times), "best": res.plans[0].config.short() if res.plans else None}
+        rows.append(row)
+        print(f"{model:12} {gpus:5d} {row['candidates']:10,d} {row['search_s']:9.2f}  {row['best']}", flush=True)
+    return rows
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--exhaustive", action="store_true", help="time the exhaustive search instead")
     args = ap.parse_args()
+    rows = exhaustive(args.repeat) if args.exhaustive else default(args.repeat)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+def default(repeat: int) -> list[dict]:
+    """`autopar plan` on each CASES row: candidates, median seconds of the search and of the whole command."""
     rows = []
     print(f"{'model':12} {'gpus':>5} {'fixed':>10} {'candidates':>10} {'search s':>9} {'command s':>10} "
           f"{'goal s':>7}  best plan")
@@ -48,7 +81,7 @@ def main() -> int:
         m, c = load_model(model), load_cluster(cluster, gpus=gpus)
         search_s, cmd_s = [], []
         res = None
-        for _ in range(args.repeat):
+        for _ in range(repeat):
             t = time.perf_counter()
             res = search(m, c, batch, fixed=parse_plan_keys(fix, "--fix"))  # (the command's default headroom)
             search_s.append(time.perf_counter() - t)
@@ -64,9 +97,7 @@ def main() -> int:
         print(f"{model:12} {gpus:5d} {fix or '-':>10} {row['candidates']:10,d} {row['search_s']:9.2f} "
               f"{row['command_s']:10.2f} "
               f"{goal if goal else '-':>7}  {row['best']}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
-    return 0
+    return rows
 
 
 if __name__ == "__main__":

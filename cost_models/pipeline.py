@@ -226,6 +226,9 @@ class Replay:
     last_b_end: np.ndarray
 
 
+_REPLAY_FIELDS = ("rank_end", "last_b_start", "last_b_end")
+
+
 def replayed(sim: SimResult) -> Replay:
     """A schedule replay's result as a (one-candidate) :class:`Replay`."""
     starts = np.array([[s for s, _ in row] for row in sim.last_b])
@@ -234,11 +237,33 @@ def replayed(sim: SimResult) -> Replay:
 
 
 def table_replay(f: np.ndarray, b: np.ndarray, pp: int, vpp: int, m: np.ndarray) -> Replay:
-    """:func:`simulate_steps` of every candidate in turn (``f``, ``b``: [N, pp * vpp]; ``m``: [N]): the exact
-    model's pipeline, for many candidates (slow)."""
-    runs = [replayed(simulate_steps(pp, vpp, int(mi), fi.tolist(), bi.tolist())) for fi, bi, mi in zip(f, b, m)]
-    return Replay(*(np.concatenate([getattr(r, k) for r in runs]) for k in ("rank_end", "last_b_start",
-                                                                             "last_b_end")))
+    """:func:`simulate_steps` of every candidate (``f``, ``b``: [N, pp * vpp]; ``m``: [N]): the exact model's
+    pipeline, for many candidates. Candidates with the same micro-batch count are replayed together, one dependency
+    wave at a time (the same max-and-add as :func:`simulate`, so the same times to the bit), a long batch by the
+    same checked steady-state extension as ``simulate_steps`` (``_extended_many``), falling back to the full
+    replay where it does not hold."""
+    m = np.asarray(m)
+    n = f.shape[0]
+    out = Replay(rank_end=np.zeros((n, pp)), last_b_start=np.zeros((n, pp, vpp)), last_b_end=np.zeros((n, pp, vpp)))
+    for mi, rows in by_value(m):
+        longest = max(mi, steady_m(pp, mi) + 2 * pp)
+        block = max(16, REPLAY_FLOATS // (2 * (longest + pp) * pp * vpp))  # the replay keeps every action's end
+        for lo in range(0, len(rows), block):
+            part = rows[lo:lo + block]
+            full = np.ones(len(part), dtype=bool)
+            if steady_m(pp, mi) != mi:
+                got, steady = _extended_many(f[part], b[part], pp, vpp, mi)
+                _put(out, part[steady], got, steady)
+                full = ~steady
+            if full.any():
+                _put(out, part[full], _waves_replay(f[part[full]], b[part[full]], pp, vpp, mi), slice(None))
+    return out
+
+
+def _put(out: Replay, rows: np.ndarray, got: Replay, which: np.ndarray | slice) -> None:
+    """Write rows ``which`` of ``got`` into rows ``rows`` of ``out``."""
+    for k in _REPLAY_FIELDS:
+        getattr(out, k)[rows] = getattr(got, k)[which]
 
 
 # How far the closed form may be from the replay, for interleaved chunks of unequal size (it is exact otherwise):
@@ -305,6 +330,7 @@ class _Levels:
     dur: np.ndarray  # index of its duration: kind * nv + virtual stage
     rank_last: np.ndarray  # [pp] each rank's last action
     last_b: np.ndarray  # [pp, vpp] each chunk's last backward
+    first_b: np.ndarray  # [pp] each rank's first backward
 
 
 @lru_cache(maxsize=256)
@@ -324,9 +350,11 @@ def _levels(pp: int, vpp: int, m: int) -> _Levels:
     cuts = np.nonzero(np.diff(level[order]))[0] + 1
     last_b = np.zeros((pp, vpp), dtype=np.int64)
     np.maximum.at(last_b, (rank[back == 1], v[back == 1] // pp), ids[back == 1])
+    first_b = np.full(pp, n, dtype=np.int64)
+    np.minimum.at(first_b, rank[back == 1], ids[back == 1])
     rank_last = np.r_[np.nonzero(np.diff(rank))[0], n - 1]
     return _Levels(waves=tuple(np.split(order, cuts)), prev=prev, dep=dep, dur=back * nv + v, rank_last=rank_last,
-                   last_b=last_b)
+                   last_b=last_b, first_b=first_b)
 
 
 def _depths(prev: list[int], dep: list[int], bounds: list[int]) -> list[int]:
@@ -352,17 +380,53 @@ def _depths(prev: list[int], dep: list[int], bounds: list[int]) -> list[int]:
     return depth[:n]
 
 
-def _waves_replay(f: np.ndarray, b: np.ndarray, pp: int, vpp: int, m: int) -> Replay:
-    """The schedule of ``m`` micro-batches replayed for many candidates at once, one dependency wave at a time."""
+def _waves_ends(f: np.ndarray, b: np.ndarray, pp: int, vpp: int, m: int) -> tuple[_Levels, np.ndarray]:
+    """The schedule of ``m`` micro-batches replayed for many candidates at once, one dependency wave at a time:
+    the schedule's graph and every action's end ([actions + 1, N]; the last row, "none", stays 0)."""
     g = _levels(pp, vpp, m)
-    n = len(g.prev)
     durations = np.concatenate([f, b], axis=1).T  # [2 * nv, N]
-    end = np.zeros((n + 1, f.shape[0]))
+    end = np.zeros((len(g.prev) + 1, f.shape[0]))
     for wave in g.waves:
         end[wave] = np.maximum(end[g.prev[wave]], end[g.dep[wave]]) + durations[g.dur[wave]]
-    b_end = end[g.last_b].transpose(2, 0, 1)  # [N, pp, vpp]
-    b_len = durations[g.dur[g.last_b]].transpose(2, 0, 1)
-    return Replay(rank_end=end[g.rank_last].T, last_b_start=b_end - b_len, last_b_end=b_end)
+    return g, end
+
+
+def _start(g: _Levels, end: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """When actions ``ids`` start: after the rank's previous action and the one whose output they need."""
+    return np.maximum(end[g.prev[ids]], end[g.dep[ids]])
+
+
+def _waves_replay(f: np.ndarray, b: np.ndarray, pp: int, vpp: int, m: int) -> Replay:
+    """:func:`simulate` of the schedule of ``m`` micro-batches for many candidates at once."""
+    g, end = _waves_ends(f, b, pp, vpp, m)
+    return Replay(rank_end=end[g.rank_last].T, last_b_start=_start(g, end, g.last_b).transpose(2, 0, 1),
+                  last_b_end=end[g.last_b].transpose(2, 0, 1))
+
+
+def _extended_many(f: np.ndarray, b: np.ndarray, pp: int, vpp: int, m: int) -> tuple[Replay, np.ndarray]:
+    """:func:`_extended` for many candidates at once: their replays at m1 = steady_m(pp, m), m1 + pp and m1 + 2 pp
+    extended linearly to ``m``, and [N] whether each candidate was in the steady regime (the rest need the full
+    replay), by the same checks."""
+    m1 = steady_m(pp, m)
+    u = (f + b).reshape(len(f), vpp, pp).sum(axis=1)  # [N, pp] each rank's work per micro-batch
+    runs = []
+    for k in (m1, m1 + pp, m1 + 2 * pp):
+        g, end = _waves_ends(f, b, pp, vpp, k)
+        rank_end = end[g.rank_last].T
+        runs.append([rank_end.max(axis=1, keepdims=True), rank_end, k * u, _start(g, end, g.first_b).T,
+                     _start(g, end, g.last_b).transpose(2, 0, 1), end[g.last_b].transpose(2, 0, 1)])
+    steps = (m - m1) // pp
+    ok = np.ones(len(f), dtype=bool)
+    ext = []
+    for a, b2, c in zip(*runs):
+        d1, d2 = b2 - a, c - b2
+        scale = np.maximum(1.0, np.maximum(np.abs(a), np.abs(c)))
+        ok &= (np.abs(d2 - d1) <= 1e-9 * scale).reshape(len(f), -1).all(axis=1)
+        ext.append(a + steps * d1)
+    grow = runs[1][0][:, 0] - runs[0][0][:, 0]
+    busiest = (runs[1][2] - runs[0][2]).max(axis=1)
+    ok &= np.abs(grow - busiest) <= 1e-9 * np.maximum(1.0, runs[1][0][:, 0])
+    return Replay(rank_end=ext[1], last_b_start=ext[4], last_b_end=ext[5]), ok
 
 
 REPLAY_FLOATS = 1 << 23  # end times held at once by a many-candidate replay (64 MiB)
@@ -385,10 +449,10 @@ def wave_replay(f: np.ndarray, b: np.ndarray, pp: int, vpp: int, m: np.ndarray) 
             if grow.any():
                 two = _waves_replay(f[part], b[part], pp, vpp, int(mi) + pp)
                 steps = ((m[part] - mi) / pp)[:, None]
-                for name in ("rank_end", "last_b_start", "last_b_end"):
+                for name in _REPLAY_FIELDS:
                     a, c = getattr(one, name), getattr(two, name)
                     s = steps.reshape((-1,) + (1,) * (a.ndim - 1))
                     setattr(one, name, np.where(grow.reshape(s.shape), a + (c - a) * s, a))
-            for name in ("rank_end", "last_b_start", "last_b_end"):
+            for name in _REPLAY_FIELDS:
                 getattr(out, name)[part] = getattr(one, name)
     return out

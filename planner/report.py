@@ -77,6 +77,19 @@ def fmt_rate(x: float) -> str:
     return f"{x:,.1f}"
 
 
+def per_rank(values: list[str]) -> str:
+    """Per-rank values joined by " / ", three or more equal ones in a row once, with their ranks (a 64-stage
+    pipeline's middle ranks are one entry, not 62)."""
+    out, i = [], 0
+    while i < len(values):
+        j = i
+        while j + 1 < len(values) and values[j + 1] == values[i]:
+            j += 1
+        out.extend([f"{values[i]} (ranks {i}-{j})"] if j - i >= 2 else values[i:j + 1])
+        i = j + 1
+    return " / ".join(out)
+
+
 def estimate_tables(est: Estimate, title: str) -> list[Table]:
     top = Table(title=title, show_header=True, header_style="bold")
     for col in ("step time", "tokens/s", "MFU", "memory/GPU", "fits", "bubble", "exposed comm"):
@@ -88,7 +101,7 @@ def estimate_tables(est: Estimate, title: str) -> list[Table]:
     pp = len(est.stage_memory_GiB)
     if pp > 1:  # where the bubble comes from: an uneven stage makes the others wait
         # virtual stage k (of pp x vpp) runs on pipeline rank k % pp
-        work = " / ".join(fmt_time(sum(est.stage_time_s[r::pp])) for r in range(pp))
+        work = per_rank([fmt_time(sum(est.stage_time_s[r::pp])) for r in range(pp)])
         bd = Table(title=f"step time as the busiest pipeline rank spends it (rank {est.critical_rank} of {pp})",
                    header_style="bold", min_width=64, caption_justify="left",
                    caption=f"a micro-batch's forward + backward by pipeline rank: {work}; the bubble is the wait for "

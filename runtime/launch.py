@@ -34,7 +34,7 @@ from runtime.checkpoint_folder import (
 from runtime.data import CHECKED_ENV, SAMPLE_TEXT, TokenData
 from runtime.metrics import last_step
 from runtime.options import COLLECTIVE_TIMEOUT_S, add_run_arguments, check_run_options, launch_options, worker_argv
-from specs.errors import ERROR_PREFIX, INTERRUPTED, WORKER_ERROR_PREFIX, AutoparError
+from specs.errors import ERROR_PREFIX, INTERRUPTED, WORKER_ERROR_PREFIX, AutoparError, RunFailed
 from specs.parallel import rank_group
 from specs.planfile import PlanFile, load_plan
 
@@ -225,12 +225,12 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
             # is about that checkpoint: a corrupt one)
             moved = tokens.changed()  # (a truncated file kills a worker with SIGBUS, which names no file)
             err = AutoparError(f"{moved}: {caught}; give --data a file that stays as it is for the whole run"
-                               ) if moved else caught
+                               ) if moved else caught  # (a file changed under the run: the input, exit 2)
             again = resume_command(plan_path, total, metrics_out, checkpoint_dir, options)
             last = latest_checkpoint(Path(checkpoint_dir)) if checkpoint_dir else None
             if not resumable or again is None or "resume" in str(caught) or str(last) in str(caught):
                 raise err from None
-            raise AutoparError(f"{err}; {again}") from None
+            raise type(err)(f"{err}; {again}") from None
         if rc == INTERRUPTED:
             line = interrupted(plan_path, total, metrics_out, checkpoint_dir, resumable, options)
             print(f"autopar: {line}", file=sys.stderr, flush=True)
@@ -388,13 +388,15 @@ def _run_workers(cmd: list[str], env: dict[str, str], timeout_s: float | None = 
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-            raise AutoparError(f"training stopped at its time limit of {timeout_s:g} s (workers' log: {log_path})"
-                               ) from None
+            raise RunFailed(f"training stopped at its time limit of {timeout_s:g} s (workers' log: {log_path})"
+                            ) from None
         reader.join()
     if rc == 0:
         os.unlink(log_path)
         return 0
-    raise AutoparError(f"{_failure(Path(log_path).read_text(errors='replace'), errors, rc)} (workers' log: {log_path})")
+    why = _failure(Path(log_path).read_text(errors="replace"), errors, rc)
+    failed = AutoparError if any(why == _worker_text(e) and _input_error(why) for e in errors) else RunFailed
+    raise failed(f"{why} (workers' log: {log_path})")
 
 
 def _ends_with(parent: int) -> Callable[[], None] | None:
@@ -436,6 +438,12 @@ def _failure(log: str, errors: list[str], rc: int) -> str:
     if errors:
         return _worker_text((own or errors)[0])
     return f"training failed: torchrun exited with status {rc}"
+
+
+def _input_error(text: str) -> bool:
+    """Whether a worker's error line is one of autopar's bad-input errors (a corrupt checkpoint, a plan that does not
+    fit the world), not a worker's internal error (``rank N: TypeError: ...``) or the watchdog's hang verdict."""
+    return not re.match(r"rank \d+: ", text) and "stopped making progress" not in text
 
 
 def _worker_text(line: str) -> str:

@@ -24,6 +24,14 @@ class AutoparError(Exception):
         super().__init__(" ".join(message.split()))
 
 
+class RunFailed(AutoparError):
+    """A run that failed on its way rather than on a bad input: a worker killed (the OOM killer, a lost node), a
+    worker's internal error, a hang, a time limit. The CLI prints it on one line too and exits 1, so that a job
+    script can tell "fix the input" (2) from "the run broke" (1)."""
+
+    exit_code = 1
+
+
 def needs_torch(what: str, err: ImportError) -> AutoparError:
     """The one-line error for ``what`` (a command or option) on an install without the `run` extra's PyTorch."""
     return AutoparError(f"{what} needs PyTorch ({err.name or 'torch'} is missing): pip install 'autopar[run]' "

@@ -12,7 +12,18 @@ from cost_models import pipeline
 from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
 from cost_models.memory import layer_activation_bytes, state_bytes
-from cost_models.pipeline import closed_form, peak_inflight_bytes, replayed, simulate, simulate_steps, wave_replay
+from cost_models.pipeline import (
+    STEADY_FROM,
+    _extended,
+    closed_form,
+    peak_inflight_bytes,
+    replayed,
+    simulate,
+    simulate_steps,
+    steady_m,
+    table_replay,
+    wave_replay,
+)
 from cost_models.step import estimate
 from specs.cluster import GemmPoint
 from specs.cluster_loading import load_cluster, load_gpu
@@ -115,6 +126,41 @@ def test_wave_replay_equals_the_replay(seed):
         rel = 1e-9 if m[i] <= 2 * pp else 0.03
         assert got.rank_end[i] == pytest.approx(want.rank_end[0], rel=rel)
         assert got.last_b_end[i] == pytest.approx(want.last_b_end[0], rel=rel)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_table_replay_is_simulate_steps_to_the_bit(seed):
+    """The exhaustive search's many-candidate replay gives each candidate exactly what the exact model's replay
+    does, for chunks of unequal size and micro-batch counts both replayed whole and long enough to be extended."""
+    rnd = np.random.default_rng(seed)
+    pp, vpp = int(rnd.choice([2, 3, 4])), int(rnd.choice([1, 2]))
+    nv = pp * vpp
+    long = (3 * max(STEADY_FROM, 8 * pp) // pp + 2) * pp  # past the full replays, a multiple of pp
+    assert steady_m(pp, long) != long
+    m = np.array([pp, 3 * pp, pp, 7 * pp, long, long + pp])
+    f = rnd.uniform(0.5, 2.0, (len(m), nv))
+    b = f * rnd.uniform(1.5, 2.5, (len(m), nv))
+    got = table_replay(f, b, pp, vpp, m)
+    for i in range(len(m)):
+        want = replayed(simulate_steps(pp, vpp, int(m[i]), f[i].tolist(), b[i].tolist()))
+        for k in ("rank_end", "last_b_start", "last_b_end"):
+            assert np.array_equal(getattr(got, k)[i], getattr(want, k)[0]), (i, k)
+
+
+def test_table_replay_of_long_batches_extends_only_where_simulate_steps_does():
+    """Past the full replays, a candidate whose pipeline has settled is extended linearly and one that has not (an
+    interleaved pipeline paced by a cycle through several ranks) is replayed in full, as simulate_steps decides."""
+    rnd = np.random.default_rng(1)
+    pp, vpp = 4, 2
+    m = (3 * max(STEADY_FROM, 8 * pp) // pp + 2) * pp
+    f, b = rnd.uniform(0.01, 2, (24, pp * vpp)), rnd.uniform(0.01, 2, (24, pp * vpp))
+    settled = [_extended(pp, vpp, m, steady_m(pp, m), fi.tolist(), bi.tolist()) is not None for fi, bi in zip(f, b)]
+    assert any(settled) and not all(settled)
+    got = table_replay(f, b, pp, vpp, np.full(len(f), m))
+    for i in range(len(f)):
+        want = replayed(simulate_steps(pp, vpp, m, f[i].tolist(), b[i].tolist()))
+        for k in ("rank_end", "last_b_start", "last_b_end"):
+            assert np.array_equal(getattr(got, k)[i], getattr(want, k)[0]), (i, k)
 
 
 def test_bubble_shrinks_with_more_microbatches_and_interleaving():

@@ -53,6 +53,20 @@ def test_estimate_table(capsys):
     text = " ".join(out.split())
     assert code == 0 and "busiest pipeline rank spends it (rank " in text and " of 2)" in text
     assert re.search(r"by pipeline rank: [\d.]+ ms / [\d.]+ ms; the bubble", text)
+    # a deep pipeline's equal middle ranks are one entry with their ranks, not one each
+    code, out, _ = run(capsys, "estimate", "--model", "llama3-405b", "--cluster", "dgx-h100", "--gpus", "8192",
+                       "--global-batch", "2048", "--plan", "tp=8,pp=64,cp=2,mbs=1,sp=1")
+    work = re.search(r"by pipeline rank: ([^;]*);", " ".join(out.split()))
+    assert code == 0 and work and work[1].count(" / ") <= 4, work
+    spans = [tuple(map(int, x)) for x in re.findall(r"\(ranks (\d+)-(\d+)\)", work[1])]
+    assert spans and sum(b - a + 1 for a, b in spans) + work[1].count(" / ") + 1 - len(spans) == 64
+
+
+def test_per_rank_values_name_runs_of_equal_ones():
+    from planner.report import per_rank
+
+    assert per_rank(["1 ms", "2 ms", "2 ms", "3 ms"]) == "1 ms / 2 ms / 2 ms / 3 ms"
+    assert per_rank(["1 ms", "2 ms", "2 ms", "2 ms", "3 ms", "3 ms", "3 ms"]) == "1 ms / 2 ms (ranks 1-3) / 3 ms (ranks 4-6)"
 
 
 BAD = [

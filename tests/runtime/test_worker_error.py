@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from runtime.launch import _failure
+from runtime.launch import _failure, _input_error
 from runtime.worker_error import MAX_BYTES, report
-from specs.errors import WORKER_ERROR_PREFIX
+from specs.errors import WORKER_ERROR_PREFIX, AutoparError, RunFailed
 
 
 def test_a_worker_error_is_one_line_in_one_write(capfd, monkeypatch):
@@ -43,3 +43,13 @@ def test_a_worker_that_aborts_after_its_error_is_reported_by_its_error():
     assert _failure(log, [peer], 1) == "training failed: worker rank 1 was killed by signal 6"
     killed = log.replace("-6", "-9")  # killed (the OOM killer): the cause, whatever the others made of it
     assert _failure(killed, [peer, corrupt], 1) == "training failed: worker rank 1 was killed by signal 9"
+
+
+def test_a_bad_input_exits_2_and_a_broken_run_1():
+    """What the workers stopped with decides `autopar run`'s exit status: one of autopar's bad-input lines (a
+    corrupt checkpoint) is the input's fault (2); a worker's internal error or the watchdog's hang verdict is the
+    run's (1), as a killed worker or a time limit is."""
+    assert _input_error("checkpoint ck/step_00000004 is corrupt (.metadata is missing)")
+    assert not _input_error("rank 0: RuntimeError: Connection closed by peer")
+    assert not _input_error("rank 1 stopped making progress at step 3; raise --collective-timeout")
+    assert RunFailed("x").exit_code == 1 and AutoparError("x").exit_code == 2 and issubclass(RunFailed, AutoparError)
