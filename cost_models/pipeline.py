@@ -333,7 +333,7 @@ class _Levels:
     first_b: np.ndarray  # [pp] each rank's first backward
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=16)  # a long batch's graph holds tens of MB (2 x 39 chunks x 1,024 micro-batches: 27 MB)
 def _levels(pp: int, vpp: int, m: int) -> _Levels:
     nv = pp * vpp
     rank, back, mb, chunk = schedule_table(pp, vpp, m).T
