@@ -175,17 +175,24 @@ def _fastest(plans: list[PlanResult]) -> list[PlanResult]:
 GROW_LIMIT = 1 << 16  # the largest cluster :func:`min_gpus_to_fit` tries
 
 
+NODE_SCAN = 64  # whole-node counts below a cluster's that :func:`max_gpus_with_plans` tries before powers of two
+
+
 def max_gpus_with_plans(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dict[str, Any]
                         ) -> int | None:
-    """The largest power of two below the cluster's GPU count on which the model and batch have any plan at all (memory
-    aside), or None: what to suggest when no plan splits the batch and model over the cluster's GPUs."""
-    g = 1 << (cluster.num_gpus - 1).bit_length() - 1 if cluster.num_gpus > 1 else 0
-    while g >= 1:
+    """The largest GPU count below the cluster's on which the model and batch have any plan at all (memory aside),
+    or None: what to suggest when no plan splits the batch and model over the cluster's GPUs. Tried: the
+    :data:`NODE_SCAN` whole-node counts below it (1,000 GPUs: 992, 984, ...), then the powers of two below those."""
+    node = cluster.gpus_per_node
+    whole = [g for g in range(cluster.num_gpus - node, 0, -node)][:NODE_SCAN] if cluster.num_gpus > node else []
+    low = min(whole, default=cluster.num_gpus)
+    powers = [1 << k for k in range((low - 1).bit_length() - 1, -1, -1)] if low > 1 else []
+    for g in whole + powers:
         try:
             enumerate_space(model, cluster.resized(gpus=g), global_batch, fixed, False, None)
             return g
         except AutoparError:
-            g //= 2
+            continue
     return None
 
 

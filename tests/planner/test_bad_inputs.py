@@ -713,6 +713,10 @@ def test_a_gpu_count_no_plan_splits_over_suggests_one_that_does(capsys):
     the batch, dp or mbs) missed that another GPU count plans; the error names one that does."""
     err = fails(capsys, "plan", "--model", "tiny", "--cluster", "selene", "--global-batch", "16")
     assert "not divisible by dp*mbs" in err and "a plan of tiny exists on 4,096: --gpus 4096" in err
+    # the largest whole-node count below that plans, not only powers of two: 1,000 GPUs (125 nodes) -> 124 nodes
+    err = fails(capsys, "plan", "--model", "gpt3-175b", "--cluster", "selene", "--gpus", "1000", "--global-batch",
+                "1536")
+    assert "a plan of gpt3-175b exists on 992: --gpus 992" in err
     assert main(["plan", "--model", "tiny", "--cluster", "selene", "--gpus", "4096", "--global-batch", "16",
                  "--format", "json"]) == 0
     capsys.readouterr()

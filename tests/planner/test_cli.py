@@ -514,3 +514,11 @@ def test_plan_says_when_fewer_gpus_train_faster(capsys):
     code, out, err = run(capsys, "plan", "--model", "gpt3-175b", "--cluster", "selene", "--gpus", "4096",
                          "--global-batch", "1536", "--format", "json")
     assert code == 0 and "fewer_gpus" not in json.loads(out)
+    # 124 nodes: of 64 and 96 nodes (the largest 2^k and 3 x 2^k below), 96 trains faster; the hint names it
+    code, out, err = run(capsys, "plan", "--model", "gpt3-175b", "--cluster", "selene", "--gpus", "992",
+                         "--global-batch", "1536", "--format", "json")
+    data = json.loads(out)
+    assert code == 0 and data["fewer_gpus"]["gpus"] == 768, err
+    code, out, err = run(capsys, "plan", "--model", "gpt3-175b", "--cluster", "selene", "--gpus", "512",
+                         "--global-batch", "1536", "--format", "json")
+    assert code == 0 and json.loads(out)["plans"][0]["tokens_per_s"] < data["fewer_gpus"]["tokens_per_s"]
