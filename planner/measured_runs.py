@@ -106,8 +106,11 @@ def _metrics_lines(path: str | Path, notes: bool = True) -> list[dict[str, Any]]
     except FileNotFoundError:
         raise AutoparError(f"metrics file {p} does not exist; write one with `autopar run PLAN --metrics-out {p}`"
                            ) from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise AutoparError(f"cannot read metrics file {p}: {getattr(err, 'strerror', None) or err}") from None
+    except UnicodeDecodeError:
+        raise AutoparError(f"metrics file {p} is not text (not UTF-8): give the JSON-lines file `autopar run PLAN "
+                           "--metrics-out FILE` wrote") from None
+    except OSError as err:
+        raise AutoparError(f"cannot read metrics file {p}: {err.strerror or err}") from None
     objs: list[dict[str, Any]] = []
     lines = text.splitlines()
     for i, line in enumerate(lines, 1):
@@ -126,6 +129,9 @@ def _metrics_lines(path: str | Path, notes: bool = True) -> list[dict[str, Any]]
             raise AutoparError(f"metrics file {p} line {i} is not valid JSON (truncated or corrupt?)") from None
         if not isinstance(obj, dict):
             raise AutoparError(f"metrics file {p} line {i} is not a JSON object")
+        if "step" in obj and "event" not in obj and not is_step_line(obj):  # not a line autopar run writes
+            raise AutoparError(f"metrics file {p} line {i} has a step but no step_time_s: give the file `autopar run "
+                               "--metrics-out` wrote, or remove that line")
         if is_step_line(obj):
             t, step = obj["step_time_s"], obj["step"]
             if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) or t <= 0:

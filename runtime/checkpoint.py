@@ -62,7 +62,7 @@ from runtime.portable_state import (
     take_loaded,
 )
 from runtime.trainer import Trainer
-from specs.errors import AutoparError
+from specs.errors import AutoparError, RunFailed
 from specs.model import ModelSpec
 from specs.planfile import PlanFile, TrainConfig
 from specs.state import StateSpec
@@ -148,6 +148,17 @@ def _cause(err: BaseException) -> str:
     return text.splitlines()[0][:200] if text else type(err).__name__
 
 
+FULL_BELOW = 64 << 20  # free bytes under which a failed save is put down to a full disk
+
+
+def _free_bytes(path: Path) -> int | None:
+    """Bytes free to this user on the file system holding ``path`` (None where that cannot be read)."""
+    try:
+        return shutil.disk_usage(path if path.exists() else path.parent).free
+    except OSError:
+        return None
+
+
 def save_checkpoint(tr: Trainer, root: Path, keep: int = KEEP_CHECKPOINTS,
                     options: dict[str, int | None] | None = None) -> Path:
     """Write the state after ``tr.step`` completed steps; returns the checkpoint's directory. ``options``: the
@@ -162,14 +173,17 @@ def save_checkpoint(tr: Trainer, root: Path, keep: int = KEEP_CHECKPOINTS,
     try:
         dcp.save(state_dict(tr), checkpoint_id=str(tmp), process_group=tr.g.world, planner=SavePlanner())
     except (Exception, CheckpointException) as err:  # DCP raises on every rank when any rank fails
+        free = _free_bytes(tmp)  # (before the partial files go: a full disk shows as one)
         if rank0:
             shutil.rmtree(tmp, ignore_errors=True)  # (space a full disk needs)
         before = latest_checkpoint(root)
         kept = f"; the checkpoint before it ({before.name}) is kept" if before is not None else ""
-        if isinstance(_first_failure(err), OSError):  # the file system's: what to do about it
-            raise AutoparError(f"cannot write checkpoint {final} ({_cause(err)}){kept}: free space or give another "
-                               "--checkpoint-dir" + (", and resume" if kept else "")) from None
-        raise AutoparError(f"checkpoint {final} was not written ({_cause(err)}){kept}") from None
+        full = free is not None and free < FULL_BELOW  # torch's writer may say only "unexpected pos" when it is
+        if full or isinstance(_first_failure(err), OSError):  # the file system's: what to do about it
+            cause = f"the disk holding it is full: {free / 2 ** 20:.0f} MiB free" if full else _cause(err)
+            raise RunFailed(f"cannot write checkpoint {final} ({cause}){kept}: free space or give another "
+                            "--checkpoint-dir") from None  # (`autopar run` adds how to go on from the one kept)
+        raise RunFailed(f"checkpoint {final} was not written ({_cause(err)}){kept}") from None
     dist.barrier(group=tr.g.world)
     n = dist.get_world_size(tr.g.world)
     names: list[list[str] | None] = [checkpoint_files(tmp) if rank0 else None]  # one listing for all ranks
@@ -178,8 +192,8 @@ def save_checkpoint(tr: Trainer, root: Path, keep: int = KEEP_CHECKPOINTS,
     dist.all_gather_object(every, checksums(tmp, names[0] or [], dist.get_rank(tr.g.world), n), group=tr.g.world)
     failed = next((part for part in every if isinstance(part, str)), None)
     if failed:
-        raise AutoparError(f"checkpoint {tmp} could not be read back after saving ({failed}); the previous "
-                           "checkpoint is kept: check the file system")
+        raise RunFailed(f"checkpoint {tmp} could not be read back after saving ({failed}); the previous "
+                        "checkpoint is kept: check the file system")
     if rank0:
         sums = {k: v for part in every if isinstance(part, dict) for k, v in part.items()}
         data = None if tr.data.path == SAMPLE_TEXT else str(tr.data.path.resolve())  # None: the bundled sample

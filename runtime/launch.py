@@ -394,9 +394,10 @@ def _run_workers(cmd: list[str], env: dict[str, str], timeout_s: float | None = 
     if rc == 0:
         os.unlink(log_path)
         return 0
-    why = _failure(Path(log_path).read_text(errors="replace"), errors, rc)
-    failed = AutoparError if any(why == _worker_text(e) and _input_error(why) for e in errors) else RunFailed
-    raise failed(f"{why} (workers' log: {log_path})")
+    text = Path(log_path).read_text(errors="replace")
+    why = _failure(text, errors, rc)
+    raise (AutoparError if _input_error(why, errors, _root_exit(text)) else RunFailed)(
+        f"{why} (workers' log: {log_path})")
 
 
 def _ends_with(parent: int) -> Callable[[], None] | None:
@@ -440,10 +441,22 @@ def _failure(log: str, errors: list[str], rc: int) -> str:
     return f"training failed: torchrun exited with status {rc}"
 
 
-def _input_error(text: str) -> bool:
-    """Whether a worker's error line is one of autopar's bad-input errors (a corrupt checkpoint, a plan that does not
-    fit the world), not a worker's internal error (``rank N: TypeError: ...``) or the watchdog's hang verdict."""
-    return not re.match(r"rank \d+: ", text) and "stopped making progress" not in text
+def _root_exit(log: str) -> int | None:
+    """The exit status of the worker torchrun reports as the root cause of a failure (negative: a signal), or None."""
+    code = re.search(r"exitcode\s*:\s*(-?\d+)", log.rpartition("Root Cause (first observed failure):")[2])
+    return int(code.group(1)) if code else None
+
+
+def _input_error(why: str, errors: list[str], root_exit: int | None) -> bool:
+    """Whether the workers stopped on a bad input (exit 2) rather than broke on their way (1): ``why``, the reason
+    :func:`_failure` gives, is a worker's own line, and the worker that failed first exited with autopar's status for
+    a bad input; where its status says nothing (a signal after its line, none found), a line of autopar's own that is
+    not a worker's internal error (``rank N: TypeError: ...``) or the watchdog's hang verdict."""
+    if not any(why == _worker_text(e) for e in errors):
+        return False  # torchrun's or autopar's own account of a killed worker or a failed start
+    if root_exit is not None and root_exit > 0:
+        return root_exit == AutoparError.exit_code
+    return not re.match(r"rank \d+: ", why) and "stopped making progress" not in why
 
 
 def _worker_text(line: str) -> str:

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import IO, Any
 
-from specs.errors import AutoparError
+from specs.errors import RunFailed
 from specs.json_numbers import sig6
 from specs.planfile import PlanFile
 
@@ -34,6 +35,27 @@ def last_step(path: str | Path | None) -> int | None:
             except (ValueError, KeyError, TypeError):
                 continue  # an event line, or one cut off mid-write
     return last
+
+
+def _drop_cut_line(path: Path) -> None:
+    """Cut a last line that a killed or disk-full run left unfinished (no newline) off the file, so that the lines
+    appended after it are lines of their own: joined to it, they made one bad line in the middle of the file,
+    which its readers refuse (a cut-off line is only skipped at the end). Its step is redone by the run going on."""
+    if not path.is_file() or path.stat().st_size == 0:  # (not a pipe or a terminal)
+        return
+    with open(path, "rb+") as f:
+        f.seek(-1, os.SEEK_END)
+        if f.read(1) == b"\n":
+            return
+        end = f.seek(0, os.SEEK_END)
+        keep = 0
+        while end > 0 and not keep:
+            start = max(0, end - 65536)
+            f.seek(start)
+            chunk = f.read(end - start)
+            cut = chunk.rfind(b"\n")
+            keep, end = (start + cut + 1, 0) if cut >= 0 else (0, start)
+        f.truncate(keep)
 
 
 def is_metrics_data(content: Any) -> bool:
@@ -94,6 +116,8 @@ class MetricsLog:
         self.file: IO[str] | None = None
         if enabled and path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
+            if append:
+                _drop_cut_line(Path(path))
             self.file = open(path, "a" if append else "w")  # noqa: SIM115 - closed in close()
 
     def record(self, step: int, loss: float, grad_norm: float, lr: float, step_time_s: float,
@@ -143,8 +167,8 @@ class MetricsLog:
             self.file.write(json.dumps(_strict(row), allow_nan=False) + "\n")
             self.file.flush()
         except OSError as err:  # a full disk, a device that refuses writes: say which file, and how to go on
-            raise AutoparError(f"cannot write metrics file {self.file.name}: {err.strerror or err}; free space or "
-                               "give another --metrics-out (the checkpoints written so far resume the run)") from None
+            raise RunFailed(f"cannot write metrics file {self.file.name}: {err.strerror or err}; free space or give "
+                            "another --metrics-out") from None
 
     def close(self) -> None:
         if self.file is not None:

@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
             return run(args)
     except AutoparError as err:
         report(str(err))
-        return 2
+        return err.exit_code  # 2 a bad input, 1 a run that broke on its way (RunFailed): the launcher tells them apart
     except KeyboardInterrupt:
         return INTERRUPTED
     except BaseException as err:  # noqa: BLE001 - one line per rank (some libraries' errors, DCP's

@@ -407,7 +407,9 @@ class ClusterSpec(Strict):
                 f"use a multiple of {self.gpus_per_node} or at most {self.gpus_per_node}"
             )
         if self.inter_node is None:
-            raise AutoparError(f"cluster {self.name} has no inter_node section, so it cannot hold {gpus} GPUs")
+            raise AutoparError(f"cluster {self.name} is one node of {self.gpus_per_node} GPUs (no inter_node "
+                               f"section), so it cannot hold {gpus}: use --gpus {self.gpus_per_node} or fewer, or a "
+                               "multi-node profile")
         return self.model_copy(update={"num_nodes": gpus // self.gpus_per_node})
 
     def _rank_share(self, ranks: int) -> GPUSpec:

@@ -15,7 +15,7 @@ from specs.errors import AutoparError, needs_torch
 
 def run_command(args: argparse.Namespace) -> int:
     try:
-        from runtime.data import cache_dir
+        from runtime.data import writable_cache_dir
         from runtime.launch import launch
         from runtime.options import launch_options
     except ImportError as err:
@@ -35,7 +35,8 @@ def run_command(args: argparse.Namespace) -> int:
         if plan_path is None and args.resume and args.checkpoint_dir:
             plan_path = _checkpoint_plan(Path(args.checkpoint_dir), args.dry_run)
         if plan_path is None:
-            plan_path = str(_plan_default(cache_dir() / "default-plan.json", "its command" if args.dry_run else None))
+            then = "its command" if args.dry_run else None
+            plan_path = str(_plan_default(writable_cache_dir() / "default-plan.json", then))
         from specs.planfile import load_plan
 
         plan = load_plan(plan_path)  # once, for the checks before launch

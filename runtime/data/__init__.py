@@ -15,9 +15,11 @@ depends on the plan, and resuming at step ``k`` needs nothing but ``k``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +34,25 @@ CHECKED_ENV = "AUTOPAR_DATA_CHECKED"  # the launcher's verdict on the data file,
 
 
 def cache_dir() -> Path:
+    """The folder autopar keeps tokenised text and the default plan in: ``AUTOPAR_CACHE``, default
+    ``~/.cache/autopar``."""
     return Path(os.environ.get("AUTOPAR_CACHE", Path.home() / ".cache" / "autopar"))
+
+
+def writable_cache_dir() -> Path:
+    """:func:`cache_dir`, made if missing; a one-line error when it cannot be made or written (a read-only home on a
+    cluster, AUTOPAR_CACHE naming a file)."""
+    d = cache_dir()
+    if d.exists() and not d.is_dir():
+        raise AutoparError(f"the cache folder {d} (AUTOPAR_CACHE) is a file; set AUTOPAR_CACHE to a writable folder")
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=d):
+            pass
+    except OSError as err:
+        raise AutoparError(f"cannot write to the cache folder {d} ({err.strerror or type(err).__name__}); set "
+                           "AUTOPAR_CACHE to a writable folder with room") from None
+    return d
 
 
 def tokenize_text(path: Path) -> Path:
@@ -46,17 +66,17 @@ def tokenize_text(path: Path) -> Path:
     except OSError as err:
         raise AutoparError(f"cannot read data file {path}: {err.strerror}") from None
     out = cache_dir() / f"{path.stem}-{digest.hexdigest()[:12]}.u16"
-    if out.exists():
+    if out.exists():  # (a read-only cache that holds it will do)
         return out
+    writable_cache_dir()
     tmp = out.with_suffix(f".tmp{os.getpid()}")
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "rb") as f, open(tmp, "wb") as w:
             while chunk := f.read(_CHUNK):
                 np.frombuffer(chunk, dtype=np.uint8).astype(np.uint16).tofile(w)
         os.replace(tmp, out)
     except OSError as err:
-        if tmp.parent.is_dir():
+        with contextlib.suppress(OSError):  # (where nothing could be written, nothing is removed either)
             tmp.unlink(missing_ok=True)
         raise AutoparError(f"cannot write the tokens of {path} to the cache {out.parent} ({err.strerror}); set "
                            "AUTOPAR_CACHE to a folder with room") from None

@@ -622,6 +622,8 @@ def test_no_plan_fits_on_a_cluster_that_cannot_grow_says_why(capsys):
     profile), the error says so instead of claiming that no cluster size up to the limit fits."""
     err = fails(capsys, "plan", "--model", "llama3-70b", "--cluster", "cpu-gloo", "--global-batch", "8")
     assert "no plan fits" in err and "a larger cluster is not tried" in err and "no inter_node section" in err
+    err = fails(capsys, "plan", "--model", "tiny", "--cluster", "cpu-gloo", "--gpus", "16", "--global-batch", "16")
+    assert "cluster cpu-gloo is one node of 8 GPUs (no inter_node section), so it cannot hold 16: use --gpus 8" in err
     assert "no cluster size up to" not in err
     err = fails(capsys, "plan", "--model", "gpt-1t", "--cluster", "dgx-a100", "--gpus", "8", "--global-batch", "8")
     assert "try --gpus" in err
@@ -735,3 +737,24 @@ def test_a_command_that_needs_torch_says_how_to_install_it(capsys, monkeypatch, 
     monkeypatch.setitem(sys.modules, missing, None)  # its import fails as torch's absence would make it fail
     line = fails(capsys, *argv)
     assert "needs PyTorch" in line and "pip install 'autopar[run]'" in line
+
+
+@pytest.mark.parametrize("flag", ["--compare", "--fix"])
+def test_a_what_if_tp_that_divides_no_heads_lists_the_ones_that_do(capsys, flag):
+    """A sweep's keys are checked before its clusters are known: the tp values the error offers are every divisor of
+    the heads (tiny: 1, 2, 4), not only those of the bad key's own GPU count (3 GPUs: 1)."""
+    err = fails(capsys, "whatif", "--model", "tiny", "--cluster", "cpu-gloo", "--global-batch", "16", "--vary",
+                "gpus=4,8", flag, "tp=3")
+    assert f"{flag} tp=3: tp=3 does not divide the model's 8 attention heads and 4 kv heads; choose tp from 1, 2, 4" \
+        in err
+
+
+def test_a_metrics_file_that_is_not_text_or_has_a_bare_step_is_refused(capsys, tmp_path):
+    """A binary file, and a line with a step but no step time (no line `autopar run` writes), were an OS decode
+    error without advice and a line skipped without a word."""
+    binary = tmp_path / "b.jsonl"
+    binary.write_bytes(b"\xff\xfe garbage\n")
+    assert "is not text (not UTF-8): give the JSON-lines file" in fails(capsys, "diagnose", str(binary))
+    bare = tmp_path / "s.jsonl"
+    bare.write_text('{"step": 1, "step_time_s": 0.5}\n{"step": "x"}\n')
+    assert "line 2 has a step but no step_time_s" in fails(capsys, "diagnose", str(bare))

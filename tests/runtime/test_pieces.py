@@ -132,6 +132,14 @@ def test_metrics_lines(tmp_path, capsys):
     MetricsLog(plan, path, 2, enabled=True, quiet=True, append=True).record(2, 2.5, 1.0, 1e-3, 1.0, 0.25)
     assert [json.loads(x)["step"] for x in path.read_text().splitlines()] == [1, 2]
     assert capsys.readouterr().out == ""
+    # a run killed mid-line (or on a full disk) left step 2's line cut off: going on, the next line is a line of its
+    # own, not joined to it into a bad line mid-file (its readers skip a cut line only at the end)
+    path.write_text(path.read_text()[:-25])
+    MetricsLog(plan, path, 3, enabled=True, quiet=True, append=True).record(3, 2.5, 1.0, 1e-3, 1.0, 0.25)
+    assert [json.loads(x)["step"] for x in path.read_text().splitlines()] == [1, 3]
+    path.write_text('{"step": 1, "lo')  # nothing whole: nothing kept
+    MetricsLog(plan, path, 3, enabled=True, quiet=True, append=True).record(2, 2.5, 1.0, 1e-3, 1.0, 0.25)
+    assert [json.loads(x)["step"] for x in path.read_text().splitlines()] == [2]
     staged = make_plan(model, cluster, 16, ParallelConfig(tp=2, pp=2), prediction={"stage_memory_GiB": [0.5, 0.25]})
     row = MetricsLog(staged, None, 2, enabled=True, quiet=True).record(1, 3.0, 1.5, 1e-3, 2.0, 0.4,
                                                                         rank_memory=([0.4, 0.3, 0.2, 0.1], [0.5] * 4))
@@ -287,7 +295,7 @@ def test_a_checkpoint_written_before_new_spec_fields_still_belongs_to_its_run():
     assert _run_of(_normal(broken)) != _run_of(_normal(today))
 
 
-def test_every_token_is_checked_before_training_and_odd_files_are_one_line(tmp_path, monkeypatch):
+def test_every_token_is_checked_before_training_and_odd_files_are_one_line(tmp_path, monkeypatch, capsys):
     """The range check reads the whole file in chunks before the first step (a file of any size: a bad token late in
     a large file ended a run at its step instead, with advice to resume into the same token); files that are not
     token files say what they are."""
@@ -314,7 +322,22 @@ def test_every_token_is_checked_before_training_and_odd_files_are_one_line(tmp_p
     (tmp_path / "file").write_text("")
     monkeypatch.setenv("AUTOPAR_CACHE", str(tmp_path / "file"))  # the cache a file: one line, not FileExistsError
     (tmp_path / "new.txt").write_text("xyz")
-    with pytest.raises(AutoparError, match="set AUTOPAR_CACHE to a folder"):
+    with pytest.raises(AutoparError, match="is a file; set AUTOPAR_CACHE to a writable folder"):
+        open_tokens(tmp_path / "new.txt")
+    from planner.cli import main
+
+    assert main(["run", "--dry-run"]) == 2  # the default plan goes to the cache too: the same line
+    assert "is a file; set AUTOPAR_CACHE" in capsys.readouterr().err
+    import errno
+
+    import runtime.data
+
+    def read_only(*a, **k):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setenv("AUTOPAR_CACHE", str(tmp_path / "ro"))  # a read-only cache (a cluster's home): one line, where
+    monkeypatch.setattr(runtime.data.tempfile, "TemporaryFile", read_only)  # removing its partial file raised again
+    with pytest.raises(AutoparError, match=r"cannot write to the cache folder .*ro \(Read-only file system\); set"):
         open_tokens(tmp_path / "new.txt")
 
 

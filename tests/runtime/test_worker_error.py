@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from runtime.launch import _failure, _input_error
+from runtime.launch import _failure, _input_error, _root_exit
 from runtime.worker_error import MAX_BYTES, report
 from specs.errors import WORKER_ERROR_PREFIX, AutoparError, RunFailed
 
@@ -47,9 +47,16 @@ def test_a_worker_that_aborts_after_its_error_is_reported_by_its_error():
 
 def test_a_bad_input_exits_2_and_a_broken_run_1():
     """What the workers stopped with decides `autopar run`'s exit status: one of autopar's bad-input lines (a
-    corrupt checkpoint) is the input's fault (2); a worker's internal error or the watchdog's hang verdict is the
-    run's (1), as a killed worker or a time limit is."""
-    assert _input_error("checkpoint ck/step_00000004 is corrupt (.metadata is missing)")
-    assert not _input_error("rank 0: RuntimeError: Connection closed by peer")
-    assert not _input_error("rank 1 stopped making progress at step 3; raise --collective-timeout")
+    corrupt checkpoint; its worker exited 2) is the input's fault (2); a run that broke on its way (its worker
+    exited 1: a full disk, an internal error) or the watchdog's hang verdict is the run's (1), as a killed worker
+    is."""
+    corrupt = "checkpoint ck/step_00000004 is corrupt (.metadata is missing)"
+    full = "cannot write checkpoint ck/step_00000006: the disk holding it is full"
+    internal, hang = "rank 0: RuntimeError: Connection closed by peer", "rank 1 stopped making progress at step 3"
+    lines = [f"{WORKER_ERROR_PREFIX} {x}\n" for x in (corrupt, full, internal, hang)]
+    assert _input_error(corrupt, lines, 2) and _input_error(corrupt, lines, None)
+    assert not _input_error(full, lines, 1) and not _input_error(internal, lines, 1)
+    assert not _input_error(internal, lines, None) and not _input_error(hang, lines, None)
+    assert not _input_error("training failed: worker rank 1 was killed by SIGKILL", lines, -9)
+    assert _root_exit("Root Cause (first observed failure):\n[0]:\n  rank : 1\n  exitcode  : 2 (pid: 7)\n") == 2
     assert RunFailed("x").exit_code == 1 and AutoparError("x").exit_code == 2 and issubclass(RunFailed, AutoparError)
