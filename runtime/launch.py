@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 from runtime.checkpoint_folder import (
@@ -32,6 +32,7 @@ from runtime.checkpoint_folder import (
     step_folders,
 )
 from runtime.data import CHECKED_ENV, SAMPLE_TEXT, TokenData
+from runtime.ends_with import ends_with
 from runtime.metrics import last_step
 from runtime.options import COLLECTIVE_TIMEOUT_S, add_run_arguments, check_run_options, launch_options, worker_argv
 from specs.errors import ERROR_PREFIX, INTERRUPTED, WORKER_ERROR_PREFIX, AutoparError, RunFailed
@@ -363,7 +364,7 @@ def _run_workers(cmd: list[str], env: dict[str, str], timeout_s: float | None = 
     errors: list[str] = []
     with os.fdopen(fd, "w") as log:
         proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, errors="replace",
-                                preexec_fn=_ends_with(os.getpid()))
+                                preexec_fn=ends_with(os.getpid()))
 
         def pump() -> None:
             for line in proc.stderr:  # type: ignore[union-attr]
@@ -398,25 +399,6 @@ def _run_workers(cmd: list[str], env: dict[str, str], timeout_s: float | None = 
     why = _failure(text, errors, rc)
     raise (AutoparError if _input_error(why, errors, _root_exit(text)) else RunFailed)(
         f"{why} (workers' log: {log_path})")
-
-
-def _ends_with(parent: int) -> Callable[[], None] | None:
-    """For torchrun's process: a SIGTERM when this process ends however it ends (a SIGKILL from a scheduler or the
-    OOM killer included), which torchrun passes on to its workers; else they trained on, orphaned, into a checkpoint
-    folder whose lock had gone with this process. Linux only (prctl's PR_SET_PDEATHSIG); elsewhere None. prctl is
-    looked up here, so that the forked child only calls it (no loading or allocating between fork and exec)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-
-    def arm() -> None:
-        prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # ended already, before the line above
-            os._exit(1)
-
-    return arm
 
 
 def _failure(log: str, errors: list[str], rc: int) -> str:

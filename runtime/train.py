@@ -38,6 +38,7 @@ import torch.distributed as dist
 from runtime.checkpoint_folder import held_by_rank, instead_of, latest_checkpoint
 from runtime.comm_hooks import CommHooks
 from runtime.data import SAMPLE_TEXT, TokenData
+from runtime.ends_with import end_with_parent
 from runtime.metrics import MetricsLog, last_step
 from runtime.options import KEEP_CHECKPOINTS, check_run_options, worker_parser
 from runtime.parallel.mappings import all_gather_into
@@ -296,6 +297,8 @@ def _train(args: argparse.Namespace, trainer: Trainer, log: MetricsLog, clock: P
 
 def main(argv: list[str] | None = None) -> int:
     rank = os.environ.get("RANK", "0")
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # a worker of torchrun's agent: it ends when the agent does
+        end_with_parent()
     try:
         args = parse_args(argv)
         with held_by_rank(Path(args.checkpoint_dir) if args.checkpoint_dir else None, int(rank)):

@@ -606,9 +606,11 @@ def test_a_checkpoint_that_cannot_be_written_is_one_line_with_its_cause(tmp_path
         "space or give another --checkpoint-dir"], out.stderr
 
 
-def test_a_killed_launcher_takes_its_workers_with_it(tmp_path):
+@pytest.mark.parametrize("killed", ["launcher", "agent"])
+def test_a_killed_launcher_takes_its_workers_with_it(tmp_path, killed):
     """SIGKILL to `autopar run` (a scheduler's, the OOM killer's: nothing of it runs after) stops torchrun and its
-    workers too; they trained on, orphaned, into a checkpoint folder whose lock had gone with it."""
+    workers too; they trained on, orphaned, into a checkpoint folder whose lock had gone with it. The same for
+    torchrun's agent killed under a running launcher: its workers end with it."""
     import contextlib
     import signal
     import time
@@ -632,8 +634,14 @@ def test_a_killed_launcher_takes_its_workers_with_it(tmp_path):
         return pids
 
     assert len(left()) >= 3  # torchrun and the plan's 2+ ranks (the launcher names it too)
-    proc.kill()
-    proc.wait()
+    if killed == "launcher":
+        proc.kill()
+        proc.wait()
+    else:
+        agent = [p for p in left() if b"torch.distributed.run" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        assert len(agent) == 1
+        os.kill(agent[0], signal.SIGKILL)
+        assert proc.wait(timeout=120) == 1  # the run broke on its way
     deadline = time.monotonic() + 60
     while left() and time.monotonic() < deadline:
         time.sleep(0.2)
