@@ -240,10 +240,11 @@ def check_fixed_keys(model: ModelSpec, fixed: dict[str, Any], global_batch: int,
     single = {k: v for k, v in fixed.items() if not allows_several(v)}
     cfg = ParallelConfig(**single)
     x = PlanContext(model, cfg.world, global_batch)
-    # the choices an error lists (tp from the heads' divisors, ep from the experts'), on a GPU count every one of
-    # them divides: the sweep's clusters are not known here, and the fixed sizes' own count would list 1 alone
+    # the choices an error lists (``Rule.lists_choices``), on a GPU count every one of them divides: the sweep's
+    # clusters are not known here, and the fixed sizes' own count would list 1 alone
     any_count = replace(x, gpus=cfg.world * model.kv_heads * (model.moe.num_experts if model.moe else 1))
     c = Candidates.of(cfg)
     for rule in RULES:
         if rule.kind == "error" and set(rule.keys) <= set(single) and not rule.ok(c, x)[0]:
-            raise NoPlan(f"{options_text({k: fixed[k] for k in rule.keys}, flags or {})}: {rule.why(cfg, any_count)}")
+            why = rule.why(cfg, any_count if rule.lists_choices else x)
+            raise NoPlan(f"{options_text({k: fixed[k] for k in rule.keys}, flags or {})}: {why}")

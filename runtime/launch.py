@@ -35,7 +35,7 @@ from runtime.data import CHECKED_ENV, SAMPLE_TEXT, TokenData
 from runtime.ends_with import ends_with
 from runtime.metrics import last_step
 from runtime.options import COLLECTIVE_TIMEOUT_S, add_run_arguments, check_run_options, launch_options, worker_argv
-from specs.errors import ERROR_PREFIX, INTERRUPTED, WORKER_ERROR_PREFIX, AutoparError, RunFailed
+from specs.errors import ERROR_PREFIX, INTERRUPTED, WORKER_BROKE_PREFIX, WORKER_ERROR_PREFIX, AutoparError, RunFailed
 from specs.parallel import rank_group
 from specs.planfile import PlanFile, load_plan
 
@@ -369,7 +369,7 @@ def _run_workers(cmd: list[str], env: dict[str, str], timeout_s: float | None = 
         def pump() -> None:
             for line in proc.stderr:  # type: ignore[union-attr]
                 log.write(line)
-                if line.startswith(WORKER_ERROR_PREFIX) and line not in errors:
+                if line.startswith((WORKER_ERROR_PREFIX, WORKER_BROKE_PREFIX)) and line not in errors:
                     errors.append(line)
 
         reader = threading.Thread(target=pump, daemon=True)
@@ -431,11 +431,13 @@ def _root_exit(log: str) -> int | None:
 
 def _input_error(why: str, errors: list[str], root_exit: int | None) -> bool:
     """Whether the workers stopped on a bad input (exit 2) rather than broke on their way (1): ``why``, the reason
-    :func:`_failure` gives, is a worker's own line, and the worker that failed first exited with autopar's status for
-    a bad input; where its status says nothing (a signal after its line, none found), a line of autopar's own that is
-    not a worker's internal error (``rank N: TypeError: ...``) or the watchdog's hang verdict."""
-    if not any(why == _worker_text(e) for e in errors):
-        return False  # torchrun's or autopar's own account of a killed worker or a failed start
+    :func:`_failure` gives, is a worker's own line, not marked as a broken run's (``WORKER_BROKE_PREFIX``), and the
+    worker that failed first exited with autopar's status for a bad input; where its status says nothing (a signal
+    after its line, none found), a line of autopar's own that is not a worker's internal error (``rank N:
+    TypeError: ...``) or the watchdog's hang verdict."""
+    said = [e for e in errors if why == _worker_text(e)]
+    if not said or any(e.startswith(WORKER_BROKE_PREFIX) for e in said):
+        return False  # torchrun's or autopar's own account of a killed worker or a failed start; a worker's RunFailed
     if root_exit is not None and root_exit > 0:
         return root_exit == AutoparError.exit_code
     return not re.match(r"rank \d+: ", why) and "stopped making progress" not in why
@@ -444,7 +446,10 @@ def _input_error(why: str, errors: list[str], root_exit: int | None) -> bool:
 def _worker_text(line: str) -> str:
     """A worker's error line without its prefix, and without a second rank's copy run into it (workers write whole
     lines, runtime/worker_error.py; an older or longer write may still interleave)."""
-    return line.removeprefix(WORKER_ERROR_PREFIX).split(WORKER_ERROR_PREFIX)[0].strip()
+    return re.split(_PREFIXES, re.sub(f"^{_PREFIXES}", "", line))[0].strip()
+
+
+_PREFIXES = f"(?:{re.escape(WORKER_BROKE_PREFIX)}|{re.escape(WORKER_ERROR_PREFIX)})"
 
 
 

@@ -47,7 +47,7 @@ from runtime.phase_clock import CudaMarks, PhaseClock
 from runtime.testing_hooks import StepHooks
 from runtime.trainer import Trainer, check_supported, peak_memory_GiB
 from runtime.worker_error import report
-from specs.errors import INTERRUPTED, AutoparError
+from specs.errors import INTERRUPTED, AutoparError, RunFailed
 from specs.phases import PHASES
 from specs.planfile import PlanFile, load_plan
 
@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         with held_by_rank(Path(args.checkpoint_dir) if args.checkpoint_dir else None, int(rank)):
             return run(args)
     except AutoparError as err:
-        report(str(err))
+        report(str(err), broke=isinstance(err, RunFailed))
         return err.exit_code  # 2 a bad input, 1 a run that broke on its way (RunFailed): the launcher tells them apart
     except KeyboardInterrupt:
         return INTERRUPTED

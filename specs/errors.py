@@ -12,6 +12,7 @@ from pydantic import BaseModel, ValidationError
 # `autopar run` looks for in each worker's log to say why a run stopped (runtime/launch.py).
 ERROR_PREFIX = "autopar: error:"
 WORKER_ERROR_PREFIX = "autopar error:"
+WORKER_BROKE_PREFIX = "autopar error (the run broke):"  # ... a worker's RunFailed: exit 1, not 2
 INTERRUPTED = 130  # the exit status of a command or worker stopped by Ctrl-C (128 + SIGINT, as shells report it)
 
 

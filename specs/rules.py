@@ -71,6 +71,9 @@ class Rule:
     ok: Callable[[Candidates, PlanContext], np.ndarray]
     why: Callable[[ParallelConfig, PlanContext], str]
     kind: Literal["error", "same", "dominated"] = "error"  # same / dominated: not errors (see above)
+    # its ``why`` lists the values that fit the GPU count (tp from the heads' divisors, ep from the experts'): checked
+    # before a cluster is known (a what-if sweep's keys), they are listed for any count
+    lists_choices: bool = False
 
 
 def _stages(c: Candidates) -> np.ndarray:
@@ -282,7 +285,7 @@ def _placement_why(cfg: ParallelConfig, x: PlanContext) -> str:
 
 
 RULES: tuple[Rule, ...] = (
-    Rule(("tp",), _heads_ok, _heads_why),
+    Rule(("tp",), _heads_ok, _heads_why, lists_choices=True),
     Rule(("tp",), _tp_node_ok, lambda cfg, x: f"tp={cfg.tp} " + str(
         tp_node_problem(cfg.tp, x.gpus, x.gpus_per_node or x.gpus, x.tp_across_nodes))),
     Rule(("cp",), lambda c, x: (c.cp == 1) | (x.model.attn_impl == "flash"),
@@ -318,7 +321,7 @@ RULES: tuple[Rule, ...] = (
     Rule(("tp", "pp", "cp", "dp"), lambda c, x: c.tp * c.pp * c.cp * c.dp == x.gpus, _world_why),
     # mixture of experts (specs/moe.py): ep and etp split the experts over a stage's dp*cp*tp ranks
     Rule(("ep", "etp"), lambda c, x: (x.model.moe is not None) | ((c.ep == 1) & (c.etp == 1)), _dense_why),
-    Rule(("ep",), lambda c, x: _experts(x) % c.ep == 0, _ep_why),
+    Rule(("ep",), lambda c, x: _experts(x) % c.ep == 0, _ep_why, lists_choices=True),
     Rule(("tp", "cp", "dp", "ep", "etp"), lambda c, x: (c.tp * c.cp * c.dp) % (c.ep * c.etp) == 0,
          _expert_split_why),
     Rule(("etp",), lambda c, x: (x.gpus_per_node is None) | (x.gpus <= (x.gpus_per_node or 0))

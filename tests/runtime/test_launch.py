@@ -584,7 +584,7 @@ def test_a_checkpoint_that_cannot_be_written_is_one_line_with_its_cause(tmp_path
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 1, out.stderr  # the run broke on its way (1), not on its input (2)
     assert out.stderr.strip().splitlines() == [
-        f"autopar error: cannot write checkpoint {ck}/step_00000002 (No space left on device); the checkpoint "
+        f"autopar error (the run broke): cannot write checkpoint {ck}/step_00000002 (No space left on device); the checkpoint "
         "before it (step_00000001) is kept: free space or give another --checkpoint-dir"], out.stderr
     assert sorted(p.name for p in ck.iterdir() if p.name.startswith("step_")) == ["step_00000001"]
     # a failure that is not the file system's (a lost peer, say), at the first save: no advice about space
@@ -593,7 +593,7 @@ def test_a_checkpoint_that_cannot_be_written_is_one_line_with_its_cause(tmp_path
     out = subprocess.run([sys.executable, "-c", other], cwd=REPO, capture_output=True, text=True, timeout=120,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 1 and out.stderr.strip().splitlines() == [
-        f"autopar error: checkpoint {ck}2/step_00000001 was not written (peer lost)"], out.stderr
+        f"autopar error (the run broke): checkpoint {ck}2/step_00000001 was not written (peer lost)"], out.stderr
     # torch's writer on a full disk may say only "unexpected pos": the disk's free space tells it was full
     full = other.replace("RuntimeError('peer lost')", "RuntimeError('[enforce fail] unexpected pos 704 vs 598')").replace(
         "import errno, os, sys\n", "import errno, os, sys, shutil, collections\n"
@@ -602,7 +602,7 @@ def test_a_checkpoint_that_cannot_be_written_is_one_line_with_its_cause(tmp_path
     out = subprocess.run([sys.executable, "-c", full], cwd=REPO, capture_output=True, text=True, timeout=120,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 1 and out.stderr.strip().splitlines() == [
-        f"autopar error: cannot write checkpoint {ck}3/step_00000001 (the disk holding it is full: 0 MiB free): free "
+        f"autopar error (the run broke): cannot write checkpoint {ck}3/step_00000001 (the disk holding it is full: 0 MiB free): free "
         "space or give another --checkpoint-dir"], out.stderr
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from runtime.launch import _failure, _input_error, _root_exit
 from runtime.worker_error import MAX_BYTES, report
-from specs.errors import WORKER_ERROR_PREFIX, AutoparError, RunFailed
+from specs.errors import WORKER_BROKE_PREFIX, WORKER_ERROR_PREFIX, AutoparError, RunFailed
 
 
 def test_a_worker_error_is_one_line_in_one_write(capfd, monkeypatch):
@@ -22,6 +22,9 @@ def test_a_worker_error_is_one_line_in_one_write(capfd, monkeypatch):
     writes.clear()
     report("é" * 5000)  # cut to fit, on a character boundary
     assert len(writes[0][1]) <= MAX_BYTES + 1 and writes[0][1].decode().endswith("\n")
+    writes.clear()
+    report("cannot write checkpoint x (the disk holding it is full)", broke=True)  # a RunFailed: marked
+    assert writes == [(2, f"{WORKER_BROKE_PREFIX} cannot write checkpoint x (the disk holding it is full)\n".encode())]
 
 
 def test_a_doubled_line_is_read_as_one_message():
@@ -59,4 +62,11 @@ def test_a_bad_input_exits_2_and_a_broken_run_1():
     assert not _input_error(internal, lines, None) and not _input_error(hang, lines, None)
     assert not _input_error("training failed: worker rank 1 was killed by SIGKILL", lines, -9)
     assert _root_exit("Root Cause (first observed failure):\n[0]:\n  rank : 1\n  exitcode  : 2 (pid: 7)\n") == 2
+    # a worker's RunFailed is marked as such: exit 1 even where its end says nothing (it aborted on its way out, -6)
+    # or where the line alone would read as a bad input's
+    marked = [f"{WORKER_BROKE_PREFIX} {full}\n"]
+    aborted = "Root Cause (first observed failure):\n[0]:\n  rank      : 0 (local_rank: 0)\n  exitcode  : -6 (pid: 7)\n"
+    assert _failure(aborted, marked, 1) == full
+    assert not _input_error(full, marked, -6) and not _input_error(full, marked, None)
+    assert _failure("", [f"{WORKER_BROKE_PREFIX} {full}{WORKER_ERROR_PREFIX} {full}\n"], 1) == full  # run together
     assert RunFailed("x").exit_code == 1 and AutoparError("x").exit_code == 2 and issubclass(RunFailed, AutoparError)
