@@ -423,8 +423,9 @@ def _first_difference(a: dict[str, Any], b: dict[str, Any]) -> str:
     return "?"
 
 
-def read_meta(ck: Path) -> dict[str, Any]:
-    """Checkpoint ``ck``'s meta.json, checked: a step count, the plan fingerprint, this autopar's format."""
+def read_meta(ck: Path, exporting: bool = False) -> dict[str, Any]:
+    """Checkpoint ``ck``'s meta.json, checked: a step count, the plan fingerprint, this autopar's format
+    (``exporting``: the error's advice is to export another checkpoint, not to train on from one)."""
     try:
         meta = json.loads((ck / META).read_text())
         step, saved, sums = meta["step"], meta["plan"], meta.get("checksums", {})
@@ -433,7 +434,7 @@ def read_meta(ck: Path) -> dict[str, Any]:
         if not isinstance(sums, dict) or not all(isinstance(v, str) for v in sums.values()):
             raise ValueError("bad checksums")
     except (OSError, ValueError, KeyError, TypeError):
-        raise AutoparError(f"checkpoint {ck} is corrupt (unreadable {META}); {instead_of(ck)}") from None
+        raise AutoparError(f"checkpoint {ck} is corrupt (unreadable {META}); {instead_of(ck, exporting)}") from None
     if meta.get("format") != FORMAT:
         raise AutoparError(f"checkpoint {ck} has format {meta.get('format', 1)}, this autopar reads format {FORMAT}; "
                            "use the autopar that wrote it (or start without --resume)")

@@ -135,8 +135,12 @@ def import_hf(hf_dir: Path, plan: PlanFile, out: Path) -> Path:
     weights = _read_safetensors(hf_dir)
     if spec.arch == "gpt" and not any(k.startswith(GPT2_PREFIX) for k in weights):  # the original GPT-2 files
         weights = {k if k == "lm_head.weight" else GPT2_PREFIX + k: v for k, v in weights.items()}
-    if spec.tie_embeddings:
-        weights.pop("lm_head.weight", None)  # some tied checkpoints store the copy too
+    if spec.tie_embeddings and "lm_head.weight" in weights:  # some tied checkpoints store the copy too
+        head, embed = weights.pop("lm_head.weight"), weights.get(wanted["embed.tok.weight"][0])
+        if embed is not None and not torch.equal(head, embed):  # transformers loads such a folder untied
+            raise AutoparError(f"{hf_dir} has an lm_head.weight that differs from its embeddings, but its config "
+                               "ties them (tie_word_embeddings): transformers loads it untied; set "
+                               "tie_word_embeddings false in its config.json and plan again")
     shapes = _shapes(plan)
     params, used = {}, set()
     for ours, parts in wanted.items():
@@ -195,7 +199,7 @@ def read_parameters(ck: Path) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
     """The model and its parameters (fp32 master copies where kept) of checkpoint ``ck`` (a ``step_N`` folder)."""
     from torch.distributed.checkpoint import FileSystemReader
 
-    meta = read_meta(ck)
+    meta = read_meta(ck, exporting=True)
     bad = corrupt_files(ck, meta)
     if bad:
         raise corrupt_error(ck, bad, exporting=True)
@@ -228,8 +232,11 @@ def export_hf(ckpt_dir: Path, out: Path) -> tuple[Path, Path]:
     from safetensors.torch import save_file
 
     check_output_dir(out, "Hugging Face model folder")
-    if (out / "model.safetensors").exists() or (out / "config.json").exists():
-        raise AutoparError(f"{out} already holds a model; give a new directory, or one without a model in it")
+    held = sorted(p.name for p in out.iterdir() if p.name in ("config.json", "generation_config.json")
+                  or p.name.endswith((".safetensors", ".bin", ".safetensors.index.json"))) if out.is_dir() else []
+    if held:  # what the export writes, or another model's weights beside it
+        raise AutoparError(f"{out} already holds a model ({held[0]}); give a new directory, or one without a model "
+                           "in it (tokenizer files may stay)")
     if out.is_dir() and latest_checkpoint(out) is not None:  # e.g. --out naming the checkpoint folder itself
         raise AutoparError(f"{out} holds a run's checkpoints; give a new directory, or one without checkpoints")
     inside = next((p for p in (out, *out.resolve().parents) if STEP_NAME.fullmatch(p.name) and (p / META).is_file()),

@@ -166,6 +166,11 @@ def test_what_import_and_export_refuse_before_writing(tmp_path, capsys):
     (tmp_path / "busy" / "config.json").write_text("{}")
     with pytest.raises(AutoparError, match="already holds a model"):
         export_hf(tmp_path / "ck", tmp_path / "busy")
+    (tmp_path / "gen").mkdir()  # a user's generation settings (or other weights) beside the tokenizer: kept
+    (tmp_path / "gen" / "generation_config.json").write_text('{"temperature": 0.7}')
+    with pytest.raises(AutoparError, match=r"already holds a model \(generation_config.json\)"):
+        export_hf(tmp_path / "ck", tmp_path / "gen")
+    assert (tmp_path / "gen" / "generation_config.json").read_text() == '{"temperature": 0.7}'
     with pytest.raises(AutoparError, match="holds a run's checkpoints"):
         export_hf(tmp_path / "ck", tmp_path / "ck")  # into the checkpoint folder itself
     for into in (ck, ck / "hf"):  # inside a checkpoint: pruning it would remove the export
@@ -183,8 +188,9 @@ def test_what_import_and_export_refuse_before_writing(tmp_path, capsys):
                       ({"plan": {**good["plan"], "model": {**good["plan"]["model"], "num_layers": 2}}},
                        "holds parameters its model \\(2 layers\\) does not have")):
         meta_path.write_text(json.dumps({**good, **bad}))
-        with pytest.raises(AutoparError, match=want):
+        with pytest.raises(AutoparError, match=want) as err:
             export_hf(tmp_path / "ck", tmp_path / "out")
+        assert "--resume-from" not in str(err.value)  # an export's advice is another export, not training on
     assert not (tmp_path / "out").exists()
     meta_path.write_text(json.dumps(good))
     shard = next(ck.glob("*.distcp"))
@@ -397,6 +403,10 @@ def test_gpt2_as_openai_published_it_and_what_it_refuses(tmp_path):
     (tmp_path / "old" / "config.json").write_text((tmp_path / "hf" / "config.json").read_text())
     theirs = read_parameters(import_hf(tmp_path / "old", plan, tmp_path / "ck-old"))[1]
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    # a tied config over an lm_head that is not the embedding (transformers loads it untied): refused, not dropped
+    save_file({**full, "lm_head.weight": full["transformer.wte.weight"] + 1}, str(tmp_path / "hf" / "model.safetensors"))
+    with pytest.raises(AutoparError, match="lm_head.weight that differs from its embeddings, but its config ties"):
+        import_hf(tmp_path / "hf", plan, tmp_path / "ck-untied")
     assert torch.equal(ours["layers.0.attn.qkv.weight"], full["transformer.h.0.attn.c_attn.weight"].t())
     cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
     for bad, want in (({"activation_function": "gelu"}, "activation_function 'gelu': autopar's GPT MLP computes "
