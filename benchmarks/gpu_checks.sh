@@ -12,10 +12,9 @@
 # model (benchmarks/gemm_pieces.py) and the MoE grouped-GEMM run. About 18 minutes on one H100: more than one
 # 15-minute lease, so PART runs half of them: `first` (profile, optimizer, the three plans, validate_h100, wgrad,
 # pieces, smoke: about 8 minutes) or `second` (profile again, peers, kernels, tune, MoE, attention head dims:
-# about 10); `third` (profile again, then session 29's follow-ups: our norms against torch's fused ones in whole
-# steps of llama-1b and GPT 350M, and the table's GEMMs against the models' shapes as the runtime runs them: planned at
-# about 6); default all. nvidia-smi samples the SM clock, power and throttle reasons every 250 ms into OUT/smi.csv
-# throughout (the clock a workload settles at under the power cap moves its GEMM rate).
+# about 10); `third` (profile again, then the step's GEMM kernels under torch.profiler for GPT 350M and llama-1b
+# beside the sampled clock, and the table re-timed against the models' shapes: about 5); default all. nvidia-smi
+# samples the SM clock, power and throttle reasons every 250 ms into OUT/smi.csv throughout (the clock a workload settles at under the power cap moves its GEMM rate).
 # Needs, besides PyTorch and Triton: pydantic, pulp, highspy (and liger-kernel for the Liger peer).
 set -u
 case ${1:-} in first|second|third|all) set -- gpu-out "$1";; esac  # `gpu_checks.sh first`: the first part into gpu-out
@@ -66,11 +65,10 @@ if part second; then
 --out $OUT/moe.json && rm -f $OUT/moe.jsonl && python -m planner.cli run $OUT/moe.json --steps 5 --metrics-out $OUT/moe.jsonl"
   step attention_head_dim 60 python benchmarks/attention_head_dim.py --profile "$OUT/h100.yaml" --json "$OUT/head_dim.json"
 fi
-if part third; then
-  step native_llama 300 python benchmarks/single_gpu_step.py --mbs 2 4 --peers compiled --backends auto,native \
-    --json "$OUT/native_llama.json"
-  step native_gpt 200 python benchmarks/single_gpu_step.py --mbs 8 --peers none --backends auto,native \
-    --model "$OUT/gpt-350m.json" --json "$OUT/native_gpt.json"
+if part third; then  # the step's own GEMM kernels beside the sampled clock (OUT/smi.csv): session 32's open question
+  step kernels_gpt 200 python benchmarks/single_gpu_step.py --mbs 8 --peers none --profile --model "$OUT/gpt-350m.json" \
+    --json "$OUT/kernels_gpt.json"
+  step kernels_llama 200 python benchmarks/single_gpu_step.py --mbs 2 --peers none --profile --json "$OUT/kernels_llama.json"
   step gemm_layouts 150 python benchmarks/profile_check.py gpu-gemm --profile "$OUT/h100.yaml" --json "$OUT/gemm.json"
 fi
 echo "logs in $OUT"
