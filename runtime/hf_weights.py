@@ -53,7 +53,8 @@ from specs.planfile import PlanFile
 
 # what a config must share with the plan's model
 _SHAPE = ("arch", "num_layers", "hidden_size", "num_attention_heads", "kv_heads", "hd", "ffn", "vocab_size",
-          "tie_embeddings", "qkv_bias", "norm_eps", "rope_theta", "rope_scaling", "rope_dims", "position_rows", "moe")
+          "tie_embeddings", "qkv_bias", "norm_eps", "rope_theta", "rope_scaling", "rope_dims", "position_rows", "moe",
+          "sliding_window")  # export-hf writes the plan's window back: a Mistral into a Llama plan would lose it
 
 
 def _shown(value: object) -> object:

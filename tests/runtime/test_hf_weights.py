@@ -299,6 +299,17 @@ def test_import_refuses_an_mlp_or_rope_scaling_autopar_does_not_compute(tmp_path
     assert not (tmp_path / "ck").exists()
 
 
+def test_import_refuses_a_sliding_window_the_plan_does_not_have(tmp_path):
+    # a Mistral-style window into a plan of the same shape without one: export-hf would write the model back without
+    # its window (transformers would then attend past it)
+    _hf_model("llama", tmp_path / "hf")
+    cfg_path = tmp_path / "hf" / "config.json"
+    cfg_path.write_text(json.dumps({**json.loads(cfg_path.read_text()), "sliding_window": 16}))
+    with pytest.raises(AutoparError, match="has sliding_window=16 but the plan's model has None"):
+        import_hf(tmp_path / "hf", case_plan({"steps": 2}), tmp_path / "ck")
+    assert not (tmp_path / "ck").exists()
+
+
 @pytest.mark.parametrize("weight", ["self_attn.k_proj.weight", "mlp.up_proj.weight"])
 def test_a_fused_part_of_the_wrong_shape_is_one_line(tmp_path, capsys, weight):
     """A q/k/v or gate/up part of another shape is named with its shape before the parts are joined."""
