@@ -289,8 +289,13 @@ def calibrated_profile_text(base: ClusterSpec, fit: Calibration, by: str, runs: 
                             ) -> str:
     """The profile file ``by`` (a command) writes: ``base`` calibrated by ``fit``, headed by when and from what
     (``runs``: "5 run(s)") it was fitted, its scales, and ``more`` lines."""
-    header = f"Calibrated by `{by}` at {utc_now()} from {runs}: {fitted_text(fit)}."
+    header = f"{calibrated_by(by)} at {utc_now()} from {runs}: {fitted_text(fit)}."
     return profile_yaml(calibrated(base, fit), [header, *(more or [])])
+
+
+def calibrated_by(by: str) -> str:
+    """How the header of a profile that command ``by`` calibrated begins (after its "# ")."""
+    return f"Calibrated by `{by}`"
 
 
 def profile_yaml(cluster: ClusterSpec, header: list[str]) -> str:

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from planner.calibrate import (
+    calibrated_by,
     calibrated_profile_text,
     difference_spreads,
     fit_scales,
@@ -37,10 +38,10 @@ from planner.search import search
 from planner.uncertainty import tied_indices
 from specs.cluster import ClusterSpec
 from specs.errors import INTERRUPTED, AutoparError
-from specs.files import write_text_atomic
+from specs.files import file_content, write_text_atomic
 from specs.json_numbers import sig6
 from specs.model import ModelSpec
-from specs.planfile import TrainConfig, make_plan, save_plan
+from specs.planfile import TrainConfig, is_plan_data, make_plan, save_plan
 
 
 @dataclass
@@ -94,6 +95,7 @@ def prepare(model: ModelSpec, cluster: ClusterSpec, global_batch: int, out_dir: 
         raise AutoparError(f"no plan fits in {usable_text(headroom_GiB, cluster)} on {cluster.num_gpus} GPUs: "
                            "nothing to tune (see `autopar plan`)")
     out_dir.mkdir(parents=True, exist_ok=True)
+    check_earlier_files(out_dir)
     removed = earlier_files(out_dir)
     for p in removed:
         p.unlink()
@@ -114,6 +116,7 @@ def prepare(model: ModelSpec, cluster: ClusterSpec, global_batch: int, out_dir: 
 
 
 PROFILE = "calibrated.yaml"  # the profile tune fits to its trials, in its folder
+TUNED_BY = "autopar tune"  # the command its header names
 
 
 def trial_plan_path(out_dir: Path, i: int) -> Path:
@@ -133,10 +136,39 @@ def written_files(out_dir: Path, trials: int) -> dict[str, Path]:
 
 def earlier_files(out_dir: Path) -> list[Path]:
     """What an earlier tune into ``out_dir`` left there (its trials' plan and metrics files, its profile): removed
-    before a new tune writes its own, so the folder never mixes two tunes."""
+    before a new tune writes its own, so the folder never mixes two tunes (:func:`check_earlier_files` first)."""
     named = re.compile(r"trial[1-9][0-9]*\.jsonl?")
     found = [p for p in out_dir.glob("trial*.json*") if named.fullmatch(p.name)] if out_dir.is_dir() else []
     return sorted(found) + [p for p in [out_dir / PROFILE] if p.is_file()]
+
+
+def check_earlier_files(out_dir: Path) -> None:
+    """Refuse a file of a tune's names in ``out_dir`` that no tune wrote (a profile of the user's own named
+    calibrated.yaml, notes in trial1.json): a tune would remove or replace it."""
+    for p in earlier_files(out_dir):
+        what = _not_tunes(p)
+        if what:
+            raise AutoparError(f"{out_dir} holds {p.name}, which is not {what}: a tune there would replace it; move it "
+                               "or give another --dir")
+
+
+def _not_tunes(p: Path) -> str | None:
+    """What a file of a tune's names should be where it is not what a tune writes there, else None (an empty file:
+    a trial stopped before its first line)."""
+    from runtime.metrics import is_metrics_data
+
+    if not p.is_file() or not p.stat().st_size:
+        return None
+    if p.name == PROFILE:
+        try:
+            with open(p, encoding="utf-8") as f:
+                first = f.readline()
+        except (OSError, UnicodeDecodeError):
+            first = ""
+        return None if first.startswith(f"# {calibrated_by(TUNED_BY)}") else "the profile a tune fits"
+    if p.suffix == ".jsonl":
+        return None if is_metrics_data(file_content(p)) else "a trial's metrics file"
+    return None if is_plan_data(file_content(p)) else "a trial's plan file"
 
 
 def metrics_beside(plan_path: Path) -> Path:
@@ -219,7 +251,7 @@ def tune(model: ModelSpec, cluster: ClusterSpec, global_batch: int, out_dir: Pat
         t.calibrated_step_s = float(pred)
     chosen = min(done, key=lambda t: t.measured_step_s or np.inf)
     profile = out_dir / PROFILE
-    write_text_atomic(profile, calibrated_profile_text(cluster, fit, "autopar tune", f"{len(runs)} trial(s)"))
+    write_text_atomic(profile, calibrated_profile_text(cluster, fit, TUNED_BY, f"{len(runs)} trial(s)"))
     return TuneResult(trials=found, chosen=chosen, profile_path=str(profile), scales=fit.scales, interrupted=stopped,
                       runs=runs)
 

@@ -16,7 +16,14 @@ from specs.errors import ERROR_PREFIX, INTERRUPTED, AutoparError
 
 def tune_command(args: argparse.Namespace) -> int:
     from planner.calibrate import bound_warning
-    from planner.tune import check_trial_options, check_tunable, default_out_dir, tune, written_files
+    from planner.tune import (
+        check_earlier_files,
+        check_trial_options,
+        check_tunable,
+        default_out_dir,
+        tune,
+        written_files,
+    )
     from specs.files import check_output_dir, check_output_file
     from specs.parallel import parse_plan_keys
     from specs.planfile import TrainConfig, is_plan_data, load_plan, save_plan
@@ -35,6 +42,7 @@ def tune_command(args: argparse.Namespace) -> int:
             if args.out and path.resolve() == Path(args.out).resolve():  # the chosen plan over its own trial's file
                 raise AutoparError(f"--out {args.out} would replace tune's {what} in --dir {args.dir}; give --out "
                                    "another name")
+        check_earlier_files(Path(args.dir))
     if args.data:
         from runtime.data import TokenData
 

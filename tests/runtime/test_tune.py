@@ -133,8 +133,14 @@ def test_tune_into_a_used_folder_leaves_no_earlier_trial(tmp_path, capsys):
 
     d = tmp_path / "t"
     d.mkdir()
-    for name in ["trial7.json", "trial7.jsonl", "calibrated.yaml", "notes.txt", "trial7.json.bak"]:
+    plan = tmp_path / "plan.json"  # an earlier tune's files are what a tune writes: a plan, metrics, its profile
+    assert main(["plan", "--model", "tiny", "--cluster", "cpu-gloo", "--global-batch", "8", "--out", str(plan)]) == 0
+    (d / "trial7.json").write_text(plan.read_text())
+    (d / "trial7.jsonl").write_text('{"step": 1, "loss": 5.5, "step_time_s": 0.1}\n')
+    (d / "calibrated.yaml").write_text("# Calibrated by `autopar tune` at 2026-11-27 from 2 trial(s): x.\nname: x\n")
+    for name in ["notes.txt", "trial7.json.bak"]:
         (d / name).write_text("x")
+    capsys.readouterr()
     argv = ["tune", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch", "64",
             "--dir", str(d), "--trials", "2", "--format", "json"]
     assert main(argv) == 2
@@ -148,3 +154,25 @@ def test_tune_into_a_used_folder_leaves_no_earlier_trial(tmp_path, capsys):
     assert main(argv) == 0  # only its own plan files there now: written again
     assert {Path(t["plan_file"]).name for t in json.loads(capsys.readouterr().out)["trials"]} <= written | {
         "trial1.json", "trial2.json"}
+
+
+def test_tune_never_removes_a_file_it_did_not_write(tmp_path, capsys):
+    """A file of a tune's names that no tune wrote -- the user's own calibrated profile, notes in trial1.json, a
+    metrics file of another kind -- is refused in one line and left as it was, before anything is written."""
+    d = tmp_path / "t"
+    d.mkdir()
+    from planner.calibrate import calibrated_by  # the header `autopar calibrate` writes, not tune's
+    (d / "calibrated.yaml").write_text(f"# {calibrated_by('autopar calibrate')} at 2026-11-27 from 1 run(s).\nname: x\n")
+    cases = {"calibrated.yaml": None, "trial1.json": '{"my": "notes"}', "trial2.jsonl": "my notes\n"}
+    argv = ["tune", "--model", "tiny", "--cluster", "cpu-gloo", "--gpus", "2", "--global-batch", "8", "--trials", "1",
+            "--steps", "3", "--warmup", "1", "--dir", str(d)]
+    for name, text in cases.items():
+        if text is not None:
+            (d / name).write_text(text)
+        before = {p.name: p.read_bytes() for p in d.iterdir()}
+        capsys.readouterr()
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert f"holds {name}, which is not" in err and "give another --dir" in err and "\n" not in err, err
+        assert {p.name: p.read_bytes() for p in d.iterdir()} == before  # nothing removed, nothing written
+        (d / name).rename(tmp_path / f"kept-{name}")  # the next case alone
