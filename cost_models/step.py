@@ -123,7 +123,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global
     # whose compute would read as the plan's and whose waiting as its pipeline bubble.
     works = [work(r) for r in range(pp)]
     crit = max(range(pp), key=lambda r: (round(sum(works[r].values()), 12), tail.finish[0, r]))
-    breakdown = {**works[crit], "pipeline_bubble": max(0.0, step - sum(works[crit].values()))}
+    waited = step - sum(works[crit].values())  # (a sum's rounding where nothing waits: 1e-15 of the step)
+    breakdown = {**works[crit], "pipeline_bubble": waited if waited > 1e-9 * step else 0.0}
     parts = {"weights": mem.weights, "gradients": mem.grads, "optimizer": mem.optimizer,
              "activations": mem.activations, "temporary": mem.temporary,
              "allocator_and_reserved": mem.allocator_and_reserved}

@@ -258,8 +258,19 @@ def bound_warning(scales: dict[str, float],
                 f"{c.gpu.cores} cores, where a collective waits for peers the cores are not running (the model "
                 f"prices the cores' shared compute, not that wait); fit runs of at most {c.gpu.cores} ranks a node "
                 "for a profile of the machine")
-    return (f"warning: {', '.join(stuck)} at the fit's limit (x1/8 .. x8): these runs did not run on the hardware "
-            f"the profile describes; {fix}")
+    return (f"warning: {', '.join(stuck)} at the fit's limit (x1/8 .. x8): these runs are far from what the profile "
+            f"describes (run on another machine, or on CPUs under a GPU profile?); {fix}")
+
+
+def worse_fit_warning(before: float, after: float) -> str | None:
+    """A one-line caution when the fitted profile predicts the runs' steps worse than the profile did (mean absolute
+    relative errors ``before`` and ``after``): the fit weighs each run's compute phases beside its step, and phases
+    that disagree with the step (ranks sharing cores, a noisy machine) pull it away; None when it did better."""
+    if after <= before:
+        return None
+    return (f"warning: the fit predicts these runs' steps worse than the profile did ({100 * before:.1f}% -> "
+            f"{100 * after:.1f}% mean error): their compute phases disagree with their steps (ranks sharing cores, "
+            "a busy machine?); keep the profile you had, or calibrate on longer or quieter runs")
 
 
 def hardware_mismatch(scales: dict[str, float], runs: list[Run], fitted: np.ndarray, cluster_ref: str | None,

@@ -24,9 +24,9 @@ def prediction_json(est: Any, cfg: ParallelConfig, spread: float = 0.0, calibrat
     out = {"parallel": cfg.to_dict(), **est.to_json(),
            "step_time_band_s": [sig6(x) for x in step_band(cfg.pp, est.step_time_s, spread, balanced_s)]}
     if calibrated:
-        out["calibration_log_sd"] = round(spread, 6)
+        out["calibration_log_sd"] = sig6(spread)
     if balanced_s is not None:
-        out["balanced_routing_step_s"] = round(balanced_s, 6)
+        out["balanced_routing_step_s"] = sig6(balanced_s)
     return out
 
 

@@ -15,6 +15,7 @@ from planner.ilp import solve_stages
 from planner.stage_problem import stage_problem
 from specs.cluster import ClusterSpec
 from specs.errors import AutoparError
+from specs.json_numbers import rounded
 from specs.model import ModelSpec
 from specs.parallel import ParallelConfig
 from specs.rules import PlanContext, check_plan
@@ -34,10 +35,11 @@ class PlanResult:
         return not e.fits, e.step_time_s, e.breakdown.get("recompute", 0.0), e.memory_GiB
 
     def row(self) -> dict[str, Any]:
+        """The plan and its predicted numbers (6 significant digits, as every command writes them)."""
         e = self.estimate
-        return {"plan": self.config.short(), "parallel": self.config.to_dict(), "step_time_s": e.step_time_s,
-                "tokens_per_s": e.tokens_per_s, "mfu": e.mfu, "memory_GiB": e.memory_GiB,
-                "bubble_fraction": e.bubble_fraction, "exposed_comm_fraction": e.exposed_comm_fraction}
+        return {"plan": self.config.short(), "parallel": self.config.to_dict(), **rounded({
+            "step_time_s": e.step_time_s, "tokens_per_s": e.tokens_per_s, "mfu": e.mfu, "memory_GiB": e.memory_GiB,
+            "bubble_fraction": e.bubble_fraction, "exposed_comm_fraction": e.exposed_comm_fraction})}
 
 
 def _ilp_may_help(model: ModelSpec, cfg: ParallelConfig, est: Estimate) -> bool:

@@ -18,6 +18,7 @@ from planner.calibrate import (
     hardware_mismatch,
     predict,
     relative_errors,
+    worse_fit_warning,
 )
 from planner.measured_runs import check_warmup, load_runs, named_plan_files
 from specs.cluster_loading import check_profile_out, load_cluster
@@ -27,10 +28,14 @@ from specs.files import write_text_atomic
 
 def calibrate_command(args: argparse.Namespace) -> int:
     """The CLI entry point (args: metrics, out; optional plan, cluster, warmup, fit)."""
-    params = tuple(p.strip() for p in (getattr(args, "fit", None) or ",".join(PARAMS)).split(",") if p.strip())
+    given = getattr(args, "fit", None)
+    params = tuple(p.strip() for p in (",".join(PARAMS) if given is None else given).split(",") if p.strip())
+    if not params:
+        raise AutoparError(f"--fit is empty; name the scales to fit, from {', '.join(PARAMS)} (leave --fit out for "
+                           "all)")
     bad = [p for p in params if p not in PARAMS]
-    if bad or not params:
-        raise AutoparError(f"--fit: unknown parameter '{bad[0] if bad else ''}'; choose from {', '.join(PARAMS)}")
+    if bad:
+        raise AutoparError(f"--fit: unknown parameter '{bad[0]}'; choose from {', '.join(PARAMS)}")
     twice = sorted({p for p in params if params.count(p) > 1})
     if twice:
         raise AutoparError(f"--fit: '{twice[0]}' given twice; name each parameter once")
@@ -67,9 +72,12 @@ def calibrate_command(args: argparse.Namespace) -> int:
     if warning:
         print(warning, file=sys.stderr)
     print(f"mean |error| {100 * mean0:.1f}% before, {100 * mean1:.1f}% after calibration ({len(runs)} run(s))")
+    worse = worse_fit_warning(mean0, mean1)
+    if worse:
+        print(worse, file=sys.stderr)
     text = calibrated_profile_text(base, fit, "autopar calibrate", f"{len(runs)} run(s)",
                                    [f"Mean |predicted/measured - 1|: {100 * mean0:.1f}% before, "
-                                    f"{100 * mean1:.1f}% after."])
+                                    f"{100 * mean1:.1f}% after.", *([worse] if worse else [])])
     try:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(args.out, text)

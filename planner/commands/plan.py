@@ -16,6 +16,7 @@ from cost_models.headroom import DEFAULT_FRACTION, headroom_for
 from planner.commands.inputs import load_inputs, progress, spec_files
 from planner.headroom import usable_text
 from specs.errors import AutoparError
+from specs.json_numbers import sig6
 from specs.planfile import steps_problem
 
 
@@ -48,7 +49,7 @@ def plan_command(args: argparse.Namespace) -> int:
     except NoPlan as err:
         raise _too_many_gpus(err, args, model, cluster, fixed) from None
     search_info = {"candidates": res.candidates, "seconds": round(res.seconds, 3), "exhaustive": res.exhaustive,
-                   "headroom_GiB": headroom}
+                   "headroom_GiB": sig6(headroom)}
     if not res.plans:
         raise _no_plan(args, model, cluster, res, fixed, search_info)
     choice = _choose(args, model, cluster, res)

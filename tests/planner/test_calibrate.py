@@ -206,6 +206,8 @@ def test_bad_options_are_one_line_errors(tmp_path, capsys):
         (["--plan", str(p), "--warmup", "2"], "warm-up"),  # both steps are warm-up
         (["--plan", str(p), "--fit", "gemm,bogus"], "unknown parameter 'bogus'"),
         (["--plan", str(p), "--fit", "gemm,gemm"], "'gemm' given twice"),
+        (["--plan", str(p), "--fit", ""], "--fit is empty"),  # not every scale, silently
+        (["--plan", str(p), "--fit", " , "], "--fit is empty"),
         (["--plan", str(p), "--plan", str(p), "--plan", str(p)], "one --plan for all"),
         (["--plan", str(tmp_path / "missing.json")], "does not exist"),
         (["--plan", str(p), "--out", ""], "must not be empty"),
@@ -300,8 +302,16 @@ def test_scales_at_the_fits_limit_are_warned_about():
     run = Run("m.jsonl", make_plan(load_model("tiny"), cpu, 16, ParallelConfig(dp=4)), 0.2, 10, None)
     crowded = bound_warning({"comm": 0.125}, runs=[run])
     assert "runs put 4 ranks on 2 cores, where a collective waits for peers the cores are not running" in crowded
-    assert "did not run on the hardware" not in crowded
-    assert "did not run on the hardware" in bound_warning({"gemm": 0.125}, runs=[run])  # not the network's limit
+    assert "far from what the profile describes" not in crowded
+    assert "far from what the profile describes" in bound_warning({"gemm": 0.125}, runs=[run])  # not the network's limit
+
+
+def test_a_fit_that_predicts_the_steps_worse_says_so():
+    from planner.calibrate import worse_fit_warning
+
+    assert worse_fit_warning(0.30, 0.10) is None and worse_fit_warning(0.1, 0.1) is None
+    said = worse_fit_warning(0.304, 0.342)
+    assert "worse than the profile did (30.4% -> 34.2% mean error)" in said and "keep the profile you had" in said
 
 
 def _two_plan_metrics(tmp_path, base, truth, steps=(8, 6)):

@@ -499,6 +499,24 @@ def test_every_json_number_is_written_to_6_significant_digits(capsys):
             assert data["memory_replay"], argv
 
 
+def test_plan_json_of_every_kind_is_written_to_6_significant_digits(capsys):
+    """The plan JSON's other parts: a cluster of node groups (its homogeneous baseline, a headroom of mixed GPUs), a
+    plan that does not fit (the closest one: pp=1, no bubble), a mixture of experts (its balanced-routing step)."""
+    for argv, code_wanted, part in (
+            (["--model", "llama3-8b", "--cluster", "a100-h100-ib", "--global-batch", "512"], 0, "homogeneous_baseline"),
+            (["--model", "llama3-8b", "--cluster", "a100-l40s-mixed", "--global-batch", "64"], 0, "search"),
+            (["--model", "llama3-70b", "--cluster", "dgx-a100", "--gpus", "8", "--global-batch", "64"], 2, "closest"),
+            (["--model", "mixtral-8x7b", "--cluster", "dgx-h100", "--gpus", "64", "--global-batch", "256"], 0,
+             "plans")):
+        code, out, err = run(capsys, "plan", *argv, "--format", "json")
+        assert code == code_wanted, err
+        data = json.loads(out)
+        floats = list(_floats(data))
+        assert data[part] and all(float(f"{x:.6g}") == x for x in floats), [x for x in floats if float(f"{x:.6g}") != x]
+        if part == "closest":
+            assert data["closest"]["parallel"]["pp"] == 1 and data["closest"]["bubble_fraction"] == 0.0
+
+
 def test_plan_says_when_fewer_gpus_train_faster(capsys):
     """Selene's 560 nodes (4,480 GPUs): GPT-3 175B's best plan there needs a 35-stage pipeline, and 512 of the
     nodes train faster outright; plan says so (table and JSON). A power-of-two cluster has nothing to say."""
