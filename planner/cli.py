@@ -34,7 +34,8 @@ class _Once(argparse.Action):
         if self.dest in seen:
             names = " and ".join(self.option_strings)  # an option with another name: either counts (--trials, --top)
             alias = f" ({names} are one option)" if len(self.option_strings) > 1 else ""
-            raise AutoparError(f"{option_string} is given twice{alias}; give it once" + ONCE_HOW.get(self.dest, ""))
+            how = "" if self.type is path_argument else ONCE_HOW.get(self.dest, "")  # (a file: no keys to join)
+            raise AutoparError(f"{option_string} is given twice{alias}; give it once{how}")
         seen.add(self.dest)
         setattr(namespace, self.dest, values)
 
@@ -44,6 +45,9 @@ class _Merged(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
+        if not values.strip(", \t"):  # (an unset shell variable): not "no keys fixed" without a word
+            raise AutoparError(f"{option_string} is empty; give the plan keys to hold, e.g. {option_string} "
+                               '"tp=2,pp=2", or leave it out')
         before = getattr(namespace, self.dest)
         setattr(namespace, self.dest, f"{before},{values}" if before else values)
 

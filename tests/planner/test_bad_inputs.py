@@ -268,6 +268,11 @@ def test_an_option_given_twice_is_refused_and_fix_keys_add_up(capsys):
     assert "--vary is given twice; give it once: one key with comma-separated values" in fails(
         capsys, *WHATIF, "--vary", "gpus=8,16")
     assert "plan key 'tp' given twice" in fails(capsys, "plan", *TINY, "--fix", "tp=2", "--fix", "tp=1")
+    for command in (["plan", *TINY], [*WHATIF], ["tune", *TINY]):  # not "nothing fixed" without a word
+        assert '--fix is empty; give the plan keys to hold, e.g. --fix "tp=2,pp=2"' in fails(capsys, *command, "--fix",
+                                                                                            " ")
+    err = fails(capsys, "import-hf", "hf", "--plan", "p.json", "--plan", "p.json", "--out", "x")  # a file: no keys
+    assert err.strip().endswith("--plan is given twice; give it once"), err
     assert main(["plan", *TINY, "--fix", "tp=2", "--fix", "pp=2", "--format", "json"]) == 0
     best = json.loads(capsys.readouterr().out)["plans"][0]["parallel"]
     assert (best["tp"], best["pp"]) == (2, 2)
