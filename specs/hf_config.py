@@ -162,6 +162,27 @@ _DEFAULT_ACT = {"gemma": "gelu_pytorch_tanh"}  # the MLP activation where the co
 
 
 def hf_notes(cfg: dict[str, Any]) -> list[str]:
+    """What of a config autopar does not keep: what its blocks do not compute (:func:`_block_notes`) and special
+    tokens' ids past the vocabulary (transformers' GPT-2 config keeps 50256 whatever its vocab_size)."""
+    vocab = cfg.get("vocab_size")
+    past = [f"{k} {v}" for k in TOKEN_ID_NAMES for v in _listed(cfg.get(k)) if _an_id(v) and not _in_vocab(v, vocab)]
+    return _block_notes(cfg) + ([f"{', '.join(past)}: past the vocabulary of {vocab} tokens, not kept (export-hf "
+                                 "writes the ids it has)"] if past else [])
+
+
+def _listed(v: Any) -> list[Any]:
+    return v if isinstance(v, list) else [v]
+
+
+def _an_id(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _in_vocab(v: int, vocab: Any) -> bool:
+    return not isinstance(vocab, int) or v < vocab
+
+
+def _block_notes(cfg: dict[str, Any]) -> list[str]:
     """What of a config autopar's blocks do not compute (the spec has no field for it): a Llama-style MLP's
     activation other than silu, the MLP's biases, the attention output's bias, q/k norms, Gemma's norms and
     embedding scale, GPT-J's parallel residual. Each is priced as the block autopar computes (the same GEMMs) and
@@ -232,9 +253,10 @@ def hf_to_spec(cfg: dict[str, Any], source: str) -> dict[str, Any]:
 
 def _token_ids(cfg: dict[str, Any]) -> dict[str, Any]:
     """The special tokens' ids the config declares (kept for export-hf to write back): those that are ids, or lists
-    of ids (an eos_token_id may list several); anything else (null, -1) is as good as absent."""
+    of ids (an eos_token_id may list several) of the vocabulary; anything else (null, -1, an id past the vocabulary:
+    :func:`hf_notes` says so) is as good as absent."""
     def is_id(v: Any) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+        return _an_id(v) and _in_vocab(v, cfg.get("vocab_size"))
 
     out = {}
     for key in TOKEN_ID_NAMES:

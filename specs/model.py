@@ -163,6 +163,11 @@ class ModelSpec(BaseModel):
         if self.block is None and self.rope_dims > self.hd:
             raise ValueError(f"rotary_fraction {self.rotary_fraction} of a head_dim of {self.hd} leaves no pair of "
                              "dimensions to rotate; use a head_dim of at least 2")
+        past = [f"{k} {v}" for k, ids in (self.token_ids or {}).items()
+                for v in (ids if isinstance(ids, list) else [ids]) if v >= self.vocab_size]
+        if past:
+            raise ValueError(f"token_ids: {past[0]} is past the vocabulary (vocab_size {self.vocab_size}: ids 0 to "
+                             f"{self.vocab_size - 1}); give an id of the vocabulary or leave it out")
         if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.norm_eps < 0:
