@@ -100,8 +100,12 @@ class Topology:
                                     latency_us=g.inter_node.latency_us / 2)  # node to node: one NIC hop
         listed: set[frozenset[str]] = set()
         self.repeated: tuple[str, str] | None = None  # a pair of groups two entries link (problem() says so)
+        self.looped: str | None = None  # a group an entry links to itself (its nodes' own network says that)
         for link in links:
             a, b = link.groups
+            if a == b:
+                self.looped = self.looped or a
+                continue
             if frozenset((a, b)) in listed:
                 self.repeated = self.repeated or (min(a, b), max(a, b))
             listed.add(frozenset((a, b)))
@@ -117,6 +121,9 @@ class Topology:
     def problem(self) -> str | None:
         """Why these groups and links do not make one cluster (an unknown group, a group no link reaches), or
         None."""
+        if self.looped is not None:
+            return (f"between_groups links group {self.looped} to itself; its nodes reach each other over its own "
+                    f"inter_node network: set that, and link {self.looped} to other groups only")
         if self.repeated is not None:
             a, b = self.repeated
             return f"between_groups links {a} and {b} twice (in either order); give each pair of groups one entry"

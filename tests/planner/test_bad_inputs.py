@@ -584,6 +584,10 @@ def test_bad_files_found_by_the_hunt(tmp_path, capsys, monkeypatch):
                                          "\n  - {groups: [b, a], bandwidth_Gbps_per_node: 20}\n")
     assert "links a and b twice" in fails(capsys, "estimate", "--model", "tiny", "--cluster", "twice.yaml",
                                           "--global-batch", "16", "--plan", "tp=1")
+    (tmp_path / "loop.yaml").write_text(groups + "between_groups:\n  - {groups: [a, b], bandwidth_Gbps_per_node: 10}"
+                                        "\n  - {groups: [a, a], bandwidth_Gbps_per_node: 20}\n")
+    assert "between_groups links group a to itself" in fails(capsys, "estimate", "--model", "tiny", "--cluster",
+                                                              "loop.yaml", "--global-batch", "16", "--plan", "tp=1")
     (tmp_path / "empty.yaml").write_text("name: e\nnode_groups: []\n")
     assert "node_groups is empty" in fails(capsys, "estimate", "--model", "tiny", "--cluster", "empty.yaml",
                                            "--global-batch", "8", "--plan", "tp=1")
