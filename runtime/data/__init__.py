@@ -16,6 +16,7 @@ depends on the plan, and resuming at step ``k`` needs nothing but ``k``.
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import json
 import os
@@ -30,6 +31,7 @@ from specs.errors import AutoparError
 SAMPLE_TEXT = Path(__file__).with_name("sample.txt")
 _RAW = {".bin": np.uint16, ".u16": np.uint16, ".u32": np.uint32}
 _CHUNK = 1 << 24  # tokens read at a time: the range check and the .txt tokeniser stream a file of any size
+_SOURCE = ".source"  # beside a cached token file: the text file it was made from
 CHECKED_ENV = "AUTOPAR_DATA_CHECKED"  # the launcher's verdict on the data file, for its workers (TokenData.verdict)
 
 
@@ -57,7 +59,8 @@ def writable_cache_dir() -> Path:
 
 def tokenize_text(path: Path) -> Path:
     """Byte-level tokens of a text file, cached as ``<cache>/<name>-<hash>.u16`` (written atomically), the file read
-    in chunks (a text of any size takes a chunk's memory)."""
+    in chunks (a text of any size takes a chunk's memory); the tokens of its earlier versions are removed
+    (:func:`_forget_earlier_versions`)."""
     digest = hashlib.sha256()
     try:
         with open(path, "rb") as f:
@@ -75,12 +78,28 @@ def tokenize_text(path: Path) -> Path:
             while chunk := f.read(_CHUNK):
                 np.frombuffer(chunk, dtype=np.uint8).astype(np.uint16).tofile(w)
         os.replace(tmp, out)
+        _forget_earlier_versions(path, out)
     except OSError as err:
         with contextlib.suppress(OSError):  # (where nothing could be written, nothing is removed either)
             tmp.unlink(missing_ok=True)
         raise AutoparError(f"cannot write the tokens of {path} to the cache {out.parent} ({err.strerror}); set "
                            "AUTOPAR_CACHE to a folder with room") from None
     return out
+
+
+def _forget_earlier_versions(text: Path, tokens: Path) -> None:
+    """Record beside ``tokens`` (``<file>.source``) the text file they were made from, and remove the cached tokens
+    of that file's earlier versions (other hashes, as recorded): a text edited and trained on again would otherwise
+    leave a copy twice its size per version. (A run still reading one keeps its memory map; a restart of it finds
+    its text changed, as it would anyway.)"""
+    me = str(text.resolve())
+    Path(f"{tokens}{_SOURCE}").write_text(me)
+    for side in tokens.parent.glob(f"{glob.escape(text.stem)}-*.u16{_SOURCE}"):
+        old = Path(str(side)[:-len(_SOURCE)])
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            if old != tokens and side.read_text() == me:
+                old.unlink(missing_ok=True)
+                side.unlink()
 
 
 def open_tokens(path: str | Path) -> np.ndarray:

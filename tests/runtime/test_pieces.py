@@ -346,6 +346,25 @@ def _saved(path, arr):
     return path
 
 
+def test_a_texts_earlier_tokens_leave_the_cache(tmp_path, monkeypatch):
+    """A .txt file edited and trained on again: its new tokens are cached and its earlier version's removed (a copy
+    twice the text's size per version otherwise); another text of the same name elsewhere keeps its own."""
+    monkeypatch.setenv("AUTOPAR_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    text, twin = tmp_path / "a" / "corpus.txt", tmp_path / "b" / "corpus.txt"
+    text.write_text("first version " * 10)
+    twin.write_text("another corpus " * 10)
+    first, other = open_tokens(text).filename, open_tokens(twin).filename
+    text.write_text("second version " * 10)
+    second = open_tokens(text)
+    np.testing.assert_array_equal(second, list(("second version " * 10).encode()))
+    cached = sorted(p.name for p in (tmp_path / "cache").glob("*.u16"))
+    assert Path(second.filename).name in cached and Path(other).name in cached and len(cached) == 2
+    assert not Path(first).exists() and not Path(f"{first}.source").exists()
+    assert open_tokens(twin).filename == other  # still cached: not tokenised again
+
+
 def test_workers_take_the_launchers_verdict_on_an_unchanged_data_file(tmp_path, monkeypatch):
     """The launcher checks the data file once and hands its verdict to its workers (one scan at start, not one per
     rank); a file changed since, or a verdict about another file, is read and checked again."""
