@@ -9,9 +9,12 @@ activations and temporaries (the allocator's share, ``allocator_and_reserved``, 
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
+import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -34,28 +37,66 @@ def check_verifiable(model: ModelSpec) -> None:
                            "real token values, which the meta device has none of); leave out --verify")
 
 
+POOL_AFTER_S = 20.0  # replays left that would take longer than this one after another run in parallel processes
+
+
 def memory_check(plan: PlanFile, est: Estimate) -> list[dict[str, Any]]:
     """One row per pipeline rank: replayed and predicted state and peak (GiB) and the peak's relative error."""
     check_verifiable(plan.model)
-    from runtime.memory_replay import replay_rank
-
     rows = []
-    for p, parts in enumerate(est.stage_memory_breakdown):
-        if sys.stderr.isatty():
-            print(f"\rreplaying pipeline rank {p + 1}/{len(est.stage_memory_breakdown)} on the meta device",
-                  end="", file=sys.stderr, flush=True)
-        with _ctrl_c_kept() as pressed:
-            r = replay_rank(plan, p)
-        if pressed:  # Ctrl-C landed in a tensor's finalizer, where Python prints and drops it: stop here instead
-            raise KeyboardInterrupt
-        state = parts["weights"] + parts["gradients"] + parts["optimizer"]
-        peak = state + parts["activations"] + parts["temporary"]
+    parts = est.stage_memory_breakdown
+    for r in _replays(plan, len(parts)):
+        p = parts[r.pp_rank]
+        state = p["weights"] + p["gradients"] + p["optimizer"]
+        peak = state + p["activations"] + p["temporary"]
         rows.append(rounded({"pp_rank": r.pp_rank, "state_GiB": r.state_bytes / GiB, "predicted_state_GiB": state,
                              "peak_GiB": r.peak_bytes / GiB, "predicted_peak_GiB": peak,
                              "peak_error": peak / (r.peak_bytes / GiB) - 1 if r.peak_bytes else 0.0}))
     if sys.stderr.isatty():
         print(file=sys.stderr)
     return rows
+
+
+def _replays(plan: PlanFile, ranks: int) -> Iterator[Any]:
+    """Each pipeline rank's replay in order (``runtime.memory_replay.RankReplay``): the first here, and the rest
+    in as many processes as there are cores (each its own fake process group) where one after another they would
+    take more than :data:`POOL_AFTER_S` (a 405B pipeline of 16 ranks with overlapped tensor parallelism: minutes)."""
+    from runtime.memory_replay import replay_rank
+
+    def said(p: int) -> None:
+        if sys.stderr.isatty():
+            print(f"\rreplaying pipeline rank {p + 1}/{ranks} on the meta device", end="", file=sys.stderr, flush=True)
+
+    said(0)
+    t0 = time.perf_counter()
+    yield _kept(replay_rank, plan, 0)
+    workers = min(ranks - 1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    if workers < 2 or (time.perf_counter() - t0) * (ranks - 1) <= POOL_AFTER_S:
+        for p in range(1, ranks):
+            said(p)
+            yield _kept(replay_rank, plan, p)
+        return
+    ctx = multiprocessing.get_context("spawn")  # (a fork of a process that ran torch may hang)
+    with ctx.Pool(workers, initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN)) as pool:
+        for p, r in enumerate(pool.imap(_replay_rank, [(plan, p) for p in range(1, ranks)]), start=1):
+            said(p)  # (this one and those before it are done)
+            yield r
+
+
+def _replay_rank(job: tuple[PlanFile, int]) -> Any:
+    """A pool worker's :func:`runtime.memory_replay.replay_rank`."""
+    from runtime.memory_replay import replay_rank
+
+    return replay_rank(*job)
+
+
+def _kept(replay: Any, plan: PlanFile, p: int) -> Any:
+    """``replay(plan, p)`` with Ctrl-C kept (:func:`_ctrl_c_kept`)."""
+    with _ctrl_c_kept() as pressed:
+        r = replay(plan, p)
+    if pressed:  # Ctrl-C landed in a tensor's finalizer, where Python prints and drops it: stop here instead
+        raise KeyboardInterrupt
+    return r
 
 
 @contextlib.contextmanager

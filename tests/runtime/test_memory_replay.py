@@ -70,6 +70,23 @@ def test_verify_reports_every_pipeline_rank(command):
         assert r["peak_error"] == pytest.approx(r["predicted_peak_GiB"] / r["peak_GiB"] - 1, abs=1e-5)  # (rounded)
 
 
+def test_a_long_verify_replays_the_pipeline_ranks_in_parallel_processes(monkeypatch):
+    """Replays that would take long one after another run in a pool of processes (each its own fake process group):
+    the same rows, in pipeline order, as one after another in this process."""
+    import planner.verify as verify
+
+    plan = case_plan({"pp": 4, "tp": 1, "steps": 2})
+    est = estimate(plan.model, plan.cluster, plan.config, plan.global_batch, validate=False, state=plan.state)
+    here = verify.memory_check(plan, est)
+    started = []
+    real = verify.multiprocessing.get_context
+    monkeypatch.setattr(verify.multiprocessing, "get_context", lambda kind: started.append(kind) or real(kind))
+    monkeypatch.setattr(verify, "POOL_AFTER_S", 0.0)
+    monkeypatch.setattr(verify.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)  # (a 1-core runner too)
+    assert verify.memory_check(plan, est) == here and started == ["spawn"]
+    assert [r["pp_rank"] for r in here] == [0, 1, 2, 3]
+
+
 @pytest.mark.parametrize("plan_text", ["tp=8,pp=1,mbs=1,sp=true,zero=1", "tp=1,pp=2,mbs=1,zero=3",
                                        "tp=2,pp=2,mbs=1,cp=2,sp=true", "tp=2,pp=4,mbs=1,sp=true,layers=0/6/6/4",
                                        "tp=1,pp=4,mbs=1,layers=4/6/6/0"])
