@@ -32,7 +32,7 @@ from runtime.checkpoint_folder import (
     step_folders,
 )
 from runtime.data import CHECKED_ENV, SAMPLE_TEXT, TokenData
-from runtime.ends_with import ends_with
+from runtime.ends_with import LAUNCHER_ENV, ends_with
 from runtime.metrics import last_step
 from runtime.options import COLLECTIVE_TIMEOUT_S, add_run_arguments, check_run_options, launch_options, worker_argv
 from specs.errors import ERROR_PREFIX, INTERRUPTED, WORKER_BROKE_PREFIX, WORKER_ERROR_PREFIX, AutoparError, RunFailed
@@ -217,6 +217,7 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
         if checkpoint_dir:  # held here: the workers' rank 0 does not take it again
             full_env[HELD_ENV] = str(Path(checkpoint_dir).resolve())
         full_env[CHECKED_ENV] = tokens.verdict()  # the data file checked here: its workers do not read it again
+        full_env[LAUNCHER_ENV] = str(os.getpid())  # (a worker whose agent ended before it could follow it: ends_with)
         keep = [("--checkpoint-every", checkpoint_every), ("--keep-checkpoints", keep_checkpoints),
                 ("--max-restarts", max_restarts or None)]  # a resumed run keeps them (defaults otherwise)
         options = [x for flag, v in keep if v is not None for x in (flag, str(v))]

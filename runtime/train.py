@@ -23,9 +23,17 @@ line carries every rank's, ``"phases_s": {phase: [seconds of rank 0, 1, ...]}`` 
 
 from __future__ import annotations
 
+import os
+
+# A worker of torchrun's agent ends when its agent does: armed before torch's seconds of imports, during which the
+# agent may end (a tune trial stopped at its time limit).
+if __name__ == "__main__" and "TORCHELASTIC_RUN_ID" in os.environ:
+    from runtime.ends_with import end_with_parent
+
+    end_with_parent()
+
 import argparse
 import math
-import os
 import sys
 import time
 import traceback
@@ -38,7 +46,6 @@ import torch.distributed as dist
 from runtime.checkpoint_folder import held_by_rank, instead_of, latest_checkpoint
 from runtime.comm_hooks import CommHooks
 from runtime.data import SAMPLE_TEXT, TokenData
-from runtime.ends_with import end_with_parent
 from runtime.metrics import MetricsLog, last_step
 from runtime.options import KEEP_CHECKPOINTS, check_run_options, worker_parser
 from runtime.parallel.mappings import all_gather_into
@@ -297,8 +304,6 @@ def _train(args: argparse.Namespace, trainer: Trainer, log: MetricsLog, clock: P
 
 def main(argv: list[str] | None = None) -> int:
     rank = os.environ.get("RANK", "0")
-    if "TORCHELASTIC_RUN_ID" in os.environ:  # a worker of torchrun's agent: it ends when the agent does
-        end_with_parent()
     try:
         args = parse_args(argv)
         with held_by_rank(Path(args.checkpoint_dir) if args.checkpoint_dir else None, int(rank)):

@@ -606,6 +606,35 @@ def test_a_checkpoint_that_cannot_be_written_is_one_line_with_its_cause(tmp_path
         "space or give another --checkpoint-dir"], out.stderr
 
 
+def test_a_worker_whose_agent_ended_while_it_started_ends_too(tmp_path):
+    """A worker of `autopar run` whose torchrun agent ends before the worker can follow it (a tune trial stopped at
+    its time limit while its workers still imported torch) exits at once; it used to wait, orphaned, for a
+    rendezvous that never came (half an hour). A worker started by hand under torchrun, whose agent may be a
+    container's init, is left alone. An agent stand-in starts a slow-starting worker and ends at once."""
+    from runtime.ends_with import LAUNCHER_ENV
+
+    worker = ("import os, time; time.sleep(1.5); from runtime.ends_with import end_with_parent; end_with_parent(); "
+              "open(os.environ['MARK'], 'w').write('trained on')")
+    agent = f"import subprocess, sys; print(subprocess.Popen([sys.executable, '-c', {worker!r}]).pid)"
+    for launched in (True, False):
+        mark = tmp_path / f"alive-{launched}"
+        env = {**os.environ, "MARK": str(mark), "PYTHONPATH": str(REPO), "TORCHELASTIC_RUN_ID": "x",
+               LAUNCHER_ENV: str(os.getpid())}
+        if not launched:
+            del env[LAUNCHER_ENV]
+        pid = int(subprocess.run([sys.executable, "-c", agent], env=env, capture_output=True, text=True,
+                                 check=True).stdout)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # (not our child: gone, or a zombie where init does not reap)
+            try:
+                if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            except OSError:
+                break
+            time.sleep(0.1)
+        assert mark.exists() != launched, launched
+
+
 @pytest.mark.parametrize("killed", ["launcher", "agent"])
 def test_a_killed_launcher_takes_its_workers_with_it(tmp_path, killed):
     """SIGKILL to `autopar run` (a scheduler's, the OOM killer's: nothing of it runs after) stops torchrun and its
