@@ -1,5 +1,5 @@
-"""The base of the profile schemas: unknown keys, NaN and infinity refused, frozen, and true/false refused where a
-number is asked for (pydantic would read them as 1 and 0)."""
+"""The base of the profile schemas: unknown keys, NaN and infinity refused, frozen, true/false refused where a
+number is asked for (pydantic would read them as 1 and 0) and anything else where a switch is."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
-from specs.errors import number_only
+from specs.errors import bool_only, number_only
 
 
 class Strict(BaseModel):
@@ -16,11 +16,15 @@ class Strict(BaseModel):
     @field_validator("*", mode="before")
     @classmethod
     def _numbers(cls, v: Any, info: ValidationInfo) -> Any:
-        """Refuse true/false for numbers, also inside mappings of numbers (pydantic reads them as 1 and 0);
-        text and other fields get pydantic's own message."""
-        if _numeric(cls.model_fields[info.field_name].annotation):
+        """Refuse true/false for numbers, also inside mappings of numbers (pydantic reads them as 1 and 0), and
+        anything but true/false for a switch (pydantic reads "yes", "off", 1 as one); text and other fields get
+        pydantic's own message."""
+        ann = cls.model_fields[info.field_name].annotation
+        if _numeric(ann):
             for x in v.values() if isinstance(v, dict) else [v]:
                 number_only(x)
+        elif ann is bool or (get_args(ann) and set(get_args(ann)) == {bool, type(None)} and v is not None):
+            bool_only(v)
         return v
 
 

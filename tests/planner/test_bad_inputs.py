@@ -563,6 +563,12 @@ def test_bad_files_found_by_the_hunt(tmp_path, capsys, monkeypatch):
     spec.write_text(LLAMA + "tie_embeddings: yes\n")
     assert "field 'tie_embeddings': expected true or false, got 'yes'" in fails(
         capsys, "estimate", "--model", str(spec), *ESTIMATE)
+    for value, shown in (("yes", "'yes'"), ("off", "'off'"), ('"true"', "'true'"), ("1", "1")):  # in a profile too
+        (tmp_path / "tpx.yaml").write_text("name: c\ngpu: a100-sxm4-80gb\ngpus_per_node: 8\nintra_node: "
+                                           f"{{bandwidth_GBps: 300}}\ntp_across_nodes: {value}\n")
+        assert f"field 'tp_across_nodes': expected true or false, got {shown}" in fails(
+            capsys, "estimate", "--model", "tiny", "--cluster", str(tmp_path / "tpx.yaml"), "--global-batch", "8",
+            "--plan", "tp=1")
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "self.yaml").write_text("name: x\nnode_groups:\n  - {name: a, profile: self.yaml, "
                                                 "num_nodes: 1}\n")
