@@ -150,6 +150,13 @@ def test_plot_title_with_dollars_and_the_path_written(tmp_path, capsys):
     assert main(["whatif", "--model", "tiny", "--cluster", "cpu-gloo", "--global-batch", "4", "--vary", "gpus=1,2",
                  "--plot", str(deep)]) == 0
     assert deep.read_bytes()[:4] == b"\x89PNG"
+    again = ["whatif", "--model", "tiny", "--cluster", "cpu-gloo", "--global-batch", "4", "--vary", "gpus=1,2"]
+    assert main([*again, "--plot", str(deep)]) == 0  # an earlier plot is replaced
+    plan = tmp_path / "plan.png"  # a file of another kind (a plan named .png) is not
+    assert main(["plan", "--model", "tiny", "--cluster", "cpu-gloo", "--global-batch", "4", "--out", str(plan)]) == 0
+    kept = plan.read_bytes()
+    capsys.readouterr()
+    assert "exists and is not a plot" in fails(capsys, *again, "--plot", str(plan)) and plan.read_bytes() == kept
 
 
 def test_an_output_named_as_a_folder_is_refused_and_a_path_is_never_a_preset(tmp_path, capsys, monkeypatch):
