@@ -78,6 +78,30 @@ class RopeScaling(BaseModel):
         return self
 
 
+def ids_in_vocab(token_ids: dict[str, Any], vocab: Any) -> dict[str, Any]:
+    """``token_ids`` without the ids past ``vocab`` tokens (a list keeps its others; one left empty goes)."""
+    if not isinstance(vocab, (int, float)) or isinstance(vocab, bool):
+        return token_ids
+    out = {}
+    for key, ids in token_ids.items():
+        kept = [v for v in ids if not _past(v, vocab)] if isinstance(ids, list) else ids
+        if isinstance(ids, list) and ids and kept or not isinstance(ids, list) and not _past(ids, vocab):
+            out[key] = kept
+    return out
+
+
+def past_vocab(token_ids: dict[str, Any], vocab: Any) -> str:
+    """The ids of ``token_ids`` past ``vocab`` tokens, as "bos_token_id 50256, eos_token_id 300" ("" if none)."""
+    if not isinstance(vocab, (int, float)) or isinstance(vocab, bool):
+        return ""
+    return ", ".join(f"{k} {v}" for k, ids in token_ids.items() for v in (ids if isinstance(ids, list) else [ids])
+                     if _past(v, vocab))
+
+
+def _past(v: Any, vocab: int | float) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= vocab
+
+
 class ModelSpec(BaseModel):
     """A decoder-only transformer (the fields are the contract: docs/contract.md, "Model spec")."""
 
@@ -128,6 +152,16 @@ class ModelSpec(BaseModel):
     moe: MoESpec | None = None  # mixture-of-experts layers (specs/moe.py); None: every layer dense
 
     _numbers = field_validator("dropout", "norm_eps", "rope_theta", "rotary_fraction", mode="before")(number_only)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ids_in_vocab(cls, data: Any) -> Any:
+        """Special tokens' ids past the vocabulary left out (a plan or checkpoint written before spec files refused
+        them, `specs.model_loading.model_from_dict`: it loads, and exports the ids its embedding has)."""
+        if isinstance(data, dict) and isinstance(data.get("token_ids"), dict):
+            kept = ids_in_vocab(data["token_ids"], data.get("vocab_size"))
+            data = {**data, "token_ids": kept or None}
+        return data
     _wholes = field_validator(*LIMITS, "context_length", mode="before")(whole_only)
     _switches = field_validator("tie_embeddings", "qkv_bias", "linear_bias", mode="before")(
         lambda v: v if v is None else bool_only(v))
@@ -163,11 +197,6 @@ class ModelSpec(BaseModel):
         if self.block is None and self.rope_dims > self.hd:
             raise ValueError(f"rotary_fraction {self.rotary_fraction} of a head_dim of {self.hd} leaves no pair of "
                              "dimensions to rotate; use a head_dim of at least 2")
-        past = [f"{k} {v}" for k, ids in (self.token_ids or {}).items()
-                for v in (ids if isinstance(ids, list) else [ids]) if v >= self.vocab_size]
-        if past:
-            raise ValueError(f"token_ids: {past[0]} is past the vocabulary (vocab_size {self.vocab_size}: ids 0 to "
-                             f"{self.vocab_size - 1}); give an id of the vocabulary or leave it out")
         if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.norm_eps < 0:

@@ -9,7 +9,7 @@ from typing import Any
 from specs.errors import AutoparError, did_you_mean, validated
 from specs.files import read_mapping
 from specs.hf_config import hf_notes, hf_to_spec, in_config_terms, looks_like_hf
-from specs.model import LIMITS, ModelSpec, size_problem
+from specs.model import LIMITS, ModelSpec, past_vocab, size_problem
 
 PRESET_DIR = Path(__file__).parent / "presets"
 
@@ -28,6 +28,10 @@ def model_from_dict(data: dict[str, Any], source: str, notes: list[str] | None =
             raise AutoparError(in_config_terms(str(err), data)) from None
     data = dict(data)
     data.setdefault("name", Path(source).stem if source else "model")
+    past = past_vocab(data["token_ids"], data.get("vocab_size")) if isinstance(data.get("token_ids"), dict) else ""
+    if past:  # (a stored plan or checkpoint of an earlier version loads without them: ModelSpec leaves them out)
+        raise AutoparError(f"model spec {source}: token_ids: {past} past the vocabulary (vocab_size "
+                           f"{data['vocab_size']}); give ids below it or leave them out")
     return validated(ModelSpec, data, f"model spec {source}")
 
 

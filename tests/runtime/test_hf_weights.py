@@ -362,15 +362,19 @@ def test_export_writes_the_special_tokens_the_config_declared(tmp_path):
     assert spec.trained() == spec.model_copy(update={"name": "exported"}).trained()  # nor a name
     (tmp_path / "config.json").write_text(json.dumps({**cfg, "bos_token_id": -1, "eos_token_id": "x"}))
     assert load_model(str(tmp_path / "config.json")).token_ids is None  # not ids: as if absent
-    # past the vocabulary (transformers' GPT-2 config keeps 50256 whatever the vocab_size): not kept, and said
+    # past the vocabulary (transformers' GPT-2 config keeps 50256 whatever the vocab_size): left out, and said
     from specs.hf_config import hf_notes
 
     small = {**cfg, "vocab_size": 256, "bos_token_id": 50256, "eos_token_id": [2, 300]}
     (tmp_path / "config.json").write_text(json.dumps(small))
-    assert load_model(str(tmp_path / "config.json")).token_ids is None
+    assert load_model(str(tmp_path / "config.json")).token_ids == {"eos_token_id": [2]}
     assert "bos_token_id 50256, eos_token_id 300: past the vocabulary of 256 tokens, not kept" in hf_notes(small)[-1]
-    with pytest.raises(ValueError, match="token_ids: bos_token_id 300 is past the vocabulary .vocab_size 256"):
-        type(spec).model_validate({**spec.model_dump(), "vocab_size": 256, "token_ids": {"bos_token_id": 300}})
+    (tmp_path / "m.yaml").write_text("name: m\narch: llama\nnum_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\n"
+                                     "ffn_hidden_size: 128\nvocab_size: 256\ntoken_ids: {bos_token_id: 300}\n")
+    with pytest.raises(AutoparError, match=r"token_ids: bos_token_id 300 past the vocabulary \(vocab_size 256\)"):
+        load_model(str(tmp_path / "m.yaml"))  # a spec file of the user's: refused
+    stored = type(spec).model_validate({**spec.model_dump(), "vocab_size": 256, "token_ids": {"bos_token_id": 300}})
+    assert stored.token_ids is None  # a plan or checkpoint an earlier version wrote: loads, without the id
 
     for ids in ({"bos_token_id": 1, "eos_token_id": [2, 5]}, None):
         plan = case_plan({"steps": 2})
