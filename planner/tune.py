@@ -59,7 +59,7 @@ class Trial:
 
     def row(self) -> dict[str, Any]:
         return {"parallel": self.parallel, "plan": self.short, "predicted_step_s": sig6(self.predicted_step_s),
-                "measured_step_s": None if self.measured_step_s is None else sig6(self.measured_step_s),
+                "measured_step_s": self.measured_step_s,  # (as measured: docs/contract.md)
                 "calibrated_step_s": None if self.calibrated_step_s is None else sig6(self.calibrated_step_s),
                 "status": self.status, "error": self.error, "plan_file": self.plan_path}
 

@@ -16,11 +16,13 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from cost_models.memory import GiB
 from cost_models.step import Estimate
-from specs.errors import AutoparError, needs_torch
+from specs.errors import AutoparError, RunFailed, needs_torch
 from specs.json_numbers import rounded
 from specs.model import ModelSpec
 from specs.planfile import PlanFile
@@ -76,11 +78,19 @@ def _replays(plan: PlanFile, ranks: int) -> Iterator[Any]:
             said(p)
             yield _kept(replay_rank, plan, p)
         return
-    ctx = multiprocessing.get_context("spawn")  # (a fork of a process that ran torch may hang)
-    with ctx.Pool(workers, initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN)) as pool:
-        for p, r in enumerate(pool.imap(_replay_rank, [(plan, p) for p in range(1, ranks)]), start=1):
+    pool = ProcessPoolExecutor(workers, multiprocessing.get_context("spawn"),  # (a fork of a process that ran
+                               initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN))  # torch may hang)
+    try:
+        for p, r in enumerate(pool.map(_replay_rank, [(plan, p) for p in range(1, ranks)]), start=1):
             said(p)  # (this one and those before it are done)
             yield r
+    except BrokenProcessPool:
+        raise RunFailed(f"a process replaying {plan.model.name}'s pipeline ranks ended before it was done (killed for "
+                        "memory?); run --verify on a machine with more memory, or leave it out") from None
+    finally:  # (Ctrl-C: the replays still running are not waited for)
+        for proc in list(getattr(pool, "_processes", {}).values()):
+            proc.terminate()
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _replay_rank(job: tuple[PlanFile, int]) -> Any:

@@ -71,17 +71,20 @@ def plot_file(path: str, inputs: dict[str, str | None] | None = None) -> str:
         what = "is a directory" if Path(path).is_dir() else "names a folder (it ends in /)"
         raise AutoparError(f"--plot {path} {what}; give a file name such as {Path(path) / 'whatif.png'}")
     out = check_output_file(path if Path(path).suffix else path + ".png", "plot", inputs)
-    if out.is_file() and out.stat().st_size and not _a_figure(out):
+    if out.is_file() and out.stat().st_size and out.suffix.lower() not in RAW and not _a_figure(out):
         raise AutoparError(f"{out} exists and is not a plot (an image matplotlib writes): writing the plot there would "
                            "destroy it; give another file name (or delete it first)")
     return str(out)
 
 
-FIGURE_STARTS = (b"\x89PNG", b"%PDF", b"%!PS", b"\xff\xd8\xff", b"<?xml", b"<svg", b"II*\x00", b"MM\x00*", b"RIFF")
+FIGURE_STARTS = (b"\x89PNG", b"%PDF", b"%!PS", b"\xff\xd8\xff", b"<?xml", b"<svg", b"II*\x00", b"MM\x00*", b"RIFF",
+                 b"\x1f\x8b")  # (the last: gzip, an .svgz)
+RAW = (".raw", ".rgba")  # pixels alone: no header tells them from another file's bytes
 
 
 def _a_figure(path: Path) -> bool:
-    """Whether a file begins as an image matplotlib writes does (PNG, PDF, PostScript, JPEG, SVG, TIFF, WebP)."""
+    """Whether a file begins as an image matplotlib writes does (PNG, PDF, PostScript, JPEG, SVG, TIFF, WebP,
+    gzipped SVG)."""
     try:
         with open(path, "rb") as f:
             head = f.read(16)

@@ -121,17 +121,17 @@ class Topology:
     def problem(self) -> str | None:
         """Why these groups and links do not make one cluster (an unknown group, a group no link reaches), or
         None."""
-        if self.looped is not None:
+        if self.looped is not None and self.looped in self.groups:
             return (f"between_groups links group {self.looped} to itself; its nodes reach each other over its own "
                     f"inter_node network: set that, and link {self.looped} to other groups only")
         if self.repeated is not None:
             a, b = self.repeated
             return f"between_groups links {a} and {b} twice (in either order); give each pair of groups one entry"
-        for a, b in self.graph.edges:
-            for end in (a, b):
-                if end.startswith("group:") and end[6:] not in self.groups:
-                    return (f"between_groups names group '{end[6:]}', which is not one of the node_groups "
-                            f"({', '.join(self.groups)})")
+        ends = [e[6:] for edge in self.graph.edges for e in edge if e.startswith("group:")]
+        for name in [*ends, *([self.looped] if self.looped else [])]:
+            if name not in self.groups:
+                return (f"between_groups names group '{name}', which is not one of the node_groups "
+                        f"({', '.join(self.groups)})")
         switches = [_switch(n) for n in self.groups]
         reached = nx.node_connected_component(self.graph, switches[0])
         lost = [s[6:] for s in switches if s not in reached]

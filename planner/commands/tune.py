@@ -74,9 +74,8 @@ def tune_command(args: argparse.Namespace) -> int:
     chosen = res.chosen
     if args.out and chosen is not None:
         plan = load_plan(chosen.plan_path)
-        row = chosen.row()  # (its numbers as the JSON gives them)
-        pred = {**plan.prediction, "measured_step_time_s": row["measured_step_s"],
-                "calibrated_step_time_s": row["calibrated_step_s"],
+        pred = {**plan.prediction, "measured_step_time_s": chosen.measured_step_s,
+                "calibrated_step_time_s": chosen.row()["calibrated_step_s"],
                 **({"calibrated_profile": str(Path(res.profile_path).resolve())} if res.profile_path else {})}
         # the trials' short schedule stays with the trials: the plan written trains as `autopar plan --out` would
         save_plan(plan.model_copy(update={"prediction": pred, "train": TrainConfig()}), args.out)

@@ -93,7 +93,8 @@ def _forget_earlier_versions(text: Path, tokens: Path) -> None:
     leave a copy twice its size per version. (A run still reading one keeps its memory map; a restart of it finds
     its text changed, as it would anyway.)"""
     me = str(text.resolve())
-    Path(f"{tokens}{_SOURCE}").write_text(me)
+    with contextlib.suppress(OSError):  # (a cache that took the tokens but not this: it only keeps more)
+        Path(f"{tokens}{_SOURCE}").write_text(me)
     for side in tokens.parent.glob(f"{glob.escape(text.stem)}-*.u16{_SOURCE}"):
         old = Path(str(side)[:-len(_SOURCE)])
         with contextlib.suppress(OSError, UnicodeDecodeError):

@@ -151,7 +151,9 @@ def test_plot_title_with_dollars_and_the_path_written(tmp_path, capsys):
                  "--plot", str(deep)]) == 0
     assert deep.read_bytes()[:4] == b"\x89PNG"
     again = ["whatif", "--model", "tiny", "--cluster", "cpu-gloo", "--global-batch", "4", "--vary", "gpus=1,2"]
-    assert main([*again, "--plot", str(deep)]) == 0  # an earlier plot is replaced
+    assert main([*again, "--plot", str(deep)]) == 0  # an earlier plot is replaced, of any format matplotlib writes
+    for name in ("p.svgz", "p.pdf", "p.svg", "p.raw"):
+        assert main([*again, "--plot", str(tmp_path / name)]) == 0 and main([*again, "--plot", str(tmp_path / name)]) == 0
     plan = tmp_path / "plan.png"  # a file of another kind (a plan named .png) is not
     assert main(["plan", "--model", "tiny", "--cluster", "cpu-gloo", "--global-batch", "4", "--out", str(plan)]) == 0
     kept = plan.read_bytes()
@@ -601,6 +603,10 @@ def test_bad_files_found_by_the_hunt(tmp_path, capsys, monkeypatch):
                                         "\n  - {groups: [a, a], bandwidth_Gbps_per_node: 20}\n")
     assert "between_groups links group a to itself" in fails(capsys, "estimate", "--model", "tiny", "--cluster",
                                                               "loop.yaml", "--global-batch", "16", "--plan", "tp=1")
+    (tmp_path / "loop.yaml").write_text(groups + "between_groups:\n  - {groups: [a, b], bandwidth_Gbps_per_node: 10}"
+                                        "\n  - {groups: [c, c], bandwidth_Gbps_per_node: 20}\n")  # a typo: unknown
+    assert "between_groups names group 'c', which is not one of the node_groups" in fails(
+        capsys, "estimate", "--model", "tiny", "--cluster", "loop.yaml", "--global-batch", "16", "--plan", "tp=1")
     (tmp_path / "empty.yaml").write_text("name: e\nnode_groups: []\n")
     assert "node_groups is empty" in fails(capsys, "estimate", "--model", "tiny", "--cluster", "empty.yaml",
                                            "--global-batch", "8", "--plan", "tp=1")

@@ -12,6 +12,7 @@ dominated by small buffers the model does not count).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -85,6 +86,26 @@ def test_a_long_verify_replays_the_pipeline_ranks_in_parallel_processes(monkeypa
     monkeypatch.setattr(verify.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)  # (a 1-core runner too)
     assert verify.memory_check(plan, est) == here and started == ["spawn"]
     assert [r["pp_rank"] for r in here] == [0, 1, 2, 3]
+
+
+def test_a_replay_process_that_dies_is_one_line_not_a_hang(tmp_path, monkeypatch):
+    """A pool process killed mid-replay (the OOM killer, on the deep pipelines the pool is for) ends --verify with
+    one line saying so; a pool that lost its task waited for it forever."""
+    import planner.verify as verify
+    from specs.errors import RunFailed
+
+    (tmp_path / "sitecustomize.py").write_text(  # the pool's processes (spawned: they start afresh) kill rank 2's
+        "import os, signal\n"
+        "import runtime.memory_replay as m\n"
+        "real = m.replay_rank\n"
+        "m.replay_rank = lambda plan, p: os.kill(os.getpid(), signal.SIGKILL) if p == 2 else real(plan, p)\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), *sys.path]))
+    monkeypatch.setattr(verify, "POOL_AFTER_S", 0.0)
+    monkeypatch.setattr(verify.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    plan = case_plan({"pp": 4, "tp": 1, "steps": 2})
+    est = estimate(plan.model, plan.cluster, plan.config, plan.global_batch, validate=False, state=plan.state)
+    with pytest.raises(RunFailed, match="ended before it was done .killed for memory"):
+        verify.memory_check(plan, est)
 
 
 @pytest.mark.parametrize("plan_text", ["tp=8,pp=1,mbs=1,sp=true,zero=1", "tp=1,pp=2,mbs=1,zero=3",
