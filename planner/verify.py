@@ -71,17 +71,17 @@ def _replays(plan: PlanFile, ranks: int) -> Iterator[Any]:
 
     said(0)
     t0 = time.perf_counter()
-    yield _kept(replay_rank, plan, 0)
+    yield _kept(plan, 0)
     workers = min(ranks - 1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
     if workers < 2 or (time.perf_counter() - t0) * (ranks - 1) <= POOL_AFTER_S:
         for p in range(1, ranks):
             said(p)
-            yield _kept(replay_rank, plan, p)
+            yield _kept(plan, p)
         return
     pool = ProcessPoolExecutor(workers, multiprocessing.get_context("spawn"),  # (a fork of a process that ran
                                initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN))  # torch may hang)
     try:
-        for p, r in enumerate(pool.map(_replay_rank, [(plan, p) for p in range(1, ranks)]), start=1):
+        for p, r in enumerate(pool.map(replay_rank, [plan] * (ranks - 1), range(1, ranks)), start=1):
             said(p)  # (this one and those before it are done)
             yield r
     except BrokenProcessPool:
@@ -93,17 +93,12 @@ def _replays(plan: PlanFile, ranks: int) -> Iterator[Any]:
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _replay_rank(job: tuple[PlanFile, int]) -> Any:
-    """A pool worker's :func:`runtime.memory_replay.replay_rank`."""
+def _kept(plan: PlanFile, p: int) -> Any:
+    """Pipeline rank ``p``'s replay here, with Ctrl-C kept (:func:`_ctrl_c_kept`)."""
     from runtime.memory_replay import replay_rank
 
-    return replay_rank(*job)
-
-
-def _kept(replay: Any, plan: PlanFile, p: int) -> Any:
-    """``replay(plan, p)`` with Ctrl-C kept (:func:`_ctrl_c_kept`)."""
     with _ctrl_c_kept() as pressed:
-        r = replay(plan, p)
+        r = replay_rank(plan, p)
     if pressed:  # Ctrl-C landed in a tensor's finalizer, where Python prints and drops it: stop here instead
         raise KeyboardInterrupt
     return r

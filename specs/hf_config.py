@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from specs.errors import AutoparError
-from specs.model import TOKEN_ID_NAMES, ModelSpec, ids_in_vocab, past_vocab
+from specs.model import TOKEN_ID_NAMES, ModelSpec, past_vocab
 
 _LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3", "gemma", "internlm2", "yi", "phi3", "mixtral", "qwen2_moe",
                "qwen3_moe", "olmoe"}  # phi3: fused qkv and
@@ -164,7 +164,7 @@ _DEFAULT_ACT = {"gemma": "gelu_pytorch_tanh"}  # the MLP activation where the co
 def hf_notes(cfg: dict[str, Any]) -> list[str]:
     """What of a config autopar does not keep: what its blocks do not compute (:func:`_block_notes`) and special
     tokens' ids past the vocabulary (transformers' GPT-2 config keeps 50256 whatever its vocab_size)."""
-    past = past_vocab(_token_ids(cfg, keep_all=True), cfg.get("vocab_size"))
+    past = past_vocab(_token_ids(cfg), cfg.get("vocab_size"))  # (ModelSpec leaves them out)
     return _block_notes(cfg) + ([f"{past}: past the vocabulary of {cfg.get('vocab_size')} tokens, not kept (export-hf "
                                  "writes the ids it has)"] if past else [])
 
@@ -238,10 +238,10 @@ def hf_to_spec(cfg: dict[str, Any], source: str) -> dict[str, Any]:
     return {**out, "token_ids": ids} if ids else out
 
 
-def _token_ids(cfg: dict[str, Any], keep_all: bool = False) -> dict[str, Any]:
+def _token_ids(cfg: dict[str, Any]) -> dict[str, Any]:
     """The special tokens' ids the config declares (kept for export-hf to write back): those that are ids, or lists
-    of ids (an eos_token_id may list several), of the vocabulary (``keep_all``: past it too); anything else (null,
-    -1) is as good as absent, and an id past the vocabulary is left out (:func:`hf_notes` says so)."""
+    of ids (an eos_token_id may list several); anything else (null, -1) is as good as absent (and ids past the
+    vocabulary, which ModelSpec leaves out and :func:`hf_notes` names)."""
     def is_id(v: Any) -> bool:
         return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
@@ -250,7 +250,7 @@ def _token_ids(cfg: dict[str, Any], keep_all: bool = False) -> dict[str, Any]:
         v = cfg.get(key)
         if is_id(v) or isinstance(v, list) and v and all(is_id(x) for x in v):
             out[key] = v
-    return out if keep_all else ids_in_vocab(out, cfg.get("vocab_size"))
+    return out
 
 
 def _spec_fields(cfg: dict[str, Any], source: str) -> dict[str, Any]:

@@ -80,26 +80,27 @@ class RopeScaling(BaseModel):
 
 def ids_in_vocab(token_ids: dict[str, Any], vocab: Any) -> dict[str, Any]:
     """``token_ids`` without the ids past ``vocab`` tokens (a list keeps its others; one left empty goes)."""
-    if not isinstance(vocab, (int, float)) or isinstance(vocab, bool):
-        return token_ids
     out = {}
     for key, ids in token_ids.items():
-        kept = [v for v in ids if not _past(v, vocab)] if isinstance(ids, list) else ids
-        if isinstance(ids, list) and ids and kept or not isinstance(ids, list) and not _past(ids, vocab):
-            out[key] = kept
+        if isinstance(ids, list):
+            ids = [v for v in ids if not _past(v, vocab)]
+            if ids:
+                out[key] = ids
+        elif not _past(ids, vocab):
+            out[key] = ids
     return out
 
 
 def past_vocab(token_ids: dict[str, Any], vocab: Any) -> str:
     """The ids of ``token_ids`` past ``vocab`` tokens, as "bos_token_id 50256, eos_token_id 300" ("" if none)."""
-    if not isinstance(vocab, (int, float)) or isinstance(vocab, bool):
-        return ""
     return ", ".join(f"{k} {v}" for k, ids in token_ids.items() for v in (ids if isinstance(ids, list) else [ids])
                      if _past(v, vocab))
 
 
-def _past(v: Any, vocab: int | float) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= vocab
+def _past(v: Any, vocab: Any) -> bool:
+    """Whether ``v`` is an id at or past ``vocab`` tokens (a vocabulary that is no number bounds nothing here)."""
+    number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)  # noqa: E731
+    return number(v) and number(vocab) and v >= vocab
 
 
 class ModelSpec(BaseModel):
