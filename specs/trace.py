@@ -171,14 +171,14 @@ def model_from_module(ref: str, seq: int | None = None) -> ModelSpec:
     embeds = [m for m in model.modules() if isinstance(m, nn.Embedding)]
     if not embeds:
         raise AutoparError(f"--model {ref}: no nn.Embedding found; autopar plans token-input language models")
-    s = seq or _find(model, SEQ_ATTRS) or 2048
+    s = seq or _find(model, SEQ_ATTRS) or ModelSpec.model_fields["seq_length"].default
     heads = _find(blocks[0], HEAD_ATTRS) or _find(model, HEAD_ATTRS)
     for sub in blocks[0].modules():
         heads = heads or _find(sub, HEAD_ATTRS)
     kv = _find(model, KV_ATTRS) or heads
 
     ids = torch.zeros(1, s, dtype=torch.long, device="meta")
-    i = len(blocks) // 2  # a middle block: representative, free of first/last special cases
+    mid = len(blocks) // 2  # a middle block: representative, free of first/last special cases
     captured: dict[str, Any] = {}
 
     def grab(module, args, kwargs) -> None:
@@ -190,7 +190,7 @@ def model_from_module(ref: str, seq: int | None = None) -> ModelSpec:
         t = args[0] if args else None
         looked_up.setdefault(id(module), t is ids or getattr(t, "_base", None) is ids)  # the ids or a view of them
 
-    hooks = [blocks[i].register_forward_pre_hook(grab, with_kwargs=True),
+    hooks = [blocks[mid].register_forward_pre_hook(grab, with_kwargs=True),
              *(e.register_forward_pre_hook(lookup) for e in embeds)]
     try:
         with _user_code(ref, "the forward failed on meta tensors"), torch.no_grad():
@@ -212,7 +212,36 @@ def model_from_module(ref: str, seq: int | None = None) -> ModelSpec:
                            f"{short[0].num_embeddings} or less")
     args, kwargs = captured["call"]
     with _user_code(ref, "tracing a block failed"):
-        gm = make_fx(lambda *a: blocks[i](*a, **kwargs))(*args)
+        gm = make_fx(lambda *a: blocks[mid](*a, **kwargs))(*args)
+    mm, attn, moved = _graph_counts(gm, s)
+    with _user_code(ref, "the forward failed on meta tensors"):
+        saved = _saved_bytes(model, blocks, ids, s)
+
+    tokens = float(s)
+    total = sum(p.numel() for p in model.parameters())
+    block_params = sum(p.numel() for p in blocks[0].parameters())
+    rest = total - len(blocks) * block_params - vocab * hidden
+    counts = BlockCounts(
+        params=block_params,
+        fwd_flops_per_token=mm / tokens,
+        attn_flops_per_token=attn / tokens,
+        act_bytes_per_token=saved[mid] / tokens * (2.0 / 4.0 if _is_fp32(model) else 1.0),
+        elementwise_bytes_per_token=moved / tokens * (2.0 / 4.0 if _is_fp32(model) else 1.0),
+    )
+    name = type(model).__name__  # the module's class (ToyLM), not the factory's name (build)
+    try:
+        return ModelSpec(
+            name=name, arch="llama", num_layers=len(blocks), hidden_size=hidden,
+            num_attention_heads=heads or 1, num_kv_heads=kv or heads or 1, ffn_hidden_size=4 * hidden,
+            vocab_size=vocab, seq_length=s, tie_embeddings=rest < vocab * hidden // 2, attention="flash",
+            dropout=0.0, head_dim=max(1, hidden // (heads or 1)), block=counts,
+        )
+    except ValidationError as err:
+        raise AutoparError(f"--model {ref}: the traced model is out of range: {validation_message(err)}") from None
+
+
+def _graph_counts(gm, s: int) -> tuple[float, float, float]:
+    """A traced block's matmul FLOPs, attention FLOPs and bytes its memory-bound ops move, for ``s`` tokens."""
     mm = attn = moved = 0.0
     for node in gm.graph.nodes:
         if node.op != "call_function":
@@ -230,8 +259,14 @@ def model_from_module(ref: str, seq: int | None = None) -> ModelSpec:
             val = node.meta.get("val")
             if hasattr(val, "numel") and hasattr(val, "element_size"):
                 moved += 2.0 * val.numel() * val.element_size()  # written, then read once
+    return mm, attn, moved
 
-    saved = defaultdict(float)
+
+def _saved_bytes(model, blocks, ids, s: int) -> dict[int, float]:
+    """Bytes each block (by its index in ``blocks``) saves for backward in one forward of ``ids``."""
+    import torch
+
+    saved: dict[int, float] = defaultdict(float)
     params = {id(p) for p in model.parameters()}
     current: list[int] = []
     seen: set[int] = set()
@@ -246,47 +281,25 @@ def model_from_module(ref: str, seq: int | None = None) -> ModelSpec:
             saved[current[-1]] += base.numel() * base.element_size()
         return t
 
-    def enter(i: int):
+    def enter(j: int):
         def hook(module, args) -> None:
-            current.append(i)
+            current.append(j)
         return hook
 
     def leave(module, args, output) -> None:
         current.pop()
 
     hooks = []
-    for i, b in enumerate(blocks):
-        hooks.append(b.register_forward_pre_hook(enter(i)))
+    for j, b in enumerate(blocks):
+        hooks.append(b.register_forward_pre_hook(enter(j)))
         hooks.append(b.register_forward_hook(leave))
     try:
-        with _user_code(ref, "the forward failed on meta tensors"), \
-                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             model(ids)
     finally:
         for h in hooks:
             h.remove()
-
-    tokens = float(s)
-    total = sum(p.numel() for p in model.parameters())
-    block_params = sum(p.numel() for p in blocks[0].parameters())
-    rest = total - len(blocks) * block_params - vocab * hidden
-    counts = BlockCounts(
-        params=block_params,
-        fwd_flops_per_token=mm / tokens,
-        attn_flops_per_token=attn / tokens,
-        act_bytes_per_token=saved[i] / tokens * (2.0 / 4.0 if _is_fp32(model) else 1.0),
-        elementwise_bytes_per_token=moved / tokens * (2.0 / 4.0 if _is_fp32(model) else 1.0),
-    )
-    name = type(model).__name__  # the module's class (ToyLM), not the factory's name (build)
-    try:
-        return ModelSpec(
-            name=name, arch="llama", num_layers=len(blocks), hidden_size=hidden,
-            num_attention_heads=heads or 1, num_kv_heads=kv or heads or 1, ffn_hidden_size=4 * hidden,
-            vocab_size=vocab, seq_length=s, tie_embeddings=rest < vocab * hidden // 2, attention="flash",
-            dropout=0.0, head_dim=max(1, hidden // (heads or 1)), block=counts,
-        )
-    except ValidationError as err:
-        raise AutoparError(f"--model {ref}: the traced model is out of range: {validation_message(err)}") from None
+    return saved
 
 
 def _is_fp32(model) -> bool:

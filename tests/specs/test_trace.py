@@ -43,6 +43,14 @@ def test_counts_match_the_architecture():
     assert b.act_bytes_per_token == pytest.approx(formula, rel=0.2)
 
 
+def test_activations_are_counted_on_the_middle_block_as_the_flops_are():
+    """A last block that saves more than the others does not set every block's activations."""
+    odd = load_model("tests.fixtures.toy_lm:last_block_hoards").block
+    same = load_model("tests.fixtures.toy_lm:uniform_hoarding_blocks").block
+    assert odd.act_bytes_per_token == same.act_bytes_per_token
+    assert odd.fwd_flops_per_token == same.fwd_flops_per_token
+
+
 def test_seq_override_retraces_attention():
     m = load_model(REF, seq=64)
     assert m.seq_length == 64 and m.block.attn_flops_per_token == 4 * 64 * H
