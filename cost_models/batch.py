@@ -96,7 +96,7 @@ def estimate_batch(model: ModelSpec, cluster: ClusterSpec, c: Candidates, global
         if len(rows):
             floor[grp.idx[rows]] = makespan_floor(rank_work(model, comm, state, grp.c.take(rows), grp.lt.take(rows),
                                                             grp.layers, grp.recomputed[rows], grp.pp),
-                                                  grp.pp, grp.vpp, grp.m[rows])
+                                                  grp.vpp, grp.m[rows])
     if keep is None:
         _time(model, cm, comm, state, cluster.num_gpus, groups, fits, step, pipeline, progress=progress)
         return BatchResult(step_time=step, memory_GiB=memory)

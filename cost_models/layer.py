@@ -25,7 +25,7 @@ from cost_models.comm import CommModel
 from cost_models.compute import ArrayLike, ComputeModel
 from cost_models.moe import mlp_mix, moe_cost
 from specs.model import ModelSpec
-from specs.parallel import sp_in_effect
+from specs.parallel import sp_in_effect, tp_overlap_in_effect
 from specs.state import LOSS_BLOCK_V, fused_loss_rows
 
 # Tensors of the squared ReLU's elements its backward reads or writes, as autograd runs torch.pow(relu(x), 2):
@@ -155,7 +155,7 @@ def layer_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t: ArrayLike
     fewer (a stack's own overlap settings: StateSpec.overlap_pieces, StateSpec.sm_margin)."""
     t, cp, mbs = (np.asarray(x, dtype=float) for x in (t, cp, mbs))
     sp = sp_in_effect(sp, t)
-    ovl = np.asarray(tp_overlap, dtype=bool) & sp
+    ovl = tp_overlap_in_effect(tp_overlap, sp, t)
     s, h, f = model.seq_length, model.hidden_size, model.ffn
     qw, kw, hd = model.q_width, model.kv_width, model.hd
     eb = cm.eb

@@ -35,7 +35,7 @@ FRAGMENTATION = 0.05
 
 
 def layer_activation_bytes(model: ModelSpec, eb: int, t: ArrayLike, cp: ArrayLike, mbs: ArrayLike, sp: ArrayLike,
-                           recompute: ArrayLike, ep: ArrayLike = 1, etp: ArrayLike = 1
+                           recompute: ArrayLike, etp: ArrayLike = 1
                            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per layer, per micro-batch: (bytes stored without full recompute, bytes stored with full
     recompute, bytes materialised while the layer's backward runs). ``recompute`` 1 = selective, 2 = full.
@@ -72,7 +72,7 @@ def layer_activation_bytes(model: ModelSpec, eb: int, t: ArrayLike, cp: ArrayLik
     act_work = 4 if model.act == "squared_relu" else 2
     work = T * eb * (2 * h / shard + act_work * mlp_width / t)
     if model.moe is not None:
-        routed_act, routed_work = moe_bytes(model, eb, t, cp, mbs, ep, etp)
+        routed_act, routed_work = moe_bytes(model, eb, t, cp, mbs, etp)
         full, work = full + model.moe_fraction * routed_act, work + model.moe_fraction * routed_work
     # context parallelism's attention backward: K and V all-gathered again (the whole sequence), their gradients
     # summed over the blocks in fp32 (the whole sequence) and the local queries' in fp32 (runtime/parallel/

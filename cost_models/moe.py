@@ -93,8 +93,8 @@ def moe_messages(model: ModelSpec, eb: float, t: ArrayLike, cp: ArrayLike, mbs: 
             ("seq", "aux"): (aux, "float32")}
 
 
-def moe_bytes(model: ModelSpec, eb: float, t: ArrayLike, cp: ArrayLike, mbs: ArrayLike, ep: ArrayLike,
-              etp: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+def moe_bytes(model: ModelSpec, eb: float, t: ArrayLike, cp: ArrayLike, mbs: ArrayLike, etp: ArrayLike
+              ) -> tuple[np.ndarray, np.ndarray]:
     """One MoE layer's routed part per micro-batch on the busiest rank: (bytes kept for the backward: the router's
     fp32 probabilities and its choices, the experts' input (gathered over etp), their gate, up and SwiGLU output,
     and their output before the weighted combine; the backward's gradient buffers)."""

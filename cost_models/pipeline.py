@@ -308,7 +308,7 @@ def closed_form(f: np.ndarray, b: np.ndarray, pp: int, vpp: int, m: np.ndarray) 
     return Replay(rank_end=rank_end, last_b_start=end - b_rc, last_b_end=end)
 
 
-def makespan_floor(work: np.ndarray, pp: int, vpp: int, m: np.ndarray) -> np.ndarray:
+def makespan_floor(work: np.ndarray, vpp: int, m: np.ndarray) -> np.ndarray:
     """[N]: a lower bound of :func:`closed_form`'s makespan from a lower bound of each rank's forward + backward
     work over its chunks per micro-batch (``work``: [N, pp]). Interleaved: the closed form is increasing in every
     stage's time and its busiest rank is at least the busiest of ``work``. 1F1B: every stage runs m micro-batches,

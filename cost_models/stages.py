@@ -186,7 +186,7 @@ def layer_terms(model: ModelSpec, cm: ComputeModel, comm: CommModel, c: Candidat
     reference = comm.c.backend == "gloo" and not state.full_logits
     whole = state.full_logits or reference
     ec = end_cost(model, cm, comm, t, cp, b, s, whole, state.loss_fusion)
-    full, ckpt, work = layer_activation_bytes(model, cm.eb, t, cp, b, s, rc, ep, etp)
+    full, ckpt, work = layer_activation_bytes(model, cm.eb, t, cp, b, s, rc, etp)
     emb, head, emb_work = end_activation_bytes(model, cm.eb, t, cp, b, s, state, whole, reference)
     parts = dict(fwd=lc.fwd, bwd=lc.bwd, core_fwd=lc.core_fwd, comm_f=lc.comm_fwd, comm_b=lc.comm_bwd,
                  ep_comm=lc.ep_comm,

@@ -12,7 +12,7 @@ from specs.planfile import TrainConfig, make_plan, save_plan
 
 MODEL, CLUSTER, RANKS, GLOBAL_BATCH = "tiny", "cpu-gloo", 4, 16
 FIXED = {"tp": 2, "pp": 2}  # show tensor and pipeline parallelism at work
-TRAIN = TrainConfig(steps=40, warmup_steps=4)  # a longer schedule than the default 20 steps, the same rates
+TRAIN = TrainConfig(steps=40, warmup_steps=4)  # a longer schedule than TrainConfig's default, the same rates
 
 
 def default_plan(path: str | Path) -> tuple[Path, SearchResult]:

@@ -52,8 +52,8 @@ def placements(cluster: ClusterSpec, cfg: ParallelConfig, moe: bool = False) -> 
     if len(groups) > 1 and len(shares) <= MAX_SHARES and cfg.dp % len(shares) == 0 \
             and cfg.pp * stage == cluster.num_gpus:
         out.append(("+".join(shares),) * cfg.pp)
-    return [w for w in out if placement_problem(w, cfg.tp, cfg.dp, cfg.cp, cfg.pp, groups, cluster.num_gpus,
-                                                cluster.node_gpus, moe) is None]
+    return [w for w in out if placement_problem(w, cfg.tp, cfg.dp, cfg.cp, cfg.pp, groups, cluster.node_gpus,
+                                                moe) is None]
 
 
 def proportional_layers(num_layers: int, speed: list[float]) -> tuple[int, ...]:

@@ -150,14 +150,14 @@ def plans_table(rows: list[dict[str, Any]], title: str) -> Table:
 def whatif_table(pts: list[dict[str, Any]], key: str, title: str) -> Table:
     """One row per point; each column says what it holds and in which unit (the efficiency column: per-GPU
     throughput against the smallest point in a GPU-count sweep, throughput against the best point otherwise)."""
-    from planner.whatif_plot import AXIS
+    from planner.whatif import axis_label
 
     scaling = key in ("gpus", "nodes")
     tab = Table(title=escape(title), header_style="bold",
                 caption="efficiency: " + ("tokens/s per GPU relative to the smallest cluster" if scaling
                                           else "tokens/s relative to the best point"))
     a2a = any(p.get("breakdown", {}).get("ep_comm", 0.0) > 0 for p in pts)  # a MoE model's all-to-all share
-    for col, just in ((f"{AXIS.get(key, key)} (swept)", "right"), ("GPUs", "right"), ("tokens/s", "right"),
+    for col, just in ((f"{axis_label(key)} (swept)", "right"), ("GPUs", "right"), ("tokens/s", "right"),
                       ("MFU (%)", "right"), ("scaling efficiency" if scaling else "relative throughput", "right"),
                       ("memory per GPU (GiB)", "right"), *((("all-to-all (% of step)", "right"),) if a2a else ()),
                       ("best plan", "left")):

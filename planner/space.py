@@ -1,7 +1,7 @@
 """The search space: every valid combination of the plan keys, as arrays of candidates.
 
 Each searched key has a domain here (the values worth trying given the model, the cluster and the keys
-before it); ``enumerate_space`` expands the candidates key by key in ``DOMAINS`` order and applies every rule
+before it); ``enumerate_space`` expands the candidates key by key in the order of :func:`domains` and applies every rule
 of ``specs/rules.py`` as soon as the keys it reads are known. A ``--fix`` key replaces its domain by the
 value(s) given, so when no candidate is left the rule that removed the last ones says why
 (:class:`NoPlan`). Outside ``exhaustive`` mode micro-batches above ``PRUNED_MAX_MBS``, interleaving above

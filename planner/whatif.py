@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from cost_models.headroom import check_headroom, headroom_for, usable_GiB
@@ -20,17 +21,45 @@ from specs.errors import AutoparError, did_you_mean
 from specs.model import ModelSpec
 from specs.parallel import LAYOUT, whole_number
 
+
+@dataclass(frozen=True)
+class Sweep:
+    """What a ``--vary`` key's values are: ``unit`` (the error messages' words), the plot's x axis (``{unit}`` and
+    ``{group}``, a node group's name, filled in) and, for a node group's key, how to write it."""
+
+    unit: str
+    axis: str = "{unit}"
+    usage: str = ""
+
+    def axis_label(self, group: str = "") -> str:
+        return self.axis.format(unit=self.unit, group=group)
+
+    def __str__(self) -> str:
+        return f"{self.unit} ({self.usage})" if self.usage else self.unit
+
+
 VARY_KEYS = {
-    "inter_node_bw": "Gb/s per NIC",
-    "intra_node_bw": "GB/s per GPU (NVLink)",
-    "gpus": "GPUs",
-    "nodes": "nodes",
-    "gpu": "GPU type",
-    "nics_per_node": "NICs per node",
-    "group_bw": "Gb/s per NIC of one node group (group_bw:<group>=v1,v2,...)",
-    "group_nodes": "nodes of one node group (group_nodes:<group>=n1,n2,...)",
-    "group_net": "one node group's NICs, as another group's (group_net:<group>=<group>,...)",
+    "inter_node_bw": Sweep("Gb/s per NIC", "inter-node bandwidth ({unit})"),
+    "intra_node_bw": Sweep("GB/s per GPU", "NVLink bandwidth ({unit})"),
+    "gpus": Sweep("GPUs"),
+    "nodes": Sweep("nodes"),
+    "gpu": Sweep("GPU type"),
+    "nics_per_node": Sweep("NICs per node"),
+    "group_bw": Sweep("Gb/s per NIC of one node group", "Gb/s per NIC of node group {group}",
+                      "group_bw:<group>=v1,v2,..."),
+    "group_nodes": Sweep("nodes of one node group", "nodes of node group {group}", "group_nodes:<group>=n1,n2,..."),
+    "group_net": Sweep("one node group's NICs, as another group's",
+                       "the NICs node group {group} has (those of the group named)", "group_net:<group>=<group>,..."),
 }
+
+
+def axis_label(key: str) -> str:
+    """What a sweep of ``key`` varies, with its unit (``group_bw:eth`` names its group): a plot's x axis, a table's
+    column."""
+    base, _, group = key.partition(":")
+    return VARY_KEYS[base].axis_label(group) if base in VARY_KEYS else key
+
+
 GROUP_KEYS = ("group_bw", "group_nodes", "group_net")  # a cluster of node groups varies these (the rest follows)
 SWEPT_LAYOUT = tuple(k for k in LAYOUT if k != "dp")  # dp follows the GPU count
 # what a plain cluster varies instead of a node group's property

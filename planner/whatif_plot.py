@@ -20,12 +20,11 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from planner.whatif import axis_label
 from specs.errors import AutoparError
 from specs.files import check_output_file
 from specs.parallel import KEYS, ParallelConfig, groups_text
 
-AXIS = {"inter_node_bw": "inter-node bandwidth (Gb/s per NIC)", "intra_node_bw": "NVLink bandwidth (GB/s per GPU)",
-        "gpus": "GPUs", "nodes": "nodes", "gpu": "GPU type", "nics_per_node": "NICs per node"}
 MIN_EFF_SPAN = 0.1  # the efficiency axis spans at least this: differences below a percent read as flat
 NO_PLAN = "no plan"  # where a point's bar or plan label would be, when it has none (none fits, or none is possible)
 
@@ -208,14 +207,6 @@ def _room_above_bars(fig: Any, ax: Any) -> None:
     tallest = max(t.xy[1] for t in labels)
     if height > need:
         ax.set_ylim(top=max(ax.get_ylim()[1], tallest * height / (height - need)))
-
-
-def axis_label(key: str) -> str:
-    """The x axis of a sweep of ``key`` (``group_bw:eth`` names its group), with its unit."""
-    base, _, group = key.partition(":")
-    groups = {"group_bw": f"Gb/s per NIC of node group {group}", "group_nodes": f"nodes of node group {group}",
-              "group_net": f"the NICs node group {group} has (those of the group named)"}
-    return groups.get(base) or AXIS.get(key, key)
 
 
 def _line_axes(plt: Any, curves: dict[str, list[dict[str, Any]]], n: int) -> tuple[Any, Any, Any, list[Any]]:

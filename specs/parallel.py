@@ -101,6 +101,11 @@ class ParallelConfig:
         return bool(sp_in_effect(self.sp, self.tp))
 
     @property
+    def tensor_overlap(self) -> bool:
+        """Whether tensor-parallel communication overlaps its GEMMs (:func:`tp_overlap_in_effect`)."""
+        return bool(tp_overlap_in_effect(self.tp_overlap, self.sp, self.tp))
+
+    @property
     def num_chunks(self) -> int:
         return self.pp * self.vpp
 
@@ -197,6 +202,12 @@ def sp_in_effect(sp: Any, tp: Any) -> Any:
     """Whether sequence parallelism is on (arrays broadcast): ``sp`` splits the sequence over the tensor-parallel
     group, so with tp=1 there is none."""
     return np.asarray(sp, dtype=bool) & (np.asarray(tp) > 1)
+
+
+def tp_overlap_in_effect(tp_overlap: Any, sp: Any, tp: Any) -> Any:
+    """Whether tensor-parallel communication overlaps its GEMMs (arrays broadcast): it splits the sequence-parallel
+    all-gathers and reduce-scatters, so it needs sequence parallelism in effect."""
+    return np.asarray(tp_overlap, dtype=bool) & sp_in_effect(sp, tp)
 
 
 def zero_in_effect(zero: Any, d: Any, experts_d: Any = 1) -> Any:

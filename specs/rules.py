@@ -40,6 +40,7 @@ from specs.parallel import (
     range_problem,
     sp_in_effect,
     splits_replicas,
+    tp_overlap_in_effect,
     zero_in_effect,
 )
 
@@ -220,7 +221,7 @@ def _placement_ok(c: Candidates, x: PlanContext) -> np.ndarray:
                        np.broadcast_to(c.pp, len(c))], axis=1)
     uniq, back = np.unique(shapes, axis=0, return_inverse=True)
     moe = x.model.moe is not None
-    ok = np.array([placement_problem(c.placement, *map(int, u), dict(x.groups), x.gpus, _node_gpus(x), moe) is None
+    ok = np.array([placement_problem(c.placement, *map(int, u), dict(x.groups), _node_gpus(x), moe) is None
                    for u in uniq], dtype=bool)
     return ok[np.asarray(back).reshape(-1)]
 
@@ -237,9 +238,9 @@ def _node_gpus(x: PlanContext) -> dict[str, int]:
 
 
 def placement_problem(placement: tuple[str, ...], tp: int, dp: int, cp: int, pp: int, names: dict[str, int],
-                      gpus: int, node_gpus: dict[str, int], moe: bool = False) -> str | None:
-    """Why ``placement`` does not put this stage shape on node groups ``names`` (GPUs each; ``gpus`` in all, nodes of
-    ``node_gpus`` GPUs), or None: one entry per pipeline rank naming known groups, each entry's groups an equal share
+                      node_gpus: dict[str, int], moe: bool = False) -> str | None:
+    """Why ``placement`` does not put this stage shape on node groups ``names`` (GPUs each, in nodes of ``node_gpus``
+    GPUs), or None: one entry per pipeline rank naming known groups, each entry's groups an equal share
     of its dp replicas (not for a mixture-of-experts model, ``moe``: its experts' reduce runs over other groups than
     dp x cp), every group's GPUs covered exactly, and every node's GPUs in one group (each run of consecutive ranks
     on a group a whole number of its nodes)."""
@@ -265,12 +266,12 @@ def placement_problem(placement: tuple[str, ...], tp: int, dp: int, cp: int, pp:
                 f"{stage} GPUs, or equal shares of their dp replicas ({have})")
     runs: list[list] = []
     for e in placement:  # in rank order: each pipeline rank's shares of its replicas, a run of ranks each
-        names = entry_groups(e)
-        for g in names:
+        shared = entry_groups(e)
+        for g in shared:
             if runs and runs[-1][0] == g:
-                runs[-1][1] += stage // len(names)
+                runs[-1][1] += stage // len(shared)
             else:
-                runs.append([g, stage // len(names)])
+                runs.append([g, stage // len(shared)])
     bad = next(((g, n) for g, n in runs if n % node_gpus[g]), None)
     if bad is not None:
         return (f"{text} puts the GPUs of one node in two groups (a run of {bad[1]} ranks on {bad[0]}, whose nodes "
@@ -280,8 +281,8 @@ def placement_problem(placement: tuple[str, ...], tp: int, dp: int, cp: int, pp:
 
 
 def _placement_why(cfg: ParallelConfig, x: PlanContext) -> str:
-    return placement_problem(cfg.placement or (), cfg.tp, cfg.dp, cfg.cp, cfg.pp, dict(x.groups), x.gpus,
-                             _node_gpus(x), x.model.moe is not None) or "placement is fine"
+    return placement_problem(cfg.placement or (), cfg.tp, cfg.dp, cfg.cp, cfg.pp, dict(x.groups), _node_gpus(x),
+                             x.model.moe is not None) or "placement is fine"
 
 
 RULES: tuple[Rule, ...] = (
@@ -348,7 +349,7 @@ RULES: tuple[Rule, ...] = (
          lambda cfg, x: f"sp=true with tp={cfg.tp} needs seq {x.model.seq_length}"
                         f"{f' / cp={cfg.cp}' if cfg.cp > 1 else ''} divisible by tp (sequence parallelism splits "
                         "it tp ways); plan another --seq, or sp=false"),
-    Rule(("tp_overlap", "sp", "tp"), lambda c, x: ~c.tp_overlap | _sp_on(c),
+    Rule(("tp_overlap", "sp", "tp"), lambda c, x: ~c.tp_overlap | tp_overlap_in_effect(c.tp_overlap, c.sp, c.tp),
          lambda cfg, x: "tp_overlap=true needs sp=true and tp > 1 (it splits the SP all-gather/reduce-scatter)"),
     Rule(("tp", "tp_overlap"),
          lambda c, x: ~c.tp_overlap | (x.gpus_per_node is None) | (x.gpus <= (x.gpus_per_node or 0))

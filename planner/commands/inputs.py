@@ -56,7 +56,7 @@ def progress_line(done: int, total: int, elapsed_s: float, share: float | None =
 PLAIN_EVERY_S = 30.0  # off a terminal (a batch job's log), a progress line at most this often, after as long
 
 
-def progress(fmt: str, what: str = "candidates"):
+def progress(what: str = "candidates"):
     """A progress callback printing to stderr for long work (never on stdout, so JSON stays clean): ``what`` is
     priced. On a terminal one line rewritten in place; elsewhere (a Slurm log) a plain line every
     :data:`PLAIN_EVERY_S` seconds once the work has taken that long."""

@@ -45,7 +45,7 @@ def plan_command(args: argparse.Namespace) -> int:
     headroom = headroom_for(args.headroom, cluster.gpu.memory_GiB)  # (on node groups: on the smallest GPUs)
     try:
         res = search(model, cluster, args.global_batch, fixed=fixed, top=args.top, exhaustive=args.exhaustive,
-                     headroom_GiB=args.headroom, progress=progress(args.format))
+                     headroom_GiB=args.headroom, progress=progress())
     except NoPlan as err:
         raise _too_many_gpus(err, args, model, cluster, fixed) from None
     search_info = {"candidates": res.candidates, "seconds": round(res.seconds, 3), "exhaustive": res.exhaustive,

@@ -44,7 +44,7 @@ def whatif_command(args: argparse.Namespace) -> int:
     if "placement" in more and not cluster.node_groups:
         raise AutoparError(f"--compare placement: cluster {cluster.name} has no node groups to place stages on; "
                            "placement compares plans on a cluster of node groups")
-    report = progress(args.format, "points")  # (on a terminal: a sweep of large models takes a while)
+    report = progress("points")  # (on a terminal: a sweep of large models takes a while)
     n = len(values) * (2 if args.compare is not None else 1)
 
     def told(first: int) -> Any:  # the points of one curve, counted among both curves'

@@ -136,6 +136,9 @@ def num_warps_for(block_elems: int) -> int:
     return 2
 
 
+MAX_ROW = 65536  # the widest row one program of a row-wise (norm) kernel holds; wider rows use the reference
+
+
 @dataclass
 class RowKernelConfig:
     """Launch knobs of the row-wise (norm) kernels; module-level instances are tuned by the benchmark."""

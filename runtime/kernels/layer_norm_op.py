@@ -11,11 +11,10 @@ from typing import Any
 
 import torch
 
-from ._utils import LazyKernel, RowKernelConfig, as_rows, cdiv
+from ._utils import MAX_ROW, LazyKernel, RowKernelConfig, as_rows, cdiv
 
 tl: Any = None  # triton.language, bound by LazyKernel.build on first launch (triton is imported lazily)
 
-MAX_HIDDEN = 65536
 CONFIG = RowKernelConfig()
 
 
@@ -128,6 +127,6 @@ def layer_norm_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
 
 def layer_norm_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float
                       ) -> torch.Tensor:
-    if x.shape[-1] > MAX_HIDDEN or x.numel() == 0:
+    if x.shape[-1] > MAX_ROW or x.numel() == 0:
         return layer_norm_reference(x, weight, bias, eps)
     return LayerNormFunction.apply(x, weight, bias, eps)

@@ -11,11 +11,10 @@ from typing import Any
 
 import torch
 
-from ._utils import LazyKernel, RowKernelConfig, as_rows, cdiv
+from ._utils import MAX_ROW, LazyKernel, RowKernelConfig, as_rows, cdiv
 
 tl: Any = None  # triton.language, bound by LazyKernel.build on first launch (triton is imported lazily)
 
-MAX_HIDDEN = 65536  # widest row one program holds; wider rows use the reference
 CONFIG = RowKernelConfig()
 
 
@@ -167,13 +166,13 @@ def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor, weight: torc
 
 
 def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    if x.shape[-1] > MAX_HIDDEN or x.numel() == 0:
+    if x.shape[-1] > MAX_ROW or x.numel() == 0:
         return rms_norm_reference(x, weight, eps)
     return RMSNormFunction.apply(x, weight, eps)
 
 
 def add_rms_norm_triton(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
                         ) -> tuple[torch.Tensor, torch.Tensor]:
-    if x.shape != residual.shape or x.shape[-1] > MAX_HIDDEN or x.numel() == 0:
+    if x.shape != residual.shape or x.shape[-1] > MAX_ROW or x.numel() == 0:
         return add_rms_norm_reference(x, residual, weight, eps)
     return AddRMSNormFunction.apply(x, residual, weight, eps)

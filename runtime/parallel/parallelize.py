@@ -42,7 +42,7 @@ def parallelize(model: Transformer, cfg: ParallelConfig,
     for c in range(cfg.vpp):
         v = virtual_stage(groups.pp_rank, c, cfg.pp)
         st = model.stage(stage_layer_ids(cfg, spec.num_layers, v), first=v == 0, last=v == nv - 1)
-        apply_tensor_parallel(st, groups, cfg.sequence_parallel, cfg.tp_overlap)
+        apply_tensor_parallel(st, groups, cfg.sequence_parallel, cfg.tensor_overlap)
         apply_expert_parallel(st, groups, cfg.sequence_parallel)
         apply_recompute(st, cfg, v)
         apply_context_parallel(st, groups, cfg.sequence_parallel)  # after recompute: see its docstring

@@ -166,11 +166,19 @@ def param_shards(module: nn.Module) -> dict[int, ShardSpec]:
     return out
 
 
+def _overlap(overlap: bool, sp: bool) -> bool:
+    """``overlap`` where the plan has it in effect (``ParallelConfig.tensor_overlap``): it splits the sequence-parallel
+    collectives, so without ``sp`` it is a caller's mistake."""
+    if overlap and not sp:
+        raise ValueError("tensor-parallel overlap needs sequence parallelism (ParallelConfig.tensor_overlap)")
+    return overlap
+
+
 class ColumnParallelLinear(ShardedModule):
     def __init__(self, lin: nn.Linear, segments: tuple[int, ...], g: ParallelGroups, sp: bool,
                  overlap: bool = False) -> None:
         super().__init__()
-        self.group, self.sp, self.overlap = g.tp_group, sp, overlap and sp
+        self.group, self.sp, self.overlap = g.tp_group, sp, _overlap(overlap, sp)
         spec = ShardSpec(0, segments, g.tp_rank, g.tp)
         self.weight = _sharded(tuple(lin.weight.shape), spec, lin.weight)
         self.bias = _sharded(tuple(lin.bias.shape), spec, lin.bias) if lin.bias is not None else None
@@ -187,7 +195,7 @@ class ColumnParallelLinear(ShardedModule):
 class RowParallelLinear(ShardedModule):
     def __init__(self, lin: nn.Linear, g: ParallelGroups, sp: bool, overlap: bool = False) -> None:
         super().__init__()
-        self.group, self.sp, self.overlap = g.tp_group, sp, overlap and sp
+        self.group, self.sp, self.overlap = g.tp_group, sp, _overlap(overlap, sp)
         spec = ShardSpec(1, (lin.in_features,), g.tp_rank, g.tp)
         self.weight = _sharded(tuple(lin.weight.shape), spec, lin.weight)
         self.bias = lin.bias  # replicated, added once after the reduction
@@ -255,8 +263,8 @@ class VocabParallelOutput(ShardedModule):
 
 def apply_tensor_parallel(stage: Transformer, g: ParallelGroups, sp: bool, overlap: bool = False) -> None:
     """Swap a stage's modules for their tensor-parallel versions (on the meta device, before init); with
-    ``overlap`` (and ``sp``) the layers' all-gathers and reduce-scatters overlap their GEMMs
-    (collective_matmul.py)."""
+    ``overlap`` (in effect only with ``sp``: ``ParallelConfig.tensor_overlap``) the layers' all-gathers and
+    reduce-scatters overlap their GEMMs (collective_matmul.py)."""
     if g.tp == 1:
         return
     spec = stage.spec

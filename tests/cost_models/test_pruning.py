@@ -34,12 +34,12 @@ def test_makespan_floor_is_below_the_closed_form(pp, vpp):
     per_rank = (f + b).reshape(n, vpp, pp).sum(axis=1)
     work = per_rank * rng.uniform(0.5, 1.0, per_rank.shape)  # any lower bound of each rank's work
     makespan = closed_form(f, b, pp, vpp, m).rank_end[:, 0]  # rank 0 ends last
-    assert (makespan_floor(work, pp, vpp, m) <= makespan * (1 + 1e-12)).all()
+    assert (makespan_floor(work, vpp, m) <= makespan * (1 + 1e-12)).all()
     # tight where the closed form is exact: equal stages, the work exactly known
     u = rng.uniform(0.1, 2.0, (n, 1))
     equal = np.broadcast_to(u, (n, pp * vpp))
     exact = closed_form(equal, 2 * equal, pp, vpp, m).rank_end[:, 0]
-    assert makespan_floor(np.broadcast_to(3 * vpp * u, (n, pp)), pp, vpp, m) == pytest.approx(exact, rel=1e-12)
+    assert makespan_floor(np.broadcast_to(3 * vpp * u, (n, pp)), vpp, m) == pytest.approx(exact, rel=1e-12)
 
 
 @pytest.fixture(scope="module", params=bench.CASES, ids=lambda c: f"{c[0]}-{c[2]}x{c[3]}" + (f"-seq{c[1]}" if c[1]

@@ -283,7 +283,7 @@ def test_split_placements_that_do_not_fit_are_one_line_errors(capsys):
     err = fails(capsys, *est, "tp=8,pp=1,dp=16,placement=ib+roce+ib")
     assert "placement" in err
     c = load_cluster("ib-roce-a100")
-    x = (c.groups, c.num_gpus, {g: 8 for g in c.groups})
+    x = (c.groups, {g: 8 for g in c.groups})
     assert "dp must divide evenly" in placement_problem(("ib+roce",), 8, 15, 1, 1, *x)
     assert "does not cover" in placement_problem(("ib+roce", "ib"), 8, 4, 1, 2, *x)
     # a pipeline rank of 16 GPUs split in two: 8 per group, one node each, so pipeline ranks alternate nodes fine;
@@ -370,7 +370,7 @@ def test_groups_may_differ_in_gpus_per_node(tmp_path):
     model = load_model("llama-1b")
     best = search(model, c, 64, top=1).plans[0]
     assert best.config.placement is not None
-    x = (c.groups, c.num_gpus, {"big": 8, "small": 4})
+    x = (c.groups, {"big": 8, "small": 4})
     assert placement_problem(("big", "small"), 4, 4, 1, 2, *x) is None
     assert "a run of 4 ranks on big" in placement_problem(("big+small",) * 4, 4, 2, 1, 4, *x)
     plan = make_plan(model, c, 64, ParallelConfig(tp=4, pp=2, dp=4, placement=("big", "small")))

@@ -371,7 +371,7 @@ def test_progress_off_a_terminal_is_a_plain_line_now_and_then(monkeypatch, capsy
 
     clock = iter([0.0, 5.0, 31.0, 40.0, 65.0, 70.0])
     monkeypatch.setattr(inputs.time, "perf_counter", lambda: next(clock))
-    report = inputs.progress("table")  # (capsys: stderr is no terminal)
+    report = inputs.progress()  # (capsys: stderr is no terminal)
     for done in (1, 2, 3, 4, 5):
         report(done, 6)
     err = capsys.readouterr().err
