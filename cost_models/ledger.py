@@ -3,8 +3,8 @@
 Per pipeline rank (tensor-, context- and data-parallel ranks of one stage do the same) and per step, the calls and
 bytes of each (op, group, dtype), read off the same declarations and per-stage terms the pricing uses:
 ``layer.TP_LAYER_OPS`` / ``CP_LAYER_OPS`` / ``END_OPS`` and their message sizes, the pipeline sends of
-``stages.send_time``, ZeRO-2/3's per-micro-batch traffic of ``stages.zero_traffic`` (a bucket per layer), the
-data-parallel reduce and ZeRO-1/2 gather of ``tail.rank_tail`` (``stage_state``'s buckets), the tp-sum of
+``stages.send_time``, the data-parallel collectives of each ZeRO stage as ``zero_ops.DP_OPS`` declares them (priced
+per micro-batch by ``stages.zero_traffic``, per step by ``tail.rank_tail``; ``stage_state``'s buckets), the tp-sum of
 sequence-parallel gradients (``tail.tp_sum``), a tied embedding's reduce and the step's three scalar reductions
 (``tail.step_reductions``); a MoE model's ``moe.MOE_LAYER_OPS`` per MoE layer (at balanced load: the all-to-alls carry
 each rank's own routed tokens, the combine's the rows it received, which sum to the same over the ep group) and its
@@ -35,6 +35,7 @@ from cost_models.moe import MOE_LAYER_OPS, moe_messages
 from cost_models.params import zero3_regather
 from cost_models.stages import layer_terms, stage_state
 from cost_models.tail import expert_buckets, owned_share, step_reductions, tied_grad_bytes, tp_sum_buckets
+from cost_models.zero_ops import DP_OPS
 from specs.cluster import ClusterSpec
 from specs.model import ModelSpec
 from specs.parallel import Candidates, ParallelConfig, seq_group_name, zero_in_effect
@@ -124,16 +125,10 @@ def priced_ledger(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, g
                 nbe = float(expert_buckets(pe, state))
                 nb, p = nb - nbe, p - pe
                 if cfg.edp > 1:
-                    _dp_ops(book, "edp", zero, grads, params, nbe, pe, state)
+                    _dp_ops(book, "edp", zero, nbe, pe, state, m)
             if d > 1:
-                if zero <= 1:
-                    _dp_ops(book, "dp", zero, grads, params, nb, p, state)
-                else:
-                    book.add("reduce_scatter", "dp", grads, nb * m, p * state.grad_reduce_bytes / nb)
-                if zero == 2:
-                    book.add("all_gather", "dp", params, nb, p * state.param_bytes / nb)
+                _dp_ops(book, "dp", zero, nb, p, state, m)
                 if zero == 3:
-                    book.add("all_gather", "dp", params, 2 * nb * m, p * state.param_bytes / nb)
                     book.add("all_gather", "dp", params, m, float(zero3_regather(model, t, nv)) * state.param_bytes)
             if sp and held.tp_summed[j] > 0:
                 snb = float(summed_nb[j])
@@ -147,12 +142,15 @@ def priced_ledger(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, g
     return out
 
 
-def _dp_ops(book: _Book, group: str, zero: int, grads: str, params: str, nb: float, p: float,
-            state: StateSpec) -> None:
-    """ZeRO-0/1's reduce of ``nb`` buckets holding ``p`` parameters over ``group`` (ZeRO-1: and their gather)."""
-    book.add("all_reduce" if zero == 0 else "reduce_scatter", group, grads, nb, p * state.grad_reduce_bytes / nb)
-    if zero == 1:
-        book.add("all_gather", group, params, nb, p * state.param_bytes / nb)
+def _dp_ops(book: _Book, group: str, zero: int, nb: float, p: float, state: StateSpec, m: int) -> None:
+    """What ZeRO stage ``zero`` communicates over ``group`` for ``nb`` buckets holding ``p`` parameters in a step of
+    ``m`` micro-batches (``zero_ops.DP_OPS``)."""
+    for o in DP_OPS:
+        if zero in o.stages:
+            grads = o.what == "grads"
+            dtype = DTYPE_NAMES[state.grad_reduce if grads else state.params]
+            each = p * (state.grad_reduce_bytes if grads else state.param_bytes) / nb
+            book.add(o.op, group, dtype, nb * (o.per_microbatch * m or 1), each)
 
 
 def _moe_ops(book: _Book, model: ModelSpec, cfg: ParallelConfig, eb: float, act: str, layer_ids: range,

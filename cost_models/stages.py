@@ -44,6 +44,7 @@ from cost_models.params import (
     stage_params,
     zero3_regather,
 )
+from cost_models.zero_ops import per_microbatch, runs
 from specs.model import ModelSpec
 from specs.parallel import Candidates, ParallelConfig, sp_in_effect, zero_in_effect
 from specs.state import StateSpec
@@ -123,19 +124,24 @@ def send_time(comm: CommModel, act_bytes: ArrayLike, t: ArrayLike, sp: ArrayLike
 def zero_traffic(comm: CommModel, state: StateSpec, params: ArrayLike, nb: ArrayLike, fwd: ArrayLike, bwd: ArrayLike,
                  zero: ArrayLike, d: ArrayLike, t: ArrayLike, overlap: ArrayLike, regather: ArrayLike = 0.0
                  ) -> tuple[np.ndarray, np.ndarray]:
-    """Exposed (forward, backward) ZeRO-2/3 time per micro-batch of a stage holding ``params`` parameters in
-    ``nb`` buckets (one per layer): ZeRO-2 reduce-scatters the gradients, ZeRO-3 also all-gathers the parameters
-    before the forward and again before the backward, and ``regather`` parameters once more in the forward
-    (``params.zero3_regather``). Overlapped, only what outlasts the compute beside it (and at least one
-    bucket) is exposed."""
-    on = zero_in_effect(zero, d) >= 2
+    """Exposed (forward, backward) ZeRO time per micro-batch of a stage holding ``params`` parameters in ``nb``
+    buckets (one per layer): the collectives ``zero_ops.DP_OPS`` runs every micro-batch (ZeRO-2's gradient
+    reduce-scatter, ZeRO-3's too and its parameter gathers before the forward and the backward), and under ZeRO-3
+    ``regather`` parameters once more in the forward (``params.zero3_regather``). Overlapped, only what outlasts the
+    compute beside it (and at least one bucket) is exposed."""
+    stage = zero_in_effect(zero, d)
     nb = np.maximum(1.0, nb)
-    rs = np.where(on, comm.bucketed(comm.reduce_scatter, params * state.grad_reduce_bytes, nb, d, t), 0.0)
-    ag = np.where(on & (zero == 3), comm.bucketed(comm.all_gather, params * state.param_bytes, nb, d, t), 0.0)
-    again = np.where(on & (zero == 3) & (np.asarray(regather) > 0),
-                     comm.all_gather(np.asarray(regather) * state.param_bytes, d, t), 0.0)
-    f = np.where(overlap, np.maximum(ag / nb, ag + again - fwd), ag + again)
-    b = np.where(overlap, np.maximum((ag + rs) / nb, ag + rs - bwd), ag + rs)
+    nbytes = {"grads": params * state.grad_reduce_bytes, "params": params * state.param_bytes}
+    f_comm = b_comm = again = 0.0
+    for o in (*per_microbatch("grads"), *per_microbatch("params")):
+        each = np.where(runs(o, stage), comm.bucketed(getattr(comm, o.op), nbytes[o.what], nb, d, t), 0.0)
+        f_comm = f_comm + (each if o.in_forward else 0.0)
+        b_comm = b_comm + each * (o.per_microbatch - o.in_forward)
+        if o.in_forward:
+            again = again + np.where(runs(o, stage) & (np.asarray(regather) > 0),
+                                     comm.all_gather(np.asarray(regather) * state.param_bytes, d, t), 0.0)
+    f = np.where(overlap, np.maximum(f_comm / nb, f_comm + again - fwd), f_comm + again)
+    b = np.where(overlap, np.maximum(b_comm / nb, b_comm - bwd), b_comm)
     return f, b
 
 

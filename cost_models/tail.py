@@ -36,6 +36,7 @@ from cost_models.compute import ArrayLike, ComputeModel
 from cost_models.params import per_rank
 from cost_models.pipeline import Replay
 from cost_models.stages import StageCosts
+from cost_models.zero_ops import per_step, runs
 from specs.model import ModelSpec
 from specs.parallel import Candidates, edp, zero_in_effect
 from specs.state import StateSpec, bucket_count
@@ -114,15 +115,16 @@ def rank_tail(model: ModelSpec, cm: ComputeModel, comm: CommModel, state: StateS
     rank_params, rank_experts = chunk_params.sum(axis=2), chunk_experts.sum(axis=2)
     rank_dense = rank_params - rank_experts
 
-    # gradient reduce of ZeRO 0/1: one bucketed collective per chunk, started by its last backward; the routed
-    # experts' gradients over their own replicas after the rest
+    # the gradient reduce once per step (ZeRO 0/1, zero_ops.DP_OPS): one bucketed collective per chunk, started by
+    # its last backward; the routed experts' gradients over their own replicas after the rest
     nb = np.maximum(1.0, per_rank(costs.buckets, pp, vpp))
     nb_e = expert_buckets(chunk_experts, state)
     t3, d3, e3, es3 = t[..., None], d[..., None], e[..., None], e_stride[..., None]
+    reduces = per_step("grads")
 
     def reduce(grads, buckets, size, stride):
-        return np.where(zero[..., None] == 0, comm.bucketed(comm.all_reduce, grads, buckets, size, stride),
-                        comm.bucketed(comm.reduce_scatter, grads, buckets, size, stride))
+        return sum(np.where(runs(o, zero[..., None]), comm.bucketed(getattr(comm, o.op), grads, buckets, size, stride),
+                            0.0) for o in reduces)
 
     dur = reduce((chunk_params - chunk_experts) * state.grad_reduce_bytes, np.maximum(1.0, nb - nb_e), d3, t3)
     dur = dur + np.where(chunk_experts > 0,
@@ -136,7 +138,8 @@ def rank_tail(model: ModelSpec, cm: ComputeModel, comm: CommModel, state: StateS
         begin = np.maximum(engine, start[..., k] + (end[..., k] - start[..., k]) / nb_o[..., k])
         engine = np.maximum(begin + dur_o[..., k], end[..., k] + dur_o[..., k] / nb_o[..., k])
     exposed = np.where(overlap, np.maximum(0.0, engine - replay.rank_end), dur.sum(axis=2))
-    exposed = np.where(((d > 1) | (e > 1)) & (zero < 2), exposed, 0.0)
+    reduced = np.logical_or.reduce([runs(o, zero) for o in reduces])
+    exposed = np.where(((d > 1) | (e > 1)) & reduced, exposed, 0.0)
     exposed = exposed + tp_sum(comm, state, costs, pp, vpp, t, d, zero)
 
     shard = rank_dense / np.where(zero >= 1, d, 1.0) + rank_experts / np.where(zero >= 1, e, 1.0)
@@ -147,13 +150,18 @@ def rank_tail(model: ModelSpec, cm: ComputeModel, comm: CommModel, state: StateS
     passes = state.master_copy_bytes + state.grad_bytes * (3 + 2 * (d > 1))
     opt = cm.adamw(shard * state.adamw_bytes, 2) + cm.stream(shard * passes + zeroed * state.grad_bytes, 10)
 
+    # the parameters gathered once per step after the update (ZeRO 1/2, zero_ops.DP_OPS)
     nb_rank = np.maximum(1.0, nb.sum(axis=2))
-    ag = comm.bucketed(comm.all_gather, rank_dense * state.param_bytes, nb_rank, d, t) + np.where(
-        rank_experts > 0, comm.bucketed(comm.all_gather, rank_experts * state.param_bytes, nb_rank, e, e_stride), 0.0)
+
+    def gathered(params, size, stride):
+        return sum(np.where(runs(o, zero), comm.bucketed(getattr(comm, o.op), params * state.param_bytes, nb_rank,
+                                                         size, stride), 0.0) for o in per_step("params"))
+
+    ag = gathered(rank_dense, d, t) + np.where(rank_experts > 0, gathered(rank_experts, e, e_stride), 0.0)
     first_f = (costs.f[:, :pp]) * np.minimum(_col(m), pp - np.arange(pp)[None, :])  # next step's first forwards
     hidden = overlap & (not state.param_gather_after_step)
     gather = np.where(hidden, np.maximum(ag / nb_rank, ag - first_f), ag)
-    gather = np.where(((d > 1) | (e > 1)) & ((zero == 1) | (zero == 2)), gather, 0.0)
+    gather = np.where((d > 1) | (e > 1), gather, 0.0)
 
     finish = replay.rank_end + exposed + opt + gather
     tied = np.zeros(len(c))
