@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from planner.measured_runs import Run
+from planner.measured_runs import COMPUTE_TERMS, Run
 from planner.uncertainty import Z95
 from specs.cluster import CALIBRATION_SCALES, Calibration, ClusterSpec
 from specs.files import utc_now
@@ -98,7 +98,6 @@ def predict(runs: list[Run], base: ClusterSpec, s: dict[str, float]) -> np.ndarr
     return np.array([e.step_time_s for e in _estimates(runs, base, s)])
 
 
-COMPUTE = ("forward_compute", "backward_compute", "recompute")  # the estimate's parts a run's compute phases time
 
 
 def _log_errors(runs: list[Run], base: ClusterSpec, s: dict[str, float]) -> np.ndarray:
@@ -107,7 +106,7 @@ def _log_errors(runs: list[Run], base: ClusterSpec, s: dict[str, float]) -> np.n
     collective; its compute can)."""
     ests = _estimates(runs, base, s)
     steps = [math.log(e.step_time_s / r.measured_s) for e, r in zip(ests, runs)]
-    priced = [sum(e.breakdown[k] for k in COMPUTE) for e in ests]
+    priced = [sum(e.breakdown[k] for k in COMPUTE_TERMS) for e in ests]
     compute = [math.log(c / r.stage_compute_s[e.critical_rank])
                for e, r, c in zip(ests, runs, priced) if r.stage_compute_s and c > 0]
     return np.array(steps + compute)

@@ -39,16 +39,16 @@ from rich.table import Table
 
 from cost_models.pipeline import simulate_steps
 from cost_models.step import Estimate, estimate
-from planner.measured_runs import measured_median, stages
+from planner.measured_runs import COMPUTE_TERMS, measured_median, stages
 from planner.report import fmt_time
 from specs.errors import AutoparError
 from specs.json_numbers import rounded
-from specs.phases import LATER_PHASES, PHASES
+from specs.phases import COMPUTE, LATER_PHASES, PHASES
 from specs.planfile import PlanFile
 from specs.schedules import build_schedule, virtual_stage
 
 # the diagnosis's rows: (name, measured phases, estimate breakdown keys)
-ROWS = (("compute", ("forward", "backward"), ("forward_compute", "backward_compute", "recompute")),
+ROWS = (("compute", COMPUTE, COMPUTE_TERMS),
         ("tp/cp comm", ("tp_cp_comm",), ("tp_cp_comm",)),
         ("ep comm", ("ep_comm",), ("ep_comm",)),
         ("pipeline p2p + bubble", ("p2p_wait", "p2p_send"), ("pp_p2p", "pipeline_bubble")),
@@ -128,7 +128,7 @@ def _measures(plan: PlanFile, ph: dict[str, np.ndarray], stage_work: np.ndarray
               ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """What stragglers are judged on: per phase, each rank's seconds and the work they are for."""
     stage = stages(plan)
-    return {"compute": (ph["forward"] + ph["backward"], stage_work[stage]),
+    return {"compute": (sum(ph[p] for p in COMPUTE), stage_work[stage]),
             "sends": (ph["p2p_send"], sends_per_rank(plan)[stage])}
 
 
@@ -221,7 +221,7 @@ def diagnose(plan: PlanFile, rows: list[dict[str, Any]], warmup: int | None, thr
     for s in slow:
         seconds, w = typical[s.phase]
         scale = (peers_expect(stages(plan), seconds, w, s.rank) or seconds[s.rank]) / seconds[s.rank]
-        for k in ("forward", "backward") if s.phase == "compute" else ("p2p_send",):
+        for k in COMPUTE if s.phase == "compute" else ("p2p_send",):
             fixed[k][s.rank] *= scale
     without = step_s - (as_measured - replay_step(plan, fixed, share)) if slow else step_s
     ranks = [{"rank": r, "coords": coords[r], **{p: float(ph[p][r]) for p in PHASES}} for r in range(cfg.world)]

@@ -24,8 +24,10 @@ import numpy as np
 
 from specs.errors import AutoparError
 from specs.files import text_content
-from specs.phases import is_step_line
+from specs.phases import COMPUTE, is_step_line
 from specs.planfile import PlanFile, is_plan_data, load_plan, made_for_difference, plan_from_data
+
+COMPUTE_TERMS = ("forward_compute", "backward_compute", "recompute")  # the estimate's parts COMPUTE phases time
 
 
 @dataclass
@@ -158,7 +160,7 @@ def stage_compute(rows: list[dict[str, Any]], kept: int, plan: PlanFile) -> tupl
     per_rank = []
     for r in sorted(rows, key=lambda r: r["step"])[len(rows) - kept:]:
         ph = r.get("phases_s")
-        f, b = (ph.get("forward"), ph.get("backward")) if isinstance(ph, dict) else (None, None)
+        f, b = (ph.get(p) for p in COMPUTE) if isinstance(ph, dict) else (None, None)
         if not (isinstance(f, list) and isinstance(b, list) and len(f) == len(b) == world):
             return None
         try:

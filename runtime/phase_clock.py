@@ -21,9 +21,8 @@ from typing import Any
 import torch
 
 from specs.parallel import SEQ_GROUP
-from specs.phases import PHASES
+from specs.phases import COMPUTE, PHASES
 
-COMPUTE = ("forward", "backward")
 # communication inside forward/backward, by the plan's name of its group (ParallelGroups.group_names)
 COMM_PHASE = {"tp": "tp_cp_comm", "cp": "tp_cp_comm", SEQ_GROUP: "tp_cp_comm", "ep": "ep_comm", "etp": "ep_comm",
               "dp": "dp_comm", "edp": "dp_comm", "embed": "dp_comm", "pp": "p2p_wait"}

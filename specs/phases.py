@@ -18,6 +18,7 @@
 
 PHASES = ("data", "forward", "backward", "tp_cp_comm", "ep_comm", "p2p_wait", "p2p_send", "dp_comm", "optimizer",
           "other")
+COMPUTE = ("forward", "backward")  # the model chunks' own work: the phases a run's compute is measured in
 LATER_PHASES = ("ep_comm",)  # added after metrics files were first written: a file without one read as zeros
 
 
