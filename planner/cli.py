@@ -19,6 +19,7 @@ from cost_models.headroom import DEFAULT_FRACTION
 from runtime.options import add_run_arguments
 from specs.errors import ERROR_PREFIX, INTERRUPTED, AutoparError
 from specs.files import integer, path_argument
+from specs.parallel import keys_help
 from specs.planfile import TrainConfig
 
 ONCE_HOW = {"plan": ", with comma-separated keys", "compare": ", with comma-separated keys",
@@ -92,7 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--version", action="store_true", help="print the version and exit")
     sub = ap.add_subparsers(dest="command", parser_class=_Parser)
 
-    est = sub.add_parser("estimate", help="predict step time, throughput, MFU and memory of one plan")
+    est = sub.add_parser("estimate", help="predict step time, throughput, MFU and memory of one plan",
+                         epilog=keys_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_common(est)
     est.add_argument("--plan", required=True, help='plan keys, e.g. "tp=8,pp=2,mbs=1,sp=true,recompute=selective"')
     est.add_argument("--verify", action="store_true",
@@ -100,7 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "it keeps alive with the memory model (needs torch)")
     _format(est)
 
-    pl = sub.add_parser("plan", help="search for the fastest plan that fits")
+    pl = sub.add_parser("plan", help="search for the fastest plan that fits",
+                        epilog=keys_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_common(pl)
     pl.add_argument("--fix", default="", action=_Merged, help='plan keys to hold fixed, e.g. "tp=8,recompute=full"')
     pl.add_argument("--top", type=integer, default=5, help="how many plans to list (default %(default)s)")
@@ -117,7 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "the bytes they keep alive with the memory model (needs torch)")
     _format(pl)
 
-    wi = sub.add_parser("whatif", help="sweep bandwidth, GPU count or GPU type and re-plan at each point")
+    wi = sub.add_parser("whatif", help="sweep bandwidth, GPU count or GPU type and re-plan at each point",
+                        epilog=keys_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_common(wi)
     wi.add_argument("--vary", required=True,
                     help="one of inter_node_bw=Gb/s per NIC,..., intra_node_bw=GB/s,..., gpus=N,..., nodes=N,..., "
@@ -132,7 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="train with a plan file (default: plan and train the tiny model on CPU)")
     add_run_arguments(run)
 
-    tu = sub.add_parser("tune", help="plan, then run the best few plans here and keep the fastest measured")
+    tu = sub.add_parser("tune", help="plan, then run the best few plans here and keep the fastest measured",
+                        epilog=keys_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_common(tu)
     tu.add_argument("--fix", default="", action=_Merged, help="plan keys to hold fixed")
     tu.add_argument("--trials", "--top", type=integer, default=3, dest="trials",

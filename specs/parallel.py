@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import textwrap
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
@@ -179,6 +180,15 @@ class ParallelConfig:
 KEYS: dict[str, Key] = {f.name: f.metadata["key"] for f in fields(ParallelConfig)}
 SEARCHED = tuple(k for k, info in KEYS.items() if info.searched)
 LAYOUT = tuple(k for k, info in KEYS.items() if info.layout)
+
+
+def keys_help(columns: int = 80) -> str:
+    """The plan keys with what each is, wrapped to ``columns`` (a command's ``--help``)."""
+    width = max(map(len, KEYS))
+    pad = " " * (width + 4)
+    lines = [textwrap.fill(info.doc, columns, initial_indent=f"  {k:<{width}}  ", subsequent_indent=pad)
+             for k, info in KEYS.items()]
+    return "plan keys (key=value, comma-separated):\n" + "\n".join(lines)
 DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(ParallelConfig)}
 RECOMPUTE_CODE = {name: i for i, name in enumerate(RECOMPUTE)}
 

@@ -540,3 +540,17 @@ def test_plan_says_when_fewer_gpus_train_faster(capsys):
     code, out, err = run(capsys, "plan", "--model", "gpt3-175b", "--cluster", "selene", "--gpus", "512",
                          "--global-batch", "1536", "--format", "json")
     assert code == 0 and json.loads(out)["plans"][0]["tokens_per_s"] < data["fewer_gpus"]["tokens_per_s"]
+
+
+@pytest.mark.parametrize("command", ["estimate", "plan", "whatif", "tune"])
+def test_help_lists_every_plan_key_with_what_it_is(capsys, command):
+    from specs.parallel import KEYS
+
+    with pytest.raises(SystemExit) as done:
+        main([command, "--help"])
+    assert done.value.code == 0
+    shown = capsys.readouterr().out.split("plan keys (key=value, comma-separated):\n", 1)[1]
+    listed = [line.split()[0] for line in shown.splitlines() if line.startswith("  ") and not line.startswith("   ")]
+    assert listed == list(KEYS)
+    flat = " ".join(shown.split())
+    assert all(" ".join(info.doc.split()) in flat for info in KEYS.values())
