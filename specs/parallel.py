@@ -50,13 +50,14 @@ def _key(default: Any, **kw: Any) -> Any:
     return field(default=default, metadata={"key": Key(**kw)})
 
 
+# the device mesh's dimensions, outermost first: a tensor-parallel group is contiguous ranks (inside a node) and
+# pipeline stages are the outermost blocks (the runtime's DeviceMesh, the cost model's placement of groups)
+MESH_DIMS = ("pp", "dp", "cp", "tp")
+
+
 @dataclass(frozen=True)
 class ParallelConfig:
-    """How one training step is split over the GPUs.
-
-    Rank order on the device mesh is (pp, dp, cp, tp) with tp innermost, so a tensor-parallel group is
-    contiguous ranks (inside a node) and pipeline stages are the outermost blocks.
-    """
+    """How one training step is split over the GPUs (ranks ordered on the mesh by :data:`MESH_DIMS`)."""
 
     tp: int = _key(1, kind="int", layout=True, always_shown=True,
                    doc="tensor-parallel size: each layer's weights split tp ways")
@@ -110,16 +111,18 @@ class ParallelConfig:
     def num_chunks(self) -> int:
         return self.pp * self.vpp
 
+    @property
+    def mesh_shape(self) -> tuple[int, ...]:
+        """The device mesh's sizes in :data:`MESH_DIMS` order (ranks numbered row-major over it)."""
+        return tuple(getattr(self, d) for d in MESH_DIMS)
+
     def rank_coords(self, rank: int) -> dict[str, int]:
-        """Rank ``rank``'s place on the mesh, ``{"pp", "dp", "cp", "tp"}`` (tp innermost, pp outermost)."""
-        rest, tp = divmod(rank, self.tp)
-        rest, cp = divmod(rest, self.cp)
-        pp, dp = divmod(rest, self.dp)
-        return {"pp": pp, "dp": dp, "cp": cp, "tp": tp}
+        """Rank ``rank``'s place on the mesh, ``{"pp", "dp", "cp", "tp"}`` (:data:`MESH_DIMS`)."""
+        return dict(zip(MESH_DIMS, map(int, np.unravel_index(rank, self.mesh_shape))))
 
     def rank_of(self, pp: int, dp: int, cp: int, tp: int) -> int:
         """The mesh position's rank (:meth:`rank_coords` inverted); with ``pp`` 0, its index among a stage's ranks."""
-        return ((pp * self.dp + dp) * self.cp + cp) * self.tp + tp
+        return int(np.ravel_multi_index((pp, dp, cp, tp), self.mesh_shape))
 
     def microbatches(self, global_batch: int) -> int:
         return microbatches(global_batch, self.dp, self.mbs)

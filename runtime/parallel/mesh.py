@@ -23,9 +23,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from runtime.parallel.hierarchy import Hierarchy, hierarchies
-from specs.parallel import SEQ_GROUP, ParallelConfig, entry_groups
+from specs.parallel import MESH_DIMS, SEQ_GROUP, ParallelConfig, entry_groups
 
-DIMS = ("pp", "dp", "cp", "tp")
 # group attribute -> short name (ParallelGroups.group_names); the first match names a group object used for several
 _GROUP_NAMES = (("tp_group", "tp"), ("cp_group", "cp"), ("dpcp_group", "dp"), ("dp_group", "dp"),
                 ("act_group", "pp"), ("grad_group", "pp"), ("pp_group", "pp"), ("embed_group", "embed"),
@@ -167,8 +166,8 @@ def build_groups(cfg: ParallelConfig, device_type: str, ranks: list[int] | None 
     if len(ranks) != cfg.world:
         raise ValueError(f"the plan needs {cfg.world} ranks, got {len(ranks)}")
     me = dist.get_rank()
-    layout = torch.tensor(ranks, dtype=torch.int64).view(cfg.pp, cfg.dp, cfg.cp, cfg.tp)
-    mesh = DeviceMesh(device_type, layout, mesh_dim_names=DIMS)
+    layout = torch.tensor(ranks, dtype=torch.int64).view(cfg.mesh_shape)
+    mesh = DeviceMesh(device_type, layout, mesh_dim_names=MESH_DIMS)
     job = dist.group.WORLD if len(ranks) == world else dist.new_group(ranks)
     mp = _new_groups(layout, (0, 3), me)  # cp ranks hold the same gradients after the dp x cp reduce
     dpcp = _new_groups(layout, (1, 2), me) if cfg.cp > 1 else None  # dp x 1 is the mesh's dp group
