@@ -39,10 +39,9 @@ from cost_models.zero_ops import DP_OPS
 from specs.cluster import ClusterSpec
 from specs.model import ModelSpec
 from specs.parallel import Candidates, ParallelConfig, seq_group_name, zero_in_effect
-from specs.state import DTYPE_BYTES, StateSpec
+from specs.state import DTYPE_BYTES, TORCH_NAMES, StateSpec
 
 Key = tuple[str, str, str]  # (op, group, dtype)
-DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 class _Book:
@@ -66,7 +65,7 @@ def priced_ledger(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, g
     Groups: ``tp``, ``cp``, ``dp`` (data parallelism over dp x cp), ``pp`` (sends to a neighbouring stage),
     ``embed`` (the first and last stage, for a tied embedding), ``mp`` (tp x pp: one replica), ``world``, and for
     MoE models ``ep`` (expert parallel), ``etp``, ``edp`` (expert data parallel) and ``cptp`` (cp x tp)."""
-    act = DTYPE_NAMES[cluster.precision]
+    act = TORCH_NAMES[cluster.precision]
     eb = DTYPE_BYTES[cluster.precision]
     t, cp, pp = cfg.tp, cfg.cp, cfg.pp
     d, nv, m = cfg.dp * cfg.cp, cfg.num_chunks, cfg.microbatches(global_batch)
@@ -82,7 +81,7 @@ def priced_ledger(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, g
     held = stage_state(model, state, c, lt, np.array(layers, dtype=float), np.array(redone, dtype=float)).take(0)
     owned = float(owned_share(zero, d, 1))  # ZeRO: the slice of the gradients a rank reduces and updates
     summed_nb = tp_sum_buckets(held.buckets, held.tp_summed, zero, state)
-    grads, params = DTYPE_NAMES[state.grad_reduce], DTYPE_NAMES[state.params]
+    grads, params = TORCH_NAMES[state.grad_reduce], TORCH_NAMES[state.params]
     out = []
     for r in range(pp):
         book = _Book()
@@ -148,7 +147,7 @@ def _dp_ops(book: _Book, group: str, zero: int, nb: float, p: float, state: Stat
     for o in DP_OPS:
         if zero in o.stages:
             grads = o.what == "grads"
-            dtype = DTYPE_NAMES[state.grad_reduce if grads else state.params]
+            dtype = TORCH_NAMES[state.grad_reduce if grads else state.params]
             each = p * (state.grad_reduce_bytes if grads else state.param_bytes) / nb
             book.add(o.op, group, dtype, nb * (o.per_microbatch * m or 1), each)
 

@@ -4,4 +4,6 @@ from __future__ import annotations
 
 import torch
 
-TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+from specs.state import TORCH_NAMES
+
+TORCH_DTYPES = {k: getattr(torch, name) for k, name in TORCH_NAMES.items()}

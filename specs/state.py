@@ -36,7 +36,9 @@ Dtype = Literal["fp32", "bf16", "fp16"]
 OverlapGemm = Literal["qkv_fprop", "proj_fprop", "fc1_fprop", "fc2_fprop", "qkv_dgrad", "proj_dgrad", "fc1_dgrad",
                       "fc2_dgrad"]
 ForwardGemm = Literal["qkv_fprop", "proj_fprop", "fc1_fprop", "fc2_fprop"]
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+PRECISIONS = {"fp32": (4, "float32"), "bf16": (2, "bfloat16"), "fp16": (2, "float16")}  # bytes, torch's dtype name
+DTYPE_BYTES = {k: nbytes for k, (nbytes, _) in PRECISIONS.items()}
+TORCH_NAMES = {k: name for k, (_, name) in PRECISIONS.items()}  # torch.float32 ..., less "torch."
 BUCKET_PARAMS = 40_000_000  # gradient bucket of the data-parallel reduce, in parameters (Megatron's default)
 
 
