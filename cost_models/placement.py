@@ -30,7 +30,8 @@ from cost_models.stages import LayerTerms, StageCosts, layer_terms, stage_costs,
 from cost_models.tail import RankTail, rank_tail
 from specs.cluster import ClusterSpec
 from specs.model import ModelSpec
-from specs.parallel import Candidates, ParallelConfig, entry_groups, replica_group, sp_in_effect
+from specs.parallel import Candidates, ParallelConfig, sp_in_effect
+from specs.placement import entry_groups, replica_group
 from specs.state import StateSpec
 
 

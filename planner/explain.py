@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from planner.placement import explain_placement
 from planner.refine import PlanResult
-from specs.parallel import LAYOUT, SEARCHED, key_text, splits_replicas
+from specs.parallel import LAYOUT, SEARCHED, key_text
+from specs.placement import splits_replicas
 
 PART_NAMES = {
     "forward_compute": "forward compute",

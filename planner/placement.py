@@ -23,7 +23,8 @@ from cost_models.step import estimate
 from planner.refine import PlanResult
 from specs.cluster import ClusterSpec
 from specs.model import ModelSpec
-from specs.parallel import ParallelConfig, default_split, entry_groups, groups_text, splits_replicas
+from specs.parallel import ParallelConfig, default_split
+from specs.placement import entry_groups, groups_text, splits_replicas
 from specs.rules import placement_problem
 from specs.state import StateSpec
 

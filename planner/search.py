@@ -37,7 +37,8 @@ from planner.space import enumerate_space
 from specs.cluster import ClusterSpec
 from specs.errors import AutoparError
 from specs.model import ModelSpec
-from specs.parallel import ParallelConfig, splits_replicas
+from specs.parallel import ParallelConfig
+from specs.placement import splits_replicas
 from specs.state import StateSpec
 
 __all__ = ["PlanResult", "SearchResult", "enumerate_space", "search", "min_gpus_to_fit"]

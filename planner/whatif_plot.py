@@ -23,7 +23,8 @@ from typing import Any
 from planner.whatif import axis_label
 from specs.errors import AutoparError
 from specs.files import check_output_file
-from specs.parallel import KEYS, ParallelConfig, groups_text
+from specs.parallel import KEYS, ParallelConfig
+from specs.placement import groups_text
 
 MIN_EFF_SPAN = 0.1  # the efficiency axis spans at least this: differences below a percent read as flat
 NO_PLAN = "no plan"  # where a point's bar or plan label would be, when it has none (none fits, or none is possible)

@@ -36,7 +36,7 @@ from runtime.ends_with import LAUNCHER_ENV, ends_with
 from runtime.metrics import last_step
 from runtime.options import COLLECTIVE_TIMEOUT_S, add_run_arguments, check_run_options, launch_options, worker_argv
 from specs.errors import ERROR_PREFIX, INTERRUPTED, WORKER_BROKE_PREFIX, WORKER_ERROR_PREFIX, AutoparError, RunFailed
-from specs.parallel import rank_group
+from specs.placement import rank_group
 from specs.planfile import PlanFile, load_plan
 
 REPO = Path(__file__).resolve().parent.parent

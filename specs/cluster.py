@@ -12,7 +12,7 @@ import numpy as np
 from pydantic import Field, StrictInt, field_validator, model_validator
 
 from specs.errors import AutoparError, did_you_mean
-from specs.parallel import entry_groups
+from specs.placement import entry_groups
 from specs.strict import Strict
 from specs.topology import DefaultLink, GroupLink, InterNode, Link, NodeGroup, Topology
 

@@ -10,7 +10,6 @@ declare it here, add its rules there, its search domain in ``planner/space.py`` 
 from __future__ import annotations
 
 import json
-import re
 import textwrap
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -19,7 +18,7 @@ from typing import Any, Literal
 import numpy as np
 
 from specs.errors import AutoparError, did_you_mean
-from specs.topology import GROUP_NAME
+from specs.placement import groups_text, parse_groups
 
 RECOMPUTE = ("none", "selective", "full")
 
@@ -262,44 +261,6 @@ def key_text(value: Any) -> str:
     return _counts_text(value) if isinstance(value, (tuple, list)) else str(value)
 
 
-def groups_text(names: Iterable[str]) -> str:
-    """Group names per pipeline rank, runs written ``name*count``: ``ib*4/roce*4``."""
-    runs: list[list[Any]] = []
-    for n in names:
-        if runs and runs[-1][0] == n:
-            runs[-1][1] += 1
-        else:
-            runs.append([n, 1])
-    return "/".join(n if k == 1 else f"{n}*{k}" for n, k in runs)
-
-
-def entry_groups(entry: str) -> tuple[str, ...]:
-    """The node groups of one pipeline rank's placement entry: ``ib`` or, its dp replicas split in equal shares, one
-    per name, ``ib+roce`` (``ib+ib+roce``: two shares on ib)."""
-    return tuple(entry.split("+"))
-
-
-def splits_replicas(placement: tuple[str, ...] | None) -> bool:
-    """Whether a placement splits some pipeline rank's dp replicas over node groups (an ``a+b`` entry)."""
-    return any(len(entry_groups(e)) > 1 for e in placement or ())
-
-
-def replica_group(entry: str, dp_rank: int, dp: int) -> str:
-    """The node group holding data-parallel replica ``dp_rank`` (of ``dp``) of a pipeline rank placed on ``entry``:
-    the replicas in order, an equal run of them per group."""
-    names = entry_groups(entry)
-    return names[dp_rank * len(names) // dp]
-
-
-def rank_group(placement: tuple[str, ...], tp: int, dp: int, cp: int, rank: int) -> str:
-    """The node group of global rank ``rank`` (mesh order pp, dp, cp, tp) under ``placement``."""
-    stage = tp * dp * cp
-    return replica_group(placement[rank // stage], rank % stage // (tp * cp), dp)
-
-
-MAX_PLACEMENT_RUN = 65536  # pipeline ranks a placement may name (runs name*count included): more than any cluster
-
-
 def whole_number(text: str) -> int:
     """``text`` as an integer if it is written as one in ASCII digits (an optional sign), else ValueError: int()
     would also take ``1_0`` and other scripts' digits."""
@@ -307,26 +268,6 @@ def whole_number(text: str) -> int:
     if not (t.isascii() and t.lstrip("+-").isdigit() and len(t) - len(t.lstrip("+-")) <= 1):
         raise ValueError(f"not a whole number: {text!r}")
     return int(t)
-
-
-def _name_ok(name: str) -> bool:
-    return re.fullmatch(GROUP_NAME, name) is not None
-
-
-def _parse_groups(raw: str) -> tuple[str, ...]:
-    out: list[str] = []
-    for part in raw.strip().split("/"):
-        name, _, count = part.partition("*")
-        names = entry_groups(name)
-        if not all(_name_ok(n) for n in names) or (len(names) > 1 and len(set(names)) < 2) \
-                or not (count == "" or count.isascii() and count.isdigit() and len(count) <= 6
-                        and 0 < int(count) <= MAX_PLACEMENT_RUN - len(out)):
-            raise AutoparError(f"placement takes a node group per pipeline rank separated by '/', runs as name*count "
-                               f"(at most {MAX_PLACEMENT_RUN:,} ranks in all), "
-                               f"a rank's dp replicas split over groups as a+b, a group named twice holding twice the "
-                               f"share (e.g. ib*4/roce*4, ib+roce*8 or ib+ib+roce), got '{raw}'")
-        out += [name] * (int(count) if count else 1)
-    return tuple(out)
 
 
 def _counts_text(v: int | Iterable[int]) -> str:
@@ -431,7 +372,7 @@ def _parse_value(key: str, raw: str, flag: str) -> Any:
             raise AutoparError(f"{key} takes {', '.join(info.choices)}, got '{raw}'")
         value = low
     elif info.kind == "groups":
-        value = _parse_groups(raw)
+        value = parse_groups(raw)
     else:
         try:
             counts = tuple(whole_number(x) for x in low.split("/"))

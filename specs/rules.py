@@ -34,15 +34,14 @@ from specs.parallel import (
     ParallelConfig,
     default_split,
     edp,
-    entry_groups,
     key_text,
     microbatches,
     range_problem,
     sp_in_effect,
-    splits_replicas,
     tp_overlap_in_effect,
     zero_in_effect,
 )
+from specs.placement import entry_groups, splits_replicas
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from runtime.parallel.hierarchy import Hierarchy, hierarchies
-from specs.parallel import MESH_DIMS, SEQ_GROUP, ParallelConfig, entry_groups
+from specs.parallel import MESH_DIMS, SEQ_GROUP, ParallelConfig
+from specs.placement import entry_groups
 
 # group attribute -> short name (ParallelGroups.group_names); the first match names a group object used for several
 _GROUP_NAMES = (("tp_group", "tp"), ("cp_group", "cp"), ("dpcp_group", "dp"), ("dp_group", "dp"),

@@ -19,7 +19,8 @@ from runtime.launch import group_commands, group_nodes, multi_node_commands
 from specs.cluster_loading import load_cluster
 from specs.errors import AutoparError
 from specs.model_loading import load_model
-from specs.parallel import ParallelConfig, groups_text, parse_plan_keys, rank_group
+from specs.parallel import ParallelConfig, parse_plan_keys
+from specs.placement import groups_text, rank_group
 from specs.planfile import load_plan, make_plan, save_plan
 from specs.rules import placement_problem
 

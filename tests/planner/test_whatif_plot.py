@@ -13,7 +13,7 @@ from planner.whatif import normalize, sweep, with_gpu
 from planner.whatif_plot import MIN_EFF_SPAN, NO_PLAN, figure, plan_label, si
 from specs.cluster_loading import load_cluster
 from specs.model_loading import load_model
-from specs.parallel import groups_text
+from specs.placement import groups_text
 
 KINDS = [  # (model, gpus, batch, key, values, compare)
     ("llama3-70b", None, 512, "gpus", [64, 128, 256, 512, 1024], {"dp_overlap": False}),
