@@ -156,16 +156,31 @@ def layer_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t: ArrayLike
     t, cp, mbs = (np.asarray(x, dtype=float) for x in (t, cp, mbs))
     sp = sp_in_effect(sp, t)
     ovl = tp_overlap_in_effect(tp_overlap, sp, t)
-    s, h, f = model.seq_length, model.hidden_size, model.ffn
-    qw, kw, hd = model.q_width, model.kv_width, model.hd
-    eb = cm.eb
-    T = mbs * s / cp  # tokens per GPU per micro-batch
-    n_sp = T * h / np.where(sp, t, 1.0)  # elements of the norm/dropout (sequence-parallel) region
-    drop = model.dropout_p > 0
-    dense_w, shared_w, fs = mlp_mix(model)
+    T = mbs * model.seq_length / cp  # tokens per GPU per micro-batch
+    gemm = _gemms(model, cm, T, t, ovl, pieces, sm_margin)
+    core_f, core_b = _attention_core(model, cm, mbs, t, cp)
+    ew_f, ew_b = _elementwise(model, cm, T, t, sp)
+    tp_f, tp_b, cp_f, cp_b = _tp_cp_comm(model, comm, gemm, cm.eb, mbs, t, cp, sp, ovl)
+    fwd = sum(g[0] for g in gemm.values()) + core_f + ew_f
+    bwd = sum(g[1] + g[2] for g in gemm.values()) + core_b + ew_b
+    ep_f = ep_b = seq = 0.0
+    if model.moe is not None:  # the MoE layers' routed part
+        mc, phi = moe_cost(model, cm, comm, t, cp, mbs, ep, etp), model.moe_fraction
+        fwd, bwd = fwd + phi * mc.fwd, bwd + phi * mc.bwd
+        ep_f, ep_b = phi * mc.comm_fwd, phi * mc.comm_bwd
+        # of those, the aux loss's all-reduce runs on the tensor/context-parallel ranks' group, where the runtime's
+        # phase clock times it (tp_cp_comm): ep_comm is the expert-parallel collectives alone
+        seq = phi * mc.seq_fwd
+    return LayerCost(fwd=fwd, bwd=bwd, core_fwd=core_f, comm_fwd=tp_f + cp_f + ep_f, comm_bwd=tp_b + cp_b + ep_b,
+                     ep_comm=ep_f + ep_b - seq)
 
-    # ---- GEMMs ---------------------------------------------------------------------------------
-    # (forward, input-gradient, weight-gradient) GEMM seconds of each projection
+
+def _gemms(model: ModelSpec, cm: ComputeModel, T: np.ndarray, t: np.ndarray, ovl: np.ndarray,
+           pieces: Mapping[str, int] | None, sm_margin: Mapping[str, int] | None) -> dict[str, tuple]:
+    """(forward, input-gradient, weight-gradient) GEMM seconds of each projection of a layer, ``T`` tokens per GPU
+    (:func:`layer_cost`)."""
+    h, f = model.hidden_size, model.ffn
+    dense_w, shared_w, fs = mlp_mix(model)
     if model.block is not None:  # traced custom block: one GEMM-equivalent of its matmul FLOPs
         width = model.block.fwd_flops_per_token / (2.0 * h)
         g_fwd, g_bwd = cm.gemm_fwd_bwd(T, width / t, h)
@@ -191,14 +206,18 @@ def layer_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t: ArrayLike
 
         gemm = {"qkv": lin("qkv"), "proj": lin("proj"), "mlp_in": mlp(lambda w: lin("mlp_in", w)),
                 "mlp_out": mlp(lambda w: lin("mlp_out", w))}
-    gemm_fwd = sum(g[0] for g in gemm.values())
-    gemm_bwd = sum(g[1] + g[2] for g in gemm.values())
+    return gemm
 
-    # ---- attention core --------------------------------------------------------------------------
+
+def _attention_core(model: ModelSpec, cm: ComputeModel, mbs: np.ndarray, t: np.ndarray, cp: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """The attention core's (forward, backward) seconds of a layer (:func:`layer_cost`)."""
+    s, hd, eb = model.seq_length, model.hd, cm.eb
+    drop = model.dropout_p > 0
     heads = model.num_attention_heads / t
     sq, sk = s / cp, float(s)
     if model.block is not None and model.block.attn_flops_per_token == 0:
-        core_f = core_b = np.zeros_like(T)
+        core_f = core_b = np.zeros_like(mbs * sq)
     elif model.attn_impl == "flash":
         core_f, core_b = cm.flash_attention(mbs * heads, sq, sk, hd, 0.5)
     else:
@@ -212,8 +231,17 @@ def layer_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t: ArrayLike
         drop_b = cm.memory(E * (2 * eb + 1)) if drop else 0.0
         core_f = qk_f + av_f + soft_f + drop_f
         core_b = qk_b + av_b + soft_b + drop_b
+    return core_f, core_b
 
-    # ---- memory-bound ops -------------------------------------------------------------------------
+
+def _elementwise(model: ModelSpec, cm: ComputeModel, T: np.ndarray, t: np.ndarray, sp: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """The memory-bound ops' (forward, backward) seconds of a layer: norms, residuals, dropout, activation, RoPE
+    (:func:`layer_cost`)."""
+    h, f, qw, kw, eb = model.hidden_size, model.ffn, model.q_width, model.kv_width, cm.eb
+    n_sp = T * h / np.where(sp, t, 1.0)  # elements of the norm/dropout (sequence-parallel) region
+    drop = model.dropout_p > 0
+    dense_w, shared_w, fs = mlp_mix(model)
     ffw = T * (dense_w * f + shared_w * fs) / t  # activation-function elements (the tensor-parallel MLPs)
     if model.arch == "gpt":
         ew_f = cm.memory(2 * n_sp * 2 * eb, 2)  # two LayerNorms
@@ -246,8 +274,14 @@ def layer_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t: ArrayLike
     if model.block is not None and model.block.elementwise_bytes_per_token:
         ew_f = cm.memory(T * model.block.elementwise_bytes_per_token / t, 6)
         ew_b = 1.5 * ew_f
+    return ew_f, ew_b
 
-    # ---- tensor- and context-parallel communication ----------------------------------------------
+
+def _tp_cp_comm(model: ModelSpec, comm: CommModel, gemm: dict[str, tuple], eb: float, mbs: np.ndarray, t: np.ndarray,
+                cp: np.ndarray, sp: np.ndarray, ovl: np.ndarray) -> tuple[np.ndarray, ...]:
+    """A layer's exposed tensor- and context-parallel communication: (tp forward, tp backward, cp forward, cp
+    backward) seconds, the overlapped part hidden behind the ``gemm`` seconds beside it (:func:`layer_cost`)."""
+    dense_w, shared_w, _ = mlp_mix(model)
     msg = tp_message_bytes(model, eb, mbs, cp)
     one = _collectives(comm, msg, t, 1)  # each op's time for one activation over tp
     tp = {"fwd": 0.0, "bwd": 0.0}
@@ -264,20 +298,7 @@ def layer_cost(model: ModelSpec, cm: ComputeModel, comm: CommModel, t: ArrayLike
     cpc = {"fwd": 0.0, "bwd": 0.0}
     for ps, op in CP_LAYER_OPS:
         cpc[ps] = cpc[ps] + np.where(cp > 1, kv[op], 0.0)
-    tp_f, tp_b, cp_f, cp_b = tp["fwd"], tp["bwd"], cpc["fwd"], cpc["bwd"]
-
-    fwd = gemm_fwd + core_f + ew_f
-    bwd = gemm_bwd + core_b + ew_b
-    ep_f = ep_b = seq = 0.0
-    if model.moe is not None:  # the MoE layers' routed part
-        mc, phi = moe_cost(model, cm, comm, t, cp, mbs, ep, etp), model.moe_fraction
-        fwd, bwd = fwd + phi * mc.fwd, bwd + phi * mc.bwd
-        ep_f, ep_b = phi * mc.comm_fwd, phi * mc.comm_bwd
-        # of those, the aux loss's all-reduce runs on the tensor/context-parallel ranks' group, where the runtime's
-        # phase clock times it (tp_cp_comm): ep_comm is the expert-parallel collectives alone
-        seq = phi * mc.seq_fwd
-    return LayerCost(fwd=fwd, bwd=bwd, core_fwd=core_f, comm_fwd=tp_f + cp_f + ep_f, comm_bwd=tp_b + cp_b + ep_b,
-                     ep_comm=ep_f + ep_b - seq)
+    return tp["fwd"], tp["bwd"], cpc["fwd"], cpc["bwd"]
 
 
 @dataclass
