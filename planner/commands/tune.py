@@ -16,37 +16,12 @@ from specs.errors import ERROR_PREFIX, INTERRUPTED, AutoparError
 
 def tune_command(args: argparse.Namespace) -> int:
     from planner.calibrate import bound_warning
-    from planner.tune import (
-        check_earlier_files,
-        check_trial_options,
-        check_tunable,
-        default_out_dir,
-        tune,
-        written_files,
-    )
-    from specs.files import check_output_dir, check_output_file
+    from planner.tune import default_out_dir, tune
     from specs.parallel import parse_plan_keys
-    from specs.planfile import TrainConfig, is_plan_data, load_plan, save_plan
+    from specs.planfile import TrainConfig, load_plan, save_plan
 
     model, cluster = load_inputs(args)
-    check_trial_options(args.trials, args.steps, args.warmup, args.time_limit)
-    check_tunable(model, cluster, here=False)  # (here: on one node, below)
-    if args.out:
-        check_output_file(args.out, "plan file", {**spec_files(args), "--data file": args.data},
-                          replaces=is_plan_data)
-    if args.dir:
-        check_output_dir(args.dir, "trial folder")
-        for what, path in written_files(Path(args.dir), args.trials).items():  # never over one of the inputs
-            check_output_file(path, f"tune's {what}", {**spec_files(args), "--data file": args.data},
-                              "give another --dir")
-            if args.out and path.resolve() == Path(args.out).resolve():  # the chosen plan over its own trial's file
-                raise AutoparError(f"--out {args.out} would replace tune's {what} in --dir {args.dir}; give --out "
-                                   "another name")
-        check_earlier_files(Path(args.dir))
-    if args.data:
-        from runtime.data import TokenData
-
-        TokenData(args.data, model.seq_length, model.vocab_size, 0)  # a bad token file: one line now, not per trial
+    _check_inputs(args, model, cluster)
     out_dir = Path(args.dir) if args.dir else default_out_dir()
     fixed = parse_plan_keys(args.fix, "--fix")
     if cluster.num_nodes > 1:
@@ -98,6 +73,33 @@ def tune_command(args: argparse.Namespace) -> int:
         print(f"{ERROR_PREFIX} {problem}", file=sys.stderr)
         return INTERRUPTED if res.interrupted else AutoparError.exit_code
     return 0
+
+
+def _check_inputs(args: argparse.Namespace, model, cluster) -> None:
+    """Refuse, before any trial, what would only fail later: the trial options, a model or cluster tune cannot
+    measure, an output over an input or over another of tune's files, a bad token file."""
+    from planner.tune import check_earlier_files, check_trial_options, check_tunable, written_files
+    from specs.files import check_output_dir, check_output_file
+    from specs.planfile import is_plan_data
+
+    check_trial_options(args.trials, args.steps, args.warmup, args.time_limit)
+    check_tunable(model, cluster, here=False)  # (here: on one node, below)
+    if args.out:
+        check_output_file(args.out, "plan file", {**spec_files(args), "--data file": args.data},
+                          replaces=is_plan_data)
+    if args.dir:
+        check_output_dir(args.dir, "trial folder")
+        for what, path in written_files(Path(args.dir), args.trials).items():  # never over one of the inputs
+            check_output_file(path, f"tune's {what}", {**spec_files(args), "--data file": args.data},
+                              "give another --dir")
+            if args.out and path.resolve() == Path(args.out).resolve():  # the chosen plan over its own trial's file
+                raise AutoparError(f"--out {args.out} would replace tune's {what} in --dir {args.dir}; give --out "
+                                   "another name")
+        check_earlier_files(Path(args.dir))
+    if args.data:
+        from runtime.data import TokenData
+
+        TokenData(args.data, model.seq_length, model.vocab_size, 0)  # a bad token file: one line now, not per trial
 
 
 def _print_trials(args: argparse.Namespace, model, cluster, res, warning: str | None) -> None:
