@@ -11,8 +11,9 @@ Every run is re-estimated with the cost model on the scaled profile; the scales 
 error between predicted and measured step times, and, where the metrics time every rank's phases, between the
 estimate's compute and the run's (forward and backward of its critical stage: what tells a slow GEMM from a slow
 collective) (Levenberg-Marquardt on log-scales, bounded to
-[1/8, 8], with a weak pull towards 1 (:data:`PRIOR`) so that parameters the runs cannot tell apart
-stay near the profile's values: one run yields about the smallest change that explains it). The
+[1/8, 8] and, on GPUs, to what the datasheet allows (:func:`ceilings`: no GEMM or attention rate above the peak,
+no bandwidth above the memory's), with a weak pull towards 1 (:data:`PRIOR`) so that parameters the runs cannot
+tell apart stay near the profile's values: one run yields about the smallest change that explains it). The
 updated profile is written as a cluster YAML that ``plan / estimate / whatif --cluster`` accept. A fit with a
 scale at its bound whose profile still misses the runs by more than 2x (:data:`MISFIT_LIMIT`) is refused: the
 runs did not run on that hardware, and no profile is written.
@@ -113,6 +114,42 @@ def _log_errors(runs: list[Run], base: ClusterSpec, s: dict[str, float]) -> np.n
 
 
 # ---- the fit --------------------------------------------------------------------------------------
+def ceilings(base: ClusterSpec) -> dict[str, float]:
+    """The largest factor each scale may take before what it scales passes the GPU's datasheet: the GEMM and
+    attention rates its peak at the cluster's precision (efficiency 1, and every rate of its tables at most the
+    peak), the memory-bound bandwidths its memory bandwidth. None for CPU ranks (gloo), whose "peak" and "datasheet"
+    are themselves measured, nor for the kernel overhead and communication (a link's limit is checked apart:
+    ``ClusterSpec.link_problem``)."""
+    if base.backend == "gloo":
+        return {}
+    gpu, e = base.gpu, base.gpu.efficiency
+    peak = gpu.peak(base.precision) / 1e12
+    attention = [r for p in gpu.attention_table for r in (p.fwd_tflops, p.bwd_tflops)]
+    return {"gemm": min([1.0 / e.gemm, *(peak / p.tflops for p in gpu.gemm_table)]),
+            "attention": min([1.0 / e.attention_fwd, 1.0 / e.attention_bwd, *(peak / r for r in attention)]),
+            "memory": gpu.memory_bandwidth_GBps * 1e9 / gpu.mem_bw}
+
+
+def _upper(base: ClusterSpec, params: tuple[str, ...]) -> np.ndarray:
+    """Each log-scale's upper limit: the fit's bound, or lower where the datasheet is (:func:`ceilings`)."""
+    top = ceilings(base)
+    return np.array([min(BOUND, max(0.0, math.log(top[p]))) if p in top else BOUND for p in params])
+
+
+def ceiling_warning(fit: Calibration, base: ClusterSpec) -> str | None:
+    """A one-line caution when a fitted scale stopped at what the GPU's datasheet allows (:func:`ceilings`): the runs
+    were faster than the profile can be made on that account, so the model overprices something else for them."""
+    top, limit = ceilings(base), {"gemm": f"its {base.precision} peak", "attention": f"its {base.precision} peak",
+                                  "memory": f"its memory bandwidth, {base.gpu.memory_bandwidth_GBps:g} GB/s"}
+    stuck = [f"{k} x{v:.3g} ({limit[k]})" for k, v in fit.scales.items()
+             if k in top and BOUND - 1e-6 > math.log(v) >= min(BOUND, max(0.0, math.log(top[k]))) - 1e-6]
+    if not stuck:
+        return None
+    return (f"warning: {', '.join(stuck)} stopped at what the {base.gpu.name}'s datasheet allows: the runs were faster "
+            "than those rates can make them, so the model overprices something else for them (`autopar diagnose` "
+            "on a run's metrics says where its steps went)")
+
+
 def fit_scales(runs: list[Run], base: ClusterSpec, params: tuple[str, ...] = PARAMS, iters: int = 30
                ) -> Calibration:
     """Levenberg-Marquardt on log-scales: min sum (log pred - log measured)^2 + PRIOR |log s|^2 over the runs' steps
@@ -120,6 +157,7 @@ def fit_scales(runs: list[Run], base: ClusterSpec, params: tuple[str, ...] = PAR
     prior PRIOR_LOG_SD on each log-scale), so its curvature at the optimum gives the scales' log covariance: a scale
     the runs cannot see keeps the prior's spread, one they pin gets a narrow one."""
     x = np.zeros(len(params))
+    hi = _upper(base, params)
 
     def resid(v: np.ndarray) -> np.ndarray:
         return np.concatenate([_log_errors(runs, base, dict(zip(params, np.exp(v)))), math.sqrt(PRIOR) * v])
@@ -136,7 +174,7 @@ def fit_scales(runs: list[Run], base: ClusterSpec, params: tuple[str, ...] = PAR
         improved = False
         for _ in range(8):
             step = np.linalg.solve(H + lam * np.diag(np.diag(H) + 1e-12), -g)
-            x_new = np.clip(x + step, -BOUND, BOUND)
+            x_new = np.clip(x + step, -BOUND, hi)
             r_new = resid(x_new)
             if r_new @ r_new < r @ r - 1e-15:
                 x, r, lam, improved = x_new, r_new, max(lam / 3, 1e-9), True
@@ -150,7 +188,8 @@ def fit_scales(runs: list[Run], base: ClusterSpec, params: tuple[str, ...] = PAR
     noise2 = max(RUN_NOISE ** 2, float(np.mean(r[:observed] ** 2)))
     cov = noise2 * np.linalg.inv(J.T @ J)  # the prior's rows keep J^T J invertible
     cov = (cov + cov.T) / 2
-    for j in np.flatnonzero(np.abs(x) >= BOUND - 1e-9):  # at a bound the optimum is not a minimum: keep the prior's
+    # at a bound (the fit's, or the datasheet's) the optimum is not a minimum: keep the prior's spread
+    for j in np.flatnonzero((x >= hi - 1e-9) | (x <= -BOUND + 1e-9)):
         cov[j, :] = cov[:, j] = 0.0
         cov[j, j] = PRIOR_LOG_SD ** 2
     # however poorly the runs fit, a fit knows no less of a scale than the prior did: a spread wider than the prior's

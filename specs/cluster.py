@@ -76,6 +76,9 @@ class NodeLink(Strict):
 # A cluster's intra-node bandwidth may read above its GPU's datasheet link by this factor (measured NVLink SHARP
 # all-reduces and calibrated profiles do); beyond it the profile pairs the GPU with a link it lacks.
 LINK_SLACK = 1.25
+# A measured GEMM or attention rate may read above the GPU's datasheet peak by this factor (a timer's noise on a short
+# kernel); beyond it the table is wrong.
+RATE_SLACK = 1.05
 
 
 class GPUSpec(Strict):
@@ -271,7 +274,7 @@ class ClusterSpec(Strict):
             raise ValueError("gpus_per_node and num_nodes must be positive")
         if self.num_nodes > 1 and self.inter_node is None:
             raise ValueError("a cluster of several nodes needs an inter_node section")
-        problem = self.precision_problem() or self.link_problem()
+        problem = self.precision_problem() or self.link_problem() or self.rate_problem()
         if problem:
             raise ValueError(problem)
         inside = [op for op, levels in self.collectives.items() if "intra" in levels and levels["intra"].busbw_by_nodes]
@@ -350,6 +353,22 @@ class ClusterSpec(Strict):
         usable = [p for p in ("bf16", "fp16", "fp32") if p in have]
         return (f"precision {self.precision}: GPU {self.gpu.name} has no {self.precision} (its profile lists "
                 f"{', '.join(have)}); use precision {usable[0] if usable else next(iter(have))}")
+
+    def rate_problem(self) -> str | None:
+        """Why a rate this GPU's tables say it measured is one it cannot reach (above its peak at the cluster's
+        precision, beyond :data:`RATE_SLACK`), or None. CPU ranks (gloo): their peak is itself a measured rate."""
+        if self.backend == "gloo":
+            return None
+        peak = self.gpu.peak(self.precision) / 1e12
+        rates = [(f"gemm_table m={p.m} n={p.n} k={p.k}", p.tflops) for p in self.gpu.gemm_table]
+        rates += [(f"attention_table seq={p.seq} heads={p.heads} head_dim={p.head_dim} {d}", getattr(p, f"{d}_tflops"))
+                  for p in self.gpu.attention_table for d in ("fwd", "bwd")]
+        where, top = max(rates, key=lambda r: r[1], default=("", 0.0))
+        if top <= RATE_SLACK * peak:
+            return None
+        return (f"gpu {self.gpu.name}: {where}: {top:g} TFLOP/s is above its {self.precision} peak of {peak:g} "
+                "TFLOP/s, which no measurement reaches; correct the table (`autopar profile` measures it) or "
+                "peak_tflops")
 
     def link_problem(self) -> str | None:
         """Why this cluster's intra-node link is one its GPU's platform does not have (more than LINK_SLACK times

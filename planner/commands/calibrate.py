@@ -13,6 +13,7 @@ from planner.calibrate import (
     PARAMS,
     bound_warning,
     calibrated_profile_text,
+    ceiling_warning,
     fit_scales,
     fitted_text,
     hardware_mismatch,
@@ -68,16 +69,17 @@ def calibrate_command(args: argparse.Namespace) -> int:
     fitted = fitted_text(fit)
     mean0, mean1 = float(np.mean(np.abs(e0))), float(np.mean(np.abs(e1)))
     print(f"fitted scales (x/ their 95% spread): {fitted}")
-    warning = bound_warning(fit.scales, runs=runs)
-    if warning:
-        print(warning, file=sys.stderr)
+    ceiling = ceiling_warning(fit, base)
+    for warning in (bound_warning(fit.scales, runs=runs), ceiling):
+        if warning:
+            print(warning, file=sys.stderr)
     print(f"mean |error| {100 * mean0:.1f}% before, {100 * mean1:.1f}% after calibration ({len(runs)} run(s))")
     worse = worse_fit_warning(mean0, mean1)
     if worse:
         print(worse, file=sys.stderr)
     text = calibrated_profile_text(base, fit, "autopar calibrate", f"{len(runs)} run(s)",
                                    [f"Mean |predicted/measured - 1|: {100 * mean0:.1f}% before, "
-                                    f"{100 * mean1:.1f}% after.", *([worse] if worse else [])])
+                                    f"{100 * mean1:.1f}% after.", *(w for w in (ceiling, worse) if w)])
     try:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(args.out, text)

@@ -113,6 +113,10 @@ def test_hf_null_means_default(tmp_path, capsys):
     ("", "backend: true\n", "field 'backend': Input should be 'nccl' or 'gloo'"),
     ("", "num_nodes: 1000000000\ninter_node: {nic_bandwidth_Gbps: 200, nics_per_node: 8}\n",
      "GPUs is beyond autopar's limit"),
+    (", gemm_table: [{m: 8192, n: 8192, k: 8192, tflops: 2500}]", "",
+     "gemm_table m=8192 n=8192 k=8192: 2500 TFLOP/s is above its bf16 peak of 312 TFLOP/s"),
+    (", attention_table: [{seq: 2048, heads: 8, head_dim: 128, fwd_tflops: 200, bwd_tflops: 400}]", "",
+     "attention_table seq=2048 heads=8 head_dim=128 bwd: 400 TFLOP/s is above its bf16 peak"),
 ])
 def test_bad_physical_quantities(tmp_path, capsys, gpu_extra, cluster_extra, needle):
     key = gpu_extra[2:].split(":")[0] if gpu_extra else None

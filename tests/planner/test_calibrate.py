@@ -20,7 +20,7 @@ from specs.model_loading import load_model
 from specs.parallel import ParallelConfig
 from specs.planfile import load_plan, make_plan, save_plan
 
-TRUE = {"gemm": 0.8, "attention": 0.7, "memory": 1.25, "overhead": 2.0, "comm": 0.6}
+TRUE = {"gemm": 0.8, "attention": 0.7, "memory": 1.1, "overhead": 2.0, "comm": 0.6}  # within the datasheet
 
 
 def _cases():
@@ -87,6 +87,34 @@ def test_calibrate_recovers_known_scales(tmp_path, capsys):
         med, _ = measured_median(rows, None, str(m))
         est = estimate(plan.model, cal.resized(gpus=plan.cluster.num_gpus), plan.config, plan.global_batch)
         assert est.step_time_s == pytest.approx(med, rel=0.02)
+
+
+def test_a_fit_stops_at_what_the_datasheet_allows(tmp_path, capsys):
+    """Runs faster than the GPU's peak and memory bandwidth allow: the fitted profile stays within them (its GEMM
+    efficiency at most 1, every table rate at most the peak, its bandwidth at most the datasheet's) and says so."""
+    from specs.cluster import GemmPoint
+
+    base = load_cluster("dgx-h100")
+    runs = _write_runs(tmp_path, base, {"gemm": 1.6, "memory": 1.5})
+    out = tmp_path / "calibrated.yaml"
+    assert main(["calibrate", *[str(m) for m, _ in runs], "--cluster", "dgx-h100", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "stopped at what the h100-sxm5-80gb's datasheet allows" in err and "memory x" in err and "gemm x" in err
+    assert "stopped at what" in out.read_text()  # the profile's header says it too
+    cal = load_cluster(str(out))
+    assert cal.gpu.efficiency.gemm <= 1.0 and cal.gpu.efficiency.gemm == pytest.approx(1.0, rel=1e-3)
+    assert cal.gpu.mem_bw <= base.gpu.memory_bandwidth_GBps * 1e9 * (1 + 1e-9)
+    assert cal.gpu.mem_bw == pytest.approx(base.gpu.memory_bandwidth_GBps * 1e9, rel=1e-3)
+    # a measured GEMM table: its fastest rate reaches the peak and no further
+    tabled = base.model_copy(update={"gpu": base.gpu.model_copy(update={
+        "gemm_table": [GemmPoint(m=8192, n=8192, k=8192, tflops=800.0), GemmPoint(m=1024, n=1024, k=1024,
+                                                                                  tflops=400.0)]})})
+    plans = [load_plan(p) for _, p in runs]
+    fast = [Run("", plan, 0.5 * float(predict([Run("", plan, 1.0, 1, None)], tabled, {})[0]), 10, None)
+            for plan in plans]
+    fit = fit_scales(fast, tabled)
+    top = max(p.tflops for p in scaled(tabled, fit.scales).gpu.gemm_table)
+    assert top == pytest.approx(tabled.gpu.peak("bf16") / 1e12, rel=1e-3)
 
 
 def test_fit_with_one_run_removes_its_error():

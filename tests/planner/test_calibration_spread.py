@@ -208,7 +208,8 @@ def test_a_run_s_compute_tells_a_slow_collective_from_slow_gemms():
     """One data-parallel run whose step is slow from its gradient reduce (its network 5x slower than the profile),
     its compute as priced: from the step alone the fit cannot tell which scale is off, and the GEMMs take their
     share of the blame; with the run's compute phases beside it, the GEMMs stay as priced and the network takes it."""
-    from planner.calibrate import COMPUTE, _estimates
+    from planner.calibrate import _estimates
+    from planner.measured_runs import COMPUTE_TERMS as COMPUTE
 
     base = load_cluster("dgx-a100", gpus=16)
     plan = make_plan(_model(1024), base, 64, ParallelConfig(dp=16, mbs=4, dp_overlap=False))
