@@ -164,6 +164,16 @@ class ModelSpec(BaseModel):
             data = {**data, "token_ids": kept or None}
         return data
     _wholes = field_validator(*LIMITS, "context_length", mode="before")(whole_only)
+
+    @field_validator("token_ids", mode="before")
+    @classmethod
+    def _whole_ids(cls, v: Any) -> Any:
+        """Token ids are whole numbers (pydantic would read true as 1 and 2.0 as 2)."""
+        for x in v.values() if isinstance(v, dict) else ():
+            for i in x if isinstance(x, list) else [x]:
+                whole_only(i)
+        return v
+
     _switches = field_validator("tie_embeddings", "qkv_bias", "linear_bias", mode="before")(
         lambda v: v if v is None else bool_only(v))
 

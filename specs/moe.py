@@ -15,7 +15,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
-from specs.errors import bool_only, number_only
+from specs.errors import bool_only, number_only, whole_only
 
 # Expert load imbalance: the busiest expert-parallel rank's routed tokens over the mean. Default: the busiest
 # expert's load over the mean measured with an auxiliary load-balancing loss, 1 + MaxVio_global = 1.52 (3B model)
@@ -49,9 +49,10 @@ class MoESpec(BaseModel):
     # without this key is known exactly when it writes load_imbalance
     load_imbalance_known: StrictBool = False
 
-    _numbers = field_validator("num_experts", "experts_per_token", "moe_ffn_hidden_size", "num_shared_experts",
-                               "shared_ffn_hidden_size", "layer_freq", "first_dense_layers", "capacity_factor",
-                               "aux_loss_coef", "load_imbalance", mode="before")(number_only)
+    _wholes = field_validator("num_experts", "experts_per_token", "moe_ffn_hidden_size", "num_shared_experts",
+                              "shared_ffn_hidden_size", "layer_freq", "first_dense_layers", mode="before")(
+        lambda v: v if v is None else whole_only(v))
+    _numbers = field_validator("capacity_factor", "aux_loss_coef", "load_imbalance", mode="before")(number_only)
     _switches = field_validator("shared_expert_gate", "norm_topk_prob", mode="before")(bool_only)
 
     @model_validator(mode="before")

@@ -69,6 +69,10 @@ def test_absurd_sizes_are_refused(capsys, argv, needle):
     ("block: {params: -5, fwd_flops_per_token: 1, act_bytes_per_token: 1}", "block.params"),
     ("block: {params: 5, fwd_flops_per_token: -1, act_bytes_per_token: 1}", "block.fwd_flops_per_token"),
     ("moe: 8", "field 'moe': expected a section of fields (a mapping), got 8"),
+    ("moe: {num_experts: 8.0, experts_per_token: 2, moe_ffn_hidden_size: 64}",
+     "field 'moe.num_experts': expected a whole number, got 8.0; write 8"),
+    ("token_ids: {bos_token_id: true}", "field 'token_ids': expected a number, got true"),
+    ("token_ids: {eos_token_id: [1, 2.0]}", "field 'token_ids': expected a whole number, got 2.0; write 2"),
 ])
 def test_bad_model_specs(tmp_path, capsys, change, needle):
     key = change.split(":")[0]
@@ -113,6 +117,8 @@ def test_hf_null_means_default(tmp_path, capsys):
     ("", "backend: true\n", "field 'backend': Input should be 'nccl' or 'gloo'"),
     ("", "num_nodes: 1000000000\ninter_node: {nic_bandwidth_Gbps: 200, nics_per_node: 8}\n",
      "GPUs is beyond autopar's limit"),
+    ("", "num_nodes: 2.0\n", "field 'num_nodes': expected a whole number, got 2.0; write 2"),
+    (", sm_count: 132.0", "", "inline GPU profile: field 'sm_count': expected a whole number, got 132.0; write 132"),
     (", gemm_table: [{m: 8192, n: 8192, k: 8192, tflops: 2500}]", "",
      "gemm_table m=8192 n=8192 k=8192: 2500 TFLOP/s is above its bf16 peak of 312 TFLOP/s"),
     (", attention_table: [{seq: 2048, heads: 8, head_dim: 128, fwd_tflops: 200, bwd_tflops: 400}]", "",
