@@ -137,9 +137,9 @@ def cluster_at(cluster: ClusterSpec, key: str, value: Any) -> tuple[ClusterSpec,
     if cluster.node_groups or group:
         return with_group(cluster, base, group, value), None
     if key == "gpus":
-        return cluster.resized(gpus=int(value)), None
+        return cluster.resized(gpus=int(value), asked_as=f"--vary gpus={value}"), None
     if key == "nodes":
-        return cluster.resized(nodes=int(value)), None
+        return cluster.resized(nodes=int(value), asked_as=f"--vary nodes={value}"), None
     if key == "gpu":
         return with_gpu(cluster, value)
     if key == "intra_node_bw":

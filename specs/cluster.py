@@ -389,16 +389,17 @@ class ClusterSpec(Strict):
             return self.intra_node.bandwidth_GBps * 1e9
         return self.inter_node.node_Gbps / 8 * 1e9 / self.gpus_per_node
 
-    def resized(self, gpus: int | None = None, nodes: int | None = None) -> ClusterSpec:
-        """The same cluster with another size (``--gpus`` or ``--nodes``)."""
+    def resized(self, gpus: int | None = None, nodes: int | None = None, asked_as: str | None = None) -> ClusterSpec:
+        """The same cluster with another size (``--gpus`` or ``--nodes``; ``asked_as``: how the errors name the
+        size where another option gave it, e.g. ``--vary gpus=12``)."""
         if gpus is not None and nodes is not None:
             raise AutoparError("give --gpus or --nodes, not both")
         if self.node_groups and (gpus, nodes) not in ((None, None), (self.num_gpus, None), (None, self.num_nodes)):
             raise AutoparError(f"cluster {self.name} is made of node groups ({', '.join(self.groups)}): it is sized by "
                                "each group's num_nodes in its profile, not by --gpus or --nodes")
         asked = gpus if gpus is not None else None if nodes is None else nodes * self.gpus_per_node
+        flag = asked_as or (f"--gpus {gpus}" if gpus is not None else f"--nodes {nodes}")
         if asked is not None and asked > MAX_GPUS:
-            flag = f"--gpus {gpus}" if gpus is not None else f"--nodes {nodes}"
             raise AutoparError(f"{flag} asks for {asked:,} GPUs, beyond autopar's limit of {MAX_GPUS:,}; "
                                "check the value")
         if nodes is not None:
@@ -419,16 +420,16 @@ class ClusterSpec(Strict):
                                            "full_node_gpus": full if gpus < full else None})
         if self.full_node_gpus and self.num_nodes == 1:  # part of a node, grown: the real node again
             return self.model_copy(update={"gpus_per_node": self.full_node_gpus, "full_node_gpus": None,
-                                           "gpu": self._rank_share(self.full_node_gpus)}).resized(gpus=gpus)
+                                           "gpu": self._rank_share(self.full_node_gpus)}).resized(gpus, None, asked_as)
         if gpus % self.gpus_per_node:
             raise AutoparError(
-                f"--gpus {gpus} is not a whole number of {self.name} nodes ({self.gpus_per_node} GPUs each); "
+                f"{flag} is not a whole number of {self.name} nodes ({self.gpus_per_node} GPUs each); "
                 f"use a multiple of {self.gpus_per_node} or at most {self.gpus_per_node}"
             )
         if self.inter_node is None:
             raise AutoparError(f"cluster {self.name} is one node of {self.gpus_per_node} GPUs (no inter_node "
-                               f"section), so it cannot hold {gpus}: use --gpus {self.gpus_per_node} or fewer, or a "
-                               "multi-node profile")
+                               f"section), so it cannot hold {gpus} ({flag}): use {self.gpus_per_node} GPUs or fewer, "
+                               "or a multi-node profile")
         return self.model_copy(update={"num_nodes": gpus // self.gpus_per_node})
 
     def _rank_share(self, ranks: int) -> GPUSpec:

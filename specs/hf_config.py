@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from specs.errors import AutoparError
-from specs.model import TOKEN_ID_NAMES, ModelSpec, past_vocab
+from specs.model import ROPE_FIELDS, ROPE_SCALINGS, TOKEN_ID_NAMES, ModelSpec, past_vocab
 
 _LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3", "gemma", "internlm2", "yi", "phi3", "mixtral", "qwen2_moe",
                "qwen3_moe", "olmoe"}  # phi3: fused qkv and
@@ -150,7 +150,7 @@ def _rope_scaling(cfg: dict[str, Any]) -> dict[str, Any] | None:
     named = {f"rope_scaling.{k}": v for k, v in {**rope, "original_max_position_embeddings": original}.items()
              if v is not None}
     out: dict[str, Any] = {"type": str(kind)}
-    for key in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
+    for key in ROPE_SCALINGS.get(str(kind), ROPE_FIELDS):  # a type autopar computes: its fields only
         if f"rope_scaling.{key}" in named:
             read = _int if key.startswith("original") else _float
             out[key] = read(named, f"rope_scaling.{key}", 1)

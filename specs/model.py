@@ -26,8 +26,8 @@ TOKEN_ID_NAMES: tuple[str, ...] = get_args(TokenIdName)
 MAX_GLOBAL_BATCH = 1 << 20  # sequences per step: hundreds of times the largest published training batches
 # RoPE frequency scalings autopar computes (runtime/models/common.py), with the fields each needs; a spec may hold
 # others (Hugging Face's yarn, dynamic, longrope, ...): planned (the cost model does not price RoPE), not trained
-ROPE_SCALINGS = {"linear": ("factor",),
-                 "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+ROPE_FIELDS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")  # any type's
+ROPE_SCALINGS = {"linear": ("factor",), "llama3": ROPE_FIELDS}  # the types the runtime computes, and their fields
 
 
 def size_problem(name: str, value: int, limit: int) -> str | None:
@@ -72,6 +72,11 @@ class RopeScaling(BaseModel):
         missing = [k for k in ROPE_SCALINGS.get(self.type, ()) if getattr(self, k) is None]
         if missing:
             raise ValueError(f"type {self.type} needs {', '.join(missing)}")
+        takes = ROPE_SCALINGS.get(self.type, ROPE_FIELDS)
+        extra = [k for k in ROPE_FIELDS if k not in takes and getattr(self, k) is not None]
+        if extra:
+            raise ValueError(f"type {self.type} takes {', '.join(takes)} only, not {', '.join(extra)} (llama3's): "
+                             "drop those, or give type llama3")
         if self.type == "llama3" and self.low_freq_factor >= self.high_freq_factor:  # type: ignore[operator]
             raise ValueError(f"low_freq_factor {self.low_freq_factor} must be below high_freq_factor "
                              f"{self.high_freq_factor} (llama3 interpolates between them)")

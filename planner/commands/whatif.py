@@ -15,7 +15,7 @@ from specs.json_numbers import rounded
 
 
 def whatif_command(args: argparse.Namespace) -> int:
-    from planner.whatif import cluster_at, parse_vary, sweep
+    from planner.whatif import parse_vary, sweep
     from specs.parallel import parse_plan_keys
 
     key, values = parse_vary(args.vary)
@@ -32,7 +32,7 @@ def whatif_command(args: argparse.Namespace) -> int:
         raise AutoparError(f"--gpus {args.gpus} with --vary nodes: --gpus there sets the GPUs of each node, at most "
                            f"{cluster.name}'s {cluster.gpus_per_node}; leave it out for nodes of "
                            f"{cluster.gpus_per_node}")
-    shared = [v for v in values if resized and cluster_at(cluster, key, v)[0].compute_slowdown > 1]
+    shared = [v for v in values if resized and _shares_cores(cluster, key, v)]
     if shared:  # a CPU profile's node holding more ranks than it has cores at these points
         print(f"note: {cluster.name}: at {key}={','.join(map(str, shared))} a node's ranks share its "
               f"{cluster.gpu.cores} cores (each priced slower by ranks / cores)", file=sys.stderr)
@@ -90,3 +90,13 @@ def whatif_command(args: argparse.Namespace) -> int:
         con.print(escape(f"wrote {plot_path}"))
     return 0
 
+
+def _shares_cores(cluster, key: str, value: int) -> bool:
+    """Whether a point of a GPU- or node-count sweep puts more ranks on a node than it has cores (a point the
+    cluster cannot take says why in the sweep)."""
+    from planner.whatif import cluster_at
+
+    try:
+        return cluster_at(cluster, key, value)[0].compute_slowdown > 1
+    except AutoparError:
+        return False

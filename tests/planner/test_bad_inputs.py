@@ -72,6 +72,8 @@ def test_absurd_sizes_are_refused(capsys, argv, needle):
     ("moe: {num_experts: 8.0, experts_per_token: 2, moe_ffn_hidden_size: 64}",
      "field 'moe.num_experts': expected a whole number, got 8.0; write 8"),
     ("token_ids: {bos_token_id: true}", "field 'token_ids': expected a number, got true"),
+    ("rope_scaling: {type: linear, factor: 2, low_freq_factor: 1}",
+     "type linear takes factor only, not low_freq_factor (llama3's): drop those, or give type llama3"),
     ("token_ids: {eos_token_id: [1, 2.0]}", "field 'token_ids': expected a whole number, got 2.0; write 2"),
 ])
 def test_bad_model_specs(tmp_path, capsys, change, needle):
@@ -203,6 +205,18 @@ def test_an_output_named_as_a_folder_is_refused_and_a_path_is_never_a_preset(tmp
 ])
 def test_whatif_global_errors(capsys, argv, needle):
     assert needle in fails(capsys, *argv)
+
+
+def test_a_gpu_count_the_cluster_cannot_take_is_a_point_that_says_so(capsys):
+    """12 GPUs of 8-GPU nodes: that point of the sweep says why (naming the sweep, not a --gpus never given); the
+    points beside it are planned."""
+    code = main(["whatif", "--model", "tiny", "--cluster", "dgx-h100", "--global-batch", "64", "--vary",
+                 "gpus=4,12,16", "--format", "json"])
+    assert code == 0
+    pts = json.loads(capsys.readouterr().out)["curves"]["best"]
+    assert [p["value"] for p in pts] == [4, 12, 16]
+    assert "plan" in pts[0] and "plan" in pts[2] and "plan" not in pts[1]
+    assert pts[1]["error"].startswith("--vary gpus=12 is not a whole number of dgx-h100 nodes")
 
 
 def test_whatif_compare_curve_may_have_no_plan(capsys):
