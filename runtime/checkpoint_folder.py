@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from specs.errors import AutoparError
+from specs.files import check_output_dir
 
 META = "meta.json"
 LATEST = "latest"
@@ -234,7 +235,9 @@ def held_by_rank(root: Path | None, rank: int) -> contextlib.AbstractContextMana
 def pointed_back(root: Path, step: int) -> Iterator[Path]:
     """``latest`` pointed at the checkpoint of ``step`` (:func:`point_latest`) while the block runs, which sets the
     newer ones aside (:func:`roll_back`) once the run's checks pass; a block that fails before that (a refused run)
-    puts ``latest`` back as it was, so that a refused ``--resume-from`` changes nothing."""
+    puts ``latest`` back as it was, so that a refused ``--resume-from`` changes nothing. A folder it cannot write
+    is refused first, in one line."""
+    check_output_dir(str(root), "checkpoint directory")
     try:
         before: bytes | None = (root / LATEST).read_bytes()
     except OSError:

@@ -51,7 +51,8 @@ class Watchdog:
 
     # ---- the thread ----------------------------------------------------------------------------
     def start(self) -> Watchdog:
-        """Start the watching thread."""
+        """Publish this rank's first record and start the watching thread."""
+        self._publish()
         threading.Thread(target=self._watch, daemon=True, name="autopar-watchdog").start()
         return self
 
@@ -67,28 +68,43 @@ class Watchdog:
             now = (self.step, self.calls)
             if now != self._seen:
                 self._seen, self._since = now, time.monotonic()
-            try:
-                self.store.set(f"rank{self.rank}", json.dumps(self._record()))
-            except Exception:  # noqa: BLE001 - the store went away: the run is ending anyway
-                return
+            if not self._publish():
+                return  # the store went away: the run is ending anyway
             if time.monotonic() - self._since > self.timeout:
                 self._end()
 
+    def _publish(self) -> bool:
+        try:
+            self.store.set(f"rank{self.rank}", json.dumps(self._record()))
+            return True
+        except Exception:  # noqa: BLE001 - a store that is gone
+            return False
+
+    def _read(self, r: int) -> dict[str, Any] | None:
+        """Rank ``r``'s last record, or None where it never published one (``check`` first: the store's ``get``
+        would wait for the key, minutes)."""
+        try:
+            return json.loads(self.store.get(f"rank{r}")) if self.store.check([f"rank{r}"]) else None
+        except Exception:  # noqa: BLE001 - a store that is gone, a record cut short
+            return None
+
     def _end(self) -> None:
-        records = {}
-        for r in range(self.world):
-            try:
-                records[r] = json.loads(self.store.get(f"rank{r}"))
-            except Exception:  # noqa: BLE001 - a rank that never published: treat it as furthest behind
-                records[r] = {"step": -1, "calls": -1, "last": "none", "inside": False}
-        outside = [r for r in records if not records[r]["inside"]]
-        behind = min(outside or records, key=lambda r: (records[r]["step"], records[r]["calls"], r))
-        rec = records[behind]
-        where = "inside" if rec["inside"] else "outside any communication call, after"
-        waiting = "; ".join(f"rank {r} in {records[r]['last']}" for r in sorted(records)
-                            if r != behind and records[r]["inside"])
-        others = waiting or "none inside a call"
-        report(f"rank {behind} stopped making progress at step {rec['step'] + 1}, {where} its call {rec['calls']} "
-               f"({rec['last']}); the others waited {self.timeout:g} s ({others}); look at that rank (py-spy dump) "
-               "or raise --collective-timeout")
+        records = {r: self._read(r) for r in range(self.world)}
+        silent = [r for r, rec in records.items() if rec is None]
+        if silent:  # stopped before its watchdog started (or the store lost its record): the furthest behind
+            line = (f"rank {silent[0]} stopped making progress before its first record (it never reported where "
+                    "it was: stopped starting up, or frozen)")
+            records = {r: rec for r, rec in records.items() if rec is not None}
+        else:
+            outside = [r for r in records if not records[r]["inside"]]
+            behind = min(outside or records, key=lambda r: (records[r]["step"], records[r]["calls"], r))
+            rec = records[behind]
+            call = f"its call {rec['calls']} ({rec['last']})" if rec["calls"] else "its first communication call"
+            line = (f"rank {behind} stopped making progress at step {rec['step'] + 1}, "
+                    + (f"inside {call}" if rec["inside"] else f"outside any communication call, after {call}"
+                       if rec["calls"] else f"before {call}"))
+        waiting = "; ".join(f"rank {r} in {rec['last']}" for r, rec in sorted(records.items())
+                            if rec["inside"] and not line.startswith(f"rank {r} "))
+        report(f"{line}; the others waited {self.timeout:g} s ({waiting or 'none inside a call'}); look at that "
+               "rank (py-spy dump) or raise --collective-timeout")
         os._exit(3)

@@ -99,10 +99,20 @@ def check_output_dir(path: str | Path, what: str) -> Path:
         raise AutoparError(f"{what} {p} exists and is not a folder; give a folder path")
     if p.is_dir():
         if not os.access(p, os.W_OK | os.X_OK):
-            raise AutoparError(f"cannot write {what} {p}: permission denied on {p}")
+            raise AutoparError(f"cannot write {what} {p}: " + (
+                "it is on a read-only file system; give a folder on a writable one" if _read_only(p)
+                else f"permission denied on {p}; give a folder you can write"))
         return p
     _check_creatable(p, p, what)
     return p
+
+
+def _read_only(p: Path) -> bool:
+    """Whether ``p`` is on a file system mounted read-only."""
+    try:
+        return bool(os.statvfs(p).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 class DuplicateKey(ValueError):

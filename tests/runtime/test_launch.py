@@ -997,6 +997,40 @@ def test_a_roll_back_loses_no_checkpoint(tmp_path, capsys):
         assert want in capsys.readouterr().err
 
 
+def test_resume_from_a_folder_it_cannot_write_is_one_line_and_changes_nothing(tmp_path, capsys, monkeypatch):
+    """--resume-from points ``latest`` back before the run's checks: on a read-only folder that is the checks' one
+    line (exit 2), not an internal error, and ``latest`` stays."""
+    import errno
+    import os
+
+    import specs.files
+
+    root = tmp_path / "ck"
+    plan = _plan(tmp_path)
+    loaded = load_plan(plan)
+    for step in (4, 8):
+        (root / f"step_{step:08d}").mkdir(parents=True)
+        (root / f"step_{step:08d}" / "meta.json").write_text(json.dumps(
+            {"format": FORMAT, "step": step, "checksums": {}, "plan": fingerprint(loaded, loaded.state)}))
+    (root / "latest").write_text("step_00000008\n")
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, *a, **k: False if Path(path) == root and mode & os.W_OK
+                        else real(path, mode, *a, **k))
+    monkeypatch.setattr(specs.files, "_read_only", lambda path: True)
+    writes = Path.write_bytes
+
+    def refused(self: Path, data: bytes) -> int:  # what the file system answers a write in it
+        if self.parent == root:
+            raise OSError(errno.EROFS, "Read-only file system", str(self))
+        return writes(self, data)
+
+    monkeypatch.setattr(Path, "write_bytes", refused)
+    assert main(["run", plan, "--checkpoint-dir", str(root), "--resume-from", "4", "--steps", "10"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"cannot write checkpoint directory {root}: it is on a read-only file system" in err
+    assert (root / "latest").read_text() == "step_00000008\n"
+
+
 def test_a_dry_run_checks_the_checkpoint_for_the_machines_that_will_run_it(tmp_path, capsys, monkeypatch):
     """A dry run resuming a GPU plan's checkpoint (bf16 state) from a machine without GPUs passes (the command is
     for the GPU nodes); the real launch here would train in fp32 on CPUs, another run, and is refused."""

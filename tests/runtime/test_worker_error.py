@@ -70,3 +70,33 @@ def test_a_bad_input_exits_2_and_a_broken_run_1():
     assert not _input_error(full, marked, -6) and not _input_error(full, marked, None)
     assert _failure("", [f"{WORKER_BROKE_PREFIX} {full}{WORKER_ERROR_PREFIX} {full}\n"], 1) == full  # run together
     assert RunFailed("x").exit_code == 1 and AutoparError("x").exit_code == 2 and issubclass(RunFailed, AutoparError)
+
+
+WATCHED = """
+import time, types, torch.distributed as dist
+from runtime.watchdog import Watchdog
+main = dist.TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
+store = dist.PrefixStore("autopar/attempt_0/watchdog", dist.TCPStore("localhost", main.port, is_master=False))
+Watchdog(types.SimpleNamespace(rank=0, ranks=[0, 1]), store, timeout=2.0).start()
+time.sleep(200)
+"""
+
+
+def test_a_rank_that_never_reported_is_named_within_the_timeout():
+    """Rank 1 froze before its watchdog first published: rank 0's watchdog names it after the timeout (2 s here),
+    not after the store's own wait for its record (300 s)."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    t = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", WATCHED], cwd=root, capture_output=True, text=True, timeout=120,
+                          env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 3, done.stderr
+    assert time.monotonic() - t < 60
+    assert done.stderr.strip().splitlines()[-1].endswith(
+        "rank 1 stopped making progress before its first record (it never reported where it was: stopped starting "
+        "up, or frozen); the others waited 2 s (none inside a call); look at that rank (py-spy dump) or raise "
+        "--collective-timeout")
