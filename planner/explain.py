@@ -69,10 +69,14 @@ def why(best: PlanResult, other: PlanResult) -> str:
     all_saves = [(d, k) for d, k in deltas if d < -tiny]
     all_costs = [(d, k) for d, k in reversed(deltas) if d > tiny]
     saves, costs = _enough(all_saves, sum(d for d, _ in all_costs)), all_costs[:2]
+    # the runner-up (:func:`runner_up`) is the fastest plan laid out otherwise, which plans of the winner's layout
+    # with other overlap flags may precede in the table
+    rival = "the fastest plan laid out otherwise" if any(
+        getattr(best.config, k) != getattr(other.config, k) for k in LAYOUT) else "the runner-up"
     if gain < 0.05:
-        text = f"Best plan ({best.config.short()}) is as fast as the next one ({other.config.short()})"
+        text = f"Best plan ({best.config.short()}) is as fast as {rival} ({other.config.short()})"
     else:
-        text = f"Best plan ({best.config.short()}) is {gain:.1f}% faster than the runner-up ({other.config.short()})"
+        text = f"Best plan ({best.config.short()}) is {gain:.1f}% faster than {rival} ({other.config.short()})"
     if diffs:
         text += f" [{', '.join(diffs)}]"
     if saves:

@@ -192,7 +192,7 @@ def only_warm_up(rows: list[dict[str, Any]], warmup: int | None) -> bool:
 def warm_up_only(source: str) -> AutoparError:
     """The error for a run that is only its warm-up (:func:`only_warm_up`)."""
     return AutoparError(f"metrics file {source}: its one step is the warm-up (the first step of a run allocates and "
-                        "compiles: not a measurement); run more steps, or give --warmup 0 to fit it anyway")
+                        "compiles: not a measurement); run more steps, or give --warmup 0 to use it anyway")
 
 
 def measured_median(rows: list[dict[str, Any]], warmup: int | None, source: str,

@@ -96,6 +96,25 @@ def launch_options(a: argparse.Namespace) -> dict[str, object]:
                 max_restarts=a.max_restarts, mtbf_hours=a.mtbf_hours, collective_timeout=a.collective_timeout,
                 keep_checkpoints=a.keep_checkpoints, train_from_plan=a.train_from_plan)
 
+def check_run_values(steps: int | None, checkpoint_every: int | None = None, max_restarts: int = 0,
+                     collective_timeout: float = COLLECTIVE_TIMEOUT_S, mtbf_hours: float | None = None,
+                     keep_checkpoints: int | None = None) -> None:
+    """Refuse option values no run takes, whatever its plan (before a plan is made or read)."""
+    if steps is not None and steps_problem("--steps", steps):
+        raise AutoparError(steps_problem("--steps", steps))
+    if checkpoint_every is not None and checkpoint_every < 0:
+        raise AutoparError(f"--checkpoint-every must be 0 (only at the end) or a positive step count, "
+                           f"got {checkpoint_every}")
+    if max_restarts < 0:
+        raise AutoparError(f"--max-restarts must be 0 or more, got {max_restarts}")
+    if not 0 < collective_timeout < float("inf"):
+        raise AutoparError(f"--collective-timeout must be a positive number of seconds, got {collective_timeout}")
+    if mtbf_hours is not None and not 0 < mtbf_hours < float("inf"):
+        raise AutoparError(f"--mtbf-hours must be a positive number of hours, got {mtbf_hours}")
+    if keep_checkpoints is not None and keep_checkpoints < 1:
+        raise AutoparError(f"--keep-checkpoints must be at least 1 (the one a resume needs), got {keep_checkpoints}")
+
+
 def check_run_options(plan: PlanFile, steps: int | None, checkpoint_dir: str | None, checkpoint_every: int | None,
                       metrics_out: str | None, resume: bool, max_restarts: int = 0,
                       mtbf_hours: float | None = None, collective_timeout: float = COLLECTIVE_TIMEOUT_S,
@@ -106,24 +125,12 @@ def check_run_options(plan: PlanFile, steps: int | None, checkpoint_dir: str | N
     steps that a run from scratch (not ``resume``, the first ``attempt``) would overwrite; returns the number of
     steps to run."""
     total = steps if steps is not None else plan.train.steps
-    if steps_problem("--steps", total):
-        raise AutoparError(steps_problem("--steps", total))
-    if checkpoint_every is not None and checkpoint_every < 0:
-        raise AutoparError(f"--checkpoint-every must be 0 (only at the end) or a positive step count, "
-                           f"got {checkpoint_every}")
+    check_run_values(total, checkpoint_every, max_restarts, collective_timeout, mtbf_hours, keep_checkpoints)
     if resume and not checkpoint_dir:
         raise AutoparError("--resume needs --checkpoint-dir (where the checkpoints are)")
     if train_from_plan and not resume:
         raise AutoparError("--train-from-plan says which schedule a resumed run takes (the plan's, not the "
                            "checkpoint's); a run from scratch takes the plan's anyway: add --resume or drop it")
-    if max_restarts < 0:
-        raise AutoparError(f"--max-restarts must be 0 or more, got {max_restarts}")
-    if not 0 < collective_timeout < float("inf"):
-        raise AutoparError(f"--collective-timeout must be a positive number of seconds, got {collective_timeout}")
-    if mtbf_hours is not None and not 0 < mtbf_hours < float("inf"):
-        raise AutoparError(f"--mtbf-hours must be a positive number of hours, got {mtbf_hours}")
-    if keep_checkpoints is not None and keep_checkpoints < 1:
-        raise AutoparError(f"--keep-checkpoints must be at least 1 (the one a resume needs), got {keep_checkpoints}")
     for flag, value in (("--checkpoint-every", checkpoint_every), ("--mtbf-hours", mtbf_hours),
                         ("--keep-checkpoints", keep_checkpoints)):
         if value is not None and not checkpoint_dir:

@@ -17,10 +17,14 @@ def run_command(args: argparse.Namespace) -> int:
     try:
         from runtime.data import writable_cache_dir
         from runtime.launch import launch
-        from runtime.options import launch_options
+        from runtime.options import check_run_values, launch_options
     except ImportError as err:
         raise needs_torch("`autopar run`", err) from None
     from runtime.checkpoint_folder import in_use, pointed_back
+
+    # values no run takes: said before a default plan is made or a checkpoint folder touched
+    check_run_values(args.steps, args.checkpoint_every, args.max_restarts, args.collective_timeout, args.mtbf_hours,
+                     args.keep_checkpoints)
 
     root = Path(args.checkpoint_dir) if args.checkpoint_dir else None
     step = _resume_from(args)

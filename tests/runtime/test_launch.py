@@ -1229,3 +1229,15 @@ def test_a_project_folder_with_its_own_runtime_package_does_not_shadow_autopars(
     m = tmp_path / "m.jsonl"
     assert launch(str(plan), steps=1, quiet=True, metrics_out=str(m)) == 0
     assert [r["step"] for r in _rows(m)] == [1]
+
+
+@pytest.mark.parametrize("argv", [["--steps", "0"], ["--keep-checkpoints", "0"], ["--collective-timeout", "0"],
+                                  ["--mtbf-hours", "-1"], ["--max-restarts", "-1"]])
+def test_an_option_no_run_takes_is_refused_before_the_default_plan(tmp_path, capsys, monkeypatch, argv):
+    """`autopar run` with no plan file plans the default first: a value no run takes is said before that (no plan
+    table printed, no default plan written)."""
+    monkeypatch.setenv("AUTOPAR_CACHE", str(tmp_path / "cache"))
+    assert main(["run", *argv]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.count("\n") == 1 and argv[0] in out.err
+    assert not (tmp_path / "cache" / "default-plan.json").exists()
