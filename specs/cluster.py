@@ -427,9 +427,10 @@ class ClusterSpec(Strict):
                 f"use a multiple of {self.gpus_per_node} or at most {self.gpus_per_node}"
             )
         if self.inter_node is None:
+            fewer = f"--gpus {self.gpus_per_node} or fewer" if asked_as is None else \
+                f"{self.gpus_per_node} GPUs or fewer there ({asked_as})"
             raise AutoparError(f"cluster {self.name} is one node of {self.gpus_per_node} GPUs (no inter_node "
-                               f"section), so it cannot hold {gpus} ({flag}): use {self.gpus_per_node} GPUs or fewer, "
-                               "or a multi-node profile")
+                               f"section), so it cannot hold {gpus}: use {fewer}, or a multi-node profile")
         return self.model_copy(update={"num_nodes": gpus // self.gpus_per_node})
 
     def _rank_share(self, ranks: int) -> GPUSpec:
