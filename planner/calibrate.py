@@ -130,19 +130,30 @@ def ceilings(base: ClusterSpec) -> dict[str, float]:
             "memory": gpu.memory_bandwidth_GBps * 1e9 / gpu.mem_bw}
 
 
-def _upper(base: ClusterSpec, params: tuple[str, ...]) -> np.ndarray:
-    """Each log-scale's upper limit: the fit's bound, or lower where the datasheet is (:func:`ceilings`)."""
-    top = ceilings(base)
-    return np.array([min(BOUND, max(0.0, math.log(top[p]))) if p in top else BOUND for p in params])
+def _limits(base: ClusterSpec, params: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each log-scale's (lower, upper) limit on ``base``, and whether the datasheet (:func:`ceilings`) sets the upper
+    one. The fit's bound, x1/8 .. x8, holds for a scale's total: on a profile calibrated before, what earlier fits
+    applied counts (never a limit that forces a move from ``base`` itself)."""
+    done, top = base.calibration.scales if base.calibration else {}, ceilings(base)
+    lo, hi, by_ceiling = [], [], []
+    for p in params:
+        moved = math.log(done.get(p, 1.0))
+        bound, ceiling = max(0.0, BOUND - moved), max(0.0, math.log(top[p])) if p in top else math.inf
+        lo.append(min(0.0, -BOUND - moved))
+        hi.append(min(bound, ceiling))
+        by_ceiling.append(ceiling < bound)
+    return np.array(lo), np.array(hi), np.array(by_ceiling)
 
 
 def ceiling_warning(fit: Calibration, base: ClusterSpec) -> str | None:
     """A one-line caution when a fitted scale stopped at what the GPU's datasheet allows (:func:`ceilings`): the runs
     were faster than the profile can be made on that account, so the model overprices something else for them."""
-    top, limit = ceilings(base), {"gemm": f"its {base.precision} peak", "attention": f"its {base.precision} peak",
-                                  "memory": f"its memory bandwidth, {base.gpu.memory_bandwidth_GBps:g} GB/s"}
-    stuck = [f"{k} x{v:.3g} ({limit[k]})" for k, v in fit.scales.items()
-             if k in top and BOUND - 1e-6 > math.log(v) >= min(BOUND, max(0.0, math.log(top[k]))) - 1e-6]
+    limit = {"gemm": f"its {base.precision} peak", "attention": f"its {base.precision} peak",
+             "memory": f"its memory bandwidth, {base.gpu.memory_bandwidth_GBps:g} GB/s"}
+    _, hi, by_ceiling = _limits(base, tuple(fit.scales))
+    total = total_scales(base, fit)
+    stuck = [f"{k} x{total[k]:.3g} ({limit[k]})" for j, (k, v) in enumerate(fit.scales.items())
+             if by_ceiling[j] and math.log(v) >= hi[j] - 1e-6]
     if not stuck:
         return None
     return (f"warning: {', '.join(stuck)} stopped at what the {base.gpu.name}'s datasheet allows: the runs were faster "
@@ -157,7 +168,7 @@ def fit_scales(runs: list[Run], base: ClusterSpec, params: tuple[str, ...] = PAR
     prior PRIOR_LOG_SD on each log-scale), so its curvature at the optimum gives the scales' log covariance: a scale
     the runs cannot see keeps the prior's spread, one they pin gets a narrow one."""
     x = np.zeros(len(params))
-    hi = _upper(base, params)
+    lo, hi, _ = _limits(base, params)
 
     def resid(v: np.ndarray) -> np.ndarray:
         return np.concatenate([_log_errors(runs, base, dict(zip(params, np.exp(v)))), math.sqrt(PRIOR) * v])
@@ -174,7 +185,7 @@ def fit_scales(runs: list[Run], base: ClusterSpec, params: tuple[str, ...] = PAR
         improved = False
         for _ in range(8):
             step = np.linalg.solve(H + lam * np.diag(np.diag(H) + 1e-12), -g)
-            x_new = np.clip(x + step, -BOUND, hi)
+            x_new = np.clip(x + step, lo, hi)
             r_new = resid(x_new)
             if r_new @ r_new < r @ r - 1e-15:
                 x, r, lam, improved = x_new, r_new, max(lam / 3, 1e-9), True
@@ -189,7 +200,7 @@ def fit_scales(runs: list[Run], base: ClusterSpec, params: tuple[str, ...] = PAR
     cov = noise2 * np.linalg.inv(J.T @ J)  # the prior's rows keep J^T J invertible
     cov = (cov + cov.T) / 2
     # at a bound (the fit's, or the datasheet's) the optimum is not a minimum: keep the prior's spread
-    for j in np.flatnonzero((x >= hi - 1e-9) | (x <= -BOUND + 1e-9)):
+    for j in np.flatnonzero((x >= hi - 1e-9) | (x <= lo + 1e-9)):
         cov[j, :] = cov[:, j] = 0.0
         cov[j, j] = PRIOR_LOG_SD ** 2
     # however poorly the runs fit, a fit knows no less of a scale than the prior did: a spread wider than the prior's
@@ -200,11 +211,31 @@ def fit_scales(runs: list[Run], base: ClusterSpec, params: tuple[str, ...] = PAR
                        log_covariance=tuple(tuple(float(c) for c in row) for row in cov))
 
 
+def same_hardware(a: ClusterSpec, b: ClusterSpec) -> bool:
+    """Whether two clusters are one profile at two sizes (``--gpus``/``--nodes``, which also share a CPU host's
+    memory between its ranks): the same GPU, links, collectives and calibration."""
+    def hardware(c: ClusterSpec) -> dict[str, Any]:
+        d = c.model_dump(exclude={"name", "gpus_per_node", "num_nodes", "full_node_gpus", "tp_across_nodes"})
+        d["gpu"].pop("memory_GiB")
+        return d
+
+    return hardware(a) == hardware(b)
+
+
+def total_scales(base: ClusterSpec, fit: Calibration) -> dict[str, float]:
+    """Each scale ``fit`` fitted on ``base`` as a factor on the profile before any calibration: a profile calibrated
+    before carries what earlier fits applied (``base.calibration``)."""
+    done = base.calibration.scales if base.calibration else {}
+    return {k: done.get(k, 1.0) * v for k, v in fit.scales.items()}
+
+
 def calibrated(base: ClusterSpec, fit: Calibration) -> ClusterSpec:
-    """``base`` scaled by the fit, carrying it (plans' bands then widen by its uncertainty). When ``base`` was
-    calibrated before, the scales this fit left alone (``--fit`` a subset) keep their earlier factor and spread."""
+    """``base`` scaled by the fit, carrying it (plans' bands then widen by its uncertainty) with each scale's total
+    (:func:`total_scales`). When ``base`` was calibrated before, the scales this fit left alone (``--fit`` a subset)
+    keep their earlier factor and spread."""
     out = scaled(base, fit.scales)
     old = base.calibration
+    total = Calibration(runs=fit.runs, scales=total_scales(base, fit), log_covariance=fit.log_covariance)
     kept = [k for k in old.scales if k not in fit.scales] if old is not None else []
     if old is not None and kept:
         prev, n = list(old.scales), len(fit.scales)
@@ -212,9 +243,9 @@ def calibrated(base: ClusterSpec, fit: Calibration) -> ClusterSpec:
         cov[:n, :n] = np.array(fit.log_covariance)
         for i, k in enumerate(kept, n):
             cov[i, i] = old.log_covariance[prev.index(k)][prev.index(k)]
-        fit = Calibration(runs=fit.runs, scales={**fit.scales, **{k: old.scales[k] for k in kept}},
-                          log_covariance=tuple(tuple(float(c) for c in row) for row in cov))
-    return out.model_copy(update={"calibration": fit})
+        total = Calibration(runs=fit.runs, scales={**total.scales, **{k: old.scales[k] for k in kept}},
+                            log_covariance=tuple(tuple(float(c) for c in row) for row in cov))
+    return out.model_copy(update={"calibration": total})
 
 
 def scale_sd(fit: Calibration) -> dict[str, float]:
@@ -338,8 +369,11 @@ def calibrated_profile_text(base: ClusterSpec, fit: Calibration, by: str, runs: 
                             ) -> str:
     """The profile file ``by`` (a command) writes: ``base`` calibrated by ``fit``, headed by when and from what
     (``runs``: "5 run(s)") it was fitted, its scales, and ``more`` lines."""
-    header = f"{calibrated_by(by)} at {utc_now()} from {runs}: {fitted_text(fit)}."
-    return profile_yaml(calibrated(base, fit), [header, *(more or [])])
+    out = calibrated(base, fit)
+    assert out.calibration is not None
+    again = " (on a profile calibrated before: the factors are totals)" if base.calibration else ""
+    header = f"{calibrated_by(by)} at {utc_now()} from {runs}: {fitted_text(out.calibration)}{again}."
+    return profile_yaml(out, [header, *(more or [])])
 
 
 def calibrated_by(by: str) -> str:

@@ -29,6 +29,7 @@ from planner.calibrate import (
     fit_scales,
     predict,
     step_sensitivity,
+    total_scales,
 )
 from planner.headroom import usable_text
 from planner.measured_runs import Run, check_warmup, load_runs
@@ -252,8 +253,8 @@ def tune(model: ModelSpec, cluster: ClusterSpec, global_batch: int, out_dir: Pat
     chosen = min(done, key=lambda t: t.measured_step_s or np.inf)
     profile = out_dir / PROFILE
     write_text_atomic(profile, calibrated_profile_text(cluster, fit, TUNED_BY, f"{len(runs)} trial(s)"))
-    return TuneResult(trials=found, chosen=chosen, profile_path=str(profile), scales=fit.scales, interrupted=stopped,
-                      runs=runs)
+    return TuneResult(trials=found, chosen=chosen, profile_path=str(profile), scales=total_scales(cluster, fit),
+                      interrupted=stopped, runs=runs)
 
 
 def finalists(plans: list[PlanResult], k: int, extra: list[float] | None = None) -> list[PlanResult]:

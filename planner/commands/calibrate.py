@@ -19,6 +19,8 @@ from planner.calibrate import (
     hardware_mismatch,
     predict,
     relative_errors,
+    same_hardware,
+    total_scales,
     worse_fit_warning,
 )
 from planner.measured_runs import check_warmup, load_runs, named_plan_files
@@ -56,21 +58,27 @@ def calibrate_command(args: argparse.Namespace) -> int:
         if other:
             raise AutoparError(f"the runs were planned on different GPUs ({base.gpu.name}, "
                                f"{', '.join(sorted(other))}); pass --cluster PROFILE to say which to calibrate")
+        odd = next((r for r in runs if not same_hardware(r.plan.cluster, base)), None)
+        if odd is not None:
+            raise AutoparError(f"the runs were planned on different profiles of {base.gpu.name} ({runs[0].source}: "
+                               f"{base.name}, {odd.source}: {odd.plan.cluster.name}, which differ in more than their "
+                               "size); pass --cluster PROFILE to say which to calibrate")
     before = predict(runs, base, {})
     fit = fit_scales(runs, base, params)
     after = predict(runs, base, fit.scales)
-    mismatch = hardware_mismatch(fit.scales, runs, after, cluster_ref, base)
+    total = total_scales(base, fit)  # (on a profile calibrated before: with what earlier fits applied)
+    mismatch = hardware_mismatch(total, runs, after, cluster_ref, base)
     if mismatch:
         raise AutoparError(mismatch)
     e0, e1 = relative_errors(before, runs), relative_errors(after, runs)
     for r, b, a, eb, ea in zip(runs, before, after, e0, e1):
         print(f"{r.source}: {r.plan.config.short()} on {r.plan.cluster.num_gpus} GPU(s): measured {r.measured_s:.4g} s "
               f"(median of {r.steps} steps), predicted {b:.4g} s ({100 * eb:+.1f}%) -> {a:.4g} s ({100 * ea:+.1f}%)")
-    fitted = fitted_text(fit)
+    fitted = fitted_text(fit.model_copy(update={"scales": total}))
     mean0, mean1 = float(np.mean(np.abs(e0))), float(np.mean(np.abs(e1)))
     print(f"fitted scales (x/ their 95% spread): {fitted}")
     ceiling = ceiling_warning(fit, base)
-    for warning in (bound_warning(fit.scales, runs=runs), ceiling):
+    for warning in (bound_warning(total, runs=runs), ceiling):
         if warning:
             print(warning, file=sys.stderr)
     print(f"mean |error| {100 * mean0:.1f}% before, {100 * mean1:.1f}% after calibration ({len(runs)} run(s))")

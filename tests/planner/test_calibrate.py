@@ -516,3 +516,48 @@ def test_a_resume_after_replanning_into_the_same_file_is_two_runs(tmp_path, caps
     (run,) = load_runs([str(m)], None, None)
     assert run.plan.config.tp == 4 and run.measured_s == 0.2 and run.source.endswith("(steps 7-12)")
     assert "left out 1 run(s) whose plan file has changed since" in capsys.readouterr().err
+
+
+def test_runs_on_two_profiles_of_one_gpu_need_cluster(tmp_path, capsys):
+    """Runs planned on two measured profiles of one GPU (two `autopar profile`s of a CPU host are both `cpu`): left
+    to the plans' own profile, calibrate would price every run on the first one's; it asks which instead. Runs of
+    one profile at different sizes are one profile."""
+    base = load_cluster("dgx-h100")
+    runs = _write_runs(tmp_path, base, TRUE)  # one profile, 1 to 8 GPUs
+    out = tmp_path / "cal.yaml"
+    assert main(["calibrate", *[str(m) for m, _ in runs[:3]], "--out", str(out)]) == 0
+    other = base.model_copy(update={"gpu": base.gpu.model_copy(update={
+        "efficiency": base.gpu.efficiency.model_copy(update={"gemm": 0.6})})})
+    model, gpus, cfg, batch = _cases()[0]
+    plan = make_plan(model, other.resized(gpus=gpus), batch, cfg)
+    save_plan(plan, tmp_path / "other.json")
+    (tmp_path / "other.jsonl").write_text("".join(json.dumps({"step": s, "step_time_s": 1.0, "plan": "other.json"})
+                                                  + "\n" for s in range(1, 9)))
+    capsys.readouterr()
+    assert main(["calibrate", str(runs[0][0]), str(tmp_path / "other.jsonl"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "the runs were planned on different profiles of h100-sxm5-80gb" in err and "--cluster PROFILE" in err
+    assert main(["calibrate", str(runs[0][0]), str(tmp_path / "other.jsonl"), "--cluster", "dgx-h100", "--out",
+                 str(out)]) == 0
+
+
+def test_calibrating_a_calibrated_profile_keeps_totals_within_the_limit(tmp_path, capsys):
+    """`calibrate --out` naming its --cluster updates a profile in place: a second fit's factors are recorded as
+    totals (what the first applied times what it adds), and the fit's limit (x1/8 .. x8) holds for the total: runs
+    that ask for comm x0.1 stop at x0.125, however often they are fitted."""
+    base = load_cluster("dgx-h100")
+    runs = _write_runs(tmp_path, base, {"comm": 0.1})
+    prof = tmp_path / "p.yaml"
+    from planner.calibrate import profile_yaml
+
+    prof.write_text(profile_yaml(base, ["a copy of dgx-h100"]))
+    totals = []
+    for _ in range(2):
+        assert main(["calibrate", *[str(m) for m, _ in runs], "--cluster", str(prof), "--fit", "comm", "--out",
+                     str(prof)]) == 0
+        cal = load_cluster(str(prof))
+        totals.append(cal.calibration.scales["comm"])
+        assert cal.intra_node.bandwidth_GBps == pytest.approx(base.intra_node.bandwidth_GBps * totals[-1], rel=1e-6)
+    assert totals == pytest.approx([0.125, 0.125], rel=1e-6)
+    assert "at the fit's limit" in capsys.readouterr().err
+    assert "the factors are totals" in prof.read_text().splitlines()[0]
