@@ -311,22 +311,27 @@ def at_bound(scales: dict[str, float]) -> list[str]:
 
 def bound_warning(scales: dict[str, float],
                   fix: str = "calibrate the profile of the machine they ran on (--cluster)",
-                  runs: list[Run] | None = None) -> str | None:
+                  runs: list[Run] | None = None, cores_here: int | None = None) -> str | None:
     """A one-line caution when a fitted scale sits at its limit (x1/8 or x8): the runs are far from the profile's
     hardware (timed on another machine, or on CPUs for a GPU profile), not a correction to trust; ``fix`` says
     what to do instead. Where the limit is communication's and ``runs`` put more CPU ranks on a node than it has
-    cores, that is said instead: their collectives wait for peers the cores are not running, which no profile of
-    the machine prices."""
+    cores (its profile's, or ``cores_here`` for runs made on this machine: `tune`), that is said instead: their
+    collectives wait for peers the cores are not running, which no profile of the machine prices."""
     stuck = at_bound(scales)
     if not stuck:
         return None
-    crowded = [r.plan.used_cluster for r in runs or [] if r.plan.used_cluster.compute_slowdown > 1]
+    crowded = []  # (ranks on a node, its cores)
+    for r in runs or []:
+        c = r.plan.used_cluster
+        cores = c.gpu.cores or (cores_here if c.backend == "gloo" else None)
+        if cores and c.gpus_per_node > cores:
+            crowded.append((c.gpus_per_node, cores))
     if crowded and abs(math.log(scales.get("comm", 1.0))) >= BOUND - 1e-6:
-        c = max(crowded, key=lambda c: c.compute_slowdown)
-        return (f"warning: {', '.join(stuck)} at the fit's limit (x1/8 .. x8): runs put {c.gpus_per_node} ranks on "
-                f"{c.gpu.cores} cores, where a collective waits for peers the cores are not running (the model "
-                f"prices the cores' shared compute, not that wait); fit runs of at most {c.gpu.cores} ranks a node "
-                "for a profile of the machine")
+        ranks, cores = max(crowded, key=lambda rc: rc[0] / rc[1])
+        return (f"warning: {', '.join(stuck)} at the fit's limit (x1/8 .. x8): runs put {ranks} ranks on {cores} "
+                f"cores, where a collective waits for peers the cores are not running (the model prices the cores' "
+                f"shared compute, not that wait); fit runs of at most {cores} ranks a node for a profile of the "
+                "machine")
     return (f"warning: {', '.join(stuck)} at the fit's limit (x1/8 .. x8): these runs are far from what the profile "
             f"describes (run on another machine, or on CPUs under a GPU profile?); {fix}")
 

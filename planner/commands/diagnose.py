@@ -105,7 +105,7 @@ def diagnose_command(args: argparse.Namespace) -> int:
     from planner.prediction import tuned_note
 
     tuned = tuned_note(plan.prediction if plan.prediction_is_current else None, name)
-    note = "\n".join(x for x in (note, tuned) if x) or None
+    note = "\n".join(x for x in (note, tuned, shared_cores_note(plan)) if x) or None
     if note:
         print(note, file=sys.stderr)  # stdout holds the diagnosis (one JSON object with --format json)
     if args.format == "json":
@@ -115,3 +115,15 @@ def diagnose_command(args: argparse.Namespace) -> int:
     for part in diagnosis_tables(d, plan.config.short()):
         con.print(part)
     return 0
+
+
+def shared_cores_note(plan) -> str | None:
+    """A note where the run put more CPU ranks on a node than its profile says the node has cores: the ranks took
+    turns on them, so waits in collectives and sends, and a rank named slow, are the sharing's as much as the
+    plan's."""
+    c = plan.used_cluster
+    if c.compute_slowdown <= 1:
+        return None
+    return (f"note: this run put {c.gpus_per_node} ranks on nodes of {c.gpu.cores} cores (its profile): they took "
+            "turns on them, so the waits in collectives and sends, and ranks named slow, are the sharing's as much "
+            f"as the plan's; diagnose a run of at most {c.gpu.cores} ranks a node to see the plan's own")

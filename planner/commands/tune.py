@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -62,7 +63,8 @@ def tune_command(args: argparse.Namespace) -> int:
         problem = (f"every trial failed (the first: {first.error if first else 'no error recorded'}); their plans and "
                    f"metrics are in {out_dir} (a failed trial's error names its log)")
     warning = bound_warning(res.scales, "profile this machine (`autopar profile --out mine.yaml`) and tune on "
-                                        "that profile (--cluster mine.yaml)", res.runs)
+                                        "that profile (--cluster mine.yaml)", res.runs,
+                            cores_here=len(os.sched_getaffinity(0)))  # the trials ran here
     if args.format == "json":
         print(json.dumps({"trials": [t.row() for t in res.trials], "chosen": chosen.row() if chosen else None,
                           "profile": res.profile_path, "plan_file": args.out if chosen else None, "dir": str(out_dir),

@@ -332,6 +332,12 @@ def test_scales_at_the_fits_limit_are_warned_about():
     assert "runs put 4 ranks on 2 cores, where a collective waits for peers the cores are not running" in crowded
     assert "far from what the profile describes" not in crowded
     assert "far from what the profile describes" in bound_warning({"gemm": 0.125}, runs=[run])  # not the network's limit
+    # the bundled CPU profile does not know this machine's cores; tune's trials ran here, where it says how many
+    bundled = Run("m.jsonl", make_plan(load_model("tiny"), load_cluster("cpu-gloo", gpus=4), 16, ParallelConfig(dp=4)),
+                  0.2, 10, None)
+    assert "far from what the profile describes" in bound_warning({"comm": 0.125}, runs=[bundled])
+    assert "runs put 4 ranks on 2 cores" in bound_warning({"comm": 0.125}, runs=[bundled], cores_here=2)
+    assert "far from what" in bound_warning({"comm": 0.125}, runs=[bundled], cores_here=4)  # a core each
 
 
 def test_a_fit_that_predicts_the_steps_worse_says_so():

@@ -275,3 +275,21 @@ def test_one_plans_prediction_reads_the_same_in_plan_whatif_and_diagnose(tmp_pat
     stored = json.loads(path.read_text())["prediction"]["step_time_s"]
     assert planned["step_time_s"] == point["step_time_s"] == diagnosed["predicted_step_s"] == stored
     assert point["step_time_s"] == float(f"{point['step_time_s']:.6g}")
+
+
+def test_a_run_whose_ranks_shared_cores_says_so(tmp_path, capsys):
+    """4 ranks on a node its profile measured with 2 cores: the ranks took turns, which diagnose says beside its
+    tables (its waits and stragglers are the sharing's as much as the plan's); a core each: nothing said."""
+    cpu = load_cluster("cpu-gloo")
+    ph = {p: [0.03 if p in ("forward", "backward") else 0.0] * 4 for p in PHASES}
+    for cores, said in ((2, True), (8, False)):
+        prof = cpu.model_copy(update={"gpu": cpu.gpu.model_copy(update={"cores": cores})}).resized(gpus=4)
+        path = tmp_path / f"p{cores}.json"
+        save_plan(make_plan(load_model("tiny"), prof, 16, ParallelConfig(dp=4)), path)
+        m = tmp_path / f"m{cores}.jsonl"
+        m.write_text("".join(json.dumps({"step": s, "step_time_s": 0.06, "plan": str(path), "phases_s": ph}) + "\n"
+                             for s in range(1, 6)))
+        capsys.readouterr()
+        assert main(["diagnose", str(m), "--format", "json"]) == 0
+        err = capsys.readouterr().err
+        assert ("this run put 4 ranks on nodes of 2 cores (its profile)" in err) is said, err
