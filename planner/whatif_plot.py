@@ -3,8 +3,9 @@
 Three kinds, each drawn the way its axis reads best:
 - GPU or node count: log-log throughput with the ideal (linear) scaling from the smallest point, and scaling
   efficiency below;
-- bandwidth (and NICs): throughput against a log axis;
-- GPU type: a bar chart, one bar per GPU (grouped by curve with ``--compare``), the names horizontal; a GPU
+- bandwidth (and NICs, a node group's bandwidth or nodes): throughput against a log axis;
+- GPU type: a bar chart, one bar per GPU (grouped by curve with ``--compare``), the names horizontal (slanted
+  where they would run together); a GPU
   without a plan has "no plan" written where its bar would stand (on line plots, where its plan would be named).
 Every point carries its best plan (:func:`plan_label`), written vertically so neighbouring labels never cross
 (line plots: in strips above and below the throughput axes, clear of the data; bars: on the bar);
@@ -71,12 +72,27 @@ def plot_file(path: str, inputs: dict[str, str | None] | None = None) -> str:
         what = "is a directory" if Path(path).is_dir() else "names a folder (it ends in /)"
         raise AutoparError(f"--plot {path} {what}; give a file name such as {Path(path) / 'whatif.png'}")
     out = check_output_file(path if Path(path).suffix else path + ".png", "plot", inputs)
+    kinds = _image_kinds()
+    if out.suffix.lower().lstrip(".") not in kinds:
+        raise AutoparError(f"--plot {path}: matplotlib writes no {out.suffix} image; name a .png (or "
+                           f"{', '.join('.' + k for k in sorted(kinds) if k != 'png')})")
     if out.is_file() and out.stat().st_size and out.suffix.lower() not in RAW and not _a_figure(out):
         raise AutoparError(f"{out} exists and is not a plot (an image matplotlib writes): writing the plot there would "
                            "destroy it; give another file name (or delete it first)")
     return str(out)
 
 
+def _image_kinds() -> set[str]:
+    """The file extensions matplotlib writes images as (png, pdf, svg, ...)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    return set(Figure().canvas.get_supported_filetypes())
+
+
+SAVE_DPI = 120  # the saved image's resolution; the figure is laid out at it, so what is measured is what is saved
 FIGURE_STARTS = (b"\x89PNG", b"%PDF", b"%!PS", b"\xff\xd8\xff", b"<?xml", b"<svg", b"II*\x00", b"MM\x00*", b"RIFF",
                  b"\x1f\x8b")  # (the last: gzip, an .svgz)
 RAW = (".raw", ".rgba")  # pixels alone: no header tells them from another file's bytes
@@ -107,7 +123,8 @@ def figure(curves: dict[str, list[dict[str, Any]]], key: str, model: str, cluste
     categorical = any(isinstance(v, str) for v in values)  # bars: GPU types, group names
     names = list(curves)
     if categorical:
-        fig, (top, low) = plt.subplots(2, 1, figsize=(9, 8), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+        fig, (top, low) = plt.subplots(2, 1, figsize=(9, 8), sharex=True, gridspec_kw={"height_ratios": [3, 2]},
+                                       dpi=SAVE_DPI)
         head = top
     else:
         fig, top, low, strips = _line_axes(plt, curves, len(names[:2]))
@@ -159,8 +176,12 @@ def figure(curves: dict[str, list[dict[str, Any]]], key: str, model: str, cluste
         top.set_xticks(range(len(values)))
         top.set_xticklabels([_plain(str(v)) for v in values])
         low.set_xticks(range(len(values)))
-        low.set_xticklabels([_plain(str(v)) for v in values], rotation=0)
-    elif key in ("gpus", "nodes", "inter_node_bw", "intra_node_bw", "nics_per_node"):
+        # horizontal while each name fits its bar's place (about 0.075 inch a character at 10 points), else slanted
+        crowded = max(len(str(v)) for v in values) * 0.075 > 0.9 * 7.5 / len(values)
+        low.set_xticklabels([_plain(str(v)) for v in values], rotation=30 if crowded else 0,
+                            ha="right" if crowded else "center", rotation_mode="anchor")
+    elif key.partition(":")[0] in ("gpus", "nodes", "inter_node_bw", "intra_node_bw", "nics_per_node", "group_bw",
+                                   "group_nodes"):
         for ax in (top, low):
             ax.set_xscale("log", base=2)
             ax.set_xticks(values)
@@ -177,8 +198,12 @@ def figure(curves: dict[str, list[dict[str, Any]]], key: str, model: str, cluste
     low.ticklabel_format(axis="y", useOffset=False)
     top.yaxis.set_major_formatter(FuncFormatter(si))
     lo, hi = top.get_ylim()
-    few = scaling and hi < 10 * lo  # a log axis spanning less than a decade may hold no major tick: label the minor
-    top.yaxis.set_minor_formatter(FuncFormatter(si if few else lambda v, pos: ""))
+    # a log axis holding fewer than two powers of ten (one major tick, or none) labels its minor ticks
+    few = scaling and math.floor(math.log10(hi)) - math.ceil(math.log10(lo)) + 1 < 2
+    # (across a decade or more, those at 2, 3 and 5 times a power of ten: every one would crowd)
+    some = lambda v, pos: si(v, pos) if hi < 10 * lo or round(v / 10 ** math.floor(math.log10(v))) in (2, 3, 5) \
+        else ""  # noqa: E731
+    top.yaxis.set_minor_formatter(FuncFormatter(some if few else lambda v, pos: ""))
     if categorical:
         top.margins(y=0.35)
     top.set_ylabel("tokens / s")
@@ -204,7 +229,7 @@ def _room_above_bars(fig: Any, ax: Any) -> None:
     fig.canvas.draw()
     r = fig.canvas.get_renderer()
     height = ax.bbox.height
-    need = max(t.get_window_extent(r).height for t in labels) + 8.0  # pixels above a bar, and a margin
+    need = max(t.get_window_extent(r).height for t in labels) + 20.0  # pixels: the offset above a bar, and a margin
     tallest = max(t.xy[1] for t in labels)
     if height > need:
         ax.set_ylim(top=max(ax.get_ylim()[1], tallest * height / (height - need)))
@@ -217,7 +242,7 @@ def _line_axes(plt: Any, curves: dict[str, list[dict[str, Any]]], n: int) -> tup
     shown = [plan_label(p["parallel"]) if p.get("tokens_per_s") else NO_PLAN for pts in curves.values() for p in pts]
     strip = 0.2 + 0.058 * max(map(len, shown), default=len(NO_PLAN))  # inches: 7-point characters, upright
     heights = [strip, 3.4, *([strip] if n > 1 else []), 2.4]
-    fig = plt.figure(figsize=(9, sum(heights) + 1.2), layout="constrained")  # (room for the title, legend, labels)
+    fig = plt.figure(figsize=(9, sum(heights) + 1.2), layout="constrained", dpi=SAVE_DPI)  # (title, legend, labels)
     grid = fig.add_gridspec(len(heights), 1, height_ratios=heights)
     top = fig.add_subplot(grid[1])
     low = fig.add_subplot(grid[-1], sharex=top)
@@ -249,7 +274,7 @@ def plot(curves: dict[str, list[dict[str, Any]]], key: str, model: str, cluster:
     fig = figure(curves, key, model, cluster)
     try:
         Path(path).parent.mkdir(parents=True, exist_ok=True)  # a folder --plot names that is not there yet, as --out
-        fig.savefig(path, dpi=120, bbox_inches="tight")
+        fig.savefig(path, dpi=SAVE_DPI, bbox_inches="tight")
     except (OSError, ValueError) as err:
         raise AutoparError(f"cannot write plot {path}: {err}") from None
     finally:

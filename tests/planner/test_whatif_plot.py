@@ -20,10 +20,12 @@ KINDS = [  # (model, gpus, batch, key, values, compare)
     ("llama3-8b", 64, 512, "inter_node_bw", [50.0, 100.0, 200.0, 400.0, 800.0], None),
     ("llama3-8b", 64, 512, "gpu", ["a100-sxm4-80gb", "h100-sxm5-80gb", "h200-sxm-141gb", "b200-180gb"],
      {"zero": 1}),
+    ("llama3-8b", 16, 512, "gpu", ["a100-sxm4-80gb", "h100-pcie-80gb", "h100-sxm5-80gb", "h200-sxm-141gb",
+                                   "b200-180gb", "l40s-48gb", "v100-sxm2-32gb"], {"dp_overlap": False}),
 ]
 
 
-@pytest.mark.parametrize("name,gpus,batch,key,values,compare", KINDS, ids=[k[3] for k in KINDS])
+@pytest.mark.parametrize("name,gpus,batch,key,values,compare", KINDS, ids=[f"{k[3]}{len(k[4])}" for k in KINDS])
 def test_every_point_labelled_and_nothing_overlaps(name, gpus, batch, key, values, compare):
     model, cluster = load_model(name), load_cluster("dgx-h100", gpus=gpus)
     curves = {"best": sweep(model, cluster, batch, key, values, {})}
@@ -54,6 +56,9 @@ def test_every_point_labelled_and_nothing_overlaps(name, gpus, batch, key, value
         assert not ba.overlaps(bb), f"{a} overlaps {b}"
     for (a, ba), (b, bb) in itertools.product(boxes, data):  # no label over the data (bars: above their bar)
         assert key == "gpu" or not a.startswith("label") or not ba.overlaps(bb), f"{a} overlaps the {b}"
+    if key == "gpu":  # the plans written up from the bars end inside their axes (the figure is laid out as saved)
+        inside = top.get_window_extent(r)
+        assert all(box.y1 <= inside.y1 for what, box in boxes if what.startswith("label")), "a label crosses the top"
     whole = fig.bbox
     for what, box in boxes:
         assert whole.x0 <= box.x0 and box.x1 <= whole.x1 and whole.y0 <= box.y0 and box.y1 <= whole.y1, what
@@ -212,3 +217,18 @@ def test_an_intra_node_link_beyond_the_platforms_is_priced_with_a_note():
     near, far = sweep(model, cluster, 512, "intra_node_bw", [450.0, 10000.0], {})
     assert "note" not in near and far["tokens_per_s"] > 0
     assert "more than 1.25x the NVLink/NVSwitch (450 GB/s per GPU)" in far["note"]
+
+
+def test_a_node_groups_bandwidth_sweep_has_a_log_axis_and_a_plot_name_is_checked_first(tmp_path, capsys):
+    """group_bw doubles as inter_node_bw does: a log axis, where 10 and 12.5 Gb/s keep their labels apart; a --plot
+    name matplotlib cannot write is refused before the sweep."""
+    model, cluster = load_model("llama3-8b"), load_cluster("ib-roce-a100")
+    key = "group_bw:roce"
+    curves = {"best": sweep(model, cluster, 512, key, [10.0, 12.5, 25.0, 100.0], {})}
+    normalize(curves, key)
+    fig = figure(curves, key, model.name, cluster.name)
+    assert fig.axes[1].get_xscale() == "log"
+    assert main(["whatif", "--model", "tiny", "--cluster", "dgx-h100", "--global-batch", "64", "--vary", "gpus=8,16",
+                 "--plot", str(tmp_path / "x.txt")]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and "matplotlib writes no .txt image; name a .png" in out.err
