@@ -241,7 +241,8 @@ def _where(coords: dict[str, int]) -> str:
 def diagnosis_tables(d: Diagnosis, plan_keys: str) -> list[Table | str]:
     """``autopar diagnose``'s output: the gap per phase, every rank's phases, the stragglers and the replay."""
     off = d.predicted_step_s / d.measured_step_s - 1  # as calibrate prints it: positive, predicted slower
-    head = (f"{escape(plan_keys)}: measured {fmt_time(d.measured_step_s)} a step (median of {d.steps} steps), "
+    steps = f"{d.steps} step{'s' if d.steps != 1 else ''}"
+    head = (f"{escape(plan_keys)}: measured {fmt_time(d.measured_step_s)} a step (median of {steps}), "
             f"predicted {fmt_time(d.predicted_step_s)} ({100 * off:+.0f}%)")
     phases = Table(title=f"where the step went (pipeline stage {d.critical_stage}, the one predicted to finish last)",
                    header_style="bold")

@@ -157,18 +157,22 @@ def whatif_table(pts: list[dict[str, Any]], key: str, title: str) -> Table:
                 caption="efficiency: " + ("tokens/s per GPU relative to the smallest cluster" if scaling
                                           else "tokens/s relative to the best point"))
     a2a = any(p.get("breakdown", {}).get("ep_comm", 0.0) > 0 for p in pts)  # a MoE model's all-to-all share
-    for col, just in ((f"{axis_label(key)} (swept)", "right"), ("GPUs", "right"), ("tokens/s", "right"),
+    gpus = key != "gpus"  # a GPU-count sweep's swept column is its GPUs (as its CSV has it)
+    for col, just in ((f"{axis_label(key)} (swept)", "right"), *((("GPUs", "right"),) if gpus else ()),
+                      ("tokens/s", "right"),
                       ("MFU (%)", "right"), ("scaling efficiency" if scaling else "relative throughput", "right"),
                       ("memory per GPU (GiB)", "right"), *((("all-to-all (% of step)", "right"),) if a2a else ()),
                       ("best plan", "left")):
         tab.add_column(escape(col), justify=just)
     for p in pts:
         if not p.get("tokens_per_s"):
-            tab.add_row(str(p["value"]), str(p.get("gpus") or "-"), "-", "-", "-", "-", *(("-",) if a2a else ()),
+            tab.add_row(str(p["value"]), *((str(p.get("gpus") or "-"),) if gpus else ()), "-", "-", "-", "-",
+                        *(("-",) if a2a else ()),
                         f"[red]{escape(p.get('error', 'no plan'))}[/red]")
             continue
         mark = " [yellow](changed)[/yellow]" if p["plan_changed"] else ""
         share = (f"{100 * p['breakdown']['ep_comm'] / p['step_time_s']:.1f}",) if a2a else ()
-        tab.add_row(str(p["value"]), str(p["gpus"]), fmt_rate(p["tokens_per_s"]), f"{p['mfu'] * 100:.1f}",
+        tab.add_row(str(p["value"]), *((str(p["gpus"]),) if gpus else ()), fmt_rate(p["tokens_per_s"]),
+                    f"{p['mfu'] * 100:.1f}",
                     f"{p['scaling_efficiency']:.2f}", f"{p['memory_GiB']:.1f}", *share, p["plan"] + mark)
     return tab

@@ -72,8 +72,9 @@ def calibrate_command(args: argparse.Namespace) -> int:
         raise AutoparError(mismatch)
     e0, e1 = relative_errors(before, runs), relative_errors(after, runs)
     for r, b, a, eb, ea in zip(runs, before, after, e0, e1):
+        steps = f"{r.steps} step{'s' if r.steps != 1 else ''}"
         print(f"{r.source}: {r.plan.config.short()} on {r.plan.cluster.num_gpus} GPU(s): measured {r.measured_s:.4g} s "
-              f"(median of {r.steps} steps), predicted {b:.4g} s ({100 * eb:+.1f}%) -> {a:.4g} s ({100 * ea:+.1f}%)")
+              f"(median of {steps}), predicted {b:.4g} s ({100 * eb:+.1f}%) -> {a:.4g} s ({100 * ea:+.1f}%)")
     fitted = fitted_text(fit.model_copy(update={"scales": total}))
     mean0, mean1 = float(np.mean(np.abs(e0))), float(np.mean(np.abs(e1)))
     print(f"fitted scales (x/ their 95% spread): {fitted}")
