@@ -228,7 +228,11 @@ COMMANDS = {name: _command(where) for name, where in {
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # named with the command they were given to, whose --help says what it takes
+            sub = f"{parser.prog} {args.command}" if getattr(args, "command", None) else parser.prog
+            raise AutoparError(f"unrecognized arguments: {' '.join(extra)} (see `{sub} --help`)")
         if args.version:
             from specs import __version__
 
