@@ -125,9 +125,13 @@ def _metrics_lines(path: str | Path, notes: bool = True) -> list[dict[str, Any]]
                 if notes:
                     print(f"note: metrics file {p}: skipped its last line {i}, cut off mid-write", file=sys.stderr)
                 continue
-            if is_plan_data(text_content(text)):
+            whole = text_content(text)
+            if is_plan_data(whole):
                 raise AutoparError(f"{p} is a plan file, not a metrics file: give the metrics file `autopar run "
                                    f"{p} --metrics-out FILE` wrote (and this plan with --plan)") from None
+            if isinstance(whole, dict):  # YAML: a model spec or a cluster profile
+                raise AutoparError(f"{p} is YAML (a model spec or cluster profile?), not a metrics file: give the "
+                                   "JSON-lines file `autopar run PLAN --metrics-out FILE` wrote") from None
             raise AutoparError(f"metrics file {p} line {i} is not valid JSON (truncated or corrupt?)") from None
         if not isinstance(obj, dict):
             raise AutoparError(f"metrics file {p} line {i} is not a JSON object")

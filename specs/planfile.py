@@ -225,6 +225,9 @@ def load_plan(path: str | Path) -> PlanFile:
         if isinstance(content, dict) and not is_plan_data(content):  # (YAML also reads JSON with a stray comma)
             raise AutoparError(f"{p} is YAML (a model spec or cluster profile?), not a plan file: plans are the JSON "
                                "files `autopar plan --out` writes") from None
+        if _json_lines(p):
+            raise AutoparError(f"{p} holds JSON lines (a run's metrics file?), not a plan: plans are the JSON files "
+                               "`autopar plan --out` writes") from None
         raise AutoparError(
             f"plan file {p} is not valid JSON (truncated or corrupt?); re-create it with `autopar plan --out`"
         ) from None
@@ -268,3 +271,12 @@ def plan_from_data(data: Any, source: str) -> PlanFile:
     except AutoparError as err:
         raise AutoparError(f"{source}: {err}") from None
     return plan
+
+
+def _json_lines(p: Path) -> bool:
+    """Whether a file is JSON objects one a line (what `autopar run --metrics-out` writes), more than one."""
+    try:
+        lines = [x for x in p.read_text().splitlines() if x.strip()]
+        return len(lines) > 1 and all(isinstance(json.loads(x), dict) for x in lines[:3])
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False

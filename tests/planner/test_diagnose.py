@@ -293,3 +293,18 @@ def test_a_run_whose_ranks_shared_cores_says_so(tmp_path, capsys):
         assert main(["diagnose", str(m), "--format", "json"]) == 0
         err = capsys.readouterr().err
         assert ("this run put 4 ranks on nodes of 2 cores (its profile)" in err) is said, err
+
+
+def test_a_file_of_another_kind_is_named_as_one(tmp_path, capsys):
+    """A metrics file given as --plan, a cluster profile given as the metrics: each named for what it is."""
+    plan = tmp_path / "p.json"
+    save_plan(_plan(2, 8, dp=2), plan)
+    m = tmp_path / "m.jsonl"
+    m.write_text("".join(json.dumps({"step": s, "step_time_s": 0.06, "plan": str(plan)}) + "\n" for s in range(1, 4)))
+    prof = tmp_path / "c.yaml"
+    prof.write_text("name: c\ngpu: h100-sxm5-80gb\ngpus_per_node: 8\n")
+    for argv, said in (([str(m), "--plan", str(m)], "holds JSON lines (a run's metrics file?), not a plan"),
+                       ([str(prof)], "is YAML (a model spec or cluster profile?), not a metrics file")):
+        assert main(["diagnose", *argv]) == 2
+        err = capsys.readouterr().err
+        assert said in err and err.count("\n") == 1
