@@ -32,6 +32,7 @@ from planner.measured_runs import COMPUTE_TERMS, Run
 from planner.uncertainty import Z95
 from specs.cluster import CALIBRATION_SCALES, Calibration, ClusterSpec
 from specs.files import utc_now
+from specs.json_numbers import rounded
 
 PARAMS = CALIBRATION_SCALES
 BOUND = math.log(8.0)  # scales stay within [1/8, 8]
@@ -387,6 +388,8 @@ def calibrated_by(by: str) -> str:
 
 
 def profile_yaml(cluster: ClusterSpec, header: list[str]) -> str:
-    data = cluster.model_dump(mode="json")
+    """A profile as YAML under ``header`` lines (comments), its numbers to 6 significant digits as every command
+    writes them (a fit's 4307.999999999999 us is 4308)."""
+    data = rounded(cluster.model_dump(mode="json"))
     return "\n".join(f"# {h}" for h in header) + "\n" + yaml.safe_dump(data, sort_keys=False, default_flow_style=None,
                                                                         width=120)
