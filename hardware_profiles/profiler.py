@@ -298,7 +298,7 @@ def build(meas: dict[str, Any], name: str) -> tuple[dict[str, Any], list[str]]:
     profile = cluster_profile(meas, name, overhead, elementwise)
     one_node = ("one node: inter-node links use the bundled defaults of this GPU's cluster (run under torchrun on "
                 "several nodes to measure them)" if "inter_node" in profile else
-                "one node, and no bundled cluster of this device to take inter-node links from: the profile has no "
+                "one node, and no bundled cluster of this device with inter-node links to take: the profile has no "
                 "inter_node section, so it plans this node only (run under torchrun on several nodes, or add an "
                 "inter_node section by hand, to plan more)")
     spread = meas["compute"].get("timing_spread", 0.0)

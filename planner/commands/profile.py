@@ -28,7 +28,8 @@ def summary(profile: dict[str, Any], out: str) -> list[str]:
              f"{profile['precision']})",
              f"  GEMM      {len(gpu['gemm_table'])} shapes, best {best['tflops']:.4g} TFLOP/s at "
              f"{best['m']}x{best['n']}x{best['k']}{as_peak}; "
-             f"efficiency.gemm {eff['gemm']:.3g} (the median shape's rate over the peak, after tile and K losses)",
+             f"efficiency.gemm {eff['gemm']:.3g} (the median shape's rate over the peak, after tile and K losses"
+             + ("; at most 1, the shapes' own rates are in the table)" if eff["gemm"] >= 1 else ")"),
              f"  attention {len(gpu['attention_table'])} points, forward {eff['attention_fwd']:.3g} / backward "
              f"{eff['attention_bwd']:.3g} of peak (median)",
              f"  memory    {gpu['measured_memory_bandwidth_GBps']:.4g} GB/s copy"
