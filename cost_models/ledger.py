@@ -88,7 +88,7 @@ def priced_ledger(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, g
 
         def tp_op(op: str | None, calls: float, layer: bool = False, *, book: _Book = book) -> None:
             if op is not None and t > 1:  # tp_overlap runs a layer's collectives as t - 1 ring passes of 1/t
-                if layer and cfg.tp_overlap and sp:
+                if layer and cfg.tensor_overlap:
                     book.add("send", "tp", act, calls * (t - 1), msg / t)
                 else:
                     book.add(op, "tp", act, calls, msg)

@@ -31,6 +31,7 @@ import yaml
 from planner.measured_runs import COMPUTE_TERMS, Run
 from planner.uncertainty import Z95
 from specs.cluster import CALIBRATION_SCALES, Calibration, ClusterSpec
+from specs.cluster_loading import list_gpus
 from specs.files import utc_now
 from specs.json_numbers import rounded
 
@@ -119,9 +120,10 @@ def ceilings(base: ClusterSpec) -> dict[str, float]:
     """The largest factor each scale may take before what it scales passes the GPU's datasheet: the GEMM and
     attention rates its peak at the cluster's precision (efficiency 1, and every rate of its tables at most the
     peak), the memory-bound bandwidths its memory bandwidth. None for CPU ranks (gloo), whose "peak" and "datasheet"
-    are themselves measured, nor for the kernel overhead and communication (a link's limit is checked apart:
-    ``ClusterSpec.link_problem``)."""
-    if base.backend == "gloo":
+    are themselves measured, nor for a GPU autopar has no datasheet of (`autopar profile` on an unknown GPU derives
+    its peak and bandwidth from what it measured), nor for the kernel overhead and communication (a link's limit is
+    checked apart: ``ClusterSpec.link_problem``)."""
+    if base.backend == "gloo" or base.gpu.name not in list_gpus():
         return {}
     gpu, e = base.gpu, base.gpu.efficiency
     peak = gpu.peak(base.precision) / 1e12

@@ -25,6 +25,7 @@ import numpy as np
 from planner.calibrate import (
     calibrated_by,
     calibrated_profile_text,
+    ceiling_warning,
     difference_spreads,
     fit_scales,
     predict,
@@ -73,6 +74,7 @@ class TuneResult:
     scales: dict[str, float]
     interrupted: bool = False  # Ctrl-C stopped a trial; the trials after it did not run
     runs: list[Run] = field(default_factory=list)  # the trials that ran, as measured runs (what the fit saw)
+    ceiling: str | None = None  # a scale the fit stopped at the GPU's datasheet (calibrate.ceiling_warning)
 
 
 def check_trial_options(trials: int, steps: int, warmup: int, time_limit_s: float) -> None:
@@ -252,9 +254,11 @@ def tune(model: ModelSpec, cluster: ClusterSpec, global_batch: int, out_dir: Pat
         t.calibrated_step_s = float(pred)
     chosen = min(done, key=lambda t: t.measured_step_s or np.inf)
     profile = out_dir / PROFILE
-    write_text_atomic(profile, calibrated_profile_text(cluster, fit, TUNED_BY, f"{len(runs)} trial(s)"))
+    ceiling = ceiling_warning(fit, cluster)
+    write_text_atomic(profile, calibrated_profile_text(cluster, fit, TUNED_BY, f"{len(runs)} trial(s)",
+                                                       [ceiling] if ceiling else None))
     return TuneResult(trials=found, chosen=chosen, profile_path=str(profile), scales=total_scales(cluster, fit),
-                      interrupted=stopped, runs=runs)
+                      interrupted=stopped, runs=runs, ceiling=ceiling)
 
 
 def finalists(plans: list[PlanResult], k: int, extra: list[float] | None = None) -> list[PlanResult]:

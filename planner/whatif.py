@@ -216,6 +216,9 @@ def with_gpu(cluster: ClusterSpec, name: str) -> tuple[ClusterSpec, str | None]:
     if problem:  # the sweep keeps the cluster's precision: its advice is a profile's (whatif has no precision option)
         raise AutoparError(f"{cluster.name} with {name}: {problem} (in a cluster profile's precision: a sweep keeps "
                            f"{cluster.name}'s)")
+    problem = swapped.rate_problem()
+    if problem:  # a GPU profile whose tables pass its peak: no plan is priced on it
+        raise AutoparError(f"{cluster.name} with {name}: {problem}")
     link, intra = gpu.node_link, cluster.intra_node
     if gpu.name == cluster.gpu.name or link is None or link.bandwidth_GBps == intra.bandwidth_GBps:
         return swapped, None  # the cluster's own GPU keeps the cluster's (maybe measured) link

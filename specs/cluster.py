@@ -231,6 +231,26 @@ class Calibration(Strict):
         return self
 
 
+def table_rate_problem(gpu: GPUSpec, precision: str, backend: str, calibrated: bool = False) -> str | None:
+    """Why a rate ``gpu``'s tables say it measured is one it cannot reach (above its peak at ``precision``, beyond
+    :data:`RATE_SLACK`), or None. CPU ranks (gloo): their peak is itself a measured rate. ``calibrated``: the tables
+    are a fit's (an earlier autopar's calibrate scaled them without that limit)."""
+    if backend == "gloo" or precision not in gpu.peak_tflops:
+        return None
+    peak = gpu.peak(precision) / 1e12
+    rates = [(f"gemm_table m={p.m} n={p.n} k={p.k}", p.tflops) for p in gpu.gemm_table]
+    rates += [(f"attention_table seq={p.seq} heads={p.heads} head_dim={p.head_dim} {d}", getattr(p, f"{d}_tflops"))
+              for p in gpu.attention_table for d in ("fwd", "bwd")]
+    where, top = max(rates, key=lambda r: r[1], default=("", 0.0))
+    if top <= RATE_SLACK * peak:
+        return None
+    fix = ("a calibration scaled it there (an earlier autopar's, which let a fit pass the peak): calibrate the "
+           "profile it was fitted on again" if calibrated else
+           "correct the table (`autopar profile` measures it) or peak_tflops")
+    return (f"gpu {gpu.name}: {where}: {top:g} TFLOP/s is above its {precision} peak of {peak:g} TFLOP/s, which no "
+            f"measurement reaches; {fix}")
+
+
 class ClusterSpec(Strict):
     name: str
     gpu: GPUSpec
@@ -355,20 +375,8 @@ class ClusterSpec(Strict):
                 f"{', '.join(have)}); use precision {usable[0] if usable else next(iter(have))}")
 
     def rate_problem(self) -> str | None:
-        """Why a rate this GPU's tables say it measured is one it cannot reach (above its peak at the cluster's
-        precision, beyond :data:`RATE_SLACK`), or None. CPU ranks (gloo): their peak is itself a measured rate."""
-        if self.backend == "gloo":
-            return None
-        peak = self.gpu.peak(self.precision) / 1e12
-        rates = [(f"gemm_table m={p.m} n={p.n} k={p.k}", p.tflops) for p in self.gpu.gemm_table]
-        rates += [(f"attention_table seq={p.seq} heads={p.heads} head_dim={p.head_dim} {d}", getattr(p, f"{d}_tflops"))
-                  for p in self.gpu.attention_table for d in ("fwd", "bwd")]
-        where, top = max(rates, key=lambda r: r[1], default=("", 0.0))
-        if top <= RATE_SLACK * peak:
-            return None
-        return (f"gpu {self.gpu.name}: {where}: {top:g} TFLOP/s is above its {self.precision} peak of {peak:g} "
-                "TFLOP/s, which no measurement reaches; correct the table (`autopar profile` measures it) or "
-                "peak_tflops")
+        """Why a rate this GPU's tables say it measured is one it cannot reach (:func:`table_rate_problem`)."""
+        return table_rate_problem(self.gpu, self.precision, self.backend, self.calibration is not None)
 
     def link_problem(self) -> str | None:
         """Why this cluster's intra-node link is one its GPU's platform does not have (more than LINK_SLACK times

@@ -150,7 +150,8 @@ def _rope_scaling(cfg: dict[str, Any]) -> dict[str, Any] | None:
     named = {f"rope_scaling.{k}": v for k, v in {**rope, "original_max_position_embeddings": original}.items()
              if v is not None}
     out: dict[str, Any] = {"type": str(kind)}
-    for key in ROPE_SCALINGS.get(str(kind), ROPE_FIELDS):  # a type autopar computes: its fields only
+    # a type autopar computes: its fields only, and the context it was trained at
+    for key in dict.fromkeys((*ROPE_SCALINGS.get(str(kind), ROPE_FIELDS), "original_max_position_embeddings")):
         if f"rope_scaling.{key}" in named:
             read = _int if key.startswith("original") else _float
             out[key] = read(named, f"rope_scaling.{key}", 1)

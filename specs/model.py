@@ -72,11 +72,12 @@ class RopeScaling(BaseModel):
         missing = [k for k in ROPE_SCALINGS.get(self.type, ()) if getattr(self, k) is None]
         if missing:
             raise ValueError(f"type {self.type} needs {', '.join(missing)}")
-        takes = ROPE_SCALINGS.get(self.type, ROPE_FIELDS)
+        # (the context a model was trained at is kept whatever the type: transformers keeps it beside any scaling)
+        takes = (*ROPE_SCALINGS.get(self.type, ROPE_FIELDS), "original_max_position_embeddings")
         extra = [k for k in ROPE_FIELDS if k not in takes and getattr(self, k) is not None]
         if extra:
-            raise ValueError(f"type {self.type} takes {', '.join(takes)} only, not {', '.join(extra)} (llama3's): "
-                             "drop those, or give type llama3")
+            raise ValueError(f"type {self.type} does not take {', '.join(extra)} (llama3's blend of frequencies): "
+                             "drop it")
         if self.type == "llama3" and self.low_freq_factor >= self.high_freq_factor:  # type: ignore[operator]
             raise ValueError(f"low_freq_factor {self.low_freq_factor} must be below high_freq_factor "
                              f"{self.high_freq_factor} (llama3 interpolates between them)")

@@ -215,7 +215,7 @@ def model_from_module(ref: str, seq: int | None = None) -> ModelSpec:
         gm = make_fx(lambda *a: blocks[mid](*a, **kwargs))(*args)
     mm, attn, moved = _graph_counts(gm, s)
     with _user_code(ref, "the forward failed on meta tensors"):
-        saved = _saved_bytes(model, blocks, ids, s)
+        saved = _saved_bytes(model, blocks, ids)
 
     tokens = float(s)
     total = sum(p.numel() for p in model.parameters())
@@ -262,10 +262,11 @@ def _graph_counts(gm, s: int) -> tuple[float, float, float]:
     return mm, attn, moved
 
 
-def _saved_bytes(model, blocks, ids, s: int) -> dict[int, float]:
+def _saved_bytes(model, blocks, ids) -> dict[int, float]:
     """Bytes each block (by its index in ``blocks``) saves for backward in one forward of ``ids``."""
     import torch
 
+    s = ids.shape[-1]
     saved: dict[int, float] = defaultdict(float)
     params = {id(p) for p in model.parameters()}
     current: list[int] = []

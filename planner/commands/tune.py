@@ -65,6 +65,7 @@ def tune_command(args: argparse.Namespace) -> int:
     warning = bound_warning(res.scales, "profile this machine (`autopar profile --out mine.yaml`) and tune on "
                                         "that profile (--cluster mine.yaml)", res.runs,
                             cores_here=len(os.sched_getaffinity(0)))  # the trials ran here
+    warning = " ".join(w for w in (warning, res.ceiling) if w) or None
     if args.format == "json":
         print(json.dumps({"trials": [t.row() for t in res.trials], "chosen": chosen.row() if chosen else None,
                           "profile": res.profile_path, "plan_file": args.out if chosen else None, "dir": str(out_dir),

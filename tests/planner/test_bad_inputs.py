@@ -73,7 +73,7 @@ def test_absurd_sizes_are_refused(capsys, argv, needle):
      "field 'moe.num_experts': expected a whole number, got 8.0; write 8"),
     ("token_ids: {bos_token_id: true}", "field 'token_ids': expected a number, got true"),
     ("rope_scaling: {type: linear, factor: 2, low_freq_factor: 1}",
-     "type linear takes factor only, not low_freq_factor (llama3's): drop those, or give type llama3"),
+     "type linear does not take low_freq_factor (llama3's blend of frequencies): drop it"),
     ("token_ids: {eos_token_id: [1, 2.0]}", "field 'token_ids': expected a whole number, got 2.0; write 2"),
 ])
 def test_bad_model_specs(tmp_path, capsys, change, needle):
@@ -810,3 +810,28 @@ def test_a_metrics_file_that_is_not_text_or_has_a_bare_step_is_refused(capsys, t
     bare = tmp_path / "s.jsonl"
     bare.write_text('{"step": 1, "step_time_s": 0.5}\n{"step": "x"}\n')
     assert "line 2 has a step but no step_time_s" in fails(capsys, "diagnose", str(bare))
+
+
+def test_a_gpu_whose_table_passes_its_peak_is_refused_in_a_node_group_and_a_what_if(tmp_path, capsys):
+    """The fastest group's GPU (not the one the merged view keeps) is checked too, in one line naming its group; a
+    what-if point of such a GPU is an error point; a calibrated profile whose table a fit scaled past the peak says
+    to calibrate again."""
+    root = Path(__file__).resolve().parents[2]
+    gpu = (root / "hardware_profiles" / "gpus" / "h100-sxm5-80gb.yaml").read_text()
+    (tmp_path / "fast.yaml").write_text(gpu.replace("name: h100-sxm5-80gb", "name: h100-fast") +
+                                        "\ngemm_table: [{m: 8192, n: 8192, k: 8192, tflops: 1500}]\n")
+    mixed = (root / "hardware_profiles" / "clusters" / "a100-h100-ib.yaml").read_text()
+    (tmp_path / "mixed.yaml").write_text(mixed.replace("gpu: h100-sxm5-80gb", "gpu: fast.yaml"))
+    err = fails(capsys, "plan", "--model", "llama3-8b", "--cluster", str(tmp_path / "mixed.yaml"), "--global-batch",
+                "512")
+    assert "node group h100: gpu h100-fast: gemm_table m=8192 n=8192 k=8192: 1500 TFLOP/s is above its bf16 peak" \
+        in err
+    assert main(["whatif", "--model", "llama3-8b", "--cluster", "dgx-h100", "--global-batch", "64", "--vary",
+                 f"gpu=h100-sxm5-80gb,{tmp_path / 'fast.yaml'}", "--format", "json"]) == 0
+    pts = json.loads(capsys.readouterr().out)["curves"]["best"]
+    assert "plan" in pts[0] and "1500 TFLOP/s is above its bf16 peak" in pts[1]["error"]
+    from specs.cluster import table_rate_problem
+    from specs.cluster_loading import load_gpu
+
+    said = table_rate_problem(load_gpu(str(tmp_path / "fast.yaml")), "bf16", "nccl", calibrated=True)
+    assert "a calibration scaled it there" in said and "calibrate the profile it was fitted on again" in said
