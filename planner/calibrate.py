@@ -101,8 +101,6 @@ def predict(runs: list[Run], base: ClusterSpec, s: dict[str, float]) -> np.ndarr
     return np.array([e.step_time_s for e in _estimates(runs, base, s)])
 
 
-
-
 def _log_errors(runs: list[Run], base: ClusterSpec, s: dict[str, float]) -> np.ndarray:
     """The fit's observations, log predicted / measured: each run's step, then the compute of its critical stage
     for each run whose metrics time every rank's phases (a step's time alone cannot tell slow GEMMs from a slow
@@ -137,7 +135,7 @@ def _limits(base: ClusterSpec, params: tuple[str, ...]) -> tuple[np.ndarray, np.
     """Each log-scale's (lower, upper) limit on ``base``, and whether the datasheet (:func:`ceilings`) sets the upper
     one. The fit's bound, x1/8 .. x8, holds for a scale's total: on a profile calibrated before, what earlier fits
     applied counts (never a limit that forces a move from ``base`` itself)."""
-    done, top = base.calibration.scales if base.calibration else {}, ceilings(base)
+    done, top = applied_scales(base), ceilings(base)
     lo, hi, by_ceiling = [], [], []
     for p in params:
         moved = math.log(done.get(p, 1.0))
@@ -228,8 +226,13 @@ def same_hardware(a: ClusterSpec, b: ClusterSpec) -> bool:
 def total_scales(base: ClusterSpec, fit: Calibration) -> dict[str, float]:
     """Each scale ``fit`` fitted on ``base`` as a factor on the profile before any calibration: a profile calibrated
     before carries what earlier fits applied (``base.calibration``)."""
-    done = base.calibration.scales if base.calibration else {}
+    done = applied_scales(base)
     return {k: done.get(k, 1.0) * v for k, v in fit.scales.items()}
+
+
+def applied_scales(base: ClusterSpec) -> dict[str, float]:
+    """The scales earlier fits applied to ``base`` (none where no calibration wrote it)."""
+    return dict(base.calibration.scales) if base.calibration else {}
 
 
 def calibrated(base: ClusterSpec, fit: Calibration) -> ClusterSpec:

@@ -180,17 +180,13 @@ def figure(curves: dict[str, list[dict[str, Any]]], key: str, model: str, cluste
         crowded = max(len(str(v)) for v in values) * 0.075 > 0.9 * 7.5 / len(values)
         low.set_xticklabels([_plain(str(v)) for v in values], rotation=30 if crowded else 0,
                             ha="right" if crowded else "center", rotation_mode="anchor")
-    elif key.partition(":")[0] in ("gpus", "nodes", "inter_node_bw", "intra_node_bw", "nics_per_node", "group_bw",
-                                   "group_nodes"):
+    else:  # every numeric sweep (counts, bandwidths) doubles from point to point: a log axis
         for ax in (top, low):
             ax.set_xscale("log", base=2)
             ax.set_xticks(values)
             ax.set_xticklabels([f"{v:g}" for v in values])
             ax.xaxis.set_minor_locator(NullLocator())
         top.set_xlim(min(values) / 1.25, max(values) * 1.25)  # every point's place, "no plan" ones too
-    else:
-        span = (max(values) - min(values)) or abs(max(values)) or 1.0
-        top.set_xlim(min(values) - 0.08 * span, max(values) + 0.08 * span)
     effs = [p["scaling_efficiency"] for pts in curves.values() for p in pts if p.get("tokens_per_s")]
     if not categorical and effs and max(effs) - min(effs) < MIN_EFF_SPAN:  # a spread of 1e-4 is not magnified
         mid = (max(effs) + min(effs)) / 2

@@ -231,6 +231,17 @@ class Calibration(Strict):
         return self
 
 
+def gpu_precision_problem(gpu: GPUSpec, precision: str, backend: str) -> str | None:
+    """Why ``gpu`` cannot compute in ``precision`` (its profile lists the precisions it has a peak for), or None.
+    CPU ranks (gloo) compute in any precision."""
+    have = gpu.peak_tflops
+    if backend == "gloo" or precision in have:
+        return None
+    usable = [p for p in ("bf16", "fp16", "fp32") if p in have]
+    return (f"precision {precision}: GPU {gpu.name} has no {precision} (its profile lists {', '.join(have)}); use "
+            f"precision {usable[0] if usable else next(iter(have))}")
+
+
 def table_rate_problem(gpu: GPUSpec, precision: str, backend: str, calibrated: bool = False) -> str | None:
     """Why a rate ``gpu``'s tables say it measured is one it cannot reach (above its peak at ``precision``, beyond
     :data:`RATE_SLACK`), or None. CPU ranks (gloo): their peak is itself a measured rate. ``calibrated``: the tables
@@ -365,14 +376,8 @@ class ClusterSpec(Strict):
             inter_node=InterNode(**g.inter_node.model_dump(exclude={"kind"})))
 
     def precision_problem(self) -> str | None:
-        """Why this cluster's GPUs cannot compute in its ``precision`` (its profile lists the precisions it has a
-        peak for), or None. CPU ranks (gloo) compute in any precision."""
-        have = self.gpu.peak_tflops
-        if self.backend == "gloo" or self.precision in have:
-            return None
-        usable = [p for p in ("bf16", "fp16", "fp32") if p in have]
-        return (f"precision {self.precision}: GPU {self.gpu.name} has no {self.precision} (its profile lists "
-                f"{', '.join(have)}); use precision {usable[0] if usable else next(iter(have))}")
+        """Why this cluster's GPUs cannot compute in its ``precision`` (:func:`gpu_precision_problem`)."""
+        return gpu_precision_problem(self.gpu, self.precision, self.backend)
 
     def rate_problem(self) -> str | None:
         """Why a rate this GPU's tables say it measured is one it cannot reach (:func:`table_rate_problem`)."""

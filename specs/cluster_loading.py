@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from specs.cluster import ClusterSpec, GPUSpec, table_rate_problem
+from specs.cluster import ClusterSpec, GPUSpec, gpu_precision_problem, table_rate_problem
 from specs.errors import AutoparError, did_you_mean, validated
 from specs.files import check_output_file, read_mapping
 from specs.topology import DefaultLink, GroupLink, Link, NodeGroup, Topology
@@ -154,11 +154,9 @@ def _grouped(data: dict[str, Any], source: str, base: Path | None = None) -> dic
         raise AutoparError(f"{where}: {problem}")
     precision = data.get("precision", "bf16")
     gpus = [GPUSpec.model_validate(g.gpu) for g in groups]
+    backend = data.get("backend", "nccl")
     for g, gpu in zip(groups, gpus):  # every group's GPU, not only the slowest the merged view keeps
-        have = precision in gpu.peak_tflops or data.get("backend") == "gloo"
-        problem = (None if have else f"GPU {gpu.name} has no {precision} (its profile lists "
-                   f"{', '.join(gpu.peak_tflops)}); give the cluster a precision every group's GPU has") \
-            or table_rate_problem(gpu, precision, data.get("backend", "nccl"))
+        problem = gpu_precision_problem(gpu, precision, backend) or table_rate_problem(gpu, precision, backend)
         if problem:
             raise AutoparError(f"{where}: node group {g.name}: {problem}")
     slowest = min(gpus, key=lambda x: x.peak(precision))
