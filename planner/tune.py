@@ -218,6 +218,7 @@ def tune(model: ModelSpec, cluster: ClusterSpec, global_batch: int, out_dir: Pat
     each (plan files and metrics in ``out_dir``) and return them with the measured-best chosen;
     ``progress(i, n, trial)`` as each trial starts (status "running") and after it."""
     from runtime.launch import launch  # the trials run through autopar run's launcher
+    from runtime.options import RunOptions
 
     check_trial_options(trials, steps, warmup, time_limit_s)
     check_tunable(model, cluster)
@@ -231,7 +232,7 @@ def tune(model: ModelSpec, cluster: ClusterSpec, global_batch: int, out_dir: Pat
             t.status = "running"
             progress(i + 1, len(found), t)
         try:
-            rc = launch(t.plan_path, steps=steps, data=data, metrics_out=str(metrics), quiet=True, env=env,
+            rc = launch(t.plan_path, RunOptions(steps=steps, data=data, metrics_out=str(metrics), quiet=True), env=env,
                         timeout_s=time_limit_s, resumable=False)
             if rc == INTERRUPTED:  # Ctrl-C: the trial is cut short, and the user wants the tuning to stop
                 t.status, t.error, stopped = "interrupted", "stopped by Ctrl-C", True

@@ -51,7 +51,7 @@ from runtime.checkpoint_folder import (
     write_latest,
 )
 from runtime.data import SAMPLE_TEXT
-from runtime.options import KEEP_CHECKPOINTS
+from runtime.options import CARRIED, KEEP_CHECKPOINTS
 from runtime.portable_state import (
     LoadPlanner,
     SavePlanner,
@@ -162,7 +162,7 @@ def _free_bytes(path: Path) -> int | None:
 def save_checkpoint(tr: Trainer, root: Path, keep: int = KEEP_CHECKPOINTS,
                     options: dict[str, int | None] | None = None) -> Path:
     """Write the state after ``tr.step`` completed steps; returns the checkpoint's directory. ``options``: the
-    checkpointing options the run was given (:data:`CARRIED`), which a resume without them keeps."""
+    checkpointing options the run was given (``options.CARRIED``), which a resume without them keeps."""
     name = step_name(tr.step)
     final, tmp = root / name, root / f"{name}.partial"
     rank0 = tr.g.rank == tr.g.ranks[0]
@@ -281,13 +281,8 @@ def resumed_train(plan: PlanFile, root: Path) -> tuple[PlanFile, str | None]:
                                                         "takes the plan's)")
 
 
-# The checkpointing options a resumed run keeps from the run that wrote its checkpoint unless given again (and their
-# smallest values): a resume that forgot `--keep-checkpoints 4` would otherwise prune what that run kept
-CARRIED = {"checkpoint_every": 0, "keep_checkpoints": 1}
-
-
 def resumed_options(root: Path, given: dict[str, int | None]) -> tuple[dict[str, int | None], str | None]:
-    """``given`` (the run's :data:`CARRIED` options, None where not given) with those the newest checkpoint's run was
+    """``given`` (the run's ``options.CARRIED``, None where not given) with those the newest checkpoint's run was
     given filled in, and a note naming them (None when none is carried)."""
     saved = _trained_meta(root).get("options")
     saved = saved if isinstance(saved, dict) else {}

@@ -18,6 +18,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 from runtime.checkpoint_folder import (
@@ -34,9 +35,8 @@ from runtime.checkpoint_folder import (
 from runtime.data import CHECKED_ENV, SAMPLE_TEXT, TokenData
 from runtime.ends_with import LAUNCHER_ENV, ends_with
 from runtime.metrics import last_step
-from runtime.options import COLLECTIVE_TIMEOUT_S, add_run_arguments, check_run_options, launch_options, worker_argv
+from runtime.options import CARRIED, RunOptions, add_run_arguments, check_run_options, worker_argv
 from specs.errors import ERROR_PREFIX, INTERRUPTED, WORKER_BROKE_PREFIX, WORKER_ERROR_PREFIX, AutoparError, RunFailed
-from specs.placement import rank_group
 from specs.planfile import PlanFile, load_plan
 
 REPO = Path(__file__).resolve().parent.parent
@@ -53,18 +53,6 @@ def local_gpus() -> int | None:
         return torch.cuda.device_count() if torch.cuda.is_available() else None
     except ImportError:
         return None
-
-
-def _worker_args(plan_path: str, steps: int | None, data: str | None, metrics_out: str | None,
-                 checkpoint_dir: str | None, resume: bool, checkpoint_every: int | None, quiet: bool,
-                 predicted_step_s: float | None = None, predicted_memory_GiB: float | None = None,
-                 mtbf_hours: float | None = None, collective_timeout: float = COLLECTIVE_TIMEOUT_S,
-                 keep_checkpoints: int | None = None, train_from_plan: bool = False) -> list[str]:
-    return ["-m", "runtime.train", *worker_argv(
-        plan_path, steps=steps, data=data, metrics_out=metrics_out, checkpoint_dir=checkpoint_dir,
-        checkpoint_every=checkpoint_every, predicted_step_time=predicted_step_s, predicted_memory=predicted_memory_GiB,
-        mtbf_hours=mtbf_hours, collective_timeout=collective_timeout, keep_checkpoints=keep_checkpoints, resume=resume,
-        quiet=quiet, train_from_plan=train_from_plan)]
 
 
 def multi_node_commands(plan: PlanFile, worker: list[str], max_restarts: int = 0) -> list[str]:
@@ -93,8 +81,8 @@ def worker_command(plan_path: str, steps: int, metrics_out: str, data: str | Non
     """What to run on every node of a multi-node plan for ``steps`` steps with metrics (:func:`multi_node_commands`,
     as `autopar run` prints them)."""
     plan_path, data, metrics_out = (_absolute(p) for p in (plan_path, data, metrics_out))
-    return multi_node_commands(load_plan(plan_path), _worker_args(plan_path, steps, data, metrics_out, None, False,
-                                                                  None, False))
+    worker = worker_argv(plan_path, RunOptions(steps=steps, data=data, metrics_out=metrics_out))
+    return multi_node_commands(load_plan(plan_path), ["-m", "runtime.train", *worker])
 
 
 def _absolute(path: str | None) -> str | None:
@@ -113,7 +101,7 @@ def group_nodes(plan: PlanFile) -> list[tuple[str, int, int]]:
     out: list[tuple[str, int, int]] = []
     rank = node = 0
     while rank < plan.world_size:  # without a placement, the groups' nodes in profile order
-        g = order[rank] if cfg.placement is None else rank_group(cfg.placement, cfg.tp, cfg.dp, cfg.cp, rank)
+        g = order[rank] if cfg.placement is None else cfg.rank_group(rank)
         if out and out[-1][0] == g:
             out[-1] = (g, out[-1][1], out[-1][2] + 1)
         else:
@@ -140,17 +128,12 @@ def group_commands(plan: PlanFile, worker: list[str], max_restarts: int = 0) -> 
     return out
 
 
-def launch(plan_path: str, steps: int | None = None, data: str | None = None,
-           metrics_out: str | None = None, checkpoint_dir: str | None = None, resume: bool = False,
-           nproc: int | None = None, checkpoint_every: int | None = None, dry_run: bool = False,
-           quiet: bool = False, env: dict[str, str] | None = None, timeout_s: float | None = None,
-           predicted_step_s: float | None = None, predicted_memory_GiB: float | None = None,
-           max_restarts: int = 0, mtbf_hours: float | None = None,
-           collective_timeout: float = COLLECTIVE_TIMEOUT_S, keep_checkpoints: int | None = None,
-           train_from_plan: bool = False, resumable: bool = True) -> int:
-    """Validate everything cheap to validate, then run the plan under torchrun; returns 0 on success.
-    ``max_restarts``: torchrun restarts every worker up to that many times after one dies; they resume from the
-    latest checkpoint (``runtime.train`` works out which start of the workers it is: ``_attempt``).
+def launch(plan_path: str, options: RunOptions | None = None, nproc: int | None = None,
+           env: dict[str, str] | None = None, timeout_s: float | None = None, predicted_step_s: float | None = None,
+           predicted_memory_GiB: float | None = None, resumable: bool = True) -> int:
+    """Validate everything cheap to validate, then run the plan under torchrun with ``options``; returns 0 on
+    success. ``options.max_restarts``: torchrun restarts every worker up to that many times after one dies; they
+    resume from the latest checkpoint (``runtime.train`` works out which start of the workers it is: ``_attempt``).
     ``predicted_step_s`` / ``predicted_memory_GiB``: the step time and peak memory the metrics carry as predicted
     (the planner's fresh estimate of a plan edited since its prediction; default: the plan's).
     ``resumable``: whether the caller can resume the run (`autopar run`): its Ctrl-C line then says how (a tune's
@@ -159,7 +142,9 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
     Raises AutoparError (one line) for a bad plan, data file or checkpoint directory, a world size this
     machine cannot hold, failed workers, or workers still running after ``timeout_s`` seconds (stopped).
     """
-    with in_use(Path(checkpoint_dir)) if checkpoint_dir and not dry_run else contextlib.nullcontext():
+    o = options or RunOptions()
+    checkpoint_dir, resume = o.checkpoint_dir, o.resume
+    with in_use(Path(checkpoint_dir)) if checkpoint_dir and not o.dry_run else contextlib.nullcontext():
         # (one run at a time in the folder, from its checks to its end)
         plan = load_plan(plan_path)
         world = plan.world_size
@@ -168,20 +153,18 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
         from runtime.trainer import check_supported
 
         check_supported(plan, plan_path)
-        if resume and checkpoint_dir and not train_from_plan:  # the steps the workers run: the schedule they take
+        if resume and checkpoint_dir and not o.train_from_plan:  # the steps the workers run: the schedule they take
             from runtime.checkpoint import resumed_train
 
             plan, _ = resumed_train(plan, Path(checkpoint_dir))
-        total = check_run_options(plan, steps, checkpoint_dir, checkpoint_every, metrics_out, resume, max_restarts,
-                                  mtbf_hours, collective_timeout, {"plan file": plan_path, "--data file": data},
-                                  keep_checkpoints, train_from_plan)
+        total = check_run_options(plan, o, {"plan file": plan_path, "--data file": o.data})
         if checkpoint_dir:
-            check_checkpoints(Path(checkpoint_dir), resume, total, plan, dry_run)
-        trained_on = data
+            check_checkpoints(Path(checkpoint_dir), resume, total, plan, o.dry_run)
+        trained_on = o.data
         if resume and checkpoint_dir:  # the file the checkpoint's run trained on, unless --data gives another
             from runtime.checkpoint import resumed_data
 
-            trained_on, _ = resumed_data(Path(checkpoint_dir), data)
+            trained_on, _ = resumed_data(Path(checkpoint_dir), o.data)
         tokens = TokenData(trained_on or SAMPLE_TEXT, plan.seq, plan.model.vocab_size, plan.train.seed)  # errors now
         if total * plan.global_batch > tokens.windows:  # the run reads the file more than once: said, not silent
             print(f"autopar: {trained_on or 'the bundled sample'} holds {tokens.windows:,} sequences of {plan.seq} "
@@ -189,22 +172,22 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
                   f"{total * plan.global_batch / tokens.windows:.3g} times over, in a new order each pass", flush=True)
         spans = _spans_nodes(plan)
         at = _absolute if spans else (lambda p: p)  # each node's shell is in a folder of its own
-        worker = _worker_args(str(at(plan_path)), steps, at(data), at(metrics_out), at(checkpoint_dir), resume,
-                              checkpoint_every, quiet, predicted_step_s, predicted_memory_GiB, mtbf_hours,
-                              collective_timeout, keep_checkpoints, train_from_plan)
+        placed = replace(o, data=at(o.data), metrics_out=at(o.metrics_out), checkpoint_dir=at(checkpoint_dir))
+        worker = ["-m", "runtime.train", *worker_argv(str(at(plan_path)), placed, predicted_step_s,
+                                                       predicted_memory_GiB)]
         gpus = local_gpus()
         if not spans and gpus is not None and world > gpus:
             raise AutoparError(f"the plan needs {world} GPUs but this machine has {gpus}; run it on its cluster "
                                f"({plan.cluster.name}) or re-plan with --gpus {gpus}")
         if resume and checkpoint_dir:  # from a checkpoint older than others (latest pointed back): set aside, the run
-            _roll_back(Path(checkpoint_dir), dry_run)  # checked (several nodes: their shared folder, seen from here)
+            _roll_back(Path(checkpoint_dir), o.dry_run)  # checked (several nodes: their shared folder, seen from here)
         if spans:
             print(f"autopar: this plan spans several nodes; run on every node ({SHARED}):\n  " +
-                  "\n  ".join(multi_node_commands(plan, worker, max_restarts)), flush=True)
+                  "\n  ".join(multi_node_commands(plan, worker, o.max_restarts)), flush=True)
             return 0
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
-               *(["--max-restarts", str(max_restarts)] if max_restarts else []), *worker]
-        if dry_run:
+               *o.flags("max_restarts"), *worker]
+        if o.dry_run:
             print(" ".join(shlex.quote(c) for c in cmd), flush=True)
             return 0
         full_env = {**os.environ, **(env or {})}
@@ -218,9 +201,7 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
             full_env[HELD_ENV] = str(Path(checkpoint_dir).resolve())
         full_env[CHECKED_ENV] = tokens.verdict()  # the data file checked here: its workers do not read it again
         full_env[LAUNCHER_ENV] = str(os.getpid())  # (a worker whose agent ended before it could follow it: ends_with)
-        keep = [("--checkpoint-every", checkpoint_every), ("--keep-checkpoints", keep_checkpoints),
-                ("--max-restarts", max_restarts or None)]  # a resumed run keeps them (defaults otherwise)
-        options = [x for flag, v in keep if v is not None for x in (flag, str(v))]
+        kept = o.flags(*CARRIED, "max_restarts")  # the resume command keeps them
         try:
             rc = _run_workers(cmd, full_env, timeout_s)
         except AutoparError as caught:  # a worker failed: where to go on from, unless the error says already (or
@@ -228,16 +209,16 @@ def launch(plan_path: str, steps: int | None = None, data: str | None = None,
             moved = tokens.changed()  # (a truncated file kills a worker with SIGBUS, which names no file)
             err = AutoparError(f"{moved}: {caught}; give --data a file that stays as it is for the whole run"
                                ) if moved else caught  # (a file changed under the run: the input, exit 2)
-            again = resume_command(plan_path, total, metrics_out, checkpoint_dir, options)
+            again = resume_command(plan_path, total, o.metrics_out, checkpoint_dir, kept)
             last = latest_checkpoint(Path(checkpoint_dir)) if checkpoint_dir else None
             if not resumable or again is None or "resume" in str(caught) or str(last) in str(caught):
                 raise err from None
             raise type(err)(f"{err}; {again}") from None
         if rc == INTERRUPTED:
-            line = interrupted(plan_path, total, metrics_out, checkpoint_dir, resumable, options)
+            line = interrupted(plan_path, total, o.metrics_out, checkpoint_dir, resumable, kept)
             print(f"autopar: {line}", file=sys.stderr, flush=True)
-        elif rc == 0 and not quiet:
-            print(f"autopar: {finished(total, metrics_out, checkpoint_dir)}", flush=True)
+        elif rc == 0 and not o.quiet:
+            print(f"autopar: {finished(total, o.metrics_out, checkpoint_dir)}", flush=True)
         return rc
 
 
@@ -468,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.replan or a.gpus is not None or a.resume_from is not None:
             raise AutoparError("--replan, --gpus and --resume-from are `autopar run`'s: use `autopar run --resume "
                                "--replan --gpus N` or `autopar run PLAN --resume-from STEP`")
-        return launch(a.plan, **launch_options(a))
+        return launch(a.plan, RunOptions.from_args(a))
     except AutoparError as err:
         print(f"{ERROR_PREFIX} {err}", file=sys.stderr)
         return err.exit_code

@@ -37,6 +37,7 @@ import math
 import sys
 import time
 import traceback
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,7 @@ from runtime.checkpoint_folder import held_by_rank, instead_of, latest_checkpoin
 from runtime.comm_hooks import CommHooks
 from runtime.data import SAMPLE_TEXT, TokenData
 from runtime.metrics import MetricsLog, last_step
-from runtime.options import KEEP_CHECKPOINTS, check_run_options, worker_parser
+from runtime.options import KEEP_CHECKPOINTS, RunOptions, check_run_options, worker_parser
 from runtime.parallel.mappings import all_gather_into
 from runtime.parallel.mesh import build_groups
 from runtime.phase_clock import CudaMarks, PhaseClock
@@ -135,29 +136,25 @@ def run(args: argparse.Namespace) -> int:
         raise AutoparError(f"plan {args.plan} needs {plan.world_size} processes ({plan.config.short()}) but "
                            f"{world} were started; use `autopar run` or torchrun --nproc-per-node {plan.world_size}")
     check_supported(plan, args.plan)
-    ckdir = Path(args.checkpoint_dir) if args.checkpoint_dir else None
-    going_on = ckdir is not None and (args.resume or attempt > 0)
+    o = RunOptions.from_args(args)
+    ckdir = Path(o.checkpoint_dir) if o.checkpoint_dir else None
+    going_on = ckdir is not None and (o.resume or attempt > 0)
     if ckdir is not None:
         _check_divergence(ckdir, attempt, rank)
     carried = None
-    if going_on and not args.train_from_plan:  # the run's schedule goes on
+    if going_on and not o.train_from_plan:  # the run's schedule goes on
         from runtime.checkpoint import resumed_train
 
         plan, carried = resumed_train(plan, ckdir)
-    steps = check_run_options(plan, args.steps, args.checkpoint_dir, args.checkpoint_every,
-                              args.metrics_out if rank == 0 else None, args.resume,
-                              mtbf_hours=args.mtbf_hours, collective_timeout=args.collective_timeout,
-                              inputs={"plan file": args.plan, "--data file": args.data},
-                              keep_checkpoints=args.keep_checkpoints,
-                              train_from_plan=args.train_from_plan, attempt=attempt)  # rank 0 writes metrics
-    data_path, notes = args.data, []
+    steps = check_run_options(plan, o, {"plan file": args.plan, "--data file": o.data}, attempt,
+                              metrics=rank == 0)  # rank 0 writes metrics
+    data_path, notes = o.data, []
     if going_on:  # the run goes on with the data it trained on, checkpointed as it was
         from runtime.checkpoint import resumed_data, resumed_options
 
-        data_path, data_note = resumed_data(ckdir, args.data)
-        kept, kept_note = resumed_options(ckdir, {"checkpoint_every": args.checkpoint_every,
-                                                  "keep_checkpoints": args.keep_checkpoints})
-        args.checkpoint_every, args.keep_checkpoints = kept["checkpoint_every"], kept["keep_checkpoints"]
+        data_path, data_note = resumed_data(ckdir, o.data)
+        kept, kept_note = resumed_options(ckdir, o.carried())
+        o = replace(o, **kept)
         notes = [n for n in (data_note, kept_note) if n]
     data = TokenData(data_path or SAMPLE_TEXT, plan.seq, plan.model.vocab_size, plan.train.seed)
     device = _start_process_group(plan, rank, world, attempt)
@@ -169,30 +166,30 @@ def run(args: argparse.Namespace) -> int:
     if "MASTER_ADDR" in os.environ:  # under torchrun: a store every rank reaches
         from runtime.watchdog import Watchdog
 
-        watch = Watchdog(groups, _store("watchdog", attempt), args.collective_timeout).start()
+        watch = Watchdog(groups, _store("watchdog", attempt), o.collective_timeout).start()
         comm.add(watch)
     comm.start()
     trainer = Trainer(plan, groups, device, data, steps, clock)
-    reached = (last_step(args.metrics_out) or 0) if attempt and rank == 0 else 0
-    resume = args.resume or (attempt > 0 and ckdir is not None and _has_checkpoint(ckdir))
+    reached = (last_step(o.metrics_out) or 0) if attempt and rank == 0 else 0
+    resume = o.resume or (attempt > 0 and ckdir is not None and _has_checkpoint(ckdir))
     if resume:
         from runtime.checkpoint import load_checkpoint
 
         load_checkpoint(trainer, ckdir)
-    log = MetricsLog(plan, args.metrics_out, steps, enabled=rank == 0, quiet=args.quiet, append=resume or attempt > 0,
+    log = MetricsLog(plan, o.metrics_out, steps, enabled=rank == 0, quiet=o.quiet, append=resume or attempt > 0,
                      predicted_step_s=args.predicted_step_time, predicted_memory_GiB=args.predicted_memory,
                      plan_path=str(Path(args.plan).resolve()), gpu=device.type == "cuda")
     if attempt:
         lost = max(0, reached - trainer.step)
         log.event(event="restart", attempt=attempt, resumed_after_step=trainer.step, lost_steps=lost)
-        if rank == 0 and not args.quiet:
+        if rank == 0 and not o.quiet:
             print(f"autopar: restart {attempt} after a worker failed: resuming after step {trainer.step}, "
                   f"redoing {lost} step(s)", flush=True)
     elif resume:  # where a resumed run's lines begin (its first step is a warm-up again)
         log.event(event="resume", resumed_after_step=trainer.step, plan_config=plan.config.short())
-    if rank == 0 and not args.quiet:
+    if rank == 0 and not o.quiet:
         _say_what_runs(plan, device, trainer.step if resume else None, steps, carried, notes if attempt == 0 else [])
-    _train(args, trainer, log, clock, watch, StepHooks.from_env(rank, attempt, plan.config.short()), ckdir)
+    _train(o, trainer, log, clock, watch, StepHooks.from_env(rank, attempt, plan.config.short()), ckdir)
     log.close()
     comm.stop()
     if watch is not None:
@@ -256,14 +253,14 @@ def _say_what_runs(plan: PlanFile, device: torch.device, resumed_after: int | No
         print(f"autopar: note: no CUDA here; running the {plan.cluster.name} plan on CPU with gloo in fp32", flush=True)
 
 
-def _train(args: argparse.Namespace, trainer: Trainer, log: MetricsLog, clock: PhaseClock, watch: Any,
+def _train(o: RunOptions, trainer: Trainer, log: MetricsLog, clock: PhaseClock, watch: Any,
            hooks: StepHooks, ckdir: Path | None) -> None:
     """The steps up to ``trainer.steps``: each timed and recorded (every rank's phases and memory peaks when metrics
     are written), a diverged step stopping the run unsaved, checkpoints every ``--checkpoint-every`` steps and at
     the end (the first timed for ``--mtbf-hours``'s advice)."""
     steps, plan, rank = trainer.steps, trainer.plan, dist.get_rank()
-    every = args.checkpoint_every if args.checkpoint_every is not None else plan.train.checkpoint_every
-    advise = args.mtbf_hours is not None
+    every = o.checkpoint_every if o.checkpoint_every is not None else plan.train.checkpoint_every
+    advise = o.mtbf_hours is not None
     while trainer.step < steps:
         hooks.before_step(trainer.step + 1, clock)
         t0 = time.perf_counter()
@@ -275,7 +272,7 @@ def _train(args: argparse.Namespace, trainer: Trainer, log: MetricsLog, clock: P
         if watch is not None:
             watch.stepped(trainer.step)
         every_rank = None
-        if args.metrics_out:  # every rank's phase times and memory peaks, for the metrics file
+        if o.metrics_out:  # every rank's phase times and memory peaks, for the metrics file
             alloc, reserved = peak_memory_GiB(trainer.device)
             every_rank = _gather_ranks({**phases, "allocated": alloc, "reserved": reserved}, trainer.g.world,
                                        trainer.device)
@@ -294,12 +291,11 @@ def _train(args: argparse.Namespace, trainer: Trainer, log: MetricsLog, clock: P
             from runtime.checkpoint import save_checkpoint
 
             t_save = time.perf_counter()
-            save_checkpoint(trainer, ckdir, args.keep_checkpoints or KEEP_CHECKPOINTS,
-                            {"checkpoint_every": args.checkpoint_every, "keep_checkpoints": args.keep_checkpoints})
+            save_checkpoint(trainer, ckdir, o.keep_checkpoints or KEEP_CHECKPOINTS, o.carried())
             if advise:
                 advise = False
-                _advise_interval(log, trainer.step, time.perf_counter() - t_save, step_s, args.mtbf_hours, every,
-                                 quiet=args.quiet or rank != 0)
+                _advise_interval(log, trainer.step, time.perf_counter() - t_save, step_s, o.mtbf_hours, every,
+                                 quiet=o.quiet or rank != 0)
 
 
 def main(argv: list[str] | None = None) -> int:

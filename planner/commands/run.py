@@ -17,17 +17,17 @@ def run_command(args: argparse.Namespace) -> int:
     try:
         from runtime.data import writable_cache_dir
         from runtime.launch import launch
-        from runtime.options import check_run_values, launch_options
+        from runtime.options import RunOptions, check_run_values
     except ImportError as err:
         raise needs_torch("`autopar run`", err) from None
     from runtime.checkpoint_folder import in_use, pointed_back
 
     # values no run takes: said before a default plan is made or a checkpoint folder touched
-    check_run_values(args.steps, args.checkpoint_every, args.max_restarts, args.collective_timeout, args.mtbf_hours,
-                     args.keep_checkpoints)
+    check_run_values(RunOptions.from_args(args))
 
     root = Path(args.checkpoint_dir) if args.checkpoint_dir else None
-    step = _resume_from(args)
+    step = _resume_from(args)  # (it sets --resume)
+    options = RunOptions.from_args(args)
     with in_use(root) if root is not None and not args.dry_run else contextlib.nullcontext(), \
             pointed_back(root, step) if step is not None else contextlib.nullcontext():  # type: ignore[arg-type]
         # one run at a time in the folder from here to its end; --resume-from's latest put back if it is refused
@@ -62,7 +62,7 @@ def run_command(args: argparse.Namespace) -> int:
         if not args.dry_run:
             _check_host_memory(plan, plan_path)
         return launch(plan_path=plan_path, predicted_step_s=fresh and fresh.step_time_s,
-                      predicted_memory_GiB=fresh and fresh.memory_GiB, **launch_options(args))
+                      predicted_memory_GiB=fresh and fresh.memory_GiB, options=options)
 
 
 def _resume_from(args: argparse.Namespace) -> int | None:

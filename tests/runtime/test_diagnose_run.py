@@ -19,6 +19,7 @@ from planner.cli import main
 from planner.diagnose import diagnose, rank_phases, replay_step
 from planner.measured_runs import read_segments, resolve_plan
 from runtime.launch import launch
+from runtime.options import RunOptions
 from specs.cluster_loading import load_cluster
 from specs.model_loading import load_model
 from specs.parallel import ParallelConfig
@@ -40,8 +41,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
         save_plan(make_plan(load_model("tiny"), load_cluster("cpu-gloo", gpus=2), BATCH, ParallelConfig(mbs=2, **keys)),
                   plan)
         out[name] = d / f"{name}.jsonl"
-        assert launch(str(plan), steps=STEPS, metrics_out=str(out[name]), quiet=True,
-                      env={"AUTOPAR_STRAGGLER": hook}) == 0
+        assert launch(str(plan), RunOptions(steps=STEPS, metrics_out=str(out[name]), quiet=True), env={"AUTOPAR_STRAGGLER": hook}) == 0
     return out
 
 

@@ -16,6 +16,7 @@ from rt_reference import reference_run
 
 from planner.search import search
 from runtime.launch import launch
+from runtime.options import RunOptions
 from specs.cluster_loading import load_cluster
 from specs.model_loading import load_model
 from specs.parallel import ParallelConfig
@@ -53,7 +54,7 @@ def test_best_plan_trains_under_autopar_run(tmp_path, tokens64, name, seq, gpus,
     assert all((getattr(cfg, k) > 1) == (getattr(best, k) > 1) for k in ("tp", "pp", "cp", "vpp"))
     path, metrics = tmp_path / "plan.json", tmp_path / "m.jsonl"
     save_plan(plan, path)
-    assert launch(str(path), data=tokens64, metrics_out=str(metrics), quiet=True) == 0
+    assert launch(str(path), RunOptions(data=tokens64, metrics_out=str(metrics), quiet=True)) == 0
     losses = [json.loads(line)["loss"] for line in metrics.read_text().splitlines()]
     want = reference_run(plan, tokens64)["losses"]
     assert len(losses) == len(want) == plan.train.steps
