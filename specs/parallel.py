@@ -18,7 +18,7 @@ from typing import Any, Literal
 import numpy as np
 
 from specs.errors import AutoparError, did_you_mean
-from specs.placement import groups_text, parse_groups
+from specs.placement import groups_text, parse_groups, replica_group
 
 RECOMPUTE = ("none", "selective", "full")
 
@@ -118,6 +118,12 @@ class ParallelConfig:
     def rank_coords(self, rank: int) -> dict[str, int]:
         """Rank ``rank``'s place on the mesh, ``{"pp", "dp", "cp", "tp"}`` (:data:`MESH_DIMS`)."""
         return dict(zip(MESH_DIMS, map(int, np.unravel_index(rank, self.mesh_shape))))
+
+    def rank_group(self, rank: int) -> str:
+        """The node group that rank ``rank`` runs on under the plan's placement (which must be set)."""
+        at = self.rank_coords(rank)
+        assert self.placement is not None
+        return replica_group(self.placement[at["pp"]], at["dp"], self.dp)
 
     def rank_of(self, pp: int, dp: int, cp: int, tp: int) -> int:
         """The mesh position's rank (:meth:`rank_coords` inverted); with ``pp`` 0, its index among a stage's ranks."""

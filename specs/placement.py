@@ -40,12 +40,6 @@ def replica_group(entry: str, dp_rank: int, dp: int) -> str:
     return names[dp_rank * len(names) // dp]
 
 
-def rank_group(placement: tuple[str, ...], tp: int, dp: int, cp: int, rank: int) -> str:
-    """The node group of global rank ``rank`` (mesh order pp, dp, cp, tp) under ``placement``."""
-    stage = tp * dp * cp
-    return replica_group(placement[rank // stage], rank % stage // (tp * cp), dp)
-
-
 MAX_PLACEMENT_RUN = 65536  # pipeline ranks a placement may name (runs name*count included): more than any cluster
 
 

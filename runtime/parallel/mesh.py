@@ -26,6 +26,10 @@ from runtime.parallel.hierarchy import Hierarchy, hierarchies
 from specs.parallel import MESH_DIMS, SEQ_GROUP, ParallelConfig
 from specs.placement import entry_groups
 
+# The ranks of a pipeline stage folded for a mixture-of-experts model's routed experts (etp innermost), the stage
+# outermost as on the mesh (:data:`MESH_DIMS`)
+EXPERT_DIMS = ("pp", "edp", "ep", "etp")
+
 # group attribute -> short name (ParallelGroups.group_names); the first match names a group object used for several
 _GROUP_NAMES = (("tp_group", "tp"), ("cp_group", "cp"), ("dpcp_group", "dp"), ("dp_group", "dp"),
                 ("act_group", "pp"), ("grad_group", "pp"), ("pp_group", "pp"), ("embed_group", "embed"),
@@ -142,10 +146,12 @@ class ParallelGroups:
                 dist.destroy_process_group(g)
 
 
-def _new_groups(layout: torch.Tensor, keep: tuple[int, ...], me: int) -> dist.ProcessGroup | None:
-    """Create one group per index of the dims not in ``keep`` (every rank calls); return the one holding ``me``."""
-    n = layout.dim()
-    order = [d for d in range(n) if d not in keep] + list(keep)
+def _new_groups(layout: torch.Tensor, names: tuple[str, ...], me: int,
+                dims: tuple[str, ...] = MESH_DIMS) -> dist.ProcessGroup | None:
+    """Create one group per index of the dims of ``layout`` (named by ``dims``) not in ``names``: each group spans
+    those ``names`` (every rank calls); return the one holding ``me``."""
+    keep = [dims.index(name) for name in names]
+    order = [d for d in range(layout.dim()) if d not in keep] + keep
     flat = layout.permute(order).reshape(-1, int(torch.tensor([layout.shape[d] for d in keep]).prod()))
     mine = None
     for row in flat.tolist():
@@ -170,32 +176,33 @@ def build_groups(cfg: ParallelConfig, device_type: str, ranks: list[int] | None 
     layout = torch.tensor(ranks, dtype=torch.int64).view(cfg.mesh_shape)
     mesh = DeviceMesh(device_type, layout, mesh_dim_names=MESH_DIMS)
     job = dist.group.WORLD if len(ranks) == world else dist.new_group(ranks)
-    mp = _new_groups(layout, (0, 3), me)  # cp ranks hold the same gradients after the dp x cp reduce
-    dpcp = _new_groups(layout, (1, 2), me) if cfg.cp > 1 else None  # dp x 1 is the mesh's dp group
+    mp = _new_groups(layout, ("pp", "tp"), me)  # cp ranks hold the same gradients after the dp x cp reduce
+    dpcp = _new_groups(layout, ("dp", "cp"), me) if cfg.cp > 1 else None  # dp x 1 is the mesh's dp group
     act, grad = dist.new_group(ranks), dist.new_group(ranks)  # p2p only: one group each over the job
     embed = None
     if cfg.pp > 1 and tied_embeddings:
-        ends = layout[[0, cfg.pp - 1]]  # [2, dp, cp, tp]
-        embed = _new_groups(ends, (0,), me)
-    folded = layout.reshape(cfg.pp, cfg.edp, cfg.ep, cfg.etp)
-    ep = _new_groups(folded, (2,), me) if experts and cfg.ep > 1 else None
-    etp = _new_groups(folded, (3,), me) if experts and cfg.etp > 1 else None
-    edp = _new_groups(folded, (1,), me) if experts else None
-    seq = _new_groups(layout, (2, 3), me) if experts and cfg.cp > 1 and cfg.tp > 1 else None
+        ends = layout[[0, cfg.pp - 1]]  # [2, dp, cp, tp]: the first and the last stage
+        embed = _new_groups(ends, ("pp",), me)
+    folded = layout.reshape([getattr(cfg, d) for d in EXPERT_DIMS])
+    ep = _new_groups(folded, ("ep",), me, EXPERT_DIMS) if experts and cfg.ep > 1 else None
+    etp = _new_groups(folded, ("etp",), me, EXPERT_DIMS) if experts and cfg.etp > 1 else None
+    edp = _new_groups(folded, ("edp",), me, EXPERT_DIMS) if experts else None
+    seq = _new_groups(layout, ("cp", "tp"), me) if experts and cfg.cp > 1 and cfg.tp > 1 else None
     parts = [len(entry_groups(e)) for e in cfg.placement] if cfg.placement else [1] * cfg.pp
     hier = hierarchies(layout, parts, me, eager=device_type == "cuda") if max(parts) > 1 else None
     if me not in ranks:
         return None
     coord = mesh.get_coordinate()
     assert coord is not None
-    block = cfg.rank_of(0, *coord[1:])  # this rank's index among its stage's ranks
+    at = dict(zip(MESH_DIMS, coord))
+    folded_at = dict(zip(EXPERT_DIMS, map(int, (folded == me).nonzero()[0])))  # its place among the experts' ranks
     return ParallelGroups(
         cfg=cfg, mesh=mesh, ranks=ranks, rank=me,
-        pp_rank=coord[0], dp_rank=coord[1], cp_rank=coord[2], tp_rank=coord[3],
+        pp_rank=at["pp"], dp_rank=at["dp"], cp_rank=at["cp"], tp_rank=at["tp"],
         world=job, tp_group=mesh.get_group("tp"), dp_group=mesh.get_group("dp"), cp_group=mesh.get_group("cp"),
         dpcp_group=mesh.get_group("dp") if dpcp is None else dpcp, pp_group=mesh.get_group("pp"), mp_group=mp,
         act_group=act, grad_group=grad, embed_group=embed, ep_group=ep, edp_group=edp,
         seq_group=seq if seq is not None else mesh.get_group("cp" if cfg.cp > 1 else "tp") if experts else None,
-        ep_rank=block // cfg.etp % cfg.ep, edp_rank=block // (cfg.etp * cfg.ep), etp_group=etp,
-        etp_rank=block % cfg.etp, dp_hierarchy=hier,
+        ep_rank=folded_at["ep"], edp_rank=folded_at["edp"], etp_group=etp, etp_rank=folded_at["etp"],
+        dp_hierarchy=hier,
     )

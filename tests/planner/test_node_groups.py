@@ -20,7 +20,7 @@ from specs.cluster_loading import load_cluster
 from specs.errors import AutoparError
 from specs.model_loading import load_model
 from specs.parallel import ParallelConfig, parse_plan_keys
-from specs.placement import groups_text, rank_group
+from specs.placement import groups_text
 from specs.planfile import load_plan, make_plan, save_plan
 from specs.rules import placement_problem
 
@@ -275,7 +275,7 @@ def test_a_rank_split_over_groups_is_a_placement_entry():
             parse_plan_keys(f"placement={bad}")
     cfg = ParallelConfig(tp=8, pp=2, dp=8, placement=("ib+roce", "ib+roce"))
     # replicas 0-3 of each pipeline rank on ib, 4-7 on roce: nodes 0-3 ib, 4-7 roce, 8-11 ib, 12-15 roce
-    assert [rank_group(cfg.placement, 8, 8, 1, node * 8) for node in range(16)] == \
+    assert [cfg.rank_group(node * 8) for node in range(16)] == \
         (["ib"] * 4 + ["roce"] * 4) * 2
 
 
