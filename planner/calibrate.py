@@ -22,7 +22,9 @@ Never imports torch.
 
 from __future__ import annotations
 
+import itertools
 import math
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -385,6 +387,20 @@ def calibrated_profile_text(base: ClusterSpec, fit: Calibration, by: str, runs: 
     again = " (on a profile calibrated before: the factors are totals)" if base.calibration else ""
     header = f"{calibrated_by(by)} at {utc_now()} from {runs}: {fitted_text(out.calibration)}{again}."
     return profile_yaml(out, [header, *(more or [])])
+
+
+def source_header(ref: str | None) -> list[str]:
+    """The comment lines heading profile file ``ref`` (what measured it, where and when), kept under a calibrated
+    copy's own header; none for a profile that is not a file of its own (a bundled name, the cluster a plan carries)."""
+    path = Path(ref) if ref else None
+    if path is None or not path.is_file():
+        return []
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    head = [line[1:].removeprefix(" ").rstrip() for line in itertools.takewhile(lambda x: x.startswith("#"), lines)]
+    return [f"Calibrated from {ref}, whose header read:", *(f"  {h}" for h in head)] if head else []
 
 
 def calibrated_by(by: str) -> str:

@@ -213,10 +213,11 @@ def check_tunable(model: ModelSpec, cluster: ClusterSpec, here: bool = True) -> 
 def tune(model: ModelSpec, cluster: ClusterSpec, global_batch: int, out_dir: Path, fixed: dict[str, Any] | None,
          trials: int, steps: int, warmup: int, time_limit_s: float, data: str | None = None,
          headroom_GiB: float | None = None, progress: Callable[[int, int, Trial], None] | None = None,
-         env: dict[str, str] | None = None) -> TuneResult:
+         env: dict[str, str] | None = None, provenance: list[str] | None = None) -> TuneResult:
     """Measure the best plan and those tied with it (:func:`finalists`, at most ``trials``) for ``steps`` steps
     each (plan files and metrics in ``out_dir``) and return them with the measured-best chosen;
-    ``progress(i, n, trial)`` as each trial starts (status "running") and after it."""
+    ``progress(i, n, trial)`` as each trial starts (status "running") and after it; ``provenance``: header lines of
+    the cluster's profile the calibrated one keeps (:func:`planner.calibrate.source_header`)."""
     from runtime.launch import launch  # the trials run through autopar run's launcher
     from runtime.options import RunOptions
 
@@ -257,7 +258,7 @@ def tune(model: ModelSpec, cluster: ClusterSpec, global_batch: int, out_dir: Pat
     profile = out_dir / PROFILE
     ceiling = ceiling_warning(fit, cluster)
     write_text_atomic(profile, calibrated_profile_text(cluster, fit, TUNED_BY, f"{len(runs)} trial(s)",
-                                                       [ceiling] if ceiling else None))
+                                                       [*([ceiling] if ceiling else []), *(provenance or [])]))
     return TuneResult(trials=found, chosen=chosen, profile_path=str(profile), scales=total_scales(cluster, fit),
                       interrupted=stopped, runs=runs, ceiling=ceiling)
 

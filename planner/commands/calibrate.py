@@ -20,6 +20,7 @@ from planner.calibrate import (
     predict,
     relative_errors,
     same_hardware,
+    source_header,
     total_scales,
     worse_fit_warning,
 )
@@ -88,7 +89,8 @@ def calibrate_command(args: argparse.Namespace) -> int:
         print(worse, file=sys.stderr)
     text = calibrated_profile_text(base, fit, "autopar calibrate", f"{len(runs)} run(s)",
                                    [f"Mean |predicted/measured - 1|: {100 * mean0:.1f}% before, "
-                                    f"{100 * mean1:.1f}% after.", *(w for w in (ceiling, worse) if w)])
+                                    f"{100 * mean1:.1f}% after.", *(w for w in (ceiling, worse) if w),
+                                    *source_header(cluster_ref)])
     try:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(args.out, text)

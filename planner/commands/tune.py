@@ -16,7 +16,7 @@ from specs.errors import ERROR_PREFIX, INTERRUPTED, AutoparError
 
 
 def tune_command(args: argparse.Namespace) -> int:
-    from planner.calibrate import bound_warning
+    from planner.calibrate import bound_warning, source_header
     from planner.tune import default_out_dir, tune
     from specs.parallel import parse_plan_keys
     from specs.planfile import TrainConfig, load_plan, save_plan
@@ -46,7 +46,7 @@ def tune_command(args: argparse.Namespace) -> int:
             print(text, file=sys.stderr if live else sys.stdout, flush=True)
 
     res = tune(model, cluster, args.global_batch, out_dir, fixed, args.trials, args.steps, args.warmup,
-               args.time_limit, args.data, args.headroom, report)
+               args.time_limit, args.data, args.headroom, report, provenance=source_header(args.cluster))
     chosen = res.chosen
     if args.out and chosen is not None:
         plan = load_plan(chosen.plan_path)

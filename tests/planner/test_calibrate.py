@@ -566,4 +566,10 @@ def test_calibrating_a_calibrated_profile_keeps_totals_within_the_limit(tmp_path
         assert cal.intra_node.bandwidth_GBps == pytest.approx(base.intra_node.bandwidth_GBps * totals[-1], rel=1e-6)
     assert totals == pytest.approx([0.125, 0.125], rel=1e-6)
     assert "at the fit's limit" in capsys.readouterr().err
-    assert "the factors are totals" in prof.read_text().splitlines()[0]
+    head = prof.read_text().splitlines()
+    assert "the factors are totals" in head[0]
+    # each calibration keeps the header of the profile it calibrated (what measured it) under its own
+    assert f"# Calibrated from {prof}, whose header read:" in head  # the first calibration's, nested under
+    assert f"#   Calibrated from {prof}, whose header read:" in head  # ... and the original's under it
+    assert "#     a copy of dgx-h100" in head
+    assert sum(line.startswith("#   Calibrated by `autopar calibrate`") for line in head) == 1
