@@ -211,7 +211,8 @@ def fit_scales(runs: list[Run], base: ClusterSpec, params: tuple[str, ...] = PAR
     shrink = np.minimum(1.0, PRIOR_LOG_SD / np.sqrt(np.maximum(np.diag(cov), 1e-300)))
     cov = cov * np.outer(shrink, shrink)
     return Calibration(runs=len(runs), scales={p: float(np.exp(v)) for p, v in zip(params, x)},
-                       log_covariance=tuple(tuple(float(c) for c in row) for row in cov))
+                       log_covariance=tuple(tuple(float(c) for c in row) for row in cov),
+                       fitted=tuple(dict.fromkeys(r.fingerprint for r in runs)))
 
 
 def same_hardware(a: ClusterSpec, b: ClusterSpec) -> bool:
@@ -237,13 +238,27 @@ def applied_scales(base: ClusterSpec) -> dict[str, float]:
     return dict(base.calibration.scales) if base.calibration else {}
 
 
+def refitted_problem(base: ClusterSpec, runs: list[Run], ref: str | None) -> str | None:
+    """Why calibrating ``base`` on ``runs`` would count some of them twice (fitted into it before), or None: the
+    scales they pin would not move, but their spread would narrow as if they were new evidence, and the scales they
+    leave loose would drift towards whatever the model's misfit favours."""
+    old = set(base.calibration.fitted) if base.calibration is not None else set()
+    again = [r.source for r in runs if r.fingerprint in old]
+    if not again:
+        return None
+    named = ", ".join(again[:3]) + (f" and {len(again) - 3} more" if len(again) > 3 else "")
+    return (f"{named}: already fitted into {ref or base.name} (a calibrated profile), and fitting a run twice counts "
+            "it twice; give only runs it has not seen, or calibrate the profile it was made from with all the runs")
+
+
 def calibrated(base: ClusterSpec, fit: Calibration) -> ClusterSpec:
     """``base`` scaled by the fit, carrying it (plans' bands then widen by its uncertainty) with each scale's total
     (:func:`total_scales`). When ``base`` was calibrated before, the scales this fit left alone (``--fit`` a subset)
     keep their earlier factor and spread."""
     out = scaled(base, fit.scales)
     old = base.calibration
-    total = Calibration(runs=fit.runs, scales=total_scales(base, fit), log_covariance=fit.log_covariance)
+    seen = tuple(dict.fromkeys((*(old.fitted if old is not None else ()), *fit.fitted)))
+    total = Calibration(runs=fit.runs, scales=total_scales(base, fit), log_covariance=fit.log_covariance, fitted=seen)
     kept = [k for k in old.scales if k not in fit.scales] if old is not None else []
     if old is not None and kept:
         prev, n = list(old.scales), len(fit.scales)
@@ -252,7 +267,7 @@ def calibrated(base: ClusterSpec, fit: Calibration) -> ClusterSpec:
         for i, k in enumerate(kept, n):
             cov[i, i] = old.log_covariance[prev.index(k)][prev.index(k)]
         total = Calibration(runs=fit.runs, scales={**total.scales, **{k: old.scales[k] for k in kept}},
-                            log_covariance=tuple(tuple(float(c) for c in row) for row in cov))
+                            log_covariance=tuple(tuple(float(c) for c in row) for row in cov), fitted=seen)
     return out.model_copy(update={"calibration": total})
 
 

@@ -13,6 +13,7 @@ torch.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import sys
@@ -43,6 +44,15 @@ class Run:
     # warm-up), where the lines carry every rank's phases: what the fit sets beside the estimate's compute, so that a
     # slow collective is not read as slow GEMMs
     stage_compute_s: tuple[float, ...] | None = None
+
+    @property
+    def fingerprint(self) -> str:
+        """What tells this run from another (its plan, model, hardware and measurements), not where its file is: a
+        calibrated profile records those fitted into it."""
+        what = [self.plan.config.short(), self.plan.model.name, self.plan.cluster.name, self.plan.world_size,
+                self.plan.global_batch, self.plan.seq, self.steps, repr(self.measured_s),
+                [repr(c) for c in self.stage_compute_s or ()]]
+        return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:16]
 
 
 @dataclass

@@ -217,6 +217,9 @@ class Calibration(Strict):
     runs: int = Field(ge=1)  # measured runs the fit saw
     scales: dict[Scale, float]
     log_covariance: tuple[tuple[float, ...], ...]  # over ``scales`` in their order
+    # the fingerprints of the runs fitted into the profile, by this fit and those before it (a run fitted twice would
+    # count twice): planner.measured_runs.Run.fingerprint
+    fitted: tuple[str, ...] = ()
 
     @model_validator(mode="after")
     def _check(self) -> Calibration:

@@ -18,6 +18,7 @@ from planner.calibrate import (
     fitted_text,
     hardware_mismatch,
     predict,
+    refitted_problem,
     relative_errors,
     same_hardware,
     source_header,
@@ -64,6 +65,9 @@ def calibrate_command(args: argparse.Namespace) -> int:
             raise AutoparError(f"the runs were planned on different profiles of {base.gpu.name} ({runs[0].source}: "
                                f"{base.name}, {odd.source}: {odd.plan.cluster.name}, which differ in more than their "
                                "size); pass --cluster PROFILE to say which to calibrate")
+    again = refitted_problem(base, runs, cluster_ref)
+    if again:
+        raise AutoparError(again)
     before = predict(runs, base, {})
     fit = fit_scales(runs, base, params)
     after = predict(runs, base, fit.scales)

@@ -41,16 +41,17 @@ def _cases():
     ]
 
 
-def _write_runs(tmp_path, base, truth, embed: str = "path", steps: int = 12):
+def _write_runs(tmp_path, base, truth, embed: str = "path", steps: int = 12, phase: float = 0.0):
     """Plan files and metrics files whose step times are the cost model's on ``base`` scaled by ``truth``
-    (+-0.3% jitter; a slow first step that the warm-up must drop)."""
+    (+-0.3% jitter, shifted by ``phase`` for other measurements of the same plans; a slow first step that the warm-up
+    must drop)."""
     paths = []
     for i, (model, gpus, cfg, batch) in enumerate(_cases()):
         plan = make_plan(model, base.resized(gpus=gpus), batch, cfg)
         plan_path = tmp_path / f"plan{i}.json"
         save_plan(plan, plan_path)
         t = float(predict([Run("", plan, 1.0, 1, None)], base, truth)[0])
-        jitter = 1 + 0.003 * np.sin(np.arange(steps) * 1.7 + i)
+        jitter = 1 + 0.003 * np.sin(np.arange(steps) * 1.7 + i + phase)
         rows = [{"step": s + 1, "loss": 5.0, "step_time_s": t * (5.0 if s == 0 else jitter[s]),
                  "predicted_step_time_s": plan.prediction.get("step_time_s")} for s in range(steps)]
         if embed == "path":
@@ -552,13 +553,14 @@ def test_calibrating_a_calibrated_profile_keeps_totals_within_the_limit(tmp_path
     totals (what the first applied times what it adds), and the fit's limit (x1/8 .. x8) holds for the total: runs
     that ask for comm x0.1 stop at x0.125, however often they are fitted."""
     base = load_cluster("dgx-h100")
-    runs = _write_runs(tmp_path, base, {"comm": 0.1})
     prof = tmp_path / "p.yaml"
     from planner.calibrate import profile_yaml
 
     prof.write_text(profile_yaml(base, ["a copy of dgx-h100"]))
     totals = []
-    for _ in range(2):
+    for i in range(2):  # new runs each time (the same runs twice are refused: the next test)
+        (tmp_path / f"r{i}").mkdir()
+        runs = _write_runs(tmp_path / f"r{i}", base, {"comm": 0.1}, phase=i)
         assert main(["calibrate", *[str(m) for m, _ in runs], "--cluster", str(prof), "--fit", "comm", "--out",
                      str(prof)]) == 0
         cal = load_cluster(str(prof))
@@ -573,3 +575,31 @@ def test_calibrating_a_calibrated_profile_keeps_totals_within_the_limit(tmp_path
     assert f"#   Calibrated from {prof}, whose header read:" in head  # ... and the original's under it
     assert "#     a copy of dgx-h100" in head
     assert sum(line.startswith("#   Calibrated by `autopar calibrate`") for line in head) == 1
+
+
+def test_runs_fitted_into_a_profile_are_not_fitted_again(tmp_path, capsys):
+    """A calibrated profile records the runs fitted into it: calibrating it again on any of them (wherever their file
+    now is) is refused in one line naming them, and the profile is left as it was; new runs calibrate it."""
+    import shutil
+
+    base = load_cluster("dgx-h100")
+    runs = _write_runs(tmp_path, base, TRUE)
+    prof = tmp_path / "p.yaml"
+    assert main(["calibrate", *[str(m) for m, _ in runs], "--cluster", "dgx-h100", "--out", str(prof)]) == 0
+    assert len(load_cluster(str(prof)).calibration.fitted) == len(runs)
+    before = prof.read_text()
+    moved = tmp_path / "elsewhere"
+    moved.mkdir()
+    shutil.copy(runs[0][0], moved / "renamed.jsonl")
+    shutil.copy(runs[0][1], moved / runs[0][1].name)  # (the plan its first line names, beside it)
+    capsys.readouterr()
+    for again in ([str(m) for m, _ in runs], [str(moved / "renamed.jsonl")]):
+        assert main(["calibrate", *again, "--cluster", str(prof), "--out", str(prof)]) == 2
+        err = capsys.readouterr().err
+        assert f"already fitted into {prof} (a calibrated profile)" in err and again[0] in err, err
+        assert err.count("\n") == 1 and "Traceback" not in err
+        assert prof.read_text() == before
+    (tmp_path / "new").mkdir()
+    fresh = _write_runs(tmp_path / "new", base, TRUE, phase=0.5)  # the same plans measured again
+    assert main(["calibrate", *[str(m) for m, _ in fresh], "--cluster", str(prof), "--out", str(prof)]) == 0
+    assert len(load_cluster(str(prof)).calibration.fitted) == len(runs) + len(fresh)
