@@ -124,6 +124,14 @@ def corrupt_files(ck: Path, meta: dict[str, Any], share: int = 0, shares: int = 
     return bad
 
 
+def check_whole(ck: Path) -> None:
+    """Refuse checkpoint ``ck`` (its meta.json unreadable, a file missing or changed since it was saved) in the
+    error a worker would raise: before anything is moved for a resume from it."""
+    bad = corrupt_files(ck, read_meta(ck))
+    if bad:
+        raise corrupt_error(ck, bad)
+
+
 def corrupt_error(ck: Path, bad: list[str], exporting: bool = False) -> AutoparError:
     """The error for a checkpoint whose files ``bad`` do not match their checksums."""
     more = f", and {len(bad) - 1} more files" if len(bad) > 1 else ""
@@ -408,13 +416,14 @@ def _run_of(fp: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _first_difference(a: dict[str, Any], b: dict[str, Any]) -> str:
-    for key in a:
-        if a[key] != b.get(key):
-            if isinstance(a[key], dict) and isinstance(b.get(key), dict):
-                inner = next((k for k in a[key] if a[key][k] != b[key].get(k)), "?")
-                return f"{key}.{inner}: checkpoint has {a[key].get(inner)!r}, this run {b[key].get(inner)!r}"
-            return f"{key}: checkpoint has {a[key]!r}, this run {b.get(key)!r}"
+def _first_difference(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> str:
+    """The first field (``model.moe.experts_per_token``) whose value differs between ``a`` and ``b``, both values."""
+    for key in dict.fromkeys([*a, *b]):
+        x, y = a.get(key), b.get(key)
+        if x != y:
+            if isinstance(x, dict) and isinstance(y, dict):
+                return _first_difference(x, y, f"{prefix}{key}.")
+            return f"{prefix}{key}: checkpoint has {x!r}, this run {y!r}"
     return "?"
 
 
@@ -426,6 +435,8 @@ def read_meta(ck: Path, exporting: bool = False) -> dict[str, Any]:
         step, saved, sums = meta["step"], meta["plan"], meta.get("checksums", {})
         if not isinstance(step, int) or isinstance(step, bool) or step < 0 or not isinstance(saved, dict):
             raise ValueError("bad step or plan")
+        if STEP_NAME.fullmatch(ck.name) and checkpoint_step(ck) != step:  # a folder renamed, or meta.json edited
+            raise ValueError("step differs from the folder's")
         if not isinstance(sums, dict) or not all(isinstance(v, str) for v in sums.values()):
             raise ValueError("bad checksums")
     except (OSError, ValueError, KeyError, TypeError):

@@ -73,7 +73,11 @@ def newest_is_broken(root: Path) -> AutoparError | None:
 def instead_of(ck: Path, exporting: bool = False) -> str:
     """What to do about checkpoint ``ck``, found corrupt: go on from (or export) the complete one before it;
     ``--resume-from`` sets ``ck`` aside rather than deleting it."""
-    before = [p for p in step_folders(ck.parent) if (p / META).exists() and checkpoint_step(p) < checkpoint_step(ck)]
+    done = [p for p in step_folders(ck.parent) if (p / META).exists() and p != ck]
+    before = [p for p in done if checkpoint_step(p) < checkpoint_step(ck)]
+    if not before and done and not exporting:  # (a --resume-from pointed back at it: the newer ones are still there)
+        return (f"go on from another with --resume-from {checkpoint_step(done[0])} (or --resume for the newest, "
+                f"{done[-1].name}), or delete it")
     if not before:
         return "no earlier checkpoint is there to use instead" if exporting else "delete it to start afresh"
     if exporting:
@@ -103,11 +107,15 @@ def _named_by_latest(root: Path) -> Path | None:
     return None
 
 
-def resume_step(text: str) -> int:
-    """``--resume-from``'s value: a step (``10``) or a checkpoint's folder (``step_00000010``, a path to it)."""
-    name = Path(text).name
-    if STEP_NAME.fullmatch(name):
-        return checkpoint_step(Path(name))
+def resume_step(text: str, root: Path) -> int:
+    """``--resume-from``'s value: a step (``10``) or a checkpoint's folder (``step_00000010``, a path to it, which
+    must be in the checkpoint folder ``root``)."""
+    path = Path(text)
+    if STEP_NAME.fullmatch(path.name):
+        if path.parent != Path() and path.parent.resolve() != root.resolve():
+            raise AutoparError(f"--resume-from {text} is not in --checkpoint-dir {root}; give one of that folder's "
+                               f"checkpoints, or --checkpoint-dir {path.parent} to go on from that folder's run")
+        return checkpoint_step(path)
     try:
         step = int(text)
     except ValueError:

@@ -180,7 +180,12 @@ def launch(plan_path: str, options: RunOptions | None = None, nproc: int | None 
             raise AutoparError(f"the plan needs {world} GPUs but this machine has {gpus}; run it on its cluster "
                                f"({plan.cluster.name}) or re-plan with --gpus {gpus}")
         if resume and checkpoint_dir:  # from a checkpoint older than others (latest pointed back): set aside, the run
-            _roll_back(Path(checkpoint_dir), o.dry_run)  # checked (several nodes: their shared folder, seen from here)
+            root = Path(checkpoint_dir)  # checked (several nodes: their shared folder, seen from here) and the
+            if abandoned(root):  # checkpoint it goes on from whole (the workers' check comes after the move)
+                from runtime.checkpoint import check_whole
+
+                check_whole(latest_checkpoint(root))
+            _roll_back(root, o.dry_run)
         if spans:
             print(f"autopar: this plan spans several nodes; run on every node ({SHARED}):\n  " +
                   "\n  ".join(multi_node_commands(plan, worker, o.max_restarts)), flush=True)

@@ -180,11 +180,12 @@ def run(args: argparse.Namespace) -> int:
                      predicted_step_s=args.predicted_step_time, predicted_memory_GiB=args.predicted_memory,
                      plan_path=str(Path(args.plan).resolve()), gpu=device.type == "cuda")
     if attempt:
-        lost = max(0, reached - trainer.step)
+        lost = max(0, reached - trainer.step)  # (known from the metrics file; without one, not said)
         log.event(event="restart", attempt=attempt, resumed_after_step=trainer.step, lost_steps=lost)
         if rank == 0 and not o.quiet:
-            print(f"autopar: restart {attempt} after a worker failed: resuming after step {trainer.step}, "
-                  f"redoing {lost} step(s)", flush=True)
+            redo = f"redoing {lost} step(s)" if o.metrics_out else "redoing the steps trained since it"
+            print(f"autopar: restart {attempt} after a worker failed: resuming after step {trainer.step}, {redo}",
+                  flush=True)
     elif resume:  # where a resumed run's lines begin (its first step is a warm-up again)
         log.event(event="resume", resumed_after_step=trainer.step, plan_config=plan.config.short())
     if rank == 0 and not o.quiet:

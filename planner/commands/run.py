@@ -74,7 +74,7 @@ def _resume_from(args: argparse.Namespace) -> int | None:
         return None
     if not args.checkpoint_dir:
         raise AutoparError("--resume-from needs --checkpoint-dir (where the checkpoints are)")
-    step = resume_step(args.resume_from)
+    step = resume_step(args.resume_from, Path(args.checkpoint_dir))
     if args.dry_run:
         raise AutoparError("--resume-from points the checkpoint folder at an earlier checkpoint, and a dry run "
                            "changes nothing: drop --dry-run (or dry-run from the newest with --resume)")

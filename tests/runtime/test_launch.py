@@ -972,10 +972,13 @@ def test_a_roll_back_loses_no_checkpoint(tmp_path, capsys):
     assert json.loads((hand / "step_00000008" / "meta.json").read_text())["step"] == 8
     assert (hand / "step_00000012").is_dir() and not (hand / "step_00000004").exists()  # its own older one pruned
 
-    assert [resume_step(t) for t in ("10", "step_00000010", str(root / "step_00000010"))] == [10, 10, 10]
+    assert [resume_step(t, root) for t in ("10", "step_00000010", str(root / "step_00000010"))] == [10, 10, 10]
     for bad in ("ten", "-3", ""):
         with pytest.raises(AutoparError, match="--resume-from takes a checkpoint's step"):
-            resume_step(bad)
+            resume_step(bad, root)
+    with pytest.raises(AutoparError, match=r"--resume-from .*hand/step_00000008 is not in --checkpoint-dir .*ck; give "
+                                           r"one of that folder's checkpoints, or --checkpoint-dir .*hand"):
+        resume_step(str(hand / "step_00000008"), root)  # (another run's checkpoint, not this folder's of that step)
     with pytest.raises(AutoparError, match=r"step_00000006 does not exist; --resume-from takes one of the complete "
                                            r"checkpoints in .*ck \(those in it: step_00000004\)"):
         point_latest(root, 6)
@@ -988,6 +991,24 @@ def test_a_roll_back_loses_no_checkpoint(tmp_path, capsys):
     assert "is of another run (global_batch: checkpoint has 16, this run 32)" in capsys.readouterr().err
     assert sorted(p.name for p in root.iterdir() if p.name != ".autopar-lock") == before
     assert (root / "latest").read_text() == "step_00000016\n"
+    # nor does one whose checkpoint is damaged: it is checked before the newer ones are set aside, and the error
+    # names where else to go on from
+    meta4 = json.loads((root / "step_00000004" / "meta.json").read_text())
+    (root / "step_00000004" / "__0_0.distcp").write_bytes(b"torn")
+    (root / "step_00000004" / "meta.json").write_text(json.dumps({**meta4, "checksums": {"__0_0.distcp": "0"}}))
+    assert main(["run", plan, "--checkpoint-dir", str(root), "--resume-from", "4", "--steps", "30"]) == 2
+    err = capsys.readouterr().err
+    assert f"checkpoint {root}/step_00000004 is corrupt (__0_0.distcp does not match the checksum it was saved with); " \
+           "go on from another with --resume-from 16 (or --resume for the newest, step_00000016), or delete it" in err
+    assert sorted(p.name for p in root.iterdir() if p.name != ".autopar-lock") == before
+    assert (root / "latest").read_text() == "step_00000016\n"
+    from runtime.checkpoint import read_meta
+
+    for edit in ({"checksums": "0"}, {"step": 5}):  # hand-edited: checksums not a mapping, another step than its folder's
+        bad = {k: v for k, v in {**meta4, **edit}.items() if v is not None}
+        (root / "step_00000004" / "meta.json").write_text(json.dumps(bad))
+        with pytest.raises(AutoparError, match=r"step_00000004 is corrupt \(unreadable meta.json\)"):
+            read_meta(root / "step_00000004")
     fresh = tmp_path / "fresh"  # a refused fresh run leaves no folder behind (nor its lock file)
     assert main(["run", str(other), "--checkpoint-dir", str(fresh), "--steps", "0"]) == 2
     assert not fresh.exists()
@@ -1250,3 +1271,16 @@ def test_an_option_no_run_takes_is_refused_before_the_default_plan(tmp_path, cap
     out = capsys.readouterr()
     assert out.out == "" and out.err.count("\n") == 1 and argv[0] in out.err
     assert not (tmp_path / "cache" / "default-plan.json").exists()
+
+
+def test_another_runs_checkpoint_is_named_by_the_field_that_differs():
+    """The refusal of another run's checkpoint names the innermost field that differs (a MoE model's
+    ``model.moe.experts_per_token``, not both whole ``moe`` sections), a field only one side has too."""
+    from runtime.checkpoint import _first_difference
+
+    saved = {"model": {"name": "m", "moe": {"num_experts": 8, "experts_per_token": 2}}, "seq": 64}
+    ours = {"model": {"name": "m", "moe": {"num_experts": 8, "experts_per_token": 1}}, "seq": 64}
+    assert _first_difference(saved, ours) == "model.moe.experts_per_token: checkpoint has 2, this run 1"
+    assert _first_difference({"seq": 64}, {"seq": 64, "cp": 2}) == "cp: checkpoint has None, this run 2"
+    assert _first_difference({"model": {"moe": None}}, ours) == \
+        "model.moe: checkpoint has None, this run {'num_experts': 8, 'experts_per_token': 1}"
