@@ -25,6 +25,11 @@ _UNPRICED = {"attn_logit_softcapping": "soft-capped attention scores",
 _GPT2_LIKE = {"gpt2", "gptj"}  # gptj: rotary, no learned positions
 
 
+def _model_type(cfg: dict[str, Any]) -> str:
+    """A config's model_type in lower case, "" where it gives none (or null)."""
+    return "" if cfg.get("model_type") is None else str(cfg["model_type"]).lower()
+
+
 SEQ_CAP = 8192  # the sequence planned by default: the config's context (4096 when it gives none), at most this
 
 
@@ -175,7 +180,7 @@ def _block_notes(cfg: dict[str, Any]) -> list[str]:
     activation other than silu, the MLP's biases, the attention output's bias, q/k norms, Gemma's norms and
     embedding scale, GPT-J's parallel residual. Each is priced as the block autopar computes (the same GEMMs) and
     trained as that block, so the command says so."""
-    mtype = str(cfg.get("model_type", "")).lower()
+    mtype = _model_type(cfg)
     if mtype == "gptj":
         return ["parallel residual (attention and MLP both read the block's input): priced as the same GEMMs; "
                 "`autopar run` trains autopar's GPT block (attention, then the MLP) instead"]
@@ -256,7 +261,7 @@ def _token_ids(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def _spec_fields(cfg: dict[str, Any], source: str) -> dict[str, Any]:
     """:func:`hf_to_spec` but the token ids."""
-    mtype = str(cfg.get("model_type", "")).lower()
+    mtype = _model_type(cfg)
     path = Path(source)  # a model folder's config.json is named by its folder, any other file by its own name
     file_name = path.parent.name if path.name == "config.json" else path.stem
     name = cfg.get("_name_or_path") or (file_name if source else "") or mtype or "hf-model"

@@ -168,3 +168,12 @@ def test_gptj_and_gpt2_configs_read_with_their_own_defaults_and_notes(tmp_path, 
 def _write(path, data) -> str:
     path.write_text(json.dumps(data))
     return str(path)
+
+
+def test_a_null_model_type_is_none_given(tmp_path):
+    """``"model_type": null`` reads as a config without one (a Llama-style or, with n_embd, a GPT-2-style config),
+    not as a model type 'none'."""
+    llama = {k: v for k, v in LLAMA.items() if k != "model_type"}
+    null = load_model(_write(tmp_path / "null.json", {**llama, "model_type": None}))
+    assert null == load_model(_write(tmp_path / "null.json", llama)) and null.arch == "llama"
+    assert load_model(_write(tmp_path / "gpt2.json", {**GPT2, "model_type": None})).arch == "gpt"
