@@ -25,6 +25,17 @@ _UNPRICED = {"attn_logit_softcapping": "soft-capped attention scores",
 _GPT2_LIKE = {"gpt2", "gptj"}  # gptj: rotary, no learned positions
 
 
+_CAUSAL_LM = ("ForCausalLM", "LMHeadModel")  # how a causal language model's architectures name ends
+
+
+def _not_causal_lm(cfg: dict[str, Any]) -> str | None:
+    """The first of a config's ``architectures`` that is not a causal language model (a reward model's
+    ...ForSequenceClassification, an embedding model's bare ...Model: no vocabulary head), or None."""
+    names = cfg.get("architectures")
+    names = [] if names is None else names if isinstance(names, list) else [names]
+    return next((str(n) for n in names if not str(n).endswith(_CAUSAL_LM)), None)
+
+
 def _model_type(cfg: dict[str, Any]) -> str:
     """A config's model_type in lower case, "" where it gives none (or null)."""
     return "" if cfg.get("model_type") is None else str(cfg["model_type"]).lower()
@@ -265,6 +276,14 @@ def _spec_fields(cfg: dict[str, Any], source: str) -> dict[str, Any]:
     path = Path(source)  # a model folder's config.json is named by its folder, any other file by its own name
     file_name = path.parent.name if path.name == "config.json" else path.stem
     name = cfg.get("_name_or_path") or (file_name if source else "") or mtype or "hf-model"
+    other = _not_causal_lm(cfg)
+    if other:
+        base = re.sub(r"(For[A-Z]\w*|Model)$", "", other)  # the family: Llama of LlamaForSequenceClassification
+        head = "LMHeadModel" if mtype == "gpt2" else "ForCausalLM"  # (GPT-2's causal LM is GPT2LMHeadModel)
+        causal = f'["{base}{head}"]' if base else f"a ...{head} class"
+        raise AutoparError(f"Hugging Face config {source}: architectures names {other}, which is not a causal language "
+                           "model; autopar plans causal language models, whose output head is the vocabulary; set "
+                           f"architectures to {causal} to plan it as one")
     if any(cfg.get(k) for k in _MOE_KEYS) and mtype not in _MOE_TYPES:
         hint = " (the deepseek-v2-lite preset plans it with standard attention)" if "deepseek" in mtype else ""
         raise AutoparError(f"Hugging Face config {source}: model_type '{mtype}' is a mixture-of-experts model autopar "

@@ -177,3 +177,22 @@ def test_a_null_model_type_is_none_given(tmp_path):
     null = load_model(_write(tmp_path / "null.json", {**llama, "model_type": None}))
     assert null == load_model(_write(tmp_path / "null.json", llama)) and null.arch == "llama"
     assert load_model(_write(tmp_path / "gpt2.json", {**GPT2, "model_type": None})).arch == "gpt"
+
+
+@pytest.mark.parametrize("cfg,arch,causal", [
+    ({**LLAMA, "architectures": ["LlamaForSequenceClassification"]}, "LlamaForSequenceClassification",
+     '["LlamaForCausalLM"]'),  # a reward model: a score head, no vocabulary
+    ({**LLAMA, "model_type": "mistral", "architectures": ["MistralModel"]}, "MistralModel",
+     '["MistralForCausalLM"]'),  # an embedding model: no head at all
+    ({**GPT2, "architectures": ["GPT2Model"]}, "GPT2Model", '["GPT2LMHeadModel"]'),
+])
+def test_a_config_of_no_causal_language_model_is_refused(tmp_path, cfg, arch, causal):
+    """A config whose architectures is not a causal LM would be planned with a vocabulary head it has not: one line
+    naming it and the class to write; ...ForCausalLM and ...LMHeadModel, or no architectures, read as before."""
+    with pytest.raises(AutoparError) as err:
+        load_model(_write(tmp_path / "config.json", cfg))
+    assert str(err.value).endswith(f": architectures names {arch}, which is not a causal language model; autopar "
+                                   "plans causal language models, whose output head is the vocabulary; set "
+                                   f"architectures to {causal} to plan it as one")
+    plain = load_model(_write(tmp_path / "config.json", {k: v for k, v in cfg.items() if k != "architectures"}))
+    assert load_model(_write(tmp_path / "config.json", {**cfg, "architectures": json.loads(causal)})) == plain
