@@ -311,7 +311,11 @@ def _spec_fields(cfg: dict[str, Any], source: str) -> dict[str, Any]:
             h = _int(cfg, "n_embd")
             gptj = mtype == "gptj"  # RoPE on rotary_dim of each head's dimensions (transformers: 64 when left out,
             # the whole head when null), untied, no dropout by default; GPT-2 learns positions, tied, dropout 0.1
-            hd = h // max(1, _int(cfg, "n_head"))
+            heads = _int(cfg, "n_head")
+            if h % heads:  # (the spec's own check would offer head_dim, which a GPT-2 config has not)
+                raise AutoparError(f"Hugging Face config {source}: n_embd {h} is not divisible by n_head {heads}; fix "
+                                   "one of them")
+            hd = h // heads
             dims = (hd if cfg.get("rotary_dim", 64) is None else _int(cfg, "rotary_dim", min(64, hd))) if gptj else 0
             if gptj and not 0 < dims <= hd:
                 raise ValueError(f"rotary_dim {dims} must be between 1 and the head dimension {hd} (n_embd / n_head)")
@@ -321,7 +325,7 @@ def _spec_fields(cfg: dict[str, Any], source: str) -> dict[str, Any]:
                 "arch": "gpt",
                 "num_layers": _int(cfg, "n_layer"),
                 "hidden_size": h,
-                "num_attention_heads": _int(cfg, "n_head"),
+                "num_attention_heads": heads,
                 "ffn_hidden_size": _int(cfg, "n_inner", 4 * h),
                 "vocab_size": _int(cfg, "vocab_size"),
                 "seq_length": positions,

@@ -122,8 +122,11 @@ def test_a_config_that_makes_no_model_is_told_in_its_own_key_names(tmp_path):
                              "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 256}))
     with pytest.raises(AutoparError, match=r": norm_eps must be zero or positive"):  # Nemotron's own key
         load_model(str(p))
-    p.write_text(json.dumps({**GPT2, "n_embd": 770}))  # 770 wide, 12 heads
-    with pytest.raises(AutoparError, match=r": n_embd 770 is not divisible by n_head 12"):
+    p.write_text(json.dumps({**GPT2, "n_embd": 770}))  # 770 wide, 12 heads; a GPT-2 config has no head_dim to give
+    with pytest.raises(AutoparError, match=r": n_embd 770 is not divisible by n_head 12; fix one of them$"):
+        load_model(str(p))
+    p.write_text(json.dumps({**GPT2, "n_embd": 770, "model_type": "gptj", "head_dim": 70}))  # nor a GPT-J's
+    with pytest.raises(AutoparError, match=r": n_embd 770 is not divisible by n_head 12; fix one of them$"):
         load_model(str(p))
 
 
