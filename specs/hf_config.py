@@ -405,8 +405,9 @@ _GPT2_NAMES = {"hidden_size": "n_embd", "num_layers": "n_layer", "num_attention_
 
 
 def in_config_terms(message: str, cfg: dict[str, Any]) -> str:
-    """A model spec's error about a spec read from ``cfg`` with the config's own key names (num_key_value_heads,
-    not num_kv_heads) where the config holds that key, so that it names what to fix in the file."""
+    """A model spec's problem with a spec read from ``cfg`` (the spec's validation message, not the source's name or
+    a hint) with the config's own key names (num_key_value_heads, not num_kv_heads) where the config holds that key,
+    so that it names what to fix in the file."""
     names = _GPT2_NAMES if "n_embd" in cfg else _HF_NAMES
     names = {ours: theirs for ours, theirs in names.items() if theirs in cfg}
     if not names:

@@ -6,7 +6,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from specs.errors import AutoparError, did_you_mean, validated
+from pydantic import ValidationError
+
+from specs.errors import AutoparError, did_you_mean, validated, validation_message
 from specs.files import read_mapping
 from specs.hf_config import hf_notes, hf_to_spec, in_config_terms, looks_like_hf
 from specs.model import LIMITS, ModelSpec, past_vocab, size_problem
@@ -22,10 +24,12 @@ def model_from_dict(data: dict[str, Any], source: str, notes: list[str] | None =
     if looks_like_hf(data):
         if notes is not None:
             notes.extend(f"model {source}: {n}" for n in hf_notes(data))
+        fields = hf_to_spec(data, source)  # its errors name the config's keys already
         try:
-            return validated(ModelSpec, hf_to_spec(data, source), f"Hugging Face config {source}")
-        except AutoparError as err:
-            raise AutoparError(in_config_terms(str(err), data)) from None
+            return ModelSpec(**fields)
+        except ValidationError as err:  # a rule of the spec's, said with the config's keys
+            raise AutoparError(f"Hugging Face config {source}: "
+                               f"{in_config_terms(validation_message(err, ModelSpec), data)}") from None
     data = dict(data)
     data.setdefault("name", Path(source).stem if source else "model")
     past = past_vocab(data["token_ids"], data.get("vocab_size")) if isinstance(data.get("token_ids"), dict) else ""

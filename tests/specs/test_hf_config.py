@@ -199,3 +199,17 @@ def test_a_config_of_no_causal_language_model_is_refused(tmp_path, cfg, arch, ca
                                    f"architectures to {causal} to plan it as one")
     plain = load_model(_write(tmp_path / "config.json", {k: v for k, v in cfg.items() if k != "architectures"}))
     assert load_model(_write(tmp_path / "config.json", {**cfg, "architectures": json.loads(causal)})) == plain
+
+
+def test_only_the_spec_s_problem_is_said_in_the_config_s_key_names(tmp_path):
+    """The hint of a config missing a field, and the file's path, keep their words; the spec's rule is said with the
+    config's keys."""
+    gpt2 = {k: v for k, v in GPT2.items() if k != "n_head"}
+    with pytest.raises(AutoparError, match=r"missing field 'n_head'; expected a Llama/Mistral/Qwen2-style "
+                                           r"\(hidden_size, num_hidden_layers, intermediate_size, ...\) or "
+                                           r"GPT-2-style \(n_embd, n_layer, ...\) config$"):
+        load_model(_write(tmp_path / "config.json", gpt2))
+    (tmp_path / "num_kv_heads").mkdir()
+    with pytest.raises(AutoparError, match=r"^Hugging Face config .*/num_kv_heads/config.json: num_attention_heads 32 "
+                                           r"must be a multiple of num_key_value_heads 5$"):
+        load_model(_write(tmp_path / "num_kv_heads" / "config.json", {**LLAMA, "num_key_value_heads": 5}))
