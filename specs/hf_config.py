@@ -71,8 +71,18 @@ def _all_full_attention(key: str, value: Any) -> bool:
     configs): a plain model after all."""
     return key == "layer_types" and isinstance(value, list) and all(v == "full_attention" for v in value)
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
-# the mixture-of-experts configs read (their fields: _moe_fields)
-_MOE_TYPES = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe"}
+# the mixture-of-experts configs read: the key each gives a field of the moe: section in (read by _moe_fields, named
+# in errors by in_config_terms); Mixtral renormalises the top-k weights always (the spec's default), Qwen puts a MoE
+# layer every decoder_sparse_step-th layer and may add a shared expert
+_OLMOE_KEYS = {"num_experts": "num_experts", "experts_per_token": "num_experts_per_tok",
+               "moe_ffn_hidden_size": "intermediate_size", "norm_topk_prob": "norm_topk_prob",
+               "aux_loss_coef": "router_aux_loss_coef"}
+_QWEN_MOE_KEYS = {**_OLMOE_KEYS, "moe_ffn_hidden_size": "moe_intermediate_size", "layer_freq": "decoder_sparse_step",
+                  "shared_ffn_hidden_size": "shared_expert_intermediate_size"}
+_MOE_FIELD_KEYS = {"mixtral": {"num_experts": "num_local_experts", "experts_per_token": "num_experts_per_tok",
+                               "moe_ffn_hidden_size": "intermediate_size", "aux_loss_coef": "router_aux_loss_coef"},
+                   "olmoe": _OLMOE_KEYS, "qwen2_moe": _QWEN_MOE_KEYS, "qwen3_moe": _QWEN_MOE_KEYS}
+_MOE_TYPES = set(_MOE_FIELD_KEYS)
 # MoE fields of those configs that change what is computed in ways not modelled
 _MOE_UNPRICED = {"mlp_only_layers": "dense layers at chosen positions", "kv_lora_rank": "multi-head latent attention",
                  "topk_method": "group-limited expert routing"}
@@ -100,6 +110,14 @@ def _float(cfg: dict[str, Any], key: str, default: float) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not _finite(v):
         raise ValueError(f"{key} must be a number, got {_show(v)}")
     return float(v)
+
+
+def _positive(cfg: dict[str, Any], key: str, default: float) -> float:
+    """A positive number field of a Hugging Face config; ``default`` when absent."""
+    v = _float(cfg, key, default)
+    if v <= 0:
+        raise ValueError(f"{key} must be a positive number, got {_show(cfg[key])}")
+    return v
 
 
 def _finite(v: int | float) -> bool:
@@ -147,14 +165,21 @@ def _nemotron(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     return out
 
 
+def _rope_key(cfg: dict[str, Any]) -> str:
+    """Where a config keeps its RoPE scaling: ``rope_scaling``, or (where that is absent or null) transformers 5's
+    ``rope_parameters``."""
+    return "rope_parameters" if cfg.get("rope_scaling") is None and "rope_parameters" in cfg else "rope_scaling"
+
+
 def _rope_scaling(cfg: dict[str, Any]) -> dict[str, Any] | None:
-    """A config's RoPE scaling as the spec's ``rope_scaling`` (``rope_scaling``, or transformers 5's
-    ``rope_parameters``; ``type`` in older configs), or None for plain RoPE."""
-    rope = cfg["rope_scaling"] if cfg.get("rope_scaling") is not None else cfg.get("rope_parameters")
+    """A config's RoPE scaling as the spec's ``rope_scaling`` (:func:`_rope_key`; ``type`` in older configs), or None
+    for plain RoPE."""
+    where = _rope_key(cfg)
+    rope = cfg.get(where)
     if rope is None:
         return None
     if not isinstance(rope, dict):
-        raise ValueError(f"rope_scaling must be a mapping, got {_show(rope)}")
+        raise ValueError(f"{where} must be a mapping, got {_show(rope)}")
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind == "default":
         return None
@@ -163,14 +188,14 @@ def _rope_scaling(cfg: dict[str, Any]) -> dict[str, Any] | None:
     original = cfg.get("original_max_position_embeddings", rope.get("original_max_position_embeddings"))
     if original is None and kind == "llama3":
         original = cfg.get("max_position_embeddings")
-    named = {f"rope_scaling.{k}": v for k, v in {**rope, "original_max_position_embeddings": original}.items()
+    named = {f"{where}.{k}": v for k, v in {**rope, "original_max_position_embeddings": original}.items()
              if v is not None}
     out: dict[str, Any] = {"type": str(kind)}
     # a type autopar computes: its fields only, and the context it was trained at
     for key in dict.fromkeys((*ROPE_SCALINGS.get(str(kind), ROPE_FIELDS), "original_max_position_embeddings")):
-        if f"rope_scaling.{key}" in named:
-            read = _int if key.startswith("original") else _float
-            out[key] = read(named, f"rope_scaling.{key}", 1)
+        if f"{where}.{key}" in named:
+            read = _int if key.startswith("original") else _positive
+            out[key] = read(named, f"{where}.{key}", 1)
     return out
 
 
@@ -378,23 +403,24 @@ def _spec_fields(cfg: dict[str, Any], source: str) -> dict[str, Any]:
 
 def _moe_fields(cfg: dict[str, Any], mtype: str) -> dict[str, Any]:
     """The ``moe:`` section of a Mixtral, Qwen2-MoE, Qwen3-MoE (Qwen2-MoE's fields, without shared experts) or OLMoE
-    config (every layer MoE unless Qwen's ``decoder_sparse_step`` says every k-th: layers k-1, 2k-1, ...)."""
-    if mtype == "mixtral":
-        return {"num_experts": _int(cfg, "num_local_experts"), "experts_per_token": _int(cfg, "num_experts_per_tok"),
-                "moe_ffn_hidden_size": _int(cfg, "intermediate_size"),
-                "aux_loss_coef": _float(cfg, "router_aux_loss_coef", 0.001)}
+    config, read from its keys (:data:`_MOE_FIELD_KEYS`): every layer MoE unless Qwen's ``decoder_sparse_step`` says
+    every k-th (layers k-1, 2k-1, ...)."""
+    key = _MOE_FIELD_KEYS[mtype]
     out: dict[str, Any] = {
-        "num_experts": _int(cfg, "num_experts"), "experts_per_token": _int(cfg, "num_experts_per_tok"),
-        "norm_topk_prob": _bool(cfg, "norm_topk_prob", False),
-        "aux_loss_coef": _float(cfg, "router_aux_loss_coef", 0.001 if mtype.startswith("qwen") else 0.01)}
-    if mtype == "olmoe":
-        return {**out, "moe_ffn_hidden_size": _int(cfg, "intermediate_size")}
-    step = _int(cfg, "decoder_sparse_step", 1)
-    out.update(moe_ffn_hidden_size=_int(cfg, "moe_intermediate_size"), layer_freq=step, first_dense_layers=step - 1)
-    shared = cfg.get("shared_expert_intermediate_size", 0)
-    if shared:
-        out.update(num_shared_experts=1, shared_ffn_hidden_size=_int(cfg, "shared_expert_intermediate_size"),
-                   shared_expert_gate=True)
+        "num_experts": _int(cfg, key["num_experts"]), "experts_per_token": _int(cfg, key["experts_per_token"]),
+        "moe_ffn_hidden_size": _int(cfg, key["moe_ffn_hidden_size"]),
+        "aux_loss_coef": _float(cfg, key["aux_loss_coef"], 0.01 if mtype == "olmoe" else 0.001)}
+    if "norm_topk_prob" in key:
+        out["norm_topk_prob"] = _bool(cfg, key["norm_topk_prob"], False)
+    if "layer_freq" in key:
+        step, layers = _int(cfg, key["layer_freq"], 1), _int(cfg, "num_hidden_layers")
+        if step > layers:  # (the spec's first_dense_layers, step - 1, is no key of the config's to name)
+            raise ValueError(f"{key['layer_freq']} {step} is more than num_hidden_layers {layers}, which leaves no "
+                             f"MoE layer (every {key['layer_freq']}-th layer is one)")
+        out.update(layer_freq=step, first_dense_layers=step - 1)
+    shared = key.get("shared_ffn_hidden_size")
+    if shared and cfg.get(shared):
+        out.update(num_shared_experts=1, shared_ffn_hidden_size=_int(cfg, shared), shared_expert_gate=True)
     return out
 
 
@@ -408,11 +434,16 @@ def in_config_terms(message: str, cfg: dict[str, Any]) -> str:
     """A model spec's problem with a spec read from ``cfg`` (the spec's validation message, not the source's name or
     a hint) with the config's own key names (num_key_value_heads, not num_kv_heads) where the config holds that key,
     so that it names what to fix in the file."""
-    names = _GPT2_NAMES if "n_embd" in cfg else _HF_NAMES
+    mtype = _model_type(cfg)
+    moe = _MOE_FIELD_KEYS.get(mtype, {})
+    if moe:  # the config keeps the moe: section's fields at its top level: the section is no field of the file
+        message = message.removeprefix("field 'moe': ")
+    names = _GPT2_NAMES if "n_embd" in cfg else {**_HF_NAMES, **{f"moe.{ours}": theirs for ours, theirs in moe.items()},
+                                                 "rope_scaling": _rope_key(cfg)}
     names = {ours: theirs for ours, theirs in names.items() if theirs in cfg}
     if not names:
         return message
-    return re.sub(r"\b(" + "|".join(names) + r")\b", lambda m: names[m.group(1)], message)
+    return re.sub(r"\b(" + "|".join(map(re.escape, names)) + r")\b", lambda m: names[m.group(1)], message)
 
 
 def looks_like_hf(data: dict[str, Any]) -> bool:

@@ -94,7 +94,7 @@ def test_rope_scalings_the_runtime_does_not_compute_are_planned_not_trained(tmp_
     ({"rope_type": "llama3", **LLAMA3_SCALING, "factor": "8"}, "rope_scaling.factor must be a number"),
     ({"rope_type": "llama3", **LLAMA3_SCALING, "low_freq_factor": 4.0}, "low_freq_factor 4.0 must be below"),
     ({"rope_type": "linear"}, "type linear needs factor"),
-    ({"rope_type": "linear", "factor": -2.0}, "greater than 0"),
+    ({"rope_type": "linear", "factor": -2.0}, r"rope_scaling.factor must be a positive number, got -2.0; fix that"),
     ([], "rope_scaling must be a mapping"),
 ])
 def test_bad_rope_scaling_is_one_line(tmp_path, rope, want):
@@ -213,3 +213,31 @@ def test_only_the_spec_s_problem_is_said_in_the_config_s_key_names(tmp_path):
     with pytest.raises(AutoparError, match=r"^Hugging Face config .*/num_kv_heads/config.json: num_attention_heads 32 "
                                            r"must be a multiple of num_key_value_heads 5$"):
         load_model(_write(tmp_path / "num_kv_heads" / "config.json", {**LLAMA, "num_key_value_heads": 5}))
+
+
+MIXTRAL = {**LLAMA, "model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 2}
+QWEN3_MOE = {**LLAMA, "model_type": "qwen3_moe", "num_experts": 8, "num_experts_per_tok": 2,
+             "moe_intermediate_size": 768}
+
+
+@pytest.mark.parametrize("cfg,want", [
+    ({**MIXTRAL, "num_experts_per_tok": 9}, "num_experts_per_tok 9 is more than num_local_experts 8; a token cannot "
+                                            "go to more experts than there are"),
+    ({**QWEN3_MOE, "num_experts_per_tok": 9}, "num_experts_per_tok 9 is more than num_experts 8; a token cannot go to "
+                                              "more experts than there are"),
+    ({**MIXTRAL, "router_aux_loss_coef": -1}, "field 'router_aux_loss_coef': Input should be greater than or equal "
+                                              "to 0"),
+    ({**QWEN3_MOE, "decoder_sparse_step": 100}, "decoder_sparse_step 100 is more than num_hidden_layers 16, which "
+                                                "leaves no MoE layer (every decoder_sparse_step-th layer is one); fix "
+                                                "that field"),
+    ({**LLAMA, "rope_parameters": {"rope_type": "linear"}}, "field 'rope_parameters': type linear needs factor"),
+    ({**LLAMA, "rope_parameters": {"rope_type": "linear", "factor": 0}}, "rope_parameters.factor must be a positive "
+                                                                         "number, got 0; fix that field"),
+])
+def test_moe_and_rope_problems_are_told_in_the_config_s_key_names(tmp_path, cfg, want):
+    """docs/contract.md: errors name what to fix in the file; a config keeps the moe: section's fields at its top
+    level under keys of its type's (Mixtral's num_local_experts, Qwen's num_experts), and RoPE scaling in rope_scaling
+    or rope_parameters."""
+    with pytest.raises(AutoparError) as err:
+        load_model(_write(tmp_path / "config.json", cfg))
+    assert str(err.value).endswith(f"config.json: {want}")
