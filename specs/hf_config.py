@@ -21,7 +21,7 @@ _RMS_EPS_DEFAULT = {"phi3": 1e-5, "mixtral": 1e-5, "olmoe": 1e-5}
 _UNPRICED = {"attn_logit_softcapping": "soft-capped attention scores",
              "final_logit_softcapping": "soft-capped output logits",
              "sliding_window_pattern": "alternating local and global attention layers",
-             "layer_types": "layers of different attention kinds"}
+             "layer_types": "layers of different attention kinds, or sliding attention with no window"}
 _GPT2_LIKE = {"gpt2", "gptj"}  # gptj: rotary, no learned positions
 
 
@@ -66,10 +66,21 @@ def _window(cfg: dict[str, Any], mtype: str) -> int | None:
     return _int(cfg, "sliding_window")
 
 
-def _all_full_attention(key: str, value: Any) -> bool:
-    """``layer_types`` naming full attention for every layer (what transformers 5 writes for plain Qwen2 and Llama
-    configs): a plain model after all."""
-    return key == "layer_types" and isinstance(value, list) and all(v == "full_attention" for v in value)
+def _one_attention_kind(key: str, cfg: dict[str, Any], mtype: str) -> bool:
+    """``layer_types`` naming one kind for every layer: full attention (what transformers 5 writes for plain Qwen2 and
+    Llama configs), or sliding attention where the config's window applies (:func:`_window`; planned at the window,
+    as the config without layer_types is): a plain model after all."""
+    if key != "layer_types" or not isinstance(cfg[key], list):
+        return False
+    value = cfg[key]
+    if all(v == "full_attention" for v in value):
+        return True
+    try:
+        return all(v == "sliding_attention" for v in value) and _window(cfg, mtype) is not None
+    except ValueError:  # a bad window: reading the config says what is wrong
+        return True
+
+
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 # the mixture-of-experts configs read: the key each gives a field of the moe: section in (read by _moe_fields, named
 # in errors by in_config_terms); Mixtral renormalises the top-k weights always (the spec's default), Qwen puts a MoE
@@ -318,7 +329,7 @@ def _spec_fields(cfg: dict[str, Any], source: str) -> dict[str, Any]:
     if moe_unpriced:
         raise AutoparError(f"Hugging Face config {source}: {moe_unpriced} ({_MOE_UNPRICED[moe_unpriced]}) is not "
                            "something autopar's cost model prices; write an autopar spec with a moe: section instead")
-    unpriced = next((k for k in _UNPRICED if cfg.get(k) is not None and not _all_full_attention(k, cfg[k])), None)
+    unpriced = next((k for k in _UNPRICED if cfg.get(k) is not None and not _one_attention_kind(k, cfg, mtype)), None)
     if unpriced:
         raise AutoparError(f"Hugging Face config {source}: {unpriced} ({_UNPRICED[unpriced]}) is not something "
                            "autopar's cost model prices; write an autopar spec to plan it as a plain model")

@@ -142,13 +142,24 @@ def test_configs_the_cost_model_cannot_price_are_refused_naming_the_field(tmp_pa
         _hf(tmp_path, cfg)
 
 
-def test_layer_types_of_full_attention_only_are_a_plain_model(tmp_path):
-    """transformers 5 writes ``layer_types`` into plain Qwen2/Llama configs; mixed kinds are still refused."""
+def test_layer_types_of_one_kind_are_a_plain_model(tmp_path):
+    """transformers 5 writes ``layer_types`` into plain Qwen2/Llama configs (full attention everywhere), and into
+    sliding-window ones (Mistral 7B v0.1; Qwen2 with use_sliding_window and max_window_layers 0) sliding attention
+    everywhere: planned as the config without them, at the window; mixed kinds, and sliding attention with no window
+    to slide, are still refused."""
     cfg = {"model_type": "qwen2", "hidden_size": 896, "num_hidden_layers": 2, "num_attention_heads": 14,
            "num_key_value_heads": 2, "intermediate_size": 4864, "vocab_size": 151936}
     assert _hf(tmp_path, {**cfg, "layer_types": ["full_attention"] * 2}).num_layers == 2
-    with pytest.raises(AutoparError, match="layer_types .* is not something autopar's cost model prices"):
-        _hf(tmp_path, {**cfg, "layer_types": ["full_attention", "sliding_attention"]})
+    windowed = {**cfg, "sliding_window": 4096, "use_sliding_window": True, "max_window_layers": 0}
+    sliding = _hf(tmp_path, {**windowed, "layer_types": ["sliding_attention"] * 2})
+    assert sliding == _hf(tmp_path, windowed) and (sliding.sliding_window, sliding.seq_length) == (4096, 4096)
+    mistral = {**cfg, "model_type": "mistral", "sliding_window": 4096}
+    assert _hf(tmp_path, {**mistral, "layer_types": ["sliding_attention"] * 2}) == _hf(tmp_path, mistral)
+    for bad in ({**cfg, "layer_types": ["full_attention", "sliding_attention"]},
+                {**mistral, "layer_types": ["full_attention", "sliding_attention"]},
+                {**cfg, "layer_types": ["sliding_attention"] * 2}):  # Qwen's window applies with use_sliding_window
+        with pytest.raises(AutoparError, match="layer_types .* is not something autopar's cost model prices"):
+            _hf(tmp_path, bad)
 
 
 def test_qwen2_hf_config_has_qkv_bias(tmp_path):
