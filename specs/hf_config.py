@@ -94,9 +94,16 @@ _MOE_FIELD_KEYS = {"mixtral": {"num_experts": "num_local_experts", "experts_per_
                                "moe_ffn_hidden_size": "intermediate_size", "aux_loss_coef": "router_aux_loss_coef"},
                    "olmoe": _OLMOE_KEYS, "qwen2_moe": _QWEN_MOE_KEYS, "qwen3_moe": _QWEN_MOE_KEYS}
 _MOE_TYPES = set(_MOE_FIELD_KEYS)
-# MoE fields of those configs that change what is computed in ways not modelled
-_MOE_UNPRICED = {"mlp_only_layers": "dense layers at chosen positions", "kv_lora_rank": "multi-head latent attention",
-                 "topk_method": "group-limited expert routing"}
+# MoE fields of those configs that change what is computed in ways not modelled: what each is, and how to go on (what
+# an autopar spec's moe: section, specs/moe.py, can say of it)
+_MOE_UNPRICED = {
+    "mlp_only_layers": ("dense layers at chosen positions", "an autopar spec's moe: section places dense layers in a "
+                        "regular pattern only (first_dense_layers of them, then a MoE layer every layer_freq-th); "
+                        "write one where these positions follow such a pattern"),
+    "kv_lora_rank": ("multi-head latent attention", "no autopar spec expresses it either (autopar's attention is "
+                     "multi-head or grouped-query), so autopar cannot plan this model"),
+    "topk_method": ("group-limited expert routing", "an autopar spec's moe: section routes to the top "
+                    "experts_per_token of all experts only; write one to plan it with that routing instead")}
 
 
 _NULL_IS_DEFAULT = ("num_key_value_heads", "head_dim", "n_inner")  # Hugging Face writes null for "the default"
@@ -320,15 +327,15 @@ def _spec_fields(cfg: dict[str, Any], source: str) -> dict[str, Any]:
         raise AutoparError(f"Hugging Face config {source}: architectures names {other}, which is not a causal language "
                            "model; autopar plans causal language models, whose output head is the vocabulary; set "
                            f"architectures to {causal} to plan it as one")
+    moe_unpriced = next((k for k in _MOE_UNPRICED if cfg.get(k)), None)  # (before the type: DeepSeek's MLA is why)
+    if moe_unpriced:
+        what, advice = _MOE_UNPRICED[moe_unpriced]
+        raise AutoparError(f"Hugging Face config {source}: {moe_unpriced} ({what}) is not something autopar's cost "
+                           f"model prices; {advice}")
     if any(cfg.get(k) for k in _MOE_KEYS) and mtype not in _MOE_TYPES:
-        hint = " (the deepseek-v2-lite preset plans it with standard attention)" if "deepseek" in mtype else ""
         raise AutoparError(f"Hugging Face config {source}: model_type '{mtype}' is a mixture-of-experts model autopar "
                            f"does not read; it reads {', '.join(sorted(_MOE_TYPES))} configs, or write an autopar spec "
-                           f"with a moe: section{hint}")
-    moe_unpriced = next((k for k in _MOE_UNPRICED if cfg.get(k)), None)
-    if moe_unpriced:
-        raise AutoparError(f"Hugging Face config {source}: {moe_unpriced} ({_MOE_UNPRICED[moe_unpriced]}) is not "
-                           "something autopar's cost model prices; write an autopar spec with a moe: section instead")
+                           "with a moe: section")
     unpriced = next((k for k in _UNPRICED if cfg.get(k) is not None and not _one_attention_kind(k, cfg, mtype)), None)
     if unpriced:
         raise AutoparError(f"Hugging Face config {source}: {unpriced} ({_UNPRICED[unpriced]}) is not something "

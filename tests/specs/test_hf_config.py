@@ -241,3 +241,23 @@ def test_moe_and_rope_problems_are_told_in_the_config_s_key_names(tmp_path, cfg,
     with pytest.raises(AutoparError) as err:
         load_model(_write(tmp_path / "config.json", cfg))
     assert str(err.value).endswith(f"config.json: {want}")
+
+
+def test_refusals_of_moe_configs_give_advice_that_can_be_followed(tmp_path):
+    """Multi-head latent attention (DeepSeek-V2/V3, whatever the model_type) is said to be beyond any autopar spec, not
+    sent to a moe: section or to another model's preset; Qwen's mlp_only_layers is sent to the regular patterns a
+    moe: section expresses (first_dense_layers, layer_freq)."""
+    deepseek = {**LLAMA, "model_type": "deepseek_v2", "n_routed_experts": 64, "kv_lora_rank": 512}
+    for cfg in (deepseek, {**LLAMA, "kv_lora_rank": 512}):
+        with pytest.raises(AutoparError) as err:
+            load_model(_write(tmp_path / "config.json", cfg))
+        assert str(err.value).endswith(": kv_lora_rank (multi-head latent attention) is not something autopar's cost "
+                                       "model prices; no autopar spec expresses it either (autopar's attention is "
+                                       "multi-head or grouped-query), so autopar cannot plan this model")
+    with pytest.raises(AutoparError) as err:
+        load_model(_write(tmp_path / "config.json", {**QWEN3_MOE, "mlp_only_layers": [0, 5]}))
+    assert "moe: section places dense layers in a regular pattern only (first_dense_layers of them, then a MoE layer " \
+           "every layer_freq-th); write one where these positions follow such a pattern" in str(err.value)
+    with pytest.raises(AutoparError) as err:  # a DeepSeek MoE of standard attention: a moe: section can say it
+        load_model(_write(tmp_path / "config.json", {k: v for k, v in deepseek.items() if k != "kv_lora_rank"}))
+    assert str(err.value).endswith("or write an autopar spec with a moe: section")
