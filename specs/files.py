@@ -215,22 +215,28 @@ def read_mapping(path: Path, what: str) -> dict[str, Any]:
         raise AutoparError(f"cannot read {what} {path}: {err.strerror}") from None
     except UnicodeDecodeError:
         raise AutoparError(f"{what} {path} is not a text file (not UTF-8); give a YAML or JSON file") from None
+    is_json = path.suffix == ".json"
+    text = text.removeprefix("\ufeff")  # a byte-order mark (Windows editors write one): YAML skips it, and JSON here
+    fields = ('a JSON object of fields (`{"key": value, ...}`)' if is_json
+              else "a mapping of fields (`key: value` lines)")
+    if is_json and not text.strip():  # (json would call it invalid at its end)
+        raise AutoparError(f"{what} {path} is empty; write {fields}")
     try:
-        data = parse_json(text) if path.suffix == ".json" else yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506
+        data = parse_json(text) if is_json else yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506
     except DuplicateKey as err:
         raise AutoparError(f"{what} {path} {duplicate_text(err)}") from None
     except (json.JSONDecodeError, yaml.YAMLError) as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else (
             f" at line {err.lineno}" if isinstance(err, json.JSONDecodeError) else "")
-        kind = "JSON" if path.suffix == ".json" else "YAML"
+        kind = "JSON" if is_json else "YAML"
         raise AutoparError(f"{what} {path} is not valid {kind}{where}; fix the syntax") from None
-    if data is None:
+    if data is None and not is_json:  # (YAML reads a file of nothing, or of comments only, as null)
         raise AutoparError(f"{what} {path} is empty; write its fields (`key: value` lines)")
     if not isinstance(data, dict):
-        shown = {"list": "a list", "str": "text", "int": "a number", "float": "a number", "bool": "true/false"}
-        raise AutoparError(f"{what} {path} must hold a mapping of fields (`key: value` lines), not "
-                           f"{shown.get(type(data).__name__, type(data).__name__)}")
+        shown = {"list": "a list", "str": "text", "int": "a number", "float": "a number", "bool": "true/false",
+                 "NoneType": "null"}.get(type(data).__name__, type(data).__name__)
+        raise AutoparError(f"{what} {path} must hold {fields}, not {shown}")
     return data
 
 

@@ -27,6 +27,35 @@ def test_yaml_reads_exponents_as_numbers_and_merges_keys(tmp_path):
         read_mapping(f, "spec")
 
 
+@pytest.mark.parametrize("text,said", [
+    ("null", 'must hold a JSON object of fields (`{"key": value, ...}`), not null'),
+    ("", 'is empty; write a JSON object of fields (`{"key": value, ...}`)'),
+    (" \n \n", 'is empty; write a JSON object of fields (`{"key": value, ...}`)'),
+    ("[1, 2]", 'must hold a JSON object of fields (`{"key": value, ...}`), not a list'),
+])
+def test_a_json_file_of_no_object_is_said_in_json_terms(tmp_path, text, said):
+    """A .json file is told of a JSON object, not of YAML's `key: value` lines; one of nothing is empty, not invalid
+    JSON; YAML files keep their own words."""
+    f = tmp_path / "m.json"
+    f.write_text(text)
+    with pytest.raises(AutoparError) as err:
+        read_mapping(f, "spec")
+    assert str(err.value) == f"spec {f} {said}"
+    f = tmp_path / "m.yaml"
+    f.write_text(text.replace("[1, 2]", "- 1\n- 2\n"))
+    with pytest.raises(AutoparError, match=r"is empty; write its fields \(`key: value` lines\)|must hold a mapping of "
+                                           r"fields \(`key: value` lines\), not a list"):
+        read_mapping(f, "spec")
+
+
+@pytest.mark.parametrize("name", ["m.json", "m.yaml"])
+def test_a_byte_order_mark_is_skipped_in_json_as_in_yaml(tmp_path, name):
+    """Some editors start a UTF-8 file with a byte-order mark: YAML reads past it, and so does JSON here."""
+    f = tmp_path / name
+    f.write_bytes(b"\xef\xbb\xbf" + b'{"a": 1}')
+    assert read_mapping(f, "spec") == {"a": 1}
+
+
 def test_output_checks_never_touch_the_target(tmp_path):
     """The probe makes and removes a uniquely named folder beside the target: a broken link, or a file that
     appears meanwhile, is left as it is, and nothing stays behind."""
