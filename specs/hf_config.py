@@ -17,6 +17,9 @@ _LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3", "gemma", "internlm2", "yi",
 _TIED_BY_DEFAULT = {"gemma"}  # tie_word_embeddings when the config leaves it out
 # rms_norm_eps when the config leaves it out: transformers' default of each config class (1e-6 for the others)
 _RMS_EPS_DEFAULT = {"phi3": 1e-5, "mixtral": 1e-5, "olmoe": 1e-5}
+# num_key_value_heads when the config leaves it out: transformers' default of each config class (the others', and a
+# null one's, is num_attention_heads)
+_KV_HEADS_DEFAULT = {"mistral": 8, "mixtral": 8, "qwen2": 32, "qwen3": 32, "gemma": 16, "qwen2_moe": 16, "qwen3_moe": 4}
 # fields that change what a layer computes in ways the cost model does not price
 _UNPRICED = {"attn_logit_softcapping": "soft-capped attention scores",
              "final_logit_softcapping": "soft-capped output logits",
@@ -345,6 +348,7 @@ def _spec_fields(cfg: dict[str, Any], source: str) -> dict[str, Any]:
             f"Hugging Face config {source}: model_type '{mtype}' is not supported; autopar reads "
             f"Llama-style ({', '.join(sorted(_LLAMA_LIKE))}), GPT-2-style ({', '.join(sorted(_GPT2_LIKE))}) and "
             "Nemotron configs, or write an autopar spec")
+    kv_left_out = "num_key_value_heads" not in cfg  # (its default is not a null one's)
     cfg = {k: v for k, v in cfg.items() if not (v is None and k in _NULL_IS_DEFAULT)}
     rope = cfg.get("rope_parameters")  # transformers 5 writes rope_theta and partial_rotary_factor only in here
     if isinstance(rope, dict):
@@ -388,7 +392,8 @@ def _spec_fields(cfg: dict[str, Any], source: str) -> dict[str, Any]:
             "num_layers": _int(cfg, "num_hidden_layers"),
             "hidden_size": _int(cfg, "hidden_size"),
             "num_attention_heads": heads,
-            "num_kv_heads": _int(cfg, "num_key_value_heads", heads),
+            "num_kv_heads": _int(cfg, "num_key_value_heads",
+                                 _KV_HEADS_DEFAULT.get(mtype, heads) if kv_left_out else heads),
             "ffn_hidden_size": _int(cfg, "intermediate_size"),
             "vocab_size": _int(cfg, "vocab_size"),
             **_sequence(cfg, window),
@@ -458,7 +463,9 @@ def in_config_terms(message: str, cfg: dict[str, Any]) -> str:
         message = message.removeprefix("field 'moe': ")
     names = _GPT2_NAMES if "n_embd" in cfg else {**_HF_NAMES, **{f"moe.{ours}": theirs for ours, theirs in moe.items()},
                                                  "rope_scaling": _rope_key(cfg)}
-    names = {ours: theirs for ours, theirs in names.items() if theirs in cfg}
+    # the keys the config holds, and num_key_value_heads where its type's default stood in (the key to write)
+    held = {*cfg, *(["num_key_value_heads"] if mtype in _KV_HEADS_DEFAULT else [])}
+    names = {ours: theirs for ours, theirs in names.items() if theirs in held}
     if not names:
         return message
     return re.sub(r"\b(" + "|".join(map(re.escape, names)) + r")\b", lambda m: names[m.group(1)], message)

@@ -444,7 +444,7 @@ def test_what_a_hf_config_has_and_autopar_does_not_compute_is_said(tmp_path, cap
     A config with GPT-2's key names but another model_type (StarCoder's multi-query gpt_bigcode, CTRL's dff) is not
     read as a GPT-2."""
     base = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-            "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 128}
+            "num_key_value_heads": 4, "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 128}
     cfg = tmp_path / "config.json"
     for extra, notes in [({}, []), ({"hidden_act": "silu", "attention_bias": False}, []),
                          ({"hidden_act": "gelu_pytorch_tanh"}, ["hidden_act gelu_pytorch_tanh: priced as autopar's "

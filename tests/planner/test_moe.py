@@ -191,7 +191,7 @@ def test_bad_moe_input_is_one_line(tmp_path, capsys, spec, plan, needle):
 
 def test_moe_hf_configs_read_and_refused(tmp_path, capsys):
     qwen = {"model_type": "qwen2_moe", "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
-            "intermediate_size": 128, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64,
+            "num_key_value_heads": 4, "intermediate_size": 128, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64,
             "num_experts": 6, "num_experts_per_tok": 2, "decoder_sparse_step": 2, "vocab_size": 100,
             "max_position_embeddings": 64}
     p = tmp_path / "config.json"

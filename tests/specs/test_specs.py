@@ -63,12 +63,33 @@ def test_hf_config_without_rms_norm_eps_reads_transformers_default(tmp_path, mty
     transformers = pytest.importorskip("transformers")
     cls = transformers.AutoConfig.for_model(mtype).__class__
     cfg = {"model_type": mtype, "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
-           "intermediate_size": 512, "vocab_size": 1000}
+           "num_key_value_heads": 4, "intermediate_size": 512, "vocab_size": 1000}
     if mtype in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe"):
         cfg.update(num_local_experts=4, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=128)
     p = tmp_path / "config.json"
     p.write_text(json.dumps(cfg))
     assert load_model(str(p)).norm_eps == cls().rms_norm_eps
+
+
+@pytest.mark.parametrize("mtype", ["llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "mixtral", "qwen2_moe",
+                                   "qwen3_moe", "olmoe"])
+def test_hf_config_without_num_key_value_heads_reads_transformers_default(tmp_path, mtype):
+    """A config.json that leaves num_key_value_heads out means its config class's default (Mistral's and Mixtral's 8,
+    Llama's num_attention_heads); a null one means num_attention_heads; a default that does not divide the heads is
+    told as the key to write."""
+    transformers = pytest.importorskip("transformers")
+    cls = transformers.AutoConfig.for_model(mtype).__class__
+    cfg = {"model_type": mtype, "hidden_size": 2048, "num_hidden_layers": 2, "num_attention_heads": 32,
+           "intermediate_size": 512, "vocab_size": 1000}
+    if mtype in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe"):
+        cfg.update(num_local_experts=4, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=128)
+    want = cls(**{k: v for k, v in cfg.items() if k != "model_type"}).num_key_value_heads
+    assert _hf(tmp_path, cfg).kv_heads == want
+    assert _hf(tmp_path, {**cfg, "num_key_value_heads": None}).kv_heads == 32
+    if want != 32:
+        with pytest.raises(AutoparError, match=f"num_attention_heads 10 must be a multiple of num_key_value_heads "
+                                               f"{want}$"):
+            _hf(tmp_path, {**cfg, "num_attention_heads": 10, "hidden_size": 640})
 
 
 def test_a_sliding_window_bounds_the_sequence(tmp_path, capsys):
