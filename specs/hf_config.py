@@ -234,9 +234,9 @@ def hf_notes(cfg: dict[str, Any]) -> list[str]:
 
 def _block_notes(cfg: dict[str, Any]) -> list[str]:
     """What of a config autopar's blocks do not compute (the spec has no field for it): a Llama-style MLP's
-    activation other than silu, the MLP's biases, the attention output's bias, q/k norms, Gemma's norms and
-    embedding scale, GPT-J's parallel residual. Each is priced as the block autopar computes (the same GEMMs) and
-    trained as that block, so the command says so."""
+    activation other than silu, the MLP's biases, the attention output's bias (InternLM2's every attention bias), q/k
+    norms, Gemma's norms and embedding scale, GPT-J's parallel residual. Each is priced as the block autopar computes
+    (the same GEMMs) and trained as that block, so the command says so."""
     mtype = _model_type(cfg)
     if mtype == "gptj":
         return ["parallel residual (attention and MLP both read the block's input): priced as the same GEMMs; "
@@ -255,6 +255,9 @@ def _block_notes(cfg: dict[str, Any]) -> list[str]:
     if cfg.get("attention_bias") is True:
         notes.append("attention_bias: q, k and v keep their biases (qkv_bias); the output projection's bias is "
                      "neither priced nor trained")
+    if mtype == "internlm2" and cfg.get("bias") is True:
+        notes.append("bias: InternLM2's attention biases (wqkv and wo) are neither priced nor trained (autopar's Llama "
+                     "attention has none)")
     if mtype in _QK_NORM:
         notes.append(f"q/k norms ({mtype}: an RMSNorm of {_QK_NORM[mtype]} queries and keys): neither priced nor "
                      "trained (autopar's Llama attention has none); export-hf writes the trained model as a Llama")

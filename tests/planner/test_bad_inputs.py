@@ -453,6 +453,9 @@ def test_what_a_hf_config_has_and_autopar_does_not_compute_is_said(tmp_path, cap
                          ({"mlp_bias": True, "attention_bias": True},
                           ["mlp_bias: the MLP's biases are neither priced nor trained",
                            "attention_bias: q, k and v keep their biases (qkv_bias); the output projection's bias"]),
+                         ({"model_type": "internlm2", "bias": True},  # wqkv's and wo's biases
+                          ["bias: InternLM2's attention biases (wqkv and wo) are neither priced nor trained"]),
+                         ({"model_type": "internlm2", "bias": False}, []),
                          ({"model_type": "mistral", "sliding_window": 100},  # Phi-3 mini's window is 2047
                           ["sliding_window 100: planned at sequence 100 by default"]),
                          ({"model_type": "mistral", "sliding_window": 4096}, []),  # beyond the context: no note
