@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import textwrap
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from specs.placement import groups_text
 
 MIN_EFF_SPAN = 0.1  # the efficiency axis spans at least this: differences below a percent read as flat
 NO_PLAN = "no plan"  # where a point's bar or plan label would be, when it has none (none fits, or none is possible)
+NOTE_WIDTH = 110  # characters a footnote line holds (below the x axis' label, 8-9 inches wide)
 
 
 SHORT = {"mbs": "mb", "vpp": "v", "zero": "z", "selective": "sel"}  # a plot label's shorter names
@@ -171,20 +173,22 @@ def figure(curves: dict[str, list[dict[str, Any]]], key: str, model: str, cluste
         top.set_yscale("log")
     if not categorical:
         _leave_room(top, log=scaling)
+    marks, footnotes = _notes(curves, values)
+    shown = [(_plain(str(v)) if categorical else f"{v:g}") + marks.get(i, "") for i, v in enumerate(values)]
     if categorical:
         top.set_xlim(-0.5, len(values) - 0.5)  # every GPU's place, a bar or "no plan" (shared with the lower axes)
         top.set_xticks(range(len(values)))
-        top.set_xticklabels([_plain(str(v)) for v in values])
+        top.set_xticklabels(shown)
         low.set_xticks(range(len(values)))
         # horizontal while each name fits its bar's place (about 0.075 inch a character at 10 points), else slanted
-        crowded = max(len(str(v)) for v in values) * 0.075 > 0.9 * 7.5 / len(values)
-        low.set_xticklabels([_plain(str(v)) for v in values], rotation=30 if crowded else 0,
-                            ha="right" if crowded else "center", rotation_mode="anchor")
+        crowded = max(len(v) for v in shown) * 0.075 > 0.9 * 7.5 / len(values)
+        low.set_xticklabels(shown, rotation=40 if crowded else 0, ha="right" if crowded else "center",
+                            rotation_mode="anchor")
     else:  # every numeric sweep (counts, bandwidths) doubles from point to point: a log axis
         for ax in (top, low):
             ax.set_xscale("log", base=2)
             ax.set_xticks(values)
-            ax.set_xticklabels([f"{v:g}" for v in values])
+            ax.set_xticklabels(shown)
             ax.xaxis.set_minor_locator(NullLocator())
         top.set_xlim(min(values) / 1.25, max(values) * 1.25)  # every point's place, "no plan" ones too
     effs = [p["scaling_efficiency"] for pts in curves.values() for p in pts if p.get("tokens_per_s")]
@@ -204,7 +208,7 @@ def figure(curves: dict[str, list[dict[str, Any]]], key: str, model: str, cluste
         top.margins(y=0.35)
     top.set_ylabel("tokens / s")
     low.set_ylabel("scaling efficiency (per-GPU vs smallest)" if scaling else "throughput relative to the best point")
-    low.set_xlabel(axis_label(key))
+    low.set_xlabel("\n".join([axis_label(key), *footnotes]), multialignment="left")  # (laid out with the axes)
     head.set_title(f"{_plain(model)} on {_plain(cluster)}: the best plan at each point", pad=24)
     handles, texts = top.get_legend_handles_labels()
     head.legend(handles, texts, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=3, fontsize=8, frameon=False)
@@ -214,6 +218,26 @@ def figure(curves: dict[str, list[dict[str, Any]]], key: str, model: str, cluste
         fig.tight_layout(h_pad=2.5)
         _room_above_bars(fig, top)
     return fig
+
+
+def _notes(curves: dict[str, list[dict[str, Any]]], values: list[Any]) -> tuple[dict[int, str], list[str]]:
+    """The points' notes (what else changed with the swept value: a link the platform lacks, a GPU's own node link)
+    as footnotes: each point's mark (`` [1]``, for its tick label) by its index in ``values``, and the footnotes'
+    lines, wrapped (each note once, however many points it holds for)."""
+    by_note: dict[str, list[int]] = {}
+    for pts in curves.values():
+        for p in pts:
+            if p.get("note"):
+                at = by_note.setdefault(p["note"], [])
+                if values.index(p["value"]) not in at:
+                    at.append(values.index(p["value"]))
+    marks: dict[int, str] = {}
+    lines = []
+    for k, (note, at) in enumerate(by_note.items(), 1):
+        for i in at:
+            marks[i] = marks.get(i, "") + f" [{k}]"
+        lines += textwrap.wrap(_plain(f"[{k}] {note}"), NOTE_WIDTH, subsequent_indent="    ")
+    return marks, lines
 
 
 def _room_above_bars(fig: Any, ax: Any) -> None:

@@ -51,6 +51,14 @@ def test_every_point_labelled_and_nothing_overlaps(name, gpus, batch, key, value
     boxes += [(f"tick {t.get_text()}", t.get_window_extent(r)) for t in ticks]
     boxes += [("legend", legends[0].get_window_extent(r)), ("title", titles[0].get_window_extent(r))]
     top, low = fig.axes[:2]
+    boxes.append(("x label and notes", low.xaxis.label.get_window_extent(r)))
+    notes = list(dict.fromkeys(p["note"] for pts in curves.values() for p in pts if p.get("note")))
+    label = " ".join(low.get_xlabel().split())  # (wrapped)
+    assert all(f"[{k}] {n}" in label for k, n in enumerate(notes, 1)), label  # each note once, numbered
+    marked = [t.get_text() for t in low.get_xticklabels() if "[" in t.get_text()]
+    assert len(marked) == len({p["value"] for pts in curves.values() for p in pts if p.get("note")}), marked
+    if key == "gpu" and len(values) > 4:  # the GPUs whose node link is not the cluster's are marked
+        assert "l40s-48gb [" in " ".join(marked) and "h100-sxm5-80gb [" not in " ".join(marked)
     data = [(f"{name} axes", ax.get_window_extent(r)) for name, ax in (("throughput", top), ("efficiency", low))]
     for (a, ba), (b, bb) in itertools.combinations(boxes, 2):
         assert not ba.overlaps(bb), f"{a} overlaps {b}"
