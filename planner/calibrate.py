@@ -239,9 +239,15 @@ def applied_scales(base: ClusterSpec) -> dict[str, float]:
 
 
 def refitted_problem(base: ClusterSpec, runs: list[Run], ref: str | None) -> str | None:
-    """Why calibrating ``base`` on ``runs`` would count some of them twice (fitted into it before), or None: the
-    scales they pin would not move, but their spread would narrow as if they were new evidence, and the scales they
-    leave loose would drift towards whatever the model's misfit favours."""
+    """Why calibrating ``base`` on ``runs`` would count some of them twice (fitted into it before, or given twice in
+    ``runs``), or None: the scales they pin would not move, but their spread would narrow as if they were new
+    evidence, and the scales they leave loose would drift towards whatever the model's misfit favours."""
+    seen: dict[str, str] = {}
+    for r in runs:
+        if r.fingerprint in seen:
+            return (f"{seen[r.fingerprint]} and {r.source} hold the same run (the same plan and step times: a copy?), "
+                    "and fitting a run twice counts it twice; give each run once")
+        seen[r.fingerprint] = r.source
     old = set(base.calibration.fitted) if base.calibration is not None else set()
     again = [r.source for r in runs if r.fingerprint in old]
     if not again:

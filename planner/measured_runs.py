@@ -31,6 +31,9 @@ from specs.planfile import PlanFile, is_plan_data, load_plan, made_for_differenc
 COMPUTE_TERMS = ("forward_compute", "backward_compute", "recompute")  # the estimate's parts COMPUTE phases time
 
 
+FINGERPRINT_STEPS = 3  # the first steps whose times tell one measured run from another
+
+
 @dataclass
 class Run:
     """One measured run: where it came from, its plan, and its median step time after warm-up."""
@@ -44,14 +47,15 @@ class Run:
     # warm-up), where the lines carry every rank's phases: what the fit sets beside the estimate's compute, so that a
     # slow collective is not read as slow GEMMs
     stage_compute_s: tuple[float, ...] | None = None
+    first_steps_s: tuple[float, ...] = ()  # the times of its first steps, warm-up included (:attr:`fingerprint`)
 
     @property
     def fingerprint(self) -> str:
-        """What tells this run from another (its plan, model, hardware and measurements), not where its file is: a
-        calibrated profile records those fitted into it."""
+        """What tells this run from another: its plan, model and hardware and the times its first steps measured (the
+        same whatever the warm-up, and as more steps are appended by a resume), not where its file is or its median.
+        A calibrated profile records those fitted into it."""
         what = [self.plan.config.short(), self.plan.model.name, self.plan.cluster.name, self.plan.world_size,
-                self.plan.global_batch, self.plan.seq, self.steps, repr(self.measured_s),
-                [repr(c) for c in self.stage_compute_s or ()]]
+                self.plan.global_batch, self.plan.seq, [repr(t) for t in self.first_steps_s] or repr(self.measured_s)]
         return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:16]
 
 
@@ -317,7 +321,8 @@ def load_runs(metrics: list[str], plans: list[str] | None, warmup: int | None,
                 continue
             med, n = measured_median(seg.rows, warmup, source, more_steps)
             logged = next((r.get("predicted_step_time_s") for r in seg.rows if r.get("predicted_step_time_s")), None)
-            runs.append(Run(source, plan, med, n, logged, stage_compute(seg.rows, n, plan)))
+            first = tuple(float(r.get("step_time_s", 0.0)) for r in seg.rows[:FINGERPRINT_STEPS])
+            runs.append(Run(source, plan, med, n, logged, stage_compute(seg.rows, n, plan), first))
     if changed:
         print(f"note: left out {len(changed)} run(s) whose plan file has changed since ({', '.join(changed)}): "
               "the file no longer says what they ran", file=sys.stderr)

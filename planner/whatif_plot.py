@@ -173,7 +173,7 @@ def figure(curves: dict[str, list[dict[str, Any]]], key: str, model: str, cluste
         top.set_yscale("log")
     if not categorical:
         _leave_room(top, log=scaling)
-    marks, footnotes = _notes(curves, values)
+    marks, footnotes = _notes({name: curves[name] for name in names[:2]}, values)  # (the curves drawn)
     shown = [(_plain(str(v)) if categorical else f"{v:g}") + marks.get(i, "") for i, v in enumerate(values)]
     if categorical:
         top.set_xlim(-0.5, len(values) - 0.5)  # every GPU's place, a bar or "no plan" (shared with the lower axes)

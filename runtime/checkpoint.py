@@ -435,12 +435,13 @@ def read_meta(ck: Path, exporting: bool = False) -> dict[str, Any]:
         step, saved, sums = meta["step"], meta["plan"], meta.get("checksums", {})
         if not isinstance(step, int) or isinstance(step, bool) or step < 0 or not isinstance(saved, dict):
             raise ValueError("bad step or plan")
-        if STEP_NAME.fullmatch(ck.name) and checkpoint_step(ck) != step:  # a folder renamed, or meta.json edited
-            raise ValueError("step differs from the folder's")
         if not isinstance(sums, dict) or not all(isinstance(v, str) for v in sums.values()):
             raise ValueError("bad checksums")
     except (OSError, ValueError, KeyError, TypeError):
         raise AutoparError(f"checkpoint {ck} is corrupt (unreadable {META}); {instead_of(ck, exporting)}") from None
+    if STEP_NAME.fullmatch(ck.name) and checkpoint_step(ck) != meta["step"]:  # a folder renamed, meta.json edited
+        raise AutoparError(f"checkpoint {ck} is corrupt (its {META} says step {meta['step']}, its folder step "
+                           f"{checkpoint_step(ck)}); {instead_of(ck, exporting)}")
     if meta.get("format") != FORMAT:
         raise AutoparError(f"checkpoint {ck} has format {meta.get('format', 1)}, this autopar reads format {FORMAT}; "
                            "use the autopar that wrote it (or start without --resume)")

@@ -71,17 +71,22 @@ def newest_is_broken(root: Path) -> AutoparError | None:
 
 
 def instead_of(ck: Path, exporting: bool = False) -> str:
-    """What to do about checkpoint ``ck``, found corrupt: go on from (or export) the complete one before it;
-    ``--resume-from`` sets ``ck`` aside rather than deleting it."""
+    """What to do about checkpoint ``ck``, found corrupt: go on from (or export) the complete one before it, or the
+    newest complete one where newer ones are there (``latest`` pointed back at ``ck``); ``--resume-from`` sets the
+    checkpoints newer than the one it names aside rather than deleting them."""
     done = [p for p in step_folders(ck.parent) if (p / META).exists() and p != ck]
     before = [p for p in done if checkpoint_step(p) < checkpoint_step(ck)]
-    if not before and done and not exporting:  # (a --resume-from pointed back at it: the newer ones are still there)
-        return (f"go on from another with --resume-from {checkpoint_step(done[0])} (or --resume for the newest, "
-                f"{done[-1].name}), or delete it")
-    if not before:
-        return "no earlier checkpoint is there to use instead" if exporting else "delete it to start afresh"
+    later = [p for p in done if checkpoint_step(p) > checkpoint_step(ck)]
     if exporting:
-        return f"export the one before it instead ({before[-1]})"
+        return f"export the one before it instead ({before[-1]})" if before else \
+            "no earlier checkpoint is there to use instead"
+    if later:  # (it was pointed back at: the newer ones are still there)
+        back = (f", or from the one before it with --resume-from {checkpoint_step(before[-1])} (which sets the newer "
+                "ones aside)") if before else ""
+        return f"go on from the newest, {later[-1].name}, with --resume-from {checkpoint_step(later[-1])}{back}, or " \
+               "delete it"
+    if not before:
+        return "delete it to start afresh"
     step = checkpoint_step(before[-1])
     return f"go on from the one before it with --resume-from {step} (which sets this one aside), or delete it"
 

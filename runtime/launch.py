@@ -92,7 +92,7 @@ def _absolute(path: str | None) -> str | None:
 
 def group_nodes(plan: PlanFile) -> list[tuple[str, int, int]]:
     """(group, first node rank, nodes) of each run of nodes a plan on node groups puts on one group, in rank order:
-    from global rank 0, each node holds the next ``gpus_per_node`` ranks of its group (``specs.parallel.rank_group``
+    from global rank 0, each node holds the next ``gpus_per_node`` ranks of its group (``ParallelConfig.rank_group``
     says which for a placed plan; the rules keep a node's GPUs in one group; a plan without a placement, on groups
     whose nodes differ in size, takes the groups' nodes in profile order)."""
     cfg = plan.config
@@ -181,7 +181,8 @@ def launch(plan_path: str, options: RunOptions | None = None, nproc: int | None 
                                f"({plan.cluster.name}) or re-plan with --gpus {gpus}")
         if resume and checkpoint_dir:  # from a checkpoint older than others (latest pointed back): set aside, the run
             root = Path(checkpoint_dir)  # checked (several nodes: their shared folder, seen from here) and the
-            if abandoned(root):  # checkpoint it goes on from whole (the workers' check comes after the move)
+            if abandoned(root) and not o.dry_run:  # checkpoint it goes on from whole (the workers' check comes after
+                # the move; a dry run moves nothing)
                 from runtime.checkpoint import check_whole
 
                 check_whole(latest_checkpoint(root))

@@ -24,7 +24,7 @@ _KV_HEADS_DEFAULT = {"mistral": 8, "mixtral": 8, "qwen2": 32, "qwen3": 32, "gemm
 _UNPRICED = {"attn_logit_softcapping": "soft-capped attention scores",
              "final_logit_softcapping": "soft-capped output logits",
              "sliding_window_pattern": "alternating local and global attention layers",
-             "layer_types": "layers of different attention kinds, or sliding attention with no window"}
+             "layer_types": "layers of different attention kinds"}
 _GPT2_LIKE = {"gpt2", "gptj"}  # gptj: rotary, no learned positions
 
 
@@ -344,8 +344,12 @@ def _spec_fields(cfg: dict[str, Any], source: str) -> dict[str, Any]:
                            "with a moe: section")
     unpriced = next((k for k in _UNPRICED if cfg.get(k) is not None and not _one_attention_kind(k, cfg, mtype)), None)
     if unpriced:
-        raise AutoparError(f"Hugging Face config {source}: {unpriced} ({_UNPRICED[unpriced]}) is not something "
-                           "autopar's cost model prices; write an autopar spec to plan it as a plain model")
+        what = _UNPRICED[unpriced]
+        if unpriced == "layer_types" and isinstance(cfg[unpriced], list) and \
+                set(cfg[unpriced]) == {"sliding_attention"}:  # one kind, but no window the config applies
+            what = "sliding attention in every layer, with no sliding_window the config applies"
+        raise AutoparError(f"Hugging Face config {source}: {unpriced} ({what}) is not something autopar's cost model "
+                           "prices; write an autopar spec to plan it as a plain model")
     if mtype and mtype not in _LLAMA_LIKE | _GPT2_LIKE | {"nemotron"}:  # n_embd alone does not make a GPT-2
         raise AutoparError(
             f"Hugging Face config {source}: model_type '{mtype}' is not supported; autopar reads "
@@ -388,6 +392,10 @@ def _spec_fields(cfg: dict[str, Any], source: str) -> dict[str, Any]:
         if mtype == "nemotron":
             return _nemotron(cfg, str(name))
         heads = _int(cfg, "num_attention_heads")
+        default_kv = _KV_HEADS_DEFAULT.get(mtype, heads) if kv_left_out else heads
+        if heads % default_kv:
+            raise ValueError(f"num_key_value_heads is left out, and {mtype}'s default in transformers, {default_kv}, "
+                             f"does not divide num_attention_heads {heads}; write num_key_value_heads")
         window = _window(cfg, mtype)
         out: dict[str, Any] = {
             "name": str(name),
@@ -395,8 +403,7 @@ def _spec_fields(cfg: dict[str, Any], source: str) -> dict[str, Any]:
             "num_layers": _int(cfg, "num_hidden_layers"),
             "hidden_size": _int(cfg, "hidden_size"),
             "num_attention_heads": heads,
-            "num_kv_heads": _int(cfg, "num_key_value_heads",
-                                 _KV_HEADS_DEFAULT.get(mtype, heads) if kv_left_out else heads),
+            "num_kv_heads": _int(cfg, "num_key_value_heads", default_kv),
             "ffn_hidden_size": _int(cfg, "intermediate_size"),
             "vocab_size": _int(cfg, "vocab_size"),
             **_sequence(cfg, window),

@@ -599,6 +599,13 @@ def test_runs_fitted_into_a_profile_are_not_fitted_again(tmp_path, capsys):
         assert f"already fitted into {prof} (a calibrated profile)" in err and again[0] in err, err
         assert err.count("\n") == 1 and "Traceback" not in err
         assert prof.read_text() == before
+    assert main(["calibrate", *[str(m) for m, _ in runs], "--cluster", str(prof), "--warmup", "3", "--out",
+                 str(prof)]) == 2  # another warm-up makes no new run of it
+    assert "already fitted into" in capsys.readouterr().err and prof.read_text() == before
+    assert main(["calibrate", str(runs[0][0]), str(moved / "renamed.jsonl"), "--cluster", "dgx-h100", "--out",
+                 str(tmp_path / "twice.yaml")]) == 2  # a copy given beside its original: the same run twice
+    assert f"{runs[0][0]} and {moved / 'renamed.jsonl'} hold the same run" in capsys.readouterr().err
+    assert not (tmp_path / "twice.yaml").exists()
     (tmp_path / "new").mkdir()
     fresh = _write_runs(tmp_path / "new", base, TRUE, phase=0.5)  # the same plans measured again
     assert main(["calibrate", *[str(m) for m, _ in fresh], "--cluster", str(prof), "--out", str(prof)]) == 0

@@ -999,15 +999,15 @@ def test_a_roll_back_loses_no_checkpoint(tmp_path, capsys):
     assert main(["run", plan, "--checkpoint-dir", str(root), "--resume-from", "4", "--steps", "30"]) == 2
     err = capsys.readouterr().err
     assert f"checkpoint {root}/step_00000004 is corrupt (__0_0.distcp does not match the checksum it was saved with); " \
-           "go on from another with --resume-from 16 (or --resume for the newest, step_00000016), or delete it" in err
+           "go on from the newest, step_00000016, with --resume-from 16, or delete it" in err
     assert sorted(p.name for p in root.iterdir() if p.name != ".autopar-lock") == before
     assert (root / "latest").read_text() == "step_00000016\n"
     from runtime.checkpoint import read_meta
 
-    for edit in ({"checksums": "0"}, {"step": 5}):  # hand-edited: checksums not a mapping, another step than its folder's
-        bad = {k: v for k, v in {**meta4, **edit}.items() if v is not None}
-        (root / "step_00000004" / "meta.json").write_text(json.dumps(bad))
-        with pytest.raises(AutoparError, match=r"step_00000004 is corrupt \(unreadable meta.json\)"):
+    for edit, why in (({"checksums": "0"}, "unreadable meta.json"),  # hand-edited: checksums not a mapping, another
+                      ({"step": 5}, "its meta.json says step 5, its folder step 4")):  # step than its folder's
+        (root / "step_00000004" / "meta.json").write_text(json.dumps({**meta4, **edit}))
+        with pytest.raises(AutoparError, match=f"step_00000004 is corrupt \\({why}\\); go on from the newest"):
             read_meta(root / "step_00000004")
     fresh = tmp_path / "fresh"  # a refused fresh run leaves no folder behind (nor its lock file)
     assert main(["run", str(other), "--checkpoint-dir", str(fresh), "--steps", "0"]) == 2
@@ -1284,3 +1284,24 @@ def test_another_runs_checkpoint_is_named_by_the_field_that_differs():
     assert _first_difference({"seq": 64}, {"seq": 64, "cp": 2}) == "cp: checkpoint has None, this run 2"
     assert _first_difference({"model": {"moe": None}}, ours) == \
         "model.moe: checkpoint has None, this run {'num_experts': 8, 'experts_per_token': 1}"
+
+
+def test_a_damaged_checkpoint_says_which_complete_ones_to_go_on_from(tmp_path):
+    """The advice for a damaged checkpoint names what is there: the one before it (after a plain resume from the
+    newest), or the newest (pointed back at it: newer ones are there), and the one before it too where there is one,
+    with what each sets aside; an export names the one before it."""
+    from runtime.checkpoint_folder import instead_of
+
+    root = tmp_path / "ck"
+    for step in (2, 4, 6, 8):
+        (root / f"step_{step:08d}").mkdir(parents=True)
+        (root / f"step_{step:08d}" / "meta.json").write_text("{}")
+    assert instead_of(root / "step_00000008") == \
+        "go on from the one before it with --resume-from 6 (which sets this one aside), or delete it"
+    assert instead_of(root / "step_00000004") == (
+        "go on from the newest, step_00000008, with --resume-from 8, or from the one before it with --resume-from 2 "
+        "(which sets the newer ones aside), or delete it")
+    assert instead_of(root / "step_00000002") == "go on from the newest, step_00000008, with --resume-from 8, or " \
+        "delete it"
+    assert instead_of(root / "step_00000004", exporting=True) == f"export the one before it instead ({root}/step_00000002)"
+    assert instead_of(root / "step_00000002", exporting=True) == "no earlier checkpoint is there to use instead"

@@ -87,8 +87,9 @@ def test_hf_config_without_num_key_value_heads_reads_transformers_default(tmp_pa
     assert _hf(tmp_path, cfg).kv_heads == want
     assert _hf(tmp_path, {**cfg, "num_key_value_heads": None}).kv_heads == 32
     if want != 32:
-        with pytest.raises(AutoparError, match=f"num_attention_heads 10 must be a multiple of num_key_value_heads "
-                                               f"{want}$"):
+        with pytest.raises(AutoparError, match=f"num_key_value_heads is left out, and {mtype}'s default in "
+                                               f"transformers, {want}, does not divide num_attention_heads 10; write "
+                                               "num_key_value_heads"):
             _hf(tmp_path, {**cfg, "num_attention_heads": 10, "hidden_size": 640})
 
 
@@ -176,10 +177,12 @@ def test_layer_types_of_one_kind_are_a_plain_model(tmp_path):
     assert sliding == _hf(tmp_path, windowed) and (sliding.sliding_window, sliding.seq_length) == (4096, 4096)
     mistral = {**cfg, "model_type": "mistral", "sliding_window": 4096}
     assert _hf(tmp_path, {**mistral, "layer_types": ["sliding_attention"] * 2}) == _hf(tmp_path, mistral)
-    for bad in ({**cfg, "layer_types": ["full_attention", "sliding_attention"]},
-                {**mistral, "layer_types": ["full_attention", "sliding_attention"]},
-                {**cfg, "layer_types": ["sliding_attention"] * 2}):  # Qwen's window applies with use_sliding_window
-        with pytest.raises(AutoparError, match="layer_types .* is not something autopar's cost model prices"):
+    mixed = "layer_types .layers of different attention kinds. is not something autopar's cost model prices"
+    unslid = "layer_types .sliding attention in every layer, with no sliding_window the config applies. is not"
+    for bad, why in (({**cfg, "layer_types": ["full_attention", "sliding_attention"]}, mixed),
+                     ({**mistral, "layer_types": ["full_attention", "sliding_attention"]}, mixed),
+                     ({**cfg, "layer_types": ["sliding_attention"] * 2}, unslid)):  # Qwen's window: use_sliding_window
+        with pytest.raises(AutoparError, match=why):
             _hf(tmp_path, bad)
 
 
