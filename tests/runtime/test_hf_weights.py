@@ -115,7 +115,7 @@ def test_bad_hugging_face_inputs_are_one_line_errors(tmp_path, capsys):
         (tmp_path / "hf" / "config.json").write_text(text)
         assert main(["import-hf", str(tmp_path / "hf"), "--plan", str(plan_path), "--out", str(tmp_path / "ck")]) == 2
         err = capsys.readouterr().err
-        assert err.count("\n") == 1 and ("must hold a mapping" in err or "twice" in err), err
+        assert err.count("\n") == 1 and ("must hold a JSON object" in err or "twice" in err), err
     with pytest.raises(AutoparError, match="no checkpoint in"):
         export_hf(tmp_path / "nothing", tmp_path / "out")
     (tmp_path / "older" / "step_00000002").mkdir(parents=True)  # a newer checkpoint broken: refused, not the one
