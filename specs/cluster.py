@@ -245,6 +245,17 @@ def gpu_precision_problem(gpu: GPUSpec, precision: str, backend: str) -> str | N
             f"precision {usable[0] if usable else next(iter(have))}")
 
 
+def intra_link_problem(gpu: GPUSpec, bandwidth_GBps: float) -> str | None:
+    """Why an intra-node link of ``bandwidth_GBps`` per GPU is one ``gpu``'s platform does not have (more than
+    :data:`LINK_SLACK` times its datasheet node link), or None."""
+    link = gpu.node_link
+    if link is None or bandwidth_GBps <= LINK_SLACK * link.bandwidth_GBps:
+        return None
+    return (f"intra_node bandwidth_GBps {bandwidth_GBps:g}: GPU {gpu.name} has {link.text()} inside a node; use at "
+            f"most {LINK_SLACK * link.bandwidth_GBps:g} ({LINK_SLACK:g}x its {link.bandwidth_GBps:g}), or leave "
+            "intra_node out to use it")
+
+
 def table_rate_problem(gpu: GPUSpec, precision: str, backend: str, calibrated: bool = False) -> str | None:
     """Why a rate ``gpu``'s tables say it measured is one it cannot reach (above its peak at ``precision``, beyond
     :data:`RATE_SLACK`), or None. CPU ranks (gloo): their peak is itself a measured rate. ``calibrated``: the tables
@@ -387,16 +398,11 @@ class ClusterSpec(Strict):
         return table_rate_problem(self.gpu, self.precision, self.backend, self.calibration is not None)
 
     def link_problem(self) -> str | None:
-        """Why this cluster's intra-node link is one its GPU's platform does not have (more than LINK_SLACK times
-        its datasheet bandwidth), or None."""
-        link = self.gpu.node_link
-        if link is None or self.intra_node.bandwidth_GBps <= LINK_SLACK * link.bandwidth_GBps:
-            return None
+        """Why this cluster's intra-node link is one its GPU's platform does not have (:func:`intra_link_problem`),
+        or None."""
         if self.calibration is not None and "comm" in self.calibration.scales:
             return None  # scaled by a fit to measured runs (calibrate's comm scale), not a hand-typed datasheet value
-        return (f"intra_node bandwidth_GBps {self.intra_node.bandwidth_GBps:g}: GPU {self.gpu.name} has "
-                f"{link.text()} inside a node; use at most {LINK_SLACK * link.bandwidth_GBps:g} ({LINK_SLACK:g}x its "
-                f"{link.bandwidth_GBps:g}), or leave intra_node out to use it")
+        return intra_link_problem(self.gpu, self.intra_node.bandwidth_GBps)
 
     @property
     def nic_bw_per_gpu(self) -> float:

@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from specs.cluster import ClusterSpec, GPUSpec, gpu_precision_problem, table_rate_problem
+from specs.cluster import MAX_GPUS, ClusterSpec, GPUSpec, gpu_precision_problem, intra_link_problem, table_rate_problem
 from specs.errors import AutoparError, did_you_mean, validated
 from specs.files import check_output_file, read_mapping
 from specs.topology import DefaultLink, GroupLink, Link, NodeGroup, Topology
@@ -145,6 +145,10 @@ def _grouped(data: dict[str, Any], source: str, base: Path | None = None) -> dic
     names = [g.name for g in groups]
     if len(set(names)) < len(names):
         raise AutoparError(f"{where}: node group names must differ, got {', '.join(names)}")
+    total = sum(g.num_gpus for g in groups)
+    if total > MAX_GPUS:  # before the topology graph, which holds a vertex per node
+        raise AutoparError(f"{where}: its node groups hold {total:,} GPUs, beyond autopar's limit of {MAX_GPUS:,}; "
+                           "check each group's num_nodes and gpus_per_node")
     links = tuple(validated(GroupLink, x, f"{where}, between_groups") for x in data.get("between_groups") or [])
     default = data.get("default_between")
     default = validated(DefaultLink, default, f"{where}, default_between") if default is not None else None
@@ -156,7 +160,8 @@ def _grouped(data: dict[str, Any], source: str, base: Path | None = None) -> dic
     gpus = [GPUSpec.model_validate(g.gpu) for g in groups]
     backend = data.get("backend", "nccl")
     for g, gpu in zip(groups, gpus):  # every group's GPU, not only the slowest the merged view keeps
-        problem = gpu_precision_problem(gpu, precision, backend) or table_rate_problem(gpu, precision, backend)
+        problem = (gpu_precision_problem(gpu, precision, backend) or table_rate_problem(gpu, precision, backend)
+                   or intra_link_problem(gpu, g.intra_node["bandwidth_GBps"]))
         if problem:
             raise AutoparError(f"{where}: node group {g.name}: {problem}")
     slowest = min(gpus, key=lambda x: x.peak(precision))

@@ -3,7 +3,7 @@
 A cluster profile with ``node_groups`` (see docs/contract.md) describes, per group, its GPU, its nodes and their
 NICs (``kind``: ib, roce or ethernet), and ``between_groups`` the per-node bandwidth and latency of the links that
 join two groups (``default_between`` for every pair not listed). :class:`Topology` holds it as a networkx graph
-(a switch per group with its nodes on it, the group links between switches) and answers the one question the
+(a switch per group, its nodes behind it, the group links between switches) and answers the one question the
 cost model asks of it: over what bandwidth and latency do the nodes of two groups talk (the widest path's
 narrowest link; its latencies summed)? Everything else about a group is an ordinary homogeneous cluster
 (``ClusterSpec.group_view``).
@@ -86,18 +86,16 @@ class GroupLink(DefaultLink):
 
 
 class Topology:
-    """The node groups and their links as a graph: ``group:<name>`` switches, ``<name>/<i>`` nodes."""
+    """The node groups and their links as a graph of ``group:<name>`` switches (a group's nodes hang off its switch
+    through their NICs, which :meth:`between` counts at both ends)."""
 
     def __init__(self, groups: tuple[NodeGroup, ...], links: tuple[GroupLink, ...],
                  default: DefaultLink | None) -> None:
         self.groups = {g.name: g for g in groups}
         self._between: dict[tuple[str, str], tuple[float, float]] = {}
         self.graph = nx.Graph()
-        for g in groups:
+        for g in groups:  # a group's nodes reach its switch over their own NICs (``between`` adds them)
             self.graph.add_node(_switch(g.name), kind="switch")
-            for i in range(g.num_nodes):
-                self.graph.add_edge(f"{g.name}/{i}", _switch(g.name), Gbps=g.inter_node.node_Gbps,
-                                    latency_us=g.inter_node.latency_us / 2)  # node to node: one NIC hop
         listed: set[frozenset[str]] = set()
         self.repeated: tuple[str, str] | None = None  # a pair of groups two entries link (problem() says so)
         self.looped: str | None = None  # a group an entry links to itself (its nodes' own network says that)
@@ -149,7 +147,7 @@ class Topology:
             ends = (min(na.node_Gbps, nb.node_Gbps), (na.latency_us + nb.latency_us) / 2)
             best = (float("inf"), 0.0)
             if a != b:
-                switches = self.graph.subgraph(_switch(n) for n in self.groups)
+                switches = self.graph.subgraph(_switch(n) for n in self.groups)  # not an unknown group a link named
                 best = (0.0, float("inf"))
                 for path in nx.all_simple_paths(switches, _switch(a), _switch(b)):
                     edges = [switches.edges[u, v] for u, v in zip(path, path[1:])]

@@ -72,6 +72,11 @@ def test_bad_group_profiles_are_one_line_errors(tmp_path, capsys):
         ([_group("a", gpu="a100-sxm9"), _group("b")], {"default_between": {"bandwidth_Gbps_per_node": 100}},
          "unknown GPU 'a100-sxm9'"),
         ([_group("a")], {"gpu": "a100-sxm4-80gb"}, "give 'gpu' per group"),
+        ([_group("a", intra_node={"bandwidth_GBps": 900}), _group("b")],
+         {"default_between": {"bandwidth_Gbps_per_node": 100}}, "node group a: intra_node bandwidth_GBps 900"),
+        # 10^8 nodes: refused from the count, before anything is built per node
+        ([_group("a", nodes=10**8), _group("b")], {"default_between": {"bandwidth_Gbps_per_node": 100}},
+         "hold 800,000,016 GPUs, beyond autopar's limit"),
     ]
     for groups, extra, words in cases:
         err = fails(capsys, *plan, _profile(tmp_path, groups, **extra))
