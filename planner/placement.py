@@ -8,7 +8,8 @@ data-parallel groups stay inside a node group, so only pipeline sends cross grou
 tried for each stage shape; layers are split evenly and in proportion to each group's speed per layer (the
 placed plan's own stage times under an even split); the fastest placed plans are then balanced further, a layer
 at a time to the fastest stage from the slowest one or from the rank that finishes last, while the step gets
-faster. Every placed plan is priced exactly (cost_models/placement.py).
+faster. Every placed plan is priced exactly (cost_models/placement.py). The keys a search holds are held here too:
+a fixed placement is the only one tried, a fixed layer split is kept.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
 from cost_models.step import estimate
 from planner.refine import PlanResult
+from planner.space import allows_several
 from specs.cluster import ClusterSpec
 from specs.model import ModelSpec
 from specs.parallel import ParallelConfig, default_split
@@ -34,7 +37,7 @@ SPLIT_BASES = 16  # distinct homogeneous plans placed with every pipeline rank s
 MAX_MOVES = 16  # single-layer moves tried per placed plan
 MOVED = 3  # placed plans balanced by single-layer moves (the fastest)
 ORDERS = 2  # orders of the groups kept per stage shape
-MAX_SPLITS = 2000  # layer splits an exhaustive placement tries per plan and order (beyond: the even split)
+MAX_SPLITS = 2000  # layer splits an exhaustive placement tries per plan and order (beyond: the heuristic's alone)
 
 
 def placements(cluster: ClusterSpec, cfg: ParallelConfig, moe: bool = False) -> list[tuple[str, ...]]:
@@ -141,12 +144,13 @@ def moved(model: ModelSpec, cluster: ClusterSpec, best: PlanResult, global_batch
 
 
 def _orders(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global_batch: int, headroom_GiB: float | None,
-            state: StateSpec) -> list[tuple[PlanResult, dict[str, float]]]:
+            state: StateSpec, hold: bool = False) -> list[tuple[PlanResult, dict[str, float]]]:
     """A placed plan priced with its layers split evenly, by its groups' speed and as :func:`fitted` evens the stages
-    out (only evenly when every stage is on the same groups), each with the groups' speeds."""
+    out (only evenly when every stage is on the same groups), each with the groups' speeds. ``hold``: only with its
+    own split (a fixed one)."""
     even = _price(model, cluster, cfg, global_batch, headroom_GiB, state)
     speeds = _speeds(model, even.config, even)
-    if len(set(cfg.placement or ())) == 1:  # every stage on the same groups: no group is faster than another
+    if hold or len(set(cfg.placement or ())) == 1:  # every stage on the same groups: no group is faster than another
         return [(even, speeds)]
     split = _price(model, cluster, by_speed(model, even.config, speeds), global_batch, headroom_GiB, state)
     out = [(even, speeds), (split, speeds)]
@@ -158,46 +162,71 @@ def _orders(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global_
     return out
 
 
+def holds_split(fixed: dict[str, Any]) -> bool:
+    """Whether ``fixed`` (the plan keys a search holds) fixes the layer split: ``layers``, or per-stage
+    ``recompute_layers`` (counts that belong to one split)."""
+    return "layers" in fixed or isinstance(fixed.get("recompute_layers"), tuple)
+
+
 def place(model: ModelSpec, cluster: ClusterSpec, ranked: list[PlanResult], global_batch: int,
-          headroom_GiB: float | None, state: StateSpec, exhaustive: bool = False) -> list[PlanResult]:
+          headroom_GiB: float | None, state: StateSpec, exhaustive: bool = False,
+          fixed: dict[str, Any] | None = None) -> list[PlanResult]:
     """Placed versions of the homogeneous plans ``ranked`` (best first). For the first plan of each stage shape
     (tp, dp, cp, vpp) every order of the groups is priced with the layers split evenly, by group speed and as
     :func:`fitted` evens the stages out; the shape's other plans take its :data:`ORDERS` best orders, split by
     speed; the best :data:`MOVED` placed plans, and the best of each shape in each kept order, are then balanced by
-    single-layer moves. ``exhaustive``: every plan in every order with every layer split (one layer per stage at
-    least; :func:`splits`). Best first, those that fit before those that do not."""
-    if exhaustive:
-        out = [_price(model, cluster, replace(cfg, placement=where, layers=split), global_batch, headroom_GiB, state)
-               for cfg in _bases(ranked, len(ranked)) for where in placements(cluster, cfg, model.moe is not None)
-               for split in splits(model.num_layers, cfg.pp * cfg.vpp)]
-        return sorted(out, key=PlanResult.rank_key)
+    single-layer moves. ``exhaustive``: so for every plan of ``ranked``, and each also with every layer split (one
+    layer per stage at least) where there are at most :data:`MAX_SPLITS` of them. ``fixed``: the plan keys the
+    search holds; a fixed ``placement`` is the only one tried, and a fixed split (:func:`holds_split`) is kept.
+    Best first, those that fit before those that do not."""
+    fixed = fixed or {}
+    hold = holds_split(fixed)
+    out = _placed(model, cluster, ranked, global_batch, headroom_GiB, state, fixed,
+                  len(ranked) if exhaustive else None)
+    if exhaustive and not hold:
+        out += [_price(model, cluster, replace(cfg, placement=where, layers=split), global_batch, headroom_GiB, state)
+                for cfg in _bases(ranked, len(ranked)) for where in _ways(cluster, cfg, model.moe is not None, fixed)
+                for split in splits(model.num_layers, cfg.pp * cfg.vpp)]
+    out.sort(key=PlanResult.rank_key)
+    unique = {_plain(p.config): p for p in reversed(out)}  # a split equal to the even one is the even one
+    return sorted(unique.values(), key=PlanResult.rank_key)
+
+
+def _placed(model: ModelSpec, cluster: ClusterSpec, ranked: list[PlanResult], global_batch: int,
+            headroom_GiB: float | None, state: StateSpec, fixed: dict[str, Any], limit: int | None
+            ) -> list[PlanResult]:
+    """:func:`place`'s heuristic: the placed plans of :func:`_chosen`'s bases (``limit``: that many of each kind
+    instead of :data:`MAX_BASES` and :data:`SPLIT_BASES`), best first."""
+    hold = holds_split(fixed)
+    moe = model.moe is not None
     out = []
     orders_of: dict[tuple[tuple[int, int, int, int], bool], list[tuple[tuple[str, ...], dict[str, float]]]] = {}
-    for base, kinds in _chosen(cluster, ranked, model.moe is not None):
+    for base, kinds in _chosen(cluster, ranked, moe, fixed, limit):
         shape = (base.tp, base.dp, base.cp, base.vpp)
         for split in kinds:  # True: the replicas split over the groups
             if (shape, split) in orders_of:
-                out += [_price(model, cluster, replace(base, placement=w) if split else
+                out += [_price(model, cluster, replace(base, placement=w) if split or hold else
                                by_speed(model, replace(base, placement=w), speeds), global_batch, headroom_GiB, state)
                         for w, speeds in orders_of[shape, split]]
                 continue
-            ways = [w for w in placements(cluster, base, model.moe is not None) if splits_replicas(w) == split]
+            ways = [w for w in _ways(cluster, base, moe, fixed) if splits_replicas(w) == split]
             tried = [t for w in ways for t in _orders(model, cluster, replace(base, placement=w), global_batch,
-                                                       headroom_GiB, state)]
+                                                       headroom_GiB, state, hold)]
             tried.sort(key=lambda t: t[0].rank_key())
             out += [t[0] for t in tried]
             best_orders = list(dict.fromkeys(t[0].config.placement for t in tried))[:ORDERS]
             orders_of[shape, split] = [(w, next(sp for p, sp in tried if p.config.placement == w))
                                        for w in best_orders]
     out.sort(key=PlanResult.rank_key)
+    if hold:
+        return out
     firsts = sorted({replace(p.config, layers=None): i for i, p in reversed(list(enumerate(out)))}.values())
     kept = {(shape, w) for (shape, split), orders in orders_of.items() if not split for w, _ in orders}
     per_order = sorted({_shape_order(out[i].config): i for i in reversed(firsts)
                         if _shape_order(out[i].config) in kept}.values())
     for i in sorted(set(firsts[:MOVED]) | set(per_order)):  # the best plans, and the best in each order
         out[i] = moved(model, cluster, out[i], global_batch, headroom_GiB, state)
-    unique = {_plain(p.config): p for p in reversed(out)}  # a split equal to the even one is the even one
-    return sorted(unique.values(), key=PlanResult.rank_key)
+    return out
 
 
 def _plain(cfg: ParallelConfig) -> ParallelConfig:
@@ -208,39 +237,51 @@ def _shape_order(cfg: ParallelConfig) -> tuple[tuple[int, int, int, int], tuple[
     return (cfg.tp, cfg.dp, cfg.cp, cfg.vpp), cfg.placement
 
 
-def _chosen(cluster: ClusterSpec, ranked: list[PlanResult], moe: bool) -> list[tuple[ParallelConfig, set[bool]]]:
-    """The first :data:`MAX_BASES` distinct configurations of ``ranked`` the groups hold as whole pipeline ranks, and
-    the first :data:`SPLIT_BASES` whose pipeline ranks can be split over the groups; each with the kinds of
-    placement it was taken for (True: split)."""
+def _ways(cluster: ClusterSpec, cfg: ParallelConfig, moe: bool, fixed: dict[str, Any]) -> list[tuple[str, ...]]:
+    """:func:`placements` of ``cfg``, only those ``fixed`` allows (a fixed ``placement``: it alone)."""
+    held = fixed.get("placement")
+    return [w for w in placements(cluster, cfg, moe)
+            if held is None or w == held or (allows_several(held) and w in held)]
+
+
+def _chosen(cluster: ClusterSpec, ranked: list[PlanResult], moe: bool, fixed: dict[str, Any],
+            limit: int | None = None) -> list[tuple[ParallelConfig, set[bool]]]:
+    """The first :data:`MAX_BASES` (``limit``) distinct configurations of ``ranked`` the groups hold as whole
+    pipeline ranks, and the first :data:`SPLIT_BASES` (``limit``) whose pipeline ranks can be split over the groups;
+    each with the kinds of placement it was taken for (True: split)."""
+    most_blocks, most_split = (MAX_BASES, SPLIT_BASES) if limit is None else (limit, limit)
     out, blocks, split = [], 0, 0
-    for cfg in _bases(ranked, len(ranked)):
-        kinds = {splits_replicas(w) for w in placements(cluster, cfg, moe)}
-        take = {k for k in kinds if (split < SPLIT_BASES if k else blocks < MAX_BASES)}
+    for cfg in _bases(ranked, len(ranked), holds_split(fixed)):
+        kinds = {splits_replicas(w) for w in _ways(cluster, cfg, moe, fixed)}
+        take = {k for k in kinds if (split < most_split if k else blocks < most_blocks)}
         if take:
             out.append((cfg, take))
             blocks, split = blocks + (False in take), split + (True in take)
-        if blocks >= MAX_BASES and split >= SPLIT_BASES:
+        if blocks >= most_blocks and split >= most_split:
             break
     return out
 
 
-def _bases(ranked: list[PlanResult], limit: int) -> list[ParallelConfig]:
-    """The first ``limit`` distinct configurations of ``ranked`` without their layer split and placement (a plan's
-    per-stage recompute counts dropped: they belong to its split)."""
+def _bases(ranked: list[PlanResult], limit: int, hold: bool = False) -> list[ParallelConfig]:
+    """The first ``limit`` distinct configurations of ``ranked`` without their placement and (unless ``hold``: a
+    fixed split) their layer split (a plan's per-stage recompute counts dropped: they belong to its split)."""
     seen: dict[ParallelConfig, None] = {}
     for r in ranked:
-        keep = r.config.recompute_layers if not isinstance(r.config.recompute_layers, tuple) else None
-        seen.setdefault(replace(r.config, layers=None, recompute_layers=keep, placement=None))
+        cfg = replace(r.config, placement=None)
+        if not hold:
+            keep = cfg.recompute_layers if not isinstance(cfg.recompute_layers, tuple) else None
+            cfg = replace(cfg, layers=None, recompute_layers=keep)
+        seen.setdefault(cfg)
         if len(seen) == limit:
             break
     return list(seen)
 
 
-def splits(num_layers: int, stages: int) -> list[tuple[int, ...] | None]:
-    """Every split of ``num_layers`` over ``stages`` with at least one layer each (None, the even split, when there
-    are more than :data:`MAX_SPLITS` of them)."""
+def splits(num_layers: int, stages: int) -> list[tuple[int, ...]]:
+    """Every split of ``num_layers`` over ``stages`` with at least one layer each (none when there are more than
+    :data:`MAX_SPLITS` of them)."""
     if math.comb(num_layers - 1, stages - 1) > MAX_SPLITS:
-        return [None]
+        return []
     return [tuple(b - a for a, b in zip((0, *cuts), (*cuts, num_layers)))
             for cuts in itertools.combinations(range(1, num_layers), stages - 1)]
 

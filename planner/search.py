@@ -123,13 +123,13 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
                    key=PlanResult.rank_key)
     roomy = _fastest([r for r in results.values() if r.estimate.memory_GiB <= room])
     homogeneous = None
-    if place_groups and cluster.node_groups and fixed.get("placement") is None:
-        homogeneous = plans[0] if plans else None
+    if place_groups and cluster.node_groups:  # a fixed placement too: its layers go by its groups' speeds
+        homogeneous = plans[0] if plans and fixed.get("placement") is None else None
         bases = _placeable(model, cluster, global_batch, fixed, headroom_GiB, state, roomy, exhaustive)
-        placed = place(model, cluster, bases, global_batch, headroom_GiB, state, exhaustive)
+        placed = place(model, cluster, bases, global_batch, headroom_GiB, state, exhaustive, fixed)
         results.update({p.config: p for p in placed})
-        plans = sorted(plans + [p for p in placed if p.estimate.fits],
-                       key=PlanResult.rank_key)
+        fitting = {p.config: p for p in plans + placed if p.estimate.fits}  # a fixed placement's are in both
+        plans = sorted(fitting.values(), key=PlanResult.rank_key)
     closest = None
     if not plans:
         allr = sorted(results.values(), key=lambda r: r.estimate.memory_GiB)

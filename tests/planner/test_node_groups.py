@@ -246,6 +246,35 @@ def test_the_default_search_finds_the_exhaustive_best_on_a_small_two_group_clust
     assert default.estimate.step_time_s == pytest.approx(exhaustive.estimate.step_time_s, rel=1e-9)
 
 
+def test_the_exhaustive_search_is_no_worse_than_the_default_where_splits_are_too_many_to_list():
+    """Llama 3 70B on A100 and H100 groups: a pipeline of 3 has more layer splits than an exhaustive placement lists,
+    so it must also balance them as the default search does (it took the even split alone: 100 s against 65 s)."""
+    c, model = load_cluster("a100-h100-ib"), load_model("llama3-70b")
+    default = search(model, c, 512, top=1).plans[0]
+    exhaustive = search(model, c, 512, top=1, exhaustive=True).plans[0]
+    assert exhaustive.estimate.step_time_s <= default.estimate.step_time_s * (1 + 1e-9)
+
+
+def test_fixed_splits_and_placements_hold_on_node_groups():
+    """``--fix layers=...`` (and per-stage recompute counts) are kept by the placement step, which moved them; a
+    fixed placement with its layers free gets them by its groups' speeds, as the free search does (it got them from
+    the slowest-GPU view: an even split)."""
+    c, model = load_cluster("a100-h100-ib"), load_model("llama3-70b")
+    free = search(model, c, 512, top=1).plans[0]
+    assert free.config.placement == ("a100", "a100", "h100") and free.config.layers is not None
+    held = search(model, c, 512, fixed={"layers": (26, 27, 27)}, top=50).plans
+    assert held and all(p.config.layers == (26, 27, 27) for p in held)
+    assert any(p.config.placement is not None for p in held)
+    both = {"layers": (24, 24, 32), "recompute": "full", "recompute_layers": (2, 0, 4)}
+    held = search(model, c, 512, fixed=both, top=50).plans
+    assert held and all((p.config.layers, p.config.recompute_layers) == (both["layers"], both["recompute_layers"])
+                        for p in held)
+    placed = search(model, c, 512, fixed={"placement": free.config.placement}, top=5).plans
+    assert [p.config.placement for p in placed] == [free.config.placement] * len(placed)
+    assert len({p.config for p in placed}) == len(placed)  # the fixed placement's plans are not listed twice
+    assert placed[0].estimate.step_time_s <= free.estimate.step_time_s * (1 + 1e-9)
+
+
 def test_a_group_can_come_from_its_own_measured_profile(tmp_path):
     """`profile:` takes a group's GPU, links and measured collective fits from the cluster profile `autopar profile`
     wrote on it; its placed stages are priced with those fits (a slow measured all-reduce slows the data-parallel
