@@ -32,6 +32,10 @@ from specs.rules import placement_problem
 from specs.state import StateSpec
 
 MAX_BASES = 8  # distinct homogeneous plans placed as whole pipeline ranks per group (fastest first)
+# and beyond them the fastest of each further shape (tp, pp, dp, cp, vpp), up to this many shapes in all: ranked at
+# the slowest link, the shapes that gain most from placing (less data-parallel traffic on a slow group, a deeper
+# pipeline) may come after several plans of one shape
+MAX_SHAPES = 16
 MAX_SHARES = 8  # shares of the replicas a split placement may have (the groups' sizes over their gcd, summed)
 SPLIT_BASES = 16  # distinct homogeneous plans placed with every pipeline rank split over the groups
 MAX_MOVES = 16  # single-layer moves tried per placed plan
@@ -250,14 +254,17 @@ def _chosen(cluster: ClusterSpec, ranked: list[PlanResult], moe: bool, fixed: di
     pipeline ranks, and the first :data:`SPLIT_BASES` (``limit``) whose pipeline ranks can be split over the groups;
     each with the kinds of placement it was taken for (True: split)."""
     most_blocks, most_split = (MAX_BASES, SPLIT_BASES) if limit is None else (limit, limit)
-    out, blocks, split = [], 0, 0
+    out, blocks, split, shapes = [], 0, 0, set()
     for cfg in _bases(ranked, len(ranked), holds_split(fixed)):
         kinds = {splits_replicas(w) for w in _ways(cluster, cfg, moe, fixed)}
-        take = {k for k in kinds if (split < most_split if k else blocks < most_blocks)}
+        shape = (cfg.tp, cfg.pp, cfg.dp, cfg.cp, cfg.vpp)
+        new_shape = shape not in shapes and len(shapes) < MAX_SHAPES
+        take = {k for k in kinds if (split < most_split if k else blocks < most_blocks or new_shape)}
         if take:
             out.append((cfg, take))
             blocks, split = blocks + (False in take), split + (True in take)
-        if blocks >= most_blocks and split >= most_split:
+            shapes |= {shape} if False in take else set()
+        if blocks >= most_blocks and split >= most_split and len(shapes) >= MAX_SHAPES:
             break
     return out
 
