@@ -14,12 +14,13 @@ from typing import Any
 
 from cost_models.headroom import check_headroom, headroom_for, usable_GiB
 from planner.search import search
-from planner.space import check_fixed_keys
+from planner.space import allows_several, check_fixed_keys
 from specs.cluster import LINK_SLACK, ClusterSpec
 from specs.cluster_loading import cluster_from_dict, list_clusters, list_gpus, load_cluster, load_gpu
 from specs.errors import AutoparError, did_you_mean
 from specs.model import ModelSpec
 from specs.parallel import LAYOUT, whole_number
+from specs.rules import placement_names_problem
 
 
 @dataclass(frozen=True)
@@ -231,6 +232,19 @@ def with_gpu(cluster: ClusterSpec, name: str) -> tuple[ClusterSpec, str | None]:
     return swapped.model_copy(update={"intra_node": own, "collectives": fits}), note
 
 
+def _check_placements(keys: dict[str, Any], cluster: ClusterSpec, flags: dict[str, str]) -> None:
+    """Refuse a fixed placement that no point of a sweep can run (no value swept renames the groups or changes a
+    fixed pp): bad input in one line, not a sweep whose every point says so."""
+    held = keys.get("placement")
+    if held is None:
+        return
+    pp = keys.get("pp") if isinstance(keys.get("pp"), int) else None
+    for p in held if allows_several(held) else [held]:
+        problem = placement_names_problem(p, cluster.groups, pp)
+        if problem:
+            raise AutoparError(f"{flags.get('placement', '--fix')} {problem}")
+
+
 def sweep(model: ModelSpec, cluster: ClusterSpec, global_batch: int, key: str, values: list[Any],
           fixed: dict[str, Any], headroom_GiB: float | None = None, compare: dict[str, Any] | None = None,
           progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
@@ -260,6 +274,7 @@ def sweep(model: ModelSpec, cluster: ClusterSpec, global_batch: int, key: str, v
             raise AutoparError(f"--vary {key}: {cluster.name} is one node here, so the network between nodes "
                                "does not matter; give --gpus or --nodes to span several")
     check_vary_key(cluster, key)  # a key the cluster cannot vary is bad input, not a sweep without a plan
+    _check_placements({**fixed, **compare}, cluster, {**{k: "--fix" for k in fixed}, **flags})
     if key.startswith("group_net:"):  # a group name that is not one is bad input, not a point without a plan
         for v in values:
             cluster_at(cluster, key, v)

@@ -51,7 +51,7 @@ from runtime.checkpoint_folder import (
     write_latest,
 )
 from runtime.data import SAMPLE_TEXT
-from runtime.options import CARRIED, KEEP_CHECKPOINTS
+from runtime.options import CARRIED, KEEP_CHECKPOINTS, flag
 from runtime.portable_state import (
     LoadPlanner,
     SavePlanner,
@@ -299,7 +299,7 @@ def resumed_options(root: Path, given: dict[str, int | None]) -> tuple[dict[str,
         v = saved.get(key)
         if out.get(key) is None and isinstance(v, int) and not isinstance(v, bool) and v >= least:
             out[key] = v
-            kept.append(f"--{key.replace('_', '-')} {v}")
+            kept.append(f"{flag(key)} {v}")
     note = f"keeping the checkpoint's run's {' and '.join(kept)} (give them to change)" if kept else None
     return out, note
 

@@ -74,8 +74,8 @@ class RunOptions:
             if (f.name in names if names else not f.metadata["launcher"]):
                 value = getattr(self, f.name)
                 if value != f.default:
-                    flag = _flag(f.name)
-                    out += [flag] if value is True else [flag, str(value)]
+                    name = flag(f.name)
+                    out += [name] if value is True else [name, str(value)]
         return out
 
     def carried(self) -> dict[str, int | None]:
@@ -83,7 +83,8 @@ class RunOptions:
         return {name: getattr(self, name) for name in CARRIED}
 
 
-def _flag(name: str) -> str:
+def flag(name: str) -> str:
+    """The command-line flag of run option ``name`` (``max_restarts``: ``--max-restarts``)."""
     return "--" + name.replace("_", "-")
 
 
@@ -92,9 +93,9 @@ def _add(p: argparse.ArgumentParser, launcher: bool) -> None:
         if f.metadata["launcher"] == launcher:
             m = f.metadata
             if f.type == "bool":
-                p.add_argument(_flag(f.name), action="store_true", help=m["help"])
+                p.add_argument(flag(f.name), action="store_true", help=m["help"])
             else:
-                p.add_argument(_flag(f.name), type=m["type"], default=f.default, metavar=m["metavar"], help=m["help"])
+                p.add_argument(flag(f.name), type=m["type"], default=f.default, metavar=m["metavar"], help=m["help"])
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
@@ -172,7 +173,7 @@ def check_run_options(plan: PlanFile, o: RunOptions, inputs: dict[str, str | Non
                            "checkpoint's); a run from scratch takes the plan's anyway: add --resume or drop it")
     for name in ("checkpoint_every", "mtbf_hours", "keep_checkpoints"):
         if getattr(o, name) is not None and not o.checkpoint_dir:
-            raise AutoparError(f"{_flag(name)} needs --checkpoint-dir (where the checkpoints go)")
+            raise AutoparError(f"{flag(name)} needs --checkpoint-dir (where the checkpoints go)")
     if o.max_restarts and not o.checkpoint_dir:
         raise AutoparError("--max-restarts needs --checkpoint-dir: a restarted run resumes from its checkpoints")
     if o.checkpoint_dir is not None:

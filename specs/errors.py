@@ -90,7 +90,29 @@ def validation_message(err: ValidationError, cls: type[BaseModel] | None = None)
         return f"missing required field '{loc}'"
     if kind in ("model_type", "model_attributes_type", "dict_type"):  # a section given as a number or text
         msg = f"expected a section of fields (a mapping), got {_shown(first.get('input'))}"
+    msg = _in_words(str(kind), first.get("ctx") or {}, first.get("input")) or msg
     return f"field '{loc}': {msg}" if loc else msg
+
+
+def _in_words(kind: str, ctx: dict[str, Any], value: Any) -> str | None:
+    """Pydantic's message for a bound, a choice, a length or a type said in plain words with the value given (its
+    own: "Input should be greater than or equal to 1"), or None where its own is kept."""
+    got = f"{value:g}" if isinstance(value, float) else _shown(value)
+    bounds = {"greater_than_equal": ("ge", "at least"), "greater_than": ("gt", "above"),
+              "less_than_equal": ("le", "at most"), "less_than": ("lt", "below")}
+    if kind in bounds and bounds[kind][0] in ctx:
+        key, words = bounds[kind]
+        return f"must be {words} {ctx[key]:g}, got {got}"
+    if kind in ("literal_error", "enum") and "expected" in ctx:
+        return f"got {got}; use {ctx['expected']}"
+    if kind in ("too_long", "too_short") and "actual_length" in ctx:
+        limit = f"at most {ctx['max_length']}" if kind == "too_long" else f"at least {ctx['min_length']}"
+        return f"has {ctx['actual_length']} items; give {limit}"
+    if kind == "string_type":
+        return f"expected text, got {got}"
+    if kind == "string_pattern_mismatch":
+        return f"got {got}, which does not match the pattern {ctx.get('pattern', '')}"
+    return None
 
 
 def _shown(value: Any) -> str:

@@ -18,7 +18,7 @@ memory (the same plan without an overlap it could use), unless the key is fixed 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -236,6 +236,22 @@ def _node_gpus(x: PlanContext) -> dict[str, int]:
     return dict(x.node_gpus) or {g: x.gpus_per_node or x.gpus for g, _ in x.groups}
 
 
+def placement_names_problem(placement: tuple[str, ...], names: Iterable[str], pp: int | None = None) -> str | None:
+    """Why ``placement`` cannot be one of a cluster with node groups ``names`` whatever their sizes (none; a group it
+    does not have; not one entry per pipeline rank of ``pp``, where known), or None."""
+    text, names = f"placement={key_text(placement)}", list(names)
+    if not names:
+        return f"{text}: the cluster has no node_groups; leave placement out"
+    unknown = sorted({g for e in placement for g in entry_groups(e) if g not in names})
+    if unknown:
+        return f"{text}: unknown node group {', '.join(unknown)}; the cluster's groups are {', '.join(names)}"
+    if pp is not None and len(placement) != pp:
+        n = len(placement)
+        return (f"{text} names {n} pipeline rank{'s' if n != 1 else ''} but pp={pp}; give one group per pipeline "
+                "rank")
+    return None
+
+
 def placement_problem(placement: tuple[str, ...], tp: int, dp: int, cp: int, pp: int, names: dict[str, int],
                       node_gpus: dict[str, int], moe: bool = False) -> str | None:
     """Why ``placement`` does not put this stage shape on node groups ``names`` (GPUs each, in nodes of ``node_gpus``
@@ -244,13 +260,9 @@ def placement_problem(placement: tuple[str, ...], tp: int, dp: int, cp: int, pp:
     dp x cp), every group's GPUs covered exactly, and every node's GPUs in one group (each run of consecutive ranks
     on a group a whole number of its nodes)."""
     text = f"placement={key_text(placement)}"
-    if not names:
-        return f"{text}: the cluster has no node_groups; leave placement out"
-    unknown = sorted({g for e in placement for g in entry_groups(e) if g not in names})
-    if unknown:
-        return f"{text}: unknown node group {', '.join(unknown)}; the cluster's groups are {', '.join(names)}"
-    if len(placement) != pp:
-        return f"{text} names {len(placement)} pipeline ranks but pp={pp}; give one group per pipeline rank"
+    named = placement_names_problem(placement, names, pp)
+    if named:
+        return named
     if moe and splits_replicas(placement):
         return (f"{text} splits the replicas of a mixture-of-experts model over groups, which autopar does not do yet "
                 "(the experts' reduce would cross them flat); give each group whole pipeline ranks")
@@ -273,7 +285,8 @@ def placement_problem(placement: tuple[str, ...], tp: int, dp: int, cp: int, pp:
                 runs.append([g, stage // len(shared)])
     bad = next(((g, n) for g, n in runs if n % node_gpus[g]), None)
     if bad is not None:
-        return (f"{text} puts the GPUs of one node in two groups (a run of {bad[1]} ranks on {bad[0]}, whose nodes "
+        ranks = f"{bad[1]} rank{'s' if bad[1] != 1 else ''}"
+        return (f"{text} puts the GPUs of one node in two groups (a run of {ranks} on {bad[0]}, whose nodes "
                 f"hold {node_gpus[bad[0]]} GPUs; a pipeline rank tp*dp*cp = {stage}): keep each node's ranks in one "
                 "group")
     return None

@@ -11,10 +11,11 @@ narrowest link; its latencies summed)? Everything else about a group is an ordin
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal, get_args
 
 import networkx as nx
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from specs.strict import Strict
 
@@ -56,7 +57,15 @@ class GroupNetwork(InterNode):
 class NodeGroup(Strict):
     """One island of identical nodes."""
 
-    name: str = Field(pattern=GROUP_NAME)
+    name: str
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, v: str) -> str:
+        if re.fullmatch(GROUP_NAME, v) is None:
+            raise ValueError(f"got {v!r}; a group's name may hold letters, digits, '_', '.' and '-' only (it is "
+                             "written in placements such as a*2/b and a+b)")
+        return v
     gpu: dict[str, Any]  # its GPU profile (a profile file names it; loading puts the profile here)
     num_nodes: int = Field(ge=1)
     gpus_per_node: int = Field(ge=1)

@@ -116,7 +116,7 @@ def test_hf_null_means_default(tmp_path, capsys):
     (", efficiency: {memory: 0}", "", "efficiency.memory must be in (0, 1]"),
     ("", "num_nodes: true\n", "field 'num_nodes': expected a number, got true"),
     (", peak_tflops: {bf16: true}", "", "field 'peak_tflops': expected a number, got true"),
-    ("", "backend: true\n", "field 'backend': Input should be 'nccl' or 'gloo'"),
+    ("", "backend: true\n", "field 'backend': got true; use 'nccl' or 'gloo'"),
     ("", "num_nodes: 1000000000\ninter_node: {nic_bandwidth_Gbps: 200, nics_per_node: 8}\n",
      "GPUs is beyond autopar's limit"),
     ("", "num_nodes: 2.0\n", "field 'num_nodes': expected a whole number, got 2.0; write 2"),

@@ -74,6 +74,16 @@ def test_bad_group_profiles_are_one_line_errors(tmp_path, capsys):
         ([_group("a")], {"gpu": "a100-sxm4-80gb"}, "give 'gpu' per group"),
         ([_group("a", intra_node={"bandwidth_GBps": 900}), _group("b")],
          {"default_between": {"bandwidth_Gbps_per_node": 100}}, "node group a: intra_node bandwidth_GBps 900"),
+        # pydantic's checks said in words, with the value given
+        ([_group("a/b"), _group("b")], {"default_between": {"bandwidth_Gbps_per_node": 100}},
+         "field 'name': got 'a/b'; a group's name may hold letters, digits, '_', '.' and '-' only"),
+        ([{**_group("a"), "inter_node": {"nic_bandwidth_Gbps": 200, "nics_per_node": 4, "kind": "infiniband"}},
+          _group("b")], {"default_between": {"bandwidth_Gbps_per_node": 100}},
+         "field 'inter_node.kind': got 'infiniband'; use 'ib', 'roce' or 'ethernet'"),
+        ([_group("a", nodes=0), _group("b")], {"default_between": {"bandwidth_Gbps_per_node": 100}},
+         "field 'num_nodes': must be at least 1, got 0"),
+        ([_group("a"), _group("b")], {"between_groups": [{"groups": ["a", "b", "a"], "bandwidth_Gbps_per_node": 1}]},
+         "field 'groups': has 3 items; give at most 2"),
         # 10^8 nodes: refused from the count, before anything is built per node
         ([_group("a", nodes=10**8), _group("b")], {"default_between": {"bandwidth_Gbps_per_node": 100}},
          "hold 800,000,016 GPUs, beyond autopar's limit"),
@@ -221,8 +231,11 @@ def test_whatif_on_groups_refuses_what_it_cannot_vary_in_one_line(capsys):
     assert "has no node groups" in fails(capsys, *common, "dgx-a100", "--nodes", "2", "--vary", "group_bw:ib=100")
     err = fails(capsys, *common, "ib-roce-a100", "--vary", "group_net:roce=roce,ibb")
     assert "no node group 'ibb' (did you mean 'ib'?)" in err and "no point" not in err
-
-
+    # a placement no point can run is bad input, said once (it was each point's error)
+    err = fails(capsys, *common, "ib-roce-a100", "--vary", "group_bw:ib=100,200", "--compare", "placement=zz*2")
+    assert err.strip().endswith("--compare placement=zz*2: unknown node group zz; the cluster's groups are ib, roce")
+    err = fails(capsys, *common, "ib-roce-a100", "--vary", "group_nodes:ib=2,4", "--fix", "pp=2,placement=ib")
+    assert "--fix placement=ib names 1 pipeline rank but pp=2" in err and "no point" not in err
 
 @pytest.mark.parametrize("vary,instead", [("group_bw:ib=10,20", "inter_node_bw=..."), ("group_nodes:ib=1,2", "nodes=..."),
                                           ("group_net:ib=ib", "inter_node_bw=... or nics_per_node=...")])

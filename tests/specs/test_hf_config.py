@@ -225,8 +225,7 @@ QWEN3_MOE = {**LLAMA, "model_type": "qwen3_moe", "num_experts": 8, "num_experts_
                                             "go to more experts than there are"),
     ({**QWEN3_MOE, "num_experts_per_tok": 9}, "num_experts_per_tok 9 is more than num_experts 8; a token cannot go to "
                                               "more experts than there are"),
-    ({**MIXTRAL, "router_aux_loss_coef": -1}, "field 'router_aux_loss_coef': Input should be greater than or equal "
-                                              "to 0"),
+    ({**MIXTRAL, "router_aux_loss_coef": -1}, "field 'router_aux_loss_coef': must be at least 0, got -1"),
     ({**QWEN3_MOE, "decoder_sparse_step": 100}, "decoder_sparse_step 100 is more than num_hidden_layers 16, which "
                                                 "leaves no MoE layer (every decoder_sparse_step-th layer is one); fix "
                                                 "that field"),

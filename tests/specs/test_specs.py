@@ -303,9 +303,9 @@ def test_bad_hf_configs(tmp_path, cfg, needle):
 
 
 @pytest.mark.parametrize("extra,needle", [
-    ("intra_node: {bandwidth_GBps: 0}", "greater than 0"),
+    ("intra_node: {bandwidth_GBps: 0}", "field 'intra_node.bandwidth_GBps': must be above 0, got 0"),
     ("intra_node: {bandwidth_GBps: 300}\nnum_nodes: 2\ninter_node: {nic_bandwidth_Gbps: 200, nics_per_node: 0}",
-     "greater than or equal to 1"),
+     "field 'inter_node.nics_per_node': must be at least 1, got 0"),
     ("intra_node: {bandwidth_GBps: .nan}", "finite"),
     ("intra_node: {bandwidth_GBps: 300}\ncollectives: {allreduce: {intra: {alpha_us: 1, busbw_GBps: 1}}}",
      "collectives"),
