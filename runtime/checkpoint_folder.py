@@ -181,8 +181,10 @@ def roll_back(root: Path) -> str | None:
         return None
     dest = set_aside(root, newer)
     names = ", ".join(p.name for p in newer)
+    last = newer[-1] if len(newer) == 1 else max(newer, key=checkpoint_step)
     return (f"resuming from {latest_checkpoint(root).name}: the newer checkpoint{'s' if len(newer) > 1 else ''} "
-            f"{names} moved to {dest} (nothing is deleted: remove that folder when no longer wanted)")
+            f"{names} moved to {dest} (nothing is deleted: remove that folder when no longer wanted, or move "
+            f"{last.name} back into {root} and resume with --resume-from {checkpoint_step(last)} to go on from it)")
 
 
 _HELD: set[Path] = set()  # the checkpoint folders this process holds (:func:`in_use` within itself is a no-op)

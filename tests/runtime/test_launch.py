@@ -960,6 +960,12 @@ def test_a_roll_back_loses_no_checkpoint(tmp_path, capsys):
                            f"to {aside}")
     assert sorted(p.name for p in aside.iterdir()) == ["step_00000008", "step_00000012"]
     assert roll_back(root) is None and latest_checkpoint(root).name == "step_00000004"
+    assert said.endswith(f"or move step_00000012 back into {root} and resume with --resume-from 12 to go on from it)")
+    os.replace(aside / "step_00000012", root / "step_00000012")  # the advice followed: step 12 is resumed again
+    point_latest(root, 12)
+    assert roll_back(root) is None and latest_checkpoint(root).name == "step_00000012"
+    os.replace(root / "step_00000012", aside / "step_00000012")
+    point_latest(root, 4)
 
     hand = tmp_path / "hand"  # the workers run by hand from a pointed-back latest: the launcher set nothing aside
     for step in (4, 8, 12):
