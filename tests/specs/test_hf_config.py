@@ -22,7 +22,7 @@ LLAMA3_SCALING = {"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.
 GPT2 = {"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 1024, "vocab_size": 50257}
 
 
-def test_a_config_file_is_named_by_its_own_name(tmp_path):
+def test_a_config_file_is_named_by_its_own_name(tmp_path, monkeypatch):
     """config.json (or its folder) takes the folder's name, any other file its own."""
     (tmp_path / "hf").mkdir()
     for name in ("config.json", "qwen2.json"):
@@ -30,6 +30,8 @@ def test_a_config_file_is_named_by_its_own_name(tmp_path):
     assert load_model(str(tmp_path / "hf" / "qwen2.json")).name == "qwen2"
     assert load_model(str(tmp_path / "hf" / "config.json")).name == "hf"
     assert load_model(str(tmp_path / "hf")).name == "hf"
+    monkeypatch.chdir(tmp_path / "hf")  # given from inside its folder (the README's ./config.json): still the folder's
+    assert load_model("./config.json").name == load_model(".").name == load_model("config.json").name == "hf"
     (tmp_path / "hf" / "qwen2.json").write_text(json.dumps({**LLAMA, "_name_or_path": "Qwen/Qwen2-0.5B"}))
     assert load_model(str(tmp_path / "hf" / "qwen2.json")).name == "Qwen/Qwen2-0.5B"  # the config's own name wins
 
