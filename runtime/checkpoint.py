@@ -27,6 +27,7 @@ import json
 import math
 import os
 import shutil
+import sys
 import zlib
 from pathlib import Path
 from typing import Any
@@ -227,16 +228,25 @@ def publish(root: Path, tmp: Path, meta: dict[str, Any], keep: int = KEEP_CHECKP
     (tmp / META).write_text(json.dumps({"format": FORMAT, **meta, "checksums": sums}, indent=1) + "\n")
     if final.exists():  # a checkpoint of this step from before a roll back (by hand): kept aside, not overwritten
         set_aside(root, [final])
-    os.replace(tmp, final)
+    # ``latest`` first: a crash before the rename leaves it naming no folder, which reads as no ``latest`` (the newest
+    # complete checkpoint is resumed); renamed first, a crash left a complete checkpoint newer than ``latest``, which
+    # reads as one pointed back from by hand, and the next resume set the newest aside
     write_latest(root, f"{final.name}\n".encode())
+    os.replace(tmp, final)
     # the run's own checkpoints: any newer one is from before a roll back (by hand), neither kept in place of the
     # run's nor pruned
     folders = [p for p in step_folders(root) if checkpoint_step(p) <= checkpoint_step(final)]
     complete = [p for p in folders if (p / META).is_file()]
     kept = complete[-keep:]  # complete ones only: a broken folder never counts as kept in place of a good one
+    stuck = []
     for old in folders:  # older than every kept one: complete or broken (a removal cut short), it goes
         if checkpoint_step(old) < checkpoint_step(kept[0]):
             shutil.rmtree(old, ignore_errors=True)
+            stuck += [old.name] if old.exists() else []
+    if stuck:  # (a training run goes on: its disk use grows by a checkpoint each time, so it is said)
+        print(f"autopar: note: could not remove the old checkpoint{'s' if len(stuck) > 1 else ''} "
+              f"{', '.join(stuck)} from {root} (permissions?); they take disk space until removed by hand",
+              file=sys.stderr, flush=True)
     for cut in root.glob("step_*.partial"):  # saves a stopped run left half-written: a checkpoint's size each
         if cut.is_dir() and STEP_NAME.fullmatch(cut.name.removesuffix(".partial")):
             shutil.rmtree(cut, ignore_errors=True)
@@ -423,7 +433,9 @@ def _first_difference(a: dict[str, Any], b: dict[str, Any], prefix: str = "") ->
         if x != y:
             if isinstance(x, dict) and isinstance(y, dict):
                 return _first_difference(x, y, f"{prefix}{key}.")
-            return f"{prefix}{key}: checkpoint has {x!r}, this run {y!r}"
+            shown = [f"a section of {len(v)} fields" if isinstance(v, dict) else "none" if v is None else repr(v)
+                     for v in (x, y)]
+            return f"{prefix}{key}: checkpoint has {shown[0]}, this run {shown[1]}"  # (a whole section: not spelt out)
     return "?"
 
 
@@ -470,6 +482,9 @@ def load_checkpoint(tr: Trainer, root: Path) -> int:
     meta = read_meta(ck)
     step = meta["step"]
     saved, mine = same_run(ck, meta, tr.plan, tr.state)
+    if not meta.get("checksums") and tr.g.rank == tr.g.ranks[0]:
+        print(f"autopar: note: checkpoint {ck} records no checksums (saved by an autopar before they were added, or "
+              f"its {META} edited): its files are loaded unverified", file=sys.stderr, flush=True)
     n = dist.get_world_size(tr.g.world)
     every: list[list[str] | None] = [None] * n
     dist.all_gather_object(every, corrupt_files(ck, meta, dist.get_rank(tr.g.world), n), group=tr.g.world)

@@ -85,10 +85,30 @@ def instead_of(ck: Path, exporting: bool = False) -> str:
                 "ones aside)") if before else ""
         return f"go on from the newest, {later[-1].name}, with --resume-from {checkpoint_step(later[-1])}{back}, or " \
                "delete it"
+    aside = newest_set_aside(ck.parent)
+    moved = (f"; a roll-back set newer checkpoints aside: to go on from the newest, move {aside} back into "
+             f"{ck.parent} and resume with --resume-from {checkpoint_step(aside)}"
+             ) if aside is not None and checkpoint_step(aside) > checkpoint_step(ck) else ""
     if not before:
-        return "delete it to start afresh"
+        return f"delete it to start afresh{moved}"
     step = checkpoint_step(before[-1])
-    return f"go on from the one before it with --resume-from {step} (which sets this one aside), or delete it"
+    return f"go on from the one before it with --resume-from {step} (which sets this one aside), or delete it{moved}"
+
+
+def newest_set_aside(root: Path) -> Path | None:
+    """The newest complete checkpoint a roll-back set aside in ``root`` (in a ``rolled-back-*`` folder), or None."""
+    done = [p for rb in root.glob(f"{ROLLED_BACK}*") if rb.is_dir() for p in step_folders(rb) if (p / META).exists()]
+    return max(done, key=checkpoint_step, default=None)
+
+
+def folder_problem(root: Path) -> str | None:
+    """Why checkpoint folder ``root`` cannot take a checkpoint whatever the run does (found before it trains rather
+    than at its first save): a ``latest`` (or the ``latest.tmp`` it is written through) that is not a file."""
+    for name in (LATEST, f"{LATEST}.tmp"):
+        if (root / name).is_dir():
+            return (f"checkpoint folder {root}: {name} is a folder; it must be the file naming the newest checkpoint "
+                    "(written by the run): move or delete that folder")
+    return None
 
 
 def latest_checkpoint(root: Path) -> Path | None:
@@ -179,12 +199,13 @@ def roll_back(root: Path) -> str | None:
     newer = abandoned(root)
     if not newer:
         return None
+    done = [p for p in newer if (p / META).exists()]  # (an incomplete one is no checkpoint to go back to)
     dest = set_aside(root, newer)
     names = ", ".join(p.name for p in newer)
-    last = newer[-1] if len(newer) == 1 else max(newer, key=checkpoint_step)
+    back = (f", or move {done[-1].name} back into {root} and resume with --resume-from {checkpoint_step(done[-1])} "
+            "to go on from it") if done else ""
     return (f"resuming from {latest_checkpoint(root).name}: the newer checkpoint{'s' if len(newer) > 1 else ''} "
-            f"{names} moved to {dest} (nothing is deleted: remove that folder when no longer wanted, or move "
-            f"{last.name} back into {root} and resume with --resume-from {checkpoint_step(last)} to go on from it)")
+            f"{names} moved to {dest} (nothing is deleted: remove that folder when no longer wanted{back})")
 
 
 _HELD: set[Path] = set()  # the checkpoint folders this process holds (:func:`in_use` within itself is a no-op)
@@ -204,9 +225,13 @@ def in_use(root: Path) -> Iterator[None]:
     try:
         root.mkdir(parents=True, exist_ok=True)
         f = open(root / LOCK, "a+")  # noqa: SIM115 - closed below
-    except OSError:  # not a folder this process can write: the run's own checks say so, in their words
+    except OSError as err:  # not a folder this process can write: the run's own checks say so, in their words
         if made and root.is_dir():
             root.rmdir()
+        elif root.is_dir() and os.access(root, os.W_OK):  # a folder it writes, but no lock file (one made a folder)
+            print(f"autopar: note: cannot open {root / LOCK} ({err.strerror}); nothing stops a second run from "
+                  "training into this folder at the same time: remove what is there by that name", file=sys.stderr,
+                  flush=True)
         yield
         return
     with f:

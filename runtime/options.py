@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from runtime.checkpoint_folder import latest_checkpoint
+from runtime.checkpoint_folder import folder_problem, latest_checkpoint
 from specs.errors import AutoparError
 from specs.files import check_output_dir, check_output_file, integer, path_argument
 from specs.planfile import PlanFile, steps_problem
@@ -178,6 +178,9 @@ def check_run_options(plan: PlanFile, o: RunOptions, inputs: dict[str, str | Non
         raise AutoparError("--max-restarts needs --checkpoint-dir: a restarted run resumes from its checkpoints")
     if o.checkpoint_dir is not None:
         check_output_dir(o.checkpoint_dir, "checkpoint directory")
+        problem = folder_problem(Path(o.checkpoint_dir))
+        if problem:
+            raise AutoparError(problem)
     if o.metrics_out is not None and metrics:
         from runtime.metrics import is_metrics_data
 

@@ -55,7 +55,7 @@ from runtime.phase_clock import CudaMarks, PhaseClock
 from runtime.testing_hooks import StepHooks
 from runtime.trainer import Trainer, check_supported, peak_memory_GiB
 from runtime.worker_error import report
-from specs.errors import INTERRUPTED, AutoparError, RunFailed
+from specs.errors import INTERRUPTED, AutoparError, RunFailed, counted
 from specs.phases import PHASES
 from specs.planfile import PlanFile, load_plan
 
@@ -239,8 +239,9 @@ def _say_what_runs(plan: PlanFile, device: torch.device, resumed_after: int | No
     schedule's length and a CUDA plan run on CPUs."""
     backend = "nccl" if device.type == "cuda" else "gloo"
     where = f"resuming after step {resumed_after}" if resumed_after is not None else "from scratch"
-    print(f"autopar: training {plan.model.name} on {plan.world_size} {backend} ranks ({plan.config.short()}), "
-          f"global batch {plan.global_batch} x {plan.seq} tokens, {steps} steps, {where}", flush=True)
+    print(f"autopar: training {plan.model.name} on {counted(plan.world_size, backend + ' rank')} "
+          f"({plan.config.short()}), global batch {plan.global_batch} x {plan.seq} tokens, {counted(steps, 'step')}, "
+          f"{where}", flush=True)
     for note in (carried, *notes):  # only a resume carries settings over
         if note:
             print(f"autopar: note: {note}", flush=True)

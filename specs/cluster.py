@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal, get_args
 import numpy as np
 from pydantic import Field, StrictInt, field_validator, model_validator
 
-from specs.errors import AutoparError, did_you_mean
+from specs.errors import AutoparError, counted, did_you_mean
 from specs.placement import entry_groups
 from specs.strict import Strict
 from specs.topology import DefaultLink, GroupLink, InterNode, Link, NodeGroup, Topology
@@ -485,6 +485,6 @@ class ClusterSpec(Strict):
         net = (f", {self.inter_node.nics_per_node}x{self.inter_node.nic_bandwidth_Gbps:.4g} Gb/s NICs per node"
                if self.inter_node else "")
         tp = ", tensor parallelism may span nodes" if self.tp_across_nodes and self.num_nodes > 1 else ""
-        ranks = "GPUs" if self.backend == "nccl" else "gloo ranks"  # what a CPU cluster runs in place of GPUs
+        ranks = counted(self.num_gpus, "GPU") if self.backend == "nccl" else counted(self.num_gpus, "gloo rank")
         return (f"{self.name}: {self.num_nodes} x {self.gpus_per_node} {self.gpu.name} "
-                f"({self.num_gpus} {ranks}), intra-node {self.intra_node.bandwidth_GBps:.4g} GB/s{net}{tp}")
+                f"({ranks}), intra-node {self.intra_node.bandwidth_GBps:.4g} GB/s{net}{tp}")

@@ -151,6 +151,11 @@ def bool_only(v: Any) -> Any:
     return v
 
 
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``n`` and its noun, singular for one: ``1 rank``, ``3 ranks`` (``plural`` where it is not noun + s)."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 def validated(cls: type[BaseModel], data: dict[str, Any], what: str) -> Any:
     """``cls(**data)``, or a one-line error starting with ``what``: an unknown field (with the closest one),
     or the first problem pydantic found."""

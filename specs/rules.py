@@ -25,7 +25,7 @@ from typing import Literal
 import numpy as np
 
 from specs.cluster import ClusterSpec
-from specs.errors import AutoparError
+from specs.errors import AutoparError, counted
 from specs.model import ModelSpec
 from specs.parallel import (
     KEYS,
@@ -246,9 +246,7 @@ def placement_names_problem(placement: tuple[str, ...], names: Iterable[str], pp
     if unknown:
         return f"{text}: unknown node group {', '.join(unknown)}; the cluster's groups are {', '.join(names)}"
     if pp is not None and len(placement) != pp:
-        n = len(placement)
-        return (f"{text} names {n} pipeline rank{'s' if n != 1 else ''} but pp={pp}; give one group per pipeline "
-                "rank")
+        return f"{text} names {counted(len(placement), 'pipeline rank')} but pp={pp}; give one group per pipeline rank"
     return None
 
 
@@ -285,8 +283,8 @@ def placement_problem(placement: tuple[str, ...], tp: int, dp: int, cp: int, pp:
                 runs.append([g, stage // len(shared)])
     bad = next(((g, n) for g, n in runs if n % node_gpus[g]), None)
     if bad is not None:
-        ranks = f"{bad[1]} rank{'s' if bad[1] != 1 else ''}"
-        return (f"{text} puts the GPUs of one node in two groups (a run of {ranks} on {bad[0]}, whose nodes "
+        return (f"{text} puts the GPUs of one node in two groups (a run of {counted(bad[1], 'rank')} on {bad[0]}, "
+                "whose nodes "
                 f"hold {node_gpus[bad[0]]} GPUs; a pipeline rank tp*dp*cp = {stage}): keep each node's ranks in one "
                 "group")
     return None

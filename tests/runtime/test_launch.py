@@ -1024,6 +1024,76 @@ def test_a_roll_back_loses_no_checkpoint(tmp_path, capsys):
         assert want in capsys.readouterr().err
 
 
+def test_a_checkpoint_folder_s_odd_contents_are_said_before_training(tmp_path, capsys, monkeypatch):
+    """What a checkpoint folder holds besides checkpoints: a crash between a checkpoint's rename and ``latest`` never
+    makes the next resume set the newest aside; a roll-back's advice names a complete checkpoint, and a corrupt one's
+    names those a roll-back set aside; a ``latest`` that is a folder is refused before training (it failed at the
+    first save); a lock file that cannot be opened, and old checkpoints that cannot be pruned, are said."""
+    import runtime.checkpoint as ckpt
+    from runtime.checkpoint import publish
+    from runtime.checkpoint_folder import abandoned, in_use, instead_of, latest_checkpoint, roll_back
+
+    def complete(root: Path, step: int) -> None:
+        (root / f"step_{step:08d}").mkdir(parents=True)
+        (root / f"step_{step:08d}" / "meta.json").write_text(json.dumps({"step": step}))
+
+    root = tmp_path / "crash"
+    complete(root, 4)
+    (root / "latest").write_text("step_00000004\n")
+    (root / "step_00000008.partial").mkdir()
+    real, calls = os.replace, []
+
+    def dies_between(a: Path, b: Path) -> None:  # the rename and ``latest``: the process dies after the first
+        calls.append(b)
+        if len(calls) == 2:
+            raise OSError("killed")
+        real(a, b)
+
+    monkeypatch.setattr(ckpt.os, "replace", dies_between)
+    with pytest.raises(OSError, match="killed"):
+        publish(root, root / "step_00000008.partial", {"step": 8}, sums={})
+    monkeypatch.undo()
+    assert latest_checkpoint(root).name == "step_00000004" and abandoned(root) == []  # nothing newer to set aside
+
+    root = tmp_path / "ck"
+    for step in (4, 12):
+        complete(root, step)
+    (root / "step_00000016").mkdir()  # no meta.json: no checkpoint to go back to
+    (root / "latest").write_text("step_00000004\n")
+    said = roll_back(root)
+    assert "step_00000012, step_00000016 moved to" in said
+    assert said.endswith(f"or move step_00000012 back into {root} and resume with --resume-from 12 to go on from it)")
+    aside = next(root.glob("rolled-back-*"))
+    assert instead_of(root / "step_00000004") == (
+        f"delete it to start afresh; a roll-back set newer checkpoints aside: to go on from the newest, move "
+        f"{aside / 'step_00000012'} back into {root} and resume with --resume-from 12")
+    (root / "step_00000016").mkdir()
+    said = roll_back(root)  # an incomplete folder alone: set aside, with no advice to go back to it
+    assert "the newer checkpoint step_00000016 moved to" in said and "or move" not in said
+
+    plan = _plan(tmp_path)
+    (root / "latest").unlink()
+    (root / "latest").mkdir()
+    assert main(["run", plan, "--checkpoint-dir", str(root), "--resume", "--steps", "30"]) == 2
+    assert f"checkpoint folder {root}: latest is a folder; it must be the file naming the newest checkpoint" in \
+        capsys.readouterr().err
+
+    locked = tmp_path / "locked"
+    (locked / ".autopar-lock").mkdir(parents=True)
+    with in_use(locked):
+        pass
+    assert f"cannot open {locked}/.autopar-lock" in capsys.readouterr().err
+
+    pruned = tmp_path / "pruned"
+    for step in (4, 8):
+        complete(pruned, step)
+    (pruned / "step_00000012.partial").mkdir()
+    monkeypatch.setattr(ckpt.shutil, "rmtree", lambda *a, **k: None)  # a folder this user cannot remove
+    publish(pruned, pruned / "step_00000012.partial", {"step": 12}, keep=1, sums={})
+    assert f"could not remove the old checkpoints step_00000004, step_00000008 from {pruned}" in \
+        capsys.readouterr().err
+
+
 def test_resume_from_a_folder_it_cannot_write_is_one_line_and_changes_nothing(tmp_path, capsys, monkeypatch):
     """--resume-from points ``latest`` back before the run's checks: on a read-only folder that is the checks' one
     line (exit 2), not an internal error, and ``latest`` stays."""
@@ -1287,9 +1357,9 @@ def test_another_runs_checkpoint_is_named_by_the_field_that_differs():
     saved = {"model": {"name": "m", "moe": {"num_experts": 8, "experts_per_token": 2}}, "seq": 64}
     ours = {"model": {"name": "m", "moe": {"num_experts": 8, "experts_per_token": 1}}, "seq": 64}
     assert _first_difference(saved, ours) == "model.moe.experts_per_token: checkpoint has 2, this run 1"
-    assert _first_difference({"seq": 64}, {"seq": 64, "cp": 2}) == "cp: checkpoint has None, this run 2"
+    assert _first_difference({"seq": 64}, {"seq": 64, "cp": 2}) == "cp: checkpoint has none, this run 2"
     assert _first_difference({"model": {"moe": None}}, ours) == \
-        "model.moe: checkpoint has None, this run {'num_experts': 8, 'experts_per_token': 1}"
+        "model.moe: checkpoint has none, this run a section of 2 fields"  # (a dense model's checkpoint, a MoE run)
 
 
 def test_a_damaged_checkpoint_says_which_complete_ones_to_go_on_from(tmp_path):
