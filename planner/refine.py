@@ -73,9 +73,10 @@ def refine(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global_b
             layers = cfg.stage_layers(model.num_layers) if "layers" in fixed else sol.layers
             rl: Any = fixed.get("recompute_layers", sol.recompute_layers)
             new = cfg
-            if cfg.recompute == "full" and "recompute_layers" not in fixed and "recompute" not in fixed:
+            if cfg.recompute == "full" and "recompute_layers" not in fixed:  # (a fixed recompute=full: some layers)
                 if all(r == 0 for r in rl):
-                    new = replace(new, recompute="none", recompute_layers=None)
+                    if "recompute" not in fixed:
+                        new = replace(new, recompute="none", recompute_layers=None)
                 elif all(r == n for r, n in zip(rl, layers)):
                     new = replace(new, recompute_layers=None)
                 else:

@@ -52,7 +52,7 @@ CLOSED_FORM_SLACK = round((1 + CLOSED_FORM_PESSIMISM) / (1 - CLOSED_FORM_OPTIMIS
 # node limit, planner/ilp.py), the later ones keep the even split: a hard MIP (64 virtual stages with per-stage
 # recompute) must not make planning take minutes, and a count, not a time budget, keeps the plan the same under any
 # load (a 1 s budget once gave Llama 3 405B on 8,192 GPUs a 7% slower plan on a busy machine).
-ILP_SOLVES = 3
+ILP_SOLVES = 3  # (an exhaustive search solves it for every finalist)
 EXHAUSTIVE_BASES = 32  # homogeneous plans an exhaustive search of a cluster of node groups places every way
 SPLIT_SCAN = 64  # fastest homogeneous plans tried split over the node groups (a+b)
 
@@ -114,7 +114,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
     results: dict[ParallelConfig, PlanResult] = {}
     solves = 0
     for i, cfg in enumerate(pool):  # fastest first: they get the stage ILP, ILP_SOLVES of them
-        found, solved = refine(model, cluster, cfg, global_batch, headroom_GiB, fixed, state, solves < ILP_SOLVES,
+        found, solved = refine(model, cluster, cfg, global_batch, headroom_GiB, fixed, state,
+                               exhaustive or solves < ILP_SOLVES,
                                terms.take(np.array([i])))
         solves += solved
         for r in found:
@@ -183,12 +184,14 @@ def max_gpus_with_plans(model: ModelSpec, cluster: ClusterSpec, global_batch: in
                         ) -> int | None:
     """The largest GPU count below the cluster's on which the model and batch have any plan at all (memory aside),
     or None: what to suggest when no plan splits the batch and model over the cluster's GPUs. Tried: the
-    :data:`NODE_SCAN` whole-node counts below it (1,000 GPUs: 992, 984, ...), then the powers of two below those."""
+    :data:`NODE_SCAN` whole-node counts below it (1,000 GPUs: 992, 984, ...), then the powers of two below those; within
+    one node every count below it (8 GPUs: 7, 6, ...)."""
     node = cluster.gpus_per_node
     whole = [g for g in range(cluster.num_gpus - node, 0, -node)][:NODE_SCAN] if cluster.num_gpus > node else []
     low = min(whole, default=cluster.num_gpus)
-    powers = [1 << k for k in range((low - 1).bit_length() - 1, -1, -1)] if low > 1 else []
-    for g in whole + powers:
+    below = list(range(low - 1, 0, -1)) if low <= node else \
+        [1 << k for k in range((low - 1).bit_length() - 1, -1, -1)]  # inside one node every count, else powers of 2
+    for g in whole + below:
         try:
             enumerate_space(model, cluster.resized(gpus=g), global_batch, fixed, False, None)
             return g

@@ -149,8 +149,8 @@ def cluster_at(cluster: ClusterSpec, key: str, value: Any) -> tuple[ClusterSpec,
         if out.link_problem() is None:
             return out, None
         link = cluster.gpu.node_link  # (a what-if may ask for more; a cluster profile may not claim it)
-        return out, (f"{value:g} GB/s per GPU is more than {LINK_SLACK:g}x the {link.text()} a {cluster.gpu.name} "
-                     "node has: a link its platform lacks")
+        return out, (f"{value:g} GB/s per GPU is more than {LINK_SLACK:g}x the {link.text()} that nodes of "
+                     f"{cluster.gpu.name} have: a link their platform lacks")
     if cluster.inter_node is None:
         raise AutoparError(f"cluster {cluster.name} has no inter-node network to vary; use --gpus to span nodes")
     field = "nic_bandwidth_Gbps" if key == "inter_node_bw" else "nics_per_node"

@@ -361,9 +361,12 @@ def _parse_value(key: str, raw: str, flag: str) -> Any:
     if raw.startswith("=") and info.kind != "groups":  # tp==2: one = too many
         raise AutoparError(f"plan key {key}: '{key}={raw}' has one '=' too many; write {key}={raw.lstrip('=')}")
     if "=" in raw and info.kind != "groups":
-        together = f"{key}={raw}"
+        parts = f"{key}={raw}".split()
+        if len(parts) == 1:  # tp=2=3: no second key to separate
+            raise AutoparError(f"plan key {key}: '{raw}' is not one value; give {key} one value, and separate keys "
+                               "with commas, as in \"tp=2,pp=2\"")
         raise AutoparError(f"plan key {key}: '{raw}' holds another key=value; separate keys with commas, as in "
-                           f"\"{','.join(together.split())}\"")
+                           f"\"{','.join(parts)}\"")
     if info.kind == "bool":
         if low not in ("true", "1", "yes", "on", "false", "0", "no", "off"):
             raise AutoparError(f"plan key {key} takes true or false (or 1/0, yes/no, on/off), got '{raw}'")

@@ -563,6 +563,8 @@ def test_a_file_of_another_kind_is_named_as_such(tmp_path, capsys):
     (["estimate", "--model", "tiny", *ESTIMATE[:-1], "tp=2 pp=2"],
      "plan key tp: '2 pp=2' holds another key=value; separate keys with commas, as in \"tp=2,pp=2\""),
     (["estimate", "--model", "tiny", *ESTIMATE[:-1], "tp==2"], "plan key tp: 'tp==2' has one '=' too many; write tp=2"),
+    (["estimate", "--model", "tiny", *ESTIMATE[:-1], "tp=2=3"],  # (its advice was the bad input itself)
+     "plan key tp: '2=3' is not one value; give tp one value, and separate keys with commas, as in \"tp=2,pp=2\""),
     (["plan", "--model", "tiny", "--cluster", "cpu-gloo", "--gpus", "4", "--global-batch", "64", "--fix", "mbs=3"],
      "global batch 64 is not divisible by mbs=3, whatever dp"),
     (["plan", "--model", "tiny", "--cluster", "ib-roce-a100", "--global-batch", "128", "--fix",
@@ -765,7 +767,7 @@ def test_an_empty_compare_is_refused(capsys):
     assert "--compare is empty" in fails(capsys, *WHATIF, "--compare", "")
 
 
-def test_a_gpu_count_no_plan_splits_over_suggests_one_that_does(capsys):
+def test_a_gpu_count_no_plan_splits_over_suggests_one_that_does(capsys, tmp_path):
     """Selene's 4,480 GPUs (35 x 128) hold no plan of tiny at global batch 16: the batch rule's advice alone (change
     the batch, dp or mbs) missed that another GPU count plans; the error names one that does."""
     err = fails(capsys, "plan", "--model", "tiny", "--cluster", "selene", "--global-batch", "16")
@@ -774,6 +776,12 @@ def test_a_gpu_count_no_plan_splits_over_suggests_one_that_does(capsys):
     err = fails(capsys, "plan", "--model", "gpt3-175b", "--cluster", "selene", "--gpus", "1000", "--global-batch",
                 "1536")
     assert "a plan of gpt3-175b exists on 992: --gpus 992" in err
+    # inside one node every count below it (7 heads, batch 7 on 8 GPUs: 7 plans, dp=7; powers of two gave 4)
+    (tmp_path / "prime.yaml").write_text("name: prime\narch: llama\nnum_layers: 7\nhidden_size: 1302\n"
+                                         "num_attention_heads: 7\nnum_kv_heads: 1\nffn_hidden_size: 3001\n"
+                                         "vocab_size: 50257\nseq_length: 4099\n")
+    err = fails(capsys, "plan", "--model", str(tmp_path / "prime.yaml"), "--gpus", "8", "--global-batch", "7")
+    assert "a plan of prime exists on 7: --gpus 7" in err
     assert main(["plan", "--model", "tiny", "--cluster", "selene", "--gpus", "4096", "--global-batch", "16",
                  "--format", "json"]) == 0
     capsys.readouterr()

@@ -501,3 +501,23 @@ def test_the_python_example_in_the_contract_runs(capsys):
     cli = json.loads(capsys.readouterr().out)  # the example's headroom=None is the command's default
     assert (cli["fits"], cli["memory_GiB"]) == (scope["mine"].fits, pytest.approx(scope["mine"].memory_GiB, rel=1e-5))
     assert [p["value"] for p in scope["points"]] == [100.0, 400.0]
+
+
+def test_a_fixed_full_recompute_keeps_the_stage_ilps_partial_counts():
+    """``--fix recompute=full`` (the best plan's own value: full recompute of some layers per stage) gives the same
+    best: the stage ILP's per-stage counts were dropped under it, recomputing every layer (+24% here)."""
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-a100").resized(gpus=3)
+    free = search(model, cluster, 64, top=1).plans[0]
+    assert free.config.recompute == "full" and isinstance(free.config.recompute_layers, tuple)
+    held = search(model, cluster, 64, fixed={"recompute": "full"}, top=1).plans[0]
+    assert held.estimate.step_time_s <= free.estimate.step_time_s * (1 + 1e-9)
+
+
+def test_the_exhaustive_search_solves_the_stage_ilp_for_every_finalist():
+    """Llama 3 70B on 3 DGX H100 nodes: the default search solves the stage ILP for its 3 fastest finalists only and
+    misses a partial recompute that --fix tp=4 (the best plan's own tp) finds; --exhaustive must not miss it."""
+    model, cluster = load_model("llama3-70b"), load_cluster("dgx-h100").resized(nodes=3)
+    held = search(model, cluster, 96, fixed={"tp": 4}, top=1).plans[0]
+    exhaustive = search(model, cluster, 96, top=1, exhaustive=True).plans[0]
+    assert exhaustive.estimate.step_time_s <= held.estimate.step_time_s * (1 + 1e-9)
+
