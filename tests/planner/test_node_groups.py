@@ -288,6 +288,16 @@ def test_fixed_splits_and_placements_hold_on_node_groups():
     assert placed[0].estimate.step_time_s <= free.estimate.step_time_s * (1 + 1e-9)
 
 
+def test_fixing_the_best_plans_own_placement_gives_it_again_on_gpus_of_different_memory():
+    """GPT-3 175B on A100 80 GB and L40S 48 GB groups: the plans a fixed placement places come from the same pool as
+    the free search's (its pipeline depth fixed), not from one priced at the smaller GPU's memory, where the free
+    best (vpp=1, 81.2 s) was missing and vpp=4 (94.4 s) was chosen."""
+    c, model = load_cluster("a100-l40s-mixed"), load_model("gpt3-175b")
+    free = search(model, c, 256, top=1).plans[0]
+    held = search(model, c, 256, fixed={"placement": free.config.placement}, top=1).plans[0]
+    assert held.estimate.step_time_s <= free.estimate.step_time_s * (1 + 1e-9)
+
+
 def test_more_bandwidth_in_a_group_never_gives_a_slower_best_plan(capsys):
     """Llama 3 70B on a100-h100-ib with the H100 group's NICs swept: the plans that gain most from placing (a
     deeper pipeline, less data-parallel traffic) rank low at the slowest link, behind several plans of one shape;
