@@ -291,6 +291,10 @@ def placement_problem(placement: tuple[str, ...], tp: int, dp: int, cp: int, pp:
 
 
 def _placement_why(cfg: ParallelConfig, x: PlanContext) -> str:
+    n = len(cfg.placement or ())
+    if n and x.gpus % n and not placement_names_problem(cfg.placement or (), dict(x.groups)):  # no pp that many ranks
+        return (f"placement={key_text(cfg.placement)} names {counted(n, 'pipeline rank')}, which do not divide the "
+                f"{x.gpus} GPUs (pp must): give a number of ranks that does")
     return placement_problem(cfg.placement or (), cfg.tp, cfg.dp, cfg.cp, cfg.pp, dict(x.groups), _node_gpus(x),
                              x.model.moe is not None) or "placement is fine"
 

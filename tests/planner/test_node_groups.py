@@ -115,6 +115,10 @@ def test_placements_that_do_not_fit_the_groups_are_one_line_errors(capsys):
     assert "names 2 pipeline ranks but pp=4" in err
     err = fails(capsys, *est, "dgx-a100", "--nodes", "4", "--plan", "tp=8,pp=4,placement=ib*4")
     assert "has no node_groups" in err
+    # a placement alone whose rank count no pipeline of the cluster has (it said "but pp=1", a pp never given)
+    err = fails(capsys, "plan", "--model", "llama-13b", "--global-batch", "512", "--cluster", "ib-roce-a100", "--fix",
+                "placement=ib*3/roce*3")
+    assert "names 6 pipeline ranks, which do not divide the 128 GPUs (pp must)" in err and "pp=1" not in err
 
 
 def test_one_group_placed_is_priced_as_that_group_alone(tmp_path):
