@@ -13,7 +13,8 @@
    then placed on the groups (planner/placement.py), each stage checked on its own group's GPUs, and the placed ones
    compete with the homogeneous.
 ``exhaustive=True`` drops the pruning of the space (every micro-batch size, interleave degree and cp) and
-replays every candidate's schedule table as the exact model does.
+replays every candidate's schedule table as the exact model does, and solves the stage ILP for every finalist (the
+default search: for the ILP_SOLVES fastest).
 """
 
 from __future__ import annotations
