@@ -169,7 +169,8 @@ def _orders(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global_
 def holds_split(fixed: dict[str, Any]) -> bool:
     """Whether ``fixed`` (the plan keys a search holds) fixes the layer split: ``layers``, or per-stage
     ``recompute_layers`` (counts that belong to one split)."""
-    return "layers" in fixed or isinstance(fixed.get("recompute_layers"), tuple)
+    counts = fixed.get("recompute_layers")
+    return "layers" in fixed or isinstance(counts, tuple) and len(set(counts)) > 1  # (equal counts: one count)
 
 
 def place(model: ModelSpec, cluster: ClusterSpec, ranked: list[PlanResult], global_batch: int,

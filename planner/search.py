@@ -38,7 +38,7 @@ from planner.space import allows_several, enumerate_space
 from specs.cluster import ClusterSpec
 from specs.errors import AutoparError
 from specs.model import ModelSpec
-from specs.parallel import ParallelConfig
+from specs.parallel import ParallelConfig, typed_keys
 from specs.placement import splits_replicas
 from specs.state import StateSpec
 
@@ -81,7 +81,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
     from, for error messages; default ``--fix``). On a cluster of node groups (``place_groups``) the plans placed
     on the groups compete with those that treat it as homogeneous at its slowest link. ``headroom_GiB``: memory
     kept free per GPU (None: the default, as ``autopar plan``'s, a share of each GPU: cost_models/headroom.py)."""
-    fixed = dict(fixed or {})
+    fixed = typed_keys(dict(fixed or {}))  # (the API's lists: a placement or per-stage counts as given in a plan file)
     state = state or StateSpec.default(cluster.precision)
     t0 = time.perf_counter()
     if global_batch <= 0:

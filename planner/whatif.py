@@ -19,7 +19,7 @@ from specs.cluster import LINK_SLACK, ClusterSpec
 from specs.cluster_loading import cluster_from_dict, list_clusters, list_gpus, load_cluster, load_gpu
 from specs.errors import AutoparError, did_you_mean
 from specs.model import ModelSpec
-from specs.parallel import LAYOUT, whole_number
+from specs.parallel import LAYOUT, typed_keys, whole_number
 from specs.rules import placement_names_problem
 
 
@@ -258,7 +258,7 @@ def sweep(model: ModelSpec, cluster: ClusterSpec, global_batch: int, key: str, v
     have) are raised first.
     """
     key, values = parse_vary(f"{key}={','.join(map(str, values))}")  # the command's checks for the API's callers
-    compare = dict(compare or {})
+    fixed, compare = typed_keys(fixed), typed_keys(dict(compare or {}))
     homogeneous = compare.get("placement") == ("none",)
     if homogeneous:
         del compare["placement"]

@@ -118,6 +118,12 @@ def latest_checkpoint(root: Path) -> Path | None:
     if named is not None:
         return named
     done = [p for p in step_folders(root) if (p / META).exists()]
+    try:  # ``latest`` naming a folder not there (a crash between it and the checkpoint's rename): at or below its step
+        name = (root / LATEST).read_text().strip()
+        if STEP_NAME.fullmatch(name) and not (root / name).exists():
+            done = [p for p in done if checkpoint_step(p) <= checkpoint_step(root / name)]
+    except (OSError, ValueError):
+        pass
     return done[-1] if done else None
 
 
@@ -278,6 +284,9 @@ def pointed_back(root: Path, step: int) -> Iterator[Path]:
     puts ``latest`` back as it was, so that a refused ``--resume-from`` changes nothing. A folder it cannot write
     is refused first, in one line."""
     check_output_dir(str(root), "checkpoint directory")
+    problem = folder_problem(root)
+    if problem:
+        raise AutoparError(problem)
     try:
         before: bytes | None = (root / LATEST).read_bytes()
     except OSError:

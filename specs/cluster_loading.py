@@ -146,7 +146,7 @@ def _grouped(data: dict[str, Any], source: str, base: Path | None = None) -> dic
     if len(set(names)) < len(names):
         raise AutoparError(f"{where}: node group names must differ, got {', '.join(names)}")
     total = sum(g.num_gpus for g in groups)
-    if total > MAX_GPUS:  # before the topology graph, which holds a vertex per node
+    if total > MAX_GPUS:  # before anything is built from the groups
         raise AutoparError(f"{where}: its node groups hold {total:,} GPUs, beyond autopar's limit of {MAX_GPUS:,}; "
                            "check each group's num_nodes and gpus_per_node")
     links = tuple(validated(GroupLink, x, f"{where}, between_groups") for x in data.get("between_groups") or [])

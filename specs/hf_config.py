@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -322,8 +323,8 @@ def _token_ids(cfg: dict[str, Any]) -> dict[str, Any]:
 def _spec_fields(cfg: dict[str, Any], source: str) -> dict[str, Any]:
     """:func:`hf_to_spec` but the token ids."""
     mtype = _model_type(cfg)
-    path = Path(source).resolve() if source else Path()  # a model folder's config.json is named by its folder (also
-    # given as ./config.json or .), any other file by its own name
+    path = Path(os.path.abspath(source)) if source else Path()  # a model folder's config.json is named by its folder
+    # (also given as ./config.json or .; a link keeps its own name), any other file by its own name
     file_name = path.parent.name if path.name == "config.json" else path.stem
     name = cfg.get("_name_or_path") or (file_name if source else "") or mtype or "hf-model"
     other = _not_causal_lm(cfg)

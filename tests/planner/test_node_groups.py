@@ -286,6 +286,11 @@ def test_fixed_splits_and_placements_hold_on_node_groups():
     held = search(model, c, 512, fixed=both, top=50).plans
     assert held and all((p.config.layers, p.config.recompute_layers) == (both["layers"], both["recompute_layers"])
                         for p in held)
+    same = search(model, c, 512, fixed={"recompute_layers": (2, 2, 2)}, top=1).plans[0]  # equal counts: one count,
+    assert same.estimate.step_time_s == search(model, c, 512, fixed={"recompute_layers": 2}, top=1).plans[0] \
+        .estimate.step_time_s  # which holds no split
+    as_list = search(model, c, 512, fixed={"placement": list(free.config.placement)}, top=1).plans[0]  # a plan file's
+    assert as_list.estimate.step_time_s <= free.estimate.step_time_s * (1 + 1e-9)
     placed = search(model, c, 512, fixed={"placement": free.config.placement}, top=5).plans
     assert [p.config.placement for p in placed] == [free.config.placement] * len(placed)
     assert len({p.config for p in placed}) == len(placed)  # the fixed placement's plans are not listed twice

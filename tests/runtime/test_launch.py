@@ -1054,6 +1054,8 @@ def test_a_checkpoint_folder_s_odd_contents_are_said_before_training(tmp_path, c
         publish(root, root / "step_00000008.partial", {"step": 8}, sums={})
     monkeypatch.undo()
     assert latest_checkpoint(root).name == "step_00000004" and abandoned(root) == []  # nothing newer to set aside
+    complete(root, 12)  # workers run by hand from a pointed-back latest, an abandoned run's step 12 still there:
+    assert latest_checkpoint(root).name == "step_00000004"  # at or below the step latest names, not the abandoned one
 
     root = tmp_path / "ck"
     for step in (4, 12):
@@ -1074,9 +1076,10 @@ def test_a_checkpoint_folder_s_odd_contents_are_said_before_training(tmp_path, c
     plan = _plan(tmp_path)
     (root / "latest").unlink()
     (root / "latest").mkdir()
-    assert main(["run", plan, "--checkpoint-dir", str(root), "--resume", "--steps", "30"]) == 2
-    assert f"checkpoint folder {root}: latest is a folder; it must be the file naming the newest checkpoint" in \
-        capsys.readouterr().err
+    for resume in (["--resume"], ["--resume-from", "4"]):  # (--resume-from points latest back: it was an internal error)
+        assert main(["run", plan, "--checkpoint-dir", str(root), *resume, "--steps", "30"]) == 2
+        assert f"checkpoint folder {root}: latest is a folder; it must be the file naming the newest checkpoint" in \
+            capsys.readouterr().err
 
     locked = tmp_path / "locked"
     (locked / ".autopar-lock").mkdir(parents=True)

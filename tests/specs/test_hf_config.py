@@ -32,6 +32,8 @@ def test_a_config_file_is_named_by_its_own_name(tmp_path, monkeypatch):
     assert load_model(str(tmp_path / "hf")).name == "hf"
     monkeypatch.chdir(tmp_path / "hf")  # given from inside its folder (the README's ./config.json): still the folder's
     assert load_model("./config.json").name == load_model(".").name == load_model("config.json").name == "hf"
+    (tmp_path / "linked").symlink_to(tmp_path / "hf")  # a link (a hub cache's snapshot) keeps its own name
+    assert load_model(str(tmp_path / "linked" / "config.json")).name == "linked"
     (tmp_path / "hf" / "qwen2.json").write_text(json.dumps({**LLAMA, "_name_or_path": "Qwen/Qwen2-0.5B"}))
     assert load_model(str(tmp_path / "hf" / "qwen2.json")).name == "Qwen/Qwen2-0.5B"  # the config's own name wins
 
