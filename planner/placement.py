@@ -23,7 +23,6 @@ import numpy as np
 
 from cost_models.step import estimate
 from planner.refine import PlanResult
-from planner.space import allows_several
 from specs.cluster import ClusterSpec
 from specs.model import ModelSpec
 from specs.parallel import ParallelConfig, default_split
@@ -245,8 +244,7 @@ def _shape_order(cfg: ParallelConfig) -> tuple[tuple[int, int, int, int], tuple[
 def _ways(cluster: ClusterSpec, cfg: ParallelConfig, moe: bool, fixed: dict[str, Any]) -> list[tuple[str, ...]]:
     """:func:`placements` of ``cfg``, only those ``fixed`` allows (a fixed ``placement``: it alone)."""
     held = fixed.get("placement")
-    return [w for w in placements(cluster, cfg, moe)
-            if held is None or w == held or (allows_several(held) and w in held)]
+    return [w for w in placements(cluster, cfg, moe) if held is None or w == held]
 
 
 def _chosen(cluster: ClusterSpec, ranked: list[PlanResult], moe: bool, fixed: dict[str, Any],

@@ -34,7 +34,7 @@ from cost_models.pipeline import CLOSED_FORM_OPTIMISM, CLOSED_FORM_PESSIMISM
 from cost_models.stages import layer_terms
 from planner.placement import place, placements
 from planner.refine import PlanResult, refine
-from planner.space import allows_several, enumerate_space
+from planner.space import enumerate_space
 from specs.cluster import ClusterSpec
 from specs.errors import AutoparError
 from specs.model import ModelSpec
@@ -129,7 +129,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
         held = fixed.get("placement")
         homogeneous = plans[0] if plans and held is None else None
         pool, keys = roomy, fixed
-        if held is not None and not allows_several(held):  # the plans to place there, as the free search finds them
+        if held is not None:  # the plans to place there, as the free search finds them
             keys = {**{k: v for k, v in fixed.items() if k != "placement"}, "pp": fixed.get("pp", len(held))}
             pool = _fastest(roomy + search(model, cluster, global_batch, keys, headroom_GiB=headroom_GiB, state=state,
                                            exhaustive=exhaustive, refine_count=refine_count, place_groups=False).roomy)

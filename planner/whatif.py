@@ -14,7 +14,7 @@ from typing import Any
 
 from cost_models.headroom import check_headroom, headroom_for, usable_GiB
 from planner.search import search
-from planner.space import allows_several, check_fixed_keys
+from planner.space import check_fixed_keys
 from specs.cluster import LINK_SLACK, ClusterSpec
 from specs.cluster_loading import cluster_from_dict, list_clusters, list_gpus, load_cluster, load_gpu
 from specs.errors import AutoparError, did_you_mean
@@ -239,10 +239,9 @@ def _check_placements(keys: dict[str, Any], cluster: ClusterSpec, flags: dict[st
     if held is None:
         return
     pp = keys.get("pp") if isinstance(keys.get("pp"), int) else None
-    for p in held if allows_several(held) else [held]:
-        problem = placement_names_problem(p, cluster.groups, pp)
-        if problem:
-            raise AutoparError(f"{flags.get('placement', '--fix')} {problem}")
+    problem = placement_names_problem(held, cluster.groups, pp)
+    if problem:
+        raise AutoparError(f"{flags.get('placement', '--fix')} {problem}")
 
 
 def sweep(model: ModelSpec, cluster: ClusterSpec, global_batch: int, key: str, values: list[Any],

@@ -228,9 +228,9 @@ def publish(root: Path, tmp: Path, meta: dict[str, Any], keep: int = KEEP_CHECKP
     (tmp / META).write_text(json.dumps({"format": FORMAT, **meta, "checksums": sums}, indent=1) + "\n")
     if final.exists():  # a checkpoint of this step from before a roll back (by hand): kept aside, not overwritten
         set_aside(root, [final])
-    # ``latest`` first: a crash before the rename leaves it naming no folder, which reads as no ``latest`` (the newest
-    # complete checkpoint is resumed); renamed first, a crash left a complete checkpoint newer than ``latest``, which
-    # reads as one pointed back from by hand, and the next resume set the newest aside
+    # ``latest`` first: a crash before the rename leaves it naming no folder, and the newest complete checkpoint at or
+    # below its step is resumed (latest_checkpoint); renamed first, a crash left a complete checkpoint newer than
+    # ``latest``, which reads as one pointed back from by hand, and the next resume set the newest aside
     write_latest(root, f"{final.name}\n".encode())
     os.replace(tmp, final)
     # the run's own checkpoints: any newer one is from before a roll back (by hand), neither kept in place of the

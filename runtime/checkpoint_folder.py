@@ -101,41 +101,42 @@ def newest_set_aside(root: Path) -> Path | None:
     return max(done, key=checkpoint_step, default=None)
 
 
-def folder_problem(root: Path) -> str | None:
-    """Why checkpoint folder ``root`` cannot take a checkpoint whatever the run does (found before it trains rather
-    than at its first save): a ``latest`` (or the ``latest.tmp`` it is written through) that is not a file."""
+def check_checkpoint_dir(root: Path) -> None:
+    """Refuse a checkpoint folder ``root`` that cannot take a checkpoint whatever the run does (found before it
+    trains rather than at its first save): one this process cannot write, or whose ``latest`` (or the ``latest.tmp``
+    it is written through) is not a file."""
+    check_output_dir(str(root), "checkpoint directory")
     for name in (LATEST, f"{LATEST}.tmp"):
         if (root / name).is_dir():
-            return (f"checkpoint folder {root}: {name} is a folder; it must be the file naming the newest checkpoint "
-                    "(written by the run): move or delete that folder")
-    return None
+            raise AutoparError(f"checkpoint folder {root}: {name} is a folder; it must be the file naming the newest "
+                               "checkpoint (written by the run): move or delete that folder")
 
 
 def latest_checkpoint(root: Path) -> Path | None:
     """The checkpoint a resume goes on from: the one ``latest`` names (a complete ``step_N`` folder of ``root``: the
     newest, or an older one it was pointed back to), else the highest complete step_N."""
-    named = _named_by_latest(root)
-    if named is not None:
-        return named
+    name = _latest_name(root)
+    if name is not None and (root / name / META).exists():
+        return root / name
     done = [p for p in step_folders(root) if (p / META).exists()]
-    try:  # ``latest`` naming a folder not there (a crash between it and the checkpoint's rename): at or below its step
-        name = (root / LATEST).read_text().strip()
-        if STEP_NAME.fullmatch(name) and not (root / name).exists():
-            done = [p for p in done if checkpoint_step(p) <= checkpoint_step(root / name)]
-    except (OSError, ValueError):
-        pass
+    if name is not None and not (root / name).exists():  # a crash between it and the checkpoint's rename: at or
+        done = [p for p in done if checkpoint_step(p) <= checkpoint_step(root / name)]  # below the step it names
     return done[-1] if done else None
+
+
+def _latest_name(root: Path) -> str | None:
+    """The step folder name the ``latest`` file holds (a step folder here, nothing elsewhere), or None."""
+    try:
+        name = (root / LATEST).read_text().strip()
+    except (OSError, ValueError):  # absent, unreadable, not text
+        return None
+    return name if STEP_NAME.fullmatch(name) else None
 
 
 def _named_by_latest(root: Path) -> Path | None:
     """The complete checkpoint the ``latest`` file names, or None."""
-    try:
-        name = (root / LATEST).read_text().strip()
-        if STEP_NAME.fullmatch(name) and (root / name / META).exists():  # a step folder here, nothing elsewhere
-            return root / name
-    except (OSError, ValueError):  # absent, unreadable, not text
-        pass
-    return None
+    name = _latest_name(root)
+    return root / name if name is not None and (root / name / META).exists() else None
 
 
 def resume_step(text: str, root: Path) -> int:
@@ -283,10 +284,7 @@ def pointed_back(root: Path, step: int) -> Iterator[Path]:
     newer ones aside (:func:`roll_back`) once the run's checks pass; a block that fails before that (a refused run)
     puts ``latest`` back as it was, so that a refused ``--resume-from`` changes nothing. A folder it cannot write
     is refused first, in one line."""
-    check_output_dir(str(root), "checkpoint directory")
-    problem = folder_problem(root)
-    if problem:
-        raise AutoparError(problem)
+    check_checkpoint_dir(root)
     try:
         before: bytes | None = (root / LATEST).read_bytes()
     except OSError:

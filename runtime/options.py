@@ -9,9 +9,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from runtime.checkpoint_folder import folder_problem, latest_checkpoint
+from runtime.checkpoint_folder import check_checkpoint_dir, latest_checkpoint
 from specs.errors import AutoparError
-from specs.files import check_output_dir, check_output_file, integer, path_argument
+from specs.files import check_output_file, integer, path_argument
 from specs.planfile import PlanFile, steps_problem
 
 COLLECTIVE_TIMEOUT_S = 1800.0  # --collective-timeout's default
@@ -177,10 +177,7 @@ def check_run_options(plan: PlanFile, o: RunOptions, inputs: dict[str, str | Non
     if o.max_restarts and not o.checkpoint_dir:
         raise AutoparError("--max-restarts needs --checkpoint-dir: a restarted run resumes from its checkpoints")
     if o.checkpoint_dir is not None:
-        check_output_dir(o.checkpoint_dir, "checkpoint directory")
-        problem = folder_problem(Path(o.checkpoint_dir))
-        if problem:
-            raise AutoparError(problem)
+        check_checkpoint_dir(Path(o.checkpoint_dir))
     if o.metrics_out is not None and metrics:
         from runtime.metrics import is_metrics_data
 
