@@ -34,7 +34,7 @@ from cost_models.pipeline import CLOSED_FORM_OPTIMISM, CLOSED_FORM_PESSIMISM
 from cost_models.stages import layer_terms
 from planner.placement import place, placements
 from planner.refine import PlanResult, refine
-from planner.space import enumerate_space
+from planner.space import enumerate_space, unplaced
 from specs.cluster import ClusterSpec
 from specs.errors import AutoparError
 from specs.model import ModelSpec
@@ -78,10 +78,13 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
            progress: Any = None, flags: dict[str, str] | None = None, state: StateSpec | None = None,
            place_groups: bool = True) -> SearchResult:
     """Find the fastest plans that fit; ``fixed`` holds plan keys constant (``flags``: the option each came
-    from, for error messages; default ``--fix``). On a cluster of node groups (``place_groups``) the plans placed
-    on the groups compete with those that treat it as homogeneous at its slowest link. ``headroom_GiB``: memory
-    kept free per GPU (None: the default, as ``autopar plan``'s, a share of each GPU: cost_models/headroom.py)."""
+    from, for error messages; default ``--fix``). On a cluster of node groups (``place_groups``, unless ``fixed``
+    holds ``placement=none``) the plans placed on the groups compete with those that treat it as homogeneous at
+    its slowest link. ``headroom_GiB``: memory kept free per GPU (None: the default, as ``autopar plan``'s, a share
+    of each GPU: cost_models/headroom.py)."""
     fixed = typed_keys(dict(fixed or {}))  # (the API's lists: a placement or per-stage counts as given in a plan file)
+    fixed, no_placement = unplaced(fixed)
+    place_groups = place_groups and not no_placement
     state = state or StateSpec.default(cluster.precision)
     t0 = time.perf_counter()
     if global_batch <= 0:

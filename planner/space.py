@@ -114,6 +114,17 @@ def allows_several(v: Any) -> bool:
     return isinstance(v, (list, set))
 
 
+UNPLACED = ("none",)  # ``placement=none``: plan a cluster of node groups as homogeneous at its slowest link
+
+
+def unplaced(keys: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """``keys`` without a ``placement=none``, and whether it was there (the plans are then not placed on the
+    cluster's node groups: what ``plan --fix`` and ``whatif --compare`` mean by it)."""
+    if keys.get("placement") != UNPLACED:
+        return keys, False
+    return {k: v for k, v in keys.items() if k != "placement"}, True
+
+
 def _fixed_values(key: str, fixed: dict[str, Any]) -> list[int] | None:
     if key not in fixed:
         return None

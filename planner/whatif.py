@@ -14,7 +14,7 @@ from typing import Any
 
 from cost_models.headroom import check_headroom, headroom_for, usable_GiB
 from planner.search import search
-from planner.space import check_fixed_keys
+from planner.space import check_fixed_keys, unplaced
 from specs.cluster import LINK_SLACK, ClusterSpec
 from specs.cluster_loading import cluster_from_dict, list_clusters, list_gpus, load_cluster, load_gpu
 from specs.errors import AutoparError, did_you_mean
@@ -258,9 +258,7 @@ def sweep(model: ModelSpec, cluster: ClusterSpec, global_batch: int, key: str, v
     """
     key, values = parse_vary(f"{key}={','.join(map(str, values))}")  # the command's checks for the API's callers
     fixed, compare = typed_keys(fixed), typed_keys(dict(compare or {}))
-    homogeneous = compare.get("placement") == ("none",)
-    if homogeneous:
-        del compare["placement"]
+    compare, homogeneous = unplaced(compare)
     flags = {k: "--compare" for k in compare}
     check_fixed_keys(model, fixed, global_batch)
     check_fixed_keys(model, compare, global_batch, flags)

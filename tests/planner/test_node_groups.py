@@ -194,6 +194,18 @@ def test_the_plan_command_explains_the_placement_and_writes_it(tmp_path, capsys)
     assert again.step_time_s == pytest.approx(best["step_time_s"], rel=1e-4)  # the JSON's rounding
 
 
+def test_fixing_no_placement_plans_the_groups_as_their_slowest_homogeneous_view(capsys):
+    """``plan --fix placement=none`` (as ``whatif --compare placement=none``): the free search's homogeneous
+    baseline, no plan placed."""
+    common = ["plan", "--model", "llama-13b", "--cluster", "ib-roce-a100", "--global-batch", "512", "--format", "json"]
+    assert main(common) == 0
+    baseline = json.loads(capsys.readouterr().out)["homogeneous_baseline"]
+    assert main([*common, "--fix", "placement=none"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert all(p["parallel"]["placement"] is None for p in d["plans"]) and "homogeneous_baseline" not in d
+    assert d["plans"][0]["step_time_s"] == pytest.approx(baseline["step_time_s"], rel=1e-6)
+
+
 def test_a_placed_plan_file_round_trips(tmp_path):
     c, model = load_cluster("a100-h100-ib"), load_model("llama-1b")
     cfg = ParallelConfig(tp=2, pp=3, dp=16, placement=("a100", "a100", "h100"), layers=(4, 4, 8))
