@@ -245,10 +245,13 @@ def gpu_precision_problem(gpu: GPUSpec, precision: str, backend: str) -> str | N
             f"precision {usable[0] if usable else next(iter(have))}")
 
 
-def intra_link_problem(gpu: GPUSpec, bandwidth_GBps: float) -> str | None:
+def intra_link_problem(gpu: GPUSpec, bandwidth_GBps: float, calibration: Calibration | None = None) -> str | None:
     """Why an intra-node link of ``bandwidth_GBps`` per GPU is one ``gpu``'s platform does not have (more than
-    :data:`LINK_SLACK` times its datasheet node link), or None."""
+    :data:`LINK_SLACK` times its datasheet node link), or None; a ``calibration`` with a comm scale set it from
+    measured runs (calibrate's fit, not a hand-typed datasheet value): None."""
     link = gpu.node_link
+    if calibration is not None and "comm" in calibration.scales:
+        return None
     if link is None or bandwidth_GBps <= LINK_SLACK * link.bandwidth_GBps:
         return None
     return (f"intra_node bandwidth_GBps {bandwidth_GBps:g}: GPU {gpu.name} has {link.text()} inside a node; use at "
@@ -387,7 +390,7 @@ class ClusterSpec(Strict):
             name=f"{self.name}:{g.name}", gpu=GPUSpec.model_validate(g.gpu), gpus_per_node=g.gpus_per_node,
             num_nodes=g.num_nodes, intra_node=Link.model_validate(g.intra_node), backend=self.backend,
             precision=self.precision, tp_across_nodes=self.tp_across_nodes, collectives=g.collectives,
-            inter_node=InterNode(**g.inter_node.model_dump(exclude={"kind"})))
+            inter_node=InterNode(**g.inter_node.model_dump(exclude={"kind"})), calibration=g.calibration)
 
     def precision_problem(self) -> str | None:
         """Why this cluster's GPUs cannot compute in its ``precision`` (:func:`gpu_precision_problem`)."""
@@ -400,9 +403,7 @@ class ClusterSpec(Strict):
     def link_problem(self) -> str | None:
         """Why this cluster's intra-node link is one its GPU's platform does not have (:func:`intra_link_problem`),
         or None."""
-        if self.calibration is not None and "comm" in self.calibration.scales:
-            return None  # scaled by a fit to measured runs (calibrate's comm scale), not a hand-typed datasheet value
-        return intra_link_problem(self.gpu, self.intra_node.bandwidth_GBps)
+        return intra_link_problem(self.gpu, self.intra_node.bandwidth_GBps, self.calibration)
 
     @property
     def nic_bw_per_gpu(self) -> float:

@@ -11,7 +11,15 @@ import math
 from pathlib import Path
 from typing import Any
 
-from specs.cluster import MAX_GPUS, ClusterSpec, GPUSpec, gpu_precision_problem, intra_link_problem, table_rate_problem
+from specs.cluster import (
+    MAX_GPUS,
+    Calibration,
+    ClusterSpec,
+    GPUSpec,
+    gpu_precision_problem,
+    intra_link_problem,
+    table_rate_problem,
+)
 from specs.errors import AutoparError, did_you_mean, validated
 from specs.files import check_output_file, read_mapping
 from specs.topology import DefaultLink, GroupLink, Link, NodeGroup, Topology
@@ -160,8 +168,9 @@ def _grouped(data: dict[str, Any], source: str, base: Path | None = None) -> dic
     gpus = [GPUSpec.model_validate(g.gpu) for g in groups]
     backend = data.get("backend", "nccl")
     for g, gpu in zip(groups, gpus):  # every group's GPU, not only the slowest the merged view keeps
+        fit = Calibration.model_validate(g.calibration) if g.calibration is not None else None
         problem = (gpu_precision_problem(gpu, precision, backend) or table_rate_problem(gpu, precision, backend)
-                   or intra_link_problem(gpu, g.intra_node["bandwidth_GBps"]))
+                   or intra_link_problem(gpu, g.intra_node["bandwidth_GBps"], fit))
         if problem:
             raise AutoparError(f"{where}: node group {g.name}: {problem}")
     slowest = min(gpus, key=lambda x: x.peak(precision))
@@ -203,5 +212,6 @@ def _from_profile(group: dict[str, Any], where: str, i: int, base: Path | None =
             "intra_node": {"bandwidth_GBps": c.intra_node.bandwidth_GBps, "latency_us": c.intra_node.latency_us},
             "inter_node": {**net, **rest.pop("inter_node", {})},
             "collectives": {op: {lv: f.model_dump(exclude_none=True) for lv, f in levels.items()}
-                            for op, levels in c.collectives.items()}}
+                            for op, levels in c.collectives.items()},
+            "calibration": c.calibration.model_dump() if c.calibration is not None else None}
     return {**base, **rest}

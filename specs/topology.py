@@ -75,6 +75,9 @@ class NodeGroup(Strict):
     # ``collectives``: taken from the group's own `autopar profile` output (``profile:`` in the file); each fit's fields
     # (numbers, and a fit's ``busbw_by_nodes``) are checked as a CollectiveFit where the group's view is built
     collectives: dict[str, dict[str, dict[str, Any]]] = {}
+    # the fit that scaled that profile, where `autopar calibrate` / `tune` wrote it (a specs.cluster.Calibration):
+    # a link its comm scale lifted past the datasheet's is a measured one
+    calibration: dict[str, Any] | None = None
 
     @property
     def num_gpus(self) -> int:

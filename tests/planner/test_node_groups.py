@@ -349,6 +349,17 @@ def test_a_group_can_come_from_its_own_measured_profile(tmp_path):
     cfg = ParallelConfig(tp=1, pp=2, dp=8, zero=0, placement=("ib", "eth"))  # dp=8 inside each group's node
     slow_reduce = estimate(model, c, cfg, 64).breakdown["dp_comm_exposed"]
     assert slow_reduce > 2 * estimate(model, unmeasured, cfg, 64).breakdown["dp_comm_exposed"]
+    # a calibrated profile whose comm scale lifted its link past the datasheet's: the profile's own check holds
+    calibration = {"runs": 3, "scales": {"comm": 2.0}, "log_covariance": [[0.01]]}
+    fast = {**measured, "name": "fast", "intra_node": {"bandwidth_GBps": 600.0}, "calibration": calibration}
+    (tmp_path / "fast.yaml").write_text(yaml.safe_dump(fast))
+    scaled = load_cluster(_profile(tmp_path, [{**groups[0], "profile": str(tmp_path / "fast.yaml")}, groups[1]],
+                                   default_between={"bandwidth_Gbps_per_node": 100}))
+    assert scaled.group_view("ib").intra_node.bandwidth_GBps == 600.0
+    (tmp_path / "fast.yaml").write_text(yaml.safe_dump({**fast, "calibration": None}))  # hand-typed: refused
+    with pytest.raises(AutoparError, match="intra_node bandwidth_GBps 600"):
+        load_cluster(_profile(tmp_path, [{**groups[0], "profile": str(tmp_path / "fast.yaml")}, groups[1]],
+                              default_between={"bandwidth_Gbps_per_node": 100}))
     bad = [{"name": "x", "profile": "ib-roce-a100", "num_nodes": 1}, _group("eth", nodes=1)]
     with pytest.raises(AutoparError, match="itself made of node groups"):
         load_cluster(_profile(tmp_path, bad, default_between={"bandwidth_Gbps_per_node": 100}))
