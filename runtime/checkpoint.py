@@ -238,12 +238,15 @@ def publish(root: Path, tmp: Path, meta: dict[str, Any], keep: int = KEEP_CHECKP
     folders = [p for p in step_folders(root) if checkpoint_step(p) <= checkpoint_step(final)]
     complete = [p for p in folders if (p / META).is_file()]
     kept = complete[-keep:]  # complete ones only: a broken folder never counts as kept in place of a good one
+    # what the save before this one kept: a folder older than that was tried then, and said then if it stayed
+    before = [p for p in complete if p != final][-keep:]
     stuck = []
     for old in folders:  # older than every kept one: complete or broken (a removal cut short), it goes
         if checkpoint_step(old) < checkpoint_step(kept[0]):
             shutil.rmtree(old, ignore_errors=True)
-            stuck += [old.name] if old.exists() else []
-    if stuck:  # (a training run goes on: its disk use grows by a checkpoint each time, so it is said)
+            new = not before or checkpoint_step(old) >= checkpoint_step(before[0])
+            stuck += [old.name] if old.exists() and new else []
+    if stuck:  # (a training run goes on: its disk use grows by a checkpoint each time, so it is said, once)
         print(f"autopar: note: could not remove the old checkpoint{'s' if len(stuck) > 1 else ''} "
               f"{', '.join(stuck)} from {root} (permissions?); they take disk space until removed by hand",
               file=sys.stderr, flush=True)

@@ -235,10 +235,12 @@ def in_use(root: Path) -> Iterator[None]:
     except OSError as err:  # not a folder this process can write: the run's own checks say so, in their words
         if made and root.is_dir():
             root.rmdir()
-        elif root.is_dir() and os.access(root, os.W_OK):  # a folder it writes, but no lock file (one made a folder)
-            print(f"autopar: note: cannot open {root / LOCK} ({err.strerror}); nothing stops a second run from "
-                  "training into this folder at the same time: remove what is there by that name", file=sys.stderr,
-                  flush=True)
+        elif root.is_dir() and os.access(root, os.W_OK):  # a folder it writes, but no lock file (a full disk, a
+            # folder of that name)
+            lock = root / LOCK
+            fix = ": remove what is there by that name" if lock.exists() and not lock.is_file() else ""
+            print(f"autopar: note: cannot open {lock} ({err.strerror}); nothing stops a second run from training "
+                  f"into this folder at the same time{fix}", file=sys.stderr, flush=True)
         yield
         return
     with f:

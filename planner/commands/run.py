@@ -68,7 +68,7 @@ def run_command(args: argparse.Namespace) -> int:
 def _resume_from(args: argparse.Namespace) -> int | None:
     """``--resume-from STEP``'s step, checked (None when not given): the run resumes from that checkpoint; ``latest``
     points at it from here, and the launch sets the newer ones aside once the run's checks pass."""
-    from runtime.checkpoint_folder import no_checkpoint, resume_step
+    from runtime.checkpoint_folder import checkpoint_step, latest_checkpoint, no_checkpoint, resume_step
 
     if args.resume_from is None:
         return None
@@ -76,6 +76,10 @@ def _resume_from(args: argparse.Namespace) -> int | None:
         raise AutoparError("--resume-from needs --checkpoint-dir (where the checkpoints are)")
     step = resume_step(args.resume_from, Path(args.checkpoint_dir))
     if args.dry_run:
+        current = latest_checkpoint(Path(args.checkpoint_dir)) if Path(args.checkpoint_dir).is_dir() else None
+        if current is not None and checkpoint_step(current) == step:  # what --resume goes on from: nothing to move
+            args.resume = True
+            return None
         raise AutoparError("--resume-from points the checkpoint folder at an earlier checkpoint, and a dry run "
                            "changes nothing: drop --dry-run (or dry-run from the newest with --resume)")
     if not Path(args.checkpoint_dir).is_dir():

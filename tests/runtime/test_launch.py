@@ -1022,6 +1022,9 @@ def test_a_roll_back_loses_no_checkpoint(tmp_path, capsys):
                        (["--resume-from", "4", "--checkpoint-dir", str(root), "--dry-run"], "a dry run changes nothing")):
         assert main(["run", plan, *argv]) == 2
         assert want in capsys.readouterr().err
+    # from the newest, a dry run is --resume's: nothing to point back or move
+    assert main(["run", plan, "--checkpoint-dir", str(root), "--resume-from", "16", "--steps", "30", "--dry-run"]) == 0
+    assert "--resume" in capsys.readouterr().out and (root / "latest").read_text() == "step_00000016\n"
 
 
 def test_a_checkpoint_folder_s_odd_contents_are_said_before_training(tmp_path, capsys, monkeypatch):
@@ -1085,16 +1088,20 @@ def test_a_checkpoint_folder_s_odd_contents_are_said_before_training(tmp_path, c
     (locked / ".autopar-lock").mkdir(parents=True)
     with in_use(locked):
         pass
-    assert f"cannot open {locked}/.autopar-lock" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert f"cannot open {locked}/.autopar-lock" in said and "remove what is there by that name" in said
 
     pruned = tmp_path / "pruned"
     for step in (4, 8):
         complete(pruned, step)
     (pruned / "step_00000012.partial").mkdir()
     monkeypatch.setattr(ckpt.shutil, "rmtree", lambda *a, **k: None)  # a folder this user cannot remove
-    publish(pruned, pruned / "step_00000012.partial", {"step": 12}, keep=1, sums={})
-    assert f"could not remove the old checkpoints step_00000004, step_00000008 from {pruned}" in \
-        capsys.readouterr().err
+    publish(pruned, pruned / "step_00000012.partial", {"step": 12}, keep=2, sums={})
+    assert f"could not remove the old checkpoint step_00000004 from {pruned}" in capsys.readouterr().err
+    (pruned / "step_00000016.partial").mkdir()
+    publish(pruned, pruned / "step_00000016.partial", {"step": 16}, keep=2, sums={})
+    said = capsys.readouterr().err  # each stuck folder is said once, when its removal first fails
+    assert f"could not remove the old checkpoint step_00000008 from {pruned}" in said and "00000004" not in said
 
 
 def test_resume_from_a_folder_it_cannot_write_is_one_line_and_changes_nothing(tmp_path, capsys, monkeypatch):
