@@ -5,11 +5,13 @@ The search first plans the cluster as if homogeneous at its slowest GPU and link
 fields). Each of those plans whose stage (tp x dp x cp GPUs) divides every group's GPUs is then placed: every
 group holds whole pipeline ranks, one contiguous block of them per group; the tensor-, context- and
 data-parallel groups stay inside a node group, so only pipeline sends cross groups. Every order of the groups is
-tried for each stage shape; layers are split evenly and in proportion to each group's speed per layer (the
-placed plan's own stage times under an even split); the fastest placed plans are then balanced further, a layer
-at a time to the fastest stage from the slowest one or from the rank that finishes last, while the step gets
-faster. Every placed plan is priced exactly (cost_models/placement.py). The keys a search holds are held here too:
-a fixed placement is the only one tried, a fixed layer split is kept.
+tried for each stage shape; layers are split evenly, in proportion to each group's speed per layer (the
+placed plan's own stage times under an even split) and as those times say evens the stages out or makes the step
+fastest for the plan's micro-batches; the fastest placed plans are then balanced further, a layer at a time to
+the fastest stage from the slowest one or from the rank that finishes last, while the step gets faster. Plans whose
+every pipeline rank splits its replicas over all the groups (``a+b``) are placed so too. Every placed plan is
+priced exactly (cost_models/placement.py). The keys a search holds are held here too: a fixed placement is the only
+one tried, a fixed layer split is kept.
 """
 
 from __future__ import annotations
@@ -54,13 +56,39 @@ def placements(cluster: ClusterSpec, cfg: ParallelConfig, moe: bool = False) -> 
     out = []
     if not any(n % stage for n in groups.values()) and sum(n // stage for n in groups.values()) == cfg.pp:
         out = [tuple(g for g in order for _ in range(groups[g] // stage)) for order in itertools.permutations(groups)]
-    unit = math.gcd(*groups.values())
-    shares = [g for g, n in groups.items() for _ in range(n // unit)]  # a share of the replicas per `unit` GPUs
-    if len(groups) > 1 and len(shares) <= MAX_SHARES and cfg.dp % len(shares) == 0 \
-            and cfg.pp * stage == cluster.num_gpus:
+    shares = _shares(cluster)
+    if shares and cfg.dp % len(shares) == 0 and cfg.pp * stage == cluster.num_gpus:
         out.append(("+".join(shares),) * cfg.pp)
     return [w for w in out if placement_problem(w, cfg.tp, cfg.dp, cfg.cp, cfg.pp, groups, cluster.node_gpus,
                                                 moe) is None]
+
+
+def _shares(cluster: ClusterSpec) -> list[str]:
+    """The shares a split placement (``a+b``) gives each pipeline rank's replicas: a group's name per gcd of the
+    groups' GPU counts it holds; empty where the cluster has one group or more than :data:`MAX_SHARES` shares."""
+    groups = cluster.groups
+    unit = math.gcd(*groups.values()) if groups else 1
+    shares = [g for g, n in groups.items() for _ in range(n // unit)]
+    return shares if len(groups) > 1 and len(shares) <= MAX_SHARES else []
+
+
+def split_view(cluster: ClusterSpec) -> tuple[ClusterSpec, int] | None:
+    """The cluster as a split placement runs it, roughly, and the shares its data-parallel size must be a multiple
+    of; None where no plan splits. Each group runs a share of every pipeline rank's replicas and the slowest group
+    sets the pace: its own view (GPU, links, NICs) at the whole cluster's size, with the smallest GPUs' memory (every
+    group holds every stage); the cross-group part of the data-parallel reduce is left out. What ranks homogeneous
+    plans for splitting: the merged view prices their data-parallel traffic at the slowest link between groups,
+    which a hierarchical reduce mostly keeps inside them (the placed plans are priced exactly)."""
+    shares = _shares(cluster)
+    if not shares:
+        return None
+    views = [cluster.group_view(g) for g in cluster.groups]
+    slowest = min(views, key=lambda v: (v.gpu.peak(cluster.precision), v.nic_bw_per_gpu))
+    if cluster.num_gpus % slowest.gpus_per_node:
+        return None
+    smallest = min(v.gpu.memory_GiB for v in views)
+    view = slowest.resized(nodes=cluster.num_gpus // slowest.gpus_per_node)
+    return view.model_copy(update={"gpu": view.gpu.model_copy(update={"memory_GiB": smallest})}), len(shares)
 
 
 def proportional_layers(num_layers: int, speed: list[float]) -> tuple[int, ...]:
@@ -99,28 +127,55 @@ def by_speed(model: ModelSpec, cfg: ParallelConfig, speeds: dict[str, float]) ->
     return replace(cfg, layers=proportional_layers(model.num_layers, [speeds[groups[j % cfg.pp]] for j in range(nv)]))
 
 
-def fitted(model: ModelSpec, a: PlanResult, b: PlanResult) -> tuple[int, ...] | None:
-    """The layer split that evens out the stages' times, from two priced splits of the same placed plan: each
-    stage's time is taken as linear in its layers (its two points; a stage whose layers did not change gets its
-    group's mean time per layer), and layers are handed out one at a time to the stage that stays fastest with
-    one more (which minimises the slowest stage for linear times). None when the two splits do not tell."""
+def fitted(model: ModelSpec, a: PlanResult, b: PlanResult, microbatches: int) -> list[tuple[int, ...]]:
+    """Layer splits that should make the step fast, from two priced splits of the same placed plan: each stage's time
+    is taken as linear in its layers (its two points; a stage whose layers did not change gets its group's mean time
+    per layer). The split that evens the stages out (layers handed out one at a time to the stage that stays fastest
+    with one more, which minimises the slowest stage), and, where it differs, the one that minimises a 1F1B
+    pipeline's step over ``microbatches`` (not interleaved): the slowest stage ``microbatches - 1`` times plus every
+    stage once; with one micro-batch that puts every layer it can on the fastest groups. None when the two splits
+    do not tell."""
     la, lb = a.config.stage_layers(model.num_layers), b.config.stage_layers(model.num_layers)
     ta, tb = a.estimate.stage_time_s, b.estimate.stage_time_s
     groups = a.config.placement or ()
     pp = a.config.pp
     slope = [(y - x) / (m - n) if m != n else None for x, y, n, m in zip(ta, tb, la, lb)]
     known = [s for s in slope if s is not None and s > 0]
-    if not known:
-        return None
+    if not known or len(slope) > model.num_layers:
+        return []
     mean = {g: np.mean([s for j, s in enumerate(slope) if s is not None and s > 0 and groups[j % pp] == g] or known)
             for g in groups}
-    per = [s if s is not None and s > 0 else float(mean[groups[j % pp]]) for j, s in enumerate(slope)]
-    base = [t - p * n for t, p, n in zip(ta, per, la)]
+    per = np.array([s if s is not None and s > 0 else float(mean[groups[j % pp]]) for j, s in enumerate(slope)])
+    base = np.array([t - p * n for t, p, n in zip(ta, per, la)])
     out = [1] * len(per)
     for _ in range(model.num_layers - len(per)):
         j = min(range(len(per)), key=lambda k: base[k] + per[k] * (out[k] + 1))
         out[j] += 1
-    return tuple(out) if len(per) <= model.num_layers else None
+    even = tuple(out)
+    step = _fewest_step(base, per, model.num_layers, microbatches) if a.config.vpp == 1 else None
+    return [even] + ([step] if step is not None and step != even else [])
+
+
+def _fewest_step(base: np.ndarray, per: np.ndarray, num_layers: int, microbatches: int) -> tuple[int, ...] | None:
+    """The split (one layer per stage at least) minimising ``(microbatches - 1) x max + sum`` of the stages' times
+    ``base + per x layers``: for every bound on the slowest stage that some stage's count meets exactly, the layers
+    go to the cheapest stages first up to it (the least sum under that bound)."""
+    stages = len(per)
+    bounds = np.unique(base[:, None] + per[:, None] * np.arange(1, num_layers + 1))
+    caps = np.clip(np.floor((bounds[:, None] - base) / per + 1e-9), 0, num_layers)
+    order = np.argsort(per, kind="stable")
+    extra = (caps[:, order] - 1).clip(min=0)
+    rest = num_layers - stages
+    ok = (caps >= 1).all(axis=1) & (extra.sum(axis=1) >= rest)
+    if not ok.any():
+        return None
+    extra = extra[ok]
+    before = np.cumsum(extra, axis=1) - extra
+    counts = np.empty_like(extra)
+    counts[:, order] = 1 + np.clip(rest - before, 0, extra)
+    times = base + per * counts
+    best = int(np.argmin((microbatches - 1) * times.max(axis=1) + times.sum(axis=1)))
+    return tuple(int(x) for x in counts[best])
 
 
 def moved(model: ModelSpec, cluster: ClusterSpec, best: PlanResult, global_batch: int, headroom_GiB: float | None,
@@ -148,20 +203,18 @@ def moved(model: ModelSpec, cluster: ClusterSpec, best: PlanResult, global_batch
 
 def _orders(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global_batch: int, headroom_GiB: float | None,
             state: StateSpec, hold: bool = False) -> list[tuple[PlanResult, dict[str, float]]]:
-    """A placed plan priced with its layers split evenly, by its groups' speed and as :func:`fitted` evens the stages
-    out (only evenly when every stage is on the same groups), each with the groups' speeds. ``hold``: only with its
-    own split (a fixed one)."""
+    """A placed plan priced with its layers split evenly, by its groups' speed and as :func:`fitted` splits them
+    (only evenly when every stage is on the same groups), each with the groups' speeds. ``hold``: only with its own
+    split (a fixed one)."""
     even = _price(model, cluster, cfg, global_batch, headroom_GiB, state)
     speeds = _speeds(model, even.config, even)
     if hold or len(set(cfg.placement or ())) == 1:  # every stage on the same groups: no group is faster than another
         return [(even, speeds)]
     split = _price(model, cluster, by_speed(model, even.config, speeds), global_batch, headroom_GiB, state)
     out = [(even, speeds), (split, speeds)]
-    fit = fitted(model, even, split)
-    if fit is not None and fit not in (even.config.stage_layers(model.num_layers),
-                                       split.config.stage_layers(model.num_layers)):
-        out.append((_price(model, cluster, replace(even.config, layers=fit), global_batch, headroom_GiB, state),
-                    speeds))
+    have = {even.config.stage_layers(model.num_layers), split.config.stage_layers(model.num_layers)}
+    out += [(_price(model, cluster, replace(even.config, layers=fit), global_batch, headroom_GiB, state), speeds)
+            for fit in fitted(model, even, split, cfg.microbatches(global_batch)) if fit not in have]
     return out
 
 

@@ -32,7 +32,7 @@ from cost_models.compute import ComputeModel
 from cost_models.headroom import check_headroom, usable_GiB
 from cost_models.pipeline import CLOSED_FORM_OPTIMISM, CLOSED_FORM_PESSIMISM
 from cost_models.stages import layer_terms
-from planner.placement import place, placements
+from planner.placement import SPLIT_BASES, place, placements, split_view
 from planner.refine import PlanResult, refine
 from planner.space import enumerate_space, unplaced
 from specs.cluster import ClusterSpec
@@ -153,20 +153,20 @@ def _placeable(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed:
                headroom_GiB: float | None, state: StateSpec, plans: list[PlanResult], exhaustive: bool = False
                ) -> list[PlanResult]:
     """The fastest homogeneous plans the node groups can hold: those whose pipeline ranks they hold whole, from
-    ``plans``' own (they fit the largest group's GPUs: placed, a stage may sit on them) or (when none of them is, or
-    ``exhaustive``: always) an exhaustive search over the pipeline depths that give every group whole ranks, refining
-    its :data:`EXHAUSTIVE_BASES` best; and the first of ``plans`` whose every pipeline rank can be split over all the
-    groups (``a+b``)."""
+    ``plans``' own (they fit the largest group's GPUs: placed, a stage may sit on them) and from a search over the
+    pipeline depths that give every group whole ranks (unless pp is fixed; it refines its :data:`EXHAUSTIVE_BASES`
+    best where ``exhaustive``): ranked at the slowest link, the depths that gain most from placing may not be among
+    ``plans``' first; and those whose every pipeline rank can be split over all the groups (``a+b``), from ``plans``
+    and as :func:`_split_ranked` ranks them."""
     sizes = list(cluster.groups.values())
     whole = [p for p in plans if all(n % (p.config.tp * p.config.dp * p.config.cp) == 0 for n in sizes)
              and p.config.pp > 1]
     moe = model.moe is not None
     cap = usable_GiB(headroom_GiB, cluster.gpu.memory_GiB)  # a split plan's every rank sits on the smallest GPUs too
-    split = [p for p in plans if p.estimate.memory_GiB <= cap][:SPLIT_SCAN]
+    split = [p for p in plans if p.estimate.memory_GiB <= cap][:SPLIT_SCAN] + _split_ranked(
+        model, cluster, global_batch, fixed, headroom_GiB, state, exhaustive)
     split = [p for p in split if any(splits_replicas(w) for w in placements(cluster, p.config, moe))]
-    mixed = len(cluster.memory_sizes_GiB) > 1  # GPUs of different memory: the
-    # fastest plans that fit the largest are mostly unpipelined, so the pipelined ones are searched for too
-    if (whole and not exhaustive and not mixed) or "pp" in fixed:
+    if "pp" in fixed:
         return _fastest(whole + split)
     stage = math.gcd(*sizes)
     depths = [cluster.num_gpus // n for n in range(1, stage + 1) if stage % n == 0 and cluster.num_gpus // n > 1]
@@ -177,6 +177,23 @@ def _placeable(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed:
         return _fastest(whole + deeper.roomy + split)
     except AutoparError:  # no such depth fits the rules (say, more stages than layers)
         return _fastest(whole + split)
+
+
+def _split_ranked(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dict[str, Any],
+                  headroom_GiB: float | None, state: StateSpec, exhaustive: bool) -> list[PlanResult]:
+    """The fastest plans to split over the node groups (``a+b``) as :func:`planner.placement.split_view` ranks them
+    (priced on that view; their placed prices are exact), or none (a mixture-of-experts model, no split)."""
+    found = split_view(cluster) if model.moe is None else None
+    if found is None:
+        return []
+    view, shares = found
+    keys = fixed if "dp" in fixed else {**fixed, "dp": [d for d in range(shares, view.num_gpus + 1, shares)
+                                                         if view.num_gpus % d == 0]}
+    try:
+        return search(model, view, global_batch, keys, headroom_GiB=headroom_GiB, state=state, exhaustive=exhaustive,
+                      refine_count=SPLIT_BASES, place_groups=False).ranked
+    except AutoparError:  # (no plan of such dp fits the rules)
+        return []
 
 
 def _fastest(plans: list[PlanResult]) -> list[PlanResult]:

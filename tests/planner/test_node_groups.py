@@ -166,8 +166,8 @@ def test_placed_plans_beat_the_cluster_planned_at_its_slowest_link(name):
     best, homogeneous = res.plans[0], res.homogeneous
     assert best.config.placement is not None and homogeneous is not None and homogeneous.config.placement is None
     assert best.estimate.fits and best.estimate.step_time_s < 0.95 * homogeneous.estimate.step_time_s
-    ranks = best.config.placement
-    assert all(ranks.count(g) * best.config.tp * best.config.dp * best.config.cp == n for g, n in c.groups.items())
+    cfg = best.config  # whole pipeline ranks per group, or every rank's replicas split over them: every GPU covered
+    assert placement_problem(cfg.placement, cfg.tp, cfg.dp, cfg.cp, cfg.pp, c.groups, c.node_gpus) is None
 
 
 def test_faster_gpus_get_more_layers():
@@ -186,7 +186,7 @@ def test_the_plan_command_explains_the_placement_and_writes_it(tmp_path, capsys)
     d = json.loads(capsys.readouterr().out)
     best = d["plans"][0]
     assert best["parallel"]["placement"] and "homogeneous_baseline" in d
-    assert "on ib" in d["why"] and "on roce" in d["why"] and "homogeneous" in d["why"]
+    assert "on ib" in d["why"] and "roce" in d["why"] and "homogeneous" in d["why"]  # (whole ranks or split)
     assert d["homogeneous_baseline"]["step_time_s"] > best["step_time_s"]
     plan = load_plan(out)
     assert plan.config.placement == tuple(best["parallel"]["placement"])
@@ -282,6 +282,31 @@ def test_the_exhaustive_search_is_no_worse_than_the_default_where_splits_are_too
     default = search(model, c, 512, top=1).plans[0]
     exhaustive = search(model, c, 512, top=1, exhaustive=True).plans[0]
     assert exhaustive.estimate.step_time_s <= default.estimate.step_time_s * (1 + 1e-9)
+
+
+def test_one_micro_batch_puts_the_layers_on_the_fastest_groups():
+    """Batch 1 is one micro-batch: the step is every stage's time summed, not the slowest stage's, so the split
+    that evens the stages out is far from the best (7/8/17 layers on A100, A100, H100: 27% slower than the best
+    split the exhaustive search finds)."""
+    c, model = load_cluster("a100-h100-ib"), load_model("llama3-8b")
+    fixed = {"tp": 8, "pp": 3, "cp": 4, "mbs": 1, "sp": True, "zero": 1, "recompute": "none",
+             "placement": ("a100", "a100", "h100")}
+    default = search(model, c, 1, top=1, fixed=fixed).plans[0]
+    exhaustive = search(model, c, 1, top=1, fixed=fixed, exhaustive=True).plans[0]
+    assert default.estimate.step_time_s <= 1.03 * exhaustive.estimate.step_time_s
+
+
+@pytest.mark.parametrize("name, model_name, batch, key", [
+    ("ib-roce-a100", "llama3-8b", 512, {"mbs": 4}),  # a split placement (ib+roce) at dp=32 that ranks low at the
+    # slowest link (its data-parallel reduce priced across the groups' 100 Gb/s): 10.05 s against 9.15 s
+    ("a100-h100-ib", "qwen3-30b-a3b", 96, {"pp": 3}),  # whole ranks at pp=3 vpp=4, not among the homogeneous plans
+    # refined first: 0.881 s against 0.787 s
+])
+def test_the_default_search_finds_what_fixing_a_key_finds(name, model_name, batch, key):
+    c, model = load_cluster(name), load_model(model_name)
+    free = search(model, c, batch, top=1).plans[0]
+    held = search(model, c, batch, top=1, fixed=key).plans[0]
+    assert free.estimate.step_time_s <= held.estimate.step_time_s * (1 + 1e-9)
 
 
 def test_fixed_splits_and_placements_hold_on_node_groups():
