@@ -33,6 +33,7 @@ from typing import Any
 
 from hardware_profiles.groups import Layout, LinkPlan, grouped_profile, link_rounds, node_layout, rank_record
 from specs.errors import AutoparError, needs_torch
+from specs.host import usable_cores
 
 
 def load_torch():
@@ -116,7 +117,7 @@ def measure(rank: int, world: int, local: int, quick: bool, progress: bool,
             mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30 / local
         except (ValueError, OSError):
             mem = 16.0
-        usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        usable = usable_cores()
         dev = {"type": "cpu", "name": f"{_cpu_model()} ({torch.get_num_threads()} thread(s) per rank)",
                # the ranks it runs at once at the rates measured: a core each, or as many as measured at once
                "memory_GiB": mem, "cores": max(1, usable // torch.get_num_threads(), local)}

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
-import os
 import signal
 import sys
 import threading
@@ -23,6 +22,7 @@ from typing import Any
 from cost_models.memory import GiB
 from cost_models.step import Estimate
 from specs.errors import AutoparError, RunFailed, needs_torch
+from specs.host import usable_cores
 from specs.json_numbers import rounded
 from specs.model import ModelSpec
 from specs.planfile import PlanFile
@@ -72,7 +72,7 @@ def _replays(plan: PlanFile, ranks: int) -> Iterator[Any]:
     said(0)
     t0 = time.perf_counter()
     yield _kept(plan, 0)
-    workers = min(ranks - 1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    workers = min(ranks - 1, usable_cores())
     if workers < 2 or (time.perf_counter() - t0) * (ranks - 1) <= POOL_AFTER_S:
         for p in range(1, ranks):
             said(p)

@@ -26,7 +26,7 @@ import torch.distributed.checkpoint as dcp
 from pydantic import BaseModel
 from torch.distributed.checkpoint.api import CheckpointException
 
-from runtime.checkpoint import corrupt_error, corrupt_files, fingerprint, publish, read_meta
+from runtime.checkpoint import corrupt_error, corrupt_files, fingerprint, hash_threads, publish, read_meta
 from runtime.checkpoint_folder import META, STEP_NAME, instead_of, latest_checkpoint, newest_is_broken, step_name
 from runtime.dtypes import TORCH_DTYPES
 from runtime.hf_layouts import (
@@ -201,7 +201,7 @@ def read_parameters(ck: Path) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
     from torch.distributed.checkpoint import FileSystemReader
 
     meta = read_meta(ck, exporting=True)
-    bad = corrupt_files(ck, meta)
+    bad = corrupt_files(ck, meta, threads=hash_threads())
     if bad:
         raise corrupt_error(ck, bad, exporting=True)
     try:

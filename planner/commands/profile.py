@@ -14,6 +14,7 @@ from typing import Any
 from hardware_profiles.profiler import build, load_torch, run_local, run_torchrun
 from specs.cluster_loading import check_profile_out
 from specs.errors import AutoparError
+from specs.host import usable_cores
 
 
 def summary(profile: dict[str, Any], out: str) -> list[str]:
@@ -105,7 +106,7 @@ def profile_command(args: argparse.Namespace, progress: Callable[[], bool] | Non
             raise AutoparError(f"--nproc must be at least 1, got {nproc}")
         if gpus and nproc > gpus:
             raise AutoparError(f"--nproc {nproc}: this machine has {gpus} GPU(s)")
-        usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        usable = usable_cores()
         cores = max(2, usable)
         if not gpus and nproc > cores:
             raise AutoparError(f"--nproc {nproc}: this process may use {usable} CPU core(s); more gloo ranks than "

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ from rich.markup import escape
 
 from planner.commands.inputs import load_inputs, spec_files
 from specs.errors import ERROR_PREFIX, INTERRUPTED, AutoparError
+from specs.host import usable_cores
 
 
 def tune_command(args: argparse.Namespace) -> int:
@@ -64,7 +64,7 @@ def tune_command(args: argparse.Namespace) -> int:
                    f"metrics are in {out_dir} (a failed trial's error names its log)")
     warning = bound_warning(res.scales, "profile this machine (`autopar profile --out mine.yaml`) and tune on "
                                         "that profile (--cluster mine.yaml)", res.runs,
-                            cores_here=len(os.sched_getaffinity(0)))  # the trials ran here
+                            cores_here=usable_cores())  # the trials ran here
     warning = " ".join(w for w in (warning, res.ceiling) if w) or None
     if args.format == "json":
         print(json.dumps({"trials": [t.row() for t in res.trials], "chosen": chosen.row() if chosen else None,

@@ -406,3 +406,21 @@ def test_a_data_file_rewritten_or_removed_during_a_run_is_named(tmp_path):
     assert "a.u16 was rewritten while the run read it (size 2,000 -> 200 bytes)" in data.changed()
     (tmp_path / "a.u16").unlink()
     assert "a.u16 was removed while the run read it" in data.changed()
+
+
+def test_a_checkpoints_files_checked_on_several_threads_name_each_changed_or_missing_one(tmp_path):
+    """The launcher and the export check a whole checkpoint in one process, several files at once: every changed
+    and every missing file is named, in name order, whatever the threads; a worker's share is its own."""
+    from runtime.checkpoint import checksums, corrupt_files
+
+    names = [f"__{i}_0.distcp" for i in range(12)]
+    for i, name in enumerate(names):
+        (tmp_path / name).write_bytes(os.urandom(1000 + i))
+    meta = {"checksums": checksums(tmp_path, names)}
+    (tmp_path / names[3]).write_bytes(b"torn")
+    (tmp_path / names[7]).unlink()
+    want = sorted([names[3], names[7]])
+    assert [corrupt_files(tmp_path, meta, threads=t) for t in (1, 4, 64)] == [want] * 3
+    mine = sorted(meta["checksums"])
+    assert corrupt_files(tmp_path, meta, share=1, shares=2, threads=4) == [n for n in want if mine.index(n) % 2 == 1]
+    assert corrupt_files(tmp_path, {}, threads=4) == []
