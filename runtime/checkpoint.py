@@ -115,8 +115,8 @@ def checksums(folder: Path, files: list[str], share: int = 0, shares: int = 1) -
 
 def corrupt_files(ck: Path, meta: dict[str, Any], share: int = 0, shares: int = 1, threads: int = 1) -> list[str]:
     """Of share ``share`` of the files ``meta`` has checksums of, those missing, unreadable or changed (none to check
-    in a checkpoint written without them); ``threads`` files at once (CRC-32 releases the GIL: a whole checkpoint
-    checked in one process is read at the disk's pace, not one core's)."""
+    in a checkpoint written without them); ``threads`` files at once (CRC-32 releases the GIL; a parallel file system
+    serves one stream a fraction of its bandwidth; one core here: 5 GB/s of cached files, benchmarks/RESULTS.md)."""
     mine = [(name, crc) for i, (name, crc) in enumerate(sorted((meta.get("checksums") or {}).items()))
             if i % shares == share]
 
