@@ -36,9 +36,9 @@ MAX_BASES = 8  # distinct homogeneous plans placed as whole pipeline ranks per g
 # and beyond them the fastest of each further shape (tp, pp, dp, cp, vpp), up to this many shapes in all: ranked at
 # the slowest link, the shapes that gain most from placing (less data-parallel traffic on a slow group, a deeper
 # pipeline) may come after several plans of one shape
-MAX_SHAPES = 16
+MAX_SHAPES = 32
 MAX_SHARES = 8  # shares of the replicas a split placement may have (the groups' sizes over their gcd, summed)
-SPLIT_BASES = 16  # distinct homogeneous plans placed with every pipeline rank split over the groups
+SPLIT_BASES = 32  # distinct homogeneous plans placed with every pipeline rank split over the groups (one way each)
 MAX_MOVES = 16  # single-layer moves tried per placed plan
 MOVED = 3  # placed plans balanced by single-layer moves (the fastest)
 ORDERS = 2  # orders of the groups kept per stage shape
@@ -72,23 +72,28 @@ def _shares(cluster: ClusterSpec) -> list[str]:
     return shares if len(groups) > 1 and len(shares) <= MAX_SHARES else []
 
 
-def split_view(cluster: ClusterSpec) -> tuple[ClusterSpec, int] | None:
-    """The cluster as a split placement runs it, roughly, and the shares its data-parallel size must be a multiple
-    of; None where no plan splits. Each group runs a share of every pipeline rank's replicas and the slowest group
-    sets the pace: its own view (GPU, links, NICs) at the whole cluster's size, with the smallest GPUs' memory (every
-    group holds every stage); the cross-group part of the data-parallel reduce is left out. What ranks homogeneous
-    plans for splitting: the merged view prices their data-parallel traffic at the slowest link between groups,
-    which a hierarchical reduce mostly keeps inside them (the placed plans are priced exactly)."""
+def whole_views(cluster: ClusterSpec) -> list[tuple[ClusterSpec, float]]:
+    """Each node group's own view (GPU, links, NICs) at the whole cluster's size, with the group's share of the
+    cluster's GPUs (groups whose node size does not divide the cluster's GPUs left out): how the search ranks
+    homogeneous plans for placing on the groups (planner/search.py)."""
+    n = cluster.num_gpus
+    return [(v.resized(nodes=n // v.gpus_per_node), v.num_gpus / n)
+            for v in (cluster.group_view(g) for g in cluster.groups) if n % v.gpus_per_node == 0]
+
+
+def split_views(cluster: ClusterSpec) -> tuple[list[ClusterSpec], int] | None:
+    """:func:`whole_views` with the smallest GPUs' memory (a split plan's every group holds every stage), and the
+    shares a split placement's data-parallel size must be a multiple of; None where no plan splits. A split plan
+    (``a+b``) runs a share of every pipeline rank's replicas on each group and the slowest group sets the pace, so
+    the slowest group's view prices it roughly, the cross-group part of its data-parallel reduce aside: what ranks
+    homogeneous plans for splitting (the merged view prices their data-parallel traffic at the slow link between
+    the groups, which the hierarchical reduce mostly keeps inside them; the placed plans are priced exactly)."""
     shares = _shares(cluster)
     if not shares:
         return None
-    views = [cluster.group_view(g) for g in cluster.groups]
-    slowest = min(views, key=lambda v: (v.gpu.peak(cluster.precision), v.nic_bw_per_gpu))
-    if cluster.num_gpus % slowest.gpus_per_node:
-        return None
-    smallest = min(v.gpu.memory_GiB for v in views)
-    view = slowest.resized(nodes=cluster.num_gpus // slowest.gpus_per_node)
-    return view.model_copy(update={"gpu": view.gpu.model_copy(update={"memory_GiB": smallest})}), len(shares)
+    smallest = min(cluster.memory_sizes_GiB)
+    return [v.model_copy(update={"gpu": v.gpu.model_copy(update={"memory_GiB": smallest})})
+            for v, _ in whole_views(cluster)], len(shares)
 
 
 def proportional_layers(num_layers: int, speed: list[float]) -> tuple[int, ...]:

@@ -9,9 +9,11 @@
 3. The fastest that fit are re-priced with the exact model (schedule replay) after the ILP (planner/ilp.py,
    via planner/refine.py) has chosen their layer split and per-stage recompute; the result is sorted.
 4. On a cluster of node groups, steps 1-3 plan it as homogeneous at its slowest GPU and link (where its groups'
-   GPUs differ in memory, also the fastest pipelined plans only the larger GPUs hold); the best of those plans are
-   then placed on the groups (planner/placement.py), each stage checked on its own group's GPUs, and the placed ones
-   compete with the homogeneous.
+   GPUs differ in memory, also the fastest pipelined plans only the larger GPUs hold); the best of those plans, and
+   the fastest of each shape as :func:`_placeable` ranks them for placing (at the merged view, as if placed on the
+   groups' own views, and on the slowest group's view for plans split over the groups), are then placed on the
+   groups (planner/placement.py), each stage checked on its own group's GPUs, and the placed ones compete with the
+   homogeneous.
 ``exhaustive=True`` drops the pruning of the space (every micro-batch size, interleave degree and cp) and
 replays every candidate's schedule table as the exact model does, and solves the stage ILP for every finalist (the
 default search: for the ILP_SOLVES fastest).
@@ -19,6 +21,7 @@ default search: for the ILP_SOLVES fastest).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -26,13 +29,14 @@ from typing import Any
 
 import numpy as np
 
-from cost_models.batch import estimate_batch
+from cost_models.batch import BatchResult, estimate_batch
 from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
 from cost_models.headroom import check_headroom, usable_GiB
 from cost_models.pipeline import CLOSED_FORM_OPTIMISM, CLOSED_FORM_PESSIMISM
 from cost_models.stages import layer_terms
-from planner.placement import SPLIT_BASES, place, placements, split_view
+from cost_models.step import estimate
+from planner.placement import place, placements, split_views, whole_views
 from planner.refine import PlanResult, refine
 from planner.space import enumerate_space, unplaced
 from specs.cluster import ClusterSpec
@@ -40,6 +44,7 @@ from specs.errors import AutoparError
 from specs.model import ModelSpec
 from specs.parallel import ParallelConfig, typed_keys
 from specs.placement import splits_replicas
+from specs.rules import tp_node_problem
 from specs.state import StateSpec
 
 __all__ = ["PlanResult", "SearchResult", "enumerate_space", "search", "min_gpus_to_fit"]
@@ -55,6 +60,7 @@ CLOSED_FORM_SLACK = round((1 + CLOSED_FORM_PESSIMISM) / (1 - CLOSED_FORM_OPTIMIS
 # load (a 1 s budget once gave Llama 3 405B on 8,192 GPUs a 7% slower plan on a busy machine).
 ILP_SOLVES = 3  # (an exhaustive search solves it for every finalist)
 EXHAUSTIVE_BASES = 32  # homogeneous plans an exhaustive search of a cluster of node groups places every way
+SHAPE_BASES = 16  # shapes (tp, pp, dp, cp, vpp) refined to place on node groups, per ranking (whole ranks, split)
 SPLIT_SCAN = 64  # fastest homogeneous plans tried split over the node groups (a+b)
 
 
@@ -76,12 +82,19 @@ class SearchResult:
 def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dict[str, Any] | None = None,
            top: int = 5, exhaustive: bool = False, headroom_GiB: float | None = None, refine_count: int | None = None,
            progress: Any = None, flags: dict[str, str] | None = None, state: StateSpec | None = None,
-           place_groups: bool = True) -> SearchResult:
+           place_groups: bool = True, shapes: bool = False,
+           views: list[tuple[ClusterSpec, float]] | None = None) -> SearchResult:
     """Find the fastest plans that fit; ``fixed`` holds plan keys constant (``flags``: the option each came
     from, for error messages; default ``--fix``). On a cluster of node groups (``place_groups``, unless ``fixed``
     holds ``placement=none``) the plans placed on the groups compete with those that treat it as homogeneous at
     its slowest link. ``headroom_GiB``: memory kept free per GPU (None: the default, as ``autopar plan``'s, a share
-    of each GPU: cost_models/headroom.py)."""
+    of each GPU: cost_models/headroom.py). ``shapes``: refine the fastest plan of each of the fastest
+    ``refine_count`` shapes (tp, pp, dp, cp, vpp), every candidate priced in closed form first, instead of the
+    fastest plans (what is placed on node groups: ranked at the merged view, one shape's variants crowd out the
+    shapes placing helps most); ranked, with ``views`` (clusters, each with a weight summing to 1), by the weighted
+    harmonic mean of their closed-form times on those views, each against its own GPUs' memory (node groups' own
+    views: roughly the time placed with layers split by speed, where the merged view prices every link as the
+    slowest)."""
     fixed = typed_keys(dict(fixed or {}))  # (the API's lists: a placement or per-stage counts as given in a plan file)
     fixed, no_placement = unplaced(fixed)
     place_groups = place_groups and not no_placement
@@ -97,21 +110,28 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
     # plans to place on node groups may need only their largest GPUs' memory (each placed stage is checked on its own)
     room = max(cap, usable_GiB(headroom_GiB, cluster.memory_sizes_GiB[-1]))
     n_ref = refine_count or max(2 * top, 16)
-    mode, keep = "exact" if exhaustive else "mixed", None if exhaustive else (n_ref, CLOSED_FORM_SLACK)
-    res = estimate_batch(model, cluster, cands, global_batch, state, mode, progress, fits_GiB=cap, keep=keep)
-    fits = res.memory_GiB <= cap
+    mode = "exact" if exhaustive else "closed" if shapes else "mixed"
+    keep = None if exhaustive or shapes else (n_ref, CLOSED_FORM_SLACK)
+    if views:
+        res = _as_placed(model, views, cands, global_batch, state, headroom_GiB)
+        fits = np.isfinite(res.step_time)
+    else:
+        res = estimate_batch(model, cluster, cands, global_batch, state, mode, progress, fits_GiB=cap, keep=keep)
+        fits = res.memory_GiB <= cap
     order = np.argsort(np.where(fits, res.step_time, np.inf), kind="stable")
     n_fit = int(fits.sum())
-    rows = order[:min(n_ref, n_fit)]
+    rows = _first_of_shapes(cands, order[:n_fit], n_ref) if shapes else order[:min(n_ref, n_fit)]
     if n_fit < top:  # few or none fit: the ones needing the least memory too
         rows = np.concatenate([rows, np.argsort(res.memory_GiB)[:8]])
     # node groups of different GPUs: also the fastest pipelined plans only their larger GPUs hold (placed, a group
     # holds whole stages; an unpipelined plan's replicas span every group's GPUs, the smallest too)
     roomier = np.nonzero((res.memory_GiB > cap) & (res.memory_GiB <= room) & (cands.pp > 1))[0]
-    if len(roomier):
+    if len(roomier) and not views:
         more = estimate_batch(model, cluster, cands.take(roomier), global_batch, state, mode, fits_GiB=room, keep=keep)
-        order = np.argsort(more.step_time, kind="stable")[:n_ref]
-        rows = np.concatenate([rows, roomier[order[np.isfinite(more.step_time[order])]]])
+        order = np.argsort(more.step_time, kind="stable")
+        order = order[np.isfinite(more.step_time[order])]
+        rows = np.concatenate([rows, roomier[_first_of_shapes(cands.take(roomier), order, n_ref) if shapes
+                                             else order[:n_ref]]])
     pool = [cands.config(int(i)) for i in rows]
     terms = layer_terms(model, ComputeModel.of(cluster), CommModel(cluster), cands.take(rows),
                         state)
@@ -149,49 +169,86 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
                         closest=closest, exhaustive=exhaustive, ranked=plans, homogeneous=homogeneous, roomy=roomy)
 
 
+def _as_placed(model: ModelSpec, views: list[tuple[ClusterSpec, float]], cands: Any, global_batch: int,
+               state: StateSpec, headroom_GiB: float | None) -> Any:
+    """Every candidate's weighted harmonic mean of its closed-form step times on ``views`` (a view whose GPUs it does
+    not fit adds nothing; on none: infinite), and its memory on the first view."""
+    rate, memory = np.zeros(len(cands)), None
+    for view, weight in views:
+        got = estimate_batch(model, view, cands, global_batch, state, "closed",
+                             fits_GiB=usable_GiB(headroom_GiB, view.gpu.memory_GiB))
+        rate += np.where(np.isfinite(got.step_time), weight / got.step_time, 0.0)
+        memory = got.memory_GiB if memory is None else memory
+    with np.errstate(divide="ignore"):
+        return BatchResult(step_time=1.0 / rate, memory_GiB=memory)
+
+
+def _first_of_shapes(cands: Any, order: np.ndarray, n: int) -> np.ndarray:
+    """The first row of ``order`` of each shape (tp, pp, dp, cp, vpp) of ``cands``, for the first ``n`` shapes."""
+    if not len(order):
+        return order
+    key = np.stack([np.asarray(getattr(cands, k))[order] for k in ("tp", "pp", "dp", "cp", "vpp")], axis=1)
+    _, first = np.unique(key, axis=0, return_index=True)
+    return order[np.sort(first)[:n]]
+
+
 def _placeable(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dict[str, Any],
                headroom_GiB: float | None, state: StateSpec, plans: list[PlanResult], exhaustive: bool = False
                ) -> list[PlanResult]:
     """The fastest homogeneous plans the node groups can hold: those whose pipeline ranks they hold whole, from
-    ``plans``' own (they fit the largest group's GPUs: placed, a stage may sit on them) and from a search over the
-    pipeline depths that give every group whole ranks (unless pp is fixed; it refines its :data:`EXHAUSTIVE_BASES`
-    best where ``exhaustive``): ranked at the slowest link, the depths that gain most from placing may not be among
-    ``plans``' first; and those whose every pipeline rank can be split over all the groups (``a+b``), from ``plans``
-    and as :func:`_split_ranked` ranks them."""
+    ``plans``' own (they fit the largest group's GPUs: placed, a stage may sit on them) and from two searches over
+    the pipeline depths that give every group whole ranks (unless pp is fixed), each refining the fastest plan of
+    its :data:`SHAPE_BASES` (:data:`EXHAUSTIVE_BASES` where ``exhaustive``) fastest shapes, ranked at the merged
+    view and as if placed (:func:`planner.placement.whole_views`): ranked at the slowest link, the shapes that gain
+    most from placing may not be among ``plans``' first; and those whose every pipeline rank can be split over all
+    the groups (``a+b``), from ``plans`` and as :func:`_split_ranked` ranks them."""
     sizes = list(cluster.groups.values())
     whole = [p for p in plans if all(n % (p.config.tp * p.config.dp * p.config.cp) == 0 for n in sizes)
              and p.config.pp > 1]
     moe = model.moe is not None
     cap = usable_GiB(headroom_GiB, cluster.gpu.memory_GiB)  # a split plan's every rank sits on the smallest GPUs too
     split = [p for p in plans if p.estimate.memory_GiB <= cap][:SPLIT_SCAN] + _split_ranked(
-        model, cluster, global_batch, fixed, headroom_GiB, state, exhaustive)
+        model, cluster, global_batch, fixed, headroom_GiB, state, exhaustive, plans[0].config if plans else None)
     split = [p for p in split if any(splits_replicas(w) for w in placements(cluster, p.config, moe))]
     if "pp" in fixed:
         return _fastest(whole + split)
     stage = math.gcd(*sizes)
     depths = [cluster.num_gpus // n for n in range(1, stage + 1) if stage % n == 0 and cluster.num_gpus // n > 1]
     try:
-        deeper = search(model, cluster, global_batch, fixed={**fixed, "pp": depths}, headroom_GiB=headroom_GiB,
-                        state=state, place_groups=False, exhaustive=exhaustive,
-                        refine_count=EXHAUSTIVE_BASES if exhaustive else None)
-        return _fastest(whole + deeper.roomy + split)
+        deeper = [search(model, cluster, global_batch, fixed={**fixed, "pp": depths}, headroom_GiB=headroom_GiB,
+                         state=state, place_groups=False, exhaustive=exhaustive, shapes=True, views=views,
+                         refine_count=EXHAUSTIVE_BASES if exhaustive else SHAPE_BASES).roomy
+                  for views in (None, whole_views(cluster))]  # ranked at the merged view, and as if placed
+        return _fastest(whole + deeper[0] + deeper[1] + split)
     except AutoparError:  # no such depth fits the rules (say, more stages than layers)
         return _fastest(whole + split)
 
 
 def _split_ranked(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dict[str, Any],
-                  headroom_GiB: float | None, state: StateSpec, exhaustive: bool) -> list[PlanResult]:
-    """The fastest plans to split over the node groups (``a+b``) as :func:`planner.placement.split_view` ranks them
-    (priced on that view; their placed prices are exact), or none (a mixture-of-experts model, no split)."""
-    found = split_view(cluster) if model.moe is None else None
-    if found is None:
+                  headroom_GiB: float | None, state: StateSpec, exhaustive: bool,
+                  probe: ParallelConfig | None) -> list[PlanResult]:
+    """The fastest plans to split over the node groups (``a+b``), the fastest of each shape as the slowest group's
+    view ranks them (:func:`planner.placement.split_views`; the slowest: the one on which plan ``probe`` is
+    slowest, else the one of the least peak), priced on that view (their placed prices are exact); none for a
+    mixture-of-experts model or where no plan splits. Only the tensor-parallel sizes the merged view's nodes hold."""
+    found = split_views(cluster) if model.moe is None else None
+    if not found or not found[0]:
         return []
-    view, shares = found
-    keys = fixed if "dp" in fixed else {**fixed, "dp": [d for d in range(shares, view.num_gpus + 1, shares)
-                                                         if view.num_gpus % d == 0]}
+    views, shares = found
+    view = min(views, key=lambda v: (v.gpu.peak(cluster.precision), v.nic_bw_per_gpu))
+    if probe is not None:
+        times = []
+        for v in views:
+            with contextlib.suppress(AutoparError):  # (a plan one view's nodes cannot hold)
+                times.append((estimate(model, v, probe, global_batch, headroom_GiB, state=state).step_time_s, v))
+        view = max(times, key=lambda t: t[0])[1] if times else view
+    n = cluster.num_gpus
+    keys = {"dp": [d for d in range(shares, n + 1, shares) if n % d == 0],
+            "tp": [t for t in range(1, cluster.gpus_per_node + 1) if n % t == 0 and tp_node_problem(
+                t, n, cluster.gpus_per_node, cluster.tp_across_nodes) is None], **fixed}
     try:
         return search(model, view, global_batch, keys, headroom_GiB=headroom_GiB, state=state, exhaustive=exhaustive,
-                      refine_count=SPLIT_BASES, place_groups=False).ranked
+                      refine_count=SHAPE_BASES, place_groups=False, shapes=True).ranked
     except AutoparError:  # (no plan of such dp fits the rules)
         return []
 

@@ -301,12 +301,29 @@ def test_one_micro_batch_puts_the_layers_on_the_fastest_groups():
     # slowest link (its data-parallel reduce priced across the groups' 100 Gb/s): 10.05 s against 9.15 s
     ("a100-h100-ib", "qwen3-30b-a3b", 96, {"pp": 3}),  # whole ranks at pp=3 vpp=4, not among the homogeneous plans
     # refined first: 0.881 s against 0.787 s
+    # the merged view prices every link as the slowest: the shapes placing helps most (wide cp or ep inside a fast
+    # group, a shallow pipeline with a 31/1 split) ranked beyond those refined, and one shape's variants crowded
+    # the rest out (0.391 s against 0.145 s; 0.733 against 0.351; 1.031 against 0.740; 3.591 against 2.620)
+    ("ib-roce-a100", "mixtral-8x7b", 1, {"pp": 2}),
+    ("a100-l40s-mixed", "llama3-8b", 1, {"pp": 4}),
+    ("ib-roce-eth-a100", "llama3-8b", 8, {"tp": 8}),
+    ("ib-roce-a100", "llama3-70b", 8, {"vpp": 4}),
 ])
 def test_the_default_search_finds_what_fixing_a_key_finds(name, model_name, batch, key):
     c, model = load_cluster(name), load_model(model_name)
     free = search(model, c, batch, top=1).plans[0]
     held = search(model, c, batch, top=1, fixed=key).plans[0]
     assert free.estimate.step_time_s <= held.estimate.step_time_s * (1 + 1e-9)
+
+
+def test_plans_split_over_groups_of_different_node_sizes_keep_tp_inside_every_node():
+    """a100-l40s-mixed: A100 nodes of 8 GPUs, L40S nodes of 4. The plans ranked for splitting over both groups are
+    priced on one group's own view; a tp=8 plan taken from the A100s' view was placed and then refused
+    (tp=8 spans 2 nodes), which ended the whole search in an error."""
+    c = load_cluster("a100-l40s-mixed")
+    for model_name in ("llama-1b", "llama3-8b"):
+        res = search(load_model(model_name), c, 8, top=3)
+        assert res.plans and all(p.config.tp <= 4 for p in res.ranked)
 
 
 def test_fixed_splits_and_placements_hold_on_node_groups():
