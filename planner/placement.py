@@ -308,14 +308,19 @@ def _ways(cluster: ClusterSpec, cfg: ParallelConfig, moe: bool, fixed: dict[str,
 def _chosen(cluster: ClusterSpec, ranked: list[PlanResult], moe: bool, fixed: dict[str, Any],
             limit: int | None = None) -> list[tuple[ParallelConfig, set[bool]]]:
     """The first :data:`MAX_BASES` (``limit``) distinct configurations of ``ranked`` the groups hold as whole
-    pipeline ranks, and the first :data:`SPLIT_BASES` (``limit``) whose pipeline ranks can be split over the groups;
-    each with the kinds of placement it was taken for (True: split)."""
+    pipeline ranks, then the first of each further shape (tp, pp, dp, cp, vpp) and the one of it needing the least
+    memory (a shape's fastest plan may need the larger GPUs for every stage where a leaner one, placed, fits every
+    group), and the first :data:`SPLIT_BASES` (``limit``) whose pipeline ranks can be split over the groups; each with
+    the kinds of placement it was taken for (True: split)."""
     most_blocks, most_split = (MAX_BASES, SPLIT_BASES) if limit is None else (limit, limit)
     out, blocks, split, shapes = [], 0, 0, set()
-    for cfg in _bases(ranked, len(ranked), holds_split(fixed)):
+    bases = _bases(ranked, len(ranked), holds_split(fixed))
+    shape_of = {cfg: (cfg.tp, cfg.pp, cfg.dp, cfg.cp, cfg.vpp) for cfg in bases}
+    leanest = {shape_of[c]: c for c in sorted(bases, key=lambda c: bases[c], reverse=True)}
+    for cfg in bases:
         kinds = {splits_replicas(w) for w in _ways(cluster, cfg, moe, fixed)}
-        shape = (cfg.tp, cfg.pp, cfg.dp, cfg.cp, cfg.vpp)
-        new_shape = shape not in shapes and len(shapes) < MAX_SHAPES
+        shape = shape_of[cfg]
+        new_shape = (shape not in shapes and len(shapes) < MAX_SHAPES) or (shape in shapes and leanest[shape] == cfg)
         take = {k for k in kinds if (split < most_split if k else blocks < most_blocks or new_shape)}
         if take:
             out.append((cfg, take))
@@ -326,19 +331,20 @@ def _chosen(cluster: ClusterSpec, ranked: list[PlanResult], moe: bool, fixed: di
     return out
 
 
-def _bases(ranked: list[PlanResult], limit: int, hold: bool = False) -> list[ParallelConfig]:
+def _bases(ranked: list[PlanResult], limit: int, hold: bool = False) -> dict[ParallelConfig, float]:
     """The first ``limit`` distinct configurations of ``ranked`` without their placement and (unless ``hold``: a
-    fixed split) their layer split (a plan's per-stage recompute counts dropped: they belong to its split)."""
-    seen: dict[ParallelConfig, None] = {}
+    fixed split) their layer split (a plan's per-stage recompute counts dropped: they belong to its split), each with
+    its first plan's memory per GPU (GiB), in ``ranked``'s order."""
+    seen: dict[ParallelConfig, float] = {}
     for r in ranked:
         cfg = replace(r.config, placement=None)
         if not hold:
             keep = cfg.recompute_layers if not isinstance(cfg.recompute_layers, tuple) else None
             cfg = replace(cfg, layers=None, recompute_layers=keep)
-        seen.setdefault(cfg)
+        seen.setdefault(cfg, r.estimate.memory_GiB)
         if len(seen) == limit:
             break
-    return list(seen)
+    return seen
 
 
 def splits(num_layers: int, stages: int) -> list[tuple[int, ...]]:

@@ -120,7 +120,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
         fits = res.memory_GiB <= cap
     order = np.argsort(np.where(fits, res.step_time, np.inf), kind="stable")
     n_fit = int(fits.sum())
-    rows = _first_of_shapes(cands, order[:n_fit], n_ref) if shapes else order[:min(n_ref, n_fit)]
+    rows = _first_of_shapes(cands, order[:n_fit], n_ref, res.memory_GiB) if shapes else order[:min(n_ref, n_fit)]
     if n_fit < top:  # few or none fit: the ones needing the least memory too
         rows = np.concatenate([rows, np.argsort(res.memory_GiB)[:8]])
     # node groups of different GPUs: also the fastest pipelined plans only their larger GPUs hold (placed, a group
@@ -130,8 +130,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
         more = estimate_batch(model, cluster, cands.take(roomier), global_batch, state, mode, fits_GiB=room, keep=keep)
         order = np.argsort(more.step_time, kind="stable")
         order = order[np.isfinite(more.step_time[order])]
-        rows = np.concatenate([rows, roomier[_first_of_shapes(cands.take(roomier), order, n_ref) if shapes
-                                             else order[:n_ref]]])
+        rows = np.concatenate([rows, roomier[_first_of_shapes(cands.take(roomier), order, n_ref, more.memory_GiB)
+                                             if shapes else order[:n_ref]]])
     pool = [cands.config(int(i)) for i in rows]
     terms = layer_terms(model, ComputeModel.of(cluster), CommModel(cluster), cands.take(rows),
                         state)
@@ -183,13 +183,19 @@ def _as_placed(model: ModelSpec, views: list[tuple[ClusterSpec, float]], cands: 
         return BatchResult(step_time=1.0 / rate, memory_GiB=memory)
 
 
-def _first_of_shapes(cands: Any, order: np.ndarray, n: int) -> np.ndarray:
-    """The first row of ``order`` of each shape (tp, pp, dp, cp, vpp) of ``cands``, for the first ``n`` shapes."""
+def _first_of_shapes(cands: Any, order: np.ndarray, n: int, memory: np.ndarray) -> np.ndarray:
+    """The first row of ``order`` of each shape (tp, pp, dp, cp, vpp) of ``cands``, for the first ``n`` shapes, and
+    where another, the row of each of those shapes needing the least ``memory`` (a shape's fastest may need the
+    largest GPUs for every stage where a leaner one, placed, fits every group)."""
     if not len(order):
         return order
     key = np.stack([np.asarray(getattr(cands, k))[order] for k in ("tp", "pp", "dp", "cp", "vpp")], axis=1)
-    _, first = np.unique(key, axis=0, return_index=True)
-    return order[np.sort(first)[:n]]
+    _, first, which = np.unique(key, axis=0, return_index=True, return_inverse=True)
+    taken = np.sort(first)[:n]
+    kept = np.isin(which.ravel(), which.ravel()[taken])
+    by_memory = np.nonzero(kept)[0][np.argsort(memory[order[kept]], kind="stable")]
+    _, lean = np.unique(which.ravel()[by_memory], return_index=True)
+    return order[np.union1d(taken, by_memory[lean])]
 
 
 def _placeable(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dict[str, Any],

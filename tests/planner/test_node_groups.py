@@ -308,6 +308,9 @@ def test_one_micro_batch_puts_the_layers_on_the_fastest_groups():
     ("a100-l40s-mixed", "llama3-8b", 1, {"pp": 4}),
     ("ib-roce-eth-a100", "llama3-8b", 8, {"tp": 8}),
     ("ib-roce-a100", "llama3-70b", 8, {"vpp": 4}),
+    # each shape's leanest plan is placed too: the fastest of tp=4 pp=16 vpp=4 needs the A100s' memory on every
+    # stage, the leaner one fits the L40S with fewer layers there (no plan at all when only the fastest was placed)
+    ("a100-l40s-mixed", "gpt3-175b", 512, {"mbs": 1}),
 ])
 def test_the_default_search_finds_what_fixing_a_key_finds(name, model_name, batch, key):
     c, model = load_cluster(name), load_model(model_name)
