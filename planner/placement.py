@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from cost_models.headroom import usable_GiB
 from cost_models.step import estimate
 from planner.refine import PlanResult
 from specs.cluster import ClusterSpec
@@ -138,8 +139,8 @@ def fitted(model: ModelSpec, a: PlanResult, b: PlanResult, microbatches: int) ->
     per layer). The split that evens the stages out (layers handed out one at a time to the stage that stays fastest
     with one more, which minimises the slowest stage), and, where it differs, the one that minimises a 1F1B
     pipeline's step over ``microbatches`` (not interleaved): the slowest stage ``microbatches - 1`` times plus every
-    stage once; with one micro-batch that puts every layer it can on the fastest groups. None when the two splits
-    do not tell."""
+    stage once; with one micro-batch that puts every layer it can on the fastest groups. None (empty) when the two
+    splits do not tell."""
     la, lb = a.config.stage_layers(model.num_layers), b.config.stage_layers(model.num_layers)
     ta, tb = a.estimate.stage_time_s, b.estimate.stage_time_s
     groups = a.config.placement or ()
@@ -235,7 +236,7 @@ def place(model: ModelSpec, cluster: ClusterSpec, ranked: list[PlanResult], glob
           fixed: dict[str, Any] | None = None) -> list[PlanResult]:
     """Placed versions of the homogeneous plans ``ranked`` (best first). For the first plan of each stage shape
     (tp, dp, cp, vpp) every order of the groups is priced with the layers split evenly, by group speed and as
-    :func:`fitted` evens the stages out; the shape's other plans take its :data:`ORDERS` best orders, split by
+    :func:`fitted` splits them; the shape's other plans take its :data:`ORDERS` best orders, split by
     speed; the best :data:`MOVED` placed plans, and the best of each shape in each kept order, are then balanced by
     single-layer moves. ``exhaustive``: so for every plan of ``ranked``, and each also with every layer split (one
     layer per stage at least) where there are at most :data:`MAX_SPLITS` of them. ``fixed``: the plan keys the
@@ -263,7 +264,8 @@ def _placed(model: ModelSpec, cluster: ClusterSpec, ranked: list[PlanResult], gl
     moe = model.moe is not None
     out = []
     orders_of: dict[tuple[tuple[int, int, int, int], bool], list[tuple[tuple[str, ...], dict[str, float]]]] = {}
-    for base, kinds in _chosen(cluster, ranked, moe, fixed, limit):
+    small = usable_GiB(headroom_GiB, cluster.memory_sizes_GiB[0])
+    for base, kinds in _chosen(cluster, ranked, moe, fixed, small, limit):
         shape = (base.tp, base.dp, base.cp, base.vpp)
         for split in kinds:  # True: the replicas split over the groups
             if (shape, split) in orders_of:
@@ -305,22 +307,25 @@ def _ways(cluster: ClusterSpec, cfg: ParallelConfig, moe: bool, fixed: dict[str,
     return [w for w in placements(cluster, cfg, moe) if held is None or w == held]
 
 
-def _chosen(cluster: ClusterSpec, ranked: list[PlanResult], moe: bool, fixed: dict[str, Any],
+def _chosen(cluster: ClusterSpec, ranked: list[PlanResult], moe: bool, fixed: dict[str, Any], small_GiB: float,
             limit: int | None = None) -> list[tuple[ParallelConfig, set[bool]]]:
-    """The first :data:`MAX_BASES` (``limit``) distinct configurations of ``ranked`` the groups hold as whole
-    pipeline ranks, then the first of each further shape (tp, pp, dp, cp, vpp) and the one of it needing the least
-    memory (a shape's fastest plan may need the larger GPUs for every stage where a leaner one, placed, fits every
-    group), and the first :data:`SPLIT_BASES` (``limit``) whose pipeline ranks can be split over the groups; each with
-    the kinds of placement it was taken for (True: split)."""
+    """The first :data:`MAX_BASES` (``limit``) distinct configurations of ``ranked`` the groups hold as whole pipeline
+    ranks, then the first of each further shape (tp, pp, dp, cp, vpp), its first within ``small_GiB`` (the
+    smallest GPUs') and its one needing the least memory (a shape's fastest plan may need the larger GPUs for
+    every stage where a leaner one, placed, fits every group), and the first :data:`SPLIT_BASES` (``limit``)
+    whose pipeline ranks can be split over the groups; each with the kinds of placement it was taken for (True:
+    split)."""
     most_blocks, most_split = (MAX_BASES, SPLIT_BASES) if limit is None else (limit, limit)
     out, blocks, split, shapes = [], 0, 0, set()
     bases = _bases(ranked, len(ranked), holds_split(fixed))
     shape_of = {cfg: (cfg.tp, cfg.pp, cfg.dp, cfg.cp, cfg.vpp) for cfg in bases}
     leanest = {shape_of[c]: c for c in sorted(bases, key=lambda c: bases[c], reverse=True)}
+    fitting = {shape_of[c]: c for c in reversed(bases) if bases[c] <= small_GiB}
     for cfg in bases:
         kinds = {splits_replicas(w) for w in _ways(cluster, cfg, moe, fixed)}
         shape = shape_of[cfg]
-        new_shape = (shape not in shapes and len(shapes) < MAX_SHAPES) or (shape in shapes and leanest[shape] == cfg)
+        new_shape = (shape not in shapes and len(shapes) < MAX_SHAPES) or (
+            shape in shapes and cfg in (leanest[shape], fitting.get(shape)))
         take = {k for k in kinds if (split < most_split if k else blocks < most_blocks or new_shape)}
         if take:
             out.append((cfg, take))

@@ -44,7 +44,7 @@ from specs.errors import AutoparError
 from specs.model import ModelSpec
 from specs.parallel import ParallelConfig, typed_keys
 from specs.placement import splits_replicas
-from specs.rules import tp_node_problem
+from specs.rules import PlanContext, plan_problem, tp_node_problem
 from specs.state import StateSpec
 
 __all__ = ["PlanResult", "SearchResult", "enumerate_space", "search", "min_gpus_to_fit"]
@@ -120,7 +120,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
         fits = res.memory_GiB <= cap
     order = np.argsort(np.where(fits, res.step_time, np.inf), kind="stable")
     n_fit = int(fits.sum())
-    rows = _first_of_shapes(cands, order[:n_fit], n_ref, res.memory_GiB) if shapes else order[:min(n_ref, n_fit)]
+    rows = _first_of_shapes(cands, order[:n_fit], n_ref, res.memory_GiB, cap) if shapes else order[:min(n_ref, n_fit)]
     if n_fit < top:  # few or none fit: the ones needing the least memory too
         rows = np.concatenate([rows, np.argsort(res.memory_GiB)[:8]])
     # node groups of different GPUs: also the fastest pipelined plans only their larger GPUs hold (placed, a group
@@ -130,8 +130,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
         more = estimate_batch(model, cluster, cands.take(roomier), global_batch, state, mode, fits_GiB=room, keep=keep)
         order = np.argsort(more.step_time, kind="stable")
         order = order[np.isfinite(more.step_time[order])]
-        rows = np.concatenate([rows, roomier[_first_of_shapes(cands.take(roomier), order, n_ref, more.memory_GiB)
-                                             if shapes else order[:n_ref]]])
+        rows = np.concatenate([rows, roomier[_first_of_shapes(cands.take(roomier), order, n_ref, more.memory_GiB,
+                                                              cap) if shapes else order[:n_ref]]])
     pool = [cands.config(int(i)) for i in rows]
     terms = layer_terms(model, ComputeModel.of(cluster), CommModel(cluster), cands.take(rows),
                         state)
@@ -183,10 +183,11 @@ def _as_placed(model: ModelSpec, views: list[tuple[ClusterSpec, float]], cands: 
         return BatchResult(step_time=1.0 / rate, memory_GiB=memory)
 
 
-def _first_of_shapes(cands: Any, order: np.ndarray, n: int, memory: np.ndarray) -> np.ndarray:
+def _first_of_shapes(cands: Any, order: np.ndarray, n: int, memory: np.ndarray, small_GiB: float) -> np.ndarray:
     """The first row of ``order`` of each shape (tp, pp, dp, cp, vpp) of ``cands``, for the first ``n`` shapes, and
-    where another, the row of each of those shapes needing the least ``memory`` (a shape's fastest may need the
-    largest GPUs for every stage where a leaner one, placed, fits every group)."""
+    where others, the first of each of those shapes within ``small_GiB`` (the smallest GPUs') and the one needing the
+    least ``memory`` (a shape's fastest may need the largest GPUs for every stage where a leaner one fits every
+    group)."""
     if not len(order):
         return order
     key = np.stack([np.asarray(getattr(cands, k))[order] for k in ("tp", "pp", "dp", "cp", "vpp")], axis=1)
@@ -195,7 +196,9 @@ def _first_of_shapes(cands: Any, order: np.ndarray, n: int, memory: np.ndarray) 
     kept = np.isin(which.ravel(), which.ravel()[taken])
     by_memory = np.nonzero(kept)[0][np.argsort(memory[order[kept]], kind="stable")]
     _, lean = np.unique(which.ravel()[by_memory], return_index=True)
-    return order[np.union1d(taken, by_memory[lean])]
+    small = np.nonzero(kept & (memory[order] <= small_GiB))[0]
+    _, fits = np.unique(which.ravel()[small], return_index=True)
+    return order[np.union1d(np.union1d(taken, by_memory[lean]), small[fits])]
 
 
 def _placeable(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dict[str, Any],
@@ -253,10 +256,12 @@ def _split_ranked(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fix
             "tp": [t for t in range(1, cluster.gpus_per_node + 1) if n % t == 0 and tp_node_problem(
                 t, n, cluster.gpus_per_node, cluster.tp_across_nodes) is None], **fixed}
     try:
-        return search(model, view, global_batch, keys, headroom_GiB=headroom_GiB, state=state, exhaustive=exhaustive,
-                      refine_count=SHAPE_BASES, place_groups=False, shapes=True).ranked
+        ranked = search(model, view, global_batch, keys, headroom_GiB=headroom_GiB, state=state,
+                        exhaustive=exhaustive, refine_count=SHAPE_BASES, place_groups=False, shapes=True).ranked
     except AutoparError:  # (no plan of such dp fits the rules)
         return []
+    x = PlanContext.on(model, cluster, global_batch)  # what the view's nodes allow and the cluster's do not
+    return [p for p in ranked if plan_problem(p.config, x) is None]
 
 
 def _fastest(plans: list[PlanResult]) -> list[PlanResult]:

@@ -235,7 +235,7 @@ def with_gpu(cluster: ClusterSpec, name: str) -> tuple[ClusterSpec, str | None]:
 def _check_placements(keys: dict[str, Any], cluster: ClusterSpec, flags: dict[str, str]) -> None:
     """Refuse a fixed placement that no point of a sweep can run (no value swept renames the groups or changes a
     fixed pp): bad input in one line, not a sweep whose every point says so."""
-    held = keys.get("placement")
+    held = unplaced(keys)[0].get("placement")
     if held is None:
         return
     pp = keys.get("pp") if isinstance(keys.get("pp"), int) else None
@@ -259,6 +259,8 @@ def sweep(model: ModelSpec, cluster: ClusterSpec, global_batch: int, key: str, v
     key, values = parse_vary(f"{key}={','.join(map(str, values))}")  # the command's checks for the API's callers
     fixed, compare = typed_keys(fixed), typed_keys(dict(compare or {}))
     compare, homogeneous = unplaced(compare)
+    fixed, flat = unplaced(fixed)  # (--fix placement=none: the same as --compare's)
+    homogeneous = homogeneous or flat
     flags = {k: "--compare" for k in compare}
     check_fixed_keys(model, fixed, global_batch)
     check_fixed_keys(model, compare, global_batch, flags)

@@ -165,7 +165,15 @@ def write_latest(root: Path, content: bytes) -> None:
 
 def point_latest(root: Path, step: int) -> Path:
     """Make the checkpoint written after ``step`` the one a resume goes on from (``latest``); returns it. Refused
-    where it is not a complete checkpoint under ``root``, naming those there are."""
+    where it is not a complete checkpoint under ``root`` (:func:`resumable`)."""
+    ck = resumable(root, step)
+    write_latest(root, f"{ck.name}\n".encode())
+    return ck
+
+
+def resumable(root: Path, step: int) -> Path:
+    """The complete checkpoint written after ``step`` under ``root``; refused, naming those there are, where it is
+    missing or incomplete."""
     ck = root / step_name(step)
     if not (ck / META).is_file():
         held = [p.name for p in step_folders(root) if (p / META).is_file()]
@@ -173,7 +181,6 @@ def point_latest(root: Path, step: int) -> Path:
         what = "is not complete (it has no meta.json)" if ck.is_dir() else "does not exist"
         raise AutoparError(f"checkpoint {ck} {what}; --resume-from takes one of the complete checkpoints in {root} "
                            f"({there})")
-    write_latest(root, f"{ck.name}\n".encode())
     return ck
 
 

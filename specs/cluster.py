@@ -403,6 +403,8 @@ class ClusterSpec(Strict):
     def link_problem(self) -> str | None:
         """Why this cluster's intra-node link is one its GPU's platform does not have (:func:`intra_link_problem`),
         or None."""
+        if self.node_groups:  # the merged view's link is its narrowest group's, checked with that group's own fit
+            return None
         return intra_link_problem(self.gpu, self.intra_node.bandwidth_GBps, self.calibration)
 
     @property

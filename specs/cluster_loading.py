@@ -169,7 +169,8 @@ def _grouped(data: dict[str, Any], source: str, base: Path | None = None) -> dic
     backend = data.get("backend", "nccl")
     for g, gpu in zip(groups, gpus):  # every group's GPU, not only the slowest the merged view keeps
         fit = Calibration.model_validate(g.calibration) if g.calibration is not None else None
-        problem = (gpu_precision_problem(gpu, precision, backend) or table_rate_problem(gpu, precision, backend)
+        problem = (gpu_precision_problem(gpu, precision, backend)
+                   or table_rate_problem(gpu, precision, backend, fit is not None)
                    or intra_link_problem(gpu, g.intra_node["bandwidth_GBps"], fit))
         if problem:
             raise AutoparError(f"{where}: node group {g.name}: {problem}")

@@ -68,7 +68,7 @@ def run_command(args: argparse.Namespace) -> int:
 def _resume_from(args: argparse.Namespace) -> int | None:
     """``--resume-from STEP``'s step, checked (None when not given): the run resumes from that checkpoint; ``latest``
     points at it from here, and the launch sets the newer ones aside once the run's checks pass."""
-    from runtime.checkpoint_folder import checkpoint_step, latest_checkpoint, no_checkpoint, resume_step
+    from runtime.checkpoint_folder import checkpoint_step, latest_checkpoint, no_checkpoint, resumable, resume_step
 
     if args.resume_from is None:
         return None
@@ -76,7 +76,11 @@ def _resume_from(args: argparse.Namespace) -> int | None:
         raise AutoparError("--resume-from needs --checkpoint-dir (where the checkpoints are)")
     step = resume_step(args.resume_from, Path(args.checkpoint_dir))
     if args.dry_run:
-        current = latest_checkpoint(Path(args.checkpoint_dir)) if Path(args.checkpoint_dir).is_dir() else None
+        root = Path(args.checkpoint_dir)
+        if not root.is_dir():
+            raise no_checkpoint(root)
+        resumable(root, step)  # (a step it does not hold: said as the run would)
+        current = latest_checkpoint(root)
         if current is not None and checkpoint_step(current) == step:  # what --resume goes on from: nothing to move
             args.resume = True
             return None

@@ -329,6 +329,40 @@ def test_plans_split_over_groups_of_different_node_sizes_keep_tp_inside_every_no
         assert res.plans and all(p.config.tp <= 4 for p in res.ranked)
 
 
+def test_a_split_plan_ranked_on_a_group_with_larger_nodes_keeps_the_clusters_rules(tmp_path, capsys):
+    """L40S nodes of 8 beside H100 nodes of 4: with tp=8 allowed across nodes, the L40S group's own view (where the
+    split plans are ranked) let tp_overlap run at tp=8, which the cluster's 4-GPU nodes do not; placed, it ended the
+    search in an error about a key never set."""
+    groups = [_group("slow", gpu="l40s-48gb", nodes=2, gbps=100, nics=2),
+              {**_group("fast", gpu="h100-sxm5-80gb", nodes=4, nics=4), "gpus_per_node": 4}]
+    path = _profile(tmp_path, groups, default_between={"bandwidth_Gbps_per_node": 100})
+    assert main(["plan", "--model", "llama3-8b", "--cluster", path, "--global-batch", "64", "--allow-cross-node-tp",
+                 "--fix", "tp=8", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["plans"][0]["parallel"]["tp"] == 8
+
+
+def test_each_shapes_fastest_plan_that_fits_the_smallest_gpus_is_placed(tmp_path):
+    """A100 40 GB nodes beside A100 80 GB ones: the fastest tp=2 pp=2 dp=8 plan (mbs=2, 52 GiB) fits only the
+    larger GPUs and the leanest recomputes everything; its plan that fits the 40 GB GPUs (mbs=1, 34 GiB) was never
+    placed, and the default search gave 5.50 s where holding pp=2 gave 5.30 s."""
+    groups = [_group("a", gpu="a100-sxm4-40gb"), _group("b", nics=2, gbps=100)]
+    c = load_cluster(_profile(tmp_path, groups, default_between={"bandwidth_Gbps_per_node": 100}))
+    model = load_model("llama3-8b")
+    free = search(model, c, 64, top=1).plans[0]
+    held = search(model, c, 64, top=1, fixed={"pp": 2}).plans[0]
+    assert free.estimate.step_time_s <= held.estimate.step_time_s * (1 + 1e-9)
+
+
+def test_whatif_fix_placement_none_is_the_homogeneous_view(capsys):
+    common = ["whatif", "--model", "llama-13b", "--cluster", "ib-roce-a100", "--global-batch", "512",
+              "--vary", "group_bw:roce=100,200", "--format", "json"]
+    assert main([*common, "--fix", "placement=none"]) == 0
+    flat = json.loads(capsys.readouterr().out)["curves"]["best"]
+    assert main([*common, "--compare", "placement=none"]) == 0
+    assert [p["step_time_s"] for p in flat] == [
+        p["step_time_s"] for p in json.loads(capsys.readouterr().out)["curves"]["placement=none"]]
+
+
 def test_fixed_splits_and_placements_hold_on_node_groups():
     """``--fix layers=...`` (and per-stage recompute counts) are kept by the placement step, which moved them; a
     fixed placement with its layers free gets them by its groups' speeds, as the free search does (it got them from
@@ -401,6 +435,8 @@ def test_a_group_can_come_from_its_own_measured_profile(tmp_path):
     scaled = load_cluster(_profile(tmp_path, [{**groups[0], "profile": str(tmp_path / "fast.yaml")}, groups[1]],
                                    default_between={"bandwidth_Gbps_per_node": 100}))
     assert scaled.group_view("ib").intra_node.bandwidth_GBps == 600.0
+    alone = load_cluster(_profile(tmp_path, [{**groups[0], "profile": str(tmp_path / "fast.yaml")}]))
+    assert alone.intra_node.bandwidth_GBps == 600.0  # the narrowest link: the merged view's, the group's own fit's
     (tmp_path / "fast.yaml").write_text(yaml.safe_dump({**fast, "calibration": None}))  # hand-typed: refused
     with pytest.raises(AutoparError, match="intra_node bandwidth_GBps 600"):
         load_cluster(_profile(tmp_path, [{**groups[0], "profile": str(tmp_path / "fast.yaml")}, groups[1]],

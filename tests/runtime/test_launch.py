@@ -1022,6 +1022,9 @@ def test_a_roll_back_loses_no_checkpoint(tmp_path, capsys):
                        (["--resume-from", "4", "--checkpoint-dir", str(root), "--dry-run"], "a dry run changes nothing")):
         assert main(["run", plan, *argv]) == 2
         assert want in capsys.readouterr().err
+    assert main(["run", plan, "--checkpoint-dir", str(root), "--resume-from", "99", "--dry-run"]) == 2
+    assert "step_00000099 does not exist; --resume-from takes one of the complete checkpoints" in \
+        capsys.readouterr().err
     # from the newest, a dry run is --resume's: nothing to point back or move
     assert main(["run", plan, "--checkpoint-dir", str(root), "--resume-from", "16", "--steps", "30", "--dry-run"]) == 0
     assert "--resume" in capsys.readouterr().out and (root / "latest").read_text() == "step_00000016\n"
