@@ -83,7 +83,7 @@ def test_a_long_verify_replays_the_pipeline_ranks_in_parallel_processes(monkeypa
     real = verify.multiprocessing.get_context
     monkeypatch.setattr(verify.multiprocessing, "get_context", lambda kind: started.append(kind) or real(kind))
     monkeypatch.setattr(verify, "POOL_AFTER_S", 0.0)
-    monkeypatch.setattr(verify.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)  # (a 1-core runner too)
+    monkeypatch.setattr(verify, "usable_cores", lambda: 2)  # (a 1-core runner too)
     assert verify.memory_check(plan, est) == here and started == ["spawn"]
     assert [r["pp_rank"] for r in here] == [0, 1, 2, 3]
 
@@ -101,7 +101,7 @@ def test_a_replay_process_that_dies_is_one_line_not_a_hang(tmp_path, monkeypatch
         "m.replay_rank = lambda plan, p: os.kill(os.getpid(), signal.SIGKILL) if p == 2 else real(plan, p)\n")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), *sys.path]))
     monkeypatch.setattr(verify, "POOL_AFTER_S", 0.0)
-    monkeypatch.setattr(verify.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(verify, "usable_cores", lambda: 2)
     plan = case_plan({"pp": 4, "tp": 1, "steps": 2})
     est = estimate(plan.model, plan.cluster, plan.config, plan.global_batch, validate=False, state=plan.state)
     with pytest.raises(RunFailed, match="ended before it was done .killed for memory"):
