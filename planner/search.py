@@ -96,7 +96,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
     views: roughly the time placed with layers split by speed, where the merged view prices every link as the
     slowest)."""
     fixed = typed_keys(dict(fixed or {}))  # (the API's lists: a placement or per-stage counts as given in a plan file)
-    fixed, no_placement = unplaced(fixed)
+    fixed, no_placement = unplaced(fixed, cluster, (flags or {}).get("placement", "--fix"))
     place_groups = place_groups and not no_placement
     state = state or StateSpec.default(cluster.precision)
     t0 = time.perf_counter()

@@ -117,11 +117,16 @@ def allows_several(v: Any) -> bool:
 UNPLACED = ("none",)  # ``placement=none``: plan a cluster of node groups as homogeneous at its slowest link
 
 
-def unplaced(keys: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+def unplaced(keys: dict[str, Any], cluster: ClusterSpec | None = None, flag: str = "--fix"
+             ) -> tuple[dict[str, Any], bool]:
     """``keys`` without a ``placement=none``, and whether it was there (the plans are then not placed on the
-    cluster's node groups: what ``plan --fix`` and ``whatif --compare`` mean by it)."""
+    cluster's node groups: what ``plan --fix``, ``whatif --compare`` and ``estimate --plan`` mean by it). A
+    ``cluster`` without node groups refuses it (``flag`` names where it was given): nothing there is placed."""
     if keys.get("placement") != UNPLACED:
         return keys, False
+    if cluster is not None and not cluster.node_groups:
+        raise AutoparError(f"{flag} placement=none: cluster {cluster.name} has no node groups, so no plan on it is "
+                           "placed; leave placement=none out")
     return {k: v for k, v in keys.items() if k != "placement"}, True
 
 

@@ -258,8 +258,8 @@ def sweep(model: ModelSpec, cluster: ClusterSpec, global_batch: int, key: str, v
     """
     key, values = parse_vary(f"{key}={','.join(map(str, values))}")  # the command's checks for the API's callers
     fixed, compare = typed_keys(fixed), typed_keys(dict(compare or {}))
-    compare, homogeneous = unplaced(compare)
-    fixed, flat = unplaced(fixed)  # (--fix placement=none: the same as --compare's)
+    compare, homogeneous = unplaced(compare, cluster, "--compare")
+    fixed, flat = unplaced(fixed, cluster)  # (--fix placement=none: the same as --compare's)
     homogeneous = homogeneous or flat
     flags = {k: "--compare" for k in compare}
     check_fixed_keys(model, fixed, global_batch)

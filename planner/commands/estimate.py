@@ -14,6 +14,7 @@ def estimate_command(args: argparse.Namespace) -> int:
     from cost_models.step import estimate
     from planner.calibrate import LOOSE_SPREAD, calibration_spread
     from planner.prediction import balanced_step_s, prediction_json
+    from planner.space import unplaced
     from planner.uncertainty import band as uncertainty_band
     from planner.uncertainty import step_band
     from specs.errors import AutoparError
@@ -24,6 +25,7 @@ def estimate_command(args: argparse.Namespace) -> int:
         raise AutoparError('--plan is empty; give the plan to price, e.g. --plan "tp=2,pp=2,mbs=1" (keys left out '
                            'take their defaults: --plan "mbs=1" prices pure data parallelism)')
     model, cluster = load_inputs(args)
+    keys = unplaced(keys, cluster, "--plan")[0]  # (node groups priced as one homogeneous cluster at the slowest)
     cfg = config_from_keys(keys, cluster.num_gpus)
     est = estimate(model, cluster, cfg, args.global_batch,
                    headroom_GiB=args.headroom)

@@ -200,6 +200,11 @@ def test_an_output_named_as_a_folder_is_refused_and_a_path_is_never_a_preset(tmp
      "no point of the sweep has a plan; at gpus=1: no plan fits; the closest ("),
     (["whatif", "--model", "tiny", "--cluster", "dgx-a100", "--global-batch", "64", "--vary", "gpus=8,16",
       "--compare", "placement=none"], "--compare placement: cluster dgx-a100 has no node groups"),
+    ([*WHATIF, "--fix", "placement=none"], "--fix placement=none: cluster dgx-a100 has no node groups"),
+    (["plan", "--model", "tiny", "--cluster", "dgx-a100", "--global-batch", "64", "--fix", "placement=none"],
+     "--fix placement=none: cluster dgx-a100 has no node groups"),
+    (["estimate", "--model", "tiny", *ESTIMATE[:-1], "tp=1,placement=none"],
+     "--plan placement=none: cluster cpu-gloo has no node groups"),
     (["whatif", "--model", "llama3-70b", "--cluster", "dgx-h100", "--global-batch", "512", "--vary", "gpus=16"],
      "GiB per GPU, of 72 usable (80 less 8 headroom)"),
 ])

@@ -206,6 +206,17 @@ def test_fixing_no_placement_plans_the_groups_as_their_slowest_homogeneous_view(
     assert d["plans"][0]["step_time_s"] == pytest.approx(baseline["step_time_s"], rel=1e-6)
 
 
+def test_estimate_prices_no_placement_as_the_homogeneous_view(capsys):
+    """``estimate --plan ...,placement=none`` prices the plan as ``plan --fix placement=none`` ranks it (it was
+    refused as an unknown node group)."""
+    common = ["--model", "llama-13b", "--cluster", "ib-roce-a100", "--global-batch", "512", "--format", "json"]
+    assert main(["plan", *common, "--fix", "placement=none", "--top", "1"]) == 0
+    best = json.loads(capsys.readouterr().out)["plans"][0]
+    keys = ",".join(f"{k}={str(v).lower()}" for k, v in best["parallel"].items() if v is not None)
+    assert main(["estimate", *common, "--plan", f"{keys},placement=none"]) == 0
+    assert json.loads(capsys.readouterr().out)["step_time_s"] == pytest.approx(best["step_time_s"], rel=1e-6)
+
+
 def test_a_placed_plan_file_round_trips(tmp_path):
     c, model = load_cluster("a100-h100-ib"), load_model("llama-1b")
     cfg = ParallelConfig(tp=2, pp=3, dp=16, placement=("a100", "a100", "h100"), layers=(4, 4, 8))

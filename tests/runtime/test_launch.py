@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import subprocess
@@ -1093,6 +1094,18 @@ def test_a_checkpoint_folder_s_odd_contents_are_said_before_training(tmp_path, c
         pass
     said = capsys.readouterr().err
     assert f"cannot open {locked}/.autopar-lock" in said and "remove what is there by that name" in said
+    full = tmp_path / "full"
+    full.mkdir()
+
+    def no_space(path, *a, **k):
+        raise OSError(28, os.strerror(28), str(path))
+
+    monkeypatch.setattr(builtins, "open", no_space)
+    with in_use(full):  # a folder it may write where the lock file cannot be made (a full disk): the error alone
+        pass
+    monkeypatch.undo()
+    said = capsys.readouterr().err
+    assert f"cannot open {full}/.autopar-lock ({os.strerror(28)})" in said and "remove" not in said
 
     pruned = tmp_path / "pruned"
     for step in (4, 8):

@@ -452,3 +452,16 @@ def test_nemotron_hf_config(tmp_path):
         with pytest.raises(AutoparError) as err:
             load_model(str(p))
         assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_usable_cores_are_the_affinitys_not_the_machines(monkeypatch):
+    """A container's or taskset's share of the cores counts, where the system can say; else the machine's count."""
+    from specs import host
+
+    monkeypatch.setattr(host.os, "sched_getaffinity", lambda pid: {0, 3, 5}, raising=False)
+    monkeypatch.setattr(host.os, "cpu_count", lambda: 64)
+    assert host.usable_cores() == 3
+    monkeypatch.delattr(host.os, "sched_getaffinity", raising=False)
+    assert host.usable_cores() == 64
+    monkeypatch.setattr(host.os, "cpu_count", lambda: None)
+    assert host.usable_cores() == 1
