@@ -51,6 +51,7 @@ class Estimate:
     stage_time_s: list[float] = field(default_factory=list)
     critical_rank: int = 0  # the pipeline rank the breakdown follows: the busiest (least idle)
     stage_capacity_GiB: list[float] = field(default_factory=list)  # each stage's GPU memory (node groups: its own)
+    rank_finish_s: list[float] = field(default_factory=list)  # when each pipeline rank is done (its reduce, optimizer)
 
     @property
     def fullest_stage(self) -> tuple[int, float, float]:
@@ -151,4 +152,5 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global
         stage_time_s=(costs.f[0] + costs.b[0]).tolist(),
         stage_capacity_GiB=list(capacity),
         critical_rank=crit,
+        rank_finish_s=tail.finish[0].tolist(),
     )

@@ -42,6 +42,9 @@ MAX_SHARES = 8  # shares of the replicas a split placement may have (the groups'
 SPLIT_BASES = 32  # distinct homogeneous plans placed with every pipeline rank split over the groups (one way each)
 MAX_MOVES = 16  # single-layer moves tried per placed plan
 MOVED = 3  # placed plans balanced by single-layer moves (the fastest)
+WIDE_PRICES = 300  # single-layer moves priced per plan balanced widely (the :data:`MOVED` fastest; ~1 s at 80 layers)
+WIDE_ACTIONS = 1_000_000  # and at most this many micro-batch x stage actions replayed for them (many micro-batches:
+# each move's schedule replay costs more, and the slowest stage's m-1 repeats, which the narrow moves address, dominate)
 ORDERS = 2  # orders of the groups kept per stage shape
 MAX_SPLITS = 2000  # layer splits an exhaustive placement tries per plan and order (beyond: the heuristic's alone)
 
@@ -185,19 +188,34 @@ def _fewest_step(base: np.ndarray, per: np.ndarray, num_layers: int, microbatche
 
 
 def moved(model: ModelSpec, cluster: ClusterSpec, best: PlanResult, global_batch: int, headroom_GiB: float | None,
-          state: StateSpec) -> PlanResult:
-    """``best`` after single-layer moves to its fastest stage, from its slowest stage or from the pipeline rank
-    that finishes last (its data-parallel reduce and optimizer included), while the step gets faster."""
+          state: StateSpec, wide: bool = False) -> PlanResult:
+    """``best`` after single-layer moves, the best move of each round while the step gets faster: to its fastest
+    (virtual) stage from its slowest one or from the busiest pipeline rank's first. ``wide``: also every other move
+    to or from those stages and the first stages of the ranks that finish first and last (their data-parallel
+    reduce and optimizer included), up to :data:`WIDE_PRICES` of them priced (fewer where the schedule is long:
+    :data:`WIDE_ACTIONS`). With few micro-batches the first rank's last backward waits on every later stage and a
+    slower group's reduce shrinks with its layers, so layers moved onto the slowest stage can shorten the step; and
+    an interleaved plan's fastest split is not the one that evens its stages out."""
+    cfg = best.config
+    budget = min(WIDE_PRICES, WIDE_ACTIONS // (cfg.microbatches(global_batch) * cfg.pp * cfg.vpp)) if wide else 0
     for _ in range(MAX_MOVES):
-        times = best.estimate.stage_time_s
-        fast = int(np.argmin(times))
+        est = best.estimate
+        times, finish = est.stage_time_s, est.rank_finish_s or [0.0]
+        slow, fast = [int(np.argmax(times)), est.critical_rank], [int(np.argmin(times))]
+        pairs = list(dict.fromkeys((a, b) for a in slow for b in fast if a != b))
+        if budget > 0:
+            ends = {*slow, *fast, int(np.argmax(finish)), int(np.argmin(finish))}
+            more = [(a, b) for a, b in itertools.permutations(range(len(times)), 2)
+                    if (a in ends or b in ends) and (a, b) not in pairs]
+            pairs += more[:budget]
+            budget -= len(more[:budget])
         tried = []
-        for slow in dict.fromkeys((int(np.argmax(times)), best.estimate.critical_rank)):
+        for a, b in pairs:
             split = list(best.config.stage_layers(model.num_layers))
-            if slow == fast or split[slow] <= 1:
+            if split[a] <= 1:
                 continue
-            split[slow] -= 1
-            split[fast] += 1
+            split[a] -= 1
+            split[b] += 1
             tried.append(_price(model, cluster, replace(best.config, layers=tuple(split)), global_batch,
                                 headroom_GiB, state))
         better = [c for c in tried if _better(c, best)]
@@ -269,9 +287,16 @@ def _placed(model: ModelSpec, cluster: ClusterSpec, ranked: list[PlanResult], gl
         shape = (base.tp, base.dp, base.cp, base.vpp)
         for split in kinds:  # True: the replicas split over the groups
             if (shape, split) in orders_of:
-                out += [_price(model, cluster, replace(base, placement=w) if split or hold else
-                               by_speed(model, replace(base, placement=w), speeds), global_batch, headroom_GiB, state)
-                        for w, speeds in orders_of[shape, split]]
+                for w, speeds in orders_of[shape, split]:
+                    where = replace(base, placement=w)
+                    if split or hold:
+                        out.append(_price(model, cluster, where, global_batch, headroom_GiB, state))
+                        continue
+                    first = _price(model, cluster, by_speed(model, where, speeds), global_batch, headroom_GiB,
+                                   state)  # layers by the shape's first plan's groups' speeds, then by its own
+                    own = by_speed(model, first.config, _speeds(model, first.config, first))
+                    out += [first] + ([_price(model, cluster, own, global_batch, headroom_GiB, state)]
+                                      if own != first.config else [])
                 continue
             ways = [w for w in _ways(cluster, base, moe, fixed) if splits_replicas(w) == split]
             tried = [t for w in ways for t in _orders(model, cluster, replace(base, placement=w), global_batch,
@@ -289,7 +314,7 @@ def _placed(model: ModelSpec, cluster: ClusterSpec, ranked: list[PlanResult], gl
     per_order = sorted({_shape_order(out[i].config): i for i in reversed(firsts)
                         if _shape_order(out[i].config) in kept}.values())
     for i in sorted(set(firsts[:MOVED]) | set(per_order)):  # the best plans, and the best in each order
-        out[i] = moved(model, cluster, out[i], global_batch, headroom_GiB, state)
+        out[i] = moved(model, cluster, out[i], global_batch, headroom_GiB, state, wide=i in firsts[:MOVED])
     return out
 
 
