@@ -13,7 +13,7 @@
    the fastest of each shape as :func:`_placeable` ranks them for placing (at the merged view, as if placed on the
    groups' own views, and on the slowest group's view for plans split over the groups), are then placed on the
    groups (planner/placement.py), each stage checked on its own group's GPUs, and the placed ones compete with the
-   homogeneous.
+   homogeneous. The :data:`FOCUS` best placements are then searched again each as ``--fix placement=`` searches it.
 ``exhaustive=True`` drops the pruning of the space (every micro-batch size, interleave degree and cp) and
 replays every candidate's schedule table as the exact model does, and solves the stage ILP for every finalist (the
 default search: for the ILP_SOLVES fastest).
@@ -61,6 +61,10 @@ CLOSED_FORM_SLACK = round((1 + CLOSED_FORM_PESSIMISM) / (1 - CLOSED_FORM_OPTIMIS
 ILP_SOLVES = 3  # (an exhaustive search solves it for every finalist)
 EXHAUSTIVE_BASES = 32  # homogeneous plans an exhaustive search of a cluster of node groups places every way
 SHAPE_BASES = 16  # shapes (tp, pp, dp, cp, vpp) refined to place on node groups, per ranking (whole ranks, split)
+# The best placements found are each searched again as ``--fix placement=`` searches them: held, the pool of plans to
+# place is that pipeline depth's alone, and a shape's variants (micro-batch, ZeRO, overlap, interleave) that the whole
+# search's limits on shapes and bases leave out get placed there.
+FOCUS = 2
 SPLIT_SCAN = 64  # fastest homogeneous plans tried split over the node groups (a+b)
 
 
@@ -158,6 +162,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
                                            exhaustive=exhaustive, refine_count=refine_count, place_groups=False).roomy)
         bases = _placeable(model, cluster, global_batch, keys, headroom_GiB, state, pool, exhaustive)
         placed = place(model, cluster, bases, global_batch, headroom_GiB, state, exhaustive, fixed)
+        if held is None:  # the best placements, searched again as if held
+            placed += _focused(model, cluster, global_batch, fixed, headroom_GiB, state, exhaustive, refine_count, top,
+                               sorted(plans + placed, key=PlanResult.rank_key))
         results.update({p.config: p for p in placed})
         fitting = {p.config: p for p in plans + placed if p.estimate.fits}  # a fixed placement's are in both
         plans = sorted(fitting.values(), key=PlanResult.rank_key)
@@ -167,6 +174,21 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
         closest = allr[0] if allr else None
     return SearchResult(plans=plans[:top], candidates=len(cands), seconds=time.perf_counter() - t0,
                         closest=closest, exhaustive=exhaustive, ranked=plans, homogeneous=homogeneous, roomy=roomy)
+
+
+def _focused(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dict[str, Any],
+             headroom_GiB: float | None, state: StateSpec, exhaustive: bool, refine_count: int | None, top: int,
+             ranked: list[PlanResult]) -> list[PlanResult]:
+    """The plans of searches that hold each of the first :data:`FOCUS` placements of ``ranked`` (its fitting plans,
+    best first), as ``--fix placement=...`` does: the variants (micro-batch, ZeRO, overlap, interleave) and shapes of
+    that pipeline depth, ranked among themselves and placed there alone, which the whole search's limits leave out."""
+    where = list(dict.fromkeys(p.config.placement for p in ranked if p.estimate.fits and p.config.placement))
+    out: list[PlanResult] = []
+    for w in where[:FOCUS]:
+        with contextlib.suppress(AutoparError):
+            out += search(model, cluster, global_batch, {**fixed, "placement": w}, top=top, exhaustive=exhaustive,
+                          headroom_GiB=headroom_GiB, refine_count=refine_count, state=state).ranked
+    return out
 
 
 def _as_placed(model: ModelSpec, views: list[tuple[ClusterSpec, float]], cands: Any, global_batch: int,
