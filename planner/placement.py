@@ -8,7 +8,8 @@ data-parallel groups stay inside a node group, so only pipeline sends cross grou
 tried for each stage shape; layers are split evenly, in proportion to each group's speed per layer (the
 placed plan's own stage times under an even split) and as those times say evens the stages out or makes the step
 fastest for the plan's micro-batches; the fastest placed plans are then balanced further, a layer at a time to
-the fastest stage from the slowest one or from the rank that finishes last, while the step gets faster. Plans whose
+the fastest stage from the slowest one or the busiest rank's, and the three fastest also by any move to or from
+those stages and the ranks that finish first and last, while the step gets faster. Plans whose
 every pipeline rank splits its replicas over all the groups (``a+b``) are placed so too. Every placed plan is
 priced exactly (cost_models/placement.py). The keys a search holds are held here too: a fixed placement is the only
 one tried, a fixed layer split is kept.
@@ -136,6 +137,11 @@ def by_speed(model: ModelSpec, cfg: ParallelConfig, speeds: dict[str, float]) ->
     return replace(cfg, layers=proportional_layers(model.num_layers, [speeds[groups[j % cfg.pp]] for j in range(nv)]))
 
 
+def _by_own_speeds(model: ModelSpec, priced: PlanResult) -> ParallelConfig:
+    """A placed plan with its layers split by its own groups' speeds (its stage times as priced)."""
+    return by_speed(model, priced.config, _speeds(model, priced.config, priced))
+
+
 def fitted(model: ModelSpec, a: PlanResult, b: PlanResult, microbatches: int) -> list[tuple[int, ...]]:
     """Layer splits that should make the step fast, from two priced splits of the same placed plan: each stage's time
     is taken as linear in its layers (its two points; a stage whose layers did not change gets its group's mean time
@@ -234,7 +240,7 @@ def _orders(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global_
     speeds = _speeds(model, even.config, even)
     if hold or len(set(cfg.placement or ())) == 1:  # every stage on the same groups: no group is faster than another
         return [(even, speeds)]
-    split = _price(model, cluster, by_speed(model, even.config, speeds), global_batch, headroom_GiB, state)
+    split = _price(model, cluster, _by_own_speeds(model, even), global_batch, headroom_GiB, state)
     out = [(even, speeds), (split, speeds)]
     have = {even.config.stage_layers(model.num_layers), split.config.stage_layers(model.num_layers)}
     out += [(_price(model, cluster, replace(even.config, layers=fit), global_batch, headroom_GiB, state), speeds)
@@ -255,9 +261,10 @@ def place(model: ModelSpec, cluster: ClusterSpec, ranked: list[PlanResult], glob
     """Placed versions of the homogeneous plans ``ranked`` (best first). For the first plan of each stage shape
     (tp, dp, cp, vpp) every order of the groups is priced with the layers split evenly, by group speed and as
     :func:`fitted` splits them; the shape's other plans take its :data:`ORDERS` best orders, split by
-    speed; the best :data:`MOVED` placed plans, and the best of each shape in each kept order, are then balanced by
-    single-layer moves. ``exhaustive``: so for every plan of ``ranked``, and each also with every layer split (one
-    layer per stage at least) where there are at most :data:`MAX_SPLITS` of them. ``fixed``: the plan keys the
+    the first plan's groups' speeds and by their own; the best :data:`MOVED` placed plans, and the best of each
+    shape in each kept order, are then balanced by single-layer moves (:func:`moved`). ``exhaustive``: so for
+    every plan of ``ranked``, and each also with every layer split (one layer per stage at least) where there are
+    at most :data:`MAX_SPLITS` of them. ``fixed``: the plan keys the
     search holds; a fixed ``placement`` is the only one tried, and a fixed split (:func:`holds_split`) is kept.
     Best first, those that fit before those that do not."""
     fixed = fixed or {}
@@ -294,7 +301,7 @@ def _placed(model: ModelSpec, cluster: ClusterSpec, ranked: list[PlanResult], gl
                         continue
                     first = _price(model, cluster, by_speed(model, where, speeds), global_batch, headroom_GiB,
                                    state)  # layers by the shape's first plan's groups' speeds, then by its own
-                    own = by_speed(model, first.config, _speeds(model, first.config, first))
+                    own = _by_own_speeds(model, first)
                     out += [first] + ([_price(model, cluster, own, global_batch, headroom_GiB, state)]
                                       if own != first.config else [])
                 continue

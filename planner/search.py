@@ -157,7 +157,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
         homogeneous = plans[0] if plans and held is None else None
         pool, keys = roomy, fixed
         if held is not None:  # the plans to place there, as the free search finds them
-            keys = {**{k: v for k, v in fixed.items() if k != "placement"}, "pp": fixed.get("pp", len(held))}
+            keys = {**{k: v for k, v in fixed.items() if k != "placement"}, "pp": len(held)}  # (a fixed pp: the same)
             pool = _fastest(roomy + search(model, cluster, global_batch, keys, headroom_GiB=headroom_GiB, state=state,
                                            exhaustive=exhaustive, refine_count=refine_count, place_groups=False).roomy)
         bases = _placeable(model, cluster, global_batch, keys, headroom_GiB, state, pool, exhaustive)
@@ -185,7 +185,8 @@ def _focused(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: d
     where = list(dict.fromkeys(p.config.placement for p in ranked if p.estimate.fits and p.config.placement))
     out: list[PlanResult] = []
     for w in where[:FOCUS]:
-        with contextlib.suppress(AutoparError):
+        with contextlib.suppress(AutoparError):  # (a fitting plan's own placement: the held search has plans;
+            # were it to fail, only this re-search is lost, never the plans found already)
             out += search(model, cluster, global_batch, {**fixed, "placement": w}, top=top, exhaustive=exhaustive,
                           headroom_GiB=headroom_GiB, refine_count=refine_count, state=state).ranked
     return out

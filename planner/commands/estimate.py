@@ -25,7 +25,7 @@ def estimate_command(args: argparse.Namespace) -> int:
         raise AutoparError('--plan is empty; give the plan to price, e.g. --plan "tp=2,pp=2,mbs=1" (keys left out '
                            'take their defaults: --plan "mbs=1" prices pure data parallelism)')
     model, cluster = load_inputs(args)
-    keys = unplaced(keys, cluster, "--plan")[0]  # (node groups priced as one homogeneous cluster at the slowest)
+    keys, flat = unplaced(keys, cluster, "--plan")  # (node groups priced as one homogeneous cluster at the slowest)
     cfg = config_from_keys(keys, cluster.num_gpus)
     est = estimate(model, cluster, cfg, args.global_batch,
                    headroom_GiB=args.headroom)
@@ -49,6 +49,8 @@ def estimate_command(args: argparse.Namespace) -> int:
     print_inputs(con, model, cluster)
     con.print(f"plan    {cfg.short()}  (global batch {args.global_batch}, "
               f"{cfg.microbatches(args.global_batch)} micro-batches per step)")
+    if flat:
+        con.print(f"note    placement=none: priced as if {cluster.name} were homogeneous at its slowest GPU and link")
     band = step_band(cfg.pp, est.step_time_s, spread, balanced)
     unpinned = f"; mostly the calibration's unpinned {loose} scale" if spread > LOOSE_SPREAD else ""
     if balanced is not None:

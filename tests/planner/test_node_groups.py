@@ -212,9 +212,12 @@ def test_estimate_prices_no_placement_as_the_homogeneous_view(capsys):
     common = ["--model", "llama-13b", "--cluster", "ib-roce-a100", "--global-batch", "512", "--format", "json"]
     assert main(["plan", *common, "--fix", "placement=none", "--top", "1"]) == 0
     best = json.loads(capsys.readouterr().out)["plans"][0]
-    keys = ",".join(f"{k}={str(v).lower()}" for k, v in best["parallel"].items() if v is not None)
+    keys = ",".join(f"{k}={'/'.join(map(str, v)) if isinstance(v, list) else str(v).lower()}"
+                    for k, v in best["parallel"].items() if v is not None)
     assert main(["estimate", *common, "--plan", f"{keys},placement=none"]) == 0
     assert json.loads(capsys.readouterr().out)["step_time_s"] == pytest.approx(best["step_time_s"], rel=1e-6)
+    assert main(["estimate", *common[:-2], "--plan", f"{keys},placement=none"]) == 0
+    assert "placement=none: priced as if ib-roce-a100 were homogeneous at its slowest GPU" in capsys.readouterr().out
 
 
 def test_a_placed_plan_file_round_trips(tmp_path):

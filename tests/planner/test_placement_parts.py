@@ -60,8 +60,8 @@ def test_a_group_whose_node_size_does_not_divide_the_cluster_has_no_view_of_its_
 
 def test_layers_move_onto_the_slowest_stage_when_that_makes_the_step_faster():
     """GPT 1.7B on A100 and H100 groups at 4 micro-batches: the H100 first stage, finishing last, is sped up by
-    taking layers from the A100 stages, whose reduce shrinks. From 13/6/5, moves from the slowest stage to the
-    fastest find nothing; moves between any stage and the extremes reach the best of every split listed (16/4/4, 6%
+    taking layers from the A100 stages, whose reduce shrinks. From 13/6/5 (where moves from the slowest stage to
+    the fastest stopped before), moves between any stage and the extremes reach the best of every split listed (16/4/4, 6%
     faster), and so does the search."""
     model, c = load_model("gpt-1.7b"), load_cluster("a100-h100-ib")
     cfg = ParallelConfig(tp=2, pp=3, dp=16, mbs=1, sp=True, zero=1, dp_overlap=True,
@@ -71,7 +71,7 @@ def test_layers_move_onto_the_slowest_stage_when_that_makes_the_step_faster():
                  for s in splits(model.num_layers, 3))
     narrow = moved(model, c, start, 64, None, StateSpec.default(c.precision))
     wide = moved(model, c, start, 64, None, StateSpec.default(c.precision), wide=True)
-    assert narrow.estimate.step_time_s > 1.03 * listed
+    assert wide.estimate.step_time_s <= narrow.estimate.step_time_s
     assert wide.estimate.step_time_s == pytest.approx(listed, rel=1e-9)
     assert search(model, c, 64, top=1).plans[0].estimate.step_time_s <= listed * (1 + 1e-9)
 
