@@ -206,7 +206,7 @@ def moved(model: ModelSpec, cluster: ClusterSpec, best: PlanResult, global_batch
     budget = min(WIDE_PRICES, WIDE_ACTIONS // (cfg.microbatches(global_batch) * cfg.pp * cfg.vpp)) if wide else 0
     for _ in range(MAX_MOVES):
         est = best.estimate
-        times, finish = est.stage_time_s, est.rank_finish_s or [0.0]
+        times, finish = est.stage_time_s, est.rank_finish_s
         slow, fast = [int(np.argmax(times)), est.critical_rank], [int(np.argmin(times))]
         pairs = list(dict.fromkeys((a, b) for a in slow for b in fast if a != b))
         if budget > 0:
