@@ -14,6 +14,9 @@ sets its pace; its data-parallel collectives cross between the groups hierarchic
 send between two stages crosses a link where a replica's groups differ.
 
 The step's small reductions (a tied embedding's sum, the norm) are priced on the slowest group's network.
+
+Several layer splits of one placed plan are priced at once (``splits``: the search's layer moves), one row each,
+their schedules replayed together (``pipeline.table_replay``, the same times as one replay each).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import numpy as np
 from cost_models.comm import CommModel, SpanningComm
 from cost_models.compute import ComputeModel
 from cost_models.memory import RankMemory, rank_memory
-from cost_models.pipeline import SimResult, replayed, simulate_steps
+from cost_models.pipeline import Replay, replayed, simulate_steps, table_replay
 from cost_models.stages import LayerTerms, StageCosts, layer_terms, stage_costs, stage_split
 from cost_models.tail import RankTail, rank_tail
 from specs.cluster import ClusterSpec
@@ -36,12 +39,13 @@ from specs.state import StateSpec
 
 
 @dataclass
-class Placed:
-    """A placed plan priced: per-stage costs, the replay, each rank's tail and memory ([1, pp] like a
-    homogeneous plan's), each rank's GPU memory (GiB) and the cluster's peak FLOP/s over the GPUs used."""
+class Priced:
+    """A plan priced (placed or not), one row per layer split: per-stage costs, the replay, each rank's tail and memory
+    ([N, pp] like the vectorised model's), each rank's GPU memory (GiB) and the cluster's peak FLOP/s over the GPUs
+    used."""
 
     costs: StageCosts
-    sim: SimResult
+    replay: Replay
     tail: RankTail
     mem: RankMemory
     capacity_GiB: list[float]
@@ -49,7 +53,7 @@ class Placed:
 
 
 def _stitch(parts: dict[str, object], owner: list[str], cls: type) -> object:
-    """One [1, n] (or [1]) array per field, column ``j`` from ``parts[owner[j]]`` (per-candidate fields: the max)."""
+    """One [N, n] (or [N]) array per field, column ``j`` from ``parts[owner[j]]`` (per-candidate fields: the max)."""
     out = {}
     for f in fields(cls):
         arrays = {g: np.asarray(getattr(p, f.name)) for g, p in parts.items()}
@@ -115,20 +119,25 @@ def _terms(model: ModelSpec, view: ClusterSpec, entry: str, cfg: ParallelConfig,
 
 
 def price_placed(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global_batch: int,
-                 state: StateSpec) -> Placed:
-    """Price ``cfg`` (with a placement) on ``cluster``'s node groups (module docstring)."""
+                 state: StateSpec, splits: list[tuple[int, ...]] | None = None) -> Priced:
+    """Price ``cfg`` (with a placement) on ``cluster``'s node groups (module docstring); ``splits``: with each of these
+    layer splits instead of its own, one row each."""
     assert cfg.placement is not None
-    c = Candidates.of(cfg)
+    rows = [stage_split(replace(cfg, layers=s) if s is not None else cfg, model.num_layers) for s in splits or [None]]
+    n = len(rows)
+    layers, recomputed = np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])
+    one = Candidates.of(cfg)
+    c = one.take(np.zeros(n, dtype=int))
     pp, vpp, m = cfg.pp, cfg.vpp, cfg.microbatches(global_batch)
     nv = pp * vpp
-    layers, recomputed = stage_split(cfg, model.num_layers)
     owner = [cfg.placement[j % pp] for j in range(nv)]  # virtual stage j runs on pipeline rank j % pp
     views = {g: cluster.group_view(g) for e in dict.fromkeys(cfg.placement) for g in entry_groups(e)}
     models, costs = {}, {}
     for e in dict.fromkeys(cfg.placement):  # each group of the entry once
-        models[e] = {g: (ComputeModel.of(views[g]), _comm(cluster, views[g], e, c))
+        models[e] = {g: (ComputeModel.of(views[g]), _comm(cluster, views[g], e, one))
                      for g in entry_groups(e)}
-        costs[e] = _worst([stage_costs(model, comm, state, c, _terms(model, views[g], e, cfg, state, cm, comm),
+        costs[e] = _worst([stage_costs(model, comm, state, c,
+                                       _terms(model, views[g], e, cfg, state, cm, comm).take(np.zeros(n, dtype=int)),
                                        layers, recomputed, cm.eb) for g, (cm, comm) in models[e].items()], StageCosts)
     stitched = _stitch(costs, owner, StageCosts)
     assert isinstance(stitched, StageCosts)
@@ -138,14 +147,15 @@ def price_placed(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, gl
         firsts = {k * cfg.dp // len(entry_groups(e)) for e in owner[j:j + 2] for k in range(len(entry_groups(e)))}
         pairs = {(replica_group(owner[j], r, cfg.dp), replica_group(owner[j + 1], r, cfg.dp)) for r in firsts}
         for a, b in pairs - {(a, a) for a, _ in pairs}:
-            stitched.send_f[0, j] = max(stitched.send_f[0, j],
-                                        cross_send(cluster, a, b, act, cfg.tp, cfg.sp, CommModel(views[b])))
-            stitched.send_b[0, j + 1] = max(stitched.send_b[0, j + 1],
-                                            cross_send(cluster, b, a, act, cfg.tp, cfg.sp, CommModel(views[a])))
-    sim = simulate_steps(pp, vpp, m, stitched.f[0].tolist(), stitched.b[0].tolist())
-    ms = np.array([m])
+            stitched.send_f[:, j] = np.maximum(stitched.send_f[:, j],
+                                               cross_send(cluster, a, b, act, cfg.tp, cfg.sp, CommModel(views[b])))
+            stitched.send_b[:, j + 1] = np.maximum(stitched.send_b[:, j + 1],
+                                                   cross_send(cluster, b, a, act, cfg.tp, cfg.sp, CommModel(views[a])))
+    ms = np.full(n, m)
+    replay = (replayed(simulate_steps(pp, vpp, m, stitched.f[0].tolist(), stitched.b[0].tolist())) if n == 1
+              else table_replay(stitched.f, stitched.b, pp, vpp, ms))
     ranks = list(cfg.placement)
-    tails = {e: _worst([rank_tail(model, cm, comm, state, c, stitched, replayed(sim), ms, cluster.num_gpus)
+    tails = {e: _worst([rank_tail(model, cm, comm, state, c, stitched, replay, ms, cluster.num_gpus)
                         for cm, comm in pair.values()], RankTail) for e, pair in models.items()}
     tail = _stitch(tails, ranks, RankTail)
     assert isinstance(tail, RankTail)
@@ -154,5 +164,5 @@ def price_placed(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, gl
     mem = _stitch({e: rank_memory(c, state, cluster.backend, load) for e in models}, ranks, RankMemory)
     assert isinstance(mem, RankMemory)
     peak = cluster.peak_flops(cfg.pp, cfg.tp * cfg.dp * cfg.cp, cfg.placement)
-    return Placed(costs=stitched, sim=sim, tail=tail, mem=mem,
+    return Priced(costs=stitched, replay=replay, tail=tail, mem=mem,
                   capacity_GiB=[min(views[g].gpu.memory_GiB for g in entry_groups(e)) for e in ranks], peak_flops=peak)

@@ -25,13 +25,13 @@ from typing import Any
 import numpy as np
 
 from cost_models.headroom import usable_GiB
-from cost_models.step import estimate
+from cost_models.step import estimate, split_estimates
 from planner.refine import PlanResult
 from specs.cluster import ClusterSpec
 from specs.model import ModelSpec
 from specs.parallel import ParallelConfig, default_split
 from specs.placement import entry_groups, groups_text, splits_replicas
-from specs.rules import placement_problem
+from specs.rules import PlanContext, placement_problem, plan_problem
 from specs.state import StateSpec
 
 MAX_BASES = 8  # distinct homogeneous plans placed as whole pipeline ranks per group (fastest first)
@@ -115,6 +115,17 @@ def proportional_layers(num_layers: int, speed: list[float]) -> tuple[int, ...]:
 def _price(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global_batch: int, headroom_GiB: float | None,
            state: StateSpec) -> PlanResult:
     return PlanResult(cfg, estimate(model, cluster, cfg, global_batch, headroom_GiB, state=state))
+
+
+def _with_splits(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, splits: list[tuple[int, ...]],
+                 global_batch: int, headroom_GiB: float | None, state: StateSpec) -> list[PlanResult]:
+    """``cfg`` with each of these layer splits that its rules allow, priced together."""
+    context = PlanContext.on(model, cluster, global_batch)
+    ok = [s for s in splits if plan_problem(replace(cfg, layers=s), context) is None]
+    if not ok:
+        return []
+    return [PlanResult(replace(cfg, layers=s), e)
+            for s, e in zip(ok, split_estimates(model, cluster, cfg, ok, global_batch, headroom_GiB, state))]
 
 
 def _better(a: PlanResult, b: PlanResult | None) -> bool:
@@ -215,15 +226,10 @@ def moved(model: ModelSpec, cluster: ClusterSpec, best: PlanResult, global_batch
                     if (a in ends or b in ends) and (a, b) not in pairs]
             pairs += more[:budget]
             budget -= len(more[:budget])
-        tried = []
-        for a, b in pairs:
-            split = list(best.config.stage_layers(model.num_layers))
-            if split[a] <= 1:
-                continue
-            split[a] -= 1
-            split[b] += 1
-            tried.append(_price(model, cluster, replace(best.config, layers=tuple(split)), global_batch,
-                                headroom_GiB, state))
+        now = best.config.stage_layers(model.num_layers)
+        moves = [tuple(n - (j == a) + (j == b) for j, n in enumerate(now)) for a, b in pairs if now[a] > 1]
+        tried = _with_splits(model, cluster, best.config, list(dict.fromkeys(moves)), global_batch, headroom_GiB,
+                             state)
         better = [c for c in tried if _better(c, best)]
         if not better:
             break
@@ -272,9 +278,9 @@ def place(model: ModelSpec, cluster: ClusterSpec, ranked: list[PlanResult], glob
     out = _placed(model, cluster, ranked, global_batch, headroom_GiB, state, fixed,
                   len(ranked) if exhaustive else None)
     if exhaustive and not hold:
-        out += [_price(model, cluster, replace(cfg, placement=where, layers=split), global_batch, headroom_GiB, state)
-                for cfg in _bases(ranked, len(ranked)) for where in _ways(cluster, cfg, model.moe is not None, fixed)
-                for split in splits(model.num_layers, cfg.pp * cfg.vpp)]
+        out += [p for cfg in _bases(ranked, len(ranked)) for where in _ways(cluster, cfg, model.moe is not None, fixed)
+                for p in _with_splits(model, cluster, replace(cfg, placement=where),
+                                      splits(model.num_layers, cfg.pp * cfg.vpp), global_batch, headroom_GiB, state)]
     out.sort(key=PlanResult.rank_key)
     unique = {_plain(p.config): p for p in reversed(out)}  # a split equal to the even one is the even one
     return sorted(unique.values(), key=PlanResult.rank_key)
