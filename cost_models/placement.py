@@ -51,6 +51,13 @@ class Priced:
     capacity_GiB: list[float]
     peak_flops: float
 
+    def row(self, i: int) -> Priced:
+        """Row ``i`` alone (a one-row :class:`Priced`)."""
+        def one(x: object) -> object:
+            return type(x)(**{f.name: getattr(x, f.name)[i:i + 1] for f in fields(x)})  # type: ignore[arg-type]
+
+        return replace(self, costs=one(self.costs), replay=one(self.replay), tail=one(self.tail), mem=one(self.mem))
+
 
 def _stitch(parts: dict[str, object], owner: list[str], cls: type) -> object:
     """One [N, n] (or [N]) array per field, column ``j`` from ``parts[owner[j]]`` (per-candidate fields: the max)."""
@@ -97,6 +104,8 @@ def _comm(cluster: ClusterSpec, view: ClusterSpec, entry: str, c: Candidates) ->
     share = int(c.tp[0] * c.dp[0] * c.cp[0]) // len(names)
     return SpanningComm(view, len(names), share, *link(cluster, names))
 
+
+TABLE_ROWS = 4  # splits priced together from which their schedules are replayed as one table (pipeline.table_replay)
 
 _TERMS: dict[tuple, tuple[object, object, object, LayerTerms]] = {}
 _TERMS_KEPT = 512
@@ -152,8 +161,13 @@ def price_placed(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, gl
             stitched.send_b[:, j + 1] = np.maximum(stitched.send_b[:, j + 1],
                                                    cross_send(cluster, b, a, act, cfg.tp, cfg.sp, CommModel(views[a])))
     ms = np.full(n, m)
-    replay = (replayed(simulate_steps(pp, vpp, m, stitched.f[0].tolist(), stitched.b[0].tolist())) if n == 1
-              else table_replay(stitched.f, stitched.b, pp, vpp, ms))
+    f, b = stitched.f, stitched.b
+    if n >= TABLE_ROWS:
+        replay = table_replay(f, b, pp, vpp, ms)
+    else:  # a few rows: replayed one at a time (a table replay's waves cost more than they share)
+        rows = [replayed(simulate_steps(pp, vpp, m, f[i].tolist(), b[i].tolist())) for i in range(n)]
+        replay = Replay(**{k: np.concatenate([getattr(r, k) for r in rows]) for k in ("rank_end", "last_b_start",
+                                                                                      "last_b_end")})
     ranks = list(cfg.placement)
     tails = {e: _worst([rank_tail(model, cm, comm, state, c, stitched, replay, ms, cluster.num_gpus)
                         for cm, comm in pair.values()], RankTail) for e, pair in models.items()}

@@ -87,8 +87,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global
         check_headroom(headroom_GiB, cluster)
     state = state or StateSpec.default(cluster.precision)
     if cfg.placement is not None:  # on the cluster's node groups
-        return _estimate(model, cfg, global_batch, headroom_GiB, price_placed(model, cluster, cfg, global_batch, state),
-                         0)
+        return _estimate(model, cfg, global_batch, headroom_GiB, price_placed(model, cluster, cfg, global_batch, state))
     pp, vpp, m = cfg.pp, cfg.vpp, cfg.microbatches(global_batch)
     cm, comm = ComputeModel.of(cluster), CommModel(cluster)
     c = Candidates.of(cfg)
@@ -101,7 +100,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global
     mem = rank_memory(c, state, cluster.backend, costs.rank_load(pp, vpp, ms))
     priced = Priced(costs=costs, replay=replayed(sim), tail=tail, mem=mem, capacity_GiB=[cluster.gpu.memory_GiB] * pp,
                     peak_flops=cluster.peak_flops(pp, cfg.tp * cfg.dp * cfg.cp))
-    return _estimate(model, cfg, global_batch, headroom_GiB, priced, 0)
+    return _estimate(model, cfg, global_batch, headroom_GiB, priced)
 
 
 def split_estimates(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, splits: list[tuple[int, ...]],
@@ -109,43 +108,43 @@ def split_estimates(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig,
     """:func:`estimate` of a placed ``cfg`` with each of these layer ``splits`` (not validated: each a split of the
     model's layers that ``cfg``'s rules allow), priced together (the same numbers as one at a time)."""
     priced = price_placed(model, cluster, cfg, global_batch, state, splits)
-    return [_estimate(model, cfg, global_batch, headroom_GiB, priced, i) for i in range(len(splits))]
+    return [_estimate(model, cfg, global_batch, headroom_GiB, priced.row(i)) for i in range(len(splits))]
 
 
-def _estimate(model: ModelSpec, cfg: ParallelConfig, global_batch: int, headroom_GiB: float | None, priced: Priced,
-              i: int) -> Estimate:
-    """Row ``i`` of ``priced`` composed into step time, throughput, MFU, peak memory and the breakdown."""
+def _estimate(model: ModelSpec, cfg: ParallelConfig, global_batch: int, headroom_GiB: float | None,
+              priced: Priced) -> Estimate:
+    """``priced`` (one row) composed into step time, throughput, MFU, peak memory and the breakdown."""
     pp, vpp, m = cfg.pp, cfg.vpp, cfg.microbatches(global_batch)
     costs, tail, mem, capacity = priced.costs, priced.tail, priced.mem, priced.capacity_GiB
-    step = float(tail.step_time[i])
+    step = float(tail.step_time[0])
 
-    def work(r: int) -> dict[str, float]:  # what pipeline rank r does in a step, all but its waiting
-        mine = lambda x: float(m * per_rank(x, pp, vpp)[i, r].sum())  # noqa: E731 - a rank's share of a step
-        return {
-            "forward_compute": mine(costs.fwd),
-            "backward_compute": mine(costs.bwd),
-            "recompute": mine(costs.recompute),
-            "tp_cp_comm": mine(costs.comm_f + costs.comm_b - costs.ep_comm),
-            "ep_comm": mine(costs.ep_comm),
-            "pp_p2p": mine(costs.send_f + costs.send_b),
-            "pipeline_bubble": 0.0,  # (its waiting: set for the rank the breakdown follows, below)
-            "dp_comm_exposed": float(tail.dp_exposed[i, r] + tail.gather[i, r] + tail.tied[i])
-            + mine(costs.zero_f + costs.zero_b),
-            "optimizer": float(tail.optimizer[i, r] + tail.norm[i]),
-        }
+    def mine(x: np.ndarray) -> np.ndarray:  # [pp]: each rank's share of a step of per-stage costs ``x``
+        return m * per_rank(x, pp, vpp)[0].sum(axis=1)
+
+    row = {  # what each pipeline rank does in a step, all but its waiting
+        "forward_compute": mine(costs.fwd),
+        "backward_compute": mine(costs.bwd),
+        "recompute": mine(costs.recompute),
+        "tp_cp_comm": mine(costs.comm_f + costs.comm_b - costs.ep_comm),
+        "ep_comm": mine(costs.ep_comm),
+        "pp_p2p": mine(costs.send_f + costs.send_b),
+        "pipeline_bubble": np.zeros(pp),  # (its waiting: set for the rank the breakdown follows, below)
+        "dp_comm_exposed": tail.dp_exposed[0] + tail.gather[0] + tail.tied[0] + mine(costs.zero_f + costs.zero_b),
+        "optimizer": tail.optimizer[0] + tail.norm[0],
+    }
+    works = [{k: float(v[r]) for k, v in row.items()} for r in range(pp)]
 
     # The breakdown follows the busiest rank (the one with the least waiting; of equals, the one that finishes last):
     # the rank that finishes last may be a light one (an embedding-only first stage) that mostly waits on the others,
     # whose compute would read as the plan's and whose waiting as its pipeline bubble.
-    works = [work(r) for r in range(pp)]
-    crit = max(range(pp), key=lambda r: (round(sum(works[r].values()), 12), tail.finish[i, r]))
+    crit = max(range(pp), key=lambda r: (round(sum(works[r].values()), 12), tail.finish[0, r]))
     waited = step - sum(works[crit].values())  # (a sum's rounding where nothing waits: 1e-15 of the step)
     breakdown = {**works[crit], "pipeline_bubble": waited if waited > 1e-9 * step else 0.0}
     parts = {"weights": mem.weights, "gradients": mem.grads, "optimizer": mem.optimizer,
              "activations": mem.activations, "temporary": mem.temporary,
              "allocator_and_reserved": mem.allocator_and_reserved}
-    stage_mem = (mem.total[i] / GiB).tolist()
-    stage_parts = [{k: float(v[i, r]) / GiB for k, v in parts.items()} for r in range(pp)]
+    stage_mem = (mem.total[0] / GiB).tolist()
+    stage_parts = [{k: float(v[0, r]) / GiB for k, v in parts.items()} for r in range(pp)]
     worst = int(np.argmax(stage_mem))
     tokens = global_batch * model.seq_length
     mflops = model.model_flops_per_token(model.seq_length) * tokens
@@ -164,8 +163,8 @@ def _estimate(model: ModelSpec, cfg: ParallelConfig, global_batch: int, headroom
         exposed_comm_fraction=exposed_comm / step,
         stage_memory_GiB=stage_mem,
         stage_memory_breakdown=stage_parts,
-        stage_time_s=(costs.f[i] + costs.b[i]).tolist(),
+        stage_time_s=(costs.f[0] + costs.b[0]).tolist(),
         stage_capacity_GiB=list(capacity),
         critical_rank=crit,
-        rank_finish_s=tail.finish[i].tolist(),
+        rank_finish_s=tail.finish[0].tolist(),
     )

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -263,7 +264,8 @@ def holds_split(fixed: dict[str, Any]) -> bool:
 
 def place(model: ModelSpec, cluster: ClusterSpec, ranked: list[PlanResult], global_batch: int,
           headroom_GiB: float | None, state: StateSpec, exhaustive: bool = False,
-          fixed: dict[str, Any] | None = None) -> list[PlanResult]:
+          fixed: dict[str, Any] | None = None, progress: Callable[[int, int], None] | None = None
+          ) -> list[PlanResult]:
     """Placed versions of the homogeneous plans ``ranked`` (best first). For the first plan of each stage shape
     (tp, dp, cp, vpp) every order of the groups is priced with the layers split evenly, by group speed and as
     :func:`fitted` splits them; the shape's other plans take its :data:`ORDERS` best orders, split by
@@ -272,11 +274,11 @@ def place(model: ModelSpec, cluster: ClusterSpec, ranked: list[PlanResult], glob
     every plan of ``ranked``, and each also with every layer split (one layer per stage at least) where there are
     at most :data:`MAX_SPLITS` of them. ``fixed``: the plan keys the
     search holds; a fixed ``placement`` is the only one tried, and a fixed split (:func:`holds_split`) is kept.
-    Best first, those that fit before those that do not."""
+    ``progress``: told (done, total) as the plans are placed. Best first, those that fit before those that do not."""
     fixed = fixed or {}
     hold = holds_split(fixed)
     out = _placed(model, cluster, ranked, global_batch, headroom_GiB, state, fixed,
-                  len(ranked) if exhaustive else None)
+                  len(ranked) if exhaustive else None, progress)
     if exhaustive and not hold:
         out += [p for cfg in _bases(ranked, len(ranked)) for where in _ways(cluster, cfg, model.moe is not None, fixed)
                 for p in _with_splits(model, cluster, replace(cfg, placement=where),
@@ -287,16 +289,20 @@ def place(model: ModelSpec, cluster: ClusterSpec, ranked: list[PlanResult], glob
 
 
 def _placed(model: ModelSpec, cluster: ClusterSpec, ranked: list[PlanResult], global_batch: int,
-            headroom_GiB: float | None, state: StateSpec, fixed: dict[str, Any], limit: int | None
-            ) -> list[PlanResult]:
+            headroom_GiB: float | None, state: StateSpec, fixed: dict[str, Any], limit: int | None,
+            progress: Callable[[int, int], None] | None = None) -> list[PlanResult]:
     """:func:`place`'s heuristic: the placed plans of :func:`_chosen`'s bases (``limit``: that many of each kind
-    instead of :data:`MAX_BASES` and :data:`SPLIT_BASES`), best first."""
+    instead of :data:`MAX_BASES` and :data:`SPLIT_BASES`), best first. ``progress``: told (done, total) of the
+    bases and the plans balanced."""
     hold = holds_split(fixed)
     moe = model.moe is not None
     out = []
     orders_of: dict[tuple[tuple[int, int, int, int], bool], list[tuple[tuple[str, ...], dict[str, float]]]] = {}
     small = usable_GiB(headroom_GiB, cluster.memory_sizes_GiB[0])
-    for base, kinds in _chosen(cluster, ranked, moe, fixed, small, limit):
+    chosen = _chosen(cluster, ranked, moe, fixed, small, limit)
+    for done, (base, kinds) in enumerate(chosen):
+        if progress:
+            progress(done, len(chosen) + MOVED)
         shape = (base.tp, base.dp, base.cp, base.vpp)
         for split in kinds:  # True: the replicas split over the groups
             if (shape, split) in orders_of:
@@ -321,13 +327,20 @@ def _placed(model: ModelSpec, cluster: ClusterSpec, ranked: list[PlanResult], gl
                                        for w in best_orders]
     out.sort(key=PlanResult.rank_key)
     if hold:
+        if progress:
+            progress(len(chosen), len(chosen))
         return out
     firsts = sorted({replace(p.config, layers=None): i for i, p in reversed(list(enumerate(out)))}.values())
     kept = {(shape, w) for (shape, split), orders in orders_of.items() if not split for w, _ in orders}
     per_order = sorted({_shape_order(out[i].config): i for i in reversed(firsts)
                         if _shape_order(out[i].config) in kept}.values())
-    for i in sorted(set(firsts[:MOVED]) | set(per_order)):  # the best plans, and the best in each order
+    balanced = sorted(set(firsts[:MOVED]) | set(per_order))  # the best plans, and the best in each order
+    for done, i in enumerate(balanced):
+        if progress:
+            progress(len(chosen) + done, len(chosen) + len(balanced))
         out[i] = moved(model, cluster, out[i], global_batch, headroom_GiB, state, wide=i in firsts[:MOVED])
+    if progress:
+        progress(len(chosen) + len(balanced), len(chosen) + len(balanced))
     return out
 
 

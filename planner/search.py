@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -161,10 +162,12 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
             pool = _fastest(roomy + search(model, cluster, global_batch, keys, headroom_GiB=headroom_GiB, state=state,
                                            exhaustive=exhaustive, refine_count=refine_count, place_groups=False).roomy)
         bases = _placeable(model, cluster, global_batch, keys, headroom_GiB, state, pool, exhaustive)
-        placed = place(model, cluster, bases, global_batch, headroom_GiB, state, exhaustive, fixed)
+        placed = place(model, cluster, bases, global_batch, headroom_GiB, state, exhaustive, fixed,
+                       _stage(progress, "plans placed on node groups"))
         if held is None:  # the best placements, searched again as if held
             placed += _focused(model, cluster, global_batch, fixed, headroom_GiB, state, exhaustive, refine_count, top,
-                               sorted(plans + placed, key=PlanResult.rank_key))
+                               sorted(plans + placed, key=PlanResult.rank_key),
+                               _stage(progress, "best placements searched again"))
         results.update({p.config: p for p in placed})
         fitting = {p.config: p for p in plans + placed if p.estimate.fits}  # a fixed placement's are in both
         plans = sorted(fitting.values(), key=PlanResult.rank_key)
@@ -178,18 +181,28 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
 
 def _focused(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dict[str, Any],
              headroom_GiB: float | None, state: StateSpec, exhaustive: bool, refine_count: int | None, top: int,
-             ranked: list[PlanResult]) -> list[PlanResult]:
+             ranked: list[PlanResult], progress: Callable[[int, int], None] | None = None) -> list[PlanResult]:
     """The plans of searches that hold each of the first :data:`FOCUS` placements of ``ranked`` (its fitting plans,
     best first), as ``--fix placement=...`` does: the variants (micro-batch, ZeRO, overlap, interleave) and shapes of
-    that pipeline depth, ranked among themselves and placed there alone, which the whole search's limits leave out."""
-    where = list(dict.fromkeys(p.config.placement for p in ranked if p.estimate.fits and p.config.placement))
+    that pipeline depth, ranked among themselves and placed there alone, which the whole search's limits leave out.
+    ``progress``: told (done, total) of those searches."""
+    where = list(dict.fromkeys(p.config.placement for p in ranked if p.estimate.fits and p.config.placement))[:FOCUS]
     out: list[PlanResult] = []
-    for w in where[:FOCUS]:
+    for done, w in enumerate(where):
+        if progress:
+            progress(done, len(where))
         with contextlib.suppress(AutoparError):  # (a fitting plan's own placement: the held search has plans;
             # were it to fail, only this re-search is lost, never the plans found already)
             out += search(model, cluster, global_batch, {**fixed, "placement": w}, top=top, exhaustive=exhaustive,
                           headroom_GiB=headroom_GiB, refine_count=refine_count, state=state).ranked
+    if progress:
+        progress(len(where), len(where))
     return out
+
+
+def _stage(progress: Any, what: str) -> Callable[[int, int], None] | None:
+    """``progress`` (a search's callback) told of a stage of the work of its own: (done, total) of ``what``."""
+    return None if progress is None else lambda done, total: progress(done, total, None, what)
 
 
 def _as_placed(model: ModelSpec, views: list[tuple[ClusterSpec, float]], cands: Any, global_batch: int,

@@ -1,6 +1,6 @@
 """Several layer splits of one placed plan priced together (the search's layer moves) give, row by row, the numbers
-of pricing each split alone: 1F1B, interleaved, a rank split over groups, and a batch long enough for the replay's
-steady-state extension."""
+of pricing each split alone (many replayed as one table, a few one at a time): 1F1B, interleaved, a rank split over
+groups, and a batch long enough for the replay's steady-state extension."""
 
 from __future__ import annotations
 
@@ -38,4 +38,6 @@ def test_splits_priced_together_equal_each_priced_alone(cluster_name, model_name
     assert len(together) == len(splits)
     alone = [estimate(model, cluster, replace(cfg, layers=s), batch, None, state=state) for s in splits]
     assert [asdict(e) for e in together] == [asdict(e) for e in alone]
+    few = split_estimates(model, cluster, cfg, splits[:2], batch, None, state)  # (replayed one at a time)
+    assert [asdict(e) for e in few] == [asdict(e) for e in alone[:2]]
     assert len({e.step_time_s for e in alone}) > 1  # the splits differ in what they cost

@@ -171,8 +171,17 @@ def test_placed_plans_beat_the_cluster_planned_at_its_slowest_link(name):
 
 
 def test_faster_gpus_get_more_layers():
+    """... and the search says how far it is, stage by stage: candidates priced, plans placed, placements searched
+    again, each stage's count rising to its total (which clears the line)."""
     c, model = load_cluster("a100-h100-ib"), load_model("llama-13b")
-    best = search(model, c, 512, top=1).plans[0]
+    told: list[tuple] = []
+    best = search(model, c, 512, top=1, progress=lambda *a: told.append(a)).plans[0]
+    stages = list(dict.fromkeys(a[3] if len(a) > 3 else "candidates" for a in told))
+    assert stages == ["candidates", "plans placed on node groups", "best placements searched again"]
+    for what in stages[1:]:
+        counts = [(a[0], a[1]) for a in told if len(a) > 3 and a[3] == what]
+        done = [d for d, _ in counts]
+        assert done == sorted(done) and counts[-1][0] == counts[-1][1] > 0
     cfg = best.config
     layers = cfg.stage_layers(model.num_layers)
     per = {g: [layers[j] for j in range(cfg.pp * cfg.vpp) if cfg.placement[j % cfg.pp] == g] for g in c.groups}
