@@ -37,7 +37,7 @@ from cost_models.headroom import check_headroom, usable_GiB
 from cost_models.pipeline import CLOSED_FORM_OPTIMISM, CLOSED_FORM_PESSIMISM
 from cost_models.stages import layer_terms
 from cost_models.step import estimate
-from planner.placement import place, placements, split_views, whole_views
+from planner.placement import base_config, holds_split, place, placements, split_views, whole_views
 from planner.refine import PlanResult, refine
 from planner.space import enumerate_space, unplaced
 from specs.cluster import ClusterSpec
@@ -61,7 +61,8 @@ CLOSED_FORM_SLACK = round((1 + CLOSED_FORM_PESSIMISM) / (1 - CLOSED_FORM_OPTIMIS
 # load (a 1 s budget once gave Llama 3 405B on 8,192 GPUs a 7% slower plan on a busy machine).
 ILP_SOLVES = 3  # (an exhaustive search solves it for every finalist)
 EXHAUSTIVE_BASES = 32  # homogeneous plans an exhaustive search of a cluster of node groups places every way
-SHAPE_BASES = 16  # shapes (tp, pp, dp, cp, vpp) refined to place on node groups, per ranking (whole ranks, split)
+SHAPE = ("tp", "pp", "dp", "cp", "vpp")  # a plan's shape: what placing it on node groups depends on
+SHAPE_BASES = 16  # shapes (SHAPE) refined to place on node groups, per ranking (whole ranks, split)
 # The best placements found are each searched again as ``--fix placement=`` searches them: held, the pool of plans to
 # place is that pipeline depth's alone, and a shape's variants (micro-batch, ZeRO, overlap, interleave) that the whole
 # search's limits on shapes and bases leave out get placed there.
@@ -87,14 +88,14 @@ class SearchResult:
 def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dict[str, Any] | None = None,
            top: int = 5, exhaustive: bool = False, headroom_GiB: float | None = None, refine_count: int | None = None,
            progress: Any = None, flags: dict[str, str] | None = None, state: StateSpec | None = None,
-           place_groups: bool = True, shapes: bool = False,
+           place_groups: bool = True, shapes: tuple[str, ...] = (),
            views: list[tuple[ClusterSpec, float]] | None = None) -> SearchResult:
     """Find the fastest plans that fit; ``fixed`` holds plan keys constant (``flags``: the option each came
     from, for error messages; default ``--fix``). On a cluster of node groups (``place_groups``, unless ``fixed``
     holds ``placement=none``) the plans placed on the groups compete with those that treat it as homogeneous at
     its slowest link. ``headroom_GiB``: memory kept free per GPU (None: the default, as ``autopar plan``'s, a share
-    of each GPU: cost_models/headroom.py). ``shapes``: refine the fastest plan of each of the fastest
-    ``refine_count`` shapes (tp, pp, dp, cp, vpp), every candidate priced in closed form first, instead of the
+    of each GPU: cost_models/headroom.py). ``shapes``: plan keys (:data:`SHAPE`, say); refine the fastest plan of
+    each of the fastest ``refine_count`` shapes, every candidate priced in closed form first, instead of the
     fastest plans (what is placed on node groups: ranked at the merged view, one shape's variants crowd out the
     shapes placing helps most); ranked, with ``views`` (clusters, each with a weight summing to 1), by the weighted
     harmonic mean of their closed-form times on those views, each against its own GPUs' memory (node groups' own
@@ -125,7 +126,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
         fits = res.memory_GiB <= cap
     order = np.argsort(np.where(fits, res.step_time, np.inf), kind="stable")
     n_fit = int(fits.sum())
-    rows = _first_of_shapes(cands, order[:n_fit], n_ref, res.memory_GiB, cap) if shapes else order[:min(n_ref, n_fit)]
+    rows = (_first_of_shapes(cands, order[:n_fit], n_ref, res.memory_GiB, cap, shapes) if shapes
+            else order[:min(n_ref, n_fit)])
     if n_fit < top:  # few or none fit: the ones needing the least memory too
         rows = np.concatenate([rows, np.argsort(res.memory_GiB)[:8]])
     # node groups of different GPUs: also the fastest pipelined plans only their larger GPUs hold (placed, a group
@@ -136,7 +138,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
         order = np.argsort(more.step_time, kind="stable")
         order = order[np.isfinite(more.step_time[order])]
         rows = np.concatenate([rows, roomier[_first_of_shapes(cands.take(roomier), order, n_ref, more.memory_GiB,
-                                                              cap) if shapes else order[:n_ref]]])
+                                                              cap, shapes) if shapes else order[:n_ref]]])
     pool = [cands.config(int(i)) for i in rows]
     terms = layer_terms(model, ComputeModel.of(cluster), CommModel(cluster), cands.take(rows),
                         state)
@@ -161,9 +163,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
             keys = {**{k: v for k, v in fixed.items() if k != "placement"}, "pp": len(held)}  # (a fixed pp: the same)
             pool = _fastest(roomy + search(model, cluster, global_batch, keys, headroom_GiB=headroom_GiB, state=state,
                                            exhaustive=exhaustive, refine_count=refine_count, place_groups=False).roomy)
-        bases = _placeable(model, cluster, global_batch, keys, headroom_GiB, state, pool, exhaustive)
+        bases, split_only = _placeable(model, cluster, global_batch, keys, headroom_GiB, state, pool, exhaustive)
         placed = place(model, cluster, bases, global_batch, headroom_GiB, state, exhaustive, fixed,
-                       _stage(progress, "plans placed on node groups"))
+                       _stage(progress, "plans placed on node groups"), split_only)
         if held is None:  # the best placements, searched again as if held
             placed += _focused(model, cluster, global_batch, fixed, headroom_GiB, state, exhaustive, refine_count, top,
                                sorted(plans + placed, key=PlanResult.rank_key),
@@ -219,14 +221,15 @@ def _as_placed(model: ModelSpec, views: list[tuple[ClusterSpec, float]], cands: 
         return BatchResult(step_time=1.0 / rate, memory_GiB=memory)
 
 
-def _first_of_shapes(cands: Any, order: np.ndarray, n: int, memory: np.ndarray, small_GiB: float) -> np.ndarray:
-    """The first row of ``order`` of each shape (tp, pp, dp, cp, vpp) of ``cands``, for the first ``n`` shapes, and
+def _first_of_shapes(cands: Any, order: np.ndarray, n: int, memory: np.ndarray, small_GiB: float,
+                     keys: tuple[str, ...]) -> np.ndarray:
+    """The first row of ``order`` of each shape (its plan ``keys``) of ``cands``, for the first ``n`` shapes, and
     where others, the first of each of those shapes within ``small_GiB`` (the smallest GPUs') and the one needing the
     least ``memory`` (a shape's fastest may need the largest GPUs for every stage where a leaner one fits every
     group)."""
     if not len(order):
         return order
-    key = np.stack([np.asarray(getattr(cands, k))[order] for k in ("tp", "pp", "dp", "cp", "vpp")], axis=1)
+    key = np.stack([np.asarray(getattr(cands, k))[order] for k in keys], axis=1)
     _, first, which = np.unique(key, axis=0, return_index=True, return_inverse=True)
     taken = np.sort(first)[:n]
     kept = np.isin(which.ravel(), which.ravel()[taken])
@@ -239,46 +242,57 @@ def _first_of_shapes(cands: Any, order: np.ndarray, n: int, memory: np.ndarray, 
 
 def _placeable(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dict[str, Any],
                headroom_GiB: float | None, state: StateSpec, plans: list[PlanResult], exhaustive: bool = False
-               ) -> list[PlanResult]:
+               ) -> tuple[list[PlanResult], set[ParallelConfig]]:
     """The fastest homogeneous plans the node groups can hold: those whose pipeline ranks they hold whole, from
     ``plans``' own (they fit the largest group's GPUs: placed, a stage may sit on them) and from two searches over
     the pipeline depths that give every group whole ranks (unless pp is fixed), each refining the fastest plan of
     its :data:`SHAPE_BASES` (:data:`EXHAUSTIVE_BASES` where ``exhaustive``) fastest shapes, ranked at the merged
     view and as if placed (:func:`planner.placement.whole_views`): ranked at the slowest link, the shapes that gain
     most from placing may not be among ``plans``' first; and those whose every pipeline rank can be split over all
-    the groups (``a+b``), from ``plans`` and as :func:`_split_ranked` ranks them."""
+    the groups (``a+b``), from ``plans`` and as :func:`_split_ranked` ranks them; and the bases
+    (:func:`planner.placement.base_config`) that only its ranking by ZeRO stage found, to be placed split alone
+    (more ZeRO variants of a shape would take the whole-rank bases' places)."""
     sizes = list(cluster.groups.values())
     whole = [p for p in plans if all(n % (p.config.tp * p.config.dp * p.config.cp) == 0 for n in sizes)
              and p.config.pp > 1]
     moe = model.moe is not None
     cap = usable_GiB(headroom_GiB, cluster.gpu.memory_GiB)  # a split plan's every rank sits on the smallest GPUs too
-    split = [p for p in plans if p.estimate.memory_GiB <= cap][:SPLIT_SCAN] + _split_ranked(
-        model, cluster, global_batch, fixed, headroom_GiB, state, exhaustive, plans[0].config if plans else None)
-    split = [p for p in split if any(splits_replicas(w) for w in placements(cluster, p.config, moe))]
+    ranked, per_zero = _split_ranked(model, cluster, global_batch, fixed, headroom_GiB, state, exhaustive,
+                                     plans[0].config if plans else None)
+    split = [p for p in [p for p in plans if p.estimate.memory_GiB <= cap][:SPLIT_SCAN] + ranked + per_zero
+             if any(splits_replicas(w) for w in placements(cluster, p.config, moe))]
+    hold = holds_split(fixed)
+
+    def only_split(others: list[PlanResult]) -> set[ParallelConfig]:  # the ZeRO variants nothing else ranked
+        return {base_config(p.config, hold) for p in per_zero} - {base_config(p.config, hold)
+                                                                  for p in others + ranked}
+
     if "pp" in fixed:
-        return _fastest(whole + split)
+        return _fastest(whole + split), only_split(plans)
     stage = math.gcd(*sizes)
     depths = [cluster.num_gpus // n for n in range(1, stage + 1) if stage % n == 0 and cluster.num_gpus // n > 1]
     try:
         deeper = [search(model, cluster, global_batch, fixed={**fixed, "pp": depths}, headroom_GiB=headroom_GiB,
-                         state=state, place_groups=False, exhaustive=exhaustive, shapes=True, views=views,
+                         state=state, place_groups=False, exhaustive=exhaustive, shapes=SHAPE, views=views,
                          refine_count=EXHAUSTIVE_BASES if exhaustive else SHAPE_BASES).roomy
                   for views in (None, whole_views(cluster))]  # ranked at the merged view, and as if placed
-        return _fastest(whole + deeper[0] + deeper[1] + split)
+        return _fastest(whole + deeper[0] + deeper[1] + split), only_split(plans + deeper[0] + deeper[1])
     except AutoparError:  # no such depth fits the rules (say, more stages than layers)
-        return _fastest(whole + split)
+        return _fastest(whole + split), only_split(plans)
 
 
 def _split_ranked(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dict[str, Any],
                   headroom_GiB: float | None, state: StateSpec, exhaustive: bool,
-                  probe: ParallelConfig | None) -> list[PlanResult]:
+                  probe: ParallelConfig | None) -> tuple[list[PlanResult], list[PlanResult]]:
     """The fastest plans to split over the node groups (``a+b``), the fastest of each shape as the slowest group's
     view ranks them (:func:`planner.placement.split_views`; the slowest: the one on which plan ``probe`` is
-    slowest, else the one of the least peak), priced on that view (their placed prices are exact); none for a
+    slowest, else the one of the least peak), priced on that view (their placed prices are exact); and the
+    fastest of each shape and ZeRO stage so ranked (the view prices the data-parallel traffic on one group's
+    network, where split it crosses between the groups hierarchically and may favour another stage). None for a
     mixture-of-experts model or where no plan splits. Only the tensor-parallel sizes the merged view's nodes hold."""
     found = split_views(cluster) if model.moe is None else None
     if not found or not found[0]:
-        return []
+        return [], []
     views, shares = found
     view = min(views, key=lambda v: (v.gpu.peak(cluster.precision), v.nic_bw_per_gpu))
     if probe is not None:
@@ -291,13 +305,15 @@ def _split_ranked(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fix
     keys = {"dp": [d for d in range(shares, n + 1, shares) if n % d == 0],
             "tp": [t for t in range(1, cluster.gpus_per_node + 1) if n % t == 0 and tp_node_problem(
                 t, n, cluster.gpus_per_node, cluster.tp_across_nodes) is None], **fixed}
-    try:
-        ranked = search(model, view, global_batch, keys, headroom_GiB=headroom_GiB, state=state,
-                        exhaustive=exhaustive, refine_count=SHAPE_BASES, place_groups=False, shapes=True).ranked
-    except AutoparError:  # (no plan of such dp fits the rules)
-        return []
     x = PlanContext.on(model, cluster, global_batch)  # what the view's nodes allow and the cluster's do not
-    return [p for p in ranked if plan_problem(p.config, x) is None]
+    try:
+        return tuple(  # type: ignore[return-value]
+            [p for p in search(model, view, global_batch, keys, headroom_GiB=headroom_GiB, state=state,
+                               exhaustive=exhaustive, refine_count=SHAPE_BASES, place_groups=False,
+                               shapes=shapes).ranked if plan_problem(p.config, x) is None]
+            for shapes in (SHAPE, (*SHAPE, "zero")))
+    except AutoparError:  # (no plan of such dp fits the rules)
+        return [], []
 
 
 def _fastest(plans: list[PlanResult]) -> list[PlanResult]:
