@@ -226,7 +226,7 @@ class Replay:
     last_b_end: np.ndarray
 
 
-_REPLAY_FIELDS = ("rank_end", "last_b_start", "last_b_end")
+REPLAY_FIELDS = ("rank_end", "last_b_start", "last_b_end")
 
 
 def replayed(sim: SimResult) -> Replay:
@@ -262,7 +262,7 @@ def table_replay(f: np.ndarray, b: np.ndarray, pp: int, vpp: int, m: np.ndarray)
 
 def _put(out: Replay, rows: np.ndarray, got: Replay, which: np.ndarray | slice) -> None:
     """Write rows ``which`` of ``got`` into rows ``rows`` of ``out``."""
-    for k in _REPLAY_FIELDS:
+    for k in REPLAY_FIELDS:
         getattr(out, k)[rows] = getattr(got, k)[which]
 
 
@@ -449,10 +449,10 @@ def wave_replay(f: np.ndarray, b: np.ndarray, pp: int, vpp: int, m: np.ndarray) 
             if grow.any():
                 two = _waves_replay(f[part], b[part], pp, vpp, int(mi) + pp)
                 steps = ((m[part] - mi) / pp)[:, None]
-                for name in _REPLAY_FIELDS:
+                for name in REPLAY_FIELDS:
                     a, c = getattr(one, name), getattr(two, name)
                     s = steps.reshape((-1,) + (1,) * (a.ndim - 1))
                     setattr(one, name, np.where(grow.reshape(s.shape), a + (c - a) * s, a))
-            for name in _REPLAY_FIELDS:
+            for name in REPLAY_FIELDS:
                 getattr(out, name)[part] = getattr(one, name)
     return out

@@ -28,7 +28,7 @@ import numpy as np
 from cost_models.comm import CommModel, SpanningComm
 from cost_models.compute import ComputeModel
 from cost_models.memory import RankMemory, rank_memory
-from cost_models.pipeline import Replay, replayed, simulate_steps, table_replay
+from cost_models.pipeline import REPLAY_FIELDS, Replay, replayed, simulate_steps, table_replay
 from cost_models.stages import LayerTerms, StageCosts, layer_terms, stage_costs, stage_split
 from cost_models.tail import RankTail, rank_tail
 from specs.cluster import ClusterSpec
@@ -132,9 +132,10 @@ def price_placed(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, gl
     """Price ``cfg`` (with a placement) on ``cluster``'s node groups (module docstring); ``splits``: with each of these
     layer splits instead of its own, one row each."""
     assert cfg.placement is not None
-    rows = [stage_split(replace(cfg, layers=s) if s is not None else cfg, model.num_layers) for s in splits or [None]]
-    n = len(rows)
-    layers, recomputed = np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])
+    parts = [stage_split(replace(cfg, layers=s) if s is not None else cfg, model.num_layers)
+             for s in ([None] if splits is None else splits)]
+    n = len(parts)
+    layers, recomputed = np.stack([p[0] for p in parts]), np.stack([p[1] for p in parts])
     one = Candidates.of(cfg)
     c = one.take(np.zeros(n, dtype=int))
     pp, vpp, m = cfg.pp, cfg.vpp, cfg.microbatches(global_batch)
@@ -165,9 +166,8 @@ def price_placed(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, gl
     if n >= TABLE_ROWS:
         replay = table_replay(f, b, pp, vpp, ms)
     else:  # a few rows: replayed one at a time (a table replay's waves cost more than they share)
-        rows = [replayed(simulate_steps(pp, vpp, m, f[i].tolist(), b[i].tolist())) for i in range(n)]
-        replay = Replay(**{k: np.concatenate([getattr(r, k) for r in rows]) for k in ("rank_end", "last_b_start",
-                                                                                      "last_b_end")})
+        one = [replayed(simulate_steps(pp, vpp, m, f[i].tolist(), b[i].tolist())) for i in range(n)]
+        replay = Replay(**{k: np.concatenate([getattr(r, k) for r in one]) for k in REPLAY_FIELDS})
     ranks = list(cfg.placement)
     tails = {e: _worst([rank_tail(model, cm, comm, state, c, stitched, replay, ms, cluster.num_gpus)
                         for cm, comm in pair.values()], RankTail) for e, pair in models.items()}

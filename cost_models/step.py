@@ -94,11 +94,11 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global
     layers, recomputed = stage_split(cfg, model.num_layers)
     costs = stage_costs(model, comm, state, c, terms or layer_terms(model, cm, comm, c, state), layers, recomputed,
                         cm.eb)
-    sim = simulate_steps(pp, vpp, m, costs.f[0].tolist(), costs.b[0].tolist())
+    replay = replayed(simulate_steps(pp, vpp, m, costs.f[0].tolist(), costs.b[0].tolist()))
     ms = np.array([m])
-    tail = rank_tail(model, cm, comm, state, c, costs, replayed(sim), ms, cluster.num_gpus)
+    tail = rank_tail(model, cm, comm, state, c, costs, replay, ms, cluster.num_gpus)
     mem = rank_memory(c, state, cluster.backend, costs.rank_load(pp, vpp, ms))
-    priced = Priced(costs=costs, replay=replayed(sim), tail=tail, mem=mem, capacity_GiB=[cluster.gpu.memory_GiB] * pp,
+    priced = Priced(costs=costs, replay=replay, tail=tail, mem=mem, capacity_GiB=[cluster.gpu.memory_GiB] * pp,
                     peak_flops=cluster.peak_flops(pp, cfg.tp * cfg.dp * cfg.cp))
     return _estimate(model, cfg, global_batch, headroom_GiB, priced)
 
@@ -114,12 +114,13 @@ def split_estimates(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig,
 def _estimate(model: ModelSpec, cfg: ParallelConfig, global_batch: int, headroom_GiB: float | None,
               priced: Priced) -> Estimate:
     """``priced`` (one row) composed into step time, throughput, MFU, peak memory and the breakdown."""
+    assert len(priced.tail.step_time) == 1, "one row: Priced.row"
     pp, vpp, m = cfg.pp, cfg.vpp, cfg.microbatches(global_batch)
     costs, tail, mem, capacity = priced.costs, priced.tail, priced.mem, priced.capacity_GiB
     step = float(tail.step_time[0])
 
     def mine(x: np.ndarray) -> np.ndarray:  # [pp]: each rank's share of a step of per-stage costs ``x``
-        return m * per_rank(x, pp, vpp)[0].sum(axis=1)
+        return m * np.array([chunks.sum() for chunks in per_rank(x, pp, vpp)[0]])  # (each rank summed alone)
 
     row = {  # what each pipeline rank does in a step, all but its waiting
         "forward_compute": mine(costs.fwd),

@@ -264,8 +264,8 @@ def holds_split(fixed: dict[str, Any]) -> bool:
 
 def place(model: ModelSpec, cluster: ClusterSpec, ranked: list[PlanResult], global_batch: int,
           headroom_GiB: float | None, state: StateSpec, exhaustive: bool = False,
-          fixed: dict[str, Any] | None = None, progress: Callable[[int, int], None] | None = None,
-          split_only: set[ParallelConfig] | None = None) -> list[PlanResult]:
+          fixed: dict[str, Any] | None = None, progress: Callable[[int, int], None] | None = None
+          ) -> list[PlanResult]:
     """Placed versions of the homogeneous plans ``ranked`` (best first). For the first plan of each stage shape
     (tp, dp, cp, vpp) every order of the groups is priced with the layers split evenly, by group speed and as
     :func:`fitted` splits them; the shape's other plans take its :data:`ORDERS` best orders, split by
@@ -274,12 +274,11 @@ def place(model: ModelSpec, cluster: ClusterSpec, ranked: list[PlanResult], glob
     every plan of ``ranked``, and each also with every layer split (one layer per stage at least) where there are
     at most :data:`MAX_SPLITS` of them. ``fixed``: the plan keys the
     search holds; a fixed ``placement`` is the only one tried, and a fixed split (:func:`holds_split`) is kept.
-    ``progress``: told (done, total) as the plans are placed; ``split_only``: bases (:func:`base_config`) placed
-    only with their replicas split over the groups. Best first, those that fit before those that do not."""
+    ``progress``: told (done, total) as the plans are placed. Best first, those that fit before those that do not."""
     fixed = fixed or {}
     hold = holds_split(fixed)
     out = _placed(model, cluster, ranked, global_batch, headroom_GiB, state, fixed,
-                  len(ranked) if exhaustive else None, progress, split_only)
+                  len(ranked) if exhaustive else None, progress)
     if exhaustive and not hold:
         out += [p for cfg in _bases(ranked, len(ranked)) for where in _ways(cluster, cfg, model.moe is not None, fixed)
                 for p in _with_splits(model, cluster, replace(cfg, placement=where),
@@ -291,17 +290,16 @@ def place(model: ModelSpec, cluster: ClusterSpec, ranked: list[PlanResult], glob
 
 def _placed(model: ModelSpec, cluster: ClusterSpec, ranked: list[PlanResult], global_batch: int,
             headroom_GiB: float | None, state: StateSpec, fixed: dict[str, Any], limit: int | None,
-            progress: Callable[[int, int], None] | None = None, split_only: set[ParallelConfig] | None = None
-            ) -> list[PlanResult]:
+            progress: Callable[[int, int], None] | None = None) -> list[PlanResult]:
     """:func:`place`'s heuristic: the placed plans of :func:`_chosen`'s bases (``limit``: that many of each kind
     instead of :data:`MAX_BASES` and :data:`SPLIT_BASES`), best first. ``progress``: told (done, total) of the
-    bases and the plans balanced; ``split_only``: as :func:`place`'s."""
+    bases and the plans balanced."""
     hold = holds_split(fixed)
     moe = model.moe is not None
     out = []
     orders_of: dict[tuple[tuple[int, int, int, int], bool], list[tuple[tuple[str, ...], dict[str, float]]]] = {}
     small = usable_GiB(headroom_GiB, cluster.memory_sizes_GiB[0])
-    chosen = _chosen(cluster, ranked, moe, fixed, small, limit, split_only)
+    chosen = _chosen(cluster, ranked, moe, fixed, small, limit)
     for done, (base, kinds) in enumerate(chosen):
         if progress:
             progress(done, len(chosen) + MOVED)
@@ -361,14 +359,13 @@ def _ways(cluster: ClusterSpec, cfg: ParallelConfig, moe: bool, fixed: dict[str,
 
 
 def _chosen(cluster: ClusterSpec, ranked: list[PlanResult], moe: bool, fixed: dict[str, Any], small_GiB: float,
-            limit: int | None = None, split_only: set[ParallelConfig] | None = None
-            ) -> list[tuple[ParallelConfig, set[bool]]]:
+            limit: int | None = None) -> list[tuple[ParallelConfig, set[bool]]]:
     """The first :data:`MAX_BASES` (``limit``) distinct configurations of ``ranked`` the groups hold as whole pipeline
     ranks, then the first of each further shape (tp, pp, dp, cp, vpp), its first within ``small_GiB`` (the
     smallest GPUs') and its one needing the least memory (a shape's fastest plan may need the larger GPUs for
     every stage where a leaner one, placed, fits every group), and the first :data:`SPLIT_BASES` (``limit``)
-    whose pipeline ranks can be split over the groups (those of ``split_only`` only so); each with the kinds of
-    placement it was taken for (True: split)."""
+    whose pipeline ranks can be split over the groups; each with the kinds of placement it was taken for (True:
+    split)."""
     most_blocks, most_split = (MAX_BASES, SPLIT_BASES) if limit is None else (limit, limit)
     out, blocks, split, shapes = [], 0, 0, set()
     bases = _bases(ranked, len(ranked), holds_split(fixed))
@@ -377,8 +374,6 @@ def _chosen(cluster: ClusterSpec, ranked: list[PlanResult], moe: bool, fixed: di
     fitting = {shape_of[c]: c for c in reversed(bases) if bases[c] <= small_GiB}
     for cfg in bases:
         kinds = {splits_replicas(w) for w in _ways(cluster, cfg, moe, fixed)}
-        if cfg in (split_only or ()):
-            kinds.discard(False)
         shape = shape_of[cfg]
         new_shape = (shape not in shapes and len(shapes) < MAX_SHAPES) or (
             shape in shapes and cfg in (leanest[shape], fitting.get(shape)))
@@ -392,23 +387,17 @@ def _chosen(cluster: ClusterSpec, ranked: list[PlanResult], moe: bool, fixed: di
     return out
 
 
-def base_config(cfg: ParallelConfig, hold: bool = False) -> ParallelConfig:
-    """``cfg`` as a base to place: without its placement and (unless ``hold``: a fixed split) its layer split (and
-    per-stage recompute counts, which belong to its split)."""
-    cfg = replace(cfg, placement=None)
-    if hold:
-        return cfg
-    keep = cfg.recompute_layers if not isinstance(cfg.recompute_layers, tuple) else None
-    return replace(cfg, layers=None, recompute_layers=keep)
-
-
 def _bases(ranked: list[PlanResult], limit: int, hold: bool = False) -> dict[ParallelConfig, float]:
     """The first ``limit`` distinct configurations of ``ranked`` without their placement and (unless ``hold``: a
     fixed split) their layer split (a plan's per-stage recompute counts dropped: they belong to its split), each with
     its first plan's memory per GPU (GiB), in ``ranked``'s order."""
     seen: dict[ParallelConfig, float] = {}
     for r in ranked:
-        seen.setdefault(base_config(r.config, hold), r.estimate.memory_GiB)
+        cfg = replace(r.config, placement=None)
+        if not hold:
+            keep = cfg.recompute_layers if not isinstance(cfg.recompute_layers, tuple) else None
+            cfg = replace(cfg, layers=None, recompute_layers=keep)
+        seen.setdefault(cfg, r.estimate.memory_GiB)
         if len(seen) == limit:
             break
     return seen

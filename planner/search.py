@@ -11,9 +11,10 @@
 4. On a cluster of node groups, steps 1-3 plan it as homogeneous at its slowest GPU and link (where its groups'
    GPUs differ in memory, also the fastest pipelined plans only the larger GPUs hold); the best of those plans, and
    the fastest of each shape as :func:`_placeable` ranks them for placing (at the merged view, as if placed on the
-   groups' own views, and on the slowest group's view for plans split over the groups), are then placed on the
-   groups (planner/placement.py), each stage checked on its own group's GPUs, and the placed ones compete with the
-   homogeneous. The :data:`FOCUS` best placements are then searched again each as ``--fix placement=`` searches it.
+   groups' own views, and on the slowest group's view for plans split over the groups, also per ZeRO stage), are
+   then placed on the groups (planner/placement.py), each stage checked on its own group's GPUs, and the placed ones
+   compete with the homogeneous. The :data:`FOCUS` best placements are then searched again each as
+   ``--fix placement=`` searches it.
 ``exhaustive=True`` drops the pruning of the space (every micro-batch size, interleave degree and cp) and
 replays every candidate's schedule table as the exact model does, and solves the stage ILP for every finalist (the
 default search: for the ILP_SOLVES fastest).
@@ -37,7 +38,7 @@ from cost_models.headroom import check_headroom, usable_GiB
 from cost_models.pipeline import CLOSED_FORM_OPTIMISM, CLOSED_FORM_PESSIMISM
 from cost_models.stages import layer_terms
 from cost_models.step import estimate
-from planner.placement import base_config, holds_split, place, placements, split_views, whole_views
+from planner.placement import place, placements, split_views, whole_views
 from planner.refine import PlanResult, refine
 from planner.space import enumerate_space, unplaced
 from specs.cluster import ClusterSpec
@@ -87,20 +88,22 @@ class SearchResult:
 
 def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dict[str, Any] | None = None,
            top: int = 5, exhaustive: bool = False, headroom_GiB: float | None = None, refine_count: int | None = None,
-           progress: Any = None, flags: dict[str, str] | None = None, state: StateSpec | None = None,
+           progress: Callable[..., None] | None = None, flags: dict[str, str] | None = None,
+           state: StateSpec | None = None,
            place_groups: bool = True, shapes: tuple[str, ...] = (),
            views: list[tuple[ClusterSpec, float]] | None = None) -> SearchResult:
-    """Find the fastest plans that fit; ``fixed`` holds plan keys constant (``flags``: the option each came
-    from, for error messages; default ``--fix``). On a cluster of node groups (``place_groups``, unless ``fixed``
-    holds ``placement=none``) the plans placed on the groups compete with those that treat it as homogeneous at
-    its slowest link. ``headroom_GiB``: memory kept free per GPU (None: the default, as ``autopar plan``'s, a share
-    of each GPU: cost_models/headroom.py). ``shapes``: plan keys (:data:`SHAPE`, say); refine the fastest plan of
-    each of the fastest ``refine_count`` shapes, every candidate priced in closed form first, instead of the
-    fastest plans (what is placed on node groups: ranked at the merged view, one shape's variants crowd out the
-    shapes placing helps most); ranked, with ``views`` (clusters, each with a weight summing to 1), by the weighted
-    harmonic mean of their closed-form times on those views, each against its own GPUs' memory (node groups' own
-    views: roughly the time placed with layers split by speed, where the merged view prices every link as the
-    slowest)."""
+    """Find the fastest plans that fit; ``fixed`` holds plan keys constant (``flags``: the option each came from, for
+    error messages; default ``--fix``). On a cluster of node groups (``place_groups``, unless ``fixed`` holds
+    ``placement=none``) the plans placed on the groups compete with those that treat it as homogeneous at its slowest
+    link. ``headroom_GiB``: memory kept free per GPU (None: the default, as ``autopar plan``'s, a share of each GPU:
+    cost_models/headroom.py). ``progress``: told (done, total[, share of the work]) as candidates are priced and, on
+    node groups, as plans are placed and the best placements searched again (its ``stage(name)``, where it has one,
+    told of each such stage first). ``shapes``: plan keys (:data:`SHAPE`, say); refine the fastest plan of each of
+    the fastest ``refine_count`` shapes, every candidate priced in closed form first, instead of the fastest plans
+    (what is placed on node groups: ranked at the merged view, one shape's variants crowd out the shapes placing
+    helps most); ranked, with ``views`` (clusters, each with a weight summing to 1), by the weighted harmonic mean of
+    their closed-form times on those views, each against its own GPUs' memory (node groups' own views: roughly the
+    time placed with layers split by speed, where the merged view prices every link as the slowest)."""
     fixed = typed_keys(dict(fixed or {}))  # (the API's lists: a placement or per-stage counts as given in a plan file)
     fixed, no_placement = unplaced(fixed, cluster, (flags or {}).get("placement", "--fix"))
     place_groups = place_groups and not no_placement
@@ -163,13 +166,13 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
             keys = {**{k: v for k, v in fixed.items() if k != "placement"}, "pp": len(held)}  # (a fixed pp: the same)
             pool = _fastest(roomy + search(model, cluster, global_batch, keys, headroom_GiB=headroom_GiB, state=state,
                                            exhaustive=exhaustive, refine_count=refine_count, place_groups=False).roomy)
-        bases, split_only = _placeable(model, cluster, global_batch, keys, headroom_GiB, state, pool, exhaustive)
+        bases = _placeable(model, cluster, global_batch, keys, headroom_GiB, state, pool, exhaustive)
         placed = place(model, cluster, bases, global_batch, headroom_GiB, state, exhaustive, fixed,
-                       _stage(progress, "plans placed on node groups"), split_only)
+                       _stage(progress, "plans placed on node groups"))
         if held is None:  # the best placements, searched again as if held
             placed += _focused(model, cluster, global_batch, fixed, headroom_GiB, state, exhaustive, refine_count, top,
                                sorted(plans + placed, key=PlanResult.rank_key),
-                               _stage(progress, "best placements searched again"))
+                               _stage(progress, "searches of the best placements"))
         results.update({p.config: p for p in placed})
         fitting = {p.config: p for p in plans + placed if p.estimate.fits}  # a fixed placement's are in both
         plans = sorted(fitting.values(), key=PlanResult.rank_key)
@@ -202,9 +205,14 @@ def _focused(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: d
     return out
 
 
-def _stage(progress: Any, what: str) -> Callable[[int, int], None] | None:
-    """``progress`` (a search's callback) told of a stage of the work of its own: (done, total) of ``what``."""
-    return None if progress is None else lambda done, total: progress(done, total, None, what)
+def _stage(progress: Callable[..., None] | None, what: str) -> Callable[[int, int], None] | None:
+    """``progress`` (a search's callback) at a stage of the work of its own, ``what``: named to it where it takes a
+    name (its ``stage``: :func:`planner.commands.inputs.progress`), then told (done, total) of that stage."""
+    if progress is None:
+        return None
+    if callable(getattr(progress, "stage", None)):
+        progress.stage(what)  # type: ignore[attr-defined]
+    return lambda done, total: progress(done, total)
 
 
 def _as_placed(model: ModelSpec, views: list[tuple[ClusterSpec, float]], cands: Any, global_batch: int,
@@ -242,16 +250,15 @@ def _first_of_shapes(cands: Any, order: np.ndarray, n: int, memory: np.ndarray, 
 
 def _placeable(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dict[str, Any],
                headroom_GiB: float | None, state: StateSpec, plans: list[PlanResult], exhaustive: bool = False
-               ) -> tuple[list[PlanResult], set[ParallelConfig]]:
+               ) -> list[PlanResult]:
     """The fastest homogeneous plans the node groups can hold: those whose pipeline ranks they hold whole, from
     ``plans``' own (they fit the largest group's GPUs: placed, a stage may sit on them) and from two searches over
     the pipeline depths that give every group whole ranks (unless pp is fixed), each refining the fastest plan of
     its :data:`SHAPE_BASES` (:data:`EXHAUSTIVE_BASES` where ``exhaustive``) fastest shapes, ranked at the merged
     view and as if placed (:func:`planner.placement.whole_views`): ranked at the slowest link, the shapes that gain
     most from placing may not be among ``plans``' first; and those whose every pipeline rank can be split over all
-    the groups (``a+b``), from ``plans`` and as :func:`_split_ranked` ranks them; and the bases
-    (:func:`planner.placement.base_config`) that only its ranking by ZeRO stage found, to be placed split alone
-    (more ZeRO variants of a shape would take the whole-rank bases' places)."""
+    the groups (``a+b``), from ``plans`` and as :func:`_split_ranked` ranks them (per shape, and per shape and ZeRO
+    stage)."""
     sizes = list(cluster.groups.values())
     whole = [p for p in plans if all(n % (p.config.tp * p.config.dp * p.config.cp) == 0 for n in sizes)
              and p.config.pp > 1]
@@ -261,14 +268,9 @@ def _placeable(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed:
                                      plans[0].config if plans else None)
     split = [p for p in [p for p in plans if p.estimate.memory_GiB <= cap][:SPLIT_SCAN] + ranked + per_zero
              if any(splits_replicas(w) for w in placements(cluster, p.config, moe))]
-    hold = holds_split(fixed)
-
-    def only_split(others: list[PlanResult]) -> set[ParallelConfig]:  # the ZeRO variants nothing else ranked
-        return {base_config(p.config, hold) for p in per_zero} - {base_config(p.config, hold)
-                                                                  for p in others + ranked}
 
     if "pp" in fixed:
-        return _fastest(whole + split), only_split(plans)
+        return _fastest(whole + split)
     stage = math.gcd(*sizes)
     depths = [cluster.num_gpus // n for n in range(1, stage + 1) if stage % n == 0 and cluster.num_gpus // n > 1]
     try:
@@ -276,9 +278,9 @@ def _placeable(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed:
                          state=state, place_groups=False, exhaustive=exhaustive, shapes=SHAPE, views=views,
                          refine_count=EXHAUSTIVE_BASES if exhaustive else SHAPE_BASES).roomy
                   for views in (None, whole_views(cluster))]  # ranked at the merged view, and as if placed
-        return _fastest(whole + deeper[0] + deeper[1] + split), only_split(plans + deeper[0] + deeper[1])
+        return _fastest(whole + deeper[0] + deeper[1] + split)
     except AutoparError:  # no such depth fits the rules (say, more stages than layers)
-        return _fastest(whole + split), only_split(plans)
+        return _fastest(whole + split)
 
 
 def _split_ranked(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dict[str, Any],
@@ -306,12 +308,14 @@ def _split_ranked(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fix
             "tp": [t for t in range(1, cluster.gpus_per_node + 1) if n % t == 0 and tp_node_problem(
                 t, n, cluster.gpus_per_node, cluster.tp_across_nodes) is None], **fixed}
     x = PlanContext.on(model, cluster, global_batch)  # what the view's nodes allow and the cluster's do not
+
+    def ranked(shapes: tuple[str, ...]) -> list[PlanResult]:
+        found = search(model, view, global_batch, keys, headroom_GiB=headroom_GiB, state=state, exhaustive=exhaustive,
+                       refine_count=SHAPE_BASES, place_groups=False, shapes=shapes).ranked
+        return [p for p in found if plan_problem(p.config, x) is None]
+
     try:
-        return tuple(  # type: ignore[return-value]
-            [p for p in search(model, view, global_batch, keys, headroom_GiB=headroom_GiB, state=state,
-                               exhaustive=exhaustive, refine_count=SHAPE_BASES, place_groups=False,
-                               shapes=shapes).ranked if plan_problem(p.config, x) is None]
-            for shapes in (SHAPE, (*SHAPE, "zero")))
+        return ranked(SHAPE), ranked((*SHAPE, "zero"))
     except AutoparError:  # (no plan of such dp fits the rules)
         return [], []
 

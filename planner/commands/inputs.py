@@ -57,37 +57,35 @@ PLAIN_EVERY_S = 30.0  # off a terminal (a batch job's log), a progress line at m
 
 
 def progress(what: str = "candidates"):
-    """A progress callback printing to stderr for long work (never on stdout, so JSON stays clean): ``what`` is
-    priced, unless a call names another stage of the work (its own count and time left from then on). On a
-    terminal one line rewritten in place; elsewhere (a Slurm log) a plain line every :data:`PLAIN_EVERY_S` seconds
-    once the work has taken that long."""
+    """A progress callback ``(done, total, share=None)`` printing to stderr for long work (never on stdout, so JSON
+    stays clean): ``what`` is priced. Its ``stage(name)`` names another stage of the work, counted and timed from
+    then on (a search on node groups: the plans placed, the placements searched again). On a terminal one line
+    rewritten in place; elsewhere (a Slurm log) a plain line every :data:`PLAIN_EVERY_S` seconds once the work has
+    taken that long."""
     now = [what, time.perf_counter()]  # the stage of the work and when it began
 
-    def stage(what_now: str | None) -> tuple[str, float]:
-        if what_now is not None and what_now != now[0]:
-            now[:] = [what_now, time.perf_counter()]
-        return now[0], now[1]
+    def stage(name: str) -> None:
+        now[:] = [name, time.perf_counter()]
 
     if not sys.stderr.isatty():
         last = [now[1]]
 
-        def plain(done: int, total: int, share: float | None = None, what_now: str | None = None) -> None:
-            label, start = stage(what_now)
+        def plain(done: int, total: int, share: float | None = None) -> None:
             t = time.perf_counter()
             if done < total and t - last[0] >= PLAIN_EVERY_S:
                 last[0] = t
-                print(f"autopar: {progress_line(done, total, t - start, share, label)}", file=sys.stderr,
+                print(f"autopar: {progress_line(done, total, t - now[1], share, now[0])}", file=sys.stderr,
                       flush=True)
 
+        plain.stage = stage  # type: ignore[attr-defined]
         return plain
 
-    def report(done: int, total: int, share: float | None = None, what_now: str | None = None) -> None:
-        label, start = stage(what_now)
+    def report(done: int, total: int, share: float | None = None) -> None:
         if done >= total:  # the work is done: the line is cleared for what follows (a table, an error)
             print(f"\r{' ' * 62}\r", end="", file=sys.stderr, flush=True)
             return
-        text = progress_line(done, total, time.perf_counter() - start, share, label)
+        text = progress_line(done, total, time.perf_counter() - now[1], share, now[0])
         print(f"\r  {text:<60}", end="", file=sys.stderr, flush=True)
 
+    report.stage = stage  # type: ignore[attr-defined]
     return report
-

@@ -80,3 +80,20 @@ def test_splits_lists_each_split_once():
     got = splits(7, 3)
     assert len(got) == len(set(got)) == len(list(itertools.combinations(range(1, 7), 2)))
     assert all(sum(s) == 7 and min(s) >= 1 for s in got)
+
+
+def test_layer_moves_skip_a_split_the_plans_rules_refuse():
+    """A plan recomputing a count of layers per stage: a split whose largest stage holds fewer is refused by the
+    rules, so it is left out of the splits priced together (it was an error that ended the search) and the rest are
+    priced as each alone."""
+    from planner.placement import _with_splits
+
+    c, model = load_cluster("a100-h100-ib"), load_model("gpt-1.7b")
+    cfg = ParallelConfig(tp=2, pp=3, dp=16, mbs=1, sp=True, recompute="full", recompute_layers=9,
+                         placement=("h100", "a100", "a100"))
+    state = StateSpec.default(c.precision)
+    got = _with_splits(model, c, cfg, [(8, 8, 8), (10, 7, 7), (16, 4, 4)], 64, None, state)
+    assert [p.config.layers for p in got] == [(10, 7, 7), (16, 4, 4)]  # 8/8/8 holds no stage of 9 layers
+    for p in got:
+        assert p.estimate == estimate(model, c, p.config, 64, None, state=state)
+

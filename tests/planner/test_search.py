@@ -379,6 +379,22 @@ def test_progress_off_a_terminal_is_a_plain_line_now_and_then(monkeypatch, capsy
                                 "autopar: priced 4/6 candidates, about 33 s left"] and "\r" not in err
 
 
+def test_progress_names_each_stage_of_the_work_and_times_it_from_its_start(monkeypatch, capsys):
+    """A search on node groups names its later stages (the plans placed, the placements searched again): the line
+    then counts that stage's work and carries its time left from the stage's own start."""
+    import planner.commands.inputs as inputs
+
+    clock = iter([0.0, 40.0, 100.0, 130.0])
+    monkeypatch.setattr(inputs.time, "perf_counter", lambda: next(clock))
+    report = inputs.progress()  # (capsys: stderr is no terminal)
+    report(1, 2)  # 40 s: the candidates, half done
+    report.stage("plans placed on node groups")  # 100 s
+    report(1, 4)  # 130 s: a quarter of the new stage in 30 s
+    assert capsys.readouterr().err.splitlines() == [
+        "autopar: priced 1/2 candidates, about 40 s left",
+        "autopar: priced 1/4 plans placed on node groups, about 90 s left"]
+
+
 def test_tune_measures_only_the_plans_tied_with_the_best():
     """`autopar tune` runs the best plan and those the model cannot tell from it (within its ranking
     uncertainty), at most --trials of them: a plan predicted clearly slower gets no trial."""
