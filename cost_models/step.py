@@ -107,6 +107,8 @@ def split_estimates(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig,
                     global_batch: int, headroom_GiB: float | None, state: StateSpec) -> list[Estimate]:
     """:func:`estimate` of a placed ``cfg`` with each of these layer ``splits`` (not validated: each a split of the
     model's layers that ``cfg``'s rules allow), priced together (the same numbers as one at a time)."""
+    if not splits:
+        return []
     priced = price_placed(model, cluster, cfg, global_batch, state, splits)
     return [_estimate(model, cfg, global_batch, headroom_GiB, priced.row(i)) for i in range(len(splits))]
 
