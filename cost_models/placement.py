@@ -136,8 +136,8 @@ def price_placed(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, gl
              for s in ([None] if splits is None else splits)]
     n = len(parts)
     layers, recomputed = np.stack([p[0] for p in parts]), np.stack([p[1] for p in parts])
-    one = Candidates.of(cfg)
-    c = one.take(np.zeros(n, dtype=int))
+    one, each = Candidates.of(cfg), np.zeros(n, dtype=int)  # the plan, and its row for each split
+    c = one.take(each)
     pp, vpp, m = cfg.pp, cfg.vpp, cfg.microbatches(global_batch)
     nv = pp * vpp
     owner = [cfg.placement[j % pp] for j in range(nv)]  # virtual stage j runs on pipeline rank j % pp
@@ -147,7 +147,7 @@ def price_placed(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, gl
         models[e] = {g: (ComputeModel.of(views[g]), _comm(cluster, views[g], e, one))
                      for g in entry_groups(e)}
         costs[e] = _worst([stage_costs(model, comm, state, c,
-                                       _terms(model, views[g], e, cfg, state, cm, comm).take(np.zeros(n, dtype=int)),
+                                       _terms(model, views[g], e, cfg, state, cm, comm).take(each),
                                        layers, recomputed, cm.eb) for g, (cm, comm) in models[e].items()], StageCosts)
     stitched = _stitch(costs, owner, StageCosts)
     assert isinstance(stitched, StageCosts)
@@ -166,8 +166,8 @@ def price_placed(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, gl
     if n >= TABLE_ROWS:
         replay = table_replay(f, b, pp, vpp, ms)
     else:  # a few rows: replayed one at a time (a table replay's waves cost more than they share)
-        one = [replayed(simulate_steps(pp, vpp, m, f[i].tolist(), b[i].tolist())) for i in range(n)]
-        replay = Replay(**{k: np.concatenate([getattr(r, k) for r in one]) for k in REPLAY_FIELDS})
+        alone = [replayed(simulate_steps(pp, vpp, m, f[i].tolist(), b[i].tolist())) for i in range(n)]
+        replay = Replay(**{k: np.concatenate([getattr(r, k) for r in alone]) for k in REPLAY_FIELDS})
     ranks = list(cfg.placement)
     tails = {e: _worst([rank_tail(model, cm, comm, state, c, stitched, replay, ms, cluster.num_gpus)
                         for cm, comm in pair.values()], RankTail) for e, pair in models.items()}

@@ -123,8 +123,6 @@ def _with_splits(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, sp
     """``cfg`` with each of these layer splits that its rules allow, priced together."""
     context = PlanContext.on(model, cluster, global_batch)
     ok = [s for s in splits if plan_problem(replace(cfg, layers=s), context) is None]
-    if not ok:
-        return []
     return [PlanResult(replace(cfg, layers=s), e)
             for s, e in zip(ok, split_estimates(model, cluster, cfg, ok, global_batch, headroom_GiB, state))]
 

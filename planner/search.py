@@ -264,11 +264,9 @@ def _placeable(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed:
              and p.config.pp > 1]
     moe = model.moe is not None
     cap = usable_GiB(headroom_GiB, cluster.gpu.memory_GiB)  # a split plan's every rank sits on the smallest GPUs too
-    ranked, per_zero = _split_ranked(model, cluster, global_batch, fixed, headroom_GiB, state, exhaustive,
-                                     plans[0].config if plans else None)
-    split = [p for p in [p for p in plans if p.estimate.memory_GiB <= cap][:SPLIT_SCAN] + ranked + per_zero
-             if any(splits_replicas(w) for w in placements(cluster, p.config, moe))]
-
+    split = [p for p in plans if p.estimate.memory_GiB <= cap][:SPLIT_SCAN] + _split_ranked(
+        model, cluster, global_batch, fixed, headroom_GiB, state, exhaustive, plans[0].config if plans else None)
+    split = [p for p in split if any(splits_replicas(w) for w in placements(cluster, p.config, moe))]
     if "pp" in fixed:
         return _fastest(whole + split)
     stage = math.gcd(*sizes)
@@ -285,7 +283,7 @@ def _placeable(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed:
 
 def _split_ranked(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dict[str, Any],
                   headroom_GiB: float | None, state: StateSpec, exhaustive: bool,
-                  probe: ParallelConfig | None) -> tuple[list[PlanResult], list[PlanResult]]:
+                  probe: ParallelConfig | None) -> list[PlanResult]:
     """The fastest plans to split over the node groups (``a+b``), the fastest of each shape as the slowest group's
     view ranks them (:func:`planner.placement.split_views`; the slowest: the one on which plan ``probe`` is
     slowest, else the one of the least peak), priced on that view (their placed prices are exact); and the
@@ -294,7 +292,7 @@ def _split_ranked(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fix
     mixture-of-experts model or where no plan splits. Only the tensor-parallel sizes the merged view's nodes hold."""
     found = split_views(cluster) if model.moe is None else None
     if not found or not found[0]:
-        return [], []
+        return []
     views, shares = found
     view = min(views, key=lambda v: (v.gpu.peak(cluster.precision), v.nic_bw_per_gpu))
     if probe is not None:
@@ -315,9 +313,9 @@ def _split_ranked(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fix
         return [p for p in found if plan_problem(p.config, x) is None]
 
     try:
-        return ranked(SHAPE), ranked((*SHAPE, "zero"))
+        return ranked(SHAPE) + ranked((*SHAPE, "zero"))
     except AutoparError:  # (no plan of such dp fits the rules)
-        return [], []
+        return []
 
 
 def _fastest(plans: list[PlanResult]) -> list[PlanResult]:
