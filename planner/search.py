@@ -90,7 +90,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
            top: int = 5, exhaustive: bool = False, headroom_GiB: float | None = None, refine_count: int | None = None,
            progress: Callable[..., None] | None = None, flags: dict[str, str] | None = None,
            state: StateSpec | None = None,
-           place_groups: bool = True, shapes: tuple[str, ...] = (),
+           place_groups: bool = True, shapes: tuple[tuple[str, ...], ...] = (),
            views: list[tuple[ClusterSpec, float]] | None = None) -> SearchResult:
     """Find the fastest plans that fit; ``fixed`` holds plan keys constant (``flags``: the option each came from, for
     error messages; default ``--fix``). On a cluster of node groups (``place_groups``, unless ``fixed`` holds
@@ -98,8 +98,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
     link. ``headroom_GiB``: memory kept free per GPU (None: the default, as ``autopar plan``'s, a share of each GPU:
     cost_models/headroom.py). ``progress``: told (done, total[, share of the work]) as candidates are priced and, on
     node groups, as plans are placed and the best placements searched again (its ``stage(name)``, where it has one,
-    told of each such stage first). ``shapes``: plan keys (:data:`SHAPE`, say); refine the fastest plan of each of
-    the fastest ``refine_count`` shapes, every candidate priced in closed form first, instead of the fastest plans
+    told of each such stage first). ``shapes``: sets of plan keys (:data:`SHAPE`, say); refine the fastest plan of
+    each of the fastest ``refine_count`` shapes (by each set, as separate searches would: the stage ILPs shared out
+    the same), every candidate priced in closed form first, instead of the fastest plans
     (what is placed on node groups: ranked at the merged view, one shape's variants crowd out the shapes placing
     helps most); ranked, with ``views`` (clusters, each with a weight summing to 1), by the weighted harmonic mean of
     their closed-form times on those views, each against its own GPUs' memory (node groups' own views: roughly the
@@ -129,10 +130,12 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
         fits = res.memory_GiB <= cap
     order = np.argsort(np.where(fits, res.step_time, np.inf), kind="stable")
     n_fit = int(fits.sum())
-    rows = (_first_of_shapes(cands, order[:n_fit], n_ref, res.memory_GiB, cap, shapes) if shapes
-            else order[:min(n_ref, n_fit)])
+    sets = max(1, len(shapes))  # rows[i] is in the pool of a search of shapes[k] alone where owned[i, k]
+    rows, owned = (_first_of_shapes(cands, order[:n_fit], n_ref, res.memory_GiB, cap, shapes) if shapes
+                   else (order[:min(n_ref, n_fit)], np.ones((min(n_ref, n_fit), 1), dtype=bool)))
     if n_fit < top:  # few or none fit: the ones needing the least memory too
-        rows = np.concatenate([rows, np.argsort(res.memory_GiB)[:8]])
+        lean = np.argsort(res.memory_GiB)[:8]
+        rows, owned = np.concatenate([rows, lean]), np.vstack([owned, np.ones((len(lean), sets), dtype=bool)])
     # node groups of different GPUs: also the fastest pipelined plans only their larger GPUs hold (placed, a group
     # holds whole stages; an unpipelined plan's replicas span every group's GPUs, the smallest too)
     roomier = np.nonzero((res.memory_GiB > cap) & (res.memory_GiB <= room) & (cands.pp > 1))[0]
@@ -140,18 +143,20 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
         more = estimate_batch(model, cluster, cands.take(roomier), global_batch, state, mode, fits_GiB=room, keep=keep)
         order = np.argsort(more.step_time, kind="stable")
         order = order[np.isfinite(more.step_time[order])]
-        rows = np.concatenate([rows, roomier[_first_of_shapes(cands.take(roomier), order, n_ref, more.memory_GiB,
-                                                              cap, shapes) if shapes else order[:n_ref]]])
+        at, also = (_first_of_shapes(cands.take(roomier), order, n_ref, more.memory_GiB, cap, shapes) if shapes
+                    else (order[:n_ref], np.ones((len(order[:n_ref]), 1), dtype=bool)))
+        rows, owned = np.concatenate([rows, roomier[at]]), np.vstack([owned, also])
     pool = [cands.config(int(i)) for i in rows]
     terms = layer_terms(model, ComputeModel.of(cluster), CommModel(cluster), cands.take(rows),
                         state)
     results: dict[ParallelConfig, PlanResult] = {}
-    solves = 0
-    for i, cfg in enumerate(pool):  # fastest first: they get the stage ILP, ILP_SOLVES of them
+    # fastest first: they get the stage ILP, ILP_SOLVES of them (of each set of shapes' own, as if searched alone)
+    solves = np.zeros(sets, dtype=int)
+    for i, cfg in enumerate(pool):
         found, solved = refine(model, cluster, cfg, global_batch, headroom_GiB, fixed, state,
-                               exhaustive or solves < ILP_SOLVES,
+                               exhaustive or bool((solves[owned[i]] < ILP_SOLVES).any()),
                                terms.take(np.array([i])))
-        solves += solved
+        solves[owned[i]] += solved
         for r in found:
             results[r.config] = r
     plans = sorted((r for r in results.values() if r.estimate.fits),
@@ -230,13 +235,22 @@ def _as_placed(model: ModelSpec, views: list[tuple[ClusterSpec, float]], cands: 
 
 
 def _first_of_shapes(cands: Any, order: np.ndarray, n: int, memory: np.ndarray, small_GiB: float,
-                     keys: tuple[str, ...]) -> np.ndarray:
-    """The first row of ``order`` of each shape (its plan ``keys``) of ``cands``, for the first ``n`` shapes, and
-    where others, the first of each of those shapes within ``small_GiB`` (the smallest GPUs') and the one needing the
-    least ``memory`` (a shape's fastest may need the largest GPUs for every stage where a leaner one fits every
-    group)."""
+                     key_sets: tuple[tuple[str, ...], ...]) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of ``order`` (in its order) that :func:`_shape_picks` picks by any of ``key_sets``, and for each
+    row and set whether that set picks it."""
+    picks = [_shape_picks(cands, order, n, memory, small_GiB, keys) for keys in key_sets]
+    at = np.unique(np.concatenate(picks)).astype(int)
+    return order[at], np.stack([np.isin(at, p) for p in picks], axis=1)
+
+
+def _shape_picks(cands: Any, order: np.ndarray, n: int, memory: np.ndarray, small_GiB: float,
+                 keys: tuple[str, ...]) -> np.ndarray:
+    """Positions in ``order``: the first row of each shape (its plan ``keys``) of ``cands``, for the first ``n``
+    shapes, and where others, the first of each of those shapes within ``small_GiB`` (the smallest GPUs') and the one
+    needing the least ``memory`` (a shape's fastest may need the largest GPUs for every stage where a leaner one fits
+    every group)."""
     if not len(order):
-        return order
+        return np.zeros(0, dtype=int)
     key = np.stack([np.asarray(getattr(cands, k))[order] for k in keys], axis=1)
     _, first, which = np.unique(key, axis=0, return_index=True, return_inverse=True)
     taken = np.sort(first)[:n]
@@ -245,7 +259,7 @@ def _first_of_shapes(cands: Any, order: np.ndarray, n: int, memory: np.ndarray, 
     _, lean = np.unique(which.ravel()[by_memory], return_index=True)
     small = np.nonzero(kept & (memory[order] <= small_GiB))[0]
     _, fits = np.unique(which.ravel()[small], return_index=True)
-    return order[np.union1d(np.union1d(taken, by_memory[lean]), small[fits])]
+    return np.union1d(np.union1d(taken, by_memory[lean]), small[fits])
 
 
 def _placeable(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dict[str, Any],
@@ -273,7 +287,7 @@ def _placeable(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed:
     depths = [cluster.num_gpus // n for n in range(1, stage + 1) if stage % n == 0 and cluster.num_gpus // n > 1]
     try:
         deeper = [search(model, cluster, global_batch, fixed={**fixed, "pp": depths}, headroom_GiB=headroom_GiB,
-                         state=state, place_groups=False, exhaustive=exhaustive, shapes=SHAPE, views=views,
+                         state=state, place_groups=False, exhaustive=exhaustive, shapes=(SHAPE,), views=views,
                          refine_count=EXHAUSTIVE_BASES if exhaustive else SHAPE_BASES).roomy
                   for views in (None, whole_views(cluster))]  # ranked at the merged view, and as if placed
         return _fastest(whole + deeper[0] + deeper[1] + split)
@@ -307,13 +321,10 @@ def _split_ranked(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fix
                 t, n, cluster.gpus_per_node, cluster.tp_across_nodes) is None], **fixed}
     x = PlanContext.on(model, cluster, global_batch)  # what the view's nodes allow and the cluster's do not
 
-    def ranked(shapes: tuple[str, ...]) -> list[PlanResult]:
-        found = search(model, view, global_batch, keys, headroom_GiB=headroom_GiB, state=state, exhaustive=exhaustive,
-                       refine_count=SHAPE_BASES, place_groups=False, shapes=shapes).ranked
-        return [p for p in found if plan_problem(p.config, x) is None]
-
     try:
-        return ranked(SHAPE) + ranked((*SHAPE, "zero"))
+        found = search(model, view, global_batch, keys, headroom_GiB=headroom_GiB, state=state, exhaustive=exhaustive,
+                       refine_count=SHAPE_BASES, place_groups=False, shapes=(SHAPE, (*SHAPE, "zero"))).ranked
+        return [p for p in found if plan_problem(p.config, x) is None]
     except AutoparError:  # (no plan of such dp fits the rules)
         return []
 

@@ -305,6 +305,20 @@ def test_the_stage_ilp_runs_on_a_count_not_a_clock(monkeypatch):
     assert not calls and res.plans and all(p.config.layers is None for p in res.plans)
 
 
+def test_one_search_by_two_sets_of_shape_keys_finds_what_two_searches_find():
+    """``shapes`` with two sets of keys (a shape, and a shape with its ZeRO stage: how plans split over node groups
+    are ranked) prices the candidates once and refines the same plans, the stage ILPs (partial recompute counts
+    here) shared out as the two searches would each give them, as the two searches alone do."""
+    from planner.search import SHAPE
+
+    m, c = load_model("gpt-18b"), load_cluster("dgx-a100", gpus=64)
+    keys = dict(fixed={"recompute": "full"}, refine_count=6)
+    apart = [p for k in (SHAPE, (*SHAPE, "zero")) for p in search(m, c, 256, shapes=(k,), **keys).ranked]
+    joint = search(m, c, 256, shapes=(SHAPE, (*SHAPE, "zero")), **keys).ranked
+    assert {p.config: p.estimate.step_time_s for p in joint} == {p.config: p.estimate.step_time_s for p in apart}
+    assert len(joint) > 16 and sum(p.config.recompute_layers is not None for p in joint) >= 2  # (ILP counts)
+
+
 def test_a_hard_stage_ilp_gives_the_same_split_every_time(monkeypatch):
     """A 64-stage ILP with per-stage recompute that its node limit cuts short: the same split on every solve (the
     solve stops on work done, not on time)."""
