@@ -40,7 +40,16 @@ def test_default_plan_is_the_tiny_cpu_plan(tmp_path):
     assert plan.prediction.get("step_time_s", 0) > 0
 
 
-def test_killed_rank_resumes_from_last_checkpoint(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory) -> tuple[str, list[dict]]:
+    """The default plan and the metrics of an uninterrupted 8-step run of it (what interrupted runs must reproduce)."""
+    d = tmp_path_factory.mktemp("clean")
+    plan, m = str(default_plan(d / "default.json")[0]), d / "m.jsonl"
+    assert launch(plan, RunOptions(steps=8, quiet=True, metrics_out=str(m))) == 0
+    return plan, _rows(m)
+
+
+def test_killed_rank_resumes_from_last_checkpoint(tmp_path, capsys, clean):
     """The default plan trains (loss drops); a rank killed before step 7 loses only steps 5-6 (checkpoint at 4);
     then rolled back to step 4 (``--resume-from``), it trains steps 5-8 again as they were, nothing deleted.
 
@@ -64,6 +73,7 @@ def test_killed_rank_resumes_from_last_checkpoint(tmp_path, capsys):
     rows = _rows(m)
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6, 5, 6, 7, 8]  # redone: only 5 and 6
     assert [r["loss"] for r in rows[6:8]] == [r["loss"] for r in before[4:6]]
+    assert [r["loss"] for r in rows[6:]] == [r["loss"] for r in clean[1][4:]]  # as if never killed
     assert rows[-1]["loss"] < rows[0]["loss"] - 1.5  # 5.6 -> ~3.5: it learns
     for key in ("loss", "grad_norm", "lr", "step_time_s", "predicted_step_time_s", "tokens_per_s", "mfu",
                 "peak_memory_GiB", "peak_reserved_GiB", "predicted_memory_GiB"):
@@ -90,12 +100,11 @@ def test_killed_rank_resumes_from_last_checkpoint(tmp_path, capsys):
     assert [r["loss"] for r in _rows(m)[-4:]] == [r["loss"] for r in rows[-4:]]  # the same steps again
 
 
-def test_resume_replans_for_the_gpus_there_are_now(tmp_path, capsys):
+def test_resume_replans_for_the_gpus_there_are_now(tmp_path, capsys, clean):
     """`autopar run --resume --replan --gpus 2`: a run of the default plan on 4 ranks, stopped after step 4,
     continues on 2 ranks under the plan made for them; its steps 5-6 lose what the uninterrupted run loses."""
-    plan = str(default_plan(tmp_path / "default.json")[0])
-    whole, m, ck = tmp_path / "whole.jsonl", tmp_path / "m.jsonl", str(tmp_path / "ck")
-    assert launch(plan, RunOptions(steps=6, metrics_out=str(whole), quiet=True)) == 0
+    plan, whole = clean
+    m, ck = tmp_path / "m.jsonl", str(tmp_path / "ck")
     assert main(["run", plan, "--steps", "4", "--checkpoint-dir", ck, "--metrics-out", str(m)]) == 0
     assert main(["run", "--resume", "--replan", "--gpus", "2", "--checkpoint-dir", ck, "--steps", "6",
                  "--metrics-out", str(m)]) == 0
@@ -107,7 +116,7 @@ def test_resume_replans_for_the_gpus_there_are_now(tmp_path, capsys):
     assert new.world_size == 2 and new.global_batch == load_plan(plan).global_batch
     rows = _rows(m)
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
-    np.testing.assert_allclose([r["loss"] for r in rows[4:]], [r["loss"] for r in _rows(whole)[4:]], atol=1e-5)
+    np.testing.assert_allclose([r["loss"] for r in rows[4:]], [r["loss"] for r in whole[4:6]], atol=1e-5)
     assert main(["run", "--resume", "--checkpoint-dir", ck, "--steps", "7", "--metrics-out", str(m)]) == 0
     assert "resuming under the plan of the newest checkpoint (tp=" in capsys.readouterr().out  # not the default plan
     assert load_plan(Path(ck) / "resumed-plan.json").world_size == 2 and [r["step"] for r in _rows(m)][-1] == 7
@@ -153,15 +162,14 @@ def test_young_daly_interval():
     assert young_daly_interval_s(10.0, 86400.0) == pytest.approx(1314.53, abs=0.01)
 
 
-def test_max_restarts_heals_a_killed_rank(tmp_path):
+def test_max_restarts_heals_a_killed_rank(tmp_path, clean):
     """`--max-restarts 2`: rank 1 killed (SIGKILL) before step 7; torchrun restarts the workers, which resume
     from step 4's checkpoint, redo 5-6 and finish: exit 0, and the final loss is an uninterrupted run's."""
-    plan = str(default_plan(tmp_path / "default.json")[0])
-    clean, healed = tmp_path / "clean.jsonl", tmp_path / "healed.jsonl"
-    common = dict(steps=8, checkpoint_every=4, quiet=True)
-    assert launch(plan, RunOptions(metrics_out=str(clean), checkpoint_dir=str(tmp_path / "ck0"), **common)) == 0
+    plan, whole = clean
+    healed = tmp_path / "healed.jsonl"
     assert launch(plan, RunOptions(max_restarts=2, metrics_out=str(healed), checkpoint_dir=str(tmp_path / "ck1"),
-                                   mtbf_hours=2.0, **common), env={"AUTOPAR_FAULT": "7:1"}) == 0
+                                   mtbf_hours=2.0, steps=8, checkpoint_every=4, quiet=True),
+                  env={"AUTOPAR_FAULT": "7:1"}) == 0
     lines = [json.loads(line) for line in healed.read_text().splitlines()]
     advice = [r for r in lines if r.get("event") == "checkpoint_interval"]
     assert len(advice) == 2 and advice[0]["after_step"] == 4  # once per attempt, after its first checkpoint
@@ -172,7 +180,7 @@ def test_max_restarts_heals_a_killed_rank(tmp_path):
     assert events == [{"event": "restart", "attempt": 1, "resumed_after_step": 4, "lost_steps": 2}]
     steps = [r["step"] for r in lines if "step" in r]
     assert steps == [1, 2, 3, 4, 5, 6, 5, 6, 7, 8]
-    assert [r["loss"] for r in lines if "step" in r][-1] == _rows(clean)[-1]["loss"]
+    assert [r["loss"] for r in lines if "step" in r][-1] == whole[-1]["loss"]
 
 
 def test_max_restarts_heals_a_run_over_two_nodes(tmp_path):
@@ -854,19 +862,24 @@ def test_interval_advice_names_a_run_that_checkpoints_only_at_its_end(capsys):
     assert "this run: every 4 step(s)" in capsys.readouterr().out
 
 
-def test_a_resumed_run_goes_on_with_the_data_it_trained_on(tmp_path):
+def test_a_resumed_run_goes_on_with_the_data_it_trained_on(tmp_path, capsys, monkeypatch):
     """A resume without --data trains on the file the checkpoint's run trained on (not the bundled sample): its
-    losses are the uninterrupted run's; a file since moved is a one-line error, and another --data is noted."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-           "OMP_NUM_THREADS": "1"}
+    losses are the uninterrupted run's; a file since moved is a one-line error, and another --data is noted. (The
+    one-rank runs are the worker's main in this process, as `python -m runtime.train` runs it: 1-2 s each less.)"""
+    from runtime.train import main as worker
+
+    for name in ("MASTER_ADDR", "RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID"):  # a one-rank run without torchrun
+        monkeypatch.delenv(name, raising=False)
     plan = _plan(tmp_path, tp=1, pp=1, mbs=4)
     rng = np.random.default_rng(0)
     words = tmp_path / "words.txt"
     words.write_text(" ".join(rng.choice(["alpha", "beta", "gamma", "delta"], 20000)))
 
     def train(*extra: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "runtime.train", plan, *extra], env=env, capture_output=True,
-                              text=True, timeout=120)
+        capsys.readouterr()
+        code = worker([plan, *extra])
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess([], code, out, err)
 
     whole, part, ck = tmp_path / "whole.jsonl", tmp_path / "part.jsonl", str(tmp_path / "ck")
     assert train("--steps", "4", "--data", str(words), "--metrics-out", str(whole)).returncode == 0
