@@ -68,6 +68,8 @@ SHAPE_BASES = 16  # shapes (SHAPE) refined to place on node groups, per ranking 
 # place is that pipeline depth's alone, and a shape's variants (micro-batch, ZeRO, overlap, interleave) that the whole
 # search's limits on shapes and bases leave out get placed there.
 FOCUS = 2
+ROOMIER = 2.0  # the as-if-placed ranking prices a plan on a group whose GPUs it needs up to this many times (it
+# holds fewer layers there)
 SPLIT_SCAN = 64  # fastest homogeneous plans tried split over the node groups (a+b)
 
 
@@ -102,9 +104,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
     each of the fastest ``refine_count`` shapes (by each set, as separate searches would: the stage ILPs shared out
     the same), every candidate priced in closed form first, instead of the fastest plans
     (what is placed on node groups: ranked at the merged view, one shape's variants crowd out the shapes placing
-    helps most); ranked, with ``views`` (clusters, each with a weight summing to 1), by the weighted harmonic mean of
-    their closed-form times on those views, each against its own GPUs' memory (node groups' own views: roughly the
-    time placed with layers split by speed, where the merged view prices every link as the slowest)."""
+    helps most); ranked, with ``views`` (clusters, each with a weight summing to 1), by their closed-form times on
+    those views with the layers spread over them (:func:`_as_placed`; node groups' own views: roughly the time placed
+    with layers split by speed, where the merged view prices every link as the slowest)."""
     fixed = typed_keys(dict(fixed or {}))  # (the API's lists: a placement or per-stage counts as given in a plan file)
     fixed, no_placement = unplaced(fixed, cluster, (flags or {}).get("placement", "--fix"))
     place_groups = place_groups and not no_placement
@@ -222,16 +224,41 @@ def _stage(progress: Callable[..., None] | None, what: str) -> Callable[[int, in
 
 def _as_placed(model: ModelSpec, views: list[tuple[ClusterSpec, float]], cands: Any, global_batch: int,
                state: StateSpec, headroom_GiB: float | None) -> Any:
-    """Every candidate's weighted harmonic mean of its closed-form step times on ``views`` (a view whose GPUs it does
-    not fit adds nothing; on none: infinite), and its memory on the first view."""
-    rate, memory = np.zeros(len(cands)), None
+    """Every candidate's step time with its layers spread over ``views`` (:func:`_spread` of its closed-form times
+    on each, priced where it needs up to :data:`ROOMIER` times the view's GPU memory, the view's share of the layers
+    at most its memory's room), and its memory on the first view."""
+    times, room, memory = [], [], None
     for view, weight in views:
-        got = estimate_batch(model, view, cands, global_batch, state, "closed",
-                             fits_GiB=usable_GiB(headroom_GiB, view.gpu.memory_GiB))
-        rate += np.where(np.isfinite(got.step_time), weight / got.step_time, 0.0)
+        cap = usable_GiB(headroom_GiB, view.gpu.memory_GiB)
+        got = estimate_batch(model, view, cands, global_batch, state, "closed", fits_GiB=ROOMIER * cap)
+        times.append(got.step_time)
+        room.append(weight * cap / got.memory_GiB)
         memory = got.memory_GiB if memory is None else memory
-    with np.errstate(divide="ignore"):
-        return BatchResult(step_time=1.0 / rate, memory_GiB=memory)
+    return BatchResult(step_time=_spread(np.stack(times, axis=1), np.array([w for _, w in views]),
+                                         np.asarray(cands.pp) * np.asarray(cands.vpp) / model.num_layers,
+                                         np.stack(room, axis=1)),
+                       memory_GiB=memory)
+
+
+def _spread(t: np.ndarray, w: np.ndarray, least: np.ndarray, most: np.ndarray) -> np.ndarray:
+    """Each row's step time with its layers spread over the groups (columns: ``t`` the time were the whole cluster
+    that group's GPUs, infinite where not priced; ``w`` their shares of the ranks) so that they finish together,
+    every group's share of the layers at least ``least`` times its share of the ranks (a rank holds one layer per
+    virtual stage at least) and at most ``most`` (its memory's room; a stage's memory taken as its layers'); the
+    weighted harmonic mean of ``t`` where no bound holds; infinite where the groups' room is short."""
+    rate = np.where(np.isfinite(t), w / t, 0.0)
+    lo = np.where(rate > 0, w * least[:, None], 0.0)
+    hi = np.where(rate > 0, np.maximum(most, lo), 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        a, b = np.zeros(len(t)), np.where(rate > 0, hi / rate, 0.0).max(axis=1)
+        for _ in range(48):  # the finish time at which the groups' clamped shares add up to the layers
+            mid = (a + b) / 2
+            short = np.clip(rate * mid[:, None], lo, hi).sum(axis=1) < 1.0
+            a, b = np.where(short, mid, a), np.where(short, b, mid)
+        x = np.clip(rate * b[:, None], lo, hi)
+        step = np.where(rate > 0, x / rate, 0.0).max(axis=1)
+    ok = (lo.sum(axis=1) <= 1.0) & (hi.sum(axis=1) >= 1.0 - 1e-9) & (rate.sum(axis=1) > 0)
+    return np.where(ok, step, np.inf)
 
 
 def _first_of_shapes(cands: Any, order: np.ndarray, n: int, memory: np.ndarray, small_GiB: float,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import yaml
 from test_bad_inputs import fails
@@ -391,6 +392,34 @@ def test_each_shapes_fastest_plan_that_fits_the_smallest_gpus_is_placed(tmp_path
     free = search(model, c, 64, top=1).plans[0]
     held = search(model, c, 64, top=1, fixed={"pp": 2}).plans[0]
     assert free.estimate.step_time_s <= held.estimate.step_time_s * (1 + 1e-9)
+
+
+def test_plans_that_fit_the_smaller_gpus_only_with_fewer_layers_there_are_ranked_for_placing():
+    """Llama 3 70B on A100 80 GB and L40S 48 GB groups at batch 1024: the best plan puts fewer layers on its L40S
+    stages than an even split would, which at its even split does not fit the L40S. Ranked as if placed with a group
+    that cannot hold the even split counted as nothing, no such plan was placed (418 s, a pp=2 ZeRO-3 plan, where
+    this pp=8 one takes 380 s)."""
+    c, model = load_cluster("a100-l40s-mixed"), load_model("llama3-70b")
+    best = search(model, c, 1024, top=1).plans[0].config
+    layers = best.stage_layers(model.num_layers)
+    on_l40s = [n for j, n in enumerate(layers) if best.placement[j % best.pp] == "l40s"]
+    assert on_l40s and max(on_l40s) < model.num_layers / (best.pp * best.vpp) < max(layers)
+    l40s = c.group_view("l40s")
+    whole = l40s.resized(nodes=c.num_gpus // l40s.gpus_per_node)  # the cluster were it all L40S
+    assert estimate(model, whole, replace(best, layers=None, placement=None), 1024).fits is False
+
+
+def test_the_as_placed_ranking_spreads_layers_within_each_groups_bounds():
+    """Two groups, each half the ranks, alone 2 s and 4 s a step: the layers spread so that they finish together (the
+    weighted harmonic mean, 8/3 s); with one layer per virtual stage and no more (a floor of all the layers) the
+    slower sets the pace (4 s); with room for a fifth of the layers on the slower, the faster takes the rest (0.8 x
+    its 4 s alone = 3.2 s); with room for 80% in all, none; a group not priced holds nothing."""
+    from planner.search import _spread
+
+    t, w = np.array([[2.0, 4.0]] * 4 + [[2.0, np.inf]] * 2), np.array([0.5, 0.5])
+    least = np.array([0.1, 1.0, 0.1, 0.1, 0.1, 0.1])
+    most = np.array([[1, 1], [1, 1], [1, 0.2], [0.4, 0.4], [2, 1], [0.5, 1]])
+    np.testing.assert_allclose(_spread(t, w, least, most), [8 / 3, 4.0, 3.2, np.inf, 4.0, np.inf], rtol=1e-9)
 
 
 def test_whatif_fix_placement_none_is_the_homogeneous_view(capsys):
