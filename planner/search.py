@@ -99,10 +99,11 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
     ``placement=none``) the plans placed on the groups compete with those that treat it as homogeneous at its slowest
     link. ``headroom_GiB``: memory kept free per GPU (None: the default, as ``autopar plan``'s, a share of each GPU:
     cost_models/headroom.py). ``progress``: told (done, total[, share of the work]) as candidates are priced and, on
-    node groups, as plans are placed and the best placements searched again (its ``stage(name)``, where it has one,
-    told of each such stage first). ``shapes``: sets of plan keys (:data:`SHAPE`, say); refine the fastest plan of
-    each of the fastest ``refine_count`` shapes (by each set, as separate searches would: the stage ILPs shared out
-    the same), every candidate priced in closed form first, instead of the fastest plans
+    node groups, as the plans to place are ranked, placed and the best placements searched again (its
+    ``stage(name)``, where it has one, told of each such stage first). ``shapes``: sets of plan keys (:data:`SHAPE`,
+    say); refine the fastest plan of each of the fastest ``refine_count`` shapes (by each set, as separate searches
+    would: the stage ILPs shared out the same), every candidate priced in closed form first, instead of the fastest
+    plans
     (what is placed on node groups: ranked at the merged view, one shape's variants crowd out the shapes placing
     helps most); ranked, with ``views`` (clusters, each with a weight summing to 1), by their closed-form times on
     those views with the layers spread over them (:func:`_as_placed`; node groups' own views: roughly the time placed
@@ -173,7 +174,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
             keys = {**{k: v for k, v in fixed.items() if k != "placement"}, "pp": len(held)}  # (a fixed pp: the same)
             pool = _fastest(roomy + search(model, cluster, global_batch, keys, headroom_GiB=headroom_GiB, state=state,
                                            exhaustive=exhaustive, refine_count=refine_count, place_groups=False).roomy)
-        bases = _placeable(model, cluster, global_batch, keys, headroom_GiB, state, pool, exhaustive)
+        bases = _placeable(model, cluster, global_batch, keys, headroom_GiB, state, pool, exhaustive,
+                           _stage(progress, "rankings of the plans to place"))
         placed = place(model, cluster, bases, global_batch, headroom_GiB, state, exhaustive, fixed,
                        _stage(progress, "plans placed on node groups"))
         if held is None:  # the best placements, searched again as if held
@@ -290,8 +292,8 @@ def _shape_picks(cands: Any, order: np.ndarray, n: int, memory: np.ndarray, smal
 
 
 def _placeable(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dict[str, Any],
-               headroom_GiB: float | None, state: StateSpec, plans: list[PlanResult], exhaustive: bool = False
-               ) -> list[PlanResult]:
+               headroom_GiB: float | None, state: StateSpec, plans: list[PlanResult], exhaustive: bool = False,
+               progress: Callable[[int, int], None] | None = None) -> list[PlanResult]:
     """The fastest homogeneous plans the node groups can hold: those whose pipeline ranks they hold whole, from
     ``plans``' own (they fit the largest group's GPUs: placed, a stage may sit on them) and from two searches over
     the pipeline depths that give every group whole ranks (unless pp is fixed), each refining the fastest plan of
@@ -299,7 +301,10 @@ def _placeable(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed:
     view and as if placed (:func:`planner.placement.whole_views`): ranked at the slowest link, the shapes that gain
     most from placing may not be among ``plans``' first; and those whose every pipeline rank can be split over all
     the groups (``a+b``), from ``plans`` and as :func:`_split_ranked` ranks them (per shape, and per shape and ZeRO
-    stage)."""
+    stage). ``progress``: told (done, total) of those rankings."""
+    steps = 1 if "pp" in fixed else 3
+    tell = progress or (lambda done, total: None)
+    tell(0, steps)
     sizes = list(cluster.groups.values())
     whole = [p for p in plans if all(n % (p.config.tp * p.config.dp * p.config.cp) == 0 for n in sizes)
              and p.config.pp > 1]
@@ -308,18 +313,22 @@ def _placeable(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed:
     split = [p for p in plans if p.estimate.memory_GiB <= cap][:SPLIT_SCAN] + _split_ranked(
         model, cluster, global_batch, fixed, headroom_GiB, state, exhaustive, plans[0].config if plans else None)
     split = [p for p in split if any(splits_replicas(w) for w in placements(cluster, p.config, moe))]
+    tell(1, steps)
     if "pp" in fixed:
         return _fastest(whole + split)
     stage = math.gcd(*sizes)
     depths = [cluster.num_gpus // n for n in range(1, stage + 1) if stage % n == 0 and cluster.num_gpus // n > 1]
-    try:
-        deeper = [search(model, cluster, global_batch, fixed={**fixed, "pp": depths}, headroom_GiB=headroom_GiB,
-                         state=state, place_groups=False, exhaustive=exhaustive, shapes=(SHAPE,), views=views,
-                         refine_count=EXHAUSTIVE_BASES if exhaustive else SHAPE_BASES).roomy
-                  for views in (None, whole_views(cluster))]  # ranked at the merged view, and as if placed
-        return _fastest(whole + deeper[0] + deeper[1] + split)
-    except AutoparError:  # no such depth fits the rules (say, more stages than layers)
-        return _fastest(whole + split)
+    deeper: list[PlanResult] = []
+    for done, views in enumerate((None, whole_views(cluster)), start=2):  # ranked at the merged view, as if placed
+        try:
+            deeper += search(model, cluster, global_batch, fixed={**fixed, "pp": depths}, headroom_GiB=headroom_GiB,
+                             state=state, place_groups=False, exhaustive=exhaustive, shapes=(SHAPE,), views=views,
+                             refine_count=EXHAUSTIVE_BASES if exhaustive else SHAPE_BASES).roomy
+        except AutoparError:  # no such depth fits the rules (say, more stages than layers)
+            tell(steps, steps)
+            return _fastest(whole + split)
+        tell(done, steps)
+    return _fastest(whole + deeper + split)
 
 
 def _split_ranked(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dict[str, Any],

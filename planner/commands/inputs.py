@@ -59,9 +59,9 @@ PLAIN_EVERY_S = 30.0  # off a terminal (a batch job's log), a progress line at m
 def progress(what: str = "candidates"):
     """A progress callback ``(done, total, share=None)`` printing to stderr for long work (never on stdout, so JSON
     stays clean): ``what`` is priced. Its ``stage(name)`` names another stage of the work, counted and timed from
-    then on (a search on node groups: the plans placed, the placements searched again). On a terminal one line
-    rewritten in place; elsewhere (a Slurm log) a plain line every :data:`PLAIN_EVERY_S` seconds once the work has
-    taken that long."""
+    then on (a search on node groups: the plans to place ranked, placed, the best placements searched again). On a
+    terminal one line rewritten in place; elsewhere (a Slurm log) a plain line every :data:`PLAIN_EVERY_S` seconds
+    once the work has taken that long."""
     now = [what, time.perf_counter()]  # the stage of the work and when it began
 
     def stage(name: str) -> None:

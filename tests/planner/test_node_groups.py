@@ -172,8 +172,8 @@ def test_placed_plans_beat_the_cluster_planned_at_its_slowest_link(name):
 
 
 def test_faster_gpus_get_more_layers():
-    """... and the search says how far it is, stage by stage: candidates priced, plans placed, placements searched
-    again, each stage's count rising to its total (which clears the line)."""
+    """... and the search says how far it is, stage by stage: candidates priced, the plans to place ranked, plans
+    placed, placements searched again, each stage's count rising to its total (which clears the line)."""
     c, model = load_cluster("a100-h100-ib"), load_model("llama-13b")
     told: list[tuple] = []
 
@@ -183,7 +183,8 @@ def test_faster_gpus_get_more_layers():
     stage = ["candidates"]
     report.stage = stage.append  # type: ignore[attr-defined]
     best = search(model, c, 512, top=1, progress=report).plans[0]
-    assert stage == ["candidates", "plans placed on node groups", "searches of the best placements"]
+    assert stage == ["candidates", "rankings of the plans to place", "plans placed on node groups",
+                     "searches of the best placements"]
     for what in stage[1:]:
         counts = [(d, t) for w, d, t in told if w == what]
         done = [d for d, _ in counts]
