@@ -60,7 +60,8 @@ Pipeline = Literal["closed", "mixed", "exact"]
 def estimate_batch(model: ModelSpec, cluster: ClusterSpec, c: Candidates, global_batch: int,
                    state: StateSpec | None = None, pipeline: Pipeline = "mixed",
                    progress: Callable[..., None] | None = None,
-                   fits_GiB: float | None = None, keep: tuple[int, float] | None = None) -> BatchResult:
+                   fits_GiB: float | None = None, keep: tuple[int, float] | None = None,
+                   comm: CommModel | None = None) -> BatchResult:
     """Step time (s) and peak memory per GPU (GiB) of every candidate of ``c``.
 
     ``pipeline``: "mixed" (the default, described above); "closed" prices even the interleaved pipelines whose
@@ -77,9 +78,9 @@ def estimate_batch(model: ModelSpec, cluster: ClusterSpec, c: Candidates, global
     mark. The others' time is left infinite (not worked out: they cannot be among the fastest). Then, with the
     "mixed" pipeline, those that may be among the k fastest (:func:`may_be_among`) get their uneven waves
     replayed. ``progress`` is called with (candidates priced, all candidates[, share of
-    the work done]) as the work goes."""
+    the work done]) as the work goes. ``comm``: the cluster's communication as priced (default: ``CommModel``)."""
     state = state or StateSpec.default(cluster.precision)
-    cm, comm = ComputeModel.of(cluster), CommModel(cluster)
+    cm, comm = ComputeModel.of(cluster), comm or CommModel(cluster)
     terms = layer_terms(model, cm, comm, c, state)
     floor = np.zeros(len(c))
     uneven = np.zeros(len(c), dtype=bool)  # interleaved chunks of unequal size: the closed form is not exact

@@ -144,6 +144,21 @@ class CommModel:
         return t
 
 
+class EdgeComm(CommModel):
+    """Collectives of one node group's view whose pipeline sends all cross the link from the group to another
+    (``cross_bw`` bytes/s per GPU, every GPU of a node sending at once; ``cross_lat`` seconds): the sends of a
+    pipeline rank at the edge of its group, placed beside another group (cost_models/placement.py ``cross_send``
+    prices one such send the same way)."""
+
+    def __init__(self, cluster: ClusterSpec, cross_bw: float, cross_lat: float) -> None:
+        super().__init__(cluster)
+        self.cross_bw, self.cross_lat = cross_bw, cross_lat
+
+    def p2p(self, nbytes: ArrayLike, cross_node: ArrayLike) -> np.ndarray:
+        nbytes, _ = np.broadcast_arrays(np.asarray(nbytes, dtype=float), np.asarray(cross_node))
+        return self.cross_lat + nbytes / self.cross_bw
+
+
 class SpanningComm(CommModel):
     """Collectives of a pipeline rank whose data-parallel replicas are split evenly over ``parts`` node groups, priced
     on one of those groups (its view) and the link between them (``cross_bw`` bytes/s per GPU, every GPU of a node

@@ -21,11 +21,12 @@ import itertools
 import math
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from cost_models.headroom import usable_GiB
+from cost_models.placement import link
 from cost_models.step import estimate, split_estimates
 from planner.refine import PlanResult
 from specs.cluster import ClusterSpec
@@ -78,13 +79,27 @@ def _shares(cluster: ClusterSpec) -> list[str]:
     return shares if len(groups) > 1 and len(shares) <= MAX_SHARES else []
 
 
-def whole_views(cluster: ClusterSpec) -> list[tuple[ClusterSpec, float]]:
-    """Each node group's own view (GPU, links, NICs) at the whole cluster's size, with the group's share of the
-    cluster's GPUs (groups whose node size does not divide the cluster's GPUs left out): how the search ranks
-    homogeneous plans for placing on the groups (planner/search.py)."""
+class GroupView(NamedTuple):
+    """A node group's own view (GPU, links, NICs) at the whole cluster's size, its share of the cluster's GPUs, and
+    the link from the group to its best-linked other group ((bytes/s per GPU, seconds); None: no other group)."""
+
+    view: ClusterSpec
+    share: float
+    edge: tuple[float, float] | None
+
+
+def whole_views(cluster: ClusterSpec) -> list[GroupView]:
+    """Each node group's :class:`GroupView` (groups whose node size does not divide the cluster's GPUs left out): how
+    the search ranks homogeneous plans for placing on the groups (planner/search.py)."""
     n = cluster.num_gpus
-    return [(v.resized(nodes=n // v.gpus_per_node), v.num_gpus / n)
-            for v in (cluster.group_view(g) for g in cluster.groups) if n % v.gpus_per_node == 0]
+    out = []
+    for g in cluster.groups:
+        v = cluster.group_view(g)
+        if n % v.gpus_per_node == 0:
+            links = [link(cluster, (g, h)) for h in cluster.groups if h != g]
+            edge = max(links, key=lambda bl: (bl[0], -bl[1])) if links else None
+            out.append(GroupView(v.resized(nodes=n // v.gpus_per_node), v.num_gpus / n, edge))
+    return out
 
 
 def split_views(cluster: ClusterSpec) -> tuple[list[ClusterSpec], int] | None:
@@ -99,7 +114,7 @@ def split_views(cluster: ClusterSpec) -> tuple[list[ClusterSpec], int] | None:
         return None
     smallest = min(cluster.memory_sizes_GiB)
     return [v.model_copy(update={"gpu": v.gpu.model_copy(update={"memory_GiB": smallest})})
-            for v, _ in whole_views(cluster)], len(shares)
+            for v, _, _ in whole_views(cluster)], len(shares)
 
 
 def proportional_layers(num_layers: int, speed: list[float]) -> tuple[int, ...]:

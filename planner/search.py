@@ -32,13 +32,13 @@ from typing import Any
 import numpy as np
 
 from cost_models.batch import BatchResult, estimate_batch
-from cost_models.comm import CommModel
+from cost_models.comm import CommModel, EdgeComm
 from cost_models.compute import ComputeModel
 from cost_models.headroom import check_headroom, usable_GiB
 from cost_models.pipeline import CLOSED_FORM_OPTIMISM, CLOSED_FORM_PESSIMISM
 from cost_models.stages import layer_terms
 from cost_models.step import estimate
-from planner.placement import place, placements, split_views, whole_views
+from planner.placement import GroupView, place, placements, split_views, whole_views
 from planner.refine import PlanResult, refine
 from planner.space import enumerate_space, unplaced
 from specs.cluster import ClusterSpec
@@ -68,6 +68,7 @@ SHAPE_BASES = 16  # shapes (SHAPE) refined to place on node groups, per ranking 
 # place is that pipeline depth's alone, and a shape's variants (micro-batch, ZeRO, overlap, interleave) that the whole
 # search's limits on shapes and bases leave out get placed there.
 FOCUS = 2
+EDGE_BATCH = 4096  # candidates first priced with their sends across the link between groups (then twice as many)
 ROOMIER = 2.0  # the as-if-placed ranking prices a plan on a group whose GPUs it needs up to this many times (it
 # holds fewer layers there)
 SPLIT_SCAN = 64  # fastest homogeneous plans tried split over the node groups (a+b)
@@ -93,7 +94,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
            progress: Callable[..., None] | None = None, flags: dict[str, str] | None = None,
            state: StateSpec | None = None,
            place_groups: bool = True, shapes: tuple[tuple[str, ...], ...] = (),
-           views: list[tuple[ClusterSpec, float]] | None = None) -> SearchResult:
+           views: list[GroupView] | None = None) -> SearchResult:
     """Find the fastest plans that fit; ``fixed`` holds plan keys constant (``flags``: the option each came from, for
     error messages; default ``--fix``). On a cluster of node groups (``place_groups``, unless ``fixed`` holds
     ``placement=none``) the plans placed on the groups compete with those that treat it as homogeneous at its slowest
@@ -103,11 +104,10 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
     ``stage(name)``, where it has one, told of each such stage first). ``shapes``: sets of plan keys (:data:`SHAPE`,
     say); refine the fastest plan of each of the fastest ``refine_count`` shapes (by each set, as separate searches
     would: the stage ILPs shared out the same), every candidate priced in closed form first, instead of the fastest
-    plans
-    (what is placed on node groups: ranked at the merged view, one shape's variants crowd out the shapes placing
-    helps most); ranked, with ``views`` (clusters, each with a weight summing to 1), by their closed-form times on
-    those views with the layers spread over them (:func:`_as_placed`; node groups' own views: roughly the time placed
-    with layers split by speed, where the merged view prices every link as the slowest)."""
+    plans (what is placed on node groups: ranked at the merged view, one shape's variants crowd out the shapes
+    placing helps most); ranked, with ``views`` (:class:`planner.placement.GroupView`, shares summing to 1), by their
+    closed-form times on those views with the layers spread over them (:func:`_as_placed`; node groups' own views:
+    roughly the time placed with layers split by speed, where the merged view prices every link as the slowest)."""
     fixed = typed_keys(dict(fixed or {}))  # (the API's lists: a placement or per-stage counts as given in a plan file)
     fixed, no_placement = unplaced(fixed, cluster, (flags or {}).get("placement", "--fix"))
     place_groups = place_groups and not no_placement
@@ -126,7 +126,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, fixed: dic
     mode = "exact" if exhaustive else "closed" if shapes else "mixed"
     keep = None if exhaustive or shapes else (n_ref, CLOSED_FORM_SLACK)
     if views:
-        res = _as_placed(model, views, cands, global_batch, state, headroom_GiB)
+        res = _as_placed(model, views, cands, global_batch, state, headroom_GiB, (shapes, n_ref) if shapes else None)
         fits = np.isfinite(res.step_time)
     else:
         res = estimate_batch(model, cluster, cands, global_batch, state, mode, progress, fits_GiB=cap, keep=keep)
@@ -224,22 +224,66 @@ def _stage(progress: Callable[..., None] | None, what: str) -> Callable[[int, in
     return lambda done, total: progress(done, total)
 
 
-def _as_placed(model: ModelSpec, views: list[tuple[ClusterSpec, float]], cands: Any, global_batch: int,
-               state: StateSpec, headroom_GiB: float | None) -> Any:
-    """Every candidate's step time with its layers spread over ``views`` (:func:`_spread` of its closed-form times
-    on each, priced where it needs up to :data:`ROOMIER` times the view's GPU memory, the view's share of the layers
-    at most its memory's room), and its memory on the first view."""
-    times, room, memory = [], [], None
-    for view, weight in views:
+def _as_placed(model: ModelSpec, views: list[GroupView], cands: Any, global_batch: int, state: StateSpec,
+               headroom_GiB: float | None, need: tuple[tuple[tuple[str, ...], ...], int] | None = None) -> Any:
+    """Every candidate's step time with its layers spread over the groups' ``views`` (:func:`_spread` of its
+    closed-form times on each, priced where it needs up to :data:`ROOMIER` times the view's GPU memory, the view's
+    share of the layers at most its memory's room), and its memory on the first view.
+
+    On each view the pace is its ranks at the group's edge: their pipeline sends cross the link to the next group one
+    way (forward out of the group's last rank of a pipeline, backward out of its first) and stay inside it the other,
+    both ways where the group holds one rank of a pipeline; so each view's time is taken that share of the way from
+    its own links' to its time with every send across that link (``comm.EdgeComm``; no faster than its own). That
+    only adds time: with ``need`` (sets of plan keys, a count of shapes), only the candidates needed to rank the
+    first that many shapes of each set exactly are priced across, fastest first by their times on their own links
+    (the others keep those, lower bounds)."""
+    own, room, memory = [], [], None
+    for view, share, _ in views:
         cap = usable_GiB(headroom_GiB, view.gpu.memory_GiB)
         got = estimate_batch(model, view, cands, global_batch, state, "closed", fits_GiB=ROOMIER * cap)
-        times.append(got.step_time)
-        room.append(weight * cap / got.memory_GiB)
+        own.append(got.step_time)
+        room.append(share * cap / got.memory_GiB)
         memory = got.memory_GiB if memory is None else memory
-    return BatchResult(step_time=_spread(np.stack(times, axis=1), np.array([w for _, w in views]),
-                                         np.asarray(cands.pp) * np.asarray(cands.vpp) / model.num_layers,
-                                         np.stack(room, axis=1)),
-                       memory_GiB=memory)
+    own_t, room_a = np.stack(own, axis=1), np.stack(room, axis=1)
+    shares = np.array([v.share for v in views])
+    least = np.asarray(cands.pp) * np.asarray(cands.vpp) / model.num_layers
+    step = _spread(own_t, shares, least, room_a)
+    lower = step.copy()
+    if all(v.edge is None for v in views):
+        return BatchResult(step_time=step, memory_GiB=memory)
+    order = np.argsort(step, kind="stable")
+    order = order[np.isfinite(step[order])]
+    done, size = 0, EDGE_BATCH
+    while done < len(order):
+        rows = order[done:done + size]
+        done, size = done + len(rows), 2 * size
+        part, t = cands.take(rows), own_t[rows].copy()
+        for j, (view, share, edge) in enumerate(views):
+            if edge is None or not np.isfinite(t[:, j]).any():
+                continue
+            cap = usable_GiB(headroom_GiB, view.gpu.memory_GiB)
+            across = estimate_batch(model, view, part, global_batch, state, "closed", fits_GiB=ROOMIER * cap,
+                                    comm=EdgeComm(view, *edge)).step_time
+            ways = np.where(share * np.asarray(part.pp) >= 2, 0.5, 1.0)  # of an edge rank's sends, those across
+            fine = np.isfinite(t[:, j])
+            t[fine, j] += ways[fine] * np.maximum(across[fine] - t[fine, j], 0.0)
+        step[rows] = _spread(t, shares, least[rows], room_a[rows])
+        if need is not None and done < len(order) and _settled(cands, order[:done], step, *need, lower[order[done]]):
+            break
+    return BatchResult(step_time=step, memory_GiB=memory)
+
+
+def _settled(cands: Any, rows: np.ndarray, step: np.ndarray, key_sets: tuple[tuple[str, ...], ...], n: int,
+             bound: float) -> bool:
+    """Whether, for every set of plan keys, the first ``n`` shapes of the candidates ``rows`` by ``step`` all take
+    at most ``bound`` (what every other candidate takes at least)."""
+    by_time = rows[np.argsort(step[rows], kind="stable")]
+    for keys in key_sets:
+        key = np.stack([np.asarray(getattr(cands, k))[by_time] for k in keys], axis=1)
+        _, first = np.unique(key, axis=0, return_index=True)
+        if len(first) < n or step[by_time[np.sort(first)[n - 1]]] > bound:
+            return False
+    return True
 
 
 def _spread(t: np.ndarray, w: np.ndarray, least: np.ndarray, most: np.ndarray) -> np.ndarray:

@@ -665,3 +665,21 @@ def test_the_priced_ledger_of_zero_on_one_replica_is_zero_0s():
         plain = priced_ledger(model, cluster, cfg, 16, state)
         for z in (1, 2, 3):
             assert priced_ledger(model, cluster, replace(cfg, zero=z), 16, state) == plain, (cfg, z)
+
+
+def test_an_edge_view_prices_every_pipeline_send_as_a_send_between_the_groups():
+    """``EdgeComm`` (a group's view whose pipeline sends all leave the group) prices a send, in or across its nodes,
+    as the placed model prices one stage's send to the other group (``cross_send``), and its collectives as the
+    view's own."""
+    from cost_models.comm import EdgeComm
+    from cost_models.placement import cross_send, link
+    from specs.cluster_loading import load_cluster
+
+    c = load_cluster("a100-l40s-mixed")
+    view = c.group_view("a100")
+    edge, own = EdgeComm(view, *link(c, ("a100", "l40s"))), CommModel(view)
+    act, t = 64e6, 2
+    across = cross_send(c, "a100", "l40s", act, t, True, CommModel(c.group_view("l40s")))
+    np.testing.assert_allclose(edge.p2p(np.array([act / t] * 2), np.array([False, True])), [across] * 2)
+    assert own.p2p(act / t, True) < across  # (the link between the groups is the narrower)
+    assert edge.all_reduce(1e9, 8, 1) == own.all_reduce(1e9, 8, 1)

@@ -45,7 +45,7 @@ def test_one_micro_batch_puts_every_layer_it_can_on_the_cheapest_stage():
 
 def test_a_group_whose_node_size_does_not_divide_the_cluster_has_no_view_of_its_own(tmp_path):
     """One node of 8 GPUs beside one of 4: a 12-GPU cluster of 8-GPU nodes does not exist, so only the 4-GPU group's
-    view is kept (with its share of the GPUs)."""
+    view is kept (with its share of the GPUs and its link to the other group)."""
     def group(name: str, per_node: int) -> dict:
         return {"name": name, "gpu": "a100-sxm4-80gb", "num_nodes": 1, "gpus_per_node": per_node,
                 "inter_node": {"nic_bandwidth_Gbps": 200, "nics_per_node": 4, "latency_us": 5}}
@@ -55,7 +55,10 @@ def test_a_group_whose_node_size_does_not_divide_the_cluster_has_no_view_of_its_
                                     "default_between": {"bandwidth_Gbps_per_node": 100, "latency_us": 10}}))
     c = load_cluster(str(path))
     views = whole_views(c)
-    assert [(v.num_gpus, v.gpus_per_node, share) for v, share in views] == [(12, 4, pytest.approx(4 / 12))]
+    assert [(v.view.num_gpus, v.view.gpus_per_node, v.share) for v in views] == [(12, 4, pytest.approx(4 / 12))]
+    # the link to the other group: 100 Gb/s a node shared by the 8 GPUs of the larger node, at the NICs' 80%; the
+    # link's 10 us plus the two ends' mean NIC latency
+    assert views[0].edge == pytest.approx((100e9 / 8 / 8 * 0.8, 15e-6))
 
 
 def test_layers_move_onto_the_slowest_stage_when_that_makes_the_step_faster():
