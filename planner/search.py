@@ -68,7 +68,7 @@ SHAPE_BASES = 16  # shapes (SHAPE) refined to place on node groups, per ranking 
 # place is that pipeline depth's alone, and a shape's variants (micro-batch, ZeRO, overlap, interleave) that the whole
 # search's limits on shapes and bases leave out get placed there.
 FOCUS = 2
-EDGE_BATCH = 4096  # candidates first priced with their sends across the link between groups (then twice as many)
+EDGE_BATCH = 1024  # candidates first priced with their sends across the link between groups (then twice as many)
 ROOMIER = 2.0  # the as-if-placed ranking prices a plan on a group whose GPUs it needs up to this many times (it
 # holds fewer layers there)
 SPLIT_SCAN = 64  # fastest homogeneous plans tried split over the node groups (a+b)
