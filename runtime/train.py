@@ -33,6 +33,7 @@ if __name__ == "__main__" and "TORCHELASTIC_RUN_ID" in os.environ:
     end_with_parent()
 
 import argparse
+import contextlib
 import math
 import sys
 import time
@@ -169,32 +170,35 @@ def run(args: argparse.Namespace) -> int:
         watch = Watchdog(groups, _store("watchdog", attempt), o.collective_timeout).start()
         comm.add(watch)
     comm.start()
-    trainer = Trainer(plan, groups, device, data, steps, clock)
-    reached = (last_step(o.metrics_out) or 0) if attempt and rank == 0 else 0
-    resume = o.resume or (attempt > 0 and ckdir is not None and _has_checkpoint(ckdir))
-    if resume:
-        from runtime.checkpoint import load_checkpoint
+    try:  # (a run that fails leaves torch.distributed as it found it: unpatched, no watchdog thread)
+        trainer = Trainer(plan, groups, device, data, steps, clock)
+        reached = (last_step(o.metrics_out) or 0) if attempt and rank == 0 else 0
+        resume = o.resume or (attempt > 0 and ckdir is not None and _has_checkpoint(ckdir))
+        if resume:
+            from runtime.checkpoint import load_checkpoint
 
-        load_checkpoint(trainer, ckdir)
-    log = MetricsLog(plan, o.metrics_out, steps, enabled=rank == 0, quiet=o.quiet, append=resume or attempt > 0,
-                     predicted_step_s=args.predicted_step_time, predicted_memory_GiB=args.predicted_memory,
-                     plan_path=str(Path(args.plan).resolve()), gpu=device.type == "cuda")
-    if attempt:
-        lost = max(0, reached - trainer.step)  # (known from the metrics file; without one, not said)
-        log.event(event="restart", attempt=attempt, resumed_after_step=trainer.step, lost_steps=lost)
+            load_checkpoint(trainer, ckdir)
+        log = MetricsLog(plan, o.metrics_out, steps, enabled=rank == 0, quiet=o.quiet, append=resume or attempt > 0,
+                         predicted_step_s=args.predicted_step_time, predicted_memory_GiB=args.predicted_memory,
+                         plan_path=str(Path(args.plan).resolve()), gpu=device.type == "cuda")
+        if attempt:
+            lost = max(0, reached - trainer.step)  # (known from the metrics file; without one, not said)
+            log.event(event="restart", attempt=attempt, resumed_after_step=trainer.step, lost_steps=lost)
+            if rank == 0 and not o.quiet:
+                redo = f"redoing {lost} step(s)" if o.metrics_out else "redoing the steps trained since it"
+                print(f"autopar: restart {attempt} after a worker failed: resuming after step {trainer.step}, {redo}",
+                      flush=True)
+        elif resume:  # where a resumed run's lines begin (its first step is a warm-up again)
+            log.event(event="resume", resumed_after_step=trainer.step, plan_config=plan.config.short())
         if rank == 0 and not o.quiet:
-            redo = f"redoing {lost} step(s)" if o.metrics_out else "redoing the steps trained since it"
-            print(f"autopar: restart {attempt} after a worker failed: resuming after step {trainer.step}, {redo}",
-                  flush=True)
-    elif resume:  # where a resumed run's lines begin (its first step is a warm-up again)
-        log.event(event="resume", resumed_after_step=trainer.step, plan_config=plan.config.short())
-    if rank == 0 and not o.quiet:
-        _say_what_runs(plan, device, trainer.step if resume else None, steps, carried, notes if attempt == 0 else [])
-    _train(o, trainer, log, clock, watch, StepHooks.from_env(rank, attempt, plan.config.short()), ckdir)
-    log.close()
-    comm.stop()
-    if watch is not None:
-        watch.stop()
+            _say_what_runs(plan, device, trainer.step if resume else None, steps, carried,
+                           notes if attempt == 0 else [])
+        _train(o, trainer, log, clock, watch, StepHooks.from_env(rank, attempt, plan.config.short()), ckdir)
+        log.close()
+    finally:
+        comm.stop()
+        if watch is not None:
+            watch.stop()
     dist.destroy_process_group()
     return 0
 
@@ -326,7 +330,8 @@ if __name__ == "__main__":
     code = main()
     if code == 0:  # a finished run closed what it wrote: skip the interpreter's teardown of torch (0.7 s a launch of
         # 4 ranks on 2 cores, every `autopar run` and `tune` trial) with nothing left to flush but the console
-        sys.stdout.flush()
-        sys.stderr.flush()
+        with contextlib.suppress(OSError):  # (a launcher gone: nothing to tell it)
+            sys.stdout.flush()
+            sys.stderr.flush()
         os._exit(0)
     sys.exit(code)

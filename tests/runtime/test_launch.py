@@ -862,23 +862,58 @@ def test_interval_advice_names_a_run_that_checkpoints_only_at_its_end(capsys):
     assert "this run: every 4 step(s)" in capsys.readouterr().out
 
 
-def test_a_resumed_run_goes_on_with_the_data_it_trained_on(tmp_path, capsys, monkeypatch):
-    """A resume without --data trains on the file the checkpoint's run trained on (not the bundled sample): its
-    losses are the uninterrupted run's; a file since moved is a one-line error, and another --data is noted. (The
-    one-rank runs are the worker's main in this process, as `python -m runtime.train` runs it: 1-2 s each less.)"""
+@pytest.fixture
+def in_process(monkeypatch):
+    """The worker's main run in this process as `python -m runtime.train` runs it without torchrun (1-2 s a run less
+    than a new process): no launcher's or fault-injection variables, torch's global RNG (which the trainer seeds)
+    given back after, and no process group left behind by a run that fails."""
+    import torch
+    import torch.distributed as dist
+
     from runtime.train import main as worker
 
-    for name in ("MASTER_ADDR", "RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID"):  # a one-rank run without torchrun
+    for name in [n for n in os.environ if n.startswith(("AUTOPAR_", "TORCHELASTIC_"))] + [
+            "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"]:
         monkeypatch.delenv(name, raising=False)
+    with torch.random.fork_rng():
+        try:
+            yield worker
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+
+def test_a_run_that_fails_leaves_torch_distributed_unpatched(tmp_path, capfd, monkeypatch, in_process):
+    """A step that raises: the worker says so in one line and returns 1, and its communication hooks are taken off
+    torch.distributed (a run in this process, as the tests run some, leaves nothing wrapped behind)."""
+    import torch.distributed as dist
+
+    from runtime.trainer import Trainer
+
+    def broken(self):
+        raise RuntimeError("no step today")
+
+    monkeypatch.setattr(Trainer, "train_step", broken)
+    real = dist.all_reduce
+    assert in_process([_plan(tmp_path, tp=1, pp=1, mbs=4), "--steps", "2", "--quiet"]) == 1
+    assert "RuntimeError: no step today" in capfd.readouterr().err
+    assert dist.all_reduce is real
+
+
+def test_a_resumed_run_goes_on_with_the_data_it_trained_on(tmp_path, capfd, in_process):
+    """A resume without --data trains on the file the checkpoint's run trained on (not the bundled sample): its
+    losses are the uninterrupted run's; a file since moved is a one-line error, and another --data is noted. (The
+    one-rank runs are the worker's main in this process: ``in_process``.)"""
+    worker = in_process
     plan = _plan(tmp_path, tp=1, pp=1, mbs=4)
     rng = np.random.default_rng(0)
     words = tmp_path / "words.txt"
     words.write_text(" ".join(rng.choice(["alpha", "beta", "gamma", "delta"], 20000)))
 
     def train(*extra: str) -> subprocess.CompletedProcess:
-        capsys.readouterr()
+        capfd.readouterr()
         code = worker([plan, *extra])
-        out, err = capsys.readouterr()
+        out, err = capfd.readouterr()
         return subprocess.CompletedProcess([], code, out, err)
 
     whole, part, ck = tmp_path / "whole.jsonl", tmp_path / "part.jsonl", str(tmp_path / "ck")
