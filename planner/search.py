@@ -288,22 +288,27 @@ def _settled(cands: Any, rows: np.ndarray, step: np.ndarray, key_sets: tuple[tup
 
 def _spread(t: np.ndarray, w: np.ndarray, least: np.ndarray, most: np.ndarray) -> np.ndarray:
     """Each row's step time with its layers spread over the groups (columns: ``t`` the time were the whole cluster
-    that group's GPUs, infinite where not priced; ``w`` their shares of the ranks) so that they finish together,
-    every group's share of the layers at least ``least`` times its share of the ranks (a rank holds one layer per
-    virtual stage at least) and at most ``most`` (its memory's room; a stage's memory taken as its layers'); the
-    weighted harmonic mean of ``t`` where no bound holds; infinite where the groups' room is short."""
-    rate = np.where(np.isfinite(t), w / t, 0.0)
-    lo = np.where(rate > 0, w * least[:, None], 0.0)
-    hi = np.where(rate > 0, np.maximum(most, lo), 0.0)
+    that group's GPUs, infinite where not priced; ``w`` their shares of the ranks, summing to the share of the layers
+    they hold: less than 1 where a group has no view) so that they finish together, every group's share of the layers
+    at least ``least`` times its share of the ranks (a rank holds one layer per virtual stage at least) and at most
+    ``most`` (its memory's room; a stage's memory taken as its layers'); the weighted harmonic mean of ``t`` where no
+    bound holds; infinite where a group's room is below its floor or the groups' room is short. A group not priced
+    holds nothing."""
+    total = float(np.sum(w))
     with np.errstate(divide="ignore", invalid="ignore"):
-        a, b = np.zeros(len(t)), np.where(rate > 0, hi / rate, 0.0).max(axis=1)
-        for _ in range(48):  # the finish time at which the groups' clamped shares add up to the layers
+        rate = np.where(np.isfinite(t), w / t, 0.0)
+        lo = np.where(rate > 0, w * least[:, None], 0.0)
+        hi = np.where(rate > 0, most, 0.0)
+        a, b = np.zeros(len(t)), np.where(rate > 0, np.maximum(hi, lo) / rate, 0.0).max(axis=1)
+        for _ in range(48):  # the finish time at which the groups' clamped shares add up to theirs of the layers
             mid = (a + b) / 2
-            short = np.clip(rate * mid[:, None], lo, hi).sum(axis=1) < 1.0
+            short = np.clip(rate * mid[:, None], lo, np.maximum(hi, lo)).sum(axis=1) < total
             a, b = np.where(short, mid, a), np.where(short, b, mid)
-        x = np.clip(rate * b[:, None], lo, hi)
+        x = np.clip(rate * b[:, None], lo, np.maximum(hi, lo))
         step = np.where(rate > 0, x / rate, 0.0).max(axis=1)
-    ok = (lo.sum(axis=1) <= 1.0) & (hi.sum(axis=1) >= 1.0 - 1e-9) & (rate.sum(axis=1) > 0)
+    tol = 1e-9 * total
+    ok = ((lo.sum(axis=1) <= total + tol) & (hi.sum(axis=1) >= total - tol) & (rate.sum(axis=1) > 0)
+          & (hi >= lo - tol).all(axis=1))
     return np.where(ok, step, np.inf)
 
 

@@ -414,13 +414,24 @@ def test_the_as_placed_ranking_spreads_layers_within_each_groups_bounds():
     """Two groups, each half the ranks, alone 2 s and 4 s a step: the layers spread so that they finish together (the
     weighted harmonic mean, 8/3 s); with one layer per virtual stage and no more (a floor of all the layers) the
     slower sets the pace (4 s); with room for a fifth of the layers on the slower, the faster takes the rest (0.8 x
-    its 4 s alone = 3.2 s); with room for 80% in all, none; a group not priced holds nothing."""
+    its 4 s alone = 3.2 s); with room for 80% in all, none; a group not priced holds nothing. (Cases from a review:
+    a floor that binds one group, a room below the floor, shares of the ranks summing to less or, by rounding, more
+    than 1.)"""
     from planner.search import _spread
 
     t, w = np.array([[2.0, 4.0]] * 4 + [[2.0, np.inf]] * 2), np.array([0.5, 0.5])
     least = np.array([0.1, 1.0, 0.1, 0.1, 0.1, 0.1])
     most = np.array([[1, 1], [1, 1], [1, 0.2], [0.4, 0.4], [2, 1], [0.5, 1]])
     np.testing.assert_allclose(_spread(t, w, least, most), [8 / 3, 4.0, 3.2, np.inf, 4.0, np.inf], rtol=1e-9)
+    # a floor of 45% of the layers on each: the slower holds its floor (0.45 / 0.125 a second = 3.6 s), the faster
+    # the rest; the slower's room (30%) below its floor (50%): none; floors of more than all the layers: none
+    np.testing.assert_allclose(_spread(np.array([[2.0, 4.0]] * 3), w, np.array([0.9, 1.0, 2.5]),
+                                       np.array([[1, 1], [1, 0.3], [2, 2]])), [3.6, np.inf, np.inf], rtol=1e-9)
+    # a group without a view (its node size does not divide the cluster): the others hold their share of the layers
+    np.testing.assert_allclose(_spread(np.array([[2.0]]), np.array([0.2]), np.array([0.1]), np.array([[1.0]])), [2.0])
+    shares = np.array([6, 23, 1]) / 30  # (one ulp over 1 in floating point) with one layer per virtual stage
+    assert shares.sum() > 1
+    np.testing.assert_allclose(_spread(np.ones((1, 3)), shares, np.array([1.0]), np.ones((1, 3))), [1.0])
 
 
 def test_whatif_fix_placement_none_is_the_homogeneous_view(capsys):
