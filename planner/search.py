@@ -238,8 +238,8 @@ def _as_placed(model: ModelSpec, views: list[GroupView], cands: Any, global_batc
     first that many shapes of each set exactly are priced across, fastest first by their times on their own links
     (the others keep those, lower bounds)."""
     own, room, memory = [], [], None
-    for view, share, _ in views:
-        cap = usable_GiB(headroom_GiB, view.gpu.memory_GiB)
+    caps = [usable_GiB(headroom_GiB, v.view.gpu.memory_GiB) for v in views]
+    for (view, share, _), cap in zip(views, caps):
         got = estimate_batch(model, view, cands, global_batch, state, "closed", fits_GiB=ROOMIER * cap)
         own.append(got.step_time)
         room.append(share * cap / got.memory_GiB)
@@ -261,8 +261,7 @@ def _as_placed(model: ModelSpec, views: list[GroupView], cands: Any, global_batc
         for j, (view, share, edge) in enumerate(views):
             if edge is None or not np.isfinite(t[:, j]).any():
                 continue
-            cap = usable_GiB(headroom_GiB, view.gpu.memory_GiB)
-            across = estimate_batch(model, view, part, global_batch, state, "closed", fits_GiB=ROOMIER * cap,
+            across = estimate_batch(model, view, part, global_batch, state, "closed", fits_GiB=ROOMIER * caps[j],
                                     comm=EdgeComm(view, *edge)).step_time
             ways = np.where(share * np.asarray(part.pp) >= 2, 0.5, 1.0)  # of an edge rank's sends, those across
             fine = np.isfinite(t[:, j])
@@ -299,12 +298,13 @@ def _spread(t: np.ndarray, w: np.ndarray, least: np.ndarray, most: np.ndarray) -
         rate = np.where(np.isfinite(t), w / t, 0.0)
         lo = np.where(rate > 0, w * least[:, None], 0.0)
         hi = np.where(rate > 0, most, 0.0)
-        a, b = np.zeros(len(t)), np.where(rate > 0, np.maximum(hi, lo) / rate, 0.0).max(axis=1)
+        top = np.maximum(hi, lo)  # (a room below the floor rules the row out below)
+        a, b = np.zeros(len(t)), np.where(rate > 0, top / rate, 0.0).max(axis=1)
         for _ in range(48):  # the finish time at which the groups' clamped shares add up to theirs of the layers
             mid = (a + b) / 2
-            short = np.clip(rate * mid[:, None], lo, np.maximum(hi, lo)).sum(axis=1) < total
+            short = np.clip(rate * mid[:, None], lo, top).sum(axis=1) < total
             a, b = np.where(short, mid, a), np.where(short, b, mid)
-        x = np.clip(rate * b[:, None], lo, np.maximum(hi, lo))
+        x = np.clip(rate * b[:, None], lo, top)
         step = np.where(rate > 0, x / rate, 0.0).max(axis=1)
     tol = 1e-9 * total
     ok = ((lo.sum(axis=1) <= total + tol) & (hi.sum(axis=1) >= total - tol) & (rate.sum(axis=1) > 0)
