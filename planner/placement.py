@@ -6,13 +6,13 @@ fields). Each of those plans whose stage (tp x dp x cp GPUs) divides every group
 group holds whole pipeline ranks, one contiguous block of them per group; the tensor-, context- and
 data-parallel groups stay inside a node group, so only pipeline sends cross groups. Every order of the groups is
 tried for each stage shape; layers are split evenly, in proportion to each group's speed per layer (the
-placed plan's own stage times under an even split) and as those times say evens the stages out or makes the step
-fastest for the plan's micro-batches; the fastest placed plans are then balanced further, a layer at a time to
-the fastest stage from the slowest one or the busiest rank's, and the three fastest also by any move to or from
-those stages and the ranks that finish first and last, while the step gets faster. Plans whose
-every pipeline rank splits its replicas over all the groups (``a+b``) are placed so too. Every placed plan is
-priced exactly (cost_models/placement.py). The keys a search holds are held here too: a fixed placement is the only
-one tried, a fixed layer split is kept.
+placed plan's own stage times under an even split; an interleaved plan also by each rank's total) and as those
+times say evens the stages out or makes the step fastest for the plan's micro-batches; the fastest placed plans
+are then balanced further, a layer at a time to the fastest stage from the slowest one or the busiest rank's, and
+the three fastest also by any move to or from those stages and the ranks that finish first and last, while the
+step gets faster. Plans whose every pipeline rank splits its replicas over all the groups (``a+b``) are placed so
+too. Every placed plan is priced exactly (cost_models/placement.py). The keys a search holds are held here too: a
+fixed placement is the only one tried, a fixed layer split is kept.
 """
 
 from __future__ import annotations
@@ -162,6 +162,26 @@ def by_speed(model: ModelSpec, cfg: ParallelConfig, speeds: dict[str, float]) ->
     return replace(cfg, layers=proportional_layers(model.num_layers, [speeds[groups[j % cfg.pp]] for j in range(nv)]))
 
 
+def by_rank_speed(model: ModelSpec, cfg: ParallelConfig, speeds: dict[str, float]) -> ParallelConfig:
+    """``cfg`` with each pipeline rank's layers in proportion to its group's ``speeds``, spread evenly over the rank's
+    chunks (the first chunks take the odd layers; ``cfg`` unchanged where a rank would hold fewer layers than chunks).
+    An interleaved plan's per-chunk shares round the same way on every chunk (:func:`by_speed` may give every chunk
+    the same count); a rank's total does not."""
+    groups = cfg.placement or ()
+    totals = proportional_layers(model.num_layers, [speeds[g] for g in groups])
+    if min(totals) < cfg.vpp:
+        return cfg
+    per = [[n // cfg.vpp + (k < n % cfg.vpp) for k in range(cfg.vpp)] for n in totals]
+    return replace(cfg, layers=tuple(per[j % cfg.pp][j // cfg.pp] for j in range(cfg.pp * cfg.vpp)))
+
+
+def _by_speeds(model: ModelSpec, cfg: ParallelConfig, speeds: dict[str, float]) -> list[ParallelConfig]:
+    """``cfg`` split :func:`by_speed`, and for an interleaved plan also :func:`by_rank_speed` where that differs."""
+    out = [by_speed(model, cfg, speeds)]
+    ranked = by_rank_speed(model, cfg, speeds)
+    return out + ([ranked] if cfg.vpp > 1 and ranked.layers not in (out[0].layers, cfg.layers) else [])
+
+
 def _by_own_speeds(model: ModelSpec, priced: PlanResult) -> ParallelConfig:
     """A placed plan with its layers split by its own groups' speeds (its stage times as priced)."""
     return by_speed(model, priced.config, _speeds(model, priced.config, priced))
@@ -260,9 +280,10 @@ def _orders(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global_
     speeds = _speeds(model, even.config, even)
     if hold or len(set(cfg.placement or ())) == 1:  # every stage on the same groups: no group is faster than another
         return [(even, speeds)]
-    split = _price(model, cluster, _by_own_speeds(model, even), global_batch, headroom_GiB, state)
-    out = [(even, speeds), (split, speeds)]
-    have = {even.config.stage_layers(model.num_layers), split.config.stage_layers(model.num_layers)}
+    split, *by_rank = [_price(model, cluster, c, global_batch, headroom_GiB, state)
+                       for c in _by_speeds(model, even.config, speeds)]
+    out = [(even, speeds), (split, speeds)] + [(p, speeds) for p in by_rank]
+    have = {p.config.stage_layers(model.num_layers) for p, _ in out}
     out += [(_price(model, cluster, replace(even.config, layers=fit), global_batch, headroom_GiB, state), speeds)
             for fit in fitted(model, even, split, cfg.microbatches(global_batch)) if fit not in have]
     return out
@@ -324,11 +345,12 @@ def _placed(model: ModelSpec, cluster: ClusterSpec, ranked: list[PlanResult], gl
                     if split or hold:
                         out.append(_price(model, cluster, where, global_batch, headroom_GiB, state))
                         continue
-                    first = _price(model, cluster, by_speed(model, where, speeds), global_batch, headroom_GiB,
-                                   state)  # layers by the shape's first plan's groups' speeds, then by its own
+                    # layers by the shape's first plan's groups' speeds, then by its own
+                    first, *by_rank = [_price(model, cluster, c, global_batch, headroom_GiB, state)
+                                       for c in _by_speeds(model, where, speeds)]
                     own = _by_own_speeds(model, first)
-                    out += [first] + ([_price(model, cluster, own, global_batch, headroom_GiB, state)]
-                                      if own != first.config else [])
+                    out += [first, *by_rank] + ([_price(model, cluster, own, global_batch, headroom_GiB, state)]
+                                                if own != first.config else [])
                 continue
             ways = [w for w in _ways(cluster, base, moe, fixed) if splits_replicas(w) == split]
             tried = [t for w in ways for t in _orders(model, cluster, replace(base, placement=w), global_batch,
@@ -347,14 +369,25 @@ def _placed(model: ModelSpec, cluster: ClusterSpec, ranked: list[PlanResult], gl
     kept = {(shape, w) for (shape, split), orders in orders_of.items() if not split for w, _ in orders}
     per_order = sorted({_shape_order(out[i].config): i for i in reversed(firsts)
                         if _shape_order(out[i].config) in kept}.values())
-    balanced = sorted(set(firsts[:MOVED]) | set(per_order))  # the best plans, and the best in each order
+    # the best plans, the best also from its next-best split where it interleaves (moves from a faster start, such as
+    # a split by rank, can stop at a slower split), and the best in each order
+    second = firsts and out[firsts[0]].config.vpp > 1
+    wide = set(firsts[:MOVED]) | set(_two_starts(out, firsts[0], model.num_layers) if second else [])
+    balanced = sorted(wide | set(per_order))
     for done, i in enumerate(balanced):
         if progress:
             progress(len(chosen) + done, len(chosen) + len(balanced))
-        out[i] = moved(model, cluster, out[i], global_batch, headroom_GiB, state, wide=i in firsts[:MOVED])
+        out[i] = moved(model, cluster, out[i], global_batch, headroom_GiB, state, wide=i in wide)
     if progress:
         progress(len(chosen) + len(balanced), len(chosen) + len(balanced))
     return out
+
+
+def _two_starts(out: list[PlanResult], j: int, num_layers: int) -> list[int]:
+    """``j`` and the first plan of ``out`` after it (best first) that is the same plan with another layer split."""
+    key, split = replace(out[j].config, layers=None), out[j].config.stage_layers(num_layers)
+    return [j] + [i for i in range(j + 1, len(out)) if replace(out[i].config, layers=None) == key
+                  and out[i].config.stage_layers(num_layers) != split][:1]
 
 
 def _plain(cfg: ParallelConfig) -> ParallelConfig:
