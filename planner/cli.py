@@ -9,6 +9,7 @@ prints exactly one JSON object on stdout. ``estimate``, ``plan`` and ``whatif`` 
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
 import sys
@@ -54,14 +55,26 @@ class _Merged(argparse.Action):
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors, and value options refused when given twice."""
+    """argparse with one-line errors, value options refused when given twice, no abbreviated options (``--gpu`` is
+    not ``--gpus``: a typo is refused, and an option added later cannot change what a prefix meant), and an unknown
+    option named first, with the option it is closest to (argparse would first report a required one missing)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, allow_abbrev=False, **kwargs)
         self.register("action", None, _Once)
         self.register("action", "store", _Once)
+        self._given: list[str] = []
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        self._given = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        unknown = [a.split("=", 1)[0] for a in self._given
+                   if a.startswith("--") and a.split("=", 1)[0] not in self._option_string_actions]
+        if unknown and "unrecognized" not in message:
+            close = difflib.get_close_matches(unknown[0], list(self._option_string_actions), n=1)
+            message = f"unknown option {unknown[0]}" + (f" (did you mean {close[0]}?)" if close else "")
         raise AutoparError(f"{message} (see `{self.prog} --help`)")
 
 

@@ -76,6 +76,18 @@ def load_gpu(ref: str | dict[str, Any]) -> GPUSpec:
     return validated(GPUSpec, read_mapping(path, "GPU profile"), f"GPU profile {ref}")
 
 
+def _gpu_of(ref: str | dict[str, Any], base: Path | None, where: str) -> GPUSpec:
+    """:func:`load_gpu` of a profile's ``gpu`` field, an error naming the profile (``where``) and, for a file not
+    found, the folders it was looked for in."""
+    try:
+        return load_gpu(_near(ref, base))
+    except AutoparError as err:
+        folders = " and ".join(dict.fromkeys(str(f.resolve()) for f in (base, Path.cwd()) if f is not None))
+        seen = (f" (looked for in {folders})" if isinstance(ref, str) and "does not exist" in str(err)
+                and not Path(ref).is_absolute() else "")
+        raise AutoparError(f"{where}: gpu: {err}{seen}") from None
+
+
 def _near(ref: Any, base: Path | None) -> Any:
     """A profile path written inside a profile, read from that profile's folder (``base``) when the file is there:
     a relative path means the same file wherever the command runs. Names and mappings are returned as they are."""
@@ -105,7 +117,7 @@ def cluster_from_dict(data: dict[str, Any], source: str, base: Path | None = Non
     if not isinstance(gpu, (str, dict, GPUSpec)):
         raise AutoparError(f"cluster profile {source}: 'gpu' must be a GPU name, a profile path or a mapping, "
                            f"not {type(gpu).__name__}")
-    data["gpu"] = gpu if isinstance(gpu, GPUSpec) else load_gpu(_near(gpu, base))
+    data["gpu"] = gpu if isinstance(gpu, GPUSpec) else _gpu_of(gpu, base, f"cluster profile {source}")
     data.setdefault("name", Path(source).stem)
     link = data["gpu"].node_link
     if "intra_node" not in data:  # the GPU's own platform link
@@ -142,7 +154,7 @@ def _grouped(data: dict[str, Any], source: str, base: Path | None = None) -> dic
         if not isinstance(g, dict) or not isinstance(g.get("gpu"), (str, dict)):
             raise AutoparError(f"{where}: node_groups[{i}] needs a 'gpu' (a GPU profile name) among its fields, or "
                                "'profile' (the group's own cluster profile, e.g. from `autopar profile`)")
-        gpu = load_gpu(_near(g["gpu"], base))
+        gpu = _gpu_of(g["gpu"], base, f"{where}: node_groups[{i}]")
         g = {**g, "gpu": gpu.model_dump()}
         if g.get("intra_node") is None:
             if gpu.node_link is None:

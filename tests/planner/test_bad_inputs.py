@@ -316,6 +316,31 @@ def test_an_option_given_twice_is_refused_and_fix_keys_add_up(capsys):
     assert (best["tp"], best["pp"]) == (2, 2)
 
 
+def test_an_abbreviated_or_misspelled_option_is_refused_and_named(capsys):
+    """argparse takes an unambiguous prefix for the option (``--gpu`` as ``--gpus``, ``--ver`` as ``--verify``): a
+    typo then runs something else. Prefixes are refused; a misspelled option is named (with the nearest one) before a
+    required one it stands for is said to be missing."""
+    assert "unrecognized arguments: --gpu 8" in fails(capsys, "plan", "--model", "tiny", "--global-batch", "16",
+                                                       "--gpu", "8")
+    assert "unrecognized arguments: --ver" in fails(capsys, "plan", *TINY, "--ver")
+    err = fails(capsys, "plan", "--global_batch", "64", "--model", "tiny")
+    assert "unknown option --global_batch (did you mean --global-batch?)" in err and "required" not in err
+    assert "unknown option --global_batch (did you" in fails(capsys, "plan", "--global_batch=64", "--model", "tiny")
+    assert "the following arguments are required: --global-batch" in fails(capsys, "plan", "--model", "tiny")
+
+
+def test_a_gpu_profile_a_cluster_profile_names_but_that_is_not_there_names_both(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.yaml").write_text("name: c\ngpu: ./nothere.yaml\ngpus_per_node: 2\n")
+    err = fails(capsys, "plan", "--model", "tiny", "--cluster", "c.yaml", "--global-batch", "8")
+    assert err.startswith("autopar: error: cluster profile c.yaml: gpu: GPU profile ./nothere.yaml does not exist")
+    assert f"(looked for in {Path.cwd()})" in err
+    (tmp_path / "g.yaml").write_text("name: g\nnode_groups:\n- {name: a, gpu: a100-sxm4-80gx, num_nodes: 1, "
+                                     "gpus_per_node: 2, intra_node: {bandwidth_GBps: 300}}\n")
+    err = fails(capsys, "plan", "--model", "tiny", "--cluster", "g.yaml", "--global-batch", "8")
+    assert "node_groups[0]: gpu: unknown GPU 'a100-sxm4-80gx' (did you mean 'a100-sxm4-80gb'?)" in err
+
+
 def test_an_odd_sequence_needs_no_even_split_without_context_parallelism(tmp_path, capsys):
     """The load-balanced causal split (2 x cp chunks) is context parallelism's: with cp = 1 any length plans."""
     assert main(["estimate", "--model", "tiny", *ESTIMATE[:-2], "--plan", "tp=1,cp=1", "--seq", "127"]) == 0
