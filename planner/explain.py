@@ -15,7 +15,7 @@ PART_NAMES = {
     "ep_comm": "expert-parallel all-to-all",
     "pp_p2p": "pipeline send/receive",
     "pipeline_bubble": "pipeline bubble",
-    "dp_comm_exposed": "exposed data-parallel communication",
+    "dp_comm_exposed": "exposed gradient synchronisation",
     "optimizer": "optimizer step",
 }
 

@@ -90,6 +90,11 @@ def per_rank(values: list[str]) -> str:
     return " / ".join(out)
 
 
+# breakdown keys whose plain names would mislead: dp_comm_exposed also holds the tied embedding's sum and, under
+# sequence parallelism, the sum over tp of the gradients it leaves partial (a tp=2 dp=1 plan has some)
+ROW_NAMES = {"dp_comm_exposed": "grad sync exposed"}
+
+
 def estimate_tables(est: Estimate, title: str) -> list[Table]:
     top = Table(title=title, show_header=True, header_style="bold")
     for col in ("step time", "tokens/s", "MFU", "memory/GPU", "fits", "bubble", "exposed comm"):
@@ -110,7 +115,7 @@ def estimate_tables(est: Estimate, title: str) -> list[Table]:
     bd.add_column("time", justify="right")
     bd.add_column("share", justify="right")
     for k, v in est.breakdown.items():
-        bd.add_row(k.replace("_", " "), fmt_time(v), f"{v / est.step_time_s * 100:.1f}%")
+        bd.add_row(ROW_NAMES.get(k, k.replace("_", " ")), fmt_time(v), f"{v / est.step_time_s * 100:.1f}%")
     mem = Table(title="memory on the fullest GPU", header_style="bold")
     mem.add_column("part")
     mem.add_column("GiB", justify="right")

@@ -80,7 +80,7 @@ class TuneResult:
 def check_trial_options(trials: int, steps: int, warmup: int, time_limit_s: float) -> None:
     """One-line errors for trial settings that cannot give a measurement."""
     if trials < 1:
-        raise AutoparError(f"--trials must be at least 1, got {trials}")
+        raise AutoparError(f"--trials (--top) must be at least 1, got {trials}")
     check_warmup(warmup)
     if steps <= warmup:
         raise AutoparError(f"--steps ({steps}) must be more than --warmup ({warmup}): the median is over the steps "

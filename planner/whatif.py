@@ -114,7 +114,8 @@ def parse_vary(text: str) -> tuple[str, list[Any]]:
     if twice is not None:  # it would be planned and drawn twice
         raise AutoparError(f"--vary {key} gives {twice:g} twice; give each point once" if isinstance(twice, float)
                            else f"--vary {key} gives {twice} twice; give each point once")
-    return key, vals
+    numeric = key != "gpu" and base != "group_net"
+    return key, sorted(vals) if numeric else vals  # a curve runs along its axis, whatever the order given
 
 
 def _point(key: str, base: str, x: str) -> Any:

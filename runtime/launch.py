@@ -86,8 +86,8 @@ def worker_command(plan_path: str, steps: int, metrics_out: str, data: str | Non
 
 
 def _absolute(path: str | None) -> str | None:
-    """A path as every node reads it (the commands for other nodes run in a folder of their own)."""
-    return None if path is None else str(Path(path).absolute())
+    """A path as every node reads it (the commands for other nodes run in a folder of their own), ``..`` taken out."""
+    return None if path is None else os.path.abspath(path)
 
 
 def group_nodes(plan: PlanFile) -> list[tuple[str, int, int]]:

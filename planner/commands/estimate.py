@@ -43,7 +43,7 @@ def estimate_command(args: argparse.Namespace) -> int:
             out["memory_replay"] = checked
         print(json.dumps(out))
         return 0
-    from planner.report import console, estimate_tables, memory_check_table, print_inputs
+    from planner.report import console, estimate_tables, fmt_range, memory_check_table, print_inputs
 
     con = console()
     print_inputs(con, model, cluster)
@@ -60,7 +60,7 @@ def estimate_command(args: argparse.Namespace) -> int:
         unpinned += ("; measured on GPUs: CPU ranks, whose timings vary with what else the machine runs, fall "
                      "outside it more often (`autopar tune` measures them)")
     held = f"{uncertainty_band(cfg.pp > 1).coverage:.0%}"
-    con.print(f"band    {band[0]:.4g} .. {band[1]:.4g} s a step (holds {held} of runs like the validation's, "
+    con.print(f"band    {fmt_range(*band)} a step (holds {held} of runs like the validation's, "
               f"docs/cost_model.md \"How sure it is\"{unpinned})")
     for tab in estimate_tables(est, "estimate"):
         con.print(tab)

@@ -319,7 +319,7 @@ def _print_tables(args: argparse.Namespace, model: Any, cluster: Any, res: Any, 
               f"(global batch {args.global_batch}{', exhaustive' if res.exhaustive else ''})")
     con.print(plans_table([{**p.row(), "band": step_band(p.config.pp, p.estimate.step_time_s, spread, low)}
                            for p, (spread, _), low in zip(res.plans, choice.spreads, choice.balanced)],
-                          f"top {len(res.plans)} plans"))
+                          f"top {len(res.plans)} plans" if len(res.plans) > 1 else "the best plan"))
     con.print(f"[bold]why:[/bold] {escape(choice.reason)}")
     if fewer is not None:
         con.print(f"[bold]fewer GPUs:[/bold] {escape(_fewer_text(fewer, cluster))}")

@@ -225,9 +225,13 @@ def test_planned_uneven_split_is_valid_and_priced():
 
 
 # ---- what-if --------------------------------------------------------------------------------------
-def test_parse_vary_errors():
+def test_parse_vary_values_and_errors():
     assert parse_vary("gpus=8,16") == ("gpus", [8, 16])
     assert parse_vary("inter_node_bw=25,50.5") == ("inter_node_bw", [25.0, 50.5])
+    # numbers in any order run along their axis (a plot's line would double back); GPU types keep the order given
+    assert parse_vary("gpus=8,64,16,3") == ("gpus", [3, 8, 16, 64])
+    assert parse_vary("inter_node_bw=800, 50,200") == ("inter_node_bw", [50.0, 200.0, 800.0])
+    assert parse_vary("gpu=h100-sxm5-80gb,a100-sxm4-80gb") == ("gpu", ["h100-sxm5-80gb", "a100-sxm4-80gb"])
     with pytest.raises(AutoparError, match="did you mean 'inter_node_bw'"):
         parse_vary("inter_node_b=8")
     with pytest.raises(AutoparError, match="takes whole numbers"):

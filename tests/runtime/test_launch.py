@@ -364,8 +364,10 @@ def test_multi_node_plan_prints_the_commands(tmp_path, capsys, monkeypatch):
     """The lines for every node name the plan and the outputs by absolute paths (each node's shell is in a folder of
     its own), say where MASTER_ADDR comes from, and give srun's rendezvous the job's id."""
     path = _plan(tmp_path, cluster="dgx-h100", gpus=16, tp=4, pp=2, dp=2)
-    monkeypatch.chdir(tmp_path)
-    assert launch(Path(path).name, RunOptions(steps=5, quiet=True, metrics_out="out/m.jsonl", checkpoint_dir="ck")) == 0
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")  # (``..`` taken out of the paths printed)
+    assert launch(f"../{Path(path).name}", RunOptions(steps=5, quiet=True, metrics_out="../out/m.jsonl",
+                                                      checkpoint_dir="../ck")) == 0
     out = capsys.readouterr().out
     assert "torchrun --nnodes 2 --nproc-per-node 8" in out and "srun --nodes 2" in out
     assert f"-m runtime.train {path} --steps 5 --metrics-out {tmp_path / 'out' / 'm.jsonl'} --checkpoint-dir " \
@@ -423,6 +425,18 @@ def test_dry_run_of_the_default_job_says_what_it_does(tmp_path, capsys, monkeypa
     out = capsys.readouterr().out
     assert "its command:" in out and "training it" not in out
     assert "-m runtime.train " + str(tmp_path / "default-plan.json") in out
+    flat = " ".join(out.split())  # (rich wraps the lines)
+    assert "tp=2 pp=2 held to show tensor and pipeline parallelism" in flat  # not the free search's best
+    assert "`autopar plan --model tiny --cluster cpu-gloo --gpus 4 --global-batch 16` plans it freely" in flat
+
+
+def test_gpus_without_a_plan_file_says_how_to_run_the_default_job_on_that_many_ranks(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("AUTOPAR_CACHE", str(tmp_path))
+    assert main(["run", "--gpus", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "`autopar plan --model tiny --cluster cpu-gloo --gpus 2 --global-batch 16 --out " \
+        "plan.json`, then `autopar run plan.json`" in err
+    assert not (tmp_path / "default-plan.json").exists()
 
 
 def test_train_entry_point_errors_and_single_rank_run(tmp_path):

@@ -74,7 +74,7 @@ def test_ctrl_c_stops_the_tuning(tmp_path, capsys, monkeypatch):
 def test_tune_bad_inputs_are_one_line_errors(tmp_path, capsys):
     for argv, needle in [
         (["--steps", "2", "--warmup", "2"], "--steps (2) must be more than --warmup (2)"),
-        (["--trials", "0"], "--trials must be at least 1"),
+        (["--trials", "0"], "--trials (--top) must be at least 1"),
         (["--warmup", "-1"], "--warmup must be 0 or more"),
         (["--time-limit", "0"], "--time-limit must be more than 0 seconds"),
         (["--dir", str(tmp_path / "afile")], "exists and is not a folder"),
