@@ -55,9 +55,10 @@ class _Merged(argparse.Action):
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors, value options refused when given twice, no abbreviated options (``--gpu`` is
-    not ``--gpus``: a typo is refused, and an option added later cannot change what a prefix meant), and an unknown
-    option named first, with the option it is closest to (argparse would first report a required one missing)."""
+    """argparse with one-line errors, value options refused when given twice, no abbreviated options (a prefix of
+    ``--gpus`` is not it: a typo is refused, and an option added later cannot change what a prefix meant), and an
+    unknown option named first, with the option it is closest to (argparse would first report a required one
+    missing)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, allow_abbrev=False, **kwargs)
