@@ -15,6 +15,11 @@ FIXED = {"tp": 2, "pp": 2}  # show tensor and pipeline parallelism at work
 TRAIN = TrainConfig(steps=40, warmup_steps=4)  # a longer schedule than TrainConfig's default, the same rates
 
 
+def plan_command(ranks: int = RANKS) -> str:
+    """The `autopar plan` command that plans the default job freely on ``ranks`` ranks."""
+    return f"autopar plan --model {MODEL} --cluster {CLUSTER} --gpus {ranks} --global-batch {GLOBAL_BATCH}"
+
+
 def default_plan(path: str | Path) -> tuple[Path, SearchResult]:
     """Plan the default job and write the best plan to ``path``."""
     model, cluster = load_model(MODEL), load_cluster(CLUSTER, gpus=RANKS)

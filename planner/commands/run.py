@@ -35,11 +35,10 @@ def run_command(args: argparse.Namespace) -> int:
         if args.replan:
             plan_path = _replan(args)
         elif args.gpus is not None:
-            from planner.defaults import CLUSTER, GLOBAL_BATCH, MODEL
+            from planner.defaults import plan_command
 
-            how = (f"; to train the default job on {args.gpus} ranks, plan it first: `autopar plan --model {MODEL} "
-                   f"--cluster {CLUSTER} --gpus {args.gpus} --global-batch {GLOBAL_BATCH} --out plan.json`, then "
-                   "`autopar run plan.json`" if plan_path is None else "")
+            how = (f"; to train the default job on {args.gpus} ranks, plan it first: `{plan_command(args.gpus)} --out "
+                   "plan.json`, then `autopar run plan.json`" if plan_path is None else "")
             raise AutoparError(f"--gpus is for --replan (a plan file fixes its own GPU count){how}")
         if plan_path is None and args.resume and args.checkpoint_dir:
             plan_path = _checkpoint_plan(Path(args.checkpoint_dir), args.dry_run)
@@ -248,7 +247,7 @@ def _check_host_memory(plan: Any, plan_path: str) -> None:
 def _plan_default(path, then: str | None = None) -> str:
     """Plan the default job (tiny Llama, 4 CPU ranks), print the plan, write it to ``path``; ``then`` says what
     follows (default: training it)."""
-    from planner.defaults import CLUSTER, FIXED, GLOBAL_BATCH, MODEL, RANKS, default_plan
+    from planner.defaults import CLUSTER, FIXED, GLOBAL_BATCH, MODEL, RANKS, default_plan, plan_command
     from planner.explain import runner_up, why
     from planner.report import console, estimate_tables, plans_table
 
@@ -256,9 +255,8 @@ def _plan_default(path, then: str | None = None) -> str:
     con = console()
     fixed = " ".join(f"{k}={v}" for k, v in FIXED.items())
     con.print(f"autopar: no plan given: planning the {MODEL} model for {RANKS} {CLUSTER} ranks "
-              f"(global batch {GLOBAL_BATCH}), {fixed} held to show tensor and pipeline parallelism at work (`autopar "
-              f"plan --model {MODEL} --cluster {CLUSTER} --gpus {RANKS} --global-batch {GLOBAL_BATCH}` plans it "
-              f"freely); {res.candidates:,} configurations priced in {res.seconds:.2f} s")
+              f"(global batch {GLOBAL_BATCH}), {fixed} held to show tensor and pipeline parallelism at work "
+              f"(`{plan_command()}` plans it freely); {res.candidates:,} configurations priced in {res.seconds:.2f} s")
     con.print(plans_table([p.row() for p in res.plans], "plans"))
     other = runner_up(res.ranked)
     if other:
