@@ -5,7 +5,9 @@ Each action runs on its pipeline rank after the rank's previous action and after
 part of the sending action (blocking send/recv, as Megatron's schedules), so stage imbalance, warm-up and
 drain bubbles, and interleaving all follow from the table itself rather than from the (p-1)/m formula.
 
-- ``simulate`` / ``simulate_steps``: the exact model's replay of one plan.
+- ``simulate``: the replay of any schedule, rank by rank until each blocks (the definition the others are tested
+  against); ``simulate_steps``: the exact model's replay of one plan, the same times from each action once in a
+  cached dependency order (several times faster).
 - ``closed_form``: the vectorised model's pipeline for many candidates at once; ``wave_replay`` replays many
   candidates at once where the closed form is not accurate (interleaved chunks of unequal size).
 - ``inflight_profiles`` / ``peak_inflight_bytes``: how many micro-batches each rank holds at its peak, read off
@@ -117,7 +119,7 @@ def _affine(a: float, b: float, c: float, n: int) -> float | None:
 
 
 def simulate_steps(pp: int, vpp: int, m: int, fwd: list[float], bwd: list[float]) -> SimResult:
-    """``simulate`` of the plan's schedule with ``m`` micro-batches.
+    """``simulate`` of the plan's schedule with ``m`` micro-batches (by :func:`_replay`: the same times to the bit).
 
     A pipeline replay is a max-plus recurrence: once the slowest rank is busy without a gap, every group of
     pp more micro-batches adds the same time to every event. For large ``m`` (a global batch of millions of
@@ -127,24 +129,44 @@ def simulate_steps(pp: int, vpp: int, m: int, fwd: list[float], bwd: list[float]
     steady rate is set by a cycle through several ranks) the full replay runs."""
     m1 = steady_m(pp, m)
     found = None if m1 == m else _extended(pp, vpp, m, m1, fwd, bwd)
-    return found if found is not None else simulate(_actions(pp, vpp, m), fwd, bwd, pp)
+    return found if found is not None else _replay(pp, vpp, m, fwd, bwd)
 
 
-@lru_cache(maxsize=16)
-def _actions(pp: int, vpp: int, m: int) -> list[list[tuple[str, int, int]]]:
-    """``build_schedule(pp, vpp, m)`` as plain (kind, micro-batch, chunk) tuples, built in bulk from the table: the
-    replays of big plans read hundreds of thousands of actions."""
-    rank, back, mb, chunk = schedule_table(pp, vpp, m).T
-    kind = np.where(back == 1, "B", "F").tolist()
-    cuts = np.r_[0, np.nonzero(np.diff(rank))[0] + 1, len(rank)].tolist()
-    rows = list(zip(kind, mb.tolist(), chunk.tolist()))
-    return [rows[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
+@lru_cache(maxsize=16)  # (16 ranks x 1,024 micro-batches: 33k actions, 5 MB)
+def _order(pp: int, vpp: int, m: int) -> tuple[_Levels, list[tuple[int, int, int, int]]]:
+    """The schedule's graph (:func:`_levels`) and its actions in an order that runs each after those it waits on
+    (the graph's waves), each as (action, the rank's previous action, the action whose output it needs, its
+    duration's index); built in bulk: the replays of big plans read hundreds of thousands of actions."""
+    g = _levels(pp, vpp, m)
+    order = np.concatenate(g.waves)
+    return g, list(zip(order.tolist(), g.prev[order].tolist(), g.dep[order].tolist(), g.dur[order].tolist()))
+
+
+def _replay(pp: int, vpp: int, m: int, fwd: list[float], bwd: list[float]) -> SimResult:
+    """:func:`simulate` of the schedule of ``pp``, ``vpp``, ``m`` (the same max-and-add, so the same times to the
+    bit), action by action in the dependency order :func:`_order` caches instead of rank by rank as they block."""
+    g, order = _order(pp, vpp, m)
+    dur = fwd + bwd
+    end = [0.0] * (len(g.prev) + 1)  # the last: "none"
+    for i, p, q, d in order:
+        a, b = end[p], end[q]
+        end[i] = (a if a > b else b) + dur[d]
+
+    def start(i: int) -> float:
+        a, b = end[g.prev[i]], end[g.dep[i]]
+        return a if a > b else b
+
+    rank_end = [end[i] for i in g.rank_last.tolist()]
+    busy = np.cumsum(np.asarray(dur)[g.dur].reshape(pp, -1), axis=1)[:, -1]  # sequential, as the replay adds
+    last_b = [[(start(i), end[i]) for i in row] for row in g.last_b.tolist()]
+    return SimResult(makespan=max(rank_end), rank_end=rank_end, rank_busy=busy.tolist(), last_b=last_b,
+                     first_b_start=[start(i) for i in g.first_b.tolist()])
 
 
 def _extended(pp: int, vpp: int, m: int, m1: int, fwd: list[float], bwd: list[float]) -> SimResult | None:
     """Replays at m1, m1 + pp, m1 + 2 pp extended linearly to ``m`` (m - m1 a multiple of pp), or None when
     they are not yet in the steady regime."""
-    runs = [simulate(_actions(pp, vpp, k), fwd, bwd, pp) for k in (m1, m1 + pp, m1 + 2 * pp)]
+    runs = [_replay(pp, vpp, k, fwd, bwd) for k in (m1, m1 + pp, m1 + 2 * pp)]
     n = (m - m1) // pp
 
     def ext(get) -> float | None:
