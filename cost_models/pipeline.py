@@ -17,6 +17,7 @@ All of them return or take :class:`Replay` timings; tests check each against ``s
 
 from __future__ import annotations
 
+import array
 from collections import deque
 from dataclasses import dataclass
 from functools import lru_cache
@@ -132,35 +133,55 @@ def simulate_steps(pp: int, vpp: int, m: int, fwd: list[float], bwd: list[float]
     return found if found is not None else _replay(pp, vpp, m, fwd, bwd)
 
 
-@lru_cache(maxsize=16)  # (16 ranks x 1,024 micro-batches: 33k actions, 5 MB)
-def _order(pp: int, vpp: int, m: int) -> tuple[_Levels, list[tuple[int, int, int, int]]]:
-    """The schedule's graph (:func:`_levels`) and its actions in an order that runs each after those it waits on
-    (the graph's waves), each as (action, the rank's previous action, the action whose output it needs, its
-    duration's index); built in bulk: the replays of big plans read hundreds of thousands of actions."""
+@dataclass(frozen=True)
+class _Order:
+    """A schedule for one replay at a time: its actions in an order that runs each after those it waits on (the
+    graph's waves), as four columns (action, the rank's previous action, the action whose output it needs, its
+    duration's index: fwd then bwd per virtual stage; n = none), each action's duration index in its rank's order,
+    and the few actions whose starts a replay reports (as (action, previous, dependency))."""
+
+    columns: tuple[array.array, array.array, array.array, array.array]
+    rank_durations: np.ndarray  # [pp, 2 m vpp]
+    rank_last: list[int]
+    last_b: list[list[tuple[int, int, int]]]  # [rank][chunk]
+    first_b: list[tuple[int, int, int]]  # [rank]
+
+
+@lru_cache(maxsize=128)  # a 175B model's search meets ~80 schedules (16 ranks x 1,024 micro-batches: 0.7 MB)
+def _order(pp: int, vpp: int, m: int) -> _Order:
+    """:class:`_Order` of the schedule of ``pp``, ``vpp``, ``m`` (from :func:`_levels`), held compactly: the search
+    replays many schedules many times each."""
     g = _levels(pp, vpp, m)
     order = np.concatenate(g.waves)
-    return g, list(zip(order.tolist(), g.prev[order].tolist(), g.dep[order].tolist(), g.dur[order].tolist()))
+    columns = tuple(array.array("i", x[order].tolist()) for x in (np.arange(len(g.prev)), g.prev, g.dep, g.dur))
+
+    def who(i: int) -> tuple[int, int, int]:
+        return i, int(g.prev[i]), int(g.dep[i])
+
+    return _Order(columns=columns, rank_durations=g.dur.reshape(pp, -1).astype(np.int32),  # type: ignore[arg-type]
+                  rank_last=g.rank_last.tolist(), last_b=[[who(i) for i in row] for row in g.last_b.tolist()],
+                  first_b=[who(i) for i in g.first_b.tolist()])
 
 
 def _replay(pp: int, vpp: int, m: int, fwd: list[float], bwd: list[float]) -> SimResult:
     """:func:`simulate` of the schedule of ``pp``, ``vpp``, ``m`` (the same max-and-add, so the same times to the
     bit), action by action in the dependency order :func:`_order` caches instead of rank by rank as they block."""
-    g, order = _order(pp, vpp, m)
+    o = _order(pp, vpp, m)
     dur = fwd + bwd
-    end = [0.0] * (len(g.prev) + 1)  # the last: "none"
-    for i, p, q, d in order:
+    end = [0.0] * (len(o.columns[0]) + 1)  # the last: "none"
+    for i, p, q, d in zip(*o.columns):
         a, b = end[p], end[q]
         end[i] = (a if a > b else b) + dur[d]
 
-    def start(i: int) -> float:
-        a, b = end[g.prev[i]], end[g.dep[i]]
+    def start(i: int, p: int, q: int) -> float:
+        a, b = end[p], end[q]
         return a if a > b else b
 
-    rank_end = [end[i] for i in g.rank_last.tolist()]
-    busy = np.cumsum(np.asarray(dur)[g.dur].reshape(pp, -1), axis=1)[:, -1]  # sequential, as the replay adds
-    last_b = [[(start(i), end[i]) for i in row] for row in g.last_b.tolist()]
-    return SimResult(makespan=max(rank_end), rank_end=rank_end, rank_busy=busy.tolist(), last_b=last_b,
-                     first_b_start=[start(i) for i in g.first_b.tolist()])
+    rank_end = [end[i] for i in o.rank_last]
+    busy = np.cumsum(np.asarray(dur)[o.rank_durations], axis=1)[:, -1]  # sequential, as the replay adds
+    return SimResult(makespan=max(rank_end), rank_end=rank_end, rank_busy=busy.tolist(),
+                     last_b=[[(start(*w), end[w[0]]) for w in row] for row in o.last_b],
+                     first_b_start=[start(*w) for w in o.first_b])
 
 
 def _extended(pp: int, vpp: int, m: int, m1: int, fwd: list[float], bwd: list[float]) -> SimResult | None:
