@@ -127,7 +127,14 @@ def simulate_steps(pp: int, vpp: int, m: int, fwd: list[float], bwd: list[float]
     sequences) the schedule is replayed at m1 = steady_m(pp, m), m1 + pp and m1 + 2 pp, and every result is
     extended linearly to ``m`` when the two steps agree and the makespan grows exactly as the busiest rank's
     work does (that regime lasts); otherwise (two near-equal stages still settling, or a schedule whose
-    steady rate is set by a cycle through several ranks) the full replay runs."""
+    steady rate is set by a cycle through several ranks) the full replay runs.
+
+    Cached (a search prices a third of its plans' schedules more than once): do not modify the result."""
+    return _steps(pp, vpp, m, tuple(fwd), tuple(bwd))
+
+
+@lru_cache(maxsize=2048)
+def _steps(pp: int, vpp: int, m: int, fwd: tuple[float, ...], bwd: tuple[float, ...]) -> SimResult:
     m1 = steady_m(pp, m)
     found = None if m1 == m else _extended(pp, vpp, m, m1, fwd, bwd)
     return found if found is not None else _replay(pp, vpp, m, fwd, bwd)
@@ -163,7 +170,7 @@ def _order(pp: int, vpp: int, m: int) -> _Order:
                   first_b=[who(i) for i in g.first_b.tolist()])
 
 
-def _replay(pp: int, vpp: int, m: int, fwd: list[float], bwd: list[float]) -> SimResult:
+def _replay(pp: int, vpp: int, m: int, fwd: tuple[float, ...], bwd: tuple[float, ...]) -> SimResult:
     """:func:`simulate` of the schedule of ``pp``, ``vpp``, ``m`` (the same max-and-add, so the same times to the
     bit), action by action in the dependency order :func:`_order` caches instead of rank by rank as they block."""
     o = _order(pp, vpp, m)
@@ -184,7 +191,7 @@ def _replay(pp: int, vpp: int, m: int, fwd: list[float], bwd: list[float]) -> Si
                      first_b_start=[start(*w) for w in o.first_b])
 
 
-def _extended(pp: int, vpp: int, m: int, m1: int, fwd: list[float], bwd: list[float]) -> SimResult | None:
+def _extended(pp: int, vpp: int, m: int, m1: int, fwd: tuple[float, ...], bwd: tuple[float, ...]) -> SimResult | None:
     """Replays at m1, m1 + pp, m1 + 2 pp extended linearly to ``m`` (m - m1 a multiple of pp), or None when
     they are not yet in the steady regime."""
     runs = [_replay(pp, vpp, k, fwd, bwd) for k in (m1, m1 + pp, m1 + 2 * pp)]

@@ -93,7 +93,7 @@ def test_the_replay_in_dependency_order_equals_the_replay_rank_by_rank_to_the_bi
         m = pp * rnd.randint(1, 6) + (rnd.randint(0, pp - 1) if vpp == 1 else 0)
         fwd = [rnd.uniform(0.5, 2.0) for _ in range(pp * vpp)]
         bwd = [2 * x * rnd.uniform(0.8, 1.2) for x in fwd]
-        assert pipeline._replay(pp, vpp, m, fwd, bwd) == simulate(build_schedule(pp, vpp, m), fwd, bwd, pp)
+        assert pipeline._replay(pp, vpp, m, tuple(fwd), tuple(bwd)) == simulate(build_schedule(pp, vpp, m), fwd, bwd, pp)
 
 
 @pytest.mark.parametrize("pp,vpp,m", [(1, 1, 4), (4, 1, 3), (4, 1, 16), (4, 2, 8), (3, 3, 12), (8, 4, 16)])
