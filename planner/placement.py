@@ -9,10 +9,11 @@ tried for each stage shape; layers are split evenly, in proportion to each group
 placed plan's own stage times under an even split; an interleaved plan also by each rank's total) and as those
 times say evens the stages out or makes the step fastest for the plan's micro-batches; the fastest placed plans
 are then balanced further, a layer at a time to the fastest stage from the slowest one or the busiest rank's, and
-the three fastest also by any move to or from those stages and the ranks that finish first and last, while the
-step gets faster. Plans whose every pipeline rank splits its replicas over all the groups (``a+b``) are placed so
-too. Every placed plan is priced exactly (cost_models/placement.py). The keys a search holds are held here too: a
-fixed placement is the only one tried, a fixed layer split is kept.
+the three these moves leave fastest again from their starts, also by any move to or from those stages and the
+ranks that finish first and last, while the step gets faster. Plans whose every pipeline rank splits its
+replicas over all the groups (``a+b``) are placed so too. Every placed plan is priced exactly
+(cost_models/placement.py). The keys a search holds are held here too: a fixed placement is the only one tried, a
+fixed layer split is kept.
 """
 
 from __future__ import annotations
@@ -44,8 +45,8 @@ MAX_SHAPES = 32
 MAX_SHARES = 8  # shares of the replicas a split placement may have (the groups' sizes over their gcd, summed)
 SPLIT_BASES = 32  # distinct homogeneous plans placed with every pipeline rank split over the groups (one way each)
 MAX_MOVES = 16  # single-layer moves tried per placed plan
-MOVED = 3  # placed plans balanced by single-layer moves (the fastest)
-WIDE_PRICES = 300  # single-layer moves priced per plan balanced widely (the :data:`MOVED` fastest; ~1 s at 80 layers)
+MOVED = 3  # placed plans balanced by wide single-layer moves (those the narrow moves leave fastest)
+WIDE_PRICES = 300  # single-layer moves priced per plan balanced widely (~1 s at 80 layers)
 WIDE_ACTIONS = 1_000_000  # and at most this many micro-batch x stage actions replayed for them (many micro-batches:
 # each move's schedule replay costs more, and the slowest stage's m-1 repeats, which the narrow moves address, dominate)
 ORDERS = 2  # orders of the groups kept per stage shape
@@ -304,7 +305,8 @@ def place(model: ModelSpec, cluster: ClusterSpec, ranked: list[PlanResult], glob
     (tp, dp, cp, vpp) every order of the groups is priced with the layers split evenly, by group speed and as
     :func:`fitted` splits them; the shape's other plans take its :data:`ORDERS` best orders, split by
     the first plan's groups' speeds and by their own; the best :data:`MOVED` placed plans, and the best of each
-    shape in each kept order, are then balanced by single-layer moves (:func:`moved`). ``exhaustive``: so for
+    shape in each kept order, are then balanced by single-layer moves (:func:`moved`), and the :data:`MOVED` those
+    leave fastest by wide ones from their starts. ``exhaustive``: so for
     every plan of ``ranked``, and each also with every layer split (one layer per stage at least) where there are
     at most :data:`MAX_SPLITS` of them. ``fixed``: the plan keys the
     search holds; a fixed ``placement`` is the only one tried, and a fixed split (:func:`holds_split`) is kept.
@@ -369,23 +371,33 @@ def _placed(model: ModelSpec, cluster: ClusterSpec, ranked: list[PlanResult], gl
     kept = {(shape, w) for (shape, split), orders in orders_of.items() if not split for w, _ in orders}
     per_order = sorted({_shape_order(out[i].config): i for i in reversed(firsts)
                         if _shape_order(out[i].config) in kept}.values())
-    # the best plans, the best also from its next-best split where it interleaves (moves from a faster start, such as
-    # a split by rank, can stop at a slower split), and the best in each order
-    second = firsts and out[firsts[0]].config.vpp > 1
-    wide = set(firsts[:MOVED]) | set(_two_starts(out, firsts[0], model.num_layers) if second else [])
-    balanced = sorted(wide | set(per_order))
-    for done, i in enumerate(balanced):
+    # every candidate balanced by the narrow moves first; the wide moves then go to the plans those leave fastest
+    # (a start's rank is a poor guide: an interleaved plan's narrow moves often stall where wide ones go far), each
+    # wide-moved from its start, and the best also from its next-best split where it interleaves (moves from a
+    # faster start, such as a split by rank, can stop at a slower split)
+    starts = {i: out[i] for i in set(firsts[:MOVED]) | set(per_order)}
+    for done, i in enumerate(sorted(starts)):
         if progress:
-            progress(len(chosen) + done, len(chosen) + len(balanced))
-        out[i] = moved(model, cluster, out[i], global_batch, headroom_GiB, state, wide=i in wide)
+            progress(len(chosen) + done, len(chosen) + len(starts) + MOVED)
+        out[i] = moved(model, cluster, out[i], global_batch, headroom_GiB, state)
+    ahead = sorted(starts, key=lambda i: out[i].rank_key())[:MOVED]
+    second = bool(ahead) and out[ahead[0]].config.vpp > 1
+    wide = list(dict.fromkeys(ahead + (_two_starts(out, ahead[0], model.num_layers, starts) if second else [])))
+    total = len(chosen) + len(starts) + len(wide)
+    for done, i in enumerate(wide):
+        if progress:
+            progress(total - len(wide) + done, total)
+        tried = moved(model, cluster, starts.get(i, out[i]), global_batch, headroom_GiB, state, wide=True)
+        out[i] = min((tried, out[i]), key=PlanResult.rank_key)
     if progress:
-        progress(len(chosen) + len(balanced), len(chosen) + len(balanced))
+        progress(total, total)
     return out
 
 
-def _two_starts(out: list[PlanResult], j: int, num_layers: int) -> list[int]:
-    """``j`` and the first plan of ``out`` after it (best first) that is the same plan with another layer split."""
-    key, split = replace(out[j].config, layers=None), out[j].config.stage_layers(num_layers)
+def _two_starts(out: list[PlanResult], j: int, num_layers: int, starts: dict[int, PlanResult]) -> list[int]:
+    """``j`` and the first plan of ``out`` after it (best first) that is the same plan with another layer split
+    (``starts``: the plans some of ``out`` were before their moves)."""
+    key, split = replace(out[j].config, layers=None), starts.get(j, out[j]).config.stage_layers(num_layers)
     return [j] + [i for i in range(j + 1, len(out)) if replace(out[i].config, layers=None) == key
                   and out[i].config.stage_layers(num_layers) != split][:1]
 
