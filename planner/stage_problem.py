@@ -44,7 +44,7 @@ class StageProblem:
     fixed_layers: tuple[int, ...] | None = None  # layers per virtual stage held as given
 
 
-@dataclass
+@dataclass(frozen=True)
 class StageSolution:
     layers: tuple[int, ...]
     recompute_layers: tuple[int, ...]

@@ -286,6 +286,25 @@ def test_tp_overlap_is_not_always_faster():
     assert both.estimate.step_time_s < on.estimate.step_time_s
 
 
+def test_a_stage_problem_met_again_is_not_solved_again(monkeypatch):
+    """A search meets the same stage problem in several passes: the solver runs once for it, and once more for a
+    problem that differs in any number (the capacity here, or a stage's in-flight count)."""
+    import planner.ilp
+
+    solves, real = [], planner.ilp.solve_with_pulp
+    monkeypatch.setattr(planner.ilp, "solve_with_pulp", lambda p, nodes: solves.append(p) or real(p, nodes))
+    monkeypatch.setattr(planner.ilp, "_SOLVED", {})
+    p = StageProblem(num_layers=16, pp=4, vpp=1, microbatches=8, layer_time=1.0, recompute_time=0.3,
+                     extra_time=[0.0] * 4, state_per_layer=0.0, extra_state=[0] * 4, act_full=10.0, act_ckpt=1.0,
+                     extra_act=[0] * 4, inflight=[4, 3, 2, 1], fixed_bytes=0.0, capacity=100.0, allow_recompute=True)
+    first = solve_stages(p)
+    assert first is not None and solve_stages(StageProblem(**p.__dict__)) == first and len(solves) == 1
+    other = solve_stages(StageProblem(**{**p.__dict__, "capacity": 60.0}))
+    assert len(solves) == 2 and other is not None and sum(other.recompute_layers) > sum(first.recompute_layers)
+    solve_stages(StageProblem(**{**p.__dict__, "inflight": [4, 3, 2, 2]}))
+    assert len(solves) == 3
+
+
 def test_the_stage_ilp_runs_on_a_count_not_a_clock(monkeypatch):
     """The fastest finalists get the stage ILP, ILP_SOLVES of them; with none allowed they keep the even split (a
     search never spends minutes on hard MIPs). Nothing depends on the clock: a machine so loaded that every call
