@@ -39,6 +39,19 @@ class Sweep:
         return f"{self.unit} ({self.usage})" if self.usage else self.unit
 
 
+@dataclass(frozen=True)
+class SweepInputs:
+    """A sweep's checked inputs: the key and values swept, the plan keys fixed at every point (``--fix`` and
+    ``--compare`` together), which flag gave each ``--compare`` key (for errors), and whether the node groups are
+    planned as one homogeneous cluster (``placement=none``)."""
+
+    key: str
+    values: list[Any]
+    fixed: dict[str, Any]
+    flags: dict[str, str]
+    homogeneous: bool
+
+
 VARY_KEYS = {
     "inter_node_bw": Sweep("Gb/s per NIC", "inter-node bandwidth ({unit})"),
     "intra_node_bw": Sweep("GB/s per GPU", "NVLink bandwidth ({unit})"),
@@ -245,23 +258,16 @@ def _check_placements(keys: dict[str, Any], cluster: ClusterSpec, flags: dict[st
         raise AutoparError(f"{flags.get('placement', '--fix')} {problem}")
 
 
-def sweep(model: ModelSpec, cluster: ClusterSpec, global_batch: int, key: str, values: list[Any],
-          fixed: dict[str, Any], headroom_GiB: float | None = None, compare: dict[str, Any] | None = None,
-          progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
-    """Best plan at every value (a point with no fitting plan is {value, gpus, error}); ``headroom_GiB`` None:
-    each point's default (cost_models/headroom.py: a share of each GPU's memory); ``progress(done, total)`` is
-    told after each point.
-
-    ``compare`` holds the ``--compare`` keys, fixed on top of ``fixed`` (errors about them name --compare);
-    ``placement=none`` among them plans a cluster of node groups as homogeneous at its slowest link instead of
-    placing plans on its groups. Errors that would fail every point (bad keys, a network the cluster does not
-    have) are raised first.
-    """
+def checked_sweep(model: ModelSpec, cluster: ClusterSpec, global_batch: int, key: str, values: list[Any],
+                  fixed: dict[str, Any], headroom_GiB: float | None = None,
+                  compare: dict[str, Any] | None = None) -> SweepInputs:
+    """A sweep's inputs, checked: errors that would fail every point (bad keys, a network the cluster does not have,
+    a placement no point can run) are raised here, before any point is planned (the command checks a ``--compare``
+    curve's before planning the first curve)."""
     key, values = parse_vary(f"{key}={','.join(map(str, values))}")  # the command's checks for the API's callers
     fixed, compare = typed_keys(fixed), typed_keys(dict(compare or {}))
     compare, homogeneous = unplaced(compare, cluster, "--compare")
     fixed, flat = unplaced(fixed, cluster)  # (--fix placement=none: the same as --compare's)
-    homogeneous = homogeneous or flat
     flags = {k: "--compare" for k in compare}
     check_fixed_keys(model, fixed, global_batch)
     check_fixed_keys(model, compare, global_batch, flags)
@@ -278,6 +284,22 @@ def sweep(model: ModelSpec, cluster: ClusterSpec, global_batch: int, key: str, v
     if key.startswith("group_net:"):  # a group name that is not one is bad input, not a point without a plan
         for v in values:
             cluster_at(cluster, key, v)
+    return SweepInputs(key, values, {**fixed, **compare}, flags, homogeneous or flat)
+
+
+def sweep(model: ModelSpec, cluster: ClusterSpec, global_batch: int, key: str, values: list[Any],
+          fixed: dict[str, Any], headroom_GiB: float | None = None, compare: dict[str, Any] | None = None,
+          progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
+    """Best plan at every value (a point with no fitting plan is {value, gpus, error}); ``headroom_GiB`` None:
+    each point's default (cost_models/headroom.py: a share of each GPU's memory); ``progress(done, total)`` is
+    told after each point.
+
+    ``compare`` holds the ``--compare`` keys, fixed on top of ``fixed`` (errors about them name --compare);
+    ``placement=none`` among them plans a cluster of node groups as homogeneous at its slowest link instead of
+    placing plans on its groups. Errors that would fail every point are raised first (:func:`checked_sweep`).
+    """
+    given = checked_sweep(model, cluster, global_batch, key, values, fixed, headroom_GiB, compare)
+    key, values = given.key, given.values
     pts: list[dict[str, Any]] = []
     for v in values:
         pt: dict[str, Any] = {"value": v}
@@ -286,8 +308,8 @@ def sweep(model: ModelSpec, cluster: ClusterSpec, global_batch: int, key: str, v
             if note:
                 pt["note"] = note
             pt["gpus"] = c.num_gpus
-            res = search(model, c, global_batch, fixed={**fixed, **compare}, top=1, headroom_GiB=headroom_GiB,
-                         refine_count=12, flags=flags, place_groups=not homogeneous)
+            res = search(model, c, global_batch, fixed=given.fixed, top=1, headroom_GiB=headroom_GiB,
+                         refine_count=12, flags=given.flags, place_groups=not given.homogeneous)
         except AutoparError as err:
             res, pt["error"] = None, str(err)
             pt.setdefault("gpus", v if key == "gpus" else None)

@@ -15,7 +15,7 @@ from specs.json_numbers import rounded
 
 
 def whatif_command(args: argparse.Namespace) -> int:
-    from planner.whatif import parse_vary, sweep
+    from planner.whatif import checked_sweep, parse_vary, sweep
     from specs.parallel import parse_plan_keys
 
     key, values = parse_vary(args.vary)
@@ -44,6 +44,8 @@ def whatif_command(args: argparse.Namespace) -> int:
     if "placement" in more and not cluster.node_groups:
         raise AutoparError(f"--compare placement: cluster {cluster.name} has no node groups to place stages on; "
                            "placement compares plans on a cluster of node groups")
+    if args.compare is not None:  # the second curve's bad input fails now, not after the first curve's points
+        checked_sweep(model, cluster, args.global_batch, key, values, fixed, args.headroom, more)
     report = progress("points")  # (on a terminal: a sweep of large models takes a while)
     n = len(values) * (2 if args.compare is not None else 1)
 

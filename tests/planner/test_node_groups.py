@@ -269,7 +269,13 @@ def test_whatif_varies_one_groups_network_and_compares_with_the_homogeneous_view
     assert speeds[0] < speeds[1] < speeds[2]
 
 
-def test_whatif_on_groups_refuses_what_it_cannot_vary_in_one_line(capsys):
+def test_whatif_on_groups_refuses_what_it_cannot_vary_in_one_line(capsys, monkeypatch):
+    """Each refusal comes before any point is planned (a bad --compare once waited for the first curve's points)."""
+
+    def planned(*args, **kwargs):
+        raise AssertionError("a point was planned before the bad input was refused")
+
+    monkeypatch.setattr("planner.whatif.search", planned)
     common = ["whatif", "--model", "llama-13b", "--global-batch", "512", "--cluster"]
     assert "made of node groups" in fails(capsys, *common, "ib-roce-a100", "--vary", "inter_node_bw=100,200")
     assert "no node group 'rocee'" in fails(capsys, *common, "ib-roce-a100", "--vary", "group_bw:rocee=100")
