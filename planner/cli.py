@@ -161,7 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("--warmup", type=integer, default=2,
                     help="steps of each trial left out of its median (default %(default)s)")
     tu.add_argument("--time-limit", type=float, default=600.0, metavar="S",
-                    help="seconds a trial may run before it is stopped and skipped (default %(default)g)")
+                    help="seconds a trial may run, its start-up included, before it is stopped and skipped "
+                         "(default %(default)g)")
     tu.add_argument("--data", type=path_argument, help="token file the trials train on (default: a bundled sample)")
     tu.add_argument("--dir", type=path_argument, help="where the trials' plans and metrics go (default: a temp folder)")
     tu.add_argument("--out", type=path_argument, help="write the measured-best plan here")

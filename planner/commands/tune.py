@@ -62,6 +62,9 @@ def tune_command(args: argparse.Namespace) -> int:
         first = next((t for t in res.trials if t.error), None)
         problem = (f"every trial failed (the first: {first.error if first else 'no error recorded'}); their plans and "
                    f"metrics are in {out_dir} (a failed trial's error names its log)")
+        if all(t.status == "timeout" for t in res.trials):  # the limit counts each trial's start-up too
+            problem += (f"; every one stopped at --time-limit {args.time_limit:g} s, which counts each trial's start "
+                        "(processes, imports, groups) as well as its steps: give a longer one")
     warning = bound_warning(res.scales, "profile this machine (`autopar profile --out mine.yaml`) and tune on "
                                         "that profile (--cluster mine.yaml)", res.runs,
                             cores_here=usable_cores())  # the trials ran here

@@ -55,7 +55,10 @@ def test_tune_with_every_trial_failing_still_reports_them(tmp_path, capsys, monk
     res = json.loads(captured.out)
     assert res["chosen"] is None and res["plan_file"] is None and not out.exists()
     assert res["trials"] and all(t["status"] == "timeout" for t in res["trials"]), res["trials"]
-    assert "every trial failed" in res["error"] and captured.err.strip().splitlines()[-1].startswith("autopar: error:")
+    assert "every trial failed" in res["error"] and res["error"].endswith("--time-limit 1 s, which counts each "
+                                                                          "trial's start (processes, imports, groups) "
+                                                                          "as well as its steps: give a longer one")
+    assert captured.err.strip().splitlines()[-1].startswith("autopar: error:")
 
 
 def test_ctrl_c_stops_the_tuning(tmp_path, capsys, monkeypatch):
