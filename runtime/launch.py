@@ -12,6 +12,7 @@ import contextlib
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -40,6 +41,7 @@ from specs.errors import ERROR_PREFIX, INTERRUPTED, WORKER_BROKE_PREFIX, WORKER_
 from specs.planfile import PlanFile, load_plan
 
 REPO = Path(__file__).resolve().parent.parent
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 PORT = 29500  # node rank 0's rendezvous port in the printed multi-node commands (torchrun's default)
 SHARED = ("the paths are absolute: keep them on a file system every node mounts; MASTER_ADDR: node rank 0's host, "
           "set on each node")
@@ -191,10 +193,10 @@ def launch(plan_path: str, options: RunOptions | None = None, nproc: int | None 
             print(f"autopar: this plan spans several nodes; run on every node ({SHARED}):\n  " +
                   "\n  ".join(multi_node_commands(plan, worker, o.max_restarts)), flush=True)
             return 0
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
-               *o.flags("max_restarts"), *worker]
+        args = ["--standalone", "--nproc-per-node", str(world),
+                *o.flags("max_restarts"), *worker]
         if o.dry_run:
-            print(" ".join(shlex.quote(c) for c in cmd), flush=True)
+            print(" ".join(shlex.quote(c) for c in TORCHRUN + args), flush=True)
             return 0
         full_env = {**os.environ, **(env or {})}
         # autopar's own packages first: `-m` would put the current folder first on the workers' path, where a
@@ -209,7 +211,7 @@ def launch(plan_path: str, options: RunOptions | None = None, nproc: int | None 
         full_env[LAUNCHER_ENV] = str(os.getpid())  # (a worker whose agent ended before it could follow it: ends_with)
         kept = o.flags(*CARRIED, "max_restarts")  # the resume command keeps them
         try:
-            rc = _run_workers(cmd, full_env, timeout_s)
+            rc = _run_workers(args, full_env, timeout_s)
         except AutoparError as caught:  # a worker failed: where to go on from, unless the error says already (or
             # is about that checkpoint: a corrupt one)
             moved = tokens.changed()  # (a truncated file kills a worker with SIGBUS, which names no file)
@@ -347,7 +349,18 @@ def _stopped_by(*signals: int) -> Iterator[None]:
             signal.signal(s, handler)
 
 
-def _run_workers(cmd: list[str], env: dict[str, str], timeout_s: float | None = None) -> int:
+def _run_workers(args: list[str], env: dict[str, str], timeout_s: float | None = None) -> int:
+    """Run torchrun with ``args``: 0, :data:`INTERRUPTED`, or an error naming the workers' log.
+    torchrun's own folder (its per-attempt files; without ``--log-dir``, one ``torchelastic_*`` folder left in the
+    temporary folder for every run) is a temporary one removed after the run: what failed is in the workers' log."""
+    folder = tempfile.mkdtemp(prefix="autopar-torchrun-")
+    try:
+        return _logged_run([*TORCHRUN, "--log-dir", folder, *args], env, timeout_s)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _logged_run(cmd: list[str], env: dict[str, str], timeout_s: float | None) -> int:
     fd, log_path = tempfile.mkstemp(prefix="autopar-run-", suffix=".log")
     errors: list[str] = []
     with os.fdopen(fd, "w") as log:

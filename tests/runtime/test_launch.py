@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -162,11 +163,15 @@ def test_young_daly_interval():
     assert young_daly_interval_s(10.0, 86400.0) == pytest.approx(1314.53, abs=0.01)
 
 
-def test_max_restarts_heals_a_killed_rank(tmp_path, clean):
+def test_max_restarts_heals_a_killed_rank(tmp_path, clean, monkeypatch):
     """`--max-restarts 2`: rank 1 killed (SIGKILL) before step 7; torchrun restarts the workers, which resume
-    from step 4's checkpoint, redo 5-6 and finish: exit 0, and the final loss is an uninterrupted run's."""
+    from step 4's checkpoint, redo 5-6 and finish: exit 0, and the final loss is an uninterrupted run's. The run
+    leaves nothing in the temporary folder (torchrun's per-attempt folders once stayed there, one per run)."""
     plan, whole = clean
-    healed = tmp_path / "healed.jsonl"
+    healed, temp = tmp_path / "healed.jsonl", tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
     assert launch(plan, RunOptions(max_restarts=2, metrics_out=str(healed), checkpoint_dir=str(tmp_path / "ck1"),
                                    mtbf_hours=2.0, steps=8, checkpoint_every=4, quiet=True),
                   env={"AUTOPAR_FAULT": "7:1"}) == 0
@@ -181,6 +186,7 @@ def test_max_restarts_heals_a_killed_rank(tmp_path, clean):
     steps = [r["step"] for r in lines if "step" in r]
     assert steps == [1, 2, 3, 4, 5, 6, 5, 6, 7, 8]
     assert [r["loss"] for r in lines if "step" in r][-1] == whole[-1]["loss"]
+    assert not list(temp.iterdir())
 
 
 def test_max_restarts_heals_a_run_over_two_nodes(tmp_path):
