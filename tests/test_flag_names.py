@@ -16,8 +16,8 @@ from planner.cli import build_parser
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("planner", "runtime", "specs", "cost_models", "hardware_profiles")
 OTHERS = {"--standalone", "--nproc-per-node", "--nnodes", "--rdzv-backend", "--rdzv-id", "--rdzv-endpoint",
-          "--ntasks-per-node", "--node-rank", "--master-addr", "--master-port"}  # torchrun's and srun's, in the
-# multi-node commands autopar prints
+          "--ntasks-per-node", "--node-rank", "--master-addr", "--master-port", "--log-dir"}  # torchrun's and srun's,
+# in the multi-node commands autopar prints and the torchrun line it runs
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]+")
 
 
