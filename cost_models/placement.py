@@ -27,6 +27,7 @@ import numpy as np
 
 from cost_models.comm import CommModel, SpanningComm
 from cost_models.compute import ComputeModel
+from cost_models.memo import IdentityMemo
 from cost_models.memory import RankMemory, rank_memory
 from cost_models.pipeline import REPLAY_FIELDS, Replay, replayed, simulate_steps, table_replay
 from cost_models.stages import LayerTerms, StageCosts, layer_terms, stage_costs, stage_split
@@ -107,24 +108,15 @@ def _comm(cluster: ClusterSpec, view: ClusterSpec, entry: str, c: Candidates) ->
 
 TABLE_ROWS = 4  # splits priced together from which their schedules are replayed as one table (pipeline.table_replay)
 
-_TERMS: dict[tuple, tuple[object, object, object, LayerTerms]] = {}
-_TERMS_KEPT = 512
+_TERMS: IdentityMemo[LayerTerms] = IdentityMemo(512)
 
 
 def _terms(model: ModelSpec, view: ClusterSpec, entry: str, cfg: ParallelConfig, state: StateSpec,
            cm: ComputeModel, comm: CommModel) -> LayerTerms:
     """``layer_terms`` of a plan on one group, remembered across the placements and layer splits of the same plan
-    (they do not depend on either; the search prices a plan many ways): keyed by the objects' identity, checked on
-    every hit."""
-    key = (id(model), id(view), id(state), entry, replace(cfg, layers=None, placement=None, recompute_layers=None))
-    hit = _TERMS.get(key)
-    if hit is not None and hit[0] is model and hit[1] is view and hit[2] is state:
-        return hit[3]
-    if len(_TERMS) >= _TERMS_KEPT:
-        _TERMS.clear()
-    terms = layer_terms(model, cm, comm, Candidates.of(cfg), state)
-    _TERMS[key] = (model, view, state, terms)
-    return terms
+    (they do not depend on either; the search prices a plan many ways)."""
+    return _TERMS.get((model, view, state), (entry, replace(cfg, layers=None, placement=None, recompute_layers=None)),
+                      lambda: layer_terms(model, cm, comm, Candidates.of(cfg), state))
 
 
 def price_placed(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global_batch: int,

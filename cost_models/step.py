@@ -18,6 +18,7 @@ import numpy as np
 from cost_models.comm import CommModel
 from cost_models.compute import ComputeModel
 from cost_models.headroom import check_headroom, fullest, usable_GiB
+from cost_models.memo import IdentityMemo
 from cost_models.memory import GiB, rank_memory
 from cost_models.params import per_rank
 from cost_models.pipeline import replayed, simulate_steps
@@ -81,7 +82,19 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global
     """Predict step time, throughput, MFU and peak memory of ``cfg`` (exact: replays the schedule). ``state``:
     the model state's precisions and buckets (default: ``StateSpec.default`` of the cluster's precision);
     ``terms``: ``cfg``'s layer terms when the caller has them (the search computes its finalists' at once).
-    ``headroom_GiB``: kept free on every GPU for the plan to fit (None: the default share of each stage's GPUs)."""
+    ``headroom_GiB``: kept free on every GPU for the plan to fit (None: the default share of each stage's GPUs).
+    Remembered for the same model, cluster and state objects (:data:`_ESTIMATES`): do not modify the result."""
+    return _ESTIMATES.get((model, cluster, state), (cfg, global_batch, headroom_GiB, validate),
+                          lambda: _exact(model, cluster, cfg, global_batch, headroom_GiB, validate, state, terms))
+
+
+# a search prices many plans again (placed by the whole search, then by the search of their own placement; refined
+# on one view by several rankings): a tenth of a search of node groups' time
+_ESTIMATES: IdentityMemo[Estimate] = IdentityMemo(4096)
+
+
+def _exact(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global_batch: int, headroom_GiB: float | None,
+           validate: bool, state: StateSpec | None, terms: LayerTerms | None) -> Estimate:
     if validate:
         check_plan(cfg, PlanContext.on(model, cluster, global_batch))
         check_headroom(headroom_GiB, cluster)
