@@ -26,6 +26,8 @@ from specs.parallel import ParallelConfig
 from specs.phases import PHASES
 from specs.planfile import make_plan, save_plan
 
+pytestmark = pytest.mark.alone  # its runs' steps are timed: the machine to itself (tests/conftest.py)
+
 STEPS, BATCH = 28, 48  # about 0.4 s a clean step: long against the machine's jitter
 CLEAN, SLOW = ",".join(str(s) for s in range(3, STEPS, 2)), ",".join(str(s) for s in range(4, STEPS + 1, 2))
 

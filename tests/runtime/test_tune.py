@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from planner.cli import main
 from planner.search import search
 from specs.cluster_loading import load_cluster
@@ -16,6 +18,7 @@ from specs.planfile import TrainConfig, load_plan
 ARGS = ["--model", "tiny", "--cluster", "cpu-gloo", "--gpus", "4", "--global-batch", "16"]
 
 
+@pytest.mark.alone  # the trials' time limit: the machine to itself (tests/conftest.py)
 def test_tune_keeps_the_fastest_measured_trial_and_skips_one_past_its_limit(tmp_path, capsys, monkeypatch):
     top = [p.config.short() for p in search(load_model("tiny"), load_cluster("cpu-gloo", gpus=4), 16, top=3).plans]
     assert len(top) == 3
