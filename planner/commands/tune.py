@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shlex
 import sys
@@ -23,7 +24,6 @@ def tune_command(args: argparse.Namespace) -> int:
 
     model, cluster = load_inputs(args)
     _check_inputs(args, model, cluster)
-    out_dir = Path(args.dir) if args.dir else default_out_dir()
     fixed = parse_plan_keys(args.fix, "--fix")
     if cluster.num_nodes > 1:
         if not args.dir:
@@ -34,7 +34,8 @@ def tune_command(args: argparse.Namespace) -> int:
             raise AutoparError("--out: on several nodes tune writes the trials' plans and prints their commands; "
                                "nothing is measured here to choose from, so leave --out out and keep the trial plan "
                                "whose median is the fastest")
-        return _tune_commands(args, model, cluster, out_dir, fixed, args.headroom)
+        return _tune_commands(args, model, cluster, Path(args.dir), fixed, args.headroom)
+    out_dir = Path(args.dir) if args.dir else default_out_dir()
     live = args.format != "json" and sys.stderr.isatty()
 
     def report(i: int, n: int, t) -> None:
@@ -45,8 +46,14 @@ def tune_command(args: argparse.Namespace) -> int:
         else:
             print(text, file=sys.stderr if live else sys.stdout, flush=True)
 
-    res = tune(model, cluster, args.global_batch, out_dir, fixed, args.trials, args.steps, args.warmup,
-               args.time_limit, args.data, args.headroom, report, provenance=source_header(args.cluster))
+    try:
+        res = tune(model, cluster, args.global_batch, out_dir, fixed, args.trials, args.steps, args.warmup,
+                   args.time_limit, args.data, args.headroom, report, provenance=source_header(args.cluster))
+    except AutoparError:
+        if not args.dir:  # refused before any trial: the temporary folder made for them goes too (if still empty)
+            with contextlib.suppress(OSError):
+                out_dir.rmdir()
+        raise
     chosen = res.chosen
     if args.out and chosen is not None:
         plan = load_plan(chosen.plan_path)

@@ -5,6 +5,7 @@ plan and a calibrated profile. A test-only variable (``AUTOPAR_SLOW``) makes cho
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -77,7 +78,10 @@ def test_ctrl_c_stops_the_tuning(tmp_path, capsys, monkeypatch):
     assert [t["status"] for t in res["trials"]][:2] == ["interrupted", "not run"] and res["chosen"] is None
 
 
-def test_tune_bad_inputs_are_one_line_errors(tmp_path, capsys):
+def test_tune_bad_inputs_are_one_line_errors(tmp_path, capsys, monkeypatch):
+    temp = tmp_path / "temp"  # where tune makes its folder without --dir: a refused tune leaves none there
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
     for argv, needle in [
         (["--steps", "2", "--warmup", "2"], "--steps (2) must be more than --warmup (2)"),
         (["--trials", "0"], "--trials (--top) must be at least 1"),
@@ -94,6 +98,7 @@ def test_tune_bad_inputs_are_one_line_errors(tmp_path, capsys):
         assert len(err) == 1 and needle in err[0], err
     assert main(["tune", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch", "64"]) == 2
     assert "has no CUDA GPU" in capsys.readouterr().err  # a GPU profile is not calibrated on this CPU machine
+    assert not list(temp.iterdir())
     # a model the runtime cannot train: one line before any trial (each trial failed on it after launch)
     assert main(["tune", *ARGS[2:], "--model", "tests.fixtures.toy_lm:build", "--dir", str(tmp_path / "t")]) == 2
     assert "tune trains its finalists, and model ToyLM was traced" in capsys.readouterr().err
@@ -111,7 +116,7 @@ def test_tune_bad_inputs_are_one_line_errors(tmp_path, capsys):
     assert profile.read_bytes() == before and sorted(p.name for p in own.iterdir()) == ["calibrated.yaml"]
 
 
-def test_tune_on_several_nodes_prints_each_trials_commands(tmp_path, capsys):
+def test_tune_on_several_nodes_prints_each_trials_commands(tmp_path, capsys, monkeypatch):
     """On a multi-node cluster the trials cannot start from here: tune writes the finalists' plan files and prints,
     as `autopar run` does, the commands for every node, then the fit that compares them."""
     assert main(["tune", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch", "64",
@@ -127,9 +132,12 @@ def test_tune_on_several_nodes_prints_each_trials_commands(tmp_path, capsys):
     assert main(["tune", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch", "64",
                  "--dir", str(tmp_path / "u"), "--out", str(tmp_path / "best.json")]) == 2  # nothing to choose here
     assert "--out: on several nodes" in capsys.readouterr().err and not (tmp_path / "best.json").exists()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "temp"))
+    (tmp_path / "temp").mkdir()
     assert main(["tune", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch", "64"]) == 2
     err = capsys.readouterr().err  # a temporary folder here is on this machine only: every node needs the trials
     assert "--dir: on several nodes" in err and "filesystem all nodes share" in err and "\n" not in err.strip()
+    assert not [p for p in Path(tempfile.gettempdir()).iterdir() if p.name.startswith("autopar-tune-")]
 
 
 def test_tune_into_a_used_folder_leaves_no_earlier_trial(tmp_path, capsys):
