@@ -14,7 +14,6 @@ from __future__ import annotations
 import re
 from typing import Any, Literal, get_args
 
-import networkx as nx
 from pydantic import Field, field_validator
 
 from specs.strict import Strict
@@ -105,6 +104,8 @@ class Topology:
                  default: DefaultLink | None) -> None:
         self.groups = {g.name: g for g in groups}
         self._between: dict[tuple[str, str], tuple[float, float]] = {}
+        import networkx as nx  # (here: a plan's workers on a cluster without node groups never need it, 0.1 s)
+
         self.graph = nx.Graph()
         for g in groups:  # a group's nodes reach its switch over their own NICs (``between`` adds them)
             self.graph.add_node(_switch(g.name), kind="switch")
@@ -142,6 +143,8 @@ class Topology:
             if name not in self.groups:
                 return (f"between_groups names group '{name}', which is not one of the node_groups "
                         f"({', '.join(self.groups)})")
+        import networkx as nx
+
         switches = [_switch(n) for n in self.groups]
         reached = nx.node_connected_component(self.graph, switches[0])
         lost = [s[6:] for s in switches if s not in reached]
@@ -159,6 +162,8 @@ class Topology:
             ends = (min(na.node_Gbps, nb.node_Gbps), (na.latency_us + nb.latency_us) / 2)
             best = (float("inf"), 0.0)
             if a != b:
+                import networkx as nx
+
                 switches = self.graph.subgraph(_switch(n) for n in self.groups)  # not an unknown group a link named
                 best = (0.0, float("inf"))
                 for path in nx.all_simple_paths(switches, _switch(a), _switch(b)):
