@@ -56,16 +56,21 @@ class MachineLock:
 _LOCK = pytest.StashKey[MachineLock]()
 
 
+def _controller(config: pytest.Config) -> bool:
+    """Whether this process hands tests out to xdist workers (``-n``)."""
+    return bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "alone: a test timing what it runs; it has the machine to itself")
-    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):  # the controller
+    if _controller(config):
         os.environ[LOCK_ENV] = tempfile.mkdtemp(prefix="autopar-test-locks-")
     elif hasattr(config, "workerinput") and os.environ.get(LOCK_ENV):
         config.stash[_LOCK] = MachineLock(Path(os.environ[LOCK_ENV]))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+    if _controller(config):
         folder = os.environ.pop(LOCK_ENV, None)
         if folder:
             shutil.rmtree(folder, ignore_errors=True)
