@@ -2,12 +2,17 @@
 
 The suite runs on two pytest-xdist workers (``-n 2``; the README's test command). A test marked ``alone`` (its
 assertions are about measured time: a trial's time limit, a straggler's ratio) has the machine to itself: the
-workers share a readers-writer lock of two files (:class:`MachineLock`), every other test holding it shared."""
+workers share a readers-writer lock of two files (:class:`MachineLock`), every other test holding it shared.
+
+What the code under test leaves in the temporary folder on purpose (a failed run's workers' log, a dry run's plan) or
+cannot remove (torchrun's folders under a test that kills it) goes to one folder of the run's own (``TMPDIR``),
+removed at its end; pytest's own ``tmp_path`` folders stay where pytest keeps them."""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import multiprocessing.util
 import os
 import shutil
 import sys
@@ -25,7 +30,7 @@ if str(ROOT) not in sys.path:
 # last would run it alone at the end
 LONGEST_FIRST = ("planner/test_node_groups.py", "runtime/test_launch.py", "runtime/test_equivalence.py",
                  "runtime/test_priced_equals_executed.py", "runtime/test_dp_checkpoint.py", "planner/test_whatif_plot.py")
-LOCK_ENV = "AUTOPAR_TEST_LOCKS"  # the lock files' folder, made by the run's controller for its workers
+RUN_TMP_ENV = "AUTOPAR_TEST_TMP"  # the run's temporary folder (its workers inherit it and the lock files in it)
 
 
 class MachineLock:
@@ -56,22 +61,21 @@ class MachineLock:
 _LOCK = pytest.StashKey[MachineLock]()
 
 
-def _controller(config: pytest.Config) -> bool:
-    """Whether this process hands tests out to xdist workers (``-n``)."""
-    return bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
-
-
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "alone: a test timing what it runs; it has the machine to itself")
-    if _controller(config):
-        os.environ[LOCK_ENV] = tempfile.mkdtemp(prefix="autopar-test-locks-")
-    elif hasattr(config, "workerinput") and os.environ.get(LOCK_ENV):
-        config.stash[_LOCK] = MachineLock(Path(os.environ[LOCK_ENV]))
+    if hasattr(config, "workerinput"):
+        if os.environ.get(RUN_TMP_ENV):
+            config.stash[_LOCK] = MachineLock(Path(os.environ[RUN_TMP_ENV]))
+        return
+    os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())  # (pytest's folders: where they were)
+    multiprocessing.util.get_temp_dir()  # (and multiprocessing's, which it removes itself after the folder is gone)
+    folder = tempfile.mkdtemp(prefix="autopar-tests-")
+    os.environ[RUN_TMP_ENV] = os.environ["TMPDIR"] = tempfile.tempdir = folder
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if _controller(config):
-        folder = os.environ.pop(LOCK_ENV, None)
+    if not hasattr(config, "workerinput"):
+        folder = os.environ.pop(RUN_TMP_ENV, None)
         if folder:
             shutil.rmtree(folder, ignore_errors=True)
 
