@@ -93,6 +93,8 @@ def link(cluster: ClusterSpec, names: tuple[str, ...]) -> tuple[float, float]:
 
 def _worst(parts: list[object], cls: type) -> object:
     """Field by field, the largest of ``parts`` (the slowest of the groups a pipeline rank is split over)."""
+    if len(parts) == 1:  # (a rank on one group: its own)
+        return parts[0]
     return cls(**{f.name: np.max(np.stack([np.asarray(getattr(p, f.name)) for p in parts]), axis=0)
                   for f in fields(cls)})
 

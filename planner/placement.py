@@ -34,7 +34,7 @@ from specs.cluster import ClusterSpec
 from specs.model import ModelSpec
 from specs.parallel import ParallelConfig, default_split
 from specs.placement import entry_groups, groups_text, splits_replicas
-from specs.rules import PlanContext, placement_problem, plan_problem
+from specs.rules import PlanContext, allowed_splits, placement_problem
 from specs.state import StateSpec
 
 MAX_BASES = 8  # distinct homogeneous plans placed as whole pipeline ranks per group (fastest first)
@@ -137,8 +137,7 @@ def _price(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, global_b
 def _with_splits(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, splits: list[tuple[int, ...]],
                  global_batch: int, headroom_GiB: float | None, state: StateSpec) -> list[PlanResult]:
     """``cfg`` with each of these layer splits that its rules allow, priced together."""
-    context = PlanContext.on(model, cluster, global_batch)
-    ok = [s for s in splits if plan_problem(replace(cfg, layers=s), context) is None]
+    ok = allowed_splits(cfg, splits, PlanContext.on(model, cluster, global_batch))
     return [PlanResult(replace(cfg, layers=s), e)
             for s, e in zip(ok, split_estimates(model, cluster, cfg, ok, global_batch, headroom_GiB, state))]
 

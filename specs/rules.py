@@ -19,7 +19,7 @@ memory (the same plan without an overlap it could use), unless the key is fixed 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -393,17 +393,45 @@ RULES: tuple[Rule, ...] = (
 
 def plan_problem(cfg: ParallelConfig, x: PlanContext) -> str | None:
     """Why ``cfg`` cannot run in context ``x`` (the first rule it breaks), or None."""
-    for k in KEYS:
+    problem = _range_problem(cfg, KEYS)
+    if problem or x.global_batch <= 0:
+        return problem or f"global batch must be positive, got {x.global_batch}"
+    return _rule_problem(cfg, x, RULES)
+
+
+def _range_problem(cfg: ParallelConfig, keys: Iterable[str]) -> str | None:
+    """The first of ``keys`` whose value in ``cfg`` is out of its range, said as :func:`plan_problem` says it."""
+    for k in keys:
         problem = range_problem(k, getattr(cfg, k))
         if problem:
             return f"{k}={key_text(getattr(cfg, k))}: {problem}"
-    if x.global_batch <= 0:
-        return f"global batch must be positive, got {x.global_batch}"
+    return None
+
+
+def _rule_problem(cfg: ParallelConfig, x: PlanContext, rules: Iterable[Rule]) -> str | None:
+    """Why the first error of ``rules`` that ``cfg`` breaks in ``x`` says it does not run, or None."""
     c = Candidates.of(cfg)
-    for rule in RULES:
+    for rule in rules:
         if rule.kind == "error" and not bool(rule.ok(c, x)[0]):
             return rule.why(cfg, x)
     return None
+
+
+_SPLIT_RULES = [r for r in RULES if "layers" in r.keys]  # (the keys a rule reads are its keys)
+_OTHER_RULES = [r for r in RULES if "layers" not in r.keys]
+
+
+def allowed_splits(cfg: ParallelConfig, splits: list[tuple[int, ...]], x: PlanContext) -> list[tuple[int, ...]]:
+    """The layer splits of ``splits`` that ``cfg`` may run with in ``x`` (those without a :func:`plan_problem`): what
+    does not read the split is checked once (the search tries hundreds of splits of one plan)."""
+    if x.global_batch <= 0 or _range_problem(cfg, [k for k in KEYS if k != "layers"]) or _rule_problem(
+            cfg, x, _OTHER_RULES):
+        return []
+    return [s for s in splits if _split_problem(replace(cfg, layers=s), x) is None]
+
+
+def _split_problem(cfg: ParallelConfig, x: PlanContext) -> str | None:
+    return _range_problem(cfg, ["layers"]) or _rule_problem(cfg, x, _SPLIT_RULES)
 
 
 def check_plan(cfg: ParallelConfig, x: PlanContext) -> None:
