@@ -38,7 +38,8 @@ DP_OPS: tuple[DpOp, ...] = (
 
 def runs(op: DpOp, zero: ArrayLike) -> np.ndarray:
     """Whether ZeRO stage ``zero`` (arrays broadcast; the stage in effect) runs ``op``."""
-    return np.isin(np.asarray(zero), op.stages)
+    z = np.asarray(zero)
+    return np.logical_or.reduce([z == s for s in op.stages])  # (np.isin: ten times the time on a search's few rows)
 
 
 def per_step(what: str) -> tuple[DpOp, ...]:
