@@ -61,7 +61,9 @@ class WorkerPool:
         paths = [str(here), str(here.parents[1]), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
         os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["rt_cases"])
+        # torch._dynamo too: torch.utils.checkpoint imports it on its first call (sympy and all: 2 s a process), which
+        # every worker of the plans that recompute would otherwise repeat
+        ctx.set_forkserver_preload(["rt_cases", "torch._dynamo"])
         fd, store = tempfile.mkstemp(prefix="autopar-pool-")
         os.close(fd)
         os.unlink(store)
