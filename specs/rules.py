@@ -431,6 +431,7 @@ def allowed_splits(cfg: ParallelConfig, splits: list[tuple[int, ...]], x: PlanCo
 
 
 def _split_problem(cfg: ParallelConfig, x: PlanContext) -> str | None:
+    """:func:`plan_problem` of ``cfg``'s layer split alone (its range, then the rules that read it)."""
     return _range_problem(cfg, ["layers"]) or _rule_problem(cfg, x, _SPLIT_RULES)
 
 
