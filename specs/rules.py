@@ -393,23 +393,17 @@ RULES: tuple[Rule, ...] = (
 
 def plan_problem(cfg: ParallelConfig, x: PlanContext) -> str | None:
     """Why ``cfg`` cannot run in context ``x`` (the first rule it breaks), or None."""
-    problem = _range_problem(cfg, KEYS)
-    if problem or x.global_batch <= 0:
-        return problem or f"global batch must be positive, got {x.global_batch}"
-    return _rule_problem(cfg, x, RULES)
+    return _problem(cfg, x, KEYS, RULES)
 
 
-def _range_problem(cfg: ParallelConfig, keys: Iterable[str]) -> str | None:
-    """The first of ``keys`` whose value in ``cfg`` is out of its range, said as :func:`plan_problem` says it."""
+def _problem(cfg: ParallelConfig, x: PlanContext, keys: Iterable[str], rules: Iterable[Rule]) -> str | None:
+    """:func:`plan_problem` over ``keys``' ranges and ``rules`` only."""
     for k in keys:
         problem = range_problem(k, getattr(cfg, k))
         if problem:
             return f"{k}={key_text(getattr(cfg, k))}: {problem}"
-    return None
-
-
-def _rule_problem(cfg: ParallelConfig, x: PlanContext, rules: Iterable[Rule]) -> str | None:
-    """Why the first error of ``rules`` that ``cfg`` breaks in ``x`` says it does not run, or None."""
+    if x.global_batch <= 0:
+        return f"global batch must be positive, got {x.global_batch}"
     c = Candidates.of(cfg)
     for rule in rules:
         if rule.kind == "error" and not bool(rule.ok(c, x)[0]):
@@ -417,22 +411,18 @@ def _rule_problem(cfg: ParallelConfig, x: PlanContext, rules: Iterable[Rule]) ->
     return None
 
 
-_SPLIT_RULES = [r for r in RULES if "layers" in r.keys]  # (the keys a rule reads are its keys)
+# what reads a plan's layer split and what does not (the keys a rule reads are its keys)
+_SPLIT_RULES = [r for r in RULES if "layers" in r.keys]
 _OTHER_RULES = [r for r in RULES if "layers" not in r.keys]
+_OTHER_KEYS = [k for k in KEYS if k != "layers"]
 
 
 def allowed_splits(cfg: ParallelConfig, splits: list[tuple[int, ...]], x: PlanContext) -> list[tuple[int, ...]]:
     """The layer splits of ``splits`` that ``cfg`` may run with in ``x`` (those without a :func:`plan_problem`): what
     does not read the split is checked once (the search tries hundreds of splits of one plan)."""
-    if x.global_batch <= 0 or _range_problem(cfg, [k for k in KEYS if k != "layers"]) or _rule_problem(
-            cfg, x, _OTHER_RULES):
+    if _problem(cfg, x, _OTHER_KEYS, _OTHER_RULES) is not None:
         return []
-    return [s for s in splits if _split_problem(replace(cfg, layers=s), x) is None]
-
-
-def _split_problem(cfg: ParallelConfig, x: PlanContext) -> str | None:
-    """:func:`plan_problem` of ``cfg``'s layer split alone (its range, then the rules that read it)."""
-    return _range_problem(cfg, ["layers"]) or _rule_problem(cfg, x, _SPLIT_RULES)
+    return [s for s in splits if _problem(replace(cfg, layers=s), x, ("layers",), _SPLIT_RULES) is None]
 
 
 def check_plan(cfg: ParallelConfig, x: PlanContext) -> None:
